@@ -1,0 +1,343 @@
+"""The collectives benchmark, run by every rank of a joined process group (nccl-tests in Python).
+
+For each collective and size: one call on a rank-dependent pattern whose result every rank checks
+(nccl-tests' ``#wrong`` column), ``warmup`` untimed calls, then ``iters`` back-to-back calls timed
+between a barrier and a device synchronisation. Nothing is allocated or checked inside the timed
+loop, so the figures are those of the collective itself (see ``benchmarks/collectives_overhead.py``).
+Each rank times itself; rank 0 merges the per-rank times into one row per (collective, size):
+the mean time over ranks (as nccl-tests reports), algbw and busbw (``hpcpipe.bench.bus``), and
+the ranks that were slower than the rest.
+"""
+
+from __future__ import annotations
+
+import socket
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+from hpcpipe.bench.bus import COLLECTIVES, bandwidths, element_count
+from hpcpipe.bench.host import available_host_memory
+from hpcpipe.errors import UserError
+
+if TYPE_CHECKING:
+    import torch
+
+    from hpcpipe.train.distributed import DistContext
+
+DTYPES = ("float32", "float16", "bfloat16", "float64", "int32")
+_DTYPE_ALIASES = {"fp32": "float32", "fp16": "float16", "half": "float16", "bf16": "bfloat16", "fp64": "float64"}
+# A rank slower than the median rank by more than this fraction is named as slow.
+SLOW_RANK_TOLERANCE = 0.2
+# Default sweep limits: 1 KiB up to what fits in memory (four buffers per rank: input, output,
+# expected result, headroom), capped so a default sweep stays within minutes: 8 GiB on GPUs (the
+# usual nccl-tests -e 8G), 64 MiB over gloo on CPU (loopback TCP at ~1-2 GB/s on small hosts).
+DEFAULT_MIN_BYTES = 1 << 10
+CUDA_MAX_BYTES = 8 << 30
+CPU_MAX_BYTES = 64 << 20
+BUFFERS_PER_RANK = 8
+
+
+@dataclass(frozen=True)
+class CollectiveSpec:
+    """What to measure; JSON-able so the driver can hand it to worker processes."""
+
+    collectives: list[str]
+    sizes: list[int] | None  # None: the memory-bounded default sweep, agreed by all ranks
+    dtype: str = "float32"
+    warmup: int = 5
+    iters: int = 20
+    check: bool = True
+
+    @classmethod
+    def build(
+        cls,
+        collectives: list[str],
+        sizes: list[int] | None,
+        dtype: str,
+        warmup: int,
+        iters: int,
+        check: bool = True,
+    ) -> CollectiveSpec:
+        """Validate user input (one UserError naming the flag) and normalise dtype aliases."""
+        unknown = [c for c in collectives if c not in COLLECTIVES]
+        if unknown or not collectives:
+            raise UserError(
+                f"--collectives: unknown collective {unknown[0] if unknown else '(none)'!r} "
+                f"(known: {', '.join(COLLECTIVES)})"
+            )
+        name = _DTYPE_ALIASES.get(dtype.lower(), dtype.lower())
+        if name not in DTYPES:
+            raise UserError(f"--dtype: unknown dtype {dtype!r} (known: {', '.join(DTYPES)}, fp32, bf16, fp16)")
+        if warmup < 0 or iters < 1:
+            raise UserError("--warmup must be >= 0 and --iters >= 1")
+        return cls(list(dict.fromkeys(collectives)), sizes, name, warmup, iters, check)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class _Prepared:
+    run: Callable[[], object]  # the timed call
+    check: Callable[[], bool]  # one call on the pattern, then a comparison with the expected result
+
+
+def run_collectives(spec: CollectiveSpec, ctx: DistContext) -> dict[str, Any] | None:
+    """Measure every (collective, size) on this rank; rank 0 returns the merged result."""
+    import torch
+    import torch.distributed as dist
+
+    dtype = getattr(torch, spec.dtype)
+    sizes = spec.sizes if spec.sizes is not None else default_sizes(ctx)
+    element = torch.empty((), dtype=dtype).element_size()
+    local: list[dict[str, Any]] = []
+    for collective in spec.collectives:
+        for size in sizes:
+            count = element_count(collective, size, element, ctx.world_size)
+            if count == 0:
+                continue  # smaller than one element per rank: nothing to move
+            prepared = _prepare(collective, count, dtype, ctx)
+            correct = prepared.check() if spec.check else None
+            seconds = time_collective(prepared.run, spec.warmup, spec.iters, ctx.device)
+            local.append(
+                {"collective": collective, "size_bytes": count * element, "count": count,
+                 "time_s": seconds, "correct": correct}
+            )
+            del prepared
+    gathered: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(gathered, {"host": socket.gethostname(), "rows": local})
+    if not ctx.is_main:
+        return None
+    return {
+        "world_size": ctx.world_size,
+        "backend": dist.get_backend(),
+        "device": ctx.device.type,
+        "dtype": spec.dtype,
+        "warmup": spec.warmup,
+        "iters": spec.iters,
+        "hosts": [g["host"] for g in gathered],
+        "results": merge_rank_rows([g["rows"] for g in gathered], [g["host"] for g in gathered]),
+    }
+
+
+def time_collective(run: Callable[[], object], warmup: int, iters: int, device: torch.device) -> float:
+    """Seconds per call of ``run``: back-to-back calls between a barrier and a device sync."""
+    import torch.distributed as dist
+
+    for _ in range(warmup):
+        run()
+    _sync(device)
+    dist.barrier()
+    _sync(device)
+    start = time.perf_counter()
+    for _ in range(iters):
+        run()
+    _sync(device)
+    return (time.perf_counter() - start) / iters
+
+
+def merge_rank_rows(per_rank: list[list[dict[str, Any]]], hosts: list[str]) -> list[dict[str, Any]]:
+    """One row per (collective, size) from every rank's own rows (same order on every rank)."""
+    world = len(per_rank)
+    merged = []
+    for index, first in enumerate(per_rank[0]):
+        times = [rows[index]["time_s"] for rows in per_rank]
+        mean_time = statistics.fmean(times)
+        algbw, busbw = bandwidths(first["collective"], first["size_bytes"], mean_time, world)
+        checks = [rows[index]["correct"] for rows in per_rank]
+        slowest = max(range(world), key=lambda r: times[r])
+        merged.append(
+            {
+                "collective": first["collective"],
+                "size_bytes": first["size_bytes"],
+                "count": first["count"],
+                "time_s": mean_time,
+                "algbw_gbps": algbw / 1e9,
+                "busbw_gbps": busbw / 1e9,
+                "per_rank_time_s": times,
+                "slowest_rank": slowest,
+                "slowest_host": hosts[slowest],
+                "slow_ranks": slow_ranks(times),
+                "correct": None if checks[0] is None else all(checks),
+                "wrong_ranks": [r for r, ok in enumerate(checks) if ok is False],
+            }
+        )
+    return merged
+
+
+def slow_ranks(times: list[float], tolerance: float = SLOW_RANK_TOLERANCE) -> list[int]:
+    """Ranks whose time exceeds the median rank's by more than ``tolerance`` (a fraction)."""
+    median = statistics.median(times)
+    return [rank for rank, t in enumerate(times) if t > median * (1.0 + tolerance)]
+
+
+def default_sizes(ctx: DistContext) -> list[int]:
+    """Powers of two from 1 KiB to the largest size every rank has memory for (nccl-tests' sweep)."""
+    import torch
+    import torch.distributed as dist
+
+    if ctx.device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(ctx.device)
+        budget = min(free // BUFFERS_PER_RANK, CUDA_MAX_BYTES)
+    else:
+        budget = min(available_host_memory() // (BUFFERS_PER_RANK * ctx.local_world_size), CPU_MAX_BYTES)
+    agreed = torch.tensor([budget], dtype=torch.int64, device=ctx.device)
+    dist.all_reduce(agreed, op=dist.ReduceOp.MIN)  # every rank must run the same sweep
+    high = 1 << max(int(agreed.item()).bit_length() - 1, 10)
+    sizes = []
+    size = DEFAULT_MIN_BYTES
+    while size <= high:
+        sizes.append(size)
+        size *= 2
+    return sizes
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        import torch
+
+        torch.cuda.synchronize(device)
+
+
+# ---------------------------------------------------------------------------------------------
+# One set-up per collective: buffers, the timed call, and a check of the first call's result.
+# Reductions use (rank + 1) x pattern so every rank's contribution and every position matter;
+# data movements use values that name their source (and destination), compared exactly.
+
+
+def _prepare(collective: str, count: int, dtype: torch.dtype, ctx: DistContext) -> _Prepared:
+    setups: dict[str, Callable[[int, torch.dtype, DistContext], _Prepared]] = {
+        "all_reduce": _all_reduce,
+        "reduce": _reduce,
+        "broadcast": _broadcast,
+        "all_gather": _all_gather,
+        "reduce_scatter": _reduce_scatter,
+        "all_to_all": _all_to_all,
+    }
+    return setups[collective](count, dtype, ctx)
+
+
+def _pattern(count: int, ctx: DistContext) -> torch.Tensor:
+    """1, 2, ..., 7, 1, 2, ...: small integers, exact in every dtype (and in fp32 sums of them)."""
+    import torch
+
+    return (torch.arange(count, dtype=torch.float32, device=ctx.device) % 7) + 1
+
+
+def _close(result: torch.Tensor, expected: torch.Tensor, world: int) -> bool:
+    """Reductions in low precision round; allow the dtype's epsilon per summed rank."""
+    import torch
+
+    tol = torch.finfo(result.dtype).eps * world if result.dtype.is_floating_point else 0.0
+    return bool(torch.allclose(result.float(), expected, rtol=tol, atol=0.0))
+
+
+def _all_reduce(count: int, dtype: torch.dtype, ctx: DistContext) -> _Prepared:
+    import torch.distributed as dist
+
+    n, pattern = ctx.world_size, _pattern(count, ctx)
+    buf = ((ctx.rank + 1) * pattern).to(dtype)
+    return _Prepared(
+        run=lambda: dist.all_reduce(buf),
+        check=_checked(lambda: dist.all_reduce(buf), lambda: _close(buf, pattern * n * (n + 1) / 2, n)),
+    )
+
+
+def _reduce(count: int, dtype: torch.dtype, ctx: DistContext) -> _Prepared:
+    import torch.distributed as dist
+
+    n, pattern = ctx.world_size, _pattern(count, ctx)
+    buf = ((ctx.rank + 1) * pattern).to(dtype)
+    expected = pattern * n * (n + 1) / 2
+
+    def check() -> bool:
+        dist.reduce(buf, dst=0)
+        return _close(buf, expected, n) if ctx.rank == 0 else True
+
+    return _Prepared(run=lambda: dist.reduce(buf, dst=0), check=check)
+
+
+def _broadcast(count: int, dtype: torch.dtype, ctx: DistContext) -> _Prepared:
+    import torch
+    import torch.distributed as dist
+
+    expected = _pattern(count, ctx).to(dtype)
+    buf = expected.clone() if ctx.rank == 0 else torch.zeros_like(expected)
+    return _Prepared(
+        run=lambda: dist.broadcast(buf, src=0),
+        check=_checked(lambda: dist.broadcast(buf, src=0), lambda: torch.equal(buf, expected)),
+    )
+
+
+def _all_gather(count: int, dtype: torch.dtype, ctx: DistContext) -> _Prepared:
+    import torch
+
+    n = ctx.world_size
+    chunk = count // n
+    pattern = _pattern(chunk, ctx)
+    inp = ((ctx.rank + 1) * pattern).to(dtype)
+    out = torch.empty(count, dtype=dtype, device=ctx.device)
+    expected = torch.cat([((r + 1) * pattern).to(dtype) for r in range(n)])
+    gather = _gather_fn()
+    return _Prepared(
+        run=lambda: gather(out, inp),
+        check=_checked(lambda: gather(out, inp), lambda: torch.equal(out, expected)),
+    )
+
+
+def _reduce_scatter(count: int, dtype: torch.dtype, ctx: DistContext) -> _Prepared:
+    import torch
+
+    n = ctx.world_size
+    chunk = count // n
+    pattern = _pattern(count, ctx)
+    inp = ((ctx.rank + 1) * pattern).to(dtype)
+    out = torch.empty(chunk, dtype=dtype, device=ctx.device)
+    expected = (pattern * n * (n + 1) / 2)[ctx.rank * chunk : (ctx.rank + 1) * chunk]
+    scatter = _scatter_fn()
+    return _Prepared(
+        run=lambda: scatter(out, inp),
+        check=_checked(lambda: scatter(out, inp), lambda: _close(out, expected, n)),
+    )
+
+
+def _all_to_all(count: int, dtype: torch.dtype, ctx: DistContext) -> _Prepared:
+    import torch
+    import torch.distributed as dist
+
+    n, r = ctx.world_size, ctx.rank
+    chunk = count // n
+    pattern = _pattern(chunk, ctx)
+    # Chunk j of rank r's input goes to rank j: value src * n + dst + 1 names both ends.
+    inp = torch.cat([((r * n + dst + 1) * pattern).to(dtype) for dst in range(n)])
+    out = torch.empty(count, dtype=dtype, device=ctx.device)
+    expected = torch.cat([((src * n + r + 1) * pattern).to(dtype) for src in range(n)])
+    return _Prepared(
+        run=lambda: dist.all_to_all_single(out, inp),
+        check=_checked(lambda: dist.all_to_all_single(out, inp), lambda: torch.equal(out, expected)),
+    )
+
+
+def _checked(call: Callable[[], object], verify: Callable[[], bool]) -> Callable[[], bool]:
+    def check() -> bool:
+        call()
+        return verify()
+
+    return check
+
+
+def _gather_fn() -> Callable[[Any, Any], Any]:
+    """all_gather into one tensor: ``all_gather_single`` where torch has it (2.10+)."""
+    import torch.distributed as dist
+
+    return getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+def _scatter_fn() -> Callable[[Any, Any], Any]:
+    """reduce_scatter from one tensor: ``reduce_scatter_single`` where torch has it (2.10+)."""
+    import torch.distributed as dist
+
+    return getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor

@@ -1,0 +1,75 @@
+"""Run benchmark tasks on N ranks from the launching process: in-process, or local workers.
+
+- under torchrun / srun / the Kubeflow operator this process *is* a rank: run in-process, and only
+  rank 0 gets the results back;
+- ``nproc == 1``: run in-process on a one-rank group;
+- otherwise start ``nproc`` workers with the local elastic agent and read rank 0's result file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from hpcpipe.launch.environment import detect_environment
+
+WORKER_MODULE = "hpcpipe.bench.worker"
+
+
+class BenchFailure(RuntimeError):
+    """Benchmark workers failed; ``partial`` holds the tasks that finished before the failure."""
+
+    def __init__(self, message: str, partial: dict[str, Any]) -> None:
+        super().__init__(message)
+        self.partial = partial
+
+
+def run_bench(
+    tasks: dict[str, dict[str, Any]], nproc: int, backend: str = "auto", timeout_s: float = 300.0
+) -> dict[str, Any] | None:
+    """Results of ``tasks`` (name -> spec) on rank 0; None on the other ranks of an external launch."""
+    from hpcpipe.bench.worker import run_tasks
+
+    spec = {"tasks": tasks, "backend": backend, "timeout_s": timeout_s}
+    env = detect_environment()
+    if env.is_external or nproc == 1:
+        return run_tasks(spec, env)
+    return _run_local_workers(spec, nproc)
+
+
+def world_size_for(nproc: int) -> int:
+    """The world size a run will have: the external launcher's, else ``nproc``."""
+    env = detect_environment()
+    return env.world_size if env.is_external else nproc
+
+
+def is_main_process() -> bool:
+    """False on ranks other than 0 of an external launch (they print and write nothing)."""
+    return detect_environment().rank == 0
+
+
+def finish_external_rank(code: int = 0) -> None:
+    """Leave an externally launched rank through os._exit after flushing (see bench.worker)."""
+    if detect_environment().is_external:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def _run_local_workers(spec: dict[str, Any], nproc: int) -> dict[str, Any]:
+    from hpcpipe.launch.local import launch_local
+
+    with tempfile.TemporaryDirectory(prefix="hpcpipe-bench-") as tmp:
+        spec_path, out_path = Path(tmp) / "spec.json", Path(tmp) / "result.json"
+        spec_path.write_text(json.dumps(spec))
+        code = launch_local(WORKER_MODULE, [str(spec_path), str(out_path)], nproc)
+        partial = json.loads(out_path.read_text()) if out_path.is_file() else {}
+        if code != 0:
+            errors = [p.read_text().strip() for p in sorted(Path(tmp).glob("result.json.rank*.error"))]
+            reason = errors[0] if errors else "no rank reported a reason; see the worker output above"
+            raise BenchFailure(f"benchmark workers failed (exit code {code}): {reason}", partial)
+        return partial

@@ -1,0 +1,38 @@
+"""The `hpcpipe` entry point: registers each verb group and turns UserError into exit code 2."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from hpcpipe.cli import data as data_cli
+from hpcpipe.cli import presets as presets_cli
+from hpcpipe.cli import train as train_cli
+from hpcpipe.errors import USER_ERROR_EXIT_CODE, UserError
+
+app = typer.Typer(
+    name="hpcpipe",
+    help="Train deep-learning jobs from a laptop to multi-node GPU clusters with one config.\n\n"
+    "Start with `hpcpipe run quickstart`; list jobs with `hpcpipe presets list`.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+app.add_typer(presets_cli.app, name="presets")
+app.add_typer(data_cli.app, name="data")
+app.command("train")(train_cli.train)
+app.command("run")(train_cli.run)
+
+
+def main() -> None:
+    try:
+        app()
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        sys.exit(USER_ERROR_EXIT_CODE)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,294 @@
+"""JobConfig: the typed, documented, frozen description of one hpcpipe job.
+
+A job is loaded from a shipped preset name (``quickstart``) or a YAML path, then dotted
+``--set section.key=value`` overrides are applied, each parsed to its field's type. Unknown keys
+are errors. Components receive their own section (``TrainConfig``, ``DataConfig``, ...), never the
+whole tree.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from hpcpipe.errors import ConfigError
+
+
+class Section(BaseModel):
+    """Base of every config section: typed, frozen, unknown keys rejected."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+
+class RunConfig(Section):
+    name: str = Field("run", min_length=1, description="Run name; the run directory is <out_dir>/<name>.")
+    out_dir: str = Field("runs", description="Parent directory of run directories.")
+    seed: int = Field(0, ge=0, description="Seed for model init, data order and dropout.")
+    recipe: Literal["gpt"] = Field("gpt", description="Workload recipe (registry name).")
+
+    @model_validator(mode="after")
+    def _name_is_a_plain_directory_name(self) -> RunConfig:
+        # The name becomes a directory under out_dir: it must not climb out of it.
+        if "/" in self.name or "\\" in self.name or self.name in {".", ".."}:
+            raise ValueError(f"run.name must be a plain directory name, got {self.name!r}")
+        return self
+
+
+class ModelConfig(Section):
+    variant: Literal["gpt2", "llama"] = Field(
+        "gpt2",
+        description="gpt2: LayerNorm + learned positions + GELU MLP; "
+        "llama: RMSNorm + RoPE + SwiGLU, no biases.",
+    )
+    n_layers: int = Field(4, ge=1, description="Transformer blocks.")
+    n_heads: int = Field(4, ge=1, description="Attention heads per block.")
+    d_model: int = Field(128, ge=8, description="Residual stream width.")
+    seq_len: int = Field(128, ge=2, description="Context length in tokens.")
+    vocab_size: int | None = Field(
+        None, ge=2, description="Vocabulary; null takes the prepared tokenizer's size."
+    )
+    ffn_mult: float = Field(
+        4.0, gt=0, description="MLP hidden width / d_model (llama: 2/3 of this, rounded to 64)."
+    )
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout on residual branches.")
+    rope_theta: float = Field(10000.0, gt=0, description="RoPE base (llama variant).")
+    norm_eps: float = Field(1e-5, gt=0, description="LayerNorm / RMSNorm epsilon.")
+
+    @model_validator(mode="after")
+    def _heads_divide_width(self) -> ModelConfig:
+        if self.d_model % self.n_heads != 0:
+            raise ValueError(
+                f"model.d_model ({self.d_model}) must be divisible by model.n_heads ({self.n_heads})"
+            )
+        if self.variant == "llama" and (self.d_model // self.n_heads) % 2 != 0:
+            raise ValueError("model.d_model / model.n_heads must be even for RoPE (llama variant)")
+        return self
+
+
+class DataConfig(Section):
+    sources: list[str] = Field(
+        default_factory=lambda: ["@stdlib"],
+        description="Text files, directories, globs or JSONL files; '@stdlib' is the Python "
+        "standard library source of the running interpreter.",
+    )
+    extensions: list[str] = Field(
+        default_factory=lambda: [".py", ".txt", ".md", ".rst", ".jsonl"],
+        description="File suffixes taken when a source is a directory.",
+    )
+    text_field: str = Field("text", description="Field holding the text in JSONL sources.")
+    max_bytes: int | None = Field(
+        None, ge=1, description="Stop reading the corpus after this many bytes (null: all)."
+    )
+    tokenizer: Literal["bpe", "bytes"] = Field(
+        "bpe", description="bpe: byte-level BPE trained locally; bytes: raw UTF-8 bytes."
+    )
+    vocab_size: int = Field(4096, ge=260, le=1 << 20, description="BPE vocabulary size.")
+    val_fraction: float = Field(
+        0.02, gt=0.0, lt=0.5, description="Fraction of documents held out for validation."
+    )
+    shard_tokens: int = Field(16 * 1024 * 1024, ge=1024, description="Tokens per .bin shard file.")
+    prepared_dir: str = Field(
+        "data/prepared",
+        description="Where prepared datasets live; each in a sub-directory named by the hash "
+        "of its inputs, so preparing again with the same inputs reuses it.",
+    )
+
+
+class TrainConfig(Section):
+    steps: int = Field(100, ge=1, description="Optimizer steps.")
+    micro_batch_size: int = Field(8, ge=1, description="Sequences per rank per forward pass.")
+    global_batch_size: int = Field(
+        16,
+        ge=1,
+        description="Sequences per optimizer step over all ranks; gradient accumulation = "
+        "global / (micro * world size) and must be a whole number.",
+    )
+    lr: float = Field(3e-3, gt=0, description="Peak learning rate (AdamW).")
+    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="Final LR as a fraction of peak.")
+    warmup_steps: int = Field(10, ge=0, description="Linear warm-up steps.")
+    schedule: Literal["cosine", "linear", "constant"] = Field("cosine", description="Decay after warm-up.")
+    weight_decay: float = Field(0.1, ge=0, description="AdamW decoupled weight decay (2-D weights).")
+    beta1: float = Field(0.9, ge=0, lt=1, description="AdamW beta1.")
+    beta2: float = Field(0.95, ge=0, lt=1, description="AdamW beta2.")
+    grad_clip: float = Field(1.0, ge=0, description="Max global grad norm (0 disables clipping).")
+    precision: Literal["fp32", "bf16", "fp16"] = Field(
+        "fp32", description="bf16: autocast; fp16: autocast + gradient scaler (CUDA)."
+    )
+    compile: bool = Field(False, description="Wrap the model in torch.compile.")
+    eval_every: int = Field(50, ge=0, description="Evaluate every N steps (0: only at the end).")
+    eval_batches: int = Field(8, ge=1, description="Micro-batches per rank in one evaluation.")
+
+
+class ParallelConfig(Section):
+    strategy: Literal["auto", "single", "ddp", "fsdp"] = Field(
+        "auto", description="auto: single for one process, ddp for more."
+    )
+    nproc: int = Field(1, ge=1, description="Local worker processes started by `hpcpipe train`.")
+    backend: Literal["auto", "gloo", "nccl"] = Field(
+        "auto", description="Process-group backend; auto: nccl on CUDA, gloo otherwise."
+    )
+    timeout_s: float = Field(600.0, gt=0, description="Process-group collective timeout.")
+    threads_per_rank: int | None = Field(
+        None, ge=1, description="torch intra-op threads per rank (null: cores / local ranks)."
+    )
+
+
+class ObserveConfig(Section):
+    log_every: int = Field(10, ge=1, description="Write a metrics row every N steps (and the last).")
+    progress: bool = Field(True, description="Rich progress bar on rank 0 when on a terminal.")
+    peak_tflops: float | None = Field(
+        None, gt=0, description="Peak dense TFLOP/s per device for MFU (null: look up the GPU)."
+    )
+
+
+class JobConfig(Section):
+    """The whole job. Saved as ``config.yaml`` in the run directory."""
+
+    run: RunConfig = Field(default_factory=RunConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    parallel: ParallelConfig = Field(default_factory=ParallelConfig)
+    observe: ObserveConfig = Field(default_factory=ObserveConfig)
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.run.out_dir) / self.run.name
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+    def config_hash(self) -> str:
+        """SHA-256 of the canonical JSON form: equal configs hash equal."""
+        canonical = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading: preset or path -> dict -> overrides -> validated JobConfig
+
+
+def grad_accum_steps(train: TrainConfig, world_size: int) -> int:
+    """Micro-steps per optimizer step; a clear error when the batch arithmetic is impossible."""
+    per_step = train.micro_batch_size * world_size
+    if train.global_batch_size % per_step != 0:
+        raise ConfigError(
+            f"train.global_batch_size ({train.global_batch_size}) must be a multiple of "
+            f"train.micro_batch_size ({train.micro_batch_size}) x world size ({world_size})"
+        )
+    return train.global_batch_size // per_step
+
+
+def load_config(source: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> JobConfig:
+    """Load a preset name or YAML path, apply ``section.key=value`` overrides, validate."""
+    raw = _read_source(source)
+    for item in overrides:
+        _apply_override(raw, item)
+    return validate_config(raw, origin=str(source))
+
+
+def validate_config(raw: dict[str, Any], origin: str = "config") -> JobConfig:
+    try:
+        return JobConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(f"{origin}: {_first_error(exc)}") from None
+
+
+def _read_source(source: str | Path) -> dict[str, Any]:
+    from hpcpipe.presets import preset_path
+
+    path = Path(source)
+    looks_like_path = path.suffix in {".yaml", ".yml"} or "/" in str(source)
+    if not looks_like_path:
+        path = preset_path(str(source))  # raises ConfigError naming the known presets
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark is not None else ""
+        raise ConfigError(f"{path}{where}: not valid YAML") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections")
+    return data
+
+
+def _apply_override(raw: dict[str, Any], item: str) -> None:
+    key, sep, value = item.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ConfigError(f"--set {item!r}: expected section.key=value")
+    annotation = _field_annotation(key)
+    parts = key.split(".")
+    node = raw
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"--set {key}: {part!r} is not a section")
+        node = child
+    node[parts[-1]] = _parse_value(value, annotation)
+
+
+def _field_annotation(key: str) -> Any:
+    """The annotation of a dotted key; a ConfigError for a key JobConfig does not have."""
+    model: type[BaseModel] = JobConfig
+    parts = key.split(".")
+    for depth, part in enumerate(parts):
+        field = model.model_fields.get(part)
+        if field is None:
+            prefix = ".".join(parts[:depth]) or "top level"
+            known = ", ".join(model.model_fields)
+            raise ConfigError(f"unknown config key {key!r} (keys in {prefix}: {known})")
+        annotation = field.annotation
+        if depth == len(parts) - 1:
+            return annotation
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            raise ConfigError(f"unknown config key {key!r}: {'.'.join(parts[: depth + 1])} is a value")
+        model = annotation
+    raise AssertionError("unreachable")
+
+
+def _parse_value(text: str, annotation: Any) -> Any:
+    """Strings stay strings for str fields; everything else is read as a YAML scalar/list."""
+    if _is_plain_str(annotation):
+        return text
+    try:
+        return yaml.safe_load(text) if text.strip() else None
+    except yaml.YAMLError:
+        return text
+
+
+def _is_plain_str(annotation: Any) -> bool:
+    if annotation is str:
+        return True
+    origin = typing.get_origin(annotation)
+    if origin is Literal:
+        return all(isinstance(arg, str) for arg in typing.get_args(annotation))
+    if origin in (typing.Union, types.UnionType):
+        args = [arg for arg in typing.get_args(annotation) if arg is not type(None)]
+        return len(args) == 1 and _is_plain_str(args[0])
+    return False
+
+
+def _first_error(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    loc = ".".join(str(part) for part in err["loc"]) or "config"
+    message = err["msg"]
+    if err["type"] == "extra_forbidden":
+        return f"unknown config key {loc!r}"
+    if "input" in err and err["type"] not in {"missing"} and not isinstance(err["input"], dict):
+        return f"{loc}: {message} (got {err['input']!r})"
+    return f"{loc}: {message}"

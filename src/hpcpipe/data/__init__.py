@@ -1,0 +1,70 @@
+"""The data pipeline: corpus -> tokenizer -> token shards + manifest -> stateful window loaders.
+
+``prepare_dataset`` builds (or reuses) a hash-named dataset directory; ``TokenWindowLoader`` and
+``EvalWindows`` read it. The loaders import torch, so they are imported lazily here: the CLI's
+``data prepare`` path stays free of torch and starts fast.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from hpcpipe.data.corpus import (
+    Document,
+    corpus_fingerprint,
+    iter_documents,
+    plan_splits,
+    scan_corpus,
+    stdlib_dir,
+)
+from hpcpipe.data.shards import (
+    MANIFEST_FILE,
+    PreparedDataset,
+    open_dataset,
+    prepare_dataset,
+    verify_dataset,
+)
+from hpcpipe.data.tokenizer import (
+    EOS_TOKEN,
+    BPETokenizer,
+    ByteTokenizer,
+    Tokenizer,
+    load_tokenizer,
+    train_tokenizer,
+)
+
+if TYPE_CHECKING:
+    from hpcpipe.data.loader import EvalWindows, TokenWindowLoader
+
+_LAZY = {"EvalWindows", "TokenWindowLoader"}
+
+__all__ = [
+    "EOS_TOKEN",
+    "MANIFEST_FILE",
+    "BPETokenizer",
+    "ByteTokenizer",
+    "Document",
+    "EvalWindows",
+    "PreparedDataset",
+    "TokenWindowLoader",
+    "Tokenizer",
+    "corpus_fingerprint",
+    "iter_documents",
+    "load_tokenizer",
+    "open_dataset",
+    "plan_splits",
+    "prepare_dataset",
+    "scan_corpus",
+    "stdlib_dir",
+    "train_tokenizer",
+    "verify_dataset",
+]
+
+
+def __getattr__(name: str) -> Any:
+    """Import the torch-dependent loaders on first use."""
+    if name in _LAZY:
+        from hpcpipe.data import loader
+
+        return getattr(loader, name)
+    raise AttributeError(f"module 'hpcpipe.data' has no attribute {name!r}")

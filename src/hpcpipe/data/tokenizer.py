@@ -1,0 +1,152 @@
+"""Tokenizers: byte-level BPE trained locally, or raw UTF-8 bytes; one small protocol for both.
+
+Training code and the model only need ``vocab_size`` and ``eos_id``; sampling and evaluation
+need ``encode``/``decode``. ``encode_batch`` exists because Hugging Face ``tokenizers`` encodes a
+batch in parallel in Rust, which is what keeps ``data prepare`` fast on a laptop.
+
+Text that happens to contain ``<|endoftext|>`` is encoded as ordinary text, never as the EOS id:
+only the data pipeline places EOS (after each document), so corpora cannot forge boundaries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import decoders, models, pre_tokenizers, trainers
+
+from hpcpipe.errors import DataError
+
+EOS_TOKEN = "<|endoftext|>"
+BPE_FILE = "tokenizer.json"
+BYTE_VOCAB_SIZE = 257  # 256 byte values + EOS
+
+
+@runtime_checkable
+class Tokenizer(Protocol):
+    """What the rest of hpcpipe needs from a tokenizer."""
+
+    kind: str  # "bpe" | "bytes": the manifest's tokenizer.kind
+    name: str  # human-readable, e.g. "bpe-4096"
+    vocab_size: int
+    eos_id: int
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+
+class ByteTokenizer:
+    """Token i < 256 is the byte i of the UTF-8 text; 256 is EOS. Needs no training or file."""
+
+    kind = "bytes"
+    name = "bytes"
+    vocab_size = BYTE_VOCAB_SIZE
+    eos_id = 256
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return [list(text.encode("utf-8")) for text in texts]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Bytes back to text; EOS shows as ``<|endoftext|>``, broken UTF-8 as U+FFFD."""
+        pieces: list[str] = []
+        run = bytearray()
+        for token in ids:
+            if token == self.eos_id:
+                pieces.append(run.decode("utf-8", errors="replace") + EOS_TOKEN)
+                run.clear()
+            elif 0 <= token < 256:
+                run.append(token)
+            else:
+                raise ValueError(f"token id {token} is outside the byte vocabulary (0..256)")
+        pieces.append(run.decode("utf-8", errors="replace"))
+        return "".join(pieces)
+
+
+class BPETokenizer:
+    """Byte-level BPE (GPT-2 style pre-tokenization) wrapping a Hugging Face ``Tokenizer``."""
+
+    kind = "bpe"
+
+    def __init__(self, hf: HFTokenizer) -> None:
+        eos_id = hf.token_to_id(EOS_TOKEN)
+        if eos_id is None:
+            raise DataError(f"the BPE tokenizer has no {EOS_TOKEN} token")
+        hf.encode_special_tokens = True  # not saved in tokenizer.json: set on every load
+        self._hf = hf
+        self.eos_id: int = eos_id
+        self.vocab_size: int = hf.get_vocab_size(with_added_tokens=True)
+        self.name = f"bpe-{self.vocab_size}"
+
+    @classmethod
+    def train(cls, texts: Iterable[str], vocab_size: int, length: int | None = None) -> BPETokenizer:
+        """Train on ``texts`` (streamed); every byte is in the alphabet, so nothing is unknown."""
+        hf = HFTokenizer(models.BPE())
+        hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        hf.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            show_progress=False,
+            special_tokens=[EOS_TOKEN],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        )
+        hf.train_from_iterator(texts, trainer=trainer, length=length)
+        return cls(hf)
+
+    @classmethod
+    def from_file(cls, path: Path) -> BPETokenizer:
+        try:
+            return cls(HFTokenizer.from_file(str(path)))
+        except Exception as exc:  # tokenizers raises bare Exception for unreadable files
+            raise DataError(f"{path}: not a readable tokenizer file ({exc})") from None
+
+    def save(self, path: Path) -> None:
+        self._hf.save(str(path))
+
+    def encode(self, text: str) -> list[int]:
+        return list(self._hf.encode(text, add_special_tokens=False).ids)
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        encodings = self._hf.encode_batch(list(texts), add_special_tokens=False)
+        return [list(enc.ids) for enc in encodings]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._hf.decode(list(ids), skip_special_tokens=False)
+
+
+def train_tokenizer(kind: str, texts: Iterable[str], vocab_size: int, length: int | None = None) -> Tokenizer:
+    """A tokenizer of ``kind`` ("bpe" trains on ``texts``; "bytes" ignores them)."""
+    if kind == "bytes":
+        return ByteTokenizer()
+    if kind == "bpe":
+        return BPETokenizer.train(texts, vocab_size, length)
+    raise DataError(f"data.tokenizer: unknown kind {kind!r} (bpe, bytes)")
+
+
+def tokenizer_from_spec(spec: dict[str, Any], directory: Path) -> Tokenizer:
+    """The tokenizer a manifest's ``tokenizer`` entry describes, its file under ``directory``."""
+    kind = spec.get("kind")
+    if kind == "bytes":
+        return ByteTokenizer()
+    if kind == "bpe":
+        tok = BPETokenizer.from_file(directory / str(spec.get("file", BPE_FILE)))
+        if tok.vocab_size != spec.get("vocab_size") or tok.eos_id != spec.get("eos_id"):
+            raise DataError(f"{directory / BPE_FILE}: does not match the manifest's tokenizer entry")
+        return tok
+    raise DataError(f"{directory}/manifest.json: unknown tokenizer kind {kind!r}")
+
+
+def load_tokenizer(dataset_dir: Path | str) -> Tokenizer:
+    """The tokenizer of a prepared dataset, as its manifest says (its file hash checked)."""
+    from hpcpipe.data.shards import open_dataset, verify_tokenizer_file
+
+    dataset = open_dataset(Path(dataset_dir))
+    verify_tokenizer_file(dataset)
+    return tokenizer_from_spec(dataset.manifest["tokenizer"], dataset.path)

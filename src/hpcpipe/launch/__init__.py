@@ -1,0 +1,1 @@
+"""Where workers come from: local elastic agent, torchrun, Slurm, Kubernetes."""

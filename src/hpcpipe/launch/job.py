@@ -1,0 +1,59 @@
+"""Run a training job from the launching process: validate, prepare data, start the workers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hpcpipe.config import JobConfig, grad_accum_steps
+from hpcpipe.errors import USER_ERROR_EXIT_CODE, UserError
+from hpcpipe.launch.environment import detect_environment
+
+WORKER_MODULE = "hpcpipe.launch.worker"
+
+
+class WorkerFailure(RuntimeError):
+    """The worker group ended with a non-zero exit code."""
+
+    def __init__(self, exit_code: int) -> None:
+        super().__init__(f"training workers failed with exit code {exit_code}")
+        self.exit_code = exit_code
+
+
+def run_job(job: JobConfig, max_restarts: int = 0) -> Path:
+    """Train ``job`` and return its run directory.
+
+    Under an external launcher (torchrun, srun, Kubeflow) this process *is* a worker. Otherwise
+    ``parallel.nproc`` local workers are started through the elastic agent (one process trains
+    in-process). Bad input raises UserError before any worker starts.
+    """
+    env = detect_environment()
+    if env.is_external:
+        from hpcpipe.launch.worker import train_worker
+
+        grad_accum_steps(job.train, env.world_size)
+        train_worker(job, env)
+        return job.run_dir
+
+    nproc = job.parallel.nproc
+    grad_accum_steps(job.train, nproc)
+    from hpcpipe.recipes import build_recipe
+
+    build_recipe(job).prepare(progress=True)
+    run_dir = job.run_dir
+    run_dir.mkdir(parents=True, exist_ok=True)
+    config_path = run_dir / "config.yaml"
+    config_path.write_text(job.to_yaml())
+    if nproc == 1:
+        from hpcpipe.launch.worker import train_worker
+
+        train_worker(job, env)
+        return run_dir
+
+    from hpcpipe.launch.local import launch_local
+
+    code = launch_local(WORKER_MODULE, [str(config_path)], nproc=nproc, max_restarts=max_restarts)
+    if code == USER_ERROR_EXIT_CODE:
+        raise UserError(f"a worker rejected the job (see its message above); run dir: {run_dir}")
+    if code != 0:
+        raise WorkerFailure(code)
+    return run_dir

@@ -1,0 +1,81 @@
+"""Worker entry point: ``python -m hpcpipe.launch.worker RUN_DIR/config.yaml``.
+
+Started by the local elastic agent, an external ``torchrun``, ``srun`` or the Kubeflow operator.
+It joins the group, trains, tears down and leaves through ``os._exit`` after flushing: gloo
+sometimes aborts at interpreter exit (SIGABRT after ``destroy_process_group``), which would turn
+a finished run into a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from pathlib import Path
+
+from hpcpipe.config import JobConfig, load_config
+from hpcpipe.errors import USER_ERROR_EXIT_CODE, UserError
+from hpcpipe.launch.environment import DistEnv, detect_environment
+
+
+def train_worker(job: JobConfig, env: DistEnv) -> None:
+    """Train ``job`` as the rank described by ``env`` (joins and leaves the process group)."""
+    import torch.distributed as dist
+
+    from hpcpipe.observe.lineage import build_lineage, write_lineage
+    from hpcpipe.recipes import build_recipe
+    from hpcpipe.train.distributed import init_distributed, shutdown_distributed
+    from hpcpipe.train.trainer import Trainer
+
+    ctx = init_distributed(job.parallel, env)
+    try:
+        recipe = build_recipe(job)
+        # One preparer per node (idempotent, keyed by the inputs' hash); the rest reuse it.
+        if ctx.local_rank == 0:
+            recipe.prepare(progress=False)
+        ctx.barrier()
+        run_dir = job.run_dir
+        hosts: list[str] = [socket.gethostname()]
+        if ctx.is_distributed:
+            gathered: list[object] = [None] * ctx.world_size
+            dist.all_gather_object(gathered, socket.gethostname())
+            hosts = [str(h) for h in gathered]
+        if ctx.is_main:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            (run_dir / "config.yaml").write_text(job.to_yaml())
+            lineage = build_lineage(job.config_hash(), recipe.dataset_hash(), hosts, ctx.world_size)
+            write_lineage(run_dir, lineage)
+        ctx.barrier()
+        trainer = Trainer(job, recipe, ctx, run_dir)
+        try:
+            trainer.fit()
+            recipe.on_train_end(trainer.inference_model(), ctx.is_main, run_dir)
+        finally:
+            trainer.close()
+        ctx.barrier()
+    finally:
+        shutdown_distributed()
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    code = 0
+    try:
+        if len(args) != 1:
+            raise UserError("usage: python -m hpcpipe.launch.worker RUN_DIR/config.yaml")
+        train_worker(load_config(Path(args[0])), detect_environment())
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        code = USER_ERROR_EXIT_CODE
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    main()

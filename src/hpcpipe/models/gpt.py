@@ -1,0 +1,321 @@
+"""A compact decoder-only GPT in two flavours, readable top to bottom (nanoGPT-style).
+
+``GPT(cfg, vocab_size)`` builds either variant from ``cfg.variant``:
+
+- ``gpt2``: learned absolute positions, pre-norm LayerNorm (with bias), biased attention and MLP,
+  MLP ``fc -> GELU(tanh) -> proj`` (GPT-2's "gelu_new"), final LayerNorm, LM head tied to the
+  token embedding.
+- ``llama``: no position embedding; RoPE on q and k in the Hugging Face Llama convention
+  (``rotate_half`` over the two halves of the head dimension); RMSNorm; SwiGLU MLP; no biases
+  anywhere; final RMSNorm; LM head tied to the token embedding.
+
+Both attend through ``F.scaled_dot_product_attention(is_causal=True)`` (flash / memory-efficient
+kernels where available) and apply ``cfg.dropout`` on the residual branches only.
+
+Parallelism is applied outside this file: the transformer blocks live in ``self.blocks``
+(an ``nn.ModuleList``) so a trainer can ``fully_shard`` each block and then the root; nothing here
+holds parameters outside modules or creates them lazily.
+
+Parameter names and their Hugging Face counterparts (``i`` is the block index; GPT-2's
+``Conv1D`` stores weights as (in, out), so every GPT-2 Linear weight is exported transposed)::
+
+    ours                      GPT2LMHeadModel                  LlamaForCausalLM
+    tok_emb.weight            transformer.wte.weight           model.embed_tokens.weight
+    pos_emb.weight            transformer.wpe.weight           (none: RoPE)
+    blocks.i.ln_1.*           transformer.h.i.ln_1.*           model.layers.i.input_layernorm.weight
+    blocks.i.attn.qkv.weight  transformer.h.i.attn.c_attn.*    self_attn.{q,k,v}_proj.weight =
+                              (weight.T, bias as is)             qkv.weight.chunk(3, dim=0)
+    blocks.i.attn.proj.*      transformer.h.i.attn.c_proj.*    model.layers.i.self_attn.o_proj.weight
+    blocks.i.ln_2.*           transformer.h.i.ln_2.*           model.layers.i.post_attention_layernorm.weight
+    blocks.i.mlp.fc.*         transformer.h.i.mlp.c_fc.*       -
+    blocks.i.mlp.proj.*       transformer.h.i.mlp.c_proj.*     -
+    blocks.i.mlp.gate.weight  -                                model.layers.i.mlp.gate_proj.weight
+    blocks.i.mlp.up.weight    -                                model.layers.i.mlp.up_proj.weight
+    blocks.i.mlp.down.weight  -                                model.layers.i.mlp.down_proj.weight
+    ln_f.*                    transformer.ln_f.*               model.norm.weight
+    lm_head.weight            lm_head.weight (tied)            lm_head.weight (tie_word_embeddings)
+
+The q/k/v rows of ``attn.qkv`` are laid out head after head with the head dimension in the HF
+``rotate_half`` order, so the Llama split needs no permutation. HF config values: GPT-2
+``n_embd=d_model, n_layer, n_head, n_positions=seq_len, layer_norm_epsilon=norm_eps,
+activation_function="gelu_new"``; Llama ``intermediate_size=mlp_hidden(cfg),
+num_key_value_heads=n_heads, rope_theta, rms_norm_eps=norm_eps, hidden_act="silu"``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hpcpipe.config import ModelConfig
+
+__all__ = ["GPT", "apply_rope", "mlp_hidden", "rope_tables"]
+
+# Shape legend: B batch, T sequence length, C = d_model, H heads, D = C // H head dim,
+# F MLP hidden width, V vocabulary.
+
+
+def mlp_hidden(cfg: ModelConfig) -> int:
+    """MLP hidden width F.
+
+    gpt2: ``round(ffn_mult * d_model)``. llama: SwiGLU has three matrices instead of two, so the
+    width is 2/3 of that (same parameter count), rounded *up* to a multiple of 64 for
+    tensor-core-friendly shapes, as Llama's ``multiple_of`` does (Llama uses 256: d_model 4096
+    gives 11008 there, 10944 here; export the width as HF ``intermediate_size``).
+    """
+    width = cfg.ffn_mult * cfg.d_model
+    if cfg.variant == "gpt2":
+        return round(width)
+    return 64 * math.ceil(round(2 / 3 * width) / 64)
+
+
+# ---------------------------------------------------------------------------------------------
+# Rotary position embedding (Hugging Face Llama convention)
+
+
+def rope_tables(seq_len: int, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin tables, each (seq_len, head_dim), in fp32.
+
+    Frequency j (of head_dim / 2) is ``theta ** (-2j / head_dim)``; the table repeats the
+    frequencies over both halves of the head dimension (``cat(freqs, freqs)``), which is what
+    pairs element j with element j + D/2 in ``rotate_half``.
+    """
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))  # (D/2,)
+    positions = torch.arange(seq_len, dtype=torch.float32)  # (T,)
+    freqs = torch.outer(positions, inv_freq)  # (T, D/2)
+    angles = torch.cat((freqs, freqs), dim=-1)  # (T, D)
+    return angles.cos(), angles.sin()
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """(x1, x2) -> (-x2, x1) over the two halves of the last dimension."""
+    x1, x2 = x.chunk(2, dim=-1)  # (..., D/2) each
+    return torch.cat((-x2, x1), dim=-1)  # (..., D)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate q or k: x (B, H, T, D), cos/sin (T, D) -> (B, H, T, D) in x's dtype.
+
+    Computed in fp32 (then cast back) so bf16 activations do not lose the rotation's precision.
+    """
+    xf = x.float()
+    cos, sin = cos.float(), sin.float()  # (T, D), broadcast over B and H
+    return (xf * cos + _rotate_half(xf) * sin).type_as(x)
+
+
+# ---------------------------------------------------------------------------------------------
+# Building blocks
+
+
+def _norm(cfg: ModelConfig) -> nn.Module:
+    if cfg.variant == "gpt2":
+        return nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=True)
+    return nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head causal self-attention with one fused q/k/v projection (one matmul, not three)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        bias = cfg.variant == "gpt2"
+        self.n_heads = cfg.n_heads
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=bias)
+        self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=bias)
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).split(C, dim=2)  # (B, T, C) each
+        q = q.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2)  # (B, H, T, D)
+        k = k.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2)  # (B, H, T, D)
+        v = v.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2)  # (B, H, T, D)
+        if rope is not None:
+            cos, sin = rope  # (T, D) each
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, T, D)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
+        return self.proj(y)  # (B, T, C)
+
+
+class MLP(nn.Module):
+    """GPT-2 MLP: fc -> GELU (tanh approximation, GPT-2's "gelu_new") -> proj."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.fc = nn.Linear(cfg.d_model, mlp_hidden(cfg))
+        self.proj = nn.Linear(mlp_hidden(cfg), cfg.d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(F.gelu(self.fc(x), approximate="tanh"))  # (B, T, C) -> (B, T, F) -> (B, T, C)
+
+
+class SwiGLU(nn.Module):
+    """Llama MLP: down(silu(gate(x)) * up(x)), no biases."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.gate = nn.Linear(cfg.d_model, mlp_hidden(cfg), bias=False)
+        self.up = nn.Linear(cfg.d_model, mlp_hidden(cfg), bias=False)
+        self.down = nn.Linear(mlp_hidden(cfg), cfg.d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(F.silu(self.gate(x)) * self.up(x))  # (B, T, C) -> (B, T, F) -> (B, T, C)
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: x + attn(ln_1(x)), then + mlp(ln_2(x)). The FSDP2 unit."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.ln_1 = _norm(cfg)
+        self.attn = CausalSelfAttention(cfg)
+        self.ln_2 = _norm(cfg)
+        self.mlp: nn.Module = MLP(cfg) if cfg.variant == "gpt2" else SwiGLU(cfg)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+        x = x + self.drop(self.attn(self.ln_1(x), rope))  # (B, T, C)
+        return x + self.drop(self.mlp(self.ln_2(x)))  # (B, T, C)
+
+
+# ---------------------------------------------------------------------------------------------
+# The model
+
+
+class GPT(nn.Module):
+    """Decoder-only language model: token ids (B, T) -> next-token logits (B, T, V).
+
+    ``vocab_size`` is passed explicitly because ``cfg.vocab_size`` may be None ("take the
+    tokenizer's size"); the caller resolves it.
+    """
+
+    def __init__(self, cfg: ModelConfig, vocab_size: int) -> None:
+        super().__init__()
+        if vocab_size < 2:
+            raise ValueError(f"vocab_size must be at least 2, got {vocab_size}")
+        self.cfg = cfg
+        self.vocab_size = vocab_size
+        self.seq_len = cfg.seq_len
+        self.head_dim = cfg.d_model // cfg.n_heads
+        self.tok_emb = nn.Embedding(vocab_size, cfg.d_model)
+        self.pos_emb = nn.Embedding(cfg.seq_len, cfg.d_model) if cfg.variant == "gpt2" else None
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.ln_f = _norm(cfg)
+        self.lm_head = nn.Linear(cfg.d_model, vocab_size, bias=False)
+        if cfg.variant == "llama":
+            # Non-persistent: derived from the config, so not in the state_dict (nor checkpoints).
+            cos, sin = rope_tables(cfg.seq_len, self.head_dim, cfg.rope_theta)
+            self.register_buffer("rope_cos", cos, persistent=False)  # (seq_len, D) fp32
+            self.register_buffer("rope_sin", sin, persistent=False)  # (seq_len, D) fp32
+        self.init_weights()
+
+    def init_weights(self) -> None:
+        """(Re-)initialise everything: tie the head, RoPE tables, GPT-2-style weights.
+
+        Public so a model built on the meta device can be materialised with ``to_empty()`` and
+        then initialised (``to_empty`` unties shared parameters, so this re-ties them).
+        Linear and embedding weights ~ N(0, 0.02); the projections that write into the
+        residual stream (attn.proj, mlp.proj / mlp.down) use 0.02 / sqrt(2 * n_layers) so the
+        residual's variance does not grow with depth (GPT-2 paper, section 2.3); biases 0,
+        norm weights 1.
+        """
+        if self.lm_head.weight is not self.tok_emb.weight:
+            self.lm_head.weight = self.tok_emb.weight  # tie: one (V, C) tensor, two uses
+        with torch.no_grad():
+            if self.cfg.variant == "llama":
+                cos, sin = rope_tables(self.seq_len, self.head_dim, self.cfg.rope_theta)
+                self.get_buffer("rope_cos").copy_(cos)
+                self.get_buffer("rope_sin").copy_(sin)
+            residual_std = 0.02 / math.sqrt(2 * self.cfg.n_layers)
+            for module in self.modules():
+                if isinstance(module, nn.Linear) and module is not self.lm_head:
+                    nn.init.normal_(module.weight, mean=0.0, std=0.02)
+                    if module.bias is not None:
+                        nn.init.zeros_(module.bias)
+                elif isinstance(module, nn.Embedding):
+                    nn.init.normal_(module.weight, mean=0.0, std=0.02)
+                elif isinstance(module, nn.LayerNorm | nn.RMSNorm):
+                    module.reset_parameters()
+            for name, param in self.named_parameters():
+                if name.endswith(("attn.proj.weight", "mlp.proj.weight", "mlp.down.weight")):
+                    nn.init.normal_(param, mean=0.0, std=residual_std)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        """idx: LongTensor (B, T) with T <= seq_len -> logits (B, T, V)."""
+        if idx.dim() != 2:
+            raise ValueError(f"GPT expects token ids of shape (batch, time), got {tuple(idx.shape)}")
+        n_tokens = idx.shape[1]  # T
+        if n_tokens > self.seq_len:
+            raise ValueError(
+                f"sequence length {n_tokens} exceeds the model's context (model.seq_len={self.seq_len})"
+            )
+        x = self.tok_emb(idx)  # (B, T, C)
+        rope: tuple[torch.Tensor, torch.Tensor] | None = None
+        if self.pos_emb is not None:
+            positions = torch.arange(n_tokens, device=idx.device)  # (T,)
+            x = x + self.pos_emb(positions)  # (B, T, C) + (T, C)
+        else:
+            rope = (self.get_buffer("rope_cos")[:n_tokens], self.get_buffer("rope_sin")[:n_tokens])  # (T, D)
+        for block in self.blocks:
+            x = block(x, rope)  # (B, T, C)
+        x = self.ln_f(x)  # (B, T, C)
+        return self.lm_head(x)  # (B, T, V)
+
+    def num_params(self, non_embedding: bool = True) -> int:
+        """Parameter count; shared tensors counted once (the tied head is the token embedding).
+
+        ``non_embedding`` drops the token and position embeddings, the usual count for
+        scaling laws (Kaplan et al. 2020) and for comparing models with different vocabularies.
+        """
+        total = sum(p.numel() for p in self.parameters())  # parameters() de-duplicates the tie
+        if non_embedding:
+            total -= self.tok_emb.weight.numel()
+            if self.pos_emb is not None:
+                total -= self.pos_emb.weight.numel()
+        return total
+
+    @torch.no_grad()
+    def generate(
+        self,
+        idx: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """Sample ``max_new_tokens`` tokens after idx (B, T0) -> (B, T0 + max_new_tokens).
+
+        The context is cropped to the last ``seq_len`` tokens (no KV cache: simple, and fast
+        enough for samples in reports). ``temperature=0`` is greedy decoding; ``top_k`` keeps
+        the k most likely tokens; pass a seeded ``generator`` for reproducible samples. Runs in
+        eval mode (dropout off) and restores the previous mode.
+        """
+        if max_new_tokens < 0 or temperature < 0 or (top_k is not None and top_k < 1):
+            raise ValueError("generate: need max_new_tokens >= 0, temperature >= 0, top_k >= 1")
+        was_training = self.training
+        self.eval()
+        try:
+            for _ in range(max_new_tokens):
+                context = idx[:, -self.seq_len :]  # (B, <= seq_len)
+                logits = self(context)[:, -1, :].float()  # (B, V)
+                idx = torch.cat((idx, self._sample(logits, temperature, top_k, generator)), dim=1)
+        finally:
+            self.train(was_training)
+        return idx  # (B, T0 + max_new_tokens)
+
+    @staticmethod
+    def _sample(
+        logits: torch.Tensor, temperature: float, top_k: int | None, generator: torch.Generator | None
+    ) -> torch.Tensor:
+        """logits (B, V) -> next token ids (B, 1)."""
+        if temperature == 0:
+            return logits.argmax(dim=-1, keepdim=True)  # (B, 1)
+        logits = logits / temperature
+        if top_k is not None and top_k < logits.shape[-1]:
+            kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]  # (B, 1)
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        probs = F.softmax(logits, dim=-1)  # (B, V)
+        return torch.multinomial(probs, num_samples=1, generator=generator)  # (B, 1)

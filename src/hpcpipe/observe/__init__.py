@@ -1,0 +1,1 @@
+"""Observability: metrics files, lineage, progress, FLOPs and device peaks."""

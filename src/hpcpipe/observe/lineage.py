@@ -1,0 +1,61 @@
+"""``lineage.json``: what produced a run (code, config, data, software, hosts)."""
+
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import hpcpipe
+
+
+def git_sha(cwd: Path | None = None) -> str | None:
+    """Commit of the hpcpipe source tree (or of ``cwd``), with '-dirty' when it has changes."""
+    where = cwd or Path(hpcpipe.__file__).resolve().parent
+    try:
+        sha = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True, timeout=5, check=False
+        )
+        if sha.returncode != 0:
+            return None
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=where,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
+        )
+        return sha.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def build_lineage(
+    config_hash: str, dataset_manifest_sha256: str | None, hosts: list[str], world_size: int
+) -> dict[str, Any]:
+    return {
+        "git_sha": git_sha(),
+        "config_hash": config_hash,
+        "dataset_manifest_sha256": dataset_manifest_sha256,
+        "versions": {
+            "python": sys.version.split()[0],
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda,
+            "hpcpipe": hpcpipe.__version__,
+        },
+        "platform": platform.platform(),
+        "hosts": sorted(set(hosts)),
+        "world_size": world_size,
+    }
+
+
+def write_lineage(run_dir: Path, lineage: dict[str, Any]) -> Path:
+    path = run_dir / "lineage.json"
+    path.write_text(json.dumps(lineage, indent=2) + "\n")
+    return path

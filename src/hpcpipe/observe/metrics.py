@@ -1,0 +1,76 @@
+"""Metrics files of a run: ``metrics.jsonl`` (the contract) and ``metrics.csv``; ``events.jsonl``.
+
+Only rank 0 writes. Rows are appended and flushed as they come, so a crashed run keeps every row
+it logged. Opening a sink at ``start_step`` drops rows after that step: a resumed run continues
+the history it resumed from instead of duplicating it.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+TRAIN_KEYS = (
+    "step",
+    "loss",
+    "lr",
+    "grad_norm",
+    "tokens_per_s",
+    "tokens_per_s_per_device",
+    "samples_per_s",
+    "samples_per_s_per_device",
+    "mfu",
+    "step_time_s",
+    "data_time_s",
+    "mem_bytes",
+    "world_size",
+)
+EVAL_KEYS = ("val_loss", "val_ppl")
+CSV_KEYS = (*TRAIN_KEYS, *EVAL_KEYS)
+
+
+class MetricsSink:
+    def __init__(self, run_dir: Path, start_step: int = 0) -> None:
+        self.jsonl_path = run_dir / "metrics.jsonl"
+        self.csv_path = run_dir / "metrics.csv"
+        kept = [row for row in read_metrics(run_dir) if int(row.get("step", 0)) <= start_step]
+        self._jsonl = self.jsonl_path.open("w")
+        self._csv_file = self.csv_path.open("w", newline="")
+        self._csv = csv.DictWriter(self._csv_file, fieldnames=CSV_KEYS, extrasaction="ignore")
+        self._csv.writeheader()
+        for row in kept:
+            self.write(row)
+
+    def write(self, row: dict[str, Any]) -> None:
+        self._jsonl.write(json.dumps(row) + "\n")
+        self._jsonl.flush()
+        self._csv.writerow(row)
+        self._csv_file.flush()
+
+    def close(self) -> None:
+        self._jsonl.close()
+        self._csv_file.close()
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    """Rows of ``metrics.jsonl`` (empty when absent); a torn last line is skipped."""
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
+def append_event(run_dir: Path, kind: str, **fields: Any) -> None:
+    """One line in ``events.jsonl`` (restarts, OOM recoveries, checkpoint commits, ...)."""
+    row = {"time": time.time(), "event": kind, **fields}
+    with (run_dir / "events.jsonl").open("a") as f:
+        f.write(json.dumps(row) + "\n")

@@ -1,0 +1,60 @@
+"""The Recipe protocol: everything workload-specific the trainer must not know about."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+Batch = tuple[torch.Tensor, ...]
+
+
+class TrainLoader(Protocol):
+    """A stateful, rank-sharded source of micro-batches, deterministic from (seed, step, rank)."""
+
+    def next_microbatch(self) -> Batch: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+    def set_micro_batch_size(self, micro_batch_size: int) -> None: ...
+
+
+class Recipe(Protocol):
+    """A workload: model, data, loss, evaluation and its FLOPs, for one rank."""
+
+    name: str
+    throughput_unit: str  # "tokens" or "samples": names the metrics key <unit>_per_s
+
+    @property
+    def items_per_sample(self) -> int:
+        """Throughput items in one sample: tokens per sequence, or 1 when counting samples."""
+
+    def prepare(self, progress: bool) -> None:
+        """Make data ready on disk (idempotent; runs once per node before workers train)."""
+
+    def dataset_hash(self) -> str | None:
+        """Hash of the prepared dataset's manifest, for lineage."""
+
+    def build_model(self) -> nn.Module: ...
+
+    def shard_units(self, model: nn.Module) -> Sequence[nn.Module]:
+        """Sub-modules FSDP2 shards one by one (transformer blocks, ResNet stages)."""
+
+    def train_loader(self, rank: int, world_size: int) -> TrainLoader: ...
+
+    def eval_batches(self, rank: int, world_size: int) -> Iterable[Batch]:
+        """The same validation micro-batches at every evaluation."""
+
+    def loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:
+        """Mean loss over the micro-batch (a scalar that backward() is called on)."""
+
+    def flops_per_sample(self) -> float | None:
+        """Training FLOPs (forward + backward) per sample, for MFU; None when unknown."""
+
+    def on_train_end(self, model: nn.Module, is_main: bool, run_dir: Path) -> None:
+        """Artifacts after training (every rank calls it; only the main rank writes)."""

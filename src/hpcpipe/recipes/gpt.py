@@ -1,0 +1,132 @@
+"""The `gpt` recipe: decoder-only LM pretraining on prepared token shards."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hpcpipe.config import DataConfig, JobConfig, ModelConfig, TrainConfig
+from hpcpipe.errors import ConfigError
+from hpcpipe.recipes.base import Batch, TrainLoader
+
+SAMPLE_PROMPT = "def "
+SAMPLE_TOKENS = 200
+
+
+@dataclass
+class GPTRecipe:
+    model_cfg: ModelConfig
+    data_cfg: DataConfig
+    train_cfg: TrainConfig
+    seed: int
+    name: str = "gpt"
+    throughput_unit: str = "tokens"
+
+    @classmethod
+    def from_job(cls, job: JobConfig) -> GPTRecipe:
+        return cls(model_cfg=job.model, data_cfg=job.data, train_cfg=job.train, seed=job.run.seed)
+
+    @property
+    def items_per_sample(self) -> int:
+        return self.model_cfg.seq_len
+
+    # -- data --------------------------------------------------------------------------------
+
+    def prepare(self, progress: bool) -> None:
+        from hpcpipe.data.shards import prepare_dataset
+
+        prepare_dataset(self.data_cfg, progress=progress)
+
+    @cached_property
+    def dataset(self):  # type: ignore[no-untyped-def]  # PreparedDataset
+        from hpcpipe.data.shards import prepare_dataset
+
+        return prepare_dataset(self.data_cfg, progress=False)
+
+    def dataset_hash(self) -> str | None:
+        return str(self.dataset.manifest_sha256)
+
+    @cached_property
+    def vocab_size(self) -> int:
+        tokenizer_vocab = int(self.dataset.vocab_size)
+        wanted = self.model_cfg.vocab_size
+        if wanted is None:
+            return tokenizer_vocab
+        if wanted < tokenizer_vocab:
+            raise ConfigError(
+                f"model.vocab_size ({wanted}) is smaller than the tokenizer's vocabulary "
+                f"({tokenizer_vocab}); set it to null or >= {tokenizer_vocab}"
+            )
+        return wanted
+
+    def train_loader(self, rank: int, world_size: int) -> TrainLoader:
+        from hpcpipe.data.loader import TokenWindowLoader
+
+        return TokenWindowLoader(
+            self.dataset,
+            split="train",
+            seq_len=self.model_cfg.seq_len,
+            micro_batch_size=self.train_cfg.micro_batch_size,
+            global_batch_size=self.train_cfg.global_batch_size,
+            rank=rank,
+            world_size=world_size,
+            seed=self.seed,
+        )
+
+    def eval_batches(self, rank: int, world_size: int) -> Iterable[Batch]:
+        from hpcpipe.data.loader import EvalWindows
+
+        return EvalWindows(
+            self.dataset,
+            split="val",
+            seq_len=self.model_cfg.seq_len,
+            micro_batch_size=self.train_cfg.micro_batch_size,
+            n_batches=self.train_cfg.eval_batches,
+            rank=rank,
+            world_size=world_size,
+        )
+
+    # -- model -------------------------------------------------------------------------------
+
+    def build_model(self) -> nn.Module:
+        from hpcpipe.models.gpt import GPT
+
+        return GPT(self.model_cfg, self.vocab_size)
+
+    def shard_units(self, model: nn.Module) -> Sequence[nn.Module]:
+        return list(model.blocks)  # type: ignore[arg-type]
+
+    def loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:
+        x, y = batch  # (B, T) int64 each; y is x shifted left by one token
+        logits = model(x)  # (B, T, V)
+        return F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
+
+    def flops_per_sample(self) -> float | None:
+        from hpcpipe.observe.flops import training_flops_per_token
+
+        return training_flops_per_token(self.model_cfg, self.vocab_size) * self.model_cfg.seq_len
+
+    # -- artifacts ---------------------------------------------------------------------------
+
+    def on_train_end(self, model: nn.Module, is_main: bool, run_dir: Path) -> None:
+        """Write a text sample; every rank generates (FSDP2 needs all ranks in each forward)."""
+        from hpcpipe.data.tokenizer import load_tokenizer
+
+        tokenizer = load_tokenizer(self.dataset.path)
+        device = next(model.parameters()).device
+        prompt = torch.tensor([tokenizer.encode(SAMPLE_PROMPT)], dtype=torch.long, device=device)
+        generator = torch.Generator(device=device).manual_seed(self.seed)
+        model.eval()
+        out = model.generate(  # type: ignore[operator]
+            prompt, max_new_tokens=SAMPLE_TOKENS, temperature=0.8, top_k=50, generator=generator
+        )
+        model.train()
+        if is_main:
+            text = tokenizer.decode(out[0].tolist())
+            (run_dir / "sample.txt").write_text(text + "\n")

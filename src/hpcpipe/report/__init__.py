@@ -1,0 +1,1 @@
+"""Plots and rendered reports, read from run directories."""

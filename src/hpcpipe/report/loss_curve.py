@@ -1,0 +1,33 @@
+"""The loss-curve PNG of a run: training loss per logged step, validation loss per evaluation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hpcpipe.observe.metrics import read_metrics
+
+
+def plot_loss_curve(run_dir: Path, out: Path | None = None) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = read_metrics(run_dir)
+    train = [(r["step"], r["loss"]) for r in rows if "loss" in r]
+    val = [(r["step"], r["val_loss"]) for r in rows if "val_loss" in r]
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
+    if train:
+        ax.plot(*zip(*train, strict=True), label="train loss", color="tab:blue", linewidth=1.2)
+    if val:
+        ax.plot(*zip(*val, strict=True), "o-", label="validation loss", color="tab:orange")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("cross-entropy (nats/token)")
+    ax.set_title(f"{run_dir.name}: loss")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path = out or run_dir / "loss_curve.png"
+    fig.savefig(path)
+    plt.close(fig)
+    return path

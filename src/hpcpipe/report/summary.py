@@ -1,0 +1,73 @@
+"""``summary.md``: what a run did and how it went, from its run directory alone."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hpcpipe.observe.metrics import read_metrics
+
+
+def run_summary(run_dir: Path) -> dict[str, Any]:
+    """Key figures of a run, read back from its files."""
+    rows = read_metrics(run_dir)
+    train = [r for r in rows if "loss" in r]
+    val = [r for r in rows if "val_loss" in r]
+    rate_key = next((k for r in train for k in r if k.endswith("_per_s")), None)
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    lineage_path = run_dir / "lineage.json"
+    lineage = json.loads(lineage_path.read_text()) if lineage_path.is_file() else {}
+    return {
+        "steps": train[-1]["step"] if train else 0,
+        "final_train_loss": train[-1]["loss"] if train else None,
+        "val_loss_first": val[0]["val_loss"] if val else None,
+        "val_loss_first_step": val[0]["step"] if val else None,
+        "val_loss_last": val[-1]["val_loss"] if val else None,
+        "val_loss_last_step": val[-1]["step"] if val else None,
+        "rate_key": rate_key,
+        # The first interval holds start-up (and compilation): leave it out when there are more.
+        "median_rate": statistics.median(r[rate_key] for r in train[1:] or train) if rate_key else None,
+        "world_size": train[-1].get("world_size") if train else lineage.get("world_size"),
+        "config": config,
+        "lineage": lineage,
+    }
+
+
+def write_summary(run_dir: Path, wall_time_s: float | None = None) -> Path:
+    s = run_summary(run_dir)
+    m, t, p = s["config"]["model"], s["config"]["train"], s["config"]["parallel"]
+    lines = [
+        f"# Run `{run_dir.name}`",
+        "",
+        f"- model: {m['variant']}, {m['n_layers']} layers, {m['n_heads']} heads, width {m['d_model']}, "
+        f"context {m['seq_len']}",
+        f"- training: {s['steps']} steps, global batch {t['global_batch_size']} sequences, "
+        f"lr {t['lr']}, {t['precision']}",
+        f"- parallel: {p['strategy']} on {s['world_size']} rank(s)",
+    ]
+    if s["val_loss_first"] is not None:
+        lines.append(
+            f"- validation loss: {s['val_loss_first']:.4f} at step {s['val_loss_first_step']} → "
+            f"{s['val_loss_last']:.4f} at step {s['val_loss_last_step']}"
+        )
+    if s["final_train_loss"] is not None:
+        lines.append(f"- final training loss: {s['final_train_loss']:.4f}")
+    if s["median_rate"] is not None:
+        unit = s["rate_key"].removesuffix("_per_s")
+        lines.append(f"- throughput (median over logged intervals): {s['median_rate']:,.0f} {unit}/s")
+    if wall_time_s is not None:
+        lines.append(f"- wall time: {wall_time_s:.0f} s")
+    lineage = s["lineage"]
+    if lineage:
+        lines.append(f"- code: {lineage.get('git_sha')}, torch {lineage['versions']['torch']}")
+    lines += ["", "![loss curve](loss_curve.png)", ""]
+    sample = run_dir / "sample.txt"
+    if sample.is_file():
+        lines += ["## Sample", "", "```", sample.read_text().rstrip(), "```", ""]
+    path = run_dir / "summary.md"
+    path.write_text("\n".join(lines))
+    return path

@@ -1,0 +1,85 @@
+"""Parallelism applied outside the model: DDP or FSDP2 wrapping, gradient-sync control, clipping."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from hpcpipe.errors import ConfigError
+from hpcpipe.train.distributed import DistContext
+
+
+def resolve_strategy(strategy: str, world_size: int) -> str:
+    """``auto`` means DDP for several ranks; a single process never wraps."""
+    if world_size == 1:
+        return "single"
+    if strategy == "auto":
+        return "ddp"
+    if strategy == "single":
+        raise ConfigError(f"parallel.strategy=single cannot run on {world_size} ranks; use ddp, fsdp or auto")
+    return strategy
+
+
+def apply_parallelism(
+    model: nn.Module, strategy: str, ctx: DistContext, shard_units: Sequence[nn.Module]
+) -> nn.Module:
+    """Wrap ``model`` for ``strategy``. ``shard_units`` are the blocks FSDP2 shards one by one."""
+    if strategy == "single":
+        return model
+    if strategy == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+
+        device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
+        return DistributedDataParallel(model, device_ids=device_ids)
+    if strategy == "fsdp":
+        from torch.distributed.fsdp import fully_shard
+
+        # Each block is its own all-gather/reduce-scatter unit, so communication for block i+1
+        # overlaps compute of block i; the root wrap covers embeddings, final norm and head.
+        for unit in shard_units:
+            fully_shard(unit)
+        fully_shard(model)
+        return model
+    raise ConfigError(f"parallel.strategy: unknown strategy {strategy!r}")
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The user's module under a DDP wrapper (FSDP2 shards in place: nothing to unwrap)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    return model.module if isinstance(model, DistributedDataParallel) else model
+
+
+@contextlib.contextmanager
+def gradient_sync(model: nn.Module, enabled: bool) -> Iterator[None]:
+    """Skip the gradient all-reduce / reduce-scatter on non-final accumulation micro-steps."""
+    from torch.distributed.fsdp import FSDPModule
+    from torch.nn.parallel import DistributedDataParallel
+
+    if isinstance(model, DistributedDataParallel) and not enabled:
+        with model.no_sync():
+            yield
+        return
+    if isinstance(model, FSDPModule):
+        model.set_requires_gradient_sync(enabled)
+    yield
+
+
+def clip_grad_norm(model: nn.Module, max_norm: float) -> torch.Tensor:
+    """Global gradient L2 norm (before clipping), correct for sharded FSDP2 gradients.
+
+    Under FSDP2 each gradient is a DTensor shard; the norm of DTensors is a partial result that
+    ``full_tensor()`` reduces over ranks, so every rank clips with the same global norm.
+    """
+    params = [p for p in model.parameters() if p.grad is not None]
+    grads = [p.grad for p in params if p.grad is not None]
+    total = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
+    if isinstance(total, DTensor):
+        total = total.full_tensor()
+    if max_norm > 0:
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+    return total

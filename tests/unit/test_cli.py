@@ -1,0 +1,54 @@
+"""The CLI as a user drives it: help that teaches, and bad input as one line with exit code 2."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+
+def _one_line_error(proc) -> str:  # type: ignore[no-untyped-def]
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("error: ")
+    return lines[0]
+
+
+def test_help_lists_the_verbs(cli) -> None:  # type: ignore[no-untyped-def]
+    proc = cli("--help")
+    assert proc.returncode == 0
+    for verb in ("run", "train", "data", "presets"):
+        assert verb in proc.stdout
+    train_help = cli("train", "--help")
+    assert "--set" in train_help.stdout and "--nproc" in train_help.stdout
+    assert "Examples" in train_help.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["train", "tiny", "--set", "train.stepz=3"], "unknown config key 'train.stepz'"),
+        (["train", "tiny", "--set", "train.steps=abc"], "train.steps"),
+        (["train", "tiny", "--nproc", "3"], "train.global_batch_size (8) must be a multiple"),
+        (["train", "does/not/exist.yaml"], "config file not found: does/not/exist.yaml"),
+        (["train", "nopreset"], "unknown preset 'nopreset'"),
+        (["data", "prepare", "tiny", "--set", "data.sources=[/no/such/dir]"], "/no/such/dir"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(cli, tmp_path: Path, args: list[str], needle: str) -> None:  # type: ignore[no-untyped-def]
+    proc = cli(
+        *args, "--set", f"run.out_dir={tmp_path}", "--set", f"data.prepared_dir={tmp_path}/d", cwd=tmp_path
+    )
+    assert needle in _one_line_error(proc)
+    assert not (tmp_path / "tiny").exists() or not (tmp_path / "tiny" / "metrics.jsonl").exists()
+
+
+def test_presets_list_and_show(cli) -> None:  # type: ignore[no-untyped-def]
+    listing = cli("presets", "list")
+    assert listing.returncode == 0
+    assert "quickstart" in listing.stdout and "tiny" in listing.stdout
+    shown = cli("presets", "show", "quickstart")
+    assert shown.returncode == 0
+    assert "global_batch_size: 16" in shown.stdout

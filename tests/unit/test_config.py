@@ -1,0 +1,98 @@
+"""JobConfig: presets, overrides parsed to field types, and one-line errors for bad input."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hpcpipe.config import JobConfig, grad_accum_steps, load_config
+from hpcpipe.errors import ConfigError
+from hpcpipe.presets import preset_names
+
+
+@pytest.mark.parametrize("name", preset_names())
+def test_every_preset_validates_and_round_trips(name: str, tmp_path: Path) -> None:
+    cfg = load_config(name)
+    saved = tmp_path / "config.yaml"
+    saved.write_text(cfg.to_yaml())
+    again = load_config(saved)
+    assert again == cfg
+    assert again.config_hash() == cfg.config_hash()
+
+
+def test_overrides_are_parsed_to_the_field_type() -> None:
+    cfg = load_config(
+        "tiny",
+        [
+            "train.steps=7",
+            "train.lr=1e-3",
+            "train.compile=true",
+            "run.name=123",
+            "model.vocab_size=null",
+            "data.sources=[a.txt, b/]",
+            "model.variant=llama",
+        ],
+    )
+    assert cfg.train.steps == 7 and isinstance(cfg.train.steps, int)
+    assert cfg.train.lr == pytest.approx(1e-3)
+    assert cfg.train.compile is True
+    assert cfg.run.name == "123"  # a str field keeps the text as written
+    assert cfg.model.vocab_size is None
+    assert cfg.data.sources == ["a.txt", "b/"]
+    assert cfg.model.variant == "llama"
+
+
+def test_config_is_frozen() -> None:
+    cfg = load_config("tiny")
+    with pytest.raises(Exception):  # noqa: B017  (pydantic's frozen-instance error)
+        cfg.train.steps = 3  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "needle"),
+    [
+        (["train.stepz=3"], "unknown config key 'train.stepz'"),
+        (["trian.steps=3"], "unknown config key 'trian.steps'"),
+        (["train.steps=many"], "train.steps"),
+        (["train.precision=fp8"], "train.precision"),
+        (["model.d_model=100", "model.n_heads=3"], "model.d_model (100) must be divisible"),
+        (["train.steps"], "expected section.key=value"),
+        (["run.name=../escape"], "run.name must be a plain directory name"),
+    ],
+)
+def test_bad_overrides_name_the_key(overrides: list[str], needle: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config("tiny", overrides)
+    assert needle in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_unknown_key_in_yaml_is_rejected(tmp_path: Path) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump({"train": {"steps": 3, "learning_rate": 0.1}}))
+    with pytest.raises(ConfigError, match=r"unknown config key 'train.learning_rate'"):
+        load_config(path)
+
+
+def test_missing_file_and_unknown_preset(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(tmp_path / "nope.yaml")
+    with pytest.raises(ConfigError, match="unknown preset 'nope'"):
+        load_config("nope")
+
+
+def test_invalid_yaml_names_file_and_line(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("train:\n  steps: [1,\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml \(line \d+\): not valid YAML"):
+        load_config(path)
+
+
+def test_grad_accum_arithmetic() -> None:
+    train = JobConfig().train.model_copy(update={"micro_batch_size": 4, "global_batch_size": 32})
+    assert grad_accum_steps(train, 1) == 8
+    assert grad_accum_steps(train, 2) == 4
+    with pytest.raises(ConfigError, match=r"train.global_batch_size \(32\) must be a multiple"):
+        grad_accum_steps(train, 3)

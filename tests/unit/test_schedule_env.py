@@ -1,0 +1,97 @@
+"""LR schedule shape and cluster-environment detection (torchrun, Kubeflow, Slurm, single)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from hpcpipe.config import TrainConfig
+from hpcpipe.launch.environment import _parse_first_host, detect_environment
+
+
+def test_warmup_then_cosine_to_floor() -> None:
+    cfg = TrainConfig(steps=110, warmup_steps=10, lr=1.0, min_lr_ratio=0.1, schedule="cosine")
+    from hpcpipe.train.schedule import lr_at
+
+    assert lr_at(1, cfg) == pytest.approx(0.1)
+    assert lr_at(10, cfg) == pytest.approx(1.0)
+    assert lr_at(60, cfg) == pytest.approx(0.55)  # half-way: mean of peak and floor
+    assert lr_at(110, cfg) == pytest.approx(0.1)
+    lrs = [lr_at(s, cfg) for s in range(10, 111)]
+    assert all(a >= b for a, b in itertools.pairwise(lrs))
+
+
+def test_linear_and_constant() -> None:
+    from hpcpipe.train.schedule import lr_at
+
+    lin = TrainConfig(steps=20, warmup_steps=0, lr=2.0, min_lr_ratio=0.0, schedule="linear")
+    assert lr_at(10, lin) == pytest.approx(1.0)
+    const = TrainConfig(steps=20, warmup_steps=5, lr=2.0, schedule="constant")
+    assert lr_at(3, const) == pytest.approx(1.2)
+    assert lr_at(19, const) == pytest.approx(2.0)
+
+
+def test_single_process_when_nothing_is_set() -> None:
+    env = detect_environment({})
+    assert (env.kind, env.rank, env.world_size, env.is_external) == ("single", 0, 1, False)
+
+
+def test_torchrun_environment() -> None:
+    env = detect_environment(
+        {
+            "RANK": "3",
+            "LOCAL_RANK": "1",
+            "WORLD_SIZE": "4",
+            "LOCAL_WORLD_SIZE": "2",
+            "MASTER_ADDR": "n0",
+            "MASTER_PORT": "29400",
+            "TORCHELASTIC_RUN_ID": "x",
+        }
+    )
+    assert (env.kind, env.rank, env.local_rank, env.world_size, env.local_world_size) == (
+        "torchrun",
+        3,
+        1,
+        4,
+        2,
+    )
+    assert env.master_addr == "n0" and env.master_port == 29400
+
+
+def test_kubeflow_pytorchjob_environment() -> None:
+    env = detect_environment(
+        {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "job-master-0", "MASTER_PORT": "23456"}
+    )
+    assert env.kind == "kubernetes" and env.local_rank == 0 and env.local_world_size == 1
+
+
+def test_slurm_step_environment() -> None:
+    env = detect_environment(
+        {
+            "SLURM_PROCID": "5",
+            "SLURM_LOCALID": "1",
+            "SLURM_STEP_ID": "0",
+            "SLURM_NTASKS": "8",
+            "SLURM_STEP_NUM_TASKS": "8",
+            "SLURM_TASKS_PER_NODE": "4(x2)",
+            "SLURM_JOB_ID": "1234",
+            "SLURM_STEP_NODELIST": "gpu[007-008]",
+        }
+    )
+    assert (env.kind, env.rank, env.local_rank, env.world_size, env.local_world_size) == ("slurm", 5, 1, 8, 4)
+    assert env.master_port == 20000 + 1234
+    assert env.master_addr in {"gpu007"}  # scontrol absent here, or it expands the same way
+
+
+def test_slurm_batch_script_is_not_a_worker() -> None:
+    batch_env = {"SLURM_PROCID": "0", "SLURM_NTASKS": "8", "SLURM_JOB_ID": "1"}
+    assert detect_environment(batch_env).kind == "single"
+
+
+@pytest.mark.parametrize(
+    ("nodelist", "first"),
+    [("gpu[003-010,12],cpu01", "gpu003"), ("node1,node2", "node1"), ("solo", "solo"), ("a[9]", "a9")],
+)
+def test_parse_first_host(nodelist: str, first: str) -> None:
+    assert _parse_first_host(nodelist) == first
