@@ -148,6 +148,80 @@ class ObserveConfig(Section):
     )
 
 
+class CheckpointConfig(Section):
+    """Checkpoints: DCP shards + a SHA-256 manifest, committed atomically, in two tiers.
+
+    ``async`` is a Python keyword, so the field is ``async_save`` in code and ``async`` in YAML
+    and ``--set checkpoint.async=true`` (both spellings are accepted when reading).
+    """
+
+    model_config = ConfigDict(validate_by_name=True, validate_by_alias=True, serialize_by_alias=True)
+
+    every_steps: int = Field(
+        0, ge=0, description="Save a checkpoint every N optimizer steps (0: no periodic saves)."
+    )
+    keep_last: int = Field(
+        3, ge=1, description="Committed checkpoints kept per tier, newest first (the newest "
+        "verified one and the one training resumed from are never deleted)."
+    )
+    keep_every: int = Field(
+        0, ge=0, description="Also keep forever every checkpoint whose step is a multiple of "
+        "this (0: none), e.g. for later evaluation."
+    )
+    async_save: bool = Field(
+        False,
+        alias="async",
+        description="Write in the background: training blocks only while the state is copied "
+        "to CPU memory (costs one extra copy of the model + optimizer state in RAM).",
+    )
+    dir: str | None = Field(
+        None, description="Fast tier, written at every save (node-local disk is fine on one "
+        "node; every rank must see it); null: <run_dir>/checkpoints."
+    )
+    durable_dir: str | None = Field(
+        None, description="Durable tier (shared file system): committed fast checkpoints are "
+        "copied there in the background and verified; null: no durable tier."
+    )
+    durable_every_steps: int = Field(
+        0, ge=0, description="Copy to the durable tier when the step is a multiple of this "
+        "(0 with durable_every_s 0: copy every checkpoint)."
+    )
+    durable_every_s: float = Field(
+        0.0, ge=0, description="Also copy to the durable tier when this many seconds passed "
+        "since the last durable copy (0: no time-based copies)."
+    )
+    resume: Literal["auto", "never", "required"] = Field(
+        "auto", description="auto: resume from the newest verified checkpoint if any; never: "
+        "always start fresh; required: fail (exit 2) when there is nothing to resume from."
+    )
+    scratch_if_none_verify: bool = Field(
+        False, description="When checkpoints exist but none verifies, start from scratch "
+        "instead of failing with exit code 2."
+    )
+    io_threads: int = Field(
+        2, ge=1, le=64, description="Writer threads per rank (one file each per save)."
+    )
+
+
+class FaultConfig(Section):
+    hang_timeout_s: float = Field(
+        0.0, ge=0, description="Watchdog: a step that takes longer than this dumps every "
+        "rank's stack and exits non-zero (0: no watchdog)."
+    )
+    oom_recovery: bool = Field(
+        True, description="On an out-of-memory error, halve the micro-batch (more gradient "
+        "accumulation, same global batch) and retry the step."
+    )
+    preempt_grace_s: float = Field(
+        30.0, ge=0, description="After SIGTERM/SIGUSR1 (preemption), time allowed to finish "
+        "the step and write a final checkpoint before exiting."
+    )
+    preempt_exit_code: int = Field(
+        143, ge=1, le=255, description="Exit code after a preemption checkpoint (the "
+        "scheduler requeues on it; 143 = 128 + SIGTERM)."
+    )
+
+
 class JobConfig(Section):
     """The whole job. Saved as ``config.yaml`` in the run directory."""
 
@@ -157,6 +231,8 @@ class JobConfig(Section):
     train: TrainConfig = Field(default_factory=TrainConfig)
     parallel: ParallelConfig = Field(default_factory=ParallelConfig)
     observe: ObserveConfig = Field(default_factory=ObserveConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    fault: FaultConfig = Field(default_factory=FaultConfig)
 
     @property
     def run_dir(self) -> Path:
@@ -247,10 +323,10 @@ def _field_annotation(key: str) -> Any:
     model: type[BaseModel] = JobConfig
     parts = key.split(".")
     for depth, part in enumerate(parts):
-        field = model.model_fields.get(part)
+        field = _field_named(model, part)
         if field is None:
             prefix = ".".join(parts[:depth]) or "top level"
-            known = ", ".join(model.model_fields)
+            known = ", ".join(field.alias or name for name, field in model.model_fields.items())
             raise ConfigError(f"unknown config key {key!r} (keys in {prefix}: {known})")
         annotation = field.annotation
         if depth == len(parts) - 1:
@@ -259,6 +335,14 @@ def _field_annotation(key: str) -> Any:
             raise ConfigError(f"unknown config key {key!r}: {'.'.join(parts[: depth + 1])} is a value")
         model = annotation
     raise AssertionError("unreachable")
+
+
+def _field_named(model: type[BaseModel], key: str) -> Any:
+    """The field a YAML key names: its alias (``checkpoint.async``) or its Python name."""
+    for name, field in model.model_fields.items():
+        if key in (name, field.alias):
+            return field
+    return None
 
 
 def _parse_value(text: str, annotation: Any) -> Any:

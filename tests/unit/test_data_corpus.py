@@ -52,10 +52,12 @@ def test_explicit_file_glob_and_duplicates_read_once(tmp_path: Path) -> None:
 
 def test_jsonl_records_are_documents(tmp_path: Path) -> None:
     path = tmp_path / "chat.jsonl"
-    rows = [{"body": "first"}, {"body": "second", "other": 1}]
-    path.write_text(json.dumps(rows[0]) + "\n\n" + json.dumps(rows[1]) + "\n")
+    rows = [{"body": "first"}, {"body": "second\u2028line", "other": 1}]
+    path.write_text(json.dumps(rows[0]) + "\r\n\n" + json.dumps(rows[1], ensure_ascii=False) + "\n")
     docs = list(iter_documents(_cfg(tmp_path, [str(path)], text_field="body")))
-    assert [(d.key, d.text) for d in docs] == [(f"{path}#1", "first"), (f"{path}#3", "second")]
+    assert [(d.key, d.text) for d in docs] == [(f"{path}#1", "first"), (f"{path}#3", "second\u2028line")]
+    walked = list(iter_documents(_cfg(tmp_path, [str(tmp_path)], text_field="body")))  # found in a dir
+    assert [d.key for d in walked] == [f"{tmp_path}/chat.jsonl#1", f"{tmp_path}/chat.jsonl#3"]
 
 
 @pytest.mark.parametrize(

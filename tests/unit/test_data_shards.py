@@ -123,7 +123,9 @@ def test_damaged_dataset_is_rebuilt(prepared: PreparedDataset, tiny_corpus: Path
     assert sorted(p.name for p in prepared.path.parent.iterdir()) == [prepared.path.name]
 
 
-def test_crash_leaves_no_dataset_behind(tiny_corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_crash_leaves_no_dataset_behind(
+    tiny_corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     def crash(path: Path, data: bytes) -> None:
         raise OSError("disk full")
 

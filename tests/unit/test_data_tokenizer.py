@@ -50,7 +50,9 @@ def test_bpe_never_emits_eos_for_text(bpe: BPETokenizer) -> None:
     assert bpe.decode(ids) == f"a {EOS_TOKEN} b"
 
 
-def test_bpe_save_load_and_deterministic_training(bpe: BPETokenizer, tmp_path: Path, tiny_corpus: Path) -> None:
+def test_bpe_save_load_and_deterministic_training(
+    bpe: BPETokenizer, tmp_path: Path, tiny_corpus: Path
+) -> None:
     bpe.save(tmp_path / "tok.json")
     loaded = BPETokenizer.from_file(tmp_path / "tok.json")
     assert loaded.encode(SAMPLES[1]) == bpe.encode(SAMPLES[1])
@@ -66,5 +68,5 @@ def test_train_tokenizer_kinds(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="unknown kind 'words'"):
         train_tokenizer("words", [], 4096)
     (tmp_path / "bad.json").write_text("{}")
-    with pytest.raises(DataError, match="bad.json"):
+    with pytest.raises(DataError, match=r"bad\.json"):
         BPETokenizer.from_file(tmp_path / "bad.json")

@@ -10,6 +10,7 @@ directory, rather than a separate timing loop, means the figure is the one a rea
 
 from __future__ import annotations
 
+import json
 import statistics
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,7 @@ def summarize_run(run_dir: Path, warmup: int) -> dict[str, Any]:
     mfus = [r.get("mfu") for r in rows]
     return {
         "run_dir": str(run_dir),
+        "hosts": _hosts(run_dir),
         "unit": unit,
         "world_size": int(rows[-1].get("world_size", 1)),
         "steps_measured": len(rows),
@@ -67,19 +69,35 @@ def summarize_run(run_dir: Path, warmup: int) -> dict[str, Any]:
     }
 
 
+def _hosts(run_dir: Path) -> list[str]:
+    """The hosts the run trained on (lineage.json), so a failing figure can name them."""
+    try:
+        return [str(h) for h in json.loads((run_dir / "lineage.json").read_text()).get("hosts", [])]
+    except (OSError, ValueError):
+        return []
+
+
 def measure_throughput(
     cfg: JobConfig, steps: int, warmup: int, repeats: int, out_dir: Path, nproc: int | None = None
-) -> dict[str, Any]:
-    """Train ``repeats`` benchmark runs of ``cfg`` and report the median of their figures."""
+) -> dict[str, Any] | None:
+    """Train ``repeats`` benchmark runs of ``cfg`` and report the median of their figures.
+
+    Under torchrun or srun every rank trains, but only rank 0 (which wrote metrics.jsonl) reads
+    the figures back; the other ranks return None.
+    """
+    from hpcpipe.launch.environment import detect_environment
     from hpcpipe.launch.job import run_job
 
     if repeats < 1:
         raise UserError("--repeats must be >= 1")
+    is_main = detect_environment().rank == 0
     runs = []
     for index in range(repeats):
         job = bench_job(cfg, f"{cfg.run.name}-throughput-{index}", out_dir, steps, warmup, nproc=nproc)
-        runs.append(summarize_run(run_job(job), warmup))
-    return combine_runs(cfg, runs)
+        run_dir = run_job(job)
+        if is_main:
+            runs.append(summarize_run(run_dir, warmup))
+    return combine_runs(cfg, runs) if is_main else None
 
 
 def combine_runs(cfg: JobConfig, runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -92,6 +110,7 @@ def combine_runs(cfg: JobConfig, runs: list[dict[str, Any]]) -> dict[str, Any]:
         "name": cfg.run.name,
         "unit": unit,
         "world_size": runs[0]["world_size"],
+        "hosts": sorted({h for r in runs for h in r["hosts"]}),
         "per_s": statistics.median(r["per_s"] for r in runs),
         "per_s_per_device": per_device,
         "step_time_s": statistics.median(r["step_time_s"] for r in runs),

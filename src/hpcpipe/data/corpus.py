@@ -184,7 +184,8 @@ def _decode(src: SourceFile, raw: bytes) -> str | None:
 
 
 def _jsonl_documents(src: SourceFile, text: str, text_field: str) -> Iterator[Document]:
-    for lineno, line in enumerate(text.splitlines(), start=1):
+    # split on "\n" only: str.splitlines() would also break at U+2028 etc., legal inside JSON strings
+    for lineno, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
         where = f"{src.path}:{lineno}"

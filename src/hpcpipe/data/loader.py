@@ -44,9 +44,10 @@ class WindowStore:
         self._starts = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
         self.num_windows = int(self._starts[-1])
         if self.num_windows == 0:
+            longest = max((int(entry["tokens"]) for entry in ds.shards(split)), default=0)
             raise DataError(
-                f"{ds.path}: the {split!r} split has {ds.tokens(split)} tokens, fewer than one window "
-                f"of model.seq_len + 1 = {seq_len + 1} tokens in a shard"
+                f"{ds.path}: the {split!r} split has {ds.tokens(split)} tokens (at most {longest} in "
+                f"one shard), fewer than one window of model.seq_len + 1 = {seq_len + 1} tokens"
             )
 
     def gather(self, windows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
@@ -82,7 +83,7 @@ class TokenWindowLoader:
     calls it ``grad_accum_steps`` times per step.
     """
 
-    def __init__(  # noqa: PLR0917 - the positional order is the published signature
+    def __init__(
         self,
         dataset: Path | PreparedDataset,
         split: str,
@@ -217,7 +218,7 @@ class EvalWindows:
     every rank still runs ``n_batches`` batches (ranks must agree on the count for collectives).
     """
 
-    def __init__(  # noqa: PLR0917 - mirrors TokenWindowLoader's positional order
+    def __init__(
         self,
         dataset: Path | PreparedDataset,
         split: str,

@@ -1,0 +1,111 @@
+"""Strong and weak scaling of a recipe over world sizes N, with efficiencies, a CSV and a plot.
+
+- strong scaling keeps the global batch fixed, so each of N ranks does 1/N of the work; ideal
+  step time T(N) = T(1) / N and efficiency E_s(N) = T(1) / (N * T(N)).
+- weak scaling keeps the per-rank batch fixed (the preset's global batch / its parallel.nproc),
+  so the global batch grows with N; ideal T(N) = T(1) and E_w(N) = T(1) / T(N).
+
+T is the median optimizer-step time of a benchmark run (``hpcpipe.bench.throughput``). When N = 1
+is not in the list, the smallest N is the baseline: E_s = N0 T(N0) / (N T(N)), E_w = T(N0) / T(N).
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import Any
+
+from hpcpipe.config import JobConfig
+from hpcpipe.errors import UserError
+
+MODES = ("strong", "weak")
+CSV_COLUMNS = (
+    "mode", "nproc", "global_batch_size", "micro_batch_size", "step_time_s", "per_s",
+    "per_s_per_device", "efficiency", "unit", "run_dir",
+)
+
+
+def batch_sizes(cfg: JobConfig, mode: str, nproc: int) -> tuple[int, int]:
+    """(global, micro) batch for ``mode`` at ``nproc`` ranks; UserError when N does not divide it."""
+    global_batch = cfg.train.global_batch_size
+    if mode == "strong":
+        if global_batch % nproc:
+            raise UserError(
+                f"--nproc {nproc}: strong scaling splits train.global_batch_size ({global_batch}) "
+                f"over the ranks; choose world sizes that divide it"
+            )
+        per_rank = global_batch // nproc
+    elif mode == "weak":
+        base = cfg.parallel.nproc
+        if global_batch % base:
+            raise UserError(
+                f"weak scaling keeps train.global_batch_size / parallel.nproc per rank "
+                f"({global_batch} / {base} is not whole)"
+            )
+        per_rank = global_batch // base
+    else:
+        raise UserError(f"--mode: unknown scaling mode {mode!r} (known: {', '.join(MODES)}, both)")
+    micro = max(d for d in range(1, cfg.train.micro_batch_size + 1) if per_rank % d == 0)
+    return per_rank * nproc, micro
+
+
+def add_efficiency(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Set ``efficiency`` on every row, per mode, against that mode's smallest world size."""
+    for mode in {row["mode"] for row in rows}:
+        series = [row for row in rows if row["mode"] == mode]
+        base = min(series, key=lambda row: row["nproc"])
+        for row in series:
+            if mode == "strong":
+                row["efficiency"] = base["nproc"] * base["step_time_s"] / (row["nproc"] * row["step_time_s"])
+            else:
+                row["efficiency"] = base["step_time_s"] / row["step_time_s"]
+    return rows
+
+
+def run_scaling(
+    cfg: JobConfig, nprocs: list[int], modes: list[str], steps: int, warmup: int, out_dir: Path
+) -> dict[str, Any]:
+    """Train one benchmark run per (mode, N); returns rows with efficiencies (also in scaling.csv)."""
+    from hpcpipe.bench.throughput import bench_job, summarize_run
+    from hpcpipe.launch.environment import detect_environment
+    from hpcpipe.launch.job import run_job
+
+    if detect_environment().is_external:
+        raise UserError("bench scaling starts its own 1..N workers: run it without torchrun or srun")
+    if not nprocs or any(n < 1 for n in nprocs):
+        raise UserError("--nproc: give world sizes >= 1, e.g. --nproc 1,2,4")
+    plans = [(mode, n, *batch_sizes(cfg, mode, n)) for mode in modes for n in sorted(set(nprocs))]
+    rows = []
+    for mode, nproc, global_batch, micro in plans:
+        name = f"{cfg.run.name}-scaling-{mode}-n{nproc}"
+        job = bench_job(cfg, name, out_dir, steps, warmup, nproc, global_batch, micro)
+        summary = summarize_run(run_job(job), warmup)
+        rows.append(
+            {"mode": mode, "nproc": nproc, "global_batch_size": global_batch, "micro_batch_size": micro,
+             "step_time_s": summary["step_time_s"], "per_s": summary["per_s"],
+             "per_s_per_device": summary["per_s_per_device"], "unit": summary["unit"],
+             "run_dir": summary["run_dir"]}
+        )
+    add_efficiency(rows)
+    csv_path = write_csv(rows, out_dir / "scaling.csv")
+    return {"name": cfg.run.name, "rows": rows, "csv": str(csv_path)}
+
+
+def write_csv(rows: list[dict[str, Any]], path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=CSV_COLUMNS, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
+def parse_nprocs(text: str) -> list[int]:
+    """'1,2,4' -> [1, 2, 4]; a UserError naming --nproc otherwise."""
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        values = []
+    if not values or any(v < 1 for v in values):
+        raise UserError(f"--nproc: expected a comma-separated list of world sizes like 1,2,4, got {text!r}")
+    return sorted(set(values))

@@ -1,0 +1,104 @@
+"""Observations for scaling-law fits, from a CSV (params,tokens,loss) or from run directories.
+
+A run directory gives one observation: N = the model's non-embedding parameters (counted on the
+model itself, built on the meta device, so the count is the model's own), D = tokens trained
+(the step of the final evaluation x global batch x sequence length, from config.yaml), L = the
+final ``val_loss`` in metrics.jsonl. A directory that is not a run but holds runs (``runs/``)
+contributes each of them; runs without a validation loss there are listed as skipped.
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import Any
+
+from hpcpipe.config import JobConfig, ModelConfig, load_config
+from hpcpipe.errors import ConfigError, UserError
+
+REQUIRED_COLUMNS = ("params", "tokens", "loss")
+
+
+def non_embedding_params(model: ModelConfig) -> int:
+    """Non-embedding parameters of ``hpcpipe.models.gpt.GPT`` (Kaplan et al.'s N), without allocating.
+
+    The head is tied to the token embedding, so the vocabulary does not change the count.
+    """
+    import torch
+
+    from hpcpipe.models.gpt import GPT
+
+    with torch.device("meta"):
+        net = GPT(model, vocab_size=model.vocab_size or 2)
+    return int(net.num_params(non_embedding=True))
+
+
+def read_csv(path: Path) -> list[dict[str, Any]]:
+    """Rows of a CSV with at least params,tokens,loss (other columns are kept as labels)."""
+    try:
+        with path.open(newline="") as f:
+            reader = csv.DictReader(f)
+            missing = [c for c in REQUIRED_COLUMNS if c not in (reader.fieldnames or [])]
+            if missing:
+                raise UserError(f"{path}: missing column(s) {', '.join(missing)} (need params,tokens,loss)")
+            rows = list(reader)
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise UserError(f"{path}: cannot read CSV ({exc})") from None
+    points = []
+    for line, row in enumerate(rows, start=2):
+        try:
+            values = {c: float(row[c]) for c in REQUIRED_COLUMNS}
+        except (TypeError, ValueError):
+            raise UserError(f"{path}:{line}: params, tokens and loss must be numbers") from None
+        points.append({**values, "source": f"{path}:{line}"})
+    return points
+
+
+def read_run_dir(run_dir: Path) -> dict[str, Any]:
+    """One observation from a finished run directory; UserError naming what is missing."""
+    from hpcpipe.observe.metrics import read_metrics
+
+    config_path = run_dir / "config.yaml"
+    if not config_path.is_file():
+        raise UserError(f"{run_dir}: not a run directory (no config.yaml)")
+    try:
+        job: JobConfig = load_config(config_path)
+    except ConfigError as exc:
+        raise UserError(f"{run_dir}: {exc}") from None
+    evals = [r for r in read_metrics(run_dir) if r.get("val_loss") is not None]
+    if not evals:
+        raise UserError(f"{run_dir}: metrics.jsonl has no val_loss (did the run finish its evaluation?)")
+    final = evals[-1]
+    steps = int(final.get("step", job.train.steps))
+    return {
+        "params": float(non_embedding_params(job.model)),
+        "tokens": float(steps * job.train.global_batch_size * job.model.seq_len),
+        "loss": float(final["val_loss"]),
+        "source": str(run_dir),
+    }
+
+
+def load_observations(inputs: list[str]) -> tuple[list[dict[str, Any]], list[str]]:
+    """Observations from CSV files, run directories and directories of runs; plus skipped runs."""
+    if not inputs:
+        raise UserError("scaling-law fit: give a CSV (params,tokens,loss) or run directories")
+    points: list[dict[str, Any]] = []
+    skipped: list[str] = []
+    for item in inputs:
+        path = Path(item)
+        if path.is_file():
+            points.extend(read_csv(path))
+        elif (path / "config.yaml").is_file():
+            points.append(read_run_dir(path))
+        elif path.is_dir():
+            runs = sorted(p for p in path.iterdir() if (p / "config.yaml").is_file())
+            if not runs:
+                raise UserError(f"{path}: neither a run directory nor a directory of runs")
+            for run in runs:
+                try:
+                    points.append(read_run_dir(run))
+                except UserError as exc:
+                    skipped.append(str(exc))
+        else:
+            raise UserError(f"{path}: no such file or directory")
+    return points, skipped

@@ -1,0 +1,215 @@
+"""The manifest of a committed checkpoint, and verifying a directory against it.
+
+``manifest.json`` is the last file written into a checkpoint before the directory is renamed to
+``step-<8 digits>``; it lists every other file with its size and SHA-256. A directory verifies
+when the manifest parses, every listed file is there with that size and hash, and no unlisted
+file is present (committed directories are written only by hpcpipe, so a stray file is a sign
+of tampering or a mixed-up copy). Verification reads every byte, so it uses a few threads:
+``hashlib`` releases the GIL, and hashing is the cost of a resume.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import time
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hpcpipe.errors import UserError
+
+MANIFEST_NAME = "manifest.json"
+FORMAT = "hpcpipe-checkpoint/1"
+STEP_DIR_RE = re.compile(r"^step-(\d{8})$")
+_CHUNK = 8 << 20
+
+
+class CheckpointError(UserError):
+    """A checkpoint could not be saved, found or verified: one line naming the path, exit 2."""
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    sha256: str
+    size: int
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """What a committed checkpoint promises: its files, and the run state it belongs to."""
+
+    step: int
+    world_size: int
+    config_hash: str
+    files: dict[str, FileEntry]
+    created_unix: float = field(default_factory=time.time)
+    format: str = FORMAT
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(entry.size for entry in self.files.values())
+
+    def to_json(self) -> str:
+        body: dict[str, Any] = {
+            "format": self.format,
+            "step": self.step,
+            "world_size": self.world_size,
+            "config_hash": self.config_hash,
+            "created_unix": self.created_unix,
+            "files": {
+                name: {"sha256": e.sha256, "size": e.size} for name, e in sorted(self.files.items())
+            },
+        }
+        return json.dumps(body, indent=1, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> Manifest:
+        """Parse and type-check; ValueError/KeyError/TypeError on anything malformed."""
+        body = json.loads(text)
+        if body.get("format") != FORMAT:
+            raise ValueError(f"unknown manifest format {body.get('format')!r}")
+        files = {}
+        for name, entry in body["files"].items():
+            if not _is_safe_relative(name):
+                raise ValueError(f"unsafe file name {name!r}")
+            files[name] = FileEntry(sha256=str(entry["sha256"]), size=int(entry["size"]))
+        return cls(
+            step=int(body["step"]),
+            world_size=int(body["world_size"]),
+            config_hash=str(body["config_hash"]),
+            files=files,
+            created_unix=float(body["created_unix"]),
+        )
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One reason a checkpoint does not verify, naming the file (relative to the checkpoint)."""
+
+    file: str
+    reason: str
+    expected: str | None = None
+    actual: str | None = None
+
+    def __str__(self) -> str:
+        detail = f" (expected {self.expected}, found {self.actual})" if self.expected else ""
+        return f"{self.file}: {self.reason}{detail}"
+
+    def to_dict(self) -> dict[str, str | None]:
+        return {"file": self.file, "reason": self.reason, "expected": self.expected, "actual": self.actual}
+
+
+def step_dir_name(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+def parse_step(name: str) -> int | None:
+    """The step of a committed directory name, None for anything else (.tmp-*, .trash-*)."""
+    match = STEP_DIR_RE.match(name)
+    return int(match.group(1)) if match else None
+
+
+def hash_file(path: Path) -> FileEntry:
+    digest = hashlib.sha256()
+    size = 0
+    with path.open("rb") as handle:
+        while chunk := handle.read(_CHUNK):
+            digest.update(chunk)
+            size += len(chunk)
+    return FileEntry(sha256=digest.hexdigest(), size=size)
+
+
+def read_manifest(ckpt_dir: Path) -> Manifest:
+    """The manifest of ``ckpt_dir``; CheckpointError naming the file when missing or malformed."""
+    found = _manifest_or_problem(ckpt_dir)
+    if isinstance(found, Problem):
+        raise CheckpointError(f"{ckpt_dir / found.file}: {found.reason}")
+    return found
+
+
+def _manifest_or_problem(ckpt_dir: Path) -> Manifest | Problem:
+    try:
+        return Manifest.from_json((ckpt_dir / MANIFEST_NAME).read_text())
+    except FileNotFoundError:
+        return Problem(MANIFEST_NAME, "manifest missing")
+    except OSError as exc:
+        return Problem(MANIFEST_NAME, f"unreadable ({exc.strerror or exc})")
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        return Problem(MANIFEST_NAME, f"malformed manifest ({exc})")
+
+
+def write_manifest(ckpt_dir: Path, manifest: Manifest) -> None:
+    """Write manifest.json durably (tmp file, fsync, rename, fsync of the directory)."""
+    tmp = ckpt_dir / f".{MANIFEST_NAME}.tmp"
+    with tmp.open("w") as handle:
+        handle.write(manifest.to_json())
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, ckpt_dir / MANIFEST_NAME)
+    fsync_dir(ckpt_dir)
+
+
+def verify_dir(ckpt_dir: Path, threads: int = 4) -> tuple[Manifest | None, list[Problem]]:
+    """Check every file of ``ckpt_dir`` against its manifest; (manifest, problems), [] when good."""
+    manifest = _manifest_or_problem(ckpt_dir)
+    if isinstance(manifest, Problem):
+        return None, [manifest]
+    problems = [Problem(name, "not listed in the manifest") for name in _unlisted(ckpt_dir, manifest)]
+    names = sorted(manifest.files)
+    with ThreadPoolExecutor(max_workers=max(1, min(threads, len(names) or 1))) as pool:
+        found = list(pool.map(lambda n: _check_file(ckpt_dir, n, manifest.files[n]), names))
+    problems += [p for p in found if p is not None]
+    return manifest, sorted(problems, key=lambda p: p.file)
+
+
+def _check_file(ckpt_dir: Path, name: str, want: FileEntry) -> Problem | None:
+    path = ckpt_dir / name
+    if path.is_symlink():  # we never write links; one could point anywhere
+        return Problem(name, "is a symbolic link")
+    try:
+        size = path.stat().st_size
+        if size != want.size:
+            return Problem(name, "wrong size", f"{want.size} bytes", f"{size} bytes")
+        got = hash_file(path)
+    except FileNotFoundError:
+        return Problem(name, "missing")
+    except OSError as exc:
+        return Problem(name, f"unreadable ({exc.strerror or exc})")
+    if got.size != want.size:  # changed while we read it
+        return Problem(name, "wrong size", f"{want.size} bytes", f"{got.size} bytes")
+    if got.sha256 != want.sha256:
+        return Problem(name, "SHA-256 mismatch", want.sha256, got.sha256)
+    return None
+
+
+def _unlisted(ckpt_dir: Path, manifest: Manifest) -> Iterable[str]:
+    for path in sorted(ckpt_dir.rglob("*")):
+        if path.is_file() or path.is_symlink():
+            name = path.relative_to(ckpt_dir).as_posix()
+            if name != MANIFEST_NAME and name not in manifest.files:
+                yield name
+
+
+def _is_safe_relative(name: str) -> bool:
+    """A manifest names files inside the checkpoint only: no absolute paths, no '..'."""
+    parts = Path(name).parts
+    return bool(parts) and not Path(name).is_absolute() and ".." not in parts
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a directory entry (a created or renamed file) durable; a no-op where unsupported."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

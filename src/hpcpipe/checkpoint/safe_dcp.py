@@ -1,0 +1,240 @@
+"""Our adapters around ``torch.distributed.checkpoint`` (DCP) storage: safe reading, hashed writing.
+
+Reading. Stock DCP ``FileSystemReader.read_metadata`` calls ``pickle.load`` on ``.metadata`` and
+``DefaultLoadPlanner.load_bytes`` calls ``torch.load(weights_only=False)`` on every non-tensor
+item: a crafted checkpoint would run code on load. ``SafeFileSystemReader`` unpickles the
+metadata with an allow-list (DCP's metadata dataclasses, ``torch.Size``, dtypes, layouts, paths,
+nothing else) and ``SafeLoadPlanner`` loads bytes with ``weights_only=True``. Tensor items are
+already read by DCP with ``weights_only=True``. The store still verifies the manifest's SHA-256
+of every file before any of these run; this layer is the second wall, for ``hpcpipe ckpt``
+users who point it at a directory of unknown origin.
+
+Writing. ``HashedFileSystemWriter`` is DCP's ``FileSystemWriter`` whose streams hash what they
+write, so the manifest costs no second pass over the data (hashlib releases the GIL, and with
+two writer threads the hashing overlaps the other file's I/O). It also writes this rank's
+trainer state (``extra/rank-NNNNN.pt``, already serialised) inside DCP's write phase, so a
+failure there (a full disk) is reported to every rank by DCP's own error gathering instead of
+leaving the other ranks waiting in a collective.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import io
+import os
+import pickle
+import threading
+from collections.abc import Generator
+from pathlib import Path
+from typing import IO, Any
+
+import torch
+from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.filesystem import FileSystem
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.planner import ReadItem
+
+from hpcpipe.checkpoint.manifest import CheckpointError, FileEntry
+
+__all__ = [
+    "HashedFileSystemWriter",
+    "SafeFileSystemReader",
+    "SafeLoadPlanner",
+    "safe_load_metadata",
+]
+
+_DCP_METADATA_CLASSES = {
+    "torch.distributed.checkpoint.metadata": {
+        "Metadata",
+        "TensorStorageMetadata",
+        "TensorProperties",
+        "ChunkStorageMetadata",
+        "BytesStorageMetadata",
+        "MetadataIndex",
+        "StorageMeta",
+        "_MEM_FORMAT_ENCODING",
+    },
+    "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
+    "torch.serialization": {"_get_layout"},  # looks a name up among torch's layouts, nothing more
+    "torch": {"Size"},
+    "pathlib": {"Path", "PosixPath", "WindowsPath", "PurePath", "PurePosixPath", "PureWindowsPath"},
+    "collections": {"OrderedDict"},
+    "builtins": {"set", "frozenset"},
+}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Resolves only the globals DCP metadata is made of; anything else is an error, not a call."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if name in _DCP_METADATA_CLASSES.get(module, ()):
+            return super().find_class(module, name)
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        raise pickle.UnpicklingError(f"refusing to load {module}.{name}: not a DCP metadata type")
+
+
+def safe_load_metadata(stream: IO[bytes], origin: str) -> Metadata:
+    """Unpickle DCP ``.metadata`` with the allow-list; CheckpointError naming ``origin`` otherwise."""
+    try:
+        metadata = _MetadataUnpickler(stream).load()
+    except (pickle.UnpicklingError, EOFError, AttributeError, ValueError, TypeError, KeyError) as exc:
+        raise CheckpointError(f"{origin}: unsafe or corrupt DCP metadata ({exc})") from None
+    if not isinstance(metadata, Metadata):
+        raise CheckpointError(f"{origin}: not DCP metadata (found {type(metadata).__name__})")
+    return metadata
+
+
+class SafeFileSystemReader(FileSystemReader):
+    """DCP's file reader with the metadata unpickled through the allow-list."""
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        path = self._get_metadata_path(kwargs.get("rank"))
+        with self.fs.create_stream(path, "rb") as stream:
+            metadata = safe_load_metadata(stream, str(path))  # type: ignore[arg-type]
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id  # type: ignore[union-attr]
+        return metadata
+
+
+class SafeLoadPlanner(DefaultLoadPlanner):
+    """DCP's default load planner, but non-tensor items load with ``weights_only=True``."""
+
+    def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
+        from torch.distributed.checkpoint._traverse import set_element
+
+        fqn = read_item.dest_index.fqn
+        try:
+            obj = torch.load(value, weights_only=True)
+        except pickle.UnpicklingError as exc:
+            raise CheckpointError(f"checkpoint item {fqn!r}: refusing unsafe content ({exc})") from None
+        if self.flatten_state_dict:
+            set_element(self.original_state_dict, self.mappings[fqn], obj)
+        else:
+            self.state_dict[fqn] = obj
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing
+
+
+class _HashingStream:
+    """A write-only file that hashes every byte it writes and names its path in OSErrors."""
+
+    def __init__(self, raw: IO[bytes], path: Path) -> None:
+        self._raw = raw
+        self._path = path
+        self._hash = hashlib.sha256()
+        self.size = 0
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        self._hash.update(view)
+        self.size += view.nbytes
+        try:
+            return self._raw.write(view)
+        except OSError as exc:
+            raise _with_path(exc, self._path) from None
+
+    def entry(self) -> FileEntry:
+        return FileEntry(sha256=self._hash.hexdigest(), size=self.size)
+
+    def tell(self) -> int:
+        return self._raw.tell()
+
+    def flush(self) -> None:
+        try:
+            self._raw.flush()
+        except OSError as exc:
+            raise _with_path(exc, self._path) from None
+
+    def fileno(self) -> int:
+        return self._raw.fileno()
+
+    def writable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        self.flush()
+
+
+def _with_path(exc: OSError, path: Path) -> OSError:
+    """The same error, naming the file: a bare ENOSPC from write() does not say where."""
+    if exc.filename is not None:
+        return exc
+    return OSError(exc.errno or errno.EIO, exc.strerror or str(exc), str(path))
+
+
+class _HashingFileSystem(FileSystem):
+    """DCP's local file system, recording (sha256, size) of every file opened for writing."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entries: dict[Path, FileEntry] = {}
+        self._lock = threading.Lock()  # DCP writes files from several threads
+
+    @contextlib.contextmanager
+    def create_stream(self, path: str | os.PathLike, mode: str) -> Generator[io.IOBase, None, None]:
+        if "w" not in mode:
+            with super().create_stream(path, mode) as stream:
+                yield stream
+            return
+        path = Path(path)
+        with path.open(mode) as raw:
+            stream = _HashingStream(raw, path)
+            yield stream  # type: ignore[misc]
+            entry = stream.entry()
+        with self._lock:
+            self.entries[path] = entry
+
+    def rename(self, path: str | os.PathLike, new_path: str | os.PathLike) -> None:
+        super().rename(path, new_path)
+        with self._lock:
+            entry = self.entries.pop(Path(path), None)
+            if entry is not None:
+                self.entries[Path(new_path)] = entry
+
+
+class HashedFileSystemWriter(FileSystemWriter):
+    """DCP ``FileSystemWriter`` (fsync on) that hashes while writing and writes ``extra`` bytes.
+
+    ``digests()`` after the save: {path relative to the checkpoint: FileEntry} of every file
+    this rank wrote (its shards, its extra file, and ``.metadata`` on the coordinator).
+    """
+
+    def __init__(self, path: Path, extra_name: str, extra_bytes: bytes, thread_count: int) -> None:
+        super().__init__(path, thread_count=thread_count, sync_files=True)
+        self.fs = _HashingFileSystem()
+        self._root = Path(path)
+        self._extra_name = extra_name
+        self._extra_bytes = extra_bytes
+
+    def write_data(self, plan: Any, planner: Any) -> Any:
+        self._write_extra()
+        return super().write_data(plan, planner)
+
+    def _write_extra(self) -> None:
+        target = self._root / self._extra_name
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise _with_path(exc, target.parent) from None
+        with self.fs.create_stream(target, "wb") as stream:
+            stream.write(self._extra_bytes)
+            stream.flush()
+            try:
+                os.fsync(stream.fileno())
+            except OSError as exc:
+                raise _with_path(exc, target) from None
+
+    def digests(self) -> dict[str, FileEntry]:
+        fs = self.fs
+        assert isinstance(fs, _HashingFileSystem)
+        return {path.relative_to(self._root).as_posix(): e for path, e in fs.entries.items()}
