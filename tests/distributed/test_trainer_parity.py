@@ -86,3 +86,47 @@ def test_golden_loss_curve(runs: dict[str, list[float]]) -> None:
     """The tiny model's single-process curve; regenerate with tests/golden/regenerate.py."""
     golden = json.loads(GOLDEN.read_text())["losses"]
     assert runs["single"] == pytest.approx(golden, rel=1e-4)
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(300)
+def test_external_torchrun_starts_the_same_job(tmp_path: Path, runs: dict[str, list[float]]) -> None:
+    """`torchrun -m hpcpipe train` (the workers detect torchrun) gives the DDP curve bit for bit."""
+    import os
+    import subprocess
+    import sys
+
+    corpus = write_synthetic_corpus(tmp_path / "corpus.txt")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "hpcpipe",
+        "train",
+        "tiny",
+        "--set",
+        "run.name=ext",
+        "--set",
+        f"run.out_dir={tmp_path}",
+        "--set",
+        f"data.prepared_dir={tmp_path}/prepared",
+        "--set",
+        "observe.log_every=1",
+        "--set",
+        f"data.sources=[{corpus}]",
+        "--set",
+        "data.max_bytes=null",
+        "--set",
+        "parallel.strategy=ddp",
+    ]
+    proc = subprocess.run(
+        cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240, check=False
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    losses = [r["loss"] for r in read_metrics(tmp_path / "ext") if "loss" in r]
+    assert losses == runs["ddp"]

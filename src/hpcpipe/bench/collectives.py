@@ -103,8 +103,8 @@ def run_collectives(spec: CollectiveSpec, ctx: DistContext) -> dict[str, Any] | 
             correct = prepared.check() if spec.check else None
             seconds = time_collective(prepared.run, spec.warmup, spec.iters, ctx.device)
             local.append(
-                {"collective": collective, "size_bytes": count * element, "count": count,
-                 "time_s": seconds, "correct": correct}
+                {"collective": collective, "requested_bytes": size, "size_bytes": count * element,
+                 "count": count, "time_s": seconds, "correct": correct}
             )
             del prepared
     gathered: list[Any] = [None] * ctx.world_size
@@ -152,6 +152,7 @@ def merge_rank_rows(per_rank: list[list[dict[str, Any]]], hosts: list[str]) -> l
         merged.append(
             {
                 "collective": first["collective"],
+                "requested_bytes": first.get("requested_bytes", first["size_bytes"]),
                 "size_bytes": first["size_bytes"],
                 "count": first["count"],
                 "time_s": mean_time,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 import typer
@@ -27,11 +28,32 @@ app.command("run")(train_cli.run)
 
 
 def main() -> None:
+    code: int | str | None = 0
     try:
         app()
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
-        sys.exit(USER_ERROR_EXIT_CODE)
+        code = USER_ERROR_EXIT_CODE
+    except SystemExit as exc:
+        code = exc.code
+    _exit(code)
+
+
+def _exit(code: int | str | None) -> None:
+    """Exit; a process that was a gloo/NCCL rank leaves through os._exit after flushing.
+
+    gloo sometimes aborts at interpreter exit after ``destroy_process_group`` (SIGABRT), which
+    would turn a finished torchrun/srun worker into a failed one.
+    """
+    distributed = sys.modules.get("hpcpipe.train.distributed")
+    if distributed is None or not distributed.joined_a_group():
+        sys.exit(code)
+    if isinstance(code, str):
+        print(code, file=sys.stderr)
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code or 0)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,14 @@ from hpcpipe.config import ParallelConfig
 from hpcpipe.launch.environment import DistEnv
 
 
+_joined_a_group = False
+
+
+def joined_a_group() -> bool:
+    """Whether this process ever joined a process group (its exit then needs care: see worker)."""
+    return _joined_a_group
+
+
 @dataclass(frozen=True)
 class DistContext:
     """What a rank knows about the group it belongs to."""
@@ -50,8 +58,10 @@ def init_distributed(cfg: ParallelConfig, env: DistEnv) -> DistContext:
     device = _pick_device(env.local_rank)
     threads = cfg.threads_per_rank or max(1, (os.cpu_count() or 1) // env.local_world_size)
     torch.set_num_threads(threads)
+    global _joined_a_group
     backend = None
     if env.is_distributed:
+        _joined_a_group = True
         backend = _pick_backend(cfg, device)
         env.export()
         dist.init_process_group(

@@ -1,0 +1,171 @@
+"""A tier is a directory of committed checkpoints: list them, prune them, copy one in, tidy up.
+
+Two tiers, as on large clusters: the *fast* tier (node-local disk, written at every save) and
+the *durable* tier (a shared file system), filled in the background with copies of committed
+fast checkpoints. Every directory operation that readers could observe is a rename, so a
+reader (a resume, ``hpcpipe ckpt list``, a durable copy) sees a checkpoint either complete or
+not at all:
+
+- a durable copy is written to ``.tmp-step-…-<id>``, verified against its manifest, then renamed;
+- a pruned checkpoint is first renamed to ``.trash-step-…-<id>`` (it leaves the listing in one
+  atomic step), then deleted; a crash in between leaves only a ``.trash-*`` directory, which
+  ``cleanup_temporaries`` removes at the next start, together with unfinished ``.tmp-*`` saves.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hpcpipe.checkpoint.manifest import (
+    MANIFEST_NAME,
+    CheckpointError,
+    fsync_dir,
+    parse_step,
+    read_manifest,
+    step_dir_name,
+    verify_dir,
+)
+
+__all__ = ["DurableSchedule", "Tier", "retained_steps"]
+
+_TEMP_RE = re.compile(r"^\.(tmp|trash)-step-\d{8}-[0-9a-z-]+$")
+
+
+@dataclass(frozen=True)
+class Tier:
+    """One checkpoint directory (``name`` is "fast" or "durable", for listings and events)."""
+
+    name: str
+    root: Path
+
+    def committed(self) -> list[tuple[int, Path]]:
+        """(step, directory) of every committed checkpoint, newest first (verified or not)."""
+        try:
+            entries = list(os.scandir(self.root))
+        except FileNotFoundError:
+            return []
+        found = []
+        for entry in entries:
+            step = parse_step(entry.name)
+            if step is not None and entry.is_dir(follow_symlinks=False):
+                found.append((step, Path(entry.path)))
+        return sorted(found, reverse=True)
+
+    def new_temporary(self, step: int, token: str) -> Path:
+        """The name a save of ``step`` is written under before it is committed."""
+        return self.root / f".tmp-{step_dir_name(step)}-{token}"
+
+    def commit(self, tmp: Path, step: int) -> Path:
+        """Rename a finished temporary directory to ``step-NNNNNNNN`` (replacing an older one)."""
+        final = self.root / step_dir_name(step)
+        fsync_dir(tmp)
+        if final.exists():
+            self.remove(final)  # the same step saved again (e.g. after a resume): newest wins
+        os.replace(tmp, final)
+        fsync_dir(self.root)
+        return final
+
+    def remove(self, path: Path) -> None:
+        """Rename out of the listing first, then delete: never a half-deleted ``step-*``."""
+        step = parse_step(path.name)
+        trash = self.root / f".trash-{step_dir_name(step or 0)}-{uuid.uuid4().hex[:12]}"
+        try:
+            os.replace(path, trash)
+        except FileNotFoundError:
+            return
+        fsync_dir(self.root)
+        shutil.rmtree(trash, ignore_errors=True)
+
+    def prune(self, keep_last: int, keep_every: int, protected: set[int]) -> list[int]:
+        """Delete committed checkpoints that ``retained_steps`` does not keep; the deleted steps."""
+        steps = [step for step, _ in self.committed()]
+        keep = retained_steps(steps, keep_last, keep_every, protected)
+        deleted = []
+        for step, path in self.committed():
+            if step not in keep:
+                self.remove(path)
+                deleted.append(step)
+        return deleted
+
+    def cleanup_temporaries(self) -> list[str]:
+        """Remove ``.tmp-*`` / ``.trash-*`` directories left by a crash; the names removed.
+
+        Only directories (not links) whose names match what this module creates, only inside
+        this tier's root; run it on one rank at start, before any save of this job.
+        """
+        try:
+            entries = list(os.scandir(self.root))
+        except FileNotFoundError:
+            return []
+        removed = []
+        for entry in entries:
+            if _TEMP_RE.match(entry.name) and entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)
+                removed.append(entry.name)
+        return sorted(removed)
+
+    def copy_in(self, src: Path, step: int) -> Path:
+        """Copy committed checkpoint ``src`` here: temporary name, fsync, verify, rename.
+
+        CheckpointError naming the bad file when the copy does not verify (nothing is renamed).
+        """
+        manifest = read_manifest(src)
+        self.root.mkdir(parents=True, exist_ok=True)
+        tmp = self.new_temporary(step, uuid.uuid4().hex[:12])
+        try:
+            for name in [*manifest.files, MANIFEST_NAME]:
+                _copy_durably(src / name, tmp / name)
+            _, problems = verify_dir(tmp)
+            if problems:
+                raise CheckpointError(f"durable copy {tmp / problems[0].file}: {problems[0]}")
+            return self.commit(tmp, step)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+
+
+def retained_steps(steps: list[int], keep_last: int, keep_every: int, protected: set[int]) -> set[int]:
+    """The steps retention keeps: the ``keep_last`` newest, multiples of ``keep_every``, protected."""
+    keep = set(sorted(steps, reverse=True)[:keep_last]) | (protected & set(steps))
+    if keep_every > 0:
+        keep |= {step for step in steps if step % keep_every == 0}
+    return keep
+
+
+def _copy_durably(src: Path, dest: Path) -> None:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with src.open("rb") as reader, dest.open("wb") as writer:
+        shutil.copyfileobj(reader, writer, length=8 << 20)
+        writer.flush()
+        os.fsync(writer.fileno())
+    fsync_dir(dest.parent)
+
+
+@dataclass
+class DurableSchedule:
+    """When a committed fast checkpoint is also copied to the durable tier.
+
+    Due when the step is a multiple of ``every_steps``, or ``every_s`` seconds passed since the
+    last durable copy; with both 0, every checkpoint is copied. A forced save (the final one,
+    a preemption) is always copied.
+    """
+
+    every_steps: int
+    every_s: float
+    last_copy: float = field(default_factory=time.monotonic)
+
+    def due(self, step: int, force: bool = False) -> bool:
+        if force or (self.every_steps == 0 and self.every_s == 0):
+            return True
+        by_step = self.every_steps > 0 and step % self.every_steps == 0
+        by_time = self.every_s > 0 and time.monotonic() - self.last_copy >= self.every_s
+        return by_step or by_time
+
+    def copied(self) -> None:
+        self.last_copy = time.monotonic()
