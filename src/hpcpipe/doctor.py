@@ -12,6 +12,7 @@ Everything a check reads from outside (environment variables, PATH, the NVML mod
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import re
@@ -74,8 +75,14 @@ class Probe:
         if exe is None:
             return None, f"{cmd[0]} not found on PATH"
         try:
-            proc = subprocess.run([exe, *cmd[1:]], capture_output=True, text=True, timeout=self.timeout_s,
-                                  env=dict(self.env))
+            proc = subprocess.run(
+                [exe, *cmd[1:]],
+                capture_output=True,
+                text=True,
+                timeout=self.timeout_s,
+                env=dict(self.env),
+                check=False,
+            )
         except subprocess.TimeoutExpired:
             return None, f"`{' '.join(cmd)}` timed out after {self.timeout_s:g} s"
         except OSError as exc:
@@ -146,7 +153,11 @@ def _filesystem_type(probe: Probe, path: Path) -> str:
     try:
         for line in probe.path("/proc/mounts").read_text().splitlines():
             parts = line.split()
-            if len(parts) >= 3 and (str(path) + "/").startswith(parts[1].rstrip("/") + "/") and len(parts[1]) > len(best):
+            if (
+                len(parts) >= 3
+                and (str(path) + "/").startswith(parts[1].rstrip("/") + "/")
+                and len(parts[1]) > len(best)
+            ):
                 best, kind = parts[1], parts[2]
     except OSError:
         pass
@@ -158,11 +169,10 @@ def _filesystem_type(probe: Probe, path: Path) -> str:
 
 
 def check_python(probe: Probe) -> list[Check]:
-    version = platform.python_version()
-    summary = f"{platform.python_implementation()} {version} ({sys.executable})"
-    if sys.version_info < (3, 11):
-        return [Check("python", FAIL, summary + ": hpcpipe needs 3.11 or newer")]
-    return [Check("python", OK, summary)]
+    """The interpreter that will run the ranks (torchrun/srun start this same executable)."""
+    env = "virtual environment" if sys.prefix != sys.base_prefix else "system interpreter"
+    summary = f"{platform.python_implementation()} {platform.python_version()} ({sys.executable}, {env})"
+    return [Check("python", OK, summary, {"executable": sys.executable, "prefix": sys.prefix})]
 
 
 def check_torch(probe: Probe) -> list[Check]:
@@ -172,11 +182,15 @@ def check_torch(probe: Probe) -> list[Check]:
     except ImportError as exc:
         return [Check("torch", FAIL, f"cannot import torch: {exc}")]
     build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "CPU-only build"
-    backends = [name for name, ok in (("gloo", dist.is_gloo_available()), ("nccl", dist.is_nccl_available())) if ok]
+    backends = [
+        name for name, ok in (("gloo", dist.is_gloo_available()), ("nccl", dist.is_nccl_available())) if ok
+    ]
     summary = f"torch {torch.__version__} ({build}); distributed backends: {', '.join(backends) or 'none'}"
     details = {"version": torch.__version__, "cuda_build": torch.version.cuda, "backends": backends}
     if not dist.is_available() or "gloo" not in backends:
-        return [Check("torch", FAIL, summary + ": torch.distributed/gloo missing, no multi-process runs", details)]
+        return [
+            Check("torch", FAIL, summary + ": torch.distributed/gloo missing, no multi-process runs", details)
+        ]
     return [Check("torch", OK, summary, details)]
 
 
@@ -186,7 +200,13 @@ def check_cuda(probe: Probe) -> list[Check]:
     driver = probe.path("/proc/driver/nvidia/version").is_file()
     if not torch.version.cuda:
         status = WARN if driver else SKIPPED
-        return [Check("cuda", status, "torch is a CPU-only build" + (" but this host has an NVIDIA driver" if driver else ""))]
+        return [
+            Check(
+                "cuda",
+                status,
+                "torch is a CPU-only build" + (" but this host has an NVIDIA driver" if driver else ""),
+            )
+        ]
     if not torch.cuda.is_available():
         if not driver:
             return [Check("cuda", SKIPPED, "no NVIDIA driver on this host (CPU node)")]
@@ -195,8 +215,14 @@ def check_cuda(probe: Probe) -> list[Check]:
         return [Check("cuda", FAIL, f"NVIDIA driver present but torch sees no GPU{hint}")]
     count = torch.cuda.device_count()
     names = sorted({torch.cuda.get_device_name(i) for i in range(count)})
-    return [Check("cuda", OK, f"CUDA {torch.version.cuda} runtime, {count} GPU(s): {', '.join(names)}",
-                  {"device_count": count, "names": names})]
+    return [
+        Check(
+            "cuda",
+            OK,
+            f"CUDA {torch.version.cuda} runtime, {count} GPU(s): {', '.join(names)}",
+            {"device_count": count, "names": names},
+        )
+    ]
 
 
 def check_nccl(probe: Probe) -> list[Check]:
@@ -236,27 +262,40 @@ def _gpu(nvml: Any, index: int, driver: str) -> Check:
     memory = nvml.nvmlDeviceGetMemoryInfo(handle).total
     problems: list[tuple[str, str]] = []  # (status, text)
     details: dict[str, Any] = {"name": name, "memory_bytes": memory, "driver": driver}
-    ecc = _nvml(nvml, lambda: nvml.nvmlDeviceGetTotalEccErrors(
-        handle, nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nvml.NVML_VOLATILE_ECC))
+    ecc = _nvml(
+        nvml,
+        lambda: nvml.nvmlDeviceGetTotalEccErrors(
+            handle, nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nvml.NVML_VOLATILE_ECC
+        ),
+    )
     details["ecc_uncorrected_volatile"] = ecc
     if ecc:
         problems.append((FAIL, f"{ecc} uncorrected ECC errors since boot"))
     remap = _nvml(nvml, lambda: nvml.nvmlDeviceGetRemappedRows(handle))
     if remap is not None and (remap[3] or remap[2]):
-        problems.append((FAIL if remap[3] else WARN, "row remapping failed" if remap[3] else "row remap pending (reset the GPU)"))
+        problems.append(
+            (
+                FAIL if remap[3] else WARN,
+                "row remapping failed" if remap[3] else "row remap pending (reset the GPU)",
+            )
+        )
     temp = _nvml(nvml, lambda: nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU))
     details["temperature_c"] = temp
     if temp is not None and temp >= HOT_GPU_C:
         problems.append((WARN, f"{temp} C (throttles soon)"))
     power = _nvml(nvml, lambda: nvml.nvmlDeviceGetPowerUsage(handle))
     limit = _nvml(nvml, lambda: nvml.nvmlDeviceGetEnforcedPowerLimit(handle))
-    details.update(power_w=None if power is None else power / 1000, power_limit_w=None if limit is None else limit / 1000)
+    details.update(
+        power_w=None if power is None else power / 1000, power_limit_w=None if limit is None else limit / 1000
+    )
     active, links = _nvlinks(nvml, handle)
     details.update(nvlink_active=active, nvlink_links=links)
     if links and active < links:
         problems.append((WARN, f"NVLink {active}/{links} links active"))
-    summary = f"{name}, {memory / GIB:.0f} GiB, driver {driver}, ECC {ecc if ecc is not None else 'n/a'}, " \
-              f"{temp if temp is not None else '?'} C, " + (f"NVLink {active}/{links}" if links else "no NVLink")
+    summary = (
+        f"{name}, {memory / GIB:.0f} GiB, driver {driver}, ECC {ecc if ecc is not None else 'n/a'}, "
+        f"{temp if temp is not None else '?'} C, " + (f"NVLink {active}/{links}" if links else "no NVLink")
+    )
     worst = FAIL if any(s == FAIL for s, _ in problems) else WARN if problems else OK
     return Check(f"gpu {index}", worst, summary + "".join(f"; {t}" for _, t in problems), details)
 
@@ -265,7 +304,7 @@ def _nvlinks(nvml: Any, handle: Any) -> tuple[int, int]:
     """(active, present) NVLink links; a link NVML reports as not supported is not present."""
     active = present = 0
     for link in range(getattr(nvml, "NVML_NVLINK_MAX_LINKS", 18)):
-        state = _nvml(nvml, lambda link=link: nvml.nvmlDeviceGetNvLinkState(handle, link))
+        state = _nvml(nvml, functools.partial(nvml.nvmlDeviceGetNvLinkState, handle, link))
         if state is None:
             continue
         present += 1
@@ -293,8 +332,19 @@ def check_topology(probe: Probe) -> list[Check]:
     nvlinked = bool(re.search(r"\bNV\d+\b", out))
     details = {"matrix": out.strip()}
     if len(gpus) > 1 and not nvlinked:
-        return [Check("gpu topology", WARN, f"{len(gpus)} GPUs connected through PCIe/host only (no NV# links)", details)]
-    return [Check("gpu topology", OK, f"{len(gpus)} GPU(s)" + (", NVLink between GPUs" if nvlinked else ""), details)]
+        return [
+            Check(
+                "gpu topology",
+                WARN,
+                f"{len(gpus)} GPUs connected through PCIe/host only (no NV# links)",
+                details,
+            )
+        ]
+    return [
+        Check(
+            "gpu topology", OK, f"{len(gpus)} GPU(s)" + (", NVLink between GPUs" if nvlinked else ""), details
+        )
+    ]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -310,7 +360,9 @@ def check_ibstat(probe: Probe) -> list[Check]:
         return [Check("infiniband (ibstat)", WARN, "ibstat lists no ports")]
     down = [p for p in ports if p["state"] != "Active"]
     rates = sorted({p["rate"] for p in ports if p["state"] == "Active"})
-    summary = f"{len(ports) - len(down)}/{len(ports)} ports active" + (f" at {', '.join(rates)} Gb/s" if rates else "")
+    summary = f"{len(ports) - len(down)}/{len(ports)} ports active" + (
+        f" at {', '.join(rates)} Gb/s" if rates else ""
+    )
     details = {"ports": ports}
     if down:
         names = ", ".join(f"{p['ca']}/{p['port']} ({p['state']})" for p in down)
@@ -352,7 +404,11 @@ def check_ibv_devinfo(probe: Probe) -> list[Check]:
 def _missing_rdma_tool(probe: Probe, name: str, why: str) -> Check:
     devices = _rdma_devices(probe)
     if devices:
-        return Check(name, WARN, f"{why}, but RDMA devices exist ({', '.join(devices)}): install rdma-core / infiniband-diags")
+        return Check(
+            name,
+            WARN,
+            f"{why}, but RDMA devices exist ({', '.join(devices)}): install rdma-core / infiniband-diags",
+        )
     return Check(name, SKIPPED, f"{why}; no RDMA devices in /sys/class/infiniband")
 
 
@@ -370,12 +426,18 @@ def check_slurm(probe: Probe) -> list[Check]:
     if out is None:
         return [Check("slurm", SKIPPED, why)]
     rows = [line.split("|") for line in out.splitlines() if line.count("|") == 3]
-    bad = [f"{p}: {n} node(s) {s}" for p, _, n, s in rows if re.match(r"(down|drain|drng|fail|maint)", s.rstrip("*~#"))]
+    bad = [
+        f"{p}: {n} node(s) {s}"
+        for p, _, n, s in rows
+        if re.match(r"(down|drain|drng|fail|maint)", s.rstrip("*~#"))
+    ]
     version_out, _ = probe.run(["scontrol", "--version"])
     version = version_out.strip() if version_out else "scontrol unavailable"
     job = probe.env.get("SLURM_JOB_ID")
     summary = f"{version}; {len({r[0] for r in rows})} partition(s)" + (f"; inside job {job}" if job else "")
-    details = {"partitions": [dict(zip(("partition", "avail", "nodes", "state"), r, strict=True)) for r in rows]}
+    details = {
+        "partitions": [dict(zip(("partition", "avail", "nodes", "state"), r, strict=True)) for r in rows]
+    }
     if bad:
         return [Check("slurm", WARN, f"{summary}; unavailable: {'; '.join(bad[:4])}", details)]
     return [Check("slurm", OK, summary, details)]
@@ -387,9 +449,15 @@ def check_lustre(probe: Probe) -> list[Check]:
     out, why = probe.run(["lfs", "df", "-h", str(existing)])
     if out is None:
         return [Check("lustre", SKIPPED, why)]
-    full = [line.split()[-1] for line in out.splitlines() if re.search(r"\b(9\d|100)%", line) and "OST" in line]
+    full = [
+        line.split()[-1] for line in out.splitlines() if re.search(r"\b(9\d|100)%", line) and "OST" in line
+    ]
     if full:
-        return [Check("lustre", WARN, f"{len(full)} OST(s) at >= 90% use ({', '.join(full[:4])}): writes may fail")]
+        return [
+            Check(
+                "lustre", WARN, f"{len(full)} OST(s) at >= 90% use ({', '.join(full[:4])}): writes may fail"
+            )
+        ]
     return [Check("lustre", OK, f"lfs df {existing}: every OST below 90% use", {"lfs_df": out.strip()})]
 
 
@@ -424,7 +492,11 @@ def _inside_container(probe: Probe) -> str | None:
 # Environment variables that commonly break or slow distributed jobs
 
 _ENV_WARNINGS: tuple[tuple[str, Callable[[str], bool], str], ...] = (
-    ("NCCL_P2P_DISABLE", lambda v: v == "1", "disables NVLink/PCIe peer-to-peer: intra-node collectives slow down"),
+    (
+        "NCCL_P2P_DISABLE",
+        lambda v: v == "1",
+        "disables NVLink/PCIe peer-to-peer: intra-node collectives slow down",
+    ),
     ("NCCL_SHM_DISABLE", lambda v: v == "1", "disables shared-memory transport between local ranks"),
     ("NCCL_DEBUG", lambda v: v.upper() == "TRACE", "TRACE logs every call and slows collectives"),
     ("NCCL_ALGO", bool, "forces NCCL's algorithm, overriding its tuning (debugging only)"),
@@ -432,7 +504,11 @@ _ENV_WARNINGS: tuple[tuple[str, Callable[[str], bool], str], ...] = (
     ("NCCL_ASYNC_ERROR_HANDLING", bool, "deprecated: use TORCH_NCCL_ASYNC_ERROR_HANDLING"),
     ("NCCL_BLOCKING_WAIT", bool, "deprecated: use TORCH_NCCL_BLOCKING_WAIT"),
     ("CUDA_LAUNCH_BLOCKING", lambda v: v == "1", "serialises every kernel launch (debugging only)"),
-    ("TORCH_DISTRIBUTED_DEBUG", lambda v: v.upper() == "DETAIL", "DETAIL checks every collective and slows them"),
+    (
+        "TORCH_DISTRIBUTED_DEBUG",
+        lambda v: v.upper() == "DETAIL",
+        "DETAIL checks every collective and slows them",
+    ),
     ("CUDA_VISIBLE_DEVICES", lambda v: v.strip() == "", "is empty: every GPU is hidden from this process"),
 )
 
@@ -447,15 +523,29 @@ def check_env(probe: Probe) -> list[Check]:
     interfaces = _names(probe.path("/sys/class/net"))
     for name in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"):
         if env.get(name) and not _nccl_list_matches(env[name], interfaces):
-            checks.append(Check(f"env {name}", FAIL, f"{name}={env[name]!r} matches no interface "
-                                f"({', '.join(interfaces) or 'none found'}): rendezvous will hang"))
+            checks.append(
+                Check(
+                    f"env {name}",
+                    FAIL,
+                    f"{name}={env[name]!r} matches no interface "
+                    f"({', '.join(interfaces) or 'none found'}): rendezvous will hang",
+                )
+            )
     if env.get("NCCL_IB_HCA"):
         hcas = _rdma_devices(probe)
         if not _nccl_list_matches(env["NCCL_IB_HCA"], hcas, strip_port=True):
-            checks.append(Check("env NCCL_IB_HCA", FAIL, f"NCCL_IB_HCA={env['NCCL_IB_HCA']!r} matches no RDMA "
-                                f"device ({', '.join(hcas) or 'none found'})"))
+            checks.append(
+                Check(
+                    "env NCCL_IB_HCA",
+                    FAIL,
+                    f"NCCL_IB_HCA={env['NCCL_IB_HCA']!r} matches no RDMA "
+                    f"device ({', '.join(hcas) or 'none found'})",
+                )
+            )
     if env.get("NCCL_IB_DISABLE") == "1" and _rdma_devices(probe):
-        checks.append(Check("env NCCL_IB_DISABLE", WARN, "InfiniBand present but NCCL_IB_DISABLE=1: NCCL uses TCP"))
+        checks.append(
+            Check("env NCCL_IB_DISABLE", WARN, "InfiniBand present but NCCL_IB_DISABLE=1: NCCL uses TCP")
+        )
     checks += _threads_and_master(env)
     return checks or [Check("environment", OK, "no NCCL/gloo/CUDA variables known to break or slow jobs")]
 
@@ -464,13 +554,17 @@ def _threads_and_master(env: Mapping[str, str]) -> list[Check]:
     checks = []
     omp = env.get("OMP_NUM_THREADS", "")
     if omp.isdigit() and int(omp) > (os.cpu_count() or 1):
-        checks.append(Check("env OMP_NUM_THREADS", WARN, f"OMP_NUM_THREADS={omp} exceeds the {os.cpu_count()} cores"))
+        checks.append(
+            Check("env OMP_NUM_THREADS", WARN, f"OMP_NUM_THREADS={omp} exceeds the {os.cpu_count()} cores")
+        )
     addr = env.get("MASTER_ADDR")
     if addr:
         try:
             socket.getaddrinfo(addr, None)
         except OSError:
-            checks.append(Check("env MASTER_ADDR", FAIL, f"MASTER_ADDR={addr!r} does not resolve: ranks cannot meet"))
+            checks.append(
+                Check("env MASTER_ADDR", FAIL, f"MASTER_ADDR={addr!r} does not resolve: ranks cannot meet")
+            )
     return checks
 
 
@@ -481,7 +575,11 @@ def _names(directory: Path) -> list[str]:
 def _nccl_list_matches(value: str, names: list[str], strip_port: bool = False) -> bool:
     """NCCL's list syntax: 'eth,ib' (prefixes), '=eth0' (exact names), '^docker,lo' (all but)."""
     exclude, exact = value.startswith("^"), value.lstrip("^").startswith("=")
-    items = [item.split(":")[0] if strip_port else item for item in value.lstrip("^").lstrip("=").split(",") if item]
+    items = [
+        item.split(":")[0] if strip_port else item
+        for item in value.lstrip("^").lstrip("=").split(",")
+        if item
+    ]
 
     def listed(name: str) -> bool:
         return any(name == item if exact else name.startswith(item) for item in items)
@@ -493,13 +591,27 @@ def _nccl_list_matches(value: str, names: list[str], strip_port: bool = False) -
 # Running every check
 
 CHECKS: tuple[Callable[[Probe], list[Check]], ...] = (
-    check_cpu, check_memory, check_disk, check_python, check_torch, check_cuda, check_nccl,
-    check_gpus, check_topology, check_ibstat, check_ibv_devinfo, check_slurm, check_lustre,
-    check_containers, check_env,
+    check_cpu,
+    check_memory,
+    check_disk,
+    check_python,
+    check_torch,
+    check_cuda,
+    check_nccl,
+    check_gpus,
+    check_topology,
+    check_ibstat,
+    check_ibv_devinfo,
+    check_slurm,
+    check_lustre,
+    check_containers,
+    check_env,
 )
 
 
-def run_checks(probe: Probe | None = None, checks: tuple[Callable[[Probe], list[Check]], ...] = CHECKS) -> list[Check]:
+def run_checks(
+    probe: Probe | None = None, checks: tuple[Callable[[Probe], list[Check]], ...] = CHECKS
+) -> list[Check]:
     """Every check, concurrently, in a fixed order; a check that raises becomes a WARN row."""
     probe = probe or Probe()
     with ThreadPoolExecutor(max_workers=8) as pool:

@@ -33,7 +33,8 @@ class Row:
     unit: str
     comparison: str  # ">=" (at least) or "<=" (at most)
     passed: bool
-    detail: str
+    detail: str  # the whole finding: measured vs required, then where
+    where: str = ""  # the rank or host responsible (or why nothing was measured)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -45,17 +46,26 @@ def fmt(value: float | None) -> str:
     return f"{value:.3g}" if abs(value) < 1e5 else f"{value:.4g}"
 
 
-def row(section: str, check: str, measured: float | None, required: float, unit: str,
-        where: str = "", at_most: bool = False, why_missing: str = "") -> Row:
+def row(
+    section: str,
+    check: str,
+    measured: float | None,
+    required: float,
+    unit: str,
+    where: str = "",
+    at_most: bool = False,
+    why_missing: str = "",
+) -> Row:
     """A row; its detail says measured vs required, then ``where`` (the rank or host responsible)."""
     comparison = "<=" if at_most else ">="
     if measured is None:
-        return Row(section, check, None, required, unit, comparison, False, f"not measured: {why_missing}")
+        reason = f"not measured: {why_missing}"
+        return Row(section, check, None, required, unit, comparison, False, reason, reason)
     passed = measured <= required if at_most else measured >= required
-    detail = f"{fmt(measured)} vs required {comparison} {fmt(required)} {unit}"
+    detail = f"{fmt(measured)} vs required {comparison} {fmt(required)} {unit}".rstrip()
     if where:
         detail += f"; {where}"
-    return Row(section, check, measured, required, unit, comparison, passed, detail)
+    return Row(section, check, measured, required, unit, comparison, passed, detail, where)
 
 
 def evaluate(th: Thresholds, measurements: dict[str, Any], launched_world: int) -> list[Row]:
@@ -86,7 +96,17 @@ def connectivity_rows(th: ConnectivityThresholds, result: dict[str, Any] | None,
     if why is not None or result is None:
         rows = [row("connectivity", "ranks reachable", None, required, "ranks", why_missing=why or "")]
         if th.max_rtt_ms is not None:
-            rows.append(row("connectivity", "rank 0 round trip", None, th.max_rtt_ms, "ms", at_most=True, why_missing=why or ""))
+            rows.append(
+                row(
+                    "connectivity",
+                    "rank 0 round trip",
+                    None,
+                    th.max_rtt_ms,
+                    "ms",
+                    at_most=True,
+                    why_missing=why or "",
+                )
+            )
         return rows
     ranks = result["ranks"]
     hosts = ", ".join(f"{h} ({sum(r['host'] == h for r in ranks)} ranks)" for h in result["hosts"])
@@ -96,20 +116,40 @@ def connectivity_rows(th: ConnectivityThresholds, result: dict[str, Any] | None,
     if th.max_rtt_ms is not None:
         timed = [r for r in ranks if r.get("rtt_ms") is not None]
         if not timed:
-            rows.append(row("connectivity", "rank 0 round trip", None, th.max_rtt_ms, "ms", at_most=True,
-                            why_missing="a single rank has no peer"))
+            rows.append(
+                row(
+                    "connectivity",
+                    "rank 0 round trip",
+                    None,
+                    th.max_rtt_ms,
+                    "ms",
+                    at_most=True,
+                    why_missing="a single rank has no peer",
+                )
+            )
         else:
             worst = max(timed, key=lambda r: r["rtt_ms"])
-            rows.append(row("connectivity", "rank 0 round trip", worst["rtt_ms"], th.max_rtt_ms, "ms",
-                            f"slowest: rank {worst['rank']} on {worst['host']}", at_most=True))
+            rows.append(
+                row(
+                    "connectivity",
+                    "rank 0 round trip",
+                    worst["rtt_ms"],
+                    th.max_rtt_ms,
+                    "ms",
+                    f"slowest: rank {worst['rank']} on {worst['host']}",
+                    at_most=True,
+                )
+            )
     return rows
 
 
 def collective_rows(th: CollectiveThresholds, result: dict[str, Any] | None) -> list[Row]:
     why = _error(result)
-    measured = {} if why is not None or result is None else {
-        (r["collective"], r["requested_bytes"]): r for r in result["results"]
-    }
+    measured = (
+        {}
+        if why is not None or result is None
+        else {(r["collective"], r["requested_bytes"]): r for r in result["results"]}
+    )
     hosts = [] if result is None else result.get("hosts", [])
     rows = []
     for name, sizes in th.busbw_gbps.items():
@@ -118,7 +158,16 @@ def collective_rows(th: CollectiveThresholds, result: dict[str, Any] | None) -> 
             check = f"{name} busbw @ {format_size(size)}"
             found = measured.get((name, size))
             if found is None:
-                rows.append(row("collectives", check, None, required, "GB/s", why_missing=why or "size not in the sweep"))
+                rows.append(
+                    row(
+                        "collectives",
+                        check,
+                        None,
+                        required,
+                        "GB/s",
+                        why_missing=why or "size not in the sweep",
+                    )
+                )
                 continue
             rows.append(_collective_row(check, found, required, hosts))
     return rows
@@ -129,20 +178,24 @@ def _collective_row(check: str, found: dict[str, Any], required: float, hosts: l
         return hosts[rank] if rank < len(hosts) else "?"
 
     if found["correct"] is False:
-        wrong = ", ".join(f"rank {r} on {host(r)}" for r in found["wrong_ranks"])
-        return Row("collectives", check, found["busbw_gbps"], required, "GB/s", ">=", False, f"wrong result on {wrong}")
+        wrong = "wrong result on " + ", ".join(f"rank {r} on {host(r)}" for r in found["wrong_ranks"])
+        return Row("collectives", check, found["busbw_gbps"], required, "GB/s", ">=", False, wrong, wrong)
     times = found["per_rank_time_s"]
     slowest = found["slowest_rank"]
-    where = (f"slowest: rank {slowest} on {host(slowest)}, {times[slowest] * 1e3:.3g} ms "
-             f"vs median {statistics.median(times) * 1e3:.3g} ms")
+    where = (
+        f"slowest: rank {slowest} on {host(slowest)}, {times[slowest] * 1e3:.3g} ms "
+        f"vs median {statistics.median(times) * 1e3:.3g} ms"
+    )
     return row("collectives", check, found["busbw_gbps"], required, "GB/s", where)
 
 
 def compute_rows(th: ComputeThresholds, result: dict[str, Any] | None) -> list[Row]:
     wanted = [(f"matmul_{d}", f"matmul {d}", v, "TFLOP/s") for d, v in th.matmul_tflops.items()]
-    for key, label, value in (("memory_copy", "memory bandwidth", th.memory_bandwidth_gbps),
-                              ("host_to_device", "host to device", th.host_to_device_gbps),
-                              ("device_to_host", "device to host", th.device_to_host_gbps)):
+    for key, label, value in (
+        ("memory_copy", "memory bandwidth", th.memory_bandwidth_gbps),
+        ("host_to_device", "host to device", th.host_to_device_gbps),
+        ("device_to_host", "device to host", th.device_to_host_gbps),
+    ):
         if value is not None:
             wanted.append((key, label, value, "GB/s"))
     why = _error(result)
@@ -156,8 +209,16 @@ def compute_rows(th: ComputeThresholds, result: dict[str, Any] | None) -> list[R
         if skipped:
             figure, rank = skipped[0]
             reason = figure.get("skipped") or "not in the measurement"
-            rows.append(row("compute", label, None, required, unit,
-                            why_missing=f"rank {rank['rank']} on {rank['host']}: {reason}"))
+            rows.append(
+                row(
+                    "compute",
+                    label,
+                    None,
+                    required,
+                    unit,
+                    why_missing=f"rank {rank['rank']} on {rank['host']}: {reason}",
+                )
+            )
             continue
         worst_figure, worst = min(per_rank, key=lambda pair: pair[0]["value"])
         where = f"lowest: rank {worst['rank']} on {worst['host']} ({worst['device_name']})"
@@ -167,7 +228,11 @@ def compute_rows(th: ComputeThresholds, result: dict[str, Any] | None) -> list[R
 
 def throughput_rows(th: ThroughputThresholds, result: dict[str, Any] | None) -> list[Row]:
     why = _error(result)
-    unit = "tokens/s/device" if result is None or result.get("unit", "tokens") == "tokens" else "samples/s/device"
+    unit = (
+        "tokens/s/device"
+        if result is None or result.get("unit", "tokens") == "tokens"
+        else "samples/s/device"
+    )
     check = f"{th.preset} throughput"
     if why is not None or result is None:
         rows = [row("throughput", check, None, th.min_per_s_per_device, unit, why_missing=why or "")]
@@ -177,8 +242,17 @@ def throughput_rows(th: ThroughputThresholds, result: dict[str, Any] | None) -> 
     where = f"{result['world_size']} ranks on {', '.join(result.get('hosts') or ['?'])}"
     rows = [row("throughput", check, result["per_s_per_device"], th.min_per_s_per_device, unit, where)]
     if th.min_mfu is not None:
-        rows.append(row("throughput", f"{th.preset} MFU", result.get("mfu"), th.min_mfu, "", where,
-                        why_missing="the device's peak FLOP/s is unknown (set observe.peak_tflops)"))
+        rows.append(
+            row(
+                "throughput",
+                f"{th.preset} MFU",
+                result.get("mfu"),
+                th.min_mfu,
+                "",
+                where,
+                why_missing="the device's peak FLOP/s is unknown (set observe.peak_tflops)",
+            )
+        )
     return rows
 
 
@@ -186,18 +260,32 @@ def scaling_rows(th: ScalingThresholds, result: dict[str, Any] | None) -> list[R
     why = _error(result)
     larger = sorted(set(th.nproc))[1:]
     if why is not None or result is None:
-        return [row("scaling", f"{th.mode} efficiency N={n}", None, th.min_efficiency, "", why_missing=why or "")
-                for n in larger]
+        return [
+            row("scaling", f"{th.mode} efficiency N={n}", None, th.min_efficiency, "", why_missing=why or "")
+            for n in larger
+        ]
     by_n = {r["nproc"]: r for r in result["rows"] if r["mode"] == th.mode}
     base = by_n[min(by_n)]
     rows = []
     for n in larger:
         found = by_n.get(n)
         if found is None:
-            rows.append(row("scaling", f"{th.mode} efficiency N={n}", None, th.min_efficiency, "",
-                            why_missing=f"no run at N={n}"))
+            rows.append(
+                row(
+                    "scaling",
+                    f"{th.mode} efficiency N={n}",
+                    None,
+                    th.min_efficiency,
+                    "",
+                    why_missing=f"no run at N={n}",
+                )
+            )
             continue
-        where = (f"step time {found['step_time_s'] * 1e3:.3g} ms at N={n} vs "
-                 f"{base['step_time_s'] * 1e3:.3g} ms at N={base['nproc']}")
-        rows.append(row("scaling", f"{th.mode} efficiency N={n}", found["efficiency"], th.min_efficiency, "", where))
+        where = (
+            f"step time {found['step_time_s'] * 1e3:.3g} ms at N={n} vs "
+            f"{base['step_time_s'] * 1e3:.3g} ms at N={base['nproc']}"
+        )
+        rows.append(
+            row("scaling", f"{th.mode} efficiency N={n}", found["efficiency"], th.min_efficiency, "", where)
+        )
     return rows

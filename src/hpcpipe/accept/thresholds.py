@@ -16,7 +16,6 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from hpcpipe.bench.bus import COLLECTIVES, parse_size
-from hpcpipe.bench.compute import MATMUL_DTYPES
 from hpcpipe.config import load_config
 from hpcpipe.errors import UserError
 
@@ -77,12 +76,16 @@ class ThroughputThresholds(TrainingRun):
     nproc: int | None = Field(None, ge=1, description="Ranks (null: the suite's nproc).")
     repeats: int = Field(1, ge=1, description="Runs; the median is compared.")
     min_per_s_per_device: float = Field(gt=0, description="Tokens (or samples) per second per device.")
-    min_mfu: float | None = Field(None, gt=0, le=1, description="Model FLOPs utilisation (needs a known peak).")
+    min_mfu: float | None = Field(
+        None, gt=0, le=1, description="Model FLOPs utilisation (needs a known peak)."
+    )
 
 
 class ScalingThresholds(TrainingRun):
     nproc: list[int] = Field(description="World sizes, e.g. [1, 2, 4, 8]; the smallest is the baseline.")
-    mode: Literal["strong", "weak"] = Field("weak", description="Fixed global (strong) or per-rank (weak) batch.")
+    mode: Literal["strong", "weak"] = Field(
+        "weak", description="Fixed global (strong) or per-rank (weak) batch."
+    )
     min_efficiency: float = Field(gt=0, le=1.5, description="Minimum efficiency at every larger world size.")
 
 
@@ -110,7 +113,9 @@ def thresholds_path(source: str) -> Path:
     if path.suffix not in {".yaml", ".yml"} and "/" not in source:
         path = Path(str(resources.files(__package__).joinpath("thresholds", f"{source}.yaml")))
         if not path.is_file():
-            raise UserError(f"--thresholds: no shipped thresholds {source!r} (shipped: {', '.join(shipped_names())})")
+            raise UserError(
+                f"--thresholds: no shipped thresholds {source!r} (shipped: {', '.join(shipped_names())})"
+            )
     if not path.is_file():
         raise UserError(f"--thresholds: file not found: {path}")
     return path

@@ -28,7 +28,13 @@ if TYPE_CHECKING:
     from hpcpipe.train.distributed import DistContext
 
 DTYPES = ("float32", "float16", "bfloat16", "float64", "int32")
-_DTYPE_ALIASES = {"fp32": "float32", "fp16": "float16", "half": "float16", "bf16": "bfloat16", "fp64": "float64"}
+_DTYPE_ALIASES = {
+    "fp32": "float32",
+    "fp16": "float16",
+    "half": "float16",
+    "bf16": "bfloat16",
+    "fp64": "float64",
+}
 # A rank slower than the median rank by more than this fraction is named as slow.
 SLOW_RANK_TOLERANCE = 0.2
 # Default sweep limits: 1 KiB up to what fits in memory (four buffers per rank: input, output,
@@ -70,7 +76,9 @@ class CollectiveSpec:
             )
         name = _DTYPE_ALIASES.get(dtype.lower(), dtype.lower())
         if name not in DTYPES:
-            raise UserError(f"--dtype: unknown dtype {dtype!r} (known: {', '.join(DTYPES)}, fp32, bf16, fp16)")
+            raise UserError(
+                f"--dtype: unknown dtype {dtype!r} (known: {', '.join(DTYPES)}, fp32, bf16, fp16)"
+            )
         if warmup < 0 or iters < 1:
             raise UserError("--warmup must be >= 0 and --iters >= 1")
         return cls(list(dict.fromkeys(collectives)), sizes, name, warmup, iters, check)
@@ -103,8 +111,14 @@ def run_collectives(spec: CollectiveSpec, ctx: DistContext) -> dict[str, Any] | 
             correct = prepared.check() if spec.check else None
             seconds = time_collective(prepared.run, spec.warmup, spec.iters, ctx.device)
             local.append(
-                {"collective": collective, "requested_bytes": size, "size_bytes": count * element,
-                 "count": count, "time_s": seconds, "correct": correct}
+                {
+                    "collective": collective,
+                    "requested_bytes": size,
+                    "size_bytes": count * element,
+                    "count": count,
+                    "time_s": seconds,
+                    "correct": correct,
+                }
             )
             del prepared
     gathered: list[Any] = [None] * ctx.world_size

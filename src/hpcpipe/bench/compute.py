@@ -82,10 +82,17 @@ def measure_compute(spec: ComputeSpec, device: torch.device) -> dict[str, Any]:
     figures["memory_copy"] = _memory_copy(device, spec)
     figures.update(_host_device(device, spec))
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    return {"device": str(device), "device_name": name, "threads": torch.get_num_threads(), "figures": figures}
+    return {
+        "device": str(device),
+        "device_name": name,
+        "threads": torch.get_num_threads(),
+        "figures": figures,
+    }
 
 
-def time_callable(fn: Callable[[], object], sync: Callable[[], None], min_time_s: float, repeats: int) -> float:
+def time_callable(
+    fn: Callable[[], object], sync: Callable[[], None], min_time_s: float, repeats: int
+) -> float:
     """Median seconds per call over ``repeats`` windows, each long enough to swamp timer noise."""
     fn()  # warm-up: kernel selection, allocator, lazy initialisation
     sync()
@@ -193,8 +200,10 @@ def _host_device(device: torch.device, spec: ComputeSpec) -> dict[str, dict[str,
 
     if device.type != "cuda":
         reason = "no accelerator: host and device memory are the same"
-        return {"host_to_device": figure(None, "GB/s", skipped=reason),
-                "device_to_host": figure(None, "GB/s", skipped=reason)}
+        return {
+            "host_to_device": figure(None, "GB/s", skipped=reason),
+            "device_to_host": figure(None, "GB/s", skipped=reason),
+        }
     size = min(spec.copy_bytes or _default_copy_bytes(device), 256 << 20)
     host = torch.ones(size // 4, dtype=torch.float32).pin_memory()
     dev = torch.empty(size // 4, dtype=torch.float32, device=device)
@@ -202,8 +211,10 @@ def _host_device(device: torch.device, spec: ComputeSpec) -> dict[str, dict[str,
     h2d = time_callable(lambda: dev.copy_(host, non_blocking=True), sync, spec.min_time_s, spec.repeats)
     d2h = time_callable(lambda: host.copy_(dev, non_blocking=True), sync, spec.min_time_s, spec.repeats)
     detail = f"{size >> 20} MiB, pinned host memory"
-    return {"host_to_device": figure(size / h2d / 1e9, "GB/s", detail),
-            "device_to_host": figure(size / d2h / 1e9, "GB/s", detail)}
+    return {
+        "host_to_device": figure(size / h2d / 1e9, "GB/s", detail),
+        "device_to_host": figure(size / d2h / 1e9, "GB/s", detail),
+    }
 
 
 def _default_copy_bytes(device: torch.device) -> int:

@@ -76,10 +76,17 @@ def matmul(name: str, m: int, k: int, n: int, s: int, count: int = 1) -> Op:
     return Op(name, "matmul", 2.0 * m * n * k, float((m * k + k * n + m * n) * s), count)
 
 
-def elementwise(name: str, kind: str, elements: int, reads: int, s: int, count: int = 1, extra: int = 0) -> Op:
+def elementwise(
+    name: str, kind: str, elements: int, reads: int, s: int, count: int = 1, extra: int = 0
+) -> Op:
     """``reads`` input tensors of ``elements`` each, one output, ``extra`` parameter bytes."""
-    return Op(name, "elementwise", float(ELEMENTWISE_FLOPS[kind] * elements),
-              float((reads + 1) * elements * s + extra), count)
+    return Op(
+        name,
+        "elementwise",
+        float(ELEMENTWISE_FLOPS[kind] * elements),
+        float((reads + 1) * elements * s + extra),
+        count,
+    )
 
 
 def model_ops(model: ModelConfig, micro_batch: int, vocab_size: int, precision: str) -> list[Op]:
@@ -127,9 +134,14 @@ def classify(ops: list[Op], ceilings: Ceilings) -> list[dict[str, Any]]:
     for op, seconds in zip(ops, times, strict=True):
         attainable = min(ceilings.peak_flops, op.intensity * ceilings.bandwidth)
         rows.append(
-            {**asdict(op), "intensity": op.intensity,
-             "bound": "compute" if op.intensity >= ceilings.ridge else "memory",
-             "attainable_tflops": attainable / 1e12, "time_s": seconds, "time_share": seconds / total}
+            {
+                **asdict(op),
+                "intensity": op.intensity,
+                "bound": "compute" if op.intensity >= ceilings.ridge else "memory",
+                "attainable_tflops": attainable / 1e12,
+                "time_s": seconds,
+                "time_share": seconds / total,
+            }
         )
     return rows
 

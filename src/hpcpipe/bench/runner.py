@@ -9,8 +9,6 @@
 from __future__ import annotations
 
 import json
-import os
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -50,14 +48,6 @@ def world_size_for(nproc: int) -> int:
 def is_main_process() -> bool:
     """False on ranks other than 0 of an external launch (they print and write nothing)."""
     return detect_environment().rank == 0
-
-
-def finish_external_rank(code: int = 0) -> None:
-    """Leave an externally launched rank through os._exit after flushing (see bench.worker)."""
-    if detect_environment().is_external:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
 
 
 def _run_local_workers(spec: dict[str, Any], nproc: int) -> dict[str, Any]:

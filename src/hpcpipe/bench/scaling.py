@@ -20,8 +20,16 @@ from hpcpipe.errors import UserError
 
 MODES = ("strong", "weak")
 CSV_COLUMNS = (
-    "mode", "nproc", "global_batch_size", "micro_batch_size", "step_time_s", "per_s",
-    "per_s_per_device", "efficiency", "unit", "run_dir",
+    "mode",
+    "nproc",
+    "global_batch_size",
+    "micro_batch_size",
+    "step_time_s",
+    "per_s",
+    "per_s_per_device",
+    "efficiency",
+    "unit",
+    "run_dir",
 )
 
 
@@ -81,10 +89,17 @@ def run_scaling(
         job = bench_job(cfg, name, out_dir, steps, warmup, nproc, global_batch, micro)
         summary = summarize_run(run_job(job), warmup)
         rows.append(
-            {"mode": mode, "nproc": nproc, "global_batch_size": global_batch, "micro_batch_size": micro,
-             "step_time_s": summary["step_time_s"], "per_s": summary["per_s"],
-             "per_s_per_device": summary["per_s_per_device"], "unit": summary["unit"],
-             "run_dir": summary["run_dir"]}
+            {
+                "mode": mode,
+                "nproc": nproc,
+                "global_batch_size": global_batch,
+                "micro_batch_size": micro,
+                "step_time_s": summary["step_time_s"],
+                "per_s": summary["per_s"],
+                "per_s_per_device": summary["per_s_per_device"],
+                "unit": summary["unit"],
+                "run_dir": summary["run_dir"],
+            }
         )
     add_efficiency(rows)
     csv_path = write_csv(rows, out_dir / "scaling.csv")

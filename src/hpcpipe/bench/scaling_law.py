@@ -14,7 +14,8 @@
   G = (alpha A / (beta B))^(1/(alpha+beta)).
 
 Intervals are percentile bootstrap intervals: the fits repeated on points resampled with
-replacement (seeded, so the same inputs give the same report).
+replacement (seeded, so the same inputs give the same report). A resample's Chinchilla fit starts
+from the full data's optimum, which lies in the resample's basin, instead of from the grid again.
 """
 
 from __future__ import annotations
@@ -81,7 +82,9 @@ def power_law_fit(x: np.ndarray, loss: np.ndarray) -> dict[str, float]:
 # Chinchilla L(N, D)
 
 
-def _objective(theta: np.ndarray, log_n: np.ndarray, log_d: np.ndarray, log_l: np.ndarray) -> tuple[float, np.ndarray]:
+def _objective(
+    theta: np.ndarray, log_n: np.ndarray, log_d: np.ndarray, log_l: np.ndarray
+) -> tuple[float, np.ndarray]:
     """Huber loss of log-space residuals and its gradient w.r.t. theta = (a, b, e, alpha, beta).
 
     Called thousands of times per fit, so the log-sum-exp and its softmax are written out with
@@ -106,35 +109,49 @@ def _objective(theta: np.ndarray, log_n: np.ndarray, log_d: np.ndarray, log_l: n
 def _grid_objective(log_n: np.ndarray, log_d: np.ndarray, log_l: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The objective at every grid point at once: (grid points (G, 5), objective (G,))."""
     import numpy as np
-    from scipy.special import logsumexp
 
     grid = np.array(list(itertools.product(GRID["a"], GRID["b"], GRID["e"], GRID["alpha"], GRID["beta"])))
     a, b, e, alpha, beta = (grid[:, i : i + 1] for i in range(5))  # (G, 1) each
-    terms = np.stack([a - alpha * log_n, b - beta * log_d, np.broadcast_to(e, (len(grid), len(log_n)))])
-    residual = np.abs(logsumexp(terms, axis=0) - log_l)  # (G, P)
+    t1, t2 = a - alpha * log_n, b - beta * log_d  # (G, P) each
+    top = np.maximum(np.maximum(t1, t2), e)
+    log_pred = top + np.log(np.exp(t1 - top) + np.exp(t2 - top) + np.exp(e - top))
+    residual = np.abs(log_pred - log_l)  # (G, P)
     huber = np.where(residual <= HUBER_DELTA, 0.5 * residual**2, HUBER_DELTA * (residual - 0.5 * HUBER_DELTA))
     return grid, huber.sum(axis=1)
 
 
-def chinchilla_fit(points: Points, starts: int = 16, extra_starts: list[np.ndarray] | None = None) -> dict[str, Any]:
-    """Fit E, A, B, alpha, beta; returns them with the fitted theta and the final objective."""
+def chinchilla_fit(points: Points, starts: int = 16, init: np.ndarray | None = None) -> dict[str, Any]:
+    """Fit E, A, B, alpha, beta: L-BFGS from the ``starts`` best grid points, or from ``init`` alone.
+
+    Returns the parameters, the fitted theta (a, b, e, alpha, beta) and the final objective.
+    """
     import numpy as np
     from scipy.optimize import minimize
 
     log_n, log_d, log_l = np.log(points.params), np.log(points.tokens), np.log(points.loss)
-    grid, values = _grid_objective(log_n, log_d, log_l)
-    inits = [grid[i] for i in np.argsort(values)[:starts]] + list(extra_starts or [])
+    if init is None:
+        grid, values = _grid_objective(log_n, log_d, log_l)
+        inits = [grid[i] for i in np.argsort(values)[:starts]]
+    else:
+        inits = [init]
     best = None
-    for init in inits:
+    for start in inits:
         result = minimize(
-            _objective, init, args=(log_n, log_d, log_l), jac=True, method="L-BFGS-B", options=LBFGS_OPTIONS
+            _objective, start, args=(log_n, log_d, log_l), jac=True, method="L-BFGS-B", options=LBFGS_OPTIONS
         )
         if best is None or result.fun < best.fun:
             best = result
     assert best is not None
     a, b, e, alpha, beta = (float(v) for v in best.x)
-    return {"E": float(np.exp(e)), "A": float(np.exp(a)), "B": float(np.exp(b)), "alpha": alpha,
-            "beta": beta, "theta": best.x, "objective": float(best.fun)}
+    return {
+        "E": float(np.exp(e)),
+        "A": float(np.exp(a)),
+        "B": float(np.exp(b)),
+        "alpha": alpha,
+        "beta": beta,
+        "theta": best.x,
+        "objective": float(best.fun),
+    }
 
 
 def predict(fit: dict[str, Any], params: np.ndarray, tokens: np.ndarray) -> np.ndarray:
@@ -155,12 +172,14 @@ def compute_optimal(fit: dict[str, Any], flops: float) -> dict[str, float]:
 # Everything, with bootstrap intervals
 
 
-def fit_all(points: Points, flops: float | None, bootstrap: int, seed: int, confidence: float = 0.95) -> dict[str, Any]:
+def fit_all(
+    points: Points, flops: float | None, bootstrap: int, seed: int, confidence: float = 0.95
+) -> dict[str, Any]:
     """The Kaplan and Chinchilla fits, the compute-optimal N and D, each with a bootstrap interval."""
     import numpy as np
 
     _check_points(points)
-    main = _fit_once(points, flops, starts=16, extra=None)
+    main = _fit_once(points, flops, init=None)
     rng = np.random.default_rng(seed)
     samples: list[dict[str, float]] = []
     for _ in range(bootstrap):
@@ -168,24 +187,37 @@ def fit_all(points: Points, flops: float | None, bootstrap: int, seed: int, conf
         sample = points.take(index)
         if len(np.unique(sample.params)) < 2 or len(np.unique(sample.tokens)) < 2:
             continue  # a resample without spread in N or D cannot identify the fit
-        samples.append(_flatten(_fit_once(sample, flops, starts=2, extra=main["chinchilla"]["theta"])))
+        samples.append(_flatten(_fit_once(sample, flops, init=main["chinchilla"]["theta"])))
     flat = _flatten(main)
     low, high = (1 - confidence) / 2 * 100, (1 + confidence) / 2 * 100
     intervals = {
-        key: [float(np.percentile([s[key] for s in samples], low)), float(np.percentile([s[key] for s in samples], high))]
+        key: [
+            float(np.percentile([s[key] for s in samples], low)),
+            float(np.percentile([s[key] for s in samples], high)),
+        ]
         for key in flat
         if samples and all(np.isfinite(s[key]) for s in samples)
     }
     main["chinchilla"].pop("theta")
-    return {**main, "intervals": intervals, "bootstrap": len(samples), "confidence": confidence, "seed": seed,
-            "n_points": len(points.loss)}
+    return {
+        **main,
+        "intervals": intervals,
+        "bootstrap": len(samples),
+        "confidence": confidence,
+        "seed": seed,
+        "n_points": len(points.loss),
+    }
 
 
-def _fit_once(points: Points, flops: float | None, starts: int, extra: np.ndarray | None) -> dict[str, Any]:
+def _fit_once(points: Points, flops: float | None, init: np.ndarray | None) -> dict[str, Any]:
     n_env, ln = envelope(points.params, points.loss)
     d_env, ld = envelope(points.tokens, points.loss)
-    chin = chinchilla_fit(points, starts=starts, extra_starts=None if extra is None else [extra])
-    result: dict[str, Any] = {"kaplan_n": power_law_fit(n_env, ln), "kaplan_d": power_law_fit(d_env, ld), "chinchilla": chin}
+    chin = chinchilla_fit(points, init=init)
+    result: dict[str, Any] = {
+        "kaplan_n": power_law_fit(n_env, ln),
+        "kaplan_d": power_law_fit(d_env, ld),
+        "chinchilla": chin,
+    }
     if flops is not None:
         result["compute_optimal"] = {"flops": flops, **compute_optimal(chin, flops)}
     return result
@@ -205,7 +237,9 @@ def _check_points(points: Points) -> None:
     import numpy as np
 
     if len(points.loss) < len(CHINCHILLA_PARAMS):
-        raise UserError(f"scaling-law fit: need at least {len(CHINCHILLA_PARAMS)} runs, got {len(points.loss)}")
+        raise UserError(
+            f"scaling-law fit: need at least {len(CHINCHILLA_PARAMS)} runs, got {len(points.loss)}"
+        )
     if len(np.unique(points.params)) < 2 or len(np.unique(points.tokens)) < 2:
         raise UserError("scaling-law fit: the runs need at least two model sizes and two token counts")
     if (points.params <= 0).any() or (points.tokens <= 0).any() or (points.loss <= 0).any():

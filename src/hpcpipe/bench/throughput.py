@@ -65,7 +65,9 @@ def summarize_run(run_dir: Path, warmup: int) -> dict[str, Any]:
         "per_s_per_device": statistics.median(float(r[f"{unit}_per_s_per_device"]) for r in rows),
         "step_time_s": statistics.median(float(r["step_time_s"]) for r in rows),
         "data_time_s": statistics.median(float(r.get("data_time_s") or 0.0) for r in rows),
-        "mfu": None if any(m is None for m in mfus) else statistics.median(float(m) for m in mfus if m is not None),
+        "mfu": None
+        if any(m is None for m in mfus)
+        else statistics.median(float(m) for m in mfus if m is not None),
     }
 
 

@@ -178,6 +178,7 @@ class _HashingFileSystem(FileSystem):
     def __init__(self) -> None:
         super().__init__()
         self.entries: dict[Path, FileEntry] = {}
+        self.errors: list[BaseException] = []
         self._lock = threading.Lock()  # DCP writes files from several threads
 
     @contextlib.contextmanager
@@ -187,10 +188,17 @@ class _HashingFileSystem(FileSystem):
                 yield stream
             return
         path = Path(path)
-        with path.open(mode) as raw:
-            stream = _HashingStream(raw, path)
-            yield stream  # type: ignore[misc]
-            entry = stream.entry()
+        try:
+            with path.open(mode) as raw:
+                hashing = _HashingStream(raw, path)
+                yield hashing  # type: ignore[misc]  # duck-typed: DCP only writes, tells, flushes
+                entry = hashing.entry()
+        except BaseException as exc:
+            # DCP's extra writer threads drop their exceptions (the thread just ends, and its
+            # items go missing from the metadata); keep them so write_data can raise them.
+            with self._lock:
+                self.errors.append(_with_path(exc, path) if isinstance(exc, OSError) else exc)
+            raise
         with self._lock:
             self.entries[path] = entry
 
@@ -200,6 +208,37 @@ class _HashingFileSystem(FileSystem):
             entry = self.entries.pop(Path(path), None)
             if entry is not None:
                 self.entries[Path(new_path)] = entry
+
+
+class _NoCloseWriter(io.IOBase):
+    """What DCP wraps each item's stream in (torch.save closes its file; ours must stay open)."""
+
+    def __init__(self, raw: Any) -> None:
+        self.raw = raw
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        return int(self.raw.write(data))
+
+    def close(self) -> None:
+        """Flush, but leave the file open: the next item goes into the same file."""
+        if not self.closed:
+            self.raw.flush()
+            super().close()
+
+
+class _PlainTransforms:
+    """DCP's per-item stream transforms when there are none (we never configure extensions).
+
+    DCP defines its wrapper class inside the function, i.e. a new class per item, so the
+    ``isinstance(f, os.PathLike)`` in every ``torch.save`` misses the ABC cache: about half a
+    millisecond per tensor, a quarter of a 100 MB save. One module-level class avoids that.
+    """
+
+    def transform_save_stream(self, write_item: Any, raw_stream: Any) -> tuple[IO[bytes], list[str]]:
+        return _NoCloseWriter(raw_stream), []  # type: ignore[return-value]
 
 
 class HashedFileSystemWriter(FileSystemWriter):
@@ -212,13 +251,23 @@ class HashedFileSystemWriter(FileSystemWriter):
     def __init__(self, path: Path, extra_name: str, extra_bytes: bytes, thread_count: int) -> None:
         super().__init__(path, thread_count=thread_count, sync_files=True)
         self.fs = _HashingFileSystem()
+        self.transforms = _PlainTransforms()  # type: ignore[assignment]
         self._root = Path(path)
         self._extra_name = extra_name
         self._extra_bytes = extra_bytes
 
     def write_data(self, plan: Any, planner: Any) -> Any:
+        """Extra file, then DCP's writer; an error in any writer thread fails the save."""
         self._write_extra()
-        return super().write_data(plan, planner)
+        future = super().write_data(plan, planner)
+        fs = self.fs
+        assert isinstance(fs, _HashingFileSystem)
+        if fs.errors:
+            raise fs.errors[0]
+        written = len(future.value())
+        if written != len(plan.items):
+            raise RuntimeError(f"{self._root}: DCP wrote {written} of {len(plan.items)} items")
+        return future
 
     def _write_extra(self) -> None:
         target = self._root / self._extra_name

@@ -42,7 +42,7 @@ def extra_name(rank: int) -> str:
 def capture_rng_state() -> dict[str, Any]:
     """Every random stream of this process, as tensors, lists and numbers."""
     version, mt_state, gauss_next = random.getstate()
-    kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)  # type: ignore[misc]
+    kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
     state: dict[str, Any] = {
         "torch_cpu": torch.get_rng_state(),
         "python": {"version": version, "state": list(mt_state), "gauss_next": gauss_next},

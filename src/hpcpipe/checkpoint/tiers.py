@@ -32,7 +32,7 @@ from hpcpipe.checkpoint.manifest import (
     verify_dir,
 )
 
-__all__ = ["DurableSchedule", "Tier", "retained_steps"]
+__all__ = ["DurableSchedule", "Tier", "fast_root", "retained_steps"]
 
 _TEMP_RE = re.compile(r"^\.(tmp|trash)-step-\d{8}-[0-9a-z-]+$")
 
@@ -93,11 +93,12 @@ class Tier:
                 deleted.append(step)
         return deleted
 
-    def cleanup_temporaries(self) -> list[str]:
+    def cleanup_temporaries(self, spare: str | None = None) -> list[str]:
         """Remove ``.tmp-*`` / ``.trash-*`` directories left by a crash; the names removed.
 
         Only directories (not links) whose names match what this module creates, only inside
-        this tier's root; run it on one rank at start, before any save of this job.
+        this tier's root, and none whose name contains ``spare`` (the running store's session
+        token: its own save in flight). Run it on one rank at start.
         """
         try:
             entries = list(os.scandir(self.root))
@@ -105,29 +106,37 @@ class Tier:
             return []
         removed = []
         for entry in entries:
-            if _TEMP_RE.match(entry.name) and entry.is_dir(follow_symlinks=False):
+            ours_now = spare is not None and spare in entry.name
+            if _TEMP_RE.match(entry.name) and entry.is_dir(follow_symlinks=False) and not ours_now:
                 shutil.rmtree(entry.path, ignore_errors=True)
                 removed.append(entry.name)
         return sorted(removed)
 
-    def copy_in(self, src: Path, step: int) -> Path:
+    def copy_in(self, src: Path, step: int, token: str = "copy") -> Path:
         """Copy committed checkpoint ``src`` here: temporary name, fsync, verify, rename.
 
+        ``token`` goes into the temporary name (the store passes its session token, so its own
+        ``cleanup_temporaries`` leaves a copy in flight alone).
         CheckpointError naming the bad file when the copy does not verify (nothing is renamed).
         """
         manifest = read_manifest(src)
         self.root.mkdir(parents=True, exist_ok=True)
-        tmp = self.new_temporary(step, uuid.uuid4().hex[:12])
+        tmp = self.new_temporary(step, f"{token}-{uuid.uuid4().hex[:8]}")
         try:
             for name in [*manifest.files, MANIFEST_NAME]:
                 _copy_durably(src / name, tmp / name)
             _, problems = verify_dir(tmp)
             if problems:
-                raise CheckpointError(f"durable copy {tmp / problems[0].file}: {problems[0]}")
+                raise CheckpointError(f"durable copy {tmp}/{problems[0]}")
             return self.commit(tmp, step)
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
+
+
+def fast_root(checkpoint_dir: str | None, run_dir: Path) -> Path:
+    """The fast tier's directory: ``checkpoint.dir``, or ``<run_dir>/checkpoints`` when null."""
+    return Path(checkpoint_dir) if checkpoint_dir else run_dir / "checkpoints"
 
 
 def retained_steps(steps: list[int], keep_last: int, keep_every: int, protected: set[int]) -> set[int]:

@@ -7,7 +7,12 @@ import sys
 
 import typer
 
+from hpcpipe.cli import accept as accept_cli
+from hpcpipe.cli import analysis as analysis_cli
+from hpcpipe.cli import bench as bench_cli
+from hpcpipe.cli import ckpt as ckpt_cli
 from hpcpipe.cli import data as data_cli
+from hpcpipe.cli import doctor as doctor_cli
 from hpcpipe.cli import presets as presets_cli
 from hpcpipe.cli import train as train_cli
 from hpcpipe.errors import USER_ERROR_EXIT_CODE, UserError
@@ -23,8 +28,14 @@ app = typer.Typer(
 )
 app.add_typer(presets_cli.app, name="presets")
 app.add_typer(data_cli.app, name="data")
+app.add_typer(ckpt_cli.app, name="ckpt")
 app.command("train")(train_cli.train)
 app.command("run")(train_cli.run)
+app.add_typer(bench_cli.app, name="bench")
+app.command("accept")(accept_cli.accept)
+app.command("doctor")(doctor_cli.doctor)
+app.command("roofline")(analysis_cli.roofline)
+app.add_typer(analysis_cli.scaling_law_app, name="scaling-law")
 
 
 def main() -> None:

@@ -39,7 +39,9 @@ def plot_collectives(result: dict[str, Any], path: Path) -> Path:
     fig, (ax,) = _figure()
     for name in dict.fromkeys(r["collective"] for r in result["results"]):
         rows = [r for r in result["results"] if r["collective"] == name]
-        ax.plot([r["size_bytes"] for r in rows], [r["busbw_gbps"] for r in rows], "o-", label=name, markersize=3)
+        ax.plot(
+            [r["size_bytes"] for r in rows], [r["busbw_gbps"] for r in rows], "o-", label=name, markersize=3
+        )
     ax.set_xscale("log", base=2)
     ax.set_xlabel("size (bytes, nccl-tests convention)")
     ax.set_ylabel("bus bandwidth (GB/s)")
@@ -75,26 +77,33 @@ def plot_scaling(rows: list[dict[str, Any]], path: Path) -> Path:
 
 
 def plot_roofline(result: dict[str, Any], path: Path) -> Path:
-    """The two roofs and every operation at its arithmetic intensity and attainable FLOP/s."""
+    """The two roofs and every operation at its arithmetic intensity and attainable FLOP/s.
+
+    Operations crowd together (every large matmul sits near the compute roof), so points carry a
+    number and the legend names them.
+    """
     import numpy as np
 
     fig, (ax,) = _figure()
+    fig.set_size_inches(10, 5)
     peak, ridge = result["peak_tflops"], result["ridge_flop_per_byte"]
     intensities = [op["intensity"] for op in result["ops"]]
     x = np.logspace(np.log10(min(*intensities, ridge) / 4), np.log10(max(*intensities, ridge) * 4), 200)
     ax.plot(x, np.minimum(peak, x * result["bandwidth_gbps"] / 1e3), color="black", linewidth=1.5)
-    ax.axvline(ridge, color="gray", linestyle=":", linewidth=1)
-    for op in result["ops"]:
+    ax.axvline(ridge, color="gray", linestyle=":", linewidth=1, label=f"ridge {ridge:.3g} FLOP/byte")
+    for number, op in enumerate(result["ops"], start=1):
         color = "tab:red" if op["bound"] == "memory" else "tab:blue"
-        ax.plot(op["intensity"], op["attainable_tflops"], "o", color=color)
-        ax.annotate(op["name"], (op["intensity"], op["attainable_tflops"]), fontsize=7,
-                    xytext=(4, -10), textcoords="offset points")
+        point = (op["intensity"], op["attainable_tflops"])
+        ax.plot(*point, "o", color=color, label=f"{number}. {op['name']} ({op['bound']})")
+        offset = (4, -12) if number % 2 else (4, 6)
+        ax.annotate(str(number), point, fontsize=8, xytext=offset, textcoords="offset points")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (FLOP/byte)")
     ax.set_ylabel("attainable TFLOP/s")
     ax.set_title(f"roofline: {result['name']} ({result['precision']}); red memory-, blue compute-bound")
     ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
     return _save(fig, path)
 
 
@@ -107,11 +116,19 @@ def plot_scaling_law(points: list[dict[str, Any]], fit: dict[str, Any], path: Pa
     n = np.array([p["params"] for p in points])
     d = np.array([p["tokens"] for p in points])
     loss = np.array([p["loss"] for p in points])
-    for ax, x, other, kaplan, label in ((left, n, d, fit["kaplan_n"], "N"), (right, d, n, fit["kaplan_d"], "D")):
+    for ax, x, other, kaplan, label in (
+        (left, n, d, fit["kaplan_n"], "N"),
+        (right, d, n, fit["kaplan_d"], "D"),
+    ):
         ax.scatter(x, loss, c=np.log10(other), cmap="viridis", s=18, zorder=3)
         grid = np.logspace(np.log10(x.min()) - 0.2, np.log10(x.max()) + 0.2, 100)
-        ax.plot(grid, (kaplan["x_c"] / grid) ** kaplan["alpha"], "--", color="black",
-                label=f"Kaplan L({label}), alpha={kaplan['alpha']:.3f}")
+        ax.plot(
+            grid,
+            (kaplan["x_c"] / grid) ** kaplan["alpha"],
+            "--",
+            color="black",
+            label=f"Kaplan L({label}), alpha={kaplan['alpha']:.3f}",
+        )
         for value in np.unique(other)[:: max(1, len(np.unique(other)) // 5)]:
             args = (grid, np.full_like(grid, value)) if label == "N" else (np.full_like(grid, value), grid)
             pred = chin["E"] + chin["A"] / args[0] ** chin["alpha"] + chin["B"] / args[1] ** chin["beta"]
@@ -122,6 +139,8 @@ def plot_scaling_law(points: list[dict[str, Any]], fit: dict[str, Any], path: Pa
         ax.set_ylabel("final validation loss")
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=8)
-    left.set_title(f"Chinchilla fit (orange): E={chin['E']:.3g}, alpha={chin['alpha']:.3f}, beta={chin['beta']:.3f}")
+    left.set_title(
+        f"Chinchilla fit (orange): E={chin['E']:.3g}, alpha={chin['alpha']:.3f}, beta={chin['beta']:.3f}"
+    )
     right.set_title("colour: log10 of the other axis")
     return _save(fig, path)

@@ -1,0 +1,156 @@
+"""all_reduce bus bandwidth measured through hpcpipe vs a raw torch.distributed timing loop.
+
+Both run in the same worker processes, on the same group, at the same sizes and iteration counts.
+hpcpipe's side is the library call the CLI makes (``run_collectives``: buffers, the result check,
+warm-up, timed loop, per-rank gather); the raw side is the loop anyone would write
+(``torch.ones``, warm-up, barrier, ``dist.all_reduce`` N times). Each is timed on every rank and
+averaged over ranks, as nccl-tests does, then turned into busbw with the same 2(n-1)/n factor.
+Measurements alternate (hpcpipe, raw, raw, hpcpipe, ...) so drift on a shared machine hits both;
+the ratio of the medians over repeats is the result (target >= 0.95 at 4-64 MiB).
+
+    .venv/bin/python benchmarks/collectives_overhead.py [--nproc 2] [--repeats 9] [--iters 10]
+
+Prints a table and, last, one JSON line with the ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+TARGET = 0.95
+SIZES_MIB = (4, 8, 16, 32, 64)
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--nproc", type=int, default=2, help="ranks (gloo on CPU, NCCL on GPUs)")
+    parser.add_argument("--sizes-mib", type=int, nargs="+", default=list(SIZES_MIB))
+    parser.add_argument("--repeats", type=int, default=9, help="alternating measurements per side and size")
+    parser.add_argument("--iters", type=int, default=10, help="timed all_reduce calls per measurement")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed calls per measurement")
+    parser.add_argument("--out", type=Path, default=None, help="(internal) where rank 0 writes its figures")
+    return parser.parse_args(argv)
+
+
+def raw_busbw(size: int, args: argparse.Namespace, device: Any, world: int) -> float | None:
+    """The hand-written loop; rank 0 returns busbw in GB/s from the mean time over ranks."""
+    import torch
+    import torch.distributed as dist
+
+    buf = torch.ones(size // 4, dtype=torch.float32, device=device)
+    for _ in range(args.warmup):
+        dist.all_reduce(buf)
+    dist.barrier()
+    start = time.perf_counter()
+    for _ in range(args.iters):
+        dist.all_reduce(buf)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elapsed = (time.perf_counter() - start) / args.iters
+    times: list[Any] = [None] * world
+    dist.all_gather_object(times, elapsed)
+    if dist.get_rank() != 0:
+        return None
+    return size / statistics.fmean(times) * 2 * (world - 1) / world / 1e9
+
+
+def hpcpipe_busbw(size: int, args: argparse.Namespace, ctx: Any) -> float | None:
+    from hpcpipe.bench.collectives import CollectiveSpec, run_collectives
+
+    spec = CollectiveSpec.build(["all_reduce"], [size], "float32", args.warmup, args.iters)
+    result = run_collectives(spec, ctx)
+    return None if result is None else float(result["results"][0]["busbw_gbps"])
+
+
+def worker(args: argparse.Namespace) -> None:
+    """One rank: every size, ``repeats`` alternating measurements of each side."""
+    from hpcpipe.bench.group import bench_group
+    from hpcpipe.config import ParallelConfig
+    from hpcpipe.launch.environment import detect_environment
+
+    with bench_group(ParallelConfig(timeout_s=300), detect_environment()) as ctx:
+        figures: dict[str, dict[str, list[float]]] = {}
+        for mib in args.sizes_mib:
+            size = mib << 20
+            sides: dict[str, list[float]] = {"hpcpipe": [], "raw": []}
+            for repeat in range(args.repeats):
+                order = ("hpcpipe", "raw") if repeat % 2 == 0 else ("raw", "hpcpipe")
+                for side in order:
+                    value = (
+                        hpcpipe_busbw(size, args, ctx)
+                        if side == "hpcpipe"
+                        else raw_busbw(size, args, ctx.device, ctx.world_size)
+                    )
+                    if value is not None:
+                        sides[side].append(value)
+            figures[str(mib)] = sides
+        if ctx.is_main and args.out is not None:
+            args.out.write_text(
+                json.dumps({"world_size": ctx.world_size, "device": ctx.device.type, "figures": figures})
+            )
+
+
+def report(data: dict[str, Any], args: argparse.Namespace) -> None:
+    """Per size: the median of each side and their ratio; the median paired ratio alongside.
+
+    The ratio of medians is the figure. The paired column (each repeat's own hpcpipe/raw ratio,
+    then the median) shows how much of a deviation is noise from other jobs on the machine.
+    """
+    print(
+        f"all_reduce busbw, {data['world_size']} ranks on {data['device']}, "
+        f"{args.repeats} alternating repeats x {args.iters} iterations"
+    )
+    print(f"{'size':>8} {'hpcpipe GB/s':>13} {'raw GB/s':>10} {'ratio':>7} {'paired ratio':>13}")
+    ratios, paired = {}, {}
+    for mib, sides in data["figures"].items():
+        ours, raw = statistics.median(sides["hpcpipe"]), statistics.median(sides["raw"])
+        ratios[f"{mib}MiB"] = ours / raw
+        paired[f"{mib}MiB"] = statistics.median(
+            a / b for a, b in zip(sides["hpcpipe"], sides["raw"], strict=True)
+        )
+        print(f"{mib + ' MiB':>8} {ours:>13.3f} {raw:>10.3f} {ours / raw:>7.3f} {paired[f'{mib}MiB']:>13.3f}")
+    line = {
+        "benchmark": "collectives_overhead",
+        "collective": "all_reduce",
+        "world_size": data["world_size"],
+        "device": data["device"],
+        "ratios": {k: round(v, 4) for k, v in ratios.items()},
+        "paired_ratios": {k: round(v, 4) for k, v in paired.items()},
+        "min_ratio": round(min(ratios.values()), 4),
+        "median_ratio": round(statistics.median(ratios.values()), 4),
+        "target": TARGET,
+    }
+    print(json.dumps(line))
+
+
+def main() -> None:
+    args = parse_args(sys.argv[1:])
+    if "RANK" in os.environ:  # started by the elastic agent below
+        worker(args)
+        sys.stdout.flush()
+        os._exit(0)  # gloo can abort at interpreter exit after destroy_process_group
+    from hpcpipe.launch.local import launch_local
+
+    here = str(Path(__file__).resolve().parent)
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "figures.json"
+        worker_args = [*sys.argv[1:], "--out", str(out)]
+        code = launch_local("collectives_overhead", worker_args, args.nproc)
+        if code != 0 or not out.is_file():
+            sys.exit(f"benchmark workers failed (exit code {code})")
+        report(json.loads(out.read_text()), args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""The acceptance suite: a thresholds file -> measurements -> PASS/FAIL rows -> JSON + Markdown."""

@@ -1,0 +1,193 @@
+"""Fault injection for chaos tests, driven by environment variables read once at import.
+
+The chaos tests start real workers (the elastic agent, ``torchrun``) and need faults inside them
+without a config change, so the faults come from the environment every worker inherits. Each
+variable holds ``key=value`` pairs separated by commas:
+
+``HPCPIPE_CHAOS_OOM="step=5,rank=1,micro=0"``
+    raise ``SimulatedOOM`` (a ``torch.OutOfMemoryError``) at that micro-step: OOM recovery.
+``HPCPIPE_CHAOS_HANG="step=4,rank=1"``
+    sleep forever in ``_chaos_hang_forever`` (the name shows in the watchdog's stack dump).
+``HPCPIPE_CHAOS_KILL="step=7,rank=1"``
+    SIGKILL this process: an abrupt node loss. Requires ``HPCPIPE_CHAOS_DIR``.
+``HPCPIPE_CHAOS_SIGTERM="step=6,rank=0"`` (add ``signal=USR1`` for Slurm's ``--signal``)
+    send this process SIGTERM (or SIGUSR1): preemption of one rank.
+``HPCPIPE_CHAOS_DIR=/path``
+    marker directory: a fault fires at most once per directory, so it does not fire again after
+    the elastic agent restarts the workers (which inherit the same environment).
+
+Keys: ``step`` (required; the trainer's step number), ``rank`` (global rank; default: every
+rank), ``micro`` (micro-step index; default 0), ``where`` (the call site, one of ``SITES``;
+default ``forward``). Every fault fires at most once per process as well: an OOM must not fire
+again when recovery retries the same step. A malformed variable raises ``ChaosConfigError``
+(a ``UserError``: one line naming the variable, exit code 2) at import.
+
+With no variable set, ``maybe_inject`` is one truth test of a module-level tuple.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from hpcpipe.errors import UserError
+
+ENV_PREFIX = "HPCPIPE_CHAOS_"
+KINDS = ("OOM", "HANG", "KILL", "SIGTERM")
+DIR_VAR = "HPCPIPE_CHAOS_DIR"
+SITES = ("forward", "backward")
+"""Call sites: ``forward`` at the end of a micro-step's forward (inside the OOM guard, after the
+model's collectives, see ``hpcpipe.train.oom``), ``backward`` just before a micro-step's backward."""
+
+_SIGNALS = {"TERM": signal.SIGTERM, "USR1": signal.SIGUSR1}
+_EXAMPLE = "'step=5,rank=1,micro=0'"
+
+
+class ChaosConfigError(UserError):
+    """A ``HPCPIPE_CHAOS_*`` variable could not be parsed."""
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str  # one of KINDS
+    step: int
+    rank: int | None  # None: every rank
+    micro: int = 0
+    where: str = "forward"
+    signum: int = signal.SIGTERM  # SIGTERM faults only
+
+    def matches(self, step: int, rank: int, micro: int, where: str) -> bool:
+        return (
+            step == self.step
+            and micro == self.micro
+            and where == self.where
+            and (self.rank is None or rank == self.rank)
+        )
+
+
+_FAULTS: tuple[Fault, ...] = ()
+_MARKER_DIR: Path | None = None
+_FIRED: set[Fault] = set()
+
+
+def parse_faults(env: Mapping[str, str]) -> tuple[tuple[Fault, ...], Path | None]:
+    """The faults and the marker directory described by ``env`` (raises ChaosConfigError)."""
+    marker_dir = Path(env[DIR_VAR]) if env.get(DIR_VAR) else None
+    faults = []
+    for kind in KINDS:
+        var = ENV_PREFIX + kind
+        value = env.get(var, "").strip()
+        if value:
+            faults.append(_parse_one(var, kind, value))
+    if any(f.kind == "KILL" for f in faults) and marker_dir is None:
+        raise ChaosConfigError(f"{ENV_PREFIX}KILL needs {DIR_VAR} (a marker so it fires only once)")
+    return tuple(faults), marker_dir
+
+
+def _parse_one(var: str, kind: str, value: str) -> Fault:
+    fields: dict[str, str] = {}
+    for part in value.split(","):
+        key, sep, val = part.partition("=")
+        if not sep or not key.strip() or not val.strip():
+            raise ChaosConfigError(f"{var}: expected key=value pairs like {_EXAMPLE}, got {value!r}")
+        fields[key.strip()] = val.strip()
+    allowed = {"step", "rank", "micro", "where"} | ({"signal"} if kind == "SIGTERM" else set())
+    unknown = sorted(set(fields) - allowed)
+    if unknown:
+        raise ChaosConfigError(f"{var}: unknown key {unknown[0]!r} in {value!r}; allowed: {sorted(allowed)}")
+    if "step" not in fields:
+        raise ChaosConfigError(f"{var}: 'step' is required, got {value!r}")
+    where = fields.get("where", "forward")
+    if where not in SITES:
+        raise ChaosConfigError(f"{var}: where={where!r} is not one of {list(SITES)}")
+    sig_name = fields.get("signal", "TERM").upper().removeprefix("SIG")
+    if sig_name not in _SIGNALS:
+        raise ChaosConfigError(f"{var}: signal={fields['signal']!r} is not one of {sorted(_SIGNALS)}")
+    rank = fields.get("rank")
+    return Fault(
+        kind=kind,
+        step=_int(var, "step", fields["step"]),
+        rank=None if rank is None else _int(var, "rank", rank),
+        micro=_int(var, "micro", fields.get("micro", "0")),
+        where=where,
+        signum=_SIGNALS[sig_name],
+    )
+
+
+def _int(var: str, key: str, text: str) -> int:
+    try:
+        number = int(text)
+    except ValueError:
+        raise ChaosConfigError(f"{var}: {key}={text!r} is not an integer") from None
+    if number < 0:
+        raise ChaosConfigError(f"{var}: {key}={number} must be >= 0")
+    return number
+
+
+def configure(env: Mapping[str, str] | None = None) -> None:
+    """(Re)read the faults from ``env`` (default: ``os.environ``); forgets which ones fired."""
+    global _FAULTS, _MARKER_DIR
+    _FAULTS, _MARKER_DIR = parse_faults(os.environ if env is None else env)
+    _FIRED.clear()
+
+
+def active() -> bool:
+    """Whether any fault is configured."""
+    return bool(_FAULTS)
+
+
+def maybe_inject(step: int, rank: int, micro: int = 0, where: str = "forward") -> None:
+    """Fire the configured fault that matches this point of the training loop, if any."""
+    if not _FAULTS:
+        return
+    for fault in _FAULTS:
+        if fault.matches(step, rank, micro, where) and _claim(fault, rank):
+            _fire(fault, step, rank, micro)
+
+
+def _claim(fault: Fault, rank: int) -> bool:
+    """True the first time this fault fires in this process (and in the marker directory)."""
+    if fault in _FIRED:
+        return False
+    _FIRED.add(fault)
+    if _MARKER_DIR is None:
+        return True
+    _MARKER_DIR.mkdir(parents=True, exist_ok=True)
+    marker = _MARKER_DIR / f"{fault.kind.lower()}-rank{rank}-step{fault.step}.fired"
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))  # atomic: one winner
+    except FileExistsError:
+        return False
+    return True
+
+
+def _fire(fault: Fault, step: int, rank: int, micro: int) -> None:
+    print(
+        f"chaos: {fault.kind} on rank {rank} at step {step}, micro-step {micro} ({ENV_PREFIX}{fault.kind})",
+        file=sys.stderr,
+        flush=True,
+    )
+    if fault.kind == "OOM":
+        from hpcpipe.train.oom import SimulatedOOM
+
+        raise SimulatedOOM(f"chaos: simulated CUDA out of memory at step {step}, micro-step {micro}")
+    if fault.kind == "HANG":
+        _chaos_hang_forever()
+    elif fault.kind == "KILL":
+        os.kill(os.getpid(), signal.SIGKILL)
+    else:
+        os.kill(os.getpid(), fault.signum)
+
+
+def _chaos_hang_forever() -> None:
+    """A stuck rank: never returns (the watchdog's stack dump names this function)."""
+    while True:
+        time.sleep(3600)
+
+
+configure()

@@ -1,0 +1,512 @@
+"""The checkpoint store: save (sync or async), atomic commit, verified resume with fallback, retention.
+
+What the trainer calls (every call is collective: all ranks, same order; the constructor creates
+a gloo process group when the default group is initialized)::
+
+    store = CheckpointStore(job.checkpoint, root, rank, world_size, job.config_hash(), events)
+    store.cleanup_temporaries()            # at start; does the work on rank 0 only
+    extra = store.restore(model, optimizer)  # None: start fresh; else this rank's extra dict
+    ...
+    store.save(step, model, optimizer, extra)  # every checkpoint.every_steps
+    ...
+    store.close()                          # finishes a save in flight, then background work
+
+**Layout.** ``<root>/step-00000040/`` holds DCP's files (``.metadata``, ``__<rank>_<n>.distcp``),
+``extra/rank-NNNNN.pt`` (each rank's trainer state, see ``state.py``) and ``manifest.json``
+(SHA-256 and size of every other file, step, world size, config hash).
+
+**Save and commit.** Every rank writes into ``<root>/.tmp-step-00000040-<session>-<n>`` through
+DCP (model and optimizer from ``get_state_dict``: plain, DDP and FSDP2 modules alike; sharded
+under FSDP2), hashing while it writes and fsyncing each file. DCP's own final gather means that
+when ``dcp.save`` returns, every rank's files are on disk. The ranks then gather their
+(file, sha256, size) lists to rank 0, which writes ``manifest.json``, fsyncs, and renames the
+directory to ``step-00000040``; the outcome is broadcast, so a failure (a full disk) raises the
+same ``CheckpointError`` on every rank and leaves the previous checkpoints untouched.
+
+**Async save** (``checkpoint.async``). ``save`` blocks only while the state is copied into a
+reusable CPU staging buffer; DCP write, digest gather, commit and broadcast then run in one
+background thread per rank. They use a dedicated gloo process group created by the constructor,
+so the background collectives never interleave with the training loop's collectives on the
+default group, and every rank's background thread runs the same sequence of collectives. The
+cross-rank completion signal is therefore DCP's final gather plus our digest gather: rank 0
+commits only after both. ``save`` first waits for the previous save (one in flight at most);
+``wait()`` / ``close()`` finish it. An error of a background save is raised, on every rank, by
+the next ``save``/``wait``/``close``.
+
+**After a commit** (rank 0, a second background thread, one job at a time): re-read and verify
+the new checkpoint, then (only if it verified) prune older ones beyond ``keep_last`` except
+multiples of ``keep_every``, the one training resumed from and the new one; then copy it to the
+durable tier when due (``tiers.py``).
+
+**Resume.** Rank 0 lists committed checkpoints of both tiers, newest first (fast before durable
+for the same step), verifies each against its manifest before anything in it is read, emits a
+``checkpoint_fallback`` event naming each bad file, and settles on the first that verifies; the
+choice is broadcast, so all ranks load the same step. DCP reshards on load, so a checkpoint
+written at one world size (or strategy) loads at another. Rank ``r`` gets ``extra`` of rank
+``r`` when the checkpoint has it, else rank 0's (after a world-size change only the rank-
+independent parts of it are meaningful; ``store.restored`` says which rank's it was).
+
+**Events** (rank 0 only, ``events(kind, fields)``, possibly from a background thread, so the
+callback must be thread-safe, e.g. one ``append_event`` line per call): ``checkpoint_staged``
+(step, blocking_s), ``checkpoint_committed`` (step, path, bytes, files, write_s),
+``checkpoint_save_failed`` (step, error), ``checkpoint_verified`` / ``checkpoint_verify_failed``
+and ``checkpoint_fallback`` (step, path, tier, file, reason, expected, actual),
+``checkpoint_pruned`` (tier, steps), ``checkpoint_durable_copied`` (step, path, copy_s),
+``checkpoint_durable_failed`` / ``checkpoint_prune_failed`` (error), ``checkpoint_none_verify``,
+``checkpoint_restored`` (step, path, tier, saved_world_size, load_s, same_config),
+``checkpoint_temporaries_removed`` (names).
+
+**Limit.** Rank 0 must see every rank's files: ``checkpoint.dir`` must be one directory shared by
+all ranks (a node-local fast tier is right for single-node jobs; the commit names a missing
+rank file clearly when it is not shared).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import warnings
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from hpcpipe.checkpoint.manifest import (
+    CheckpointError,
+    FileEntry,
+    Manifest,
+    Problem,
+    read_manifest,
+    step_dir_name,
+    verify_dir,
+    write_manifest,
+)
+from hpcpipe.checkpoint.safe_dcp import HashedFileSystemWriter, SafeFileSystemReader, SafeLoadPlanner
+from hpcpipe.checkpoint.state import extra_name, load_extra, serialize_extra
+from hpcpipe.checkpoint.tiers import DurableSchedule, Tier
+from hpcpipe.config import CheckpointConfig
+
+__all__ = ["CheckpointStore", "EventFn", "RestoreInfo"]
+
+EventFn = Callable[[str, dict[str, Any]], None]
+log = logging.getLogger("hpcpipe.checkpoint")
+
+# dcp.save/load warn on every single-process call; that is our deliberate mode, not a mistake.
+warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+
+
+@dataclass(frozen=True)
+class RestoreInfo:
+    """What ``restore`` loaded: for the trainer's log and for world-size-aware decisions."""
+
+    step: int
+    path: Path
+    tier: str
+    saved_world_size: int
+    extra_rank: int  # whose extra this rank got (its own, or rank 0's after a world-size change)
+
+
+class CheckpointStore:
+    """Saves, commits, verifies, restores and prunes the checkpoints of one run (see module doc)."""
+
+    def __init__(
+        self,
+        cfg: CheckpointConfig,
+        root: Path,
+        rank: int = 0,
+        world_size: int = 1,
+        config_hash: str = "",
+        events: EventFn | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.rank = rank
+        self.world_size = world_size
+        self.config_hash = config_hash
+        self.fast = Tier("fast", Path(root))
+        self.durable = Tier("durable", Path(cfg.durable_dir)) if cfg.durable_dir else None
+        self.restored: RestoreInfo | None = None
+        self.last_committed: int | None = None
+        self._events = events
+        self._schedule = DurableSchedule(cfg.durable_every_steps, cfg.durable_every_s)
+        self._pg = _checkpoint_group(world_size)  # collective: all ranks construct together
+        self._token = str(self._broadcast(_session_token() if rank == 0 else None))
+        self._count = 0
+        self._writer = ThreadPoolExecutor(1, "hpcpipe-ckpt-write") if cfg.async_save else None
+        self._inflight: Future[None] | None = None
+        self._background = ThreadPoolExecutor(1, "hpcpipe-ckpt-after") if rank == 0 else None
+        self._after: list[Future[None]] = []
+        self._staged: dict[str, Any] | None = None
+        self._staged_layout: list[tuple[str, Any]] | None = None
+
+    # -- start-up ----------------------------------------------------------------------------
+
+    def cleanup_temporaries(self) -> list[str]:
+        """Remove unfinished saves and half-deleted checkpoints of earlier runs (rank 0 only)."""
+        if self.rank != 0:
+            return []
+        removed = self.fast.cleanup_temporaries(spare=self._token)
+        if self.durable is not None:
+            removed += self.durable.cleanup_temporaries(spare=self._token)
+        if removed:
+            self._event("checkpoint_temporaries_removed", {"names": removed})
+        return removed
+
+    # -- saving ------------------------------------------------------------------------------
+
+    def save(
+        self,
+        step: int,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        extra: dict[str, Any],
+        force_durable: bool = False,
+    ) -> None:
+        """Checkpoint ``step`` (collective). Sync: returns after the commit; async: after staging.
+
+        ``extra`` is this rank's trainer state (see ``state.check_extra`` for what it may hold);
+        ``force_durable`` copies this one to the durable tier whatever the schedule says.
+        CheckpointError (one line, naming the path) when this or the previous save failed.
+        """
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        self.wait()
+        start = time.perf_counter()
+        self._count += 1
+        tmp = self.fast.new_temporary(step, f"{self._token}-{self._count}")
+        model_sd, optim_sd = get_state_dict(model, optimizer)
+        state = {"model": model_sd, "optim": optim_sd}
+        writer = HashedFileSystemWriter(
+            tmp, extra_name(self.rank), serialize_extra(extra), self.cfg.io_threads
+        )
+        if self._writer is None:
+            self._write_and_commit(state, writer, tmp, step, force_durable)
+            return
+        staged = self._stage(state)
+        self._inflight = self._writer.submit(
+            self._write_and_commit, staged, writer, tmp, step, force_durable
+        )
+        self._event("checkpoint_staged", {"step": step, "blocking_s": time.perf_counter() - start})
+
+    def wait(self) -> None:
+        """Finish the save in flight, if any; raises its CheckpointError. Call on every rank."""
+        inflight, self._inflight = self._inflight, None
+        if inflight is not None:
+            inflight.result()
+
+    def close(self) -> None:
+        """Finish the save in flight, then the queued verification/retention/durable copies.
+
+        Call it on every rank before the process group goes away (the background save uses it)
+        and before exit; the store cannot save after it.
+        """
+        try:
+            self.wait()
+        finally:
+            try:
+                self._drain_background()
+            finally:
+                for pool in (self._writer, self._background):
+                    if pool is not None:
+                        pool.shutdown(wait=True)
+
+    def _write_and_commit(
+        self, state: dict[str, Any], writer: HashedFileSystemWriter, tmp: Path, step: int, force: bool
+    ) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.api import CheckpointException
+
+        start = time.perf_counter()
+        try:
+            dcp.save(state, storage_writer=writer, **self._dcp_group())
+        except (CheckpointException, OSError) as exc:
+            self._discard(tmp)
+            if _root_os_error(exc) is None:
+                raise  # not the disk: a bug, whose traceback is worth seeing
+            message = _save_error_message(step, tmp, exc)
+            self._event("checkpoint_save_failed", {"step": step, "error": message})
+            raise CheckpointError(message) from None
+        entries = self._gather(writer.digests())
+        outcome = self._commit(tmp, step, entries) if self.rank == 0 else None
+        outcome = self._broadcast(outcome)
+        if isinstance(outcome, str):
+            raise CheckpointError(outcome)
+        self.last_committed = step
+        if self.rank == 0:
+            self._event("checkpoint_committed", {
+                "step": step, "path": str(self.fast.root / step_dir_name(step)),
+                "bytes": sum(e.size for e in entries.values()), "files": len(entries),
+                "write_s": time.perf_counter() - start,
+            })
+            self._queue_after_commit(step, force)
+
+    def _commit(self, tmp: Path, step: int, entries: dict[str, FileEntry]) -> str | int:
+        """Rank 0: manifest, fsync, rename. The step, or an error message for every rank."""
+        try:
+            for name, entry in entries.items():
+                size = (tmp / name).stat().st_size
+                if size != entry.size:
+                    return f"checkpoint step {step}: {tmp / name} has {size} bytes, written {entry.size}"
+            manifest = Manifest(step, self.world_size, self.config_hash, entries)
+            write_manifest(tmp, manifest)
+            self.fast.commit(tmp, step)
+        except FileNotFoundError as exc:
+            self._discard(tmp)
+            return (f"checkpoint step {step}: {exc.filename} is not visible on rank 0; "
+                    "checkpoint.dir must be a directory shared by all ranks")
+        except OSError as exc:
+            self._discard(tmp)
+            return _save_error_message(step, tmp, exc)
+        return step
+
+    def _stage(self, state: dict[str, Any]) -> dict[str, Any]:
+        """Copy ``state`` into a CPU buffer reused across saves (allocated again if shapes change)."""
+        from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
+
+        layout = _layout(state)
+        if self._staged is None or layout != self._staged_layout:
+            self._staged = _create_cpu_state_dict(state, pin_memory=torch.cuda.is_available())
+            self._staged_layout = layout
+        return _copy_state_dict(state, self._staged)
+
+    def _discard(self, tmp: Path) -> None:
+        if self.rank == 0:
+            self.fast.remove(tmp)
+
+    # -- after a commit (rank 0, background) -------------------------------------------------
+
+    def _queue_after_commit(self, step: int, force_durable: bool) -> None:
+        assert self._background is not None
+        self._after = [f for f in self._after if not f.done()]
+        self._after.append(self._background.submit(self._after_commit, step, force_durable))
+
+    def _after_commit(self, step: int, force_durable: bool) -> None:
+        """Verify the new checkpoint; only then prune; then copy it to the durable tier if due."""
+        path = self.fast.root / step_dir_name(step)
+        _, problems = verify_dir(path)
+        if problems:
+            self._problem_events("checkpoint_verify_failed", step, path, "fast", problems)
+            return
+        self._event("checkpoint_verified", {"step": step, "path": str(path)})
+        protected = {step} | ({self.restored.step} if self.restored else set())
+        self._prune(self.fast, protected)
+        if self.durable is not None and self._schedule.due(step, force_durable):
+            self._copy_durable(path, step)
+
+    def _copy_durable(self, path: Path, step: int) -> None:
+        assert self.durable is not None
+        start = time.perf_counter()
+        try:
+            final = self.durable.copy_in(path, step, self._token)
+        except (CheckpointError, OSError) as exc:
+            self._event("checkpoint_durable_failed", {"step": step, "error": str(exc)})
+            return
+        self._schedule.copied()
+        self._event("checkpoint_durable_copied", {
+            "step": step, "path": str(final), "copy_s": time.perf_counter() - start,
+        })
+        self._prune(self.durable, {step})
+
+    def _prune(self, tier: Tier, protected: set[int]) -> None:
+        try:
+            deleted = tier.prune(self.cfg.keep_last, self.cfg.keep_every, protected)
+        except OSError as exc:
+            self._event("checkpoint_prune_failed", {"tier": tier.name, "error": str(exc)})
+            return
+        if deleted:
+            self._event("checkpoint_pruned", {"tier": tier.name, "steps": deleted})
+
+    def _drain_background(self) -> None:
+        after, self._after = self._after, []
+        for future in after:
+            future.result()
+
+    # -- resuming ----------------------------------------------------------------------------
+
+    def restore(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any] | None:
+        """Load the newest checkpoint that verifies (collective); this rank's extra, or None.
+
+        None when ``checkpoint.resume=never``, when there is no checkpoint, or when none
+        verifies and ``checkpoint.scratch_if_none_verify`` is set. CheckpointError (exit 2)
+        when checkpoints exist but none verifies, or ``resume=required`` finds nothing.
+        """
+        self.wait()
+        if self.cfg.resume == "never":
+            return None
+        choice = self._broadcast(self._choose_or_error() if self.rank == 0 else None)
+        assert isinstance(choice, dict)
+        if choice["action"] == "error":
+            raise CheckpointError(choice["message"])
+        if choice["action"] != "load":
+            return None
+        return self._load(Path(choice["path"]), choice["tier"], model, optimizer)
+
+    def _choose_or_error(self) -> dict[str, Any]:
+        """``_choose``, with an unexpected I/O error turned into an answer every rank receives."""
+        try:
+            return self._choose()
+        except OSError as exc:
+            return {"action": "error", "message": f"cannot read checkpoints: {exc}"}
+
+    def _choose(self) -> dict[str, Any]:
+        """Rank 0: the first candidate, newest first, whose files match its manifest."""
+        candidates = self._candidates()
+        if not candidates:
+            if self.cfg.resume == "required":
+                return {"action": "error", "message": f"checkpoint.resume=required but "
+                        f"{self._where()} holds no committed checkpoint"}
+            return {"action": "fresh"}
+        first_problem: str | None = None
+        for step, tier, path in candidates:
+            _, problems = verify_dir(path)
+            if not problems:
+                return {"action": "load", "path": str(path), "tier": tier}
+            self._problem_events("checkpoint_fallback", step, path, tier, problems)
+            first_problem = first_problem or f"{path}/{problems[0]}"
+        summary = f"no checkpoint in {self._where()} verifies (newest: {first_problem})"
+        if self.cfg.scratch_if_none_verify and self.cfg.resume != "required":
+            self._event("checkpoint_none_verify", {"action": "start from scratch", "detail": summary})
+            return {"action": "fresh"}
+        hint = "set checkpoint.scratch_if_none_verify=true to start from scratch"
+        return {"action": "error", "message": f"{summary}; {hint}"}
+
+    def _candidates(self) -> list[tuple[int, str, Path]]:
+        tiers = [self.fast] + ([self.durable] if self.durable is not None else [])
+        found = [(step, tier.name, path) for tier in tiers for step, path in tier.committed()]
+        return sorted(found, key=lambda c: (-c[0], c[1] != "fast"))
+
+    def _load(self, path: Path, tier: str, model: nn.Module, optimizer: torch.optim.Optimizer
+              ) -> dict[str, Any]:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.api import CheckpointException
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        start = time.perf_counter()
+        manifest = read_manifest(path)
+        model_sd, optim_sd = get_state_dict(model, optimizer)
+        state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
+        try:
+            dcp.load(state, storage_reader=SafeFileSystemReader(path), planner=SafeLoadPlanner(),
+                     **self._dcp_group())
+        except CheckpointException as exc:
+            raise CheckpointError(f"{path}: does not load into this model ({_first_failure(exc)})") from None
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        extra_rank = self.rank if (path / extra_name(self.rank)).is_file() else 0
+        extra = load_extra(path / extra_name(extra_rank))
+        self.restored = RestoreInfo(manifest.step, path, tier, manifest.world_size, extra_rank)
+        self._event("checkpoint_restored", {
+            "step": manifest.step, "path": str(path), "tier": tier,
+            "saved_world_size": manifest.world_size, "load_s": time.perf_counter() - start,
+            "same_config": manifest.config_hash == self.config_hash,
+        })
+        return extra
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def _where(self) -> str:
+        return str(self.fast.root) + (f" or {self.durable.root}" if self.durable else "")
+
+    def _event(self, kind: str, fields: dict[str, Any]) -> None:
+        """Events come from rank 0 only; ``events`` may be called from a background thread."""
+        if self.rank != 0:
+            return
+        log.info("%s %s", kind, fields)
+        if self._events is not None:
+            self._events(kind, fields)
+
+    def _problem_events(self, kind: str, step: int, path: Path, tier: str, problems: list[Problem]) -> None:
+        for problem in problems:
+            log.warning("%s: checkpoint %s: %s", kind, path, problem)
+            self._event(kind, {"step": step, "path": str(path), "tier": tier, **problem.to_dict()})
+
+    def _dcp_group(self) -> dict[str, Any]:
+        return {"process_group": self._pg} if self._pg is not None else {"no_dist": True}
+
+    def _broadcast(self, value: Any) -> Any:
+        if self._pg is None:
+            return value
+        box = [value]
+        dist.broadcast_object_list(box, src=0, group=self._pg)
+        return box[0]
+
+    def _gather(self, entries: dict[str, FileEntry]) -> dict[str, FileEntry]:
+        """Every rank's written files, merged on rank 0 (other ranks get their own back)."""
+        if self._pg is None:
+            return entries
+        gathered: list[Any] | None = [None] * self.world_size if self.rank == 0 else None
+        dist.gather_object(entries, gathered, dst=0, group=self._pg)
+        if gathered is None:
+            return entries
+        merged: dict[str, FileEntry] = {}
+        for part in gathered:
+            merged.update(part)
+        return merged
+
+
+def _checkpoint_group(world_size: int) -> dist.ProcessGroup | None:
+    """A gloo group for checkpoint coordination (CPU objects, background threads), or None."""
+    if world_size <= 1 or not (dist.is_available() and dist.is_initialized()):
+        return None
+    if dist.get_world_size() != world_size:
+        raise ValueError(f"CheckpointStore: world_size {world_size} != {dist.get_world_size()} ranks")
+    group = dist.new_group(backend="gloo")
+    assert isinstance(group, dist.ProcessGroup)  # every rank is a member
+    return group
+
+
+def _session_token() -> str:
+    import uuid
+
+    return uuid.uuid4().hex[:12]
+
+
+def _layout(state: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    """Keys, shapes and dtypes of every tensor in a nested state dict (the staging buffer's shape)."""
+    if isinstance(state, torch.Tensor):
+        return [(prefix, (tuple(state.shape), state.dtype, type(state).__name__))]
+    if isinstance(state, dict):
+        return [item for key in state for item in _layout(state[key], f"{prefix}.{key}")]
+    if isinstance(state, list | tuple):
+        return [item for i, value in enumerate(state) for item in _layout(value, f"{prefix}[{i}]")]
+    return []
+
+
+def _save_error_message(step: int, tmp: Path, exc: BaseException) -> str:
+    """One line: what failed, where (the file when known), and that older checkpoints are intact."""
+    cause = _root_os_error(exc)
+    if cause is not None:
+        where = cause.filename or tmp
+        what = f"{cause.strerror or cause}: {where}"
+    else:
+        what = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    return f"checkpoint save of step {step} failed ({what}); earlier checkpoints are intact"
+
+
+def _first_failure(exc: BaseException) -> str:
+    """The first line of the first rank's error inside a DCP CheckpointException."""
+    failures = getattr(exc, "failures", None)
+    if isinstance(failures, dict) and failures:
+        inner = failures[min(failures)][0]
+        if isinstance(inner, CheckpointError):
+            raise inner
+        text = str(inner).strip().splitlines()
+        return f"{type(inner).__name__}: {text[0] if text else ''}"
+    return str(exc).strip().splitlines()[0]
+
+
+def _root_os_error(exc: BaseException) -> OSError | None:
+    """The OSError behind a DCP CheckpointException (which wraps each rank's exception)."""
+    if isinstance(exc, OSError):
+        return exc
+    failures = getattr(exc, "failures", None)
+    if isinstance(failures, dict):
+        for _, (inner, _trace) in sorted(failures.items()):
+            found = _root_os_error(inner)
+            if found is not None:
+                return found
+    cause = exc.__cause__ or exc.__context__
+    return _root_os_error(cause) if cause is not None else None

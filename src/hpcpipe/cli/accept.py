@@ -1,0 +1,72 @@
+"""`hpcpipe accept`: the cluster acceptance suite, PASS/FAIL against a thresholds file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from hpcpipe.cli.common import JsonOption, NprocOption, console, err_console, write_json
+
+
+def accept(
+    thresholds: Annotated[
+        str,
+        typer.Option(
+            "--thresholds",
+            "-t",
+            help="A shipped thresholds name (cpu, h100-8x-ib) or a path to a thresholds YAML.",
+        ),
+    ] = "cpu",
+    out: Annotated[
+        Path, typer.Option(help="Directory for acceptance.json, acceptance.md, plots and benchmark runs.")
+    ] = Path("runs/acceptance"),
+    nproc: NprocOption = None,
+    json_out: JsonOption = None,
+) -> None:
+    """Run the acceptance suite and print a PASS/FAIL table; exit 0 only when every row passes.
+
+    The thresholds file decides the rows: connectivity (every rank reachable, hosts listed),
+    collective bus bandwidth at given sizes, compute ceilings on every device, training
+    throughput per device (and MFU), and scaling efficiency. A failing row names the rank or host
+    and the measured vs required figure. Writes OUT/acceptance.json and OUT/acceptance.md.
+
+    Examples:
+
+      hpcpipe accept                                  (CPU development thresholds, 2 gloo ranks)
+
+      hpcpipe accept --thresholds h100-8x-ib --out runs/accept-node17      (one 8-GPU node)
+
+      srun -N 2 --ntasks-per-node 8 hpcpipe accept -t my_cluster.yaml      (across nodes)
+    """
+    from hpcpipe.accept.evaluate import evaluate, fmt
+    from hpcpipe.accept.report import build_report, write_report
+    from hpcpipe.accept.suite import measure
+    from hpcpipe.accept.thresholds import load_thresholds, thresholds_path
+    from hpcpipe.bench.runner import world_size_for
+
+    th = load_thresholds(thresholds)
+    world = world_size_for(nproc or th.nproc)
+    measurements = measure(
+        th, nproc or th.nproc, out, log=lambda line: err_console.print(f"[dim]{line}[/dim]")
+    )
+    if measurements is None:  # a rank other than 0 under torchrun/srun: rank 0 reports
+        return
+    rows = evaluate(th, measurements, world)
+    report = build_report(th, str(thresholds_path(thresholds)), rows, measurements, world)
+    json_path, md_path = write_report(report, out)
+    table = Table("result", "check", "measured", "required", "where", title=f"acceptance: {th.name}")
+    for row in rows:
+        verdict = "[green]PASS[/green]" if row.passed else "[bold red]FAIL[/bold red]"
+        required = f"{row.comparison} {fmt(row.required)} {row.unit}".rstrip()
+        table.add_row(verdict, row.check, fmt(row.measured), required, row.where)
+    if json_out != "-":
+        console.print(table)
+        verdict = "[green]PASS[/green]" if report["passed"] else "[bold red]FAIL[/bold red]"
+        console.print(
+            f"{verdict}: {report['counts']['passed']}/{report['counts']['rows']} rows; {json_path}, {md_path}"
+        )
+    write_json(report, json_out)
+    raise typer.Exit(0 if report["passed"] else 1)

@@ -1,0 +1,329 @@
+"""`hpcpipe bench collectives|compute|throughput|scaling`: measure a node or a cluster."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from hpcpipe.cli.common import (
+    ConfigArg,
+    JsonOption,
+    NprocOption,
+    SetOption,
+    console,
+    err_console,
+    load_job,
+    write_json,
+)
+from hpcpipe.errors import UserError
+
+app = typer.Typer(
+    help="Benchmarks: collective bandwidth (like nccl-tests), compute ceilings, training throughput, "
+    "and strong/weak scaling. Every verb prints a table and takes --json PATH ('-' for stdout).",
+    no_args_is_help=True,
+)
+
+ALL_COLLECTIVES = "all_reduce,all_gather,reduce_scatter,broadcast,all_to_all"
+
+
+def _default_nproc() -> int:
+    """One rank per GPU on this node; two ranks on a CPU host (the smallest group that communicates)."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 2
+
+
+def _fail(exc: RuntimeError) -> typer.Exit:
+    err_console.print(f"error: {exc}")
+    return typer.Exit(1)
+
+
+@app.command("collectives")
+def collectives(
+    names: Annotated[
+        str, typer.Option("--collectives", "-c", help="Comma-separated collectives.")
+    ] = ALL_COLLECTIVES,
+    sizes: Annotated[
+        str | None,
+        typer.Option(
+            "--sizes",
+            help="MIN:MAX (powers of two), MIN:MAX:FACTOR or a list 1M,64M. "
+            "Default: 1K up to what memory allows (8G on GPUs, 64M on CPU).",
+            show_default=False,
+        ),
+    ] = None,
+    dtype: Annotated[
+        str, typer.Option(help="float32, bfloat16 (bf16), float16 (fp16), float64, int32.")
+    ] = "float32",
+    warmup: Annotated[int, typer.Option(help="Untimed calls per size.")] = 5,
+    iters: Annotated[int, typer.Option(help="Timed calls per size.")] = 20,
+    nproc: NprocOption = None,
+    backend: Annotated[str, typer.Option(help="auto (nccl on GPUs, gloo on CPU), nccl or gloo.")] = "auto",
+    check: Annotated[
+        bool, typer.Option("--check/--no-check", help="Verify each collective's result.")
+    ] = True,
+    plot: Annotated[
+        Path | None, typer.Option(help="Write a busbw-vs-size PNG here.", show_default=False)
+    ] = None,
+    timeout_s: Annotated[float, typer.Option(help="Process-group timeout (seconds).")] = 300.0,
+    json_out: JsonOption = None,
+) -> None:
+    """Collective bandwidth over a size sweep, reported as nccl-tests reports it.
+
+    Per size: time, algbw = size / time and busbw = algbw x the collective's bus factor
+    (all_reduce 2(n-1)/n; all_gather, reduce_scatter, all_to_all (n-1)/n; broadcast 1), a check
+    of the result on every rank, and the slowest rank.
+
+    Examples:
+
+      hpcpipe bench collectives --nproc 2 --sizes 1K:16M
+
+      hpcpipe bench collectives -c all_reduce --sizes 64M,1G --dtype bf16 --json busbw.json
+
+      srun -N 2 --ntasks-per-node 8 hpcpipe bench collectives -c all_reduce
+    """
+    from hpcpipe.bench.bus import COLLECTIVES, parse_sizes
+    from hpcpipe.bench.collectives import CollectiveSpec
+    from hpcpipe.bench.runner import BenchFailure, run_bench
+
+    wanted = [c.strip() for c in names.split(",") if c.strip()]
+    if wanted == ["all"]:
+        wanted = list(COLLECTIVES)
+    spec = CollectiveSpec.build(wanted, parse_sizes(sizes) if sizes else None, dtype, warmup, iters, check)
+    if backend not in ("auto", "gloo", "nccl"):
+        raise UserError(f"--backend: expected auto, gloo or nccl, got {backend!r}")
+    try:
+        result = run_bench({"collectives": spec.to_dict()}, nproc or _default_nproc(), backend, timeout_s)
+    except BenchFailure as exc:
+        raise _fail(exc) from None
+    if result is not None:
+        _print_collectives(result["collectives"])
+        if plot is not None:
+            from hpcpipe.report.plots_bench import plot_collectives
+
+            console.print(f"plot: {plot_collectives(result['collectives'], plot)}")
+        write_json(result["collectives"], json_out)
+    if result is not None and any(r["correct"] is False for r in result["collectives"]["results"]):
+        raise typer.Exit(1)
+
+
+def _print_collectives(result: dict[str, Any]) -> None:
+    """nccl-tests' columns; the slowest rank is flagged when it lags the median rank by > 20 %."""
+    from hpcpipe.bench.bus import format_size
+
+    table = Table(
+        "collective",
+        "size",
+        "time us",
+        "algbw GB/s",
+        "busbw GB/s",
+        "check",
+        "slowest",
+        title=f"{result['world_size']} ranks, {result['backend']} on {result['device']}, {result['dtype']}, "
+        f"{result['iters']} iterations",
+    )
+    for r in result["results"]:
+        if r["correct"] is None:
+            check = "-"
+        else:
+            check = "ok" if r["correct"] else f"[red]wrong {r['wrong_ranks']}[/red]"
+        slowest = f"{r['slowest_rank']}" + (" [yellow]slow[/yellow]" if r["slow_ranks"] else "")
+        table.add_row(
+            r["collective"],
+            format_size(r["size_bytes"]),
+            f"{r['time_s'] * 1e6:.1f}",
+            f"{r['algbw_gbps']:.3f}",
+            f"{r['busbw_gbps']:.3f}",
+            check,
+            slowest,
+        )
+    console.print(table)
+
+
+@app.command("compute")
+def compute(
+    dtypes: Annotated[
+        str, typer.Option(help="Matmul dtypes: fp32, tf32, bf16, fp16.")
+    ] = "fp32,tf32,bf16,fp16",
+    device: Annotated[str, typer.Option(help="auto (cuda:0 when present), cpu, or cuda:N.")] = "auto",
+    matmul_n: Annotated[
+        int | None, typer.Option(help="Matrix size n (default: 8192 GPU, 1024 CPU).", show_default=False)
+    ] = None,
+    copy_size: Annotated[
+        str | None,
+        typer.Option(help="Copy buffer size, e.g. 1G (default: 1G GPU, 128M CPU).", show_default=False),
+    ] = None,
+    min_time: Annotated[float, typer.Option(help="Timed seconds per figure.")] = 0.3,
+    repeats: Annotated[int, typer.Option(help="Timed windows per figure; the median is reported.")] = 3,
+    json_out: JsonOption = None,
+) -> None:
+    """Compute ceilings of one device: matmul TFLOP/s per dtype, memory and host-device GB/s.
+
+    A dtype the device cannot run (TF32 on a CPU, bf16 on a V100) is reported as skipped, with
+    the reason. The JSON is what `hpcpipe roofline --ceilings` reads.
+
+    Examples:
+
+      hpcpipe bench compute
+
+      hpcpipe bench compute --dtypes bf16,fp16 --device cuda:1 --json ceilings.json
+    """
+    import torch
+
+    from hpcpipe.bench.bus import parse_size
+    from hpcpipe.bench.compute import ComputeSpec, measure_compute
+
+    spec = ComputeSpec.build(
+        [d.strip() for d in dtypes.split(",") if d.strip()],
+        matmul_n,
+        parse_size(copy_size, "--copy-size") if copy_size else None,
+        min_time,
+        repeats,
+    )
+    result = measure_compute(spec, _device(device, torch))
+    table = Table(
+        "figure",
+        "value",
+        "unit",
+        "detail",
+        title=f"{result['device_name']} ({result['device']}, {result['threads']} threads)",
+    )
+    for key, fig in result["figures"].items():
+        value = "skipped" if fig["value"] is None else f"{fig['value']:.4g}"
+        table.add_row(key, value, fig["unit"], fig["skipped"] or fig["detail"])
+    console.print(table)
+    write_json(result, json_out)
+
+
+def _device(text: str, torch: Any) -> Any:
+    if text == "auto":
+        return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        raise UserError(f"--device: cannot read {text!r} (examples: auto, cpu, cuda:0)") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"--device {text}: no CUDA device is available")
+    return device if device.type != "cuda" or device.index is not None else torch.device("cuda", 0)
+
+
+@app.command("throughput")
+def throughput(
+    config: ConfigArg,
+    sets: SetOption = None,
+    nproc: NprocOption = None,
+    steps: Annotated[int, typer.Option(help="Measured optimizer steps per run.")] = 10,
+    warmup: Annotated[int, typer.Option(help="Steps dropped before measuring.")] = 3,
+    repeats: Annotated[int, typer.Option(help="Runs; the median over runs is reported.")] = 1,
+    out: Annotated[Path, typer.Option(help="Parent directory of the benchmark runs.")] = Path("runs/bench"),
+    json_out: JsonOption = None,
+) -> None:
+    """Training throughput of a recipe: tokens/s (or samples/s) per device and MFU.
+
+    Trains the job for WARMUP + STEPS steps with a metrics row every step, drops the warm-up rows
+    and reports medians; MFU is shown where the device's peak is known (or observe.peak_tflops).
+
+    Examples:
+
+      hpcpipe bench throughput tiny --nproc 2
+
+      hpcpipe bench throughput gpt-124m --nproc 8 --steps 30 --repeats 3 --json tput.json
+    """
+    from hpcpipe.bench.throughput import measure_throughput
+
+    job = load_job(config, sets, nproc)
+    try:
+        result = measure_throughput(job, steps, warmup, repeats, out)
+    except RuntimeError as exc:
+        raise _fail(exc) from None
+    if result is not None:
+        _print_throughput(result)
+        write_json(result, json_out)
+
+
+def _print_throughput(result: dict[str, Any]) -> None:
+    unit = result["unit"]
+    table = Table(
+        "job",
+        "ranks",
+        f"{unit}/s",
+        f"{unit}/s/device",
+        "step time (ms)",
+        "MFU",
+        "runs",
+        title=f"training throughput ({result['precision']}, global batch {result['global_batch_size']})",
+    )
+    mfu = "-" if result["mfu"] is None else f"{result['mfu']:.1%}"
+    table.add_row(
+        result["name"],
+        str(result["world_size"]),
+        f"{result['per_s']:.4g}",
+        f"{result['per_s_per_device']:.4g}",
+        f"{result['step_time_s'] * 1e3:.3g}",
+        mfu,
+        str(len(result["runs"])),
+    )
+    console.print(table)
+
+
+@app.command("scaling")
+def scaling(
+    config: ConfigArg,
+    nproc: Annotated[str, typer.Option("--nproc", "-n", help="World sizes, e.g. 1,2,4,8.")] = "1,2",
+    mode: Annotated[
+        str, typer.Option(help="strong (fixed global batch), weak (fixed per-rank batch) or both.")
+    ] = "both",
+    sets: SetOption = None,
+    steps: Annotated[int, typer.Option(help="Measured optimizer steps per run.")] = 10,
+    warmup: Annotated[int, typer.Option(help="Steps dropped before measuring.")] = 3,
+    out: Annotated[Path, typer.Option(help="Directory for the runs, scaling.csv and scaling.png.")] = Path(
+        "runs/bench/scaling"
+    ),
+    json_out: JsonOption = None,
+) -> None:
+    """Strong and weak scaling efficiency over world sizes N, with a CSV and PNG plots.
+
+    Strong: the global batch stays fixed, E_s(N) = T(1) / (N T(N)). Weak: the per-rank batch
+    (global batch / parallel.nproc of the job) stays fixed, E_w(N) = T(1) / T(N). T is the median
+    step time after warm-up.
+
+    Examples:
+
+      hpcpipe bench scaling tiny --nproc 1,2
+
+      hpcpipe bench scaling gpt-124m --nproc 1,2,4,8 --mode weak --out runs/scaling-h100
+    """
+    from hpcpipe.bench.scaling import MODES, parse_nprocs, run_scaling
+    from hpcpipe.report.plots_bench import plot_scaling
+
+    modes = list(MODES) if mode == "both" else [mode]
+    job = load_job(config, sets)
+    try:
+        result = run_scaling(job, parse_nprocs(nproc), modes, steps, warmup, out)
+    except RuntimeError as exc:
+        raise _fail(exc) from None
+    result["png"] = str(plot_scaling(result["rows"], out / "scaling.png"))
+    table = Table(
+        "mode",
+        "N",
+        "global batch",
+        "step time (ms)",
+        f"{result['rows'][0]['unit']}/s",
+        "efficiency",
+        title=f"scaling of {result['name']}",
+    )
+    for r in result["rows"]:
+        table.add_row(
+            r["mode"],
+            str(r["nproc"]),
+            str(r["global_batch_size"]),
+            f"{r['step_time_s'] * 1e3:.3g}",
+            f"{r['per_s']:.4g}",
+            f"{r['efficiency']:.2f}",
+        )
+    console.print(table)
+    console.print(f"wrote {result['csv']} and {result['png']}")
+    write_json(result, json_out)

@@ -1,0 +1,149 @@
+"""`hpcpipe ckpt list|verify|export`: inspect, check and convert checkpoints. Thin: the work is in
+``hpcpipe.checkpoint``; torch is imported by ``export`` only."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import typer
+from rich.table import Table
+
+from hpcpipe.cli.common import JsonOption, console, err_console, write_json
+from hpcpipe.errors import UserError
+
+app = typer.Typer(
+    help="List, verify (SHA-256 against the manifest) and export (safetensors, Hugging Face) "
+    "checkpoints.",
+    no_args_is_help=True,
+)
+
+PathArg = Annotated[Path, typer.Argument(show_default=False, help="A run directory, its "
+                    "checkpoints directory, or one checkpoint (step-NNNNNNNN).")]
+
+
+@app.command("list")
+def list_checkpoints(
+    run_dir: PathArg,
+    json_out: JsonOption = None,
+    verify: Annotated[bool, typer.Option("--verify/--no-verify", help="Hash every file.")] = True,
+) -> None:
+    """List committed checkpoints of both tiers: step, size, files, verified, tier."""
+    rows = [_describe(tier, path, verify) for tier, path in _checkpoints(run_dir)]
+    if json_out != "-":
+        table = Table("step", "tier", "size", "files", "verified")
+        table.add_column("path", overflow="fold")
+        for row in rows:
+            ok = {True: "[green]yes[/]", False: f"[red]no[/]: {row['problem']}", None: "-"}[row["verified"]]
+            cells = [str(row["step"]), row["tier"], _size(row["bytes"]), str(row["files"]), ok]
+            table.add_row(*cells, row["path"])
+        console.print(table)
+    write_json(rows, json_out)
+
+
+@app.command("verify")
+def verify_checkpoints(path: PathArg, json_out: JsonOption = None) -> None:
+    """Check every file against manifest.json; exit 1 naming each mismatch, 0 when all verify."""
+    from hpcpipe.checkpoint.manifest import verify_dir
+
+    results = []
+    for tier, ckpt in _checkpoints(path):
+        _, problems = verify_dir(ckpt)
+        results.append({"path": str(ckpt), "tier": tier, "ok": not problems,
+                        "problems": [p.to_dict() for p in problems]})
+        if json_out != "-":
+            for problem in problems:
+                err_console.print(f"FAIL {ckpt / problem.file}: {problem.reason}"
+                                  + (f" (expected {problem.expected}, found {problem.actual})"
+                                     if problem.expected else ""), markup=False, highlight=False)
+            if not problems:
+                console.print(f"ok {ckpt}", markup=False, highlight=False)
+    write_json(results, json_out)
+    if not all(r["ok"] for r in results):
+        raise typer.Exit(1)
+
+
+@app.command("export")
+def export(
+    path: Annotated[Path, typer.Argument(show_default=False, help="One checkpoint (step-NNNNNNNN).")],
+    fmt: Annotated[Literal["safetensors", "hf"], typer.Option(
+        "--format", "-f", help="safetensors: hpcpipe's state dict; hf: a Hugging Face model directory.",
+    )] = "safetensors",
+    out: Annotated[Path | None, typer.Option(
+        "--out", "-o", help="Output directory (default: <run_dir>/export/<step>-<format>).",
+        show_default=False)] = None,
+    config: Annotated[Path | None, typer.Option(
+        "--config", help="The run's config.yaml (default: <run_dir>/config.yaml).", show_default=False,
+    )] = None,
+) -> None:
+    """Export a checkpoint of the gpt recipe (verified first) for inference or sharing.
+
+    Examples:
+
+      hpcpipe ckpt export runs/quickstart/checkpoints/step-00000100 --format hf
+
+      python -c "from transformers import AutoModelForCausalLM as M; M.from_pretrained('DIR')"
+    """
+    from hpcpipe.checkpoint.export import export_checkpoint
+
+    if not (path / "manifest.json").is_file():
+        raise UserError(f"{path}: not a committed checkpoint (no manifest.json)")
+    target = out or path.resolve().parent.parent / "export" / f"{path.name}-{fmt}"
+    written = export_checkpoint(path, fmt, target, config)
+    console.print(f"[green]exported[/] {path} -> {written} ({fmt})")
+
+
+def _checkpoints(path: Path) -> list[tuple[str, Path]]:
+    """(tier, directory) of the committed checkpoints PATH names; UserError (exit 2) if none."""
+    from hpcpipe.checkpoint.manifest import MANIFEST_NAME, parse_step
+
+    if not path.exists():
+        raise UserError(f"{path}: no such file or directory")
+    if (path / MANIFEST_NAME).is_file() or parse_step(path.name) is not None:
+        return [("-", path)]
+    found = [(tier.name, ckpt) for tier in _tiers(path) for _, ckpt in tier.committed()]
+    if not found:
+        raise UserError(f"{path}: no committed checkpoints (step-NNNNNNNN directories)")
+    return found
+
+
+def _tiers(path: Path) -> list[Any]:
+    """A run directory's tiers (from its config.yaml when there is one), or PATH as one tier."""
+    from hpcpipe.checkpoint.tiers import Tier, fast_root
+    from hpcpipe.config import load_config
+
+    if not (path / "config.yaml").is_file():
+        return [Tier("fast", path / "checkpoints" if (path / "checkpoints").is_dir() else path)]
+    cfg = load_config(path / "config.yaml").checkpoint
+    tiers = [Tier("fast", fast_root(cfg.dir, path))]
+    if cfg.durable_dir:
+        tiers.append(Tier("durable", Path(cfg.durable_dir)))
+    return tiers
+
+
+def _describe(tier: str, path: Path, verify: bool) -> dict[str, Any]:
+    from hpcpipe.checkpoint.manifest import CheckpointError, parse_step, read_manifest, verify_dir
+
+    row: dict[str, Any] = {"path": str(path), "tier": tier, "step": parse_step(path.name), "bytes": None,
+                           "files": None, "verified": None, "problem": None}
+    try:
+        manifest = read_manifest(path)
+        row.update(step=manifest.step, bytes=manifest.total_bytes, files=len(manifest.files))
+    except CheckpointError as exc:
+        row.update(verified=False, problem=str(exc))
+        return row
+    if verify:
+        _, problems = verify_dir(path)
+        row.update(verified=not problems, problem=str(problems[0]) if problems else None)
+    return row
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return "-"
+    value = float(n)
+    for unit in ("B", "KB", "MB"):
+        if value < 1024:
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} GB"

@@ -1,0 +1,169 @@
+"""Preemption: SIGTERM / SIGUSR1 make every rank checkpoint at the next step boundary and exit.
+
+Slurm sends SIGTERM before killing a preempted or timed-out job (``KillWait`` seconds ahead), or
+the signal named by ``sbatch --signal=USR1@<seconds>``; Kubernetes sends SIGTERM and waits
+``terminationGracePeriodSeconds``; torchrun's agent forwards the signals it receives. Often only
+some ranks receive the signal (one node is preempted, or the signal reaches one process), so
+the decision is agreed on: each rank contributes its local flag to an all-reduce (MAX) at the
+step boundary, and every rank stops at the same step even if only one was signalled.
+
+The protocol the trainer follows:
+
+1. ``handler.install()`` once, in the main thread, before the loop (``uninstall()`` at the end).
+2. After each optimizer step: ``if handler.should_stop(all_reduce_max): ...``. Every rank must
+   call it at every step boundary (it is a collective on the steps it checks).
+3. Stopping: ``handler.start_grace_timer()``; save the checkpoint (collective); log the
+   ``preempted`` event (``handler.describe()``); ``handler.cancel()``; leave the process group
+   and exit with ``handler.exit_code``.
+
+Exit code ``PREEMPT_EXIT_CODE = 75`` (``EX_TEMPFAIL`` of sysexits.h: "temporary failure, try
+again later") means "checkpointed, resubmit me". Not 0: a scheduler or the elastic agent would
+record the job as finished and never resume it. Not 1: that is any crash (Python exits 1 on an
+uncaught exception); it would burn an elastic restart and hide that a checkpoint was written.
+Not 143 (128 + SIGTERM): that is what the shell reports for a process killed by SIGTERM, i.e.
+one that did *not* checkpoint; 75 tells the two apart.
+
+The signal handler only sets attributes: Python runs it in the main thread between bytecodes,
+possibly while that thread holds a lock or is in the middle of a write, so it does no I/O and
+takes no lock; the trainer does the work at the step boundary.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from types import FrameType
+from typing import Any
+
+import torch
+
+from hpcpipe.train.oom import AllReduceMax
+
+PREEMPT_EXIT_CODE = 75  # EX_TEMPFAIL: see the module docstring for why not 0, 1 or 143
+DEFAULT_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGUSR1)
+
+_Handler = Callable[[int, FrameType | None], Any] | int | None
+
+
+class PreemptionHandler:
+    """Turns a preemption signal into an agreed stop at the next step boundary.
+
+    ``check_every``: the cross-rank check (one all-reduce of a 1-element int64 tensor) runs on
+    every ``check_every``-th call of ``should_stop``; the others return False without
+    communicating. The all-reduce costs a few tens of microseconds but is a synchronisation
+    point (a GPU tensor read on the host waits for the stream), so with very short steps a
+    larger value trades up to ``check_every - 1`` extra steps of latency for less overhead; keep
+    ``(check_every - 1) x step time`` well inside the grace period. A single process
+    (``all_reduce_max=None``) checks its flag on every call, as that is free.
+    """
+
+    def __init__(
+        self,
+        grace_s: float,
+        signals: Sequence[signal.Signals] = DEFAULT_SIGNALS,
+        *,
+        check_every: int = 1,
+        exit_code: int = PREEMPT_EXIT_CODE,
+    ) -> None:
+        if check_every < 1:
+            raise ValueError(f"check_every must be >= 1, got {check_every}")
+        self.grace_s = grace_s
+        self.signals = tuple(signals)
+        self.check_every = check_every
+        self.exit_code = exit_code
+        self.signum: int | None = None  # the first signal received by this rank
+        self.received_at: float | None = None  # time.monotonic() when it arrived
+        self.stop_agreed = False  # set once should_stop returned True
+        self._previous: dict[signal.Signals, _Handler] = {}
+        self._calls = 0
+        self._timer: threading.Timer | None = None
+
+    # -- signals -------------------------------------------------------------------------------
+
+    def install(self) -> None:
+        """Install the handlers, keeping the previous ones for ``uninstall`` (main thread only)."""
+        if threading.current_thread() is not threading.main_thread():
+            raise RuntimeError("PreemptionHandler.install() must run in the main thread (signal.signal)")
+        if self._previous:
+            return  # installed twice would record our own handler as the one to restore
+        for sig in self.signals:
+            self._previous[sig] = signal.signal(sig, self._on_signal)
+
+    def uninstall(self) -> None:
+        """Restore the handlers that were installed before ``install``."""
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
+        self._previous.clear()
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if self.signum is None:  # the first signal starts the grace period; repeats change nothing
+            self.received_at = time.monotonic()
+            self.signum = signum
+
+    def requested_locally(self) -> bool:
+        """Whether this rank received a preemption signal."""
+        return self.signum is not None
+
+    # -- agreement -----------------------------------------------------------------------------
+
+    def should_stop(self, all_reduce_max: AllReduceMax | None) -> bool:
+        """Whether every rank must stop now: the same answer on every rank (a collective).
+
+        ``all_reduce_max`` all-reduces a tensor with MAX over the ranks and returns the result
+        (``hpcpipe.train.oom.max_over_ranks``); None for a single process.
+        """
+        if self.stop_agreed:
+            return True
+        self._calls += 1
+        if all_reduce_max is None:
+            self.stop_agreed = self.requested_locally()
+        elif self._calls % self.check_every == 0:
+            flag = torch.tensor([1 if self.requested_locally() else 0], dtype=torch.int64)
+            self.stop_agreed = int(all_reduce_max(flag).item()) > 0
+        return self.stop_agreed
+
+    def describe(self) -> dict[str, Any]:
+        """Fields for the ``preempted`` event in events.jsonl."""
+        return {
+            "signal": signal.Signals(self.signum).name if self.signum is not None else None,
+            "signalled_here": self.requested_locally(),
+            "since_signal_s": None if self.received_at is None else time.monotonic() - self.received_at,
+            "grace_s": self.grace_s,
+            "exit_code": self.exit_code,
+        }
+
+    # -- grace period --------------------------------------------------------------------------
+
+    def start_grace_timer(self, on_expire: Callable[[], None] | None = None) -> None:
+        """Call ``on_expire`` (default: flush and ``os._exit(exit_code)``) when the grace runs out.
+
+        The grace period counts from the signal on the rank that received it (the scheduler's
+        clock started then) and from now on a rank that learned of the stop by agreement. The
+        timer thread is a daemon: it never keeps a finished process alive.
+        """
+        self.cancel()
+        elapsed = 0.0 if self.received_at is None else time.monotonic() - self.received_at
+        remaining = max(0.0, self.grace_s - elapsed)
+        self._timer = threading.Timer(remaining, on_expire or self._expire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def cancel(self) -> None:
+        """Stop the grace timer (the checkpoint finished in time)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _expire(self) -> None:
+        print(
+            f"preemption: the checkpoint did not finish within the {self.grace_s:g} s grace period; "
+            f"exiting with code {self.exit_code} (the run resumes from the previous checkpoint)",
+            file=sys.stderr,
+        )
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(self.exit_code)

@@ -1,0 +1,113 @@
+"""The collectives benchmark on one rank (in-process), its merge of per-rank times, and its input checks."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from dataclasses import replace
+
+import pytest
+
+from hpcpipe.bench.bus import COLLECTIVES
+from hpcpipe.bench.collectives import CollectiveSpec, merge_rank_rows, run_collectives, slow_ranks
+from hpcpipe.config import ParallelConfig
+from hpcpipe.errors import UserError
+from hpcpipe.launch.environment import DistEnv
+from hpcpipe.train.distributed import DistContext
+
+SINGLE = DistEnv(kind="single", rank=0, local_rank=0, world_size=1, local_world_size=1)
+
+
+@pytest.fixture
+def one_rank() -> Iterator[DistContext]:
+    from hpcpipe.bench.group import bench_group
+
+    with bench_group(ParallelConfig(backend="gloo", timeout_s=30), SINGLE) as ctx:
+        yield ctx
+
+
+def test_spec_validates_names_dtype_and_iterations() -> None:
+    spec = CollectiveSpec.build(["all_reduce", "all_reduce", "broadcast"], [1024], "bf16", 1, 2)
+    assert spec.collectives == ["all_reduce", "broadcast"] and spec.dtype == "bfloat16"
+    with pytest.raises(UserError, match="--collectives: unknown collective 'allgather'"):
+        CollectiveSpec.build(["allgather"], None, "fp32", 1, 1)
+    with pytest.raises(UserError, match="--dtype: unknown dtype 'fp8'"):
+        CollectiveSpec.build(["all_reduce"], None, "fp8", 1, 1)
+    with pytest.raises(UserError, match="--iters"):
+        CollectiveSpec.build(["all_reduce"], None, "fp32", 1, 0)
+
+
+def test_every_collective_runs_and_checks_on_one_rank(one_rank: DistContext) -> None:
+    spec = CollectiveSpec.build(list(COLLECTIVES), [4096, 1 << 16], "float32", 1, 2)
+    result = run_collectives(spec, one_rank)
+    assert result is not None and result["world_size"] == 1
+    rows = result["results"]
+    assert [(r["collective"], r["size_bytes"]) for r in rows] == [
+        (c, s) for c in COLLECTIVES for s in (4096, 1 << 16)
+    ]
+    for r in rows:
+        assert r["correct"] is True, r
+        assert r["time_s"] > 0 and r["per_rank_time_s"] == [r["time_s"]]
+        # one rank: all_reduce, all_gather, reduce_scatter and all_to_all move nothing over a bus
+        expected_factor = 1.0 if r["collective"] in ("broadcast", "reduce") else 0.0
+        assert r["busbw_gbps"] == pytest.approx(r["algbw_gbps"] * expected_factor)
+
+
+def test_the_check_fails_when_the_result_is_wrong(one_rank: DistContext) -> None:
+    import torch
+
+    from hpcpipe.bench.collectives import _prepare
+
+    # Claim a world of 2 on a one-rank group: the all-reduced sum misses rank 1's contribution.
+    assert _prepare("all_reduce", 1024, torch.float32, replace(one_rank, world_size=2)).check() is False
+    assert _prepare("all_reduce", 1024, torch.float32, one_rank).check() is True
+
+
+def test_default_sweep_is_powers_of_two_bounded_by_memory(one_rank: DistContext) -> None:
+    from hpcpipe.bench.collectives import CPU_MAX_BYTES, DEFAULT_MIN_BYTES, default_sizes
+
+    sizes = default_sizes(one_rank)
+    assert sizes[0] == DEFAULT_MIN_BYTES and sizes[-1] <= CPU_MAX_BYTES
+    assert all(b == 2 * a for a, b in itertools.pairwise(sizes))
+
+
+def test_merge_names_the_slowest_rank_and_wrong_ranks() -> None:
+    rank_rows = [
+        [
+            {
+                "collective": "all_reduce",
+                "requested_bytes": 1 << 20,
+                "size_bytes": 1 << 20,
+                "count": 1 << 18,
+                "time_s": t,
+                "correct": ok,
+            }
+        ]
+        for t, ok in ((0.010, True), (0.011, True), (0.030, False), (0.010, True))
+    ]
+    (merged,) = merge_rank_rows(rank_rows, ["a", "a", "b", "b"])
+    assert merged["time_s"] == pytest.approx(0.01525)
+    assert merged["slowest_rank"] == 2 and merged["slowest_host"] == "b"
+    assert merged["slow_ranks"] == [2]
+    assert merged["correct"] is False and merged["wrong_ranks"] == [2]
+    assert merged["busbw_gbps"] == pytest.approx((1 << 20) / 0.01525 * 1.5 / 1e9)
+
+
+def test_slow_ranks_tolerance() -> None:
+    assert slow_ranks([1.0, 1.0, 1.0, 1.19, 1.21]) == [4]  # median 1.0, tolerance 20 %
+    assert slow_ranks([1.0, 1.0]) == []
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["-c", "all_reduce,allgather"], "--collectives: unknown collective 'allgather'"),
+        (["--sizes", "4Q"], "--sizes: cannot read size '4Q'"),
+        (["--dtype", "fp8"], "--dtype: unknown dtype 'fp8'"),
+    ],
+)
+def test_cli_bad_input_is_one_line_exit_2(cli, args: list[str], needle: str) -> None:  # type: ignore[no-untyped-def]
+    proc = cli("bench", "collectives", "--nproc", "1", *args)
+    assert proc.returncode == 2, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert lines == [f"error: {lines[0][7:]}"] and needle in lines[0]

@@ -1,0 +1,78 @@
+"""`hpcpipe ckpt list|verify|export` as a user runs them (a subprocess of the real CLI)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from hpcpipe.checkpoint import CheckpointStore
+from hpcpipe.config import load_config
+from hpcpipe.models.gpt import GPT
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run with config.yaml and two committed checkpoints (steps 3 and 6) in both tiers."""
+    base = tmp_path_factory.mktemp("ckpt_cli")
+    root = base / "run"
+    job = load_config("tiny", ["model.n_layers=1", "model.d_model=16", "model.n_heads=2", "model.seq_len=8",
+                               f"checkpoint.durable_dir={base / 'durable'}"])
+    root.mkdir()
+    (root / "config.yaml").write_text(job.to_yaml())
+    model = GPT(job.model, 40)
+    optimizer = torch.optim.AdamW(model.parameters())
+    store = CheckpointStore(job.checkpoint, root / "checkpoints")  # copies each one to durable
+    for step in (3, 6):
+        store.save(step, model, optimizer, {"step": step})
+    store.close()
+    return root
+
+
+def test_list_as_json(cli, run_dir: Path) -> None:  # type: ignore[no-untyped-def]
+    proc = cli("ckpt", "list", str(run_dir), "--json", "-")
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(proc.stdout)
+    assert [(r["step"], r["tier"], r["verified"], r["files"]) for r in rows] == [
+        (6, "fast", True, 4), (3, "fast", True, 4), (6, "durable", True, 4), (3, "durable", True, 4)]
+    assert all(r["bytes"] > 0 for r in rows)
+
+
+def test_verify_ok_then_mismatch_then_missing(cli, run_dir: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    ok = cli("ckpt", "verify", str(run_dir))
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.count("ok ") == 4 and "durable/step-00000006" in ok.stdout
+
+    import shutil
+
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    extra = copy / "checkpoints" / "step-00000003" / "extra" / "rank-00000.pt"
+    data = bytearray(extra.read_bytes())
+    data[-1] ^= 0xFF
+    extra.write_bytes(bytes(data))
+    bad = cli("ckpt", "verify", str(copy / "checkpoints" / "step-00000003"))
+    assert bad.returncode == 1
+    assert "FAIL" in bad.stderr and "extra/rank-00000.pt: SHA-256 mismatch (expected" in bad.stderr
+    assert "Traceback" not in bad.stderr
+
+    missing = cli("ckpt", "verify", str(tmp_path / "nope"))
+    assert missing.returncode == 2
+    lines = [line for line in missing.stderr.splitlines() if line.strip()]
+    assert lines == [f"error: {tmp_path / 'nope'}: no such file or directory"]
+
+
+def test_export_hf_from_the_cli(run_dir: Path, tmp_path: Path) -> None:
+    """In-process (CliRunner): torch and transformers are already loaded by this test run."""
+    from typer.testing import CliRunner
+
+    from hpcpipe.cli.app import app
+
+    out = tmp_path / "hf"
+    result = CliRunner().invoke(app, ["ckpt", "export", str(run_dir / "checkpoints" / "step-00000006"),
+                                      "--format", "hf", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert json.loads((out / "config.json").read_text())["model_type"] == "gpt2"
+    assert (out / "model.safetensors").is_file()

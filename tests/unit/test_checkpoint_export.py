@@ -1,0 +1,84 @@
+"""Exports: the Hugging Face directory gives hpcpipe's logits; safetensors round-trips the model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_model
+
+from hpcpipe.checkpoint import CheckpointError, CheckpointStore
+from hpcpipe.checkpoint.export import export_checkpoint
+from hpcpipe.config import JobConfig, load_config
+from hpcpipe.models.gpt import GPT
+
+VOCAB = 67  # deliberately not a "nice" number: the export must take it from the checkpoint
+
+
+def make_run(root: Path, variant: str) -> tuple[GPT, Path, JobConfig]:
+    """A run directory with config.yaml and one committed checkpoint of a non-trivial model."""
+    job = load_config("tiny", [f"model.variant={variant}", "model.n_layers=2", "model.d_model=32",
+                               "model.n_heads=2", "model.seq_len=16", "model.rope_theta=500",
+                               "model.ffn_mult=3"])
+    root.mkdir(parents=True)
+    (root / "config.yaml").write_text(job.to_yaml())
+    torch.manual_seed(1)
+    model = GPT(job.model, VOCAB)
+    with torch.no_grad():  # move every weight off its init (norm weights 1, biases 0 hide bugs)
+        for param in model.parameters():
+            param.add_(0.1 * torch.randn_like(param))
+    store = CheckpointStore(job.checkpoint, root / "checkpoints")
+    store.save(12, model, torch.optim.AdamW(model.parameters()), {})
+    store.close()
+    return model.eval(), root / "checkpoints" / "step-00000012", job
+
+
+@pytest.mark.parametrize(("variant", "hf_class"),
+                         [("gpt2", "GPT2LMHeadModel"), ("llama", "LlamaForCausalLM")])
+def test_hf_export_gives_the_same_logits(tmp_path: Path, variant: str, hf_class: str) -> None:
+    from transformers import AutoModelForCausalLM
+
+    model, ckpt, job = make_run(tmp_path / "run", variant)
+    out = export_checkpoint(ckpt, "hf", tmp_path / "hf")
+    hf = AutoModelForCausalLM.from_pretrained(out).eval()
+    assert type(hf).__name__ == hf_class
+    config = json.loads((out / "config.json").read_text())
+    assert config["tie_word_embeddings"] is True and config["vocab_size"] == VOCAB
+    idx = torch.randint(0, VOCAB, (2, job.model.seq_len), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(hf(idx).logits, model(idx), atol=1e-4, rtol=1e-4)
+
+
+def test_safetensors_export_round_trips(tmp_path: Path) -> None:
+    model, ckpt, job = make_run(tmp_path / "run", "llama")
+    out = export_checkpoint(ckpt, "safetensors", tmp_path / "st")
+    with safe_open(str(out / "model.safetensors"), framework="pt") as handle:
+        metadata = handle.metadata()
+        keys = set(handle.keys())
+    assert metadata["hpcpipe.step"] == "12" and metadata["hpcpipe.vocab_size"] == str(VOCAB)
+    assert len({"tok_emb.weight", "lm_head.weight"} & keys) == 1  # the tied matrix is stored once
+    loaded = GPT(job.model, VOCAB)
+    load_model(loaded, str(out / "model.safetensors"))
+    assert loaded.lm_head.weight is loaded.tok_emb.weight
+    idx = torch.randint(0, VOCAB, (1, 8))
+    with torch.no_grad():
+        assert torch.equal(loaded.eval()(idx), model(idx))
+
+
+def test_export_refuses_a_damaged_checkpoint(tmp_path: Path) -> None:
+    _, ckpt, _ = make_run(tmp_path / "run", "gpt2")
+    shard = sorted(ckpt.glob("*.distcp"))[0]
+    shard.write_bytes(shard.read_bytes()[:-1])
+    with pytest.raises(CheckpointError, match=f"{shard.name}: wrong size"):
+        export_checkpoint(ckpt, "safetensors", tmp_path / "st")
+    assert not (tmp_path / "st").exists()
+
+
+def test_export_needs_the_run_config(tmp_path: Path) -> None:
+    _, ckpt, _ = make_run(tmp_path / "run", "gpt2")
+    (tmp_path / "run" / "config.yaml").unlink()
+    with pytest.raises(CheckpointError, match=r"config\.yaml"):
+        export_checkpoint(ckpt, "hf", tmp_path / "hf")

@@ -1,0 +1,371 @@
+"""CheckpointStore in one process: commit layout, exact restore, async snapshots, fallback on every
+kind of damage, retention, temporaries, a full disk. DCP runs without a process group here."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import random
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from hpcpipe.checkpoint import (
+    CheckpointError,
+    CheckpointStore,
+    capture_rng_state,
+    restore_rng_state,
+    safe_dcp,
+)
+from hpcpipe.checkpoint.manifest import verify_dir
+from hpcpipe.config import CheckpointConfig, ModelConfig
+from hpcpipe.models.gpt import GPT
+
+TINY = ModelConfig(n_layers=1, d_model=16, n_heads=2, seq_len=8)
+VOCAB = 32
+
+
+def make_model(seed: int = 0) -> tuple[GPT, torch.optim.Optimizer]:
+    torch.manual_seed(seed)
+    model = GPT(TINY, VOCAB)
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+
+def train_step(model: GPT, optimizer: torch.optim.Optimizer) -> None:
+    idx = torch.randint(0, VOCAB, (2, 8))
+    loss = torch.nn.functional.cross_entropy(model(idx).flatten(0, 1), idx.flatten())
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+
+
+def snapshot(model: GPT, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """Deep copies of parameters and optimizer moments, comparable with ``assert_same``."""
+    params = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    moments = {i: {k: v.clone() for k, v in s.items()} for i, s in optimizer.state_dict()["state"].items()}
+    return {"params": params, "moments": moments}
+
+
+def assert_same(a: dict[str, Any], b: dict[str, Any]) -> None:
+    assert a["params"].keys() == b["params"].keys()
+    for key in a["params"]:
+        assert torch.equal(a["params"][key], b["params"][key]), key
+    assert a["moments"].keys() == b["moments"].keys()
+    for index, state in a["moments"].items():
+        for key, value in state.items():
+            assert torch.equal(value, b["moments"][index][key]), (index, key)
+
+
+def store_for(root: Path, events: list[tuple[str, dict[str, Any]]] | None = None, **cfg: Any
+              ) -> CheckpointStore:
+    sink = (lambda kind, fields: events.append((kind, fields))) if events is not None else None
+    return CheckpointStore(CheckpointConfig(**cfg), root, config_hash="cafe", events=sink)
+
+
+def save_steps(root: Path, steps: list[int], **cfg: Any) -> dict[int, dict[str, Any]]:
+    """Train and save at each step; the snapshot of model + optimizer at every saved step."""
+    model, optimizer = make_model()
+    store = store_for(root, **cfg)
+    states = {}
+    for step in steps:
+        train_step(model, optimizer)
+        store.save(step, model, optimizer, {"step": step})
+        states[step] = snapshot(model, optimizer)
+    store.close()
+    return states
+
+
+def restore_into_fresh(root: Path, events: list[tuple[str, dict[str, Any]]] | None = None, **cfg: Any
+                       ) -> tuple[dict[str, Any] | None, dict[str, Any], CheckpointStore]:
+    model, optimizer = make_model(seed=123)  # different init: a real load must overwrite it
+    store = store_for(root, events, **cfg)
+    extra = store.restore(model, optimizer)
+    store.close()
+    return extra, snapshot(model, optimizer), store
+
+
+# -- commit --------------------------------------------------------------------------------------
+
+
+def test_commit_layout_and_manifest(tmp_path: Path) -> None:
+    save_steps(tmp_path, [7])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000007"]
+    ckpt = tmp_path / "step-00000007"
+    manifest = json.loads((ckpt / "manifest.json").read_text())
+    assert manifest["step"] == 7 and manifest["world_size"] == 1 and manifest["config_hash"] == "cafe"
+    on_disk = {p.relative_to(ckpt).as_posix() for p in ckpt.rglob("*") if p.is_file()} - {"manifest.json"}
+    assert set(manifest["files"]) == on_disk
+    assert {".metadata", "extra/rank-00000.pt"} <= on_disk
+    assert any(name.endswith(".distcp") for name in on_disk)
+    for name, entry in manifest["files"].items():
+        data = (ckpt / name).read_bytes()
+        assert entry == {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+@pytest.mark.parametrize("async_save", [False, True])
+def test_restore_is_exact(tmp_path: Path, async_save: bool) -> None:
+    states = save_steps(tmp_path, [1, 2], async_save=async_save)
+    extra, restored, store = restore_into_fresh(tmp_path)
+    assert extra == {"step": 2}
+    assert_same(restored, states[2])
+    assert store.restored is not None and store.restored.step == 2 and store.restored.tier == "fast"
+
+
+def test_async_save_writes_the_state_of_the_call_not_later_updates(tmp_path: Path) -> None:
+    model, optimizer = make_model()
+    train_step(model, optimizer)
+    store = store_for(tmp_path, async_save=True)
+    store.save(1, model, optimizer, {"step": 1})
+    at_save = snapshot(model, optimizer)
+    for _ in range(3):  # training goes on while the background thread writes
+        train_step(model, optimizer)
+    store.close()
+    _, restored, _ = restore_into_fresh(tmp_path)
+    assert_same(restored, at_save)
+
+
+def test_extra_round_trips_rng_state(tmp_path: Path) -> None:
+    model, optimizer = make_model()
+    store = store_for(tmp_path)
+    torch.manual_seed(5)
+    random.seed(5)
+    np.random.seed(5)
+    store.save(1, model, optimizer, {"rng": capture_rng_state(), "loader": {"offset": 3}})
+    store.close()
+    expected = (torch.rand(3), random.random(), np.random.rand())
+    extra, _, _ = restore_into_fresh(tmp_path)
+    assert extra is not None and extra["loader"] == {"offset": 3}
+    restore_rng_state(extra["rng"])
+    assert torch.equal(torch.rand(3), expected[0])
+    assert random.random() == expected[1] and np.random.rand() == expected[2]
+
+
+# -- verify and fall back ------------------------------------------------------------------------
+
+
+def _shard(ckpt: Path) -> Path:
+    return sorted(ckpt.glob("*.distcp"))[0]
+
+
+def _truncate(ckpt: Path) -> str:
+    shard = _shard(ckpt)
+    shard.write_bytes(shard.read_bytes()[:-100])
+    return shard.name
+
+
+def _flip_bit(ckpt: Path) -> str:
+    shard = _shard(ckpt)
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    shard.write_bytes(bytes(data))
+    return shard.name
+
+
+def _delete_manifest(ckpt: Path) -> str:
+    (ckpt / "manifest.json").unlink()
+    return "manifest.json"
+
+
+def _delete_shard(ckpt: Path) -> str:
+    shard = _shard(ckpt)
+    shard.unlink()
+    return shard.name
+
+
+def _flip_metadata(ckpt: Path) -> str:
+    meta = ckpt / ".metadata"
+    data = bytearray(meta.read_bytes())
+    data[10] ^= 0xFF
+    meta.write_bytes(bytes(data))
+    return ".metadata"
+
+
+@pytest.mark.parametrize("damage", [_truncate, _flip_bit, _delete_manifest, _delete_shard, _flip_metadata])
+def test_damaged_newest_falls_back_to_previous(tmp_path: Path, damage: Any) -> None:
+    states = save_steps(tmp_path, [1, 2])
+    bad_file = damage(tmp_path / "step-00000002")
+    events: list[tuple[str, dict[str, Any]]] = []
+    extra, restored, _ = restore_into_fresh(tmp_path, events)
+    assert extra == {"step": 1}
+    assert_same(restored, states[1])
+    fallbacks = [fields for kind, fields in events if kind == "checkpoint_fallback"]
+    assert fallbacks and fallbacks[0]["file"] == bad_file and fallbacks[0]["step"] == 2
+    assert [kind for kind, _ in events][-1] == "checkpoint_restored"
+
+
+def test_fallback_walks_past_several_bad_checkpoints(tmp_path: Path) -> None:
+    states = save_steps(tmp_path, [1, 2, 3], keep_last=5)
+    _flip_bit(tmp_path / "step-00000003")
+    _delete_manifest(tmp_path / "step-00000002")
+    extra, restored, _ = restore_into_fresh(tmp_path)
+    assert extra == {"step": 1}
+    assert_same(restored, states[1])
+
+
+def test_none_verifies_is_one_clear_error(tmp_path: Path) -> None:
+    save_steps(tmp_path, [1])
+    name = _flip_bit(tmp_path / "step-00000001")
+    with pytest.raises(CheckpointError) as err:
+        restore_into_fresh(tmp_path)
+    message = str(err.value)
+    assert "\n" not in message and name in message and "scratch_if_none_verify" in message
+
+
+def test_none_verifies_can_start_from_scratch(tmp_path: Path) -> None:
+    save_steps(tmp_path, [1])
+    _truncate(tmp_path / "step-00000001")
+    events: list[tuple[str, dict[str, Any]]] = []
+    extra, _, _ = restore_into_fresh(tmp_path, events, scratch_if_none_verify=True)
+    assert extra is None
+    assert "checkpoint_none_verify" in [kind for kind, _ in events]
+
+
+def test_resume_modes(tmp_path: Path) -> None:
+    assert restore_into_fresh(tmp_path)[0] is None  # auto, nothing there: fresh start
+    with pytest.raises(CheckpointError, match="resume=required"):
+        restore_into_fresh(tmp_path, resume="required")
+    save_steps(tmp_path, [1])
+    assert restore_into_fresh(tmp_path, resume="never")[0] is None
+
+
+def test_a_checkpoint_of_another_model_is_a_clear_error(tmp_path: Path) -> None:
+    save_steps(tmp_path, [1])
+    model = GPT(ModelConfig(n_layers=1, d_model=32, n_heads=2, seq_len=8), VOCAB)
+    store = store_for(tmp_path)
+    with pytest.raises(CheckpointError, match="does not load into this model"):
+        store.restore(model, torch.optim.AdamW(model.parameters()))
+
+
+# -- retention and temporaries -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("async_save", [False, True])
+def test_retention_under_many_quick_saves(tmp_path: Path, async_save: bool) -> None:
+    """keep_last=2 + keep_every=4 over 12 saves, with a reader verifying the newest all along."""
+    errors: list[str] = []
+    done = threading.Event()
+
+    def reader() -> None:
+        while not done.is_set():
+            committed = sorted(tmp_path.glob("step-*"))
+            if committed:
+                _, problems = verify_dir(committed[-1])
+                errors.extend(str(p) for p in problems if committed[-1].exists())
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    events: list[tuple[str, dict[str, Any]]] = []
+    model, optimizer = make_model()
+    store = store_for(tmp_path, events, keep_last=2, keep_every=4, async_save=async_save)
+    for step in range(1, 13):
+        store.save(step, model, optimizer, {"step": step})
+    store.close()
+    done.set()
+    thread.join()
+    assert errors == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "step-00000004", "step-00000008", "step-00000011", "step-00000012"]
+    assert all(not verify_dir(p)[1] for p in tmp_path.iterdir())
+    assert not [kind for kind, _ in events if kind.endswith("_failed")]
+
+
+def test_the_checkpoint_resumed_from_is_never_pruned(tmp_path: Path) -> None:
+    save_steps(tmp_path, [5])
+    model, optimizer = make_model()
+    store = store_for(tmp_path, keep_last=1)
+    store.restore(model, optimizer)
+    for step in (6, 7, 8):
+        store.save(step, model, optimizer, {})
+    store.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000005", "step-00000008"]
+
+
+def test_cleanup_removes_only_our_temporaries(tmp_path: Path) -> None:
+    save_steps(tmp_path, [1])
+    ours = [tmp_path / ".tmp-step-00000002-ab12cd-1", tmp_path / ".trash-step-00000001-0f0f"]
+    for path in ours:
+        (path / "extra").mkdir(parents=True)
+        (path / "extra" / "rank-00000.pt").write_bytes(b"x")
+    (tmp_path / ".tmp-notes").mkdir()
+    (tmp_path / ".tmp-step-00000003-file").write_text("a file, not a save")
+    outside = tmp_path.parent / f"{tmp_path.name}-outside"
+    outside.mkdir()
+    (tmp_path / ".tmp-step-00000004-link").symlink_to(outside)
+    store = store_for(tmp_path)
+    in_flight = tmp_path / f".tmp-step-00000009-{store._token}-1"  # this store's own save
+    in_flight.mkdir()
+    removed = store.cleanup_temporaries()
+    assert removed == sorted(p.name for p in ours)
+    assert in_flight.is_dir()
+    assert not any(p.exists() for p in ours)
+    assert (tmp_path / ".tmp-notes").is_dir() and (tmp_path / ".tmp-step-00000003-file").is_file()
+    assert outside.is_dir() and (tmp_path / "step-00000001").is_dir()
+
+
+# -- a full disk ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("async_save", [False, True])
+def test_full_disk_is_a_clear_error_and_keeps_the_previous_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, async_save: bool
+) -> None:
+    model, optimizer = make_model()
+    store = store_for(tmp_path, async_save=async_save)
+    store.save(1, model, optimizer, {"step": 1})
+    store.wait()
+    real_init = safe_dcp._HashingStream.__init__
+
+    class FullDisk:
+        """A shard file on a full disk: opening works, writing fails with ENOSPC."""
+
+        def __init__(self, raw: Any) -> None:
+            self.raw = raw
+
+        def write(self, data: Any) -> int:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.raw, name)
+
+    def on_full_disk(self: Any, raw: Any, path: Path) -> None:
+        real_init(self, FullDisk(raw) if path.name == "__0_1.distcp" else raw, path)
+
+    monkeypatch.setattr(safe_dcp._HashingStream, "__init__", on_full_disk)
+    with pytest.raises(CheckpointError) as err:
+        store.save(2, model, optimizer, {"step": 2})
+        store.wait()
+    message = str(err.value)
+    assert "No space left on device" in message and "__0_1.distcp" in message and str(tmp_path) in message
+    assert "\n" not in message
+    monkeypatch.undo()
+    store.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000001"]
+    assert verify_dir(tmp_path / "step-00000001")[1] == []
+    store = store_for(tmp_path)  # and the store still works after the disk is freed
+    store.save(3, model, optimizer, {})
+    store.close()
+    assert (tmp_path / "step-00000003").is_dir()
+
+
+def test_same_step_saved_again_replaces_the_old_one(tmp_path: Path) -> None:
+    save_steps(tmp_path, [4])
+    before = (tmp_path / "step-00000004" / "manifest.json").read_text()
+    save_steps(tmp_path, [4])
+    assert (tmp_path / "step-00000004" / "manifest.json").read_text() != before
+    assert verify_dir(tmp_path / "step-00000004")[1] == []
+    assert [p.name for p in tmp_path.iterdir()] == ["step-00000004"]
+
+
+def test_rejects_extra_that_weights_only_cannot_load(tmp_path: Path) -> None:
+    model, optimizer = make_model()
+    store = store_for(tmp_path)
+    with pytest.raises(TypeError, match=r"extra\.loader\.perm"):
+        store.save(1, model, optimizer, {"loader": {"perm": np.arange(3)}})
+    store.close()
+    assert list(tmp_path.iterdir()) == []

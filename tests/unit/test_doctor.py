@@ -1,0 +1,243 @@
+"""`hpcpipe doctor` on a staged node: tools missing, failing, hanging or reporting problems."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import sys
+import time
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hpcpipe.doctor import (
+    CHECKS,
+    FAIL,
+    OK,
+    SKIPPED,
+    WARN,
+    Probe,
+    check_env,
+    check_gpus,
+    check_ibstat,
+    check_slurm,
+    check_topology,
+    run_checks,
+    worst_status,
+)
+
+IBSTAT = """CA 'mlx5_0'
+\tCA type: MT4129
+\tPort 1:
+\t\tState: Active
+\t\tPhysical state: LinkUp
+\t\tRate: 400
+\t\tLink layer: InfiniBand
+CA 'mlx5_1'
+\tPort 1:
+\t\tState: Down
+\t\tPhysical state: Disabled
+\t\tRate: 10
+\t\tLink layer: InfiniBand
+"""
+
+
+def tool(bin_dir: Path, name: str, script: str) -> None:
+    path = bin_dir / name
+    path.write_text(f"#!{sys.executable}\n{script}\n")
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Probe:
+    """An empty PATH, no NVML, a /sys with two network interfaces and no InfiniBand devices."""
+    (tmp_path / "bin").mkdir()
+    for iface in ("eth0", "lo"):
+        (tmp_path / "root/sys/class/net" / iface).mkdir(parents=True)
+
+    def no_nvml() -> types.ModuleType:
+        raise ImportError("No module named 'pynvml'")
+
+    return Probe(
+        run_dir=tmp_path / "runs",
+        env={"PATH": str(tmp_path / "bin")},
+        sys_root=tmp_path / "root",
+        load_nvml=no_nvml,
+        timeout_s=1.0,
+    )
+
+
+def by_name(checks: list[Any]) -> dict[str, Any]:
+    return {c.name: c for c in checks}
+
+
+def test_every_tool_missing_is_skipped_not_a_crash(node: Probe) -> None:
+    start = time.perf_counter()
+    checks = by_name(run_checks(node))
+    assert time.perf_counter() - start < 15
+    for name in (
+        "gpus (nvml)",
+        "gpu topology",
+        "infiniband (ibstat)",
+        "rdma (ibv_devinfo)",
+        "slurm",
+        "lustre",
+        "containers",
+    ):
+        assert checks[name].status == SKIPPED, checks[name]
+    assert "nvidia-smi not found on PATH" in checks["gpu topology"].summary
+    assert "No module named 'pynvml'" in checks["gpus (nvml)"].summary
+    assert (
+        checks["cpu"].status in (OK, WARN) and checks["python"].status == OK and checks["torch"].status == OK
+    )
+    assert checks["environment"].status == OK
+    assert len(CHECKS) == 15
+
+
+def test_failing_and_hanging_tools_are_skipped_with_the_reason(node: Probe) -> None:
+    bin_dir = Path(node.env["PATH"])
+    tool(bin_dir, "nvidia-smi", "import sys; print('NVIDIA-SMI has failed', file=sys.stderr); sys.exit(9)")
+    tool(bin_dir, "sinfo", "import time; time.sleep(30)")
+    assert check_topology(node)[0].summary == "`nvidia-smi topo -m` exited 9: NVIDIA-SMI has failed"
+    start = time.perf_counter()
+    (slurm,) = check_slurm(node)
+    assert time.perf_counter() - start < 5
+    assert slurm.status == SKIPPED and "timed out after 1 s" in slurm.summary
+
+
+def test_ibstat_names_the_port_that_is_down(node: Probe) -> None:
+    tool(Path(node.env["PATH"]), "ibstat", f"print({IBSTAT!r})")
+    (check,) = check_ibstat(node)
+    assert check.status == WARN
+    assert check.summary == "1/2 ports active at 400 Gb/s; not active: mlx5_1/1 (Down)"
+
+
+def test_rdma_devices_without_tools_warn(node: Probe) -> None:
+    (node.sys_root / "sys/class/infiniband/mlx5_0").mkdir(parents=True)
+    (check,) = check_ibstat(node)
+    assert check.status == WARN and "mlx5_0" in check.summary and "infiniband-diags" in check.summary
+
+
+def test_slurm_with_drained_nodes(node: Probe) -> None:
+    bin_dir = Path(node.env["PATH"])
+    tool(bin_dir, "sinfo", "print('gpu*|up|14|idle'); print('gpu*|up|2|drain'); print('debug|up|1|mix')")
+    tool(bin_dir, "scontrol", "print('slurm 23.11.4')")
+    (check,) = check_slurm(node)
+    assert check.status == WARN
+    assert check.summary == "slurm 23.11.4; 2 partition(s); unavailable: gpu*: 2 node(s) drain"
+
+
+class FakeNVML(types.SimpleNamespace):
+    """pynvml's surface as check_gpus uses it, for two GPUs: one healthy, one with ECC errors."""
+
+    class NVMLError(Exception):
+        pass
+
+    NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
+    NVML_VOLATILE_ECC = 0
+    NVML_TEMPERATURE_GPU = 0
+    NVML_NVLINK_MAX_LINKS = 18
+    NVML_FEATURE_ENABLED = 1
+
+    def __init__(self) -> None:
+        super().__init__(shut=False)
+
+    def nvmlInit(self) -> None: ...
+    def nvmlShutdown(self) -> None:
+        self.shut = True
+
+    def nvmlSystemGetDriverVersion(self) -> bytes:
+        return b"550.54.15"
+
+    def nvmlDeviceGetCount(self) -> int:
+        return 2
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
+        return i
+
+    def nvmlDeviceGetName(self, h: int) -> str:
+        return "NVIDIA H100 80GB HBM3"
+
+    def nvmlDeviceGetMemoryInfo(self, h: int) -> Any:
+        return types.SimpleNamespace(total=80 << 30)
+
+    def nvmlDeviceGetTotalEccErrors(self, h: int, kind: int, counter: int) -> int:
+        return 3 if h == 1 else 0
+
+    def nvmlDeviceGetRemappedRows(self, h: int) -> tuple[int, int, int, int]:
+        raise self.NVMLError("Not Supported")
+
+    def nvmlDeviceGetTemperature(self, h: int, sensor: int) -> int:
+        return 41
+
+    def nvmlDeviceGetPowerUsage(self, h: int) -> int:
+        return 120_000
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, h: int) -> int:
+        return 700_000
+
+    def nvmlDeviceGetNvLinkState(self, h: int, link: int) -> int:
+        if link >= 18:
+            raise self.NVMLError("Not Supported")
+        return 0 if (h == 0 and link == 5) else 1
+
+
+def test_gpus_through_nvml(node: Probe) -> None:
+    fake = FakeNVML()
+    node.load_nvml = lambda: fake  # type: ignore[assignment, return-value]
+    gpu0, gpu1 = check_gpus(node)
+    assert gpu0.status == WARN and "NVLink 17/18 links active" in gpu0.summary
+    assert gpu0.details["power_w"] == 120.0 and gpu0.details["temperature_c"] == 41
+    assert gpu1.status == FAIL and "3 uncorrected ECC errors since boot" in gpu1.summary
+    assert "driver 550.54.15" in gpu1.summary and fake.shut
+
+
+def test_environment_variables_that_break_jobs(node: Probe) -> None:
+    node.env = {
+        **node.env,
+        "NCCL_SOCKET_IFNAME": "ib0",
+        "GLOO_SOCKET_IFNAME": "^eth,lo",
+        "NCCL_P2P_DISABLE": "1",
+        "NCCL_DEBUG": "INFO",
+        "MASTER_ADDR": "no-such-host.invalid",
+    }
+    checks = by_name(check_env(node))
+    assert (
+        checks["env NCCL_SOCKET_IFNAME"].status == FAIL
+        and "eth0, lo" in checks["env NCCL_SOCKET_IFNAME"].summary
+    )
+    assert checks["env GLOO_SOCKET_IFNAME"].status == FAIL  # every interface excluded
+    assert checks["env NCCL_P2P_DISABLE"].status == WARN
+    assert checks["env MASTER_ADDR"].status == FAIL
+    assert "env NCCL_DEBUG" not in checks  # INFO is fine; TRACE is not
+    node.env = {
+        **node.env,
+        "NCCL_SOCKET_IFNAME": "=eth0",
+        "GLOO_SOCKET_IFNAME": "eth",
+        "MASTER_ADDR": "localhost",
+        "NCCL_P2P_DISABLE": "0",
+    }
+    assert [c.status for c in check_env(node)] == [OK]
+
+
+def test_a_crashing_check_becomes_a_warning(node: Probe) -> None:
+    def check_broken(probe: Probe) -> list[Any]:
+        raise KeyError("surprise")
+
+    (row,) = run_checks(node, (check_broken,))
+    assert row.name == "broken" and row.status == WARN and "KeyError" in row.summary
+    assert worst_status([row]) == WARN
+
+
+def test_cli_json_and_exit_code(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    env = {"PATH": str(tmp_path), "NCCL_SOCKET_IFNAME": "nonexistent0"}
+    proc = cli("doctor", "--run-dir", str(tmp_path / "runs"), "--json", "-", env=env, cwd=tmp_path)
+    report = json.loads(proc.stdout)
+    statuses = {c["name"]: c["status"] for c in report["checks"]}
+    assert statuses["env NCCL_SOCKET_IFNAME"] == FAIL and report["status"] == FAIL
+    assert proc.returncode == 1
+    assert statuses["slurm"] == SKIPPED and statuses["disk (run dir)"] in (OK, WARN)
+    assert os.environ.get("NCCL_SOCKET_IFNAME") != "nonexistent0"
