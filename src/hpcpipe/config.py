@@ -217,8 +217,8 @@ class FaultConfig(Section):
         "the step and write a final checkpoint before exiting."
     )
     preempt_exit_code: int = Field(
-        143, ge=1, le=255, description="Exit code after a preemption checkpoint (the "
-        "scheduler requeues on it; 143 = 128 + SIGTERM)."
+        75, ge=1, le=255, description="Exit code after a preemption checkpoint: 75 "
+        "(EX_TEMPFAIL, 'checkpointed, resubmit me'); not 143, which means killed *without* one."
     )
 
 
@@ -233,6 +233,16 @@ class JobConfig(Section):
     observe: ObserveConfig = Field(default_factory=ObserveConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     fault: FaultConfig = Field(default_factory=FaultConfig)
+
+    @model_validator(mode="after")
+    def _watchdog_fires_before_collectives_time_out(self) -> JobConfig:
+        # A hang should end with the watchdog's stack dump, not a bare collective timeout.
+        hang, pg = self.fault.hang_timeout_s, self.parallel.timeout_s
+        if hang > 0 and hang >= pg:
+            raise ValueError(
+                f"fault.hang_timeout_s ({hang:g}) must be smaller than parallel.timeout_s ({pg:g})"
+            )
+        return self
 
     @property
     def run_dir(self) -> Path:

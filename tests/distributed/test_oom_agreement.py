@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hpcpipe.chaos import inject
+from hpcpipe.observe.watchdog import Watchdog
 from hpcpipe.train.oom import OOMGuard, OOMNotRecoverable, SimulatedOOM, max_over_ranks
 from hpcpipe.train.parallel import gradient_sync
 from hpcpipe.train.preempt import PreemptionHandler
@@ -33,6 +34,7 @@ WORLD = 2
 STEPS = 4
 GLOBAL_BATCH = 8  # 4 samples per rank: micro 2 x accum 2, shrinking to 1 x 4
 TOLERANCE = 1e-6
+HANG_TIMEOUT_S = 60  # a worker runs for a few seconds; a deadlock is a failure, not a CI timeout
 
 # scenario -> HPCPIPE_CHAOS_OOM (empty: the reference run). Step numbers start at 1.
 RECOVERABLE = {
@@ -46,6 +48,7 @@ RECOVERABLE = {
 }
 INSIDE_MODEL = {"head_last_micro", "head_late_step"}  # else: at the end of the forward (after the loss)
 DDP_ONLY = {"backward_first_micro": "step=3,rank=1,micro=0,where=backward"}  # no_sync: collective-free
+At = tuple[int, int, int]  # step, rank, micro-step
 CURRENT: dict[str, Any] = {"at": (0, 0, 0), "inside": False}  # where the worker is, for Tiny.forward
 
 
@@ -73,7 +76,8 @@ class Tiny(nn.Module):
         for block in self.blocks:
             h = block(h)
         if CURRENT["inside"]:  # after the last block's all-gather: recoverable under FSDP2 too
-            inject.maybe_inject(*CURRENT["at"], where="forward")
+            step, rank, micro = CURRENT["at"]
+            inject.maybe_inject(step, rank, micro, "forward")
         return self.out(h)
 
 
@@ -106,19 +110,17 @@ class ArrayLoader:
         self.micro = micro
 
 
-def _forward(
-    model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor], accum: int, at: tuple[int, ...]
-) -> torch.Tensor:
+def _forward(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor], accum: int, at: At) -> torch.Tensor:
     x, y = batch
     CURRENT["at"] = at
     loss = F.mse_loss(model(x), y) / accum
     if not CURRENT["inside"]:
-        inject.maybe_inject(*at, where="forward")  # the end of the forward: after every collective
+        inject.maybe_inject(*at, "forward")  # the end of the forward: after every collective
     return loss
 
 
-def _backward(at: tuple[int, ...], loss: torch.Tensor) -> None:
-    inject.maybe_inject(*at, where="backward")
+def _backward(at: At, loss: torch.Tensor) -> None:
+    inject.maybe_inject(*at, "backward")
     loss.backward()
 
 
@@ -210,6 +212,7 @@ def escalates(strategy: str, rank: int, how: str) -> bool:
 
 
 def oom_worker(rank: int, strategy: str, store: str, out: str) -> None:
+    Watchdog(HANG_TIMEOUT_S, Path(out), rank).start()  # a hang fails fast, with stacks
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=WORLD)
     torch.set_num_threads(1)
     scenarios = {**RECOVERABLE, **(DDP_ONLY if strategy == "ddp" else {})}
@@ -230,15 +233,26 @@ def oom_worker(rank: int, strategy: str, store: str, out: str) -> None:
     os._exit(0)
 
 
-def spawn(fn: Callable[..., None], *args: Any) -> None:
-    mp.spawn(fn, args=args, nprocs=WORLD, join=True)
+def build_initial_inp_weight() -> torch.Tensor:
+    torch.manual_seed(0)
+    return Tiny().inp.weight.detach()
+
+
+def spawn(fn: Callable[..., None], out: Path, *args: Any) -> None:
+    """Run ``fn(rank, *args, out)`` on every rank; a failure shows the watchdog's stack dumps."""
+    try:
+        mp.spawn(fn, args=(*args, str(out)), nprocs=WORLD, join=True)
+    except Exception:
+        for dump in sorted(out.glob("hang-rank*.txt")):
+            print(dump.read_text(), file=sys.stderr)
+        raise
 
 
 @pytest.mark.distributed
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_one_rank_oom_is_agreed_and_recovered_exactly(strategy: str, tmp_path: Path) -> None:
-    spawn(oom_worker, strategy, str(tmp_path / "store"), str(tmp_path))
+    spawn(oom_worker, tmp_path, strategy, str(tmp_path / "store"))
     reference = torch.load(tmp_path / "reference-rank0.pt", weights_only=True)
     results = [json.loads((tmp_path / f"result-rank{r}.json").read_text()) for r in range(WORLD)]
     names = [n for n in results[0]["events"] if n != "reference"]
@@ -262,13 +276,9 @@ def test_one_rank_oom_is_agreed_and_recovered_exactly(strategy: str, tmp_path: P
         assert results[rank]["escalated"] == {"before_fence": True, "backward": True}
 
 
-def build_initial_inp_weight() -> torch.Tensor:
-    torch.manual_seed(0)
-    return Tiny().inp.weight.detach()
-
-
 def preempt_worker(rank: int, store: str, out: str) -> None:
     """Only rank 0 is signalled (SIGUSR1 at step 3); both must stop at the same boundary."""
+    Watchdog(HANG_TIMEOUT_S, Path(out), rank).start()
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=WORLD)
     agree = max_over_ranks()
     stops = {}
@@ -297,7 +307,7 @@ def preempt_worker(rank: int, store: str, out: str) -> None:
 @pytest.mark.distributed
 @pytest.mark.timeout(120)
 def test_one_signalled_rank_stops_every_rank_at_the_same_step(tmp_path: Path) -> None:
-    spawn(preempt_worker, str(tmp_path / "store"), str(tmp_path))
+    spawn(preempt_worker, tmp_path, str(tmp_path / "store"))
     stops = [json.loads((tmp_path / f"preempt-rank{r}.json").read_text()) for r in range(WORLD)]
     for rank, by_check in enumerate(stops):
         assert by_check["1"]["step"] == 3  # the boundary right after the signal

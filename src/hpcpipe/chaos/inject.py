@@ -72,7 +72,7 @@ class Fault:
 
 _FAULTS: tuple[Fault, ...] = ()
 _MARKER_DIR: Path | None = None
-_FIRED: set[Fault] = set()
+_FIRED: set[tuple[Fault, int]] = set()  # (fault, rank) that fired in this process
 
 
 def parse_faults(env: Mapping[str, str]) -> tuple[tuple[Fault, ...], Path | None]:
@@ -152,9 +152,9 @@ def maybe_inject(step: int, rank: int, micro: int = 0, where: str = "forward") -
 
 def _claim(fault: Fault, rank: int) -> bool:
     """True the first time this fault fires in this process (and in the marker directory)."""
-    if fault in _FIRED:
+    if (fault, rank) in _FIRED:
         return False
-    _FIRED.add(fault)
+    _FIRED.add((fault, rank))
     if _MARKER_DIR is None:
         return True
     _MARKER_DIR.mkdir(parents=True, exist_ok=True)

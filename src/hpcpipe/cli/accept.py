@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from hpcpipe.cli.common import JsonOption, NprocOption, console, err_console, write_json
@@ -49,9 +50,7 @@ def accept(
 
     th = load_thresholds(thresholds)
     world = world_size_for(nproc or th.nproc)
-    measurements = measure(
-        th, nproc or th.nproc, out, log=lambda line: err_console.print(f"[dim]{line}[/dim]")
-    )
+    measurements = measure(th, nproc or th.nproc, out, log=_log)
     if measurements is None:  # a rank other than 0 under torchrun/srun: rank 0 reports
         return
     rows = evaluate(th, measurements, world)
@@ -61,7 +60,7 @@ def accept(
     for row in rows:
         verdict = "[green]PASS[/green]" if row.passed else "[bold red]FAIL[/bold red]"
         required = f"{row.comparison} {fmt(row.required)} {row.unit}".rstrip()
-        table.add_row(verdict, row.check, fmt(row.measured), required, row.where)
+        table.add_row(verdict, escape(row.check), fmt(row.measured), required, escape(row.where))
     if json_out != "-":
         console.print(table)
         verdict = "[green]PASS[/green]" if report["passed"] else "[bold red]FAIL[/bold red]"
@@ -70,3 +69,11 @@ def accept(
         )
     write_json(report, json_out)
     raise typer.Exit(0 if report["passed"] else 1)
+
+
+def _log(line: str) -> None:
+    """Progress on standard error, from rank 0 only (every rank runs the suite under srun)."""
+    from hpcpipe.bench.runner import is_main_process
+
+    if is_main_process():
+        err_console.print(f"[dim]{escape(line)}[/dim]")

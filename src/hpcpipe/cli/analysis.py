@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from hpcpipe.cli.common import ConfigArg, JsonOption, SetOption, console, load_job, write_json
@@ -202,5 +203,5 @@ def _print_fit(result: dict[str, Any]) -> None:
         table.add_row(law, name, f"{value:.4g}", shown)
     console.print(table)
     for line in result["skipped"]:
-        console.print(f"[yellow]skipped[/yellow] {line}")
+        console.print(f"[yellow]skipped[/yellow] {escape(line)}")
     console.print(f"plot: {result['png']}")

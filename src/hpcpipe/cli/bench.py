@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from hpcpipe.cli.common import (
@@ -37,7 +38,7 @@ def _default_nproc() -> int:
 
 
 def _fail(exc: RuntimeError) -> typer.Exit:
-    err_console.print(f"error: {exc}")
+    err_console.print(f"error: {escape(str(exc))}")
     return typer.Exit(1)
 
 
@@ -193,7 +194,7 @@ def compute(
     )
     for key, fig in result["figures"].items():
         value = "skipped" if fig["value"] is None else f"{fig['value']:.4g}"
-        table.add_row(key, value, fig["unit"], fig["skipped"] or fig["detail"])
+        table.add_row(key, value, fig["unit"], escape(fig["skipped"] or fig["detail"]))
     console.print(table)
     write_json(result, json_out)
 

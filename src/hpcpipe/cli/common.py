@@ -43,6 +43,15 @@ NprocOption = Annotated[
         show_default=False,
     ),
 ]
+MaxRestartsOption = Annotated[
+    int,
+    typer.Option(
+        "--max-restarts",
+        min=0,
+        help="Restart the worker group up to K times when a worker dies; each restart resumes "
+        "from the newest verified checkpoint (set checkpoint.every_steps).",
+    ),
+]
 JsonOption = Annotated[
     str | None,
     typer.Option(

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from hpcpipe.cli.common import JsonOption, console, write_json
@@ -41,7 +42,7 @@ def doctor(
     table = Table("check", "status", "finding", title="hpcpipe doctor")
     for check in checks:
         style = _STYLE.get(check.status, "")
-        table.add_row(check.name, f"[{style}]{check.status}[/{style}]", check.summary)
+        table.add_row(escape(check.name), f"[{style}]{check.status}[/{style}]", escape(check.summary))
     if json_out != "-":
         console.print(table)
     worst = worst_status(checks)

@@ -23,8 +23,9 @@ def run_job(job: JobConfig, max_restarts: int = 0) -> Path:
     """Train ``job`` and return its run directory.
 
     Under an external launcher (torchrun, srun, Kubeflow) this process *is* a worker. Otherwise
-    ``parallel.nproc`` local workers are started through the elastic agent (one process trains
-    in-process). Bad input raises UserError before any worker starts.
+    ``parallel.nproc`` local workers are started through the elastic agent (one process without
+    restarts trains in-process). Bad input raises UserError before any worker starts; a
+    preempted in-process run raises ``Preempted`` (its checkpoint is committed).
     """
     env = detect_environment()
     if env.is_external:
@@ -43,7 +44,7 @@ def run_job(job: JobConfig, max_restarts: int = 0) -> Path:
     run_dir.mkdir(parents=True, exist_ok=True)
     config_path = run_dir / "config.yaml"
     config_path.write_text(job.to_yaml())
-    if nproc == 1:
+    if nproc == 1 and max_restarts == 0:
         from hpcpipe.launch.worker import train_worker
 
         train_worker(job, env)

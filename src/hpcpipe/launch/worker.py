@@ -16,6 +16,7 @@ from pathlib import Path
 from hpcpipe.config import JobConfig, load_config
 from hpcpipe.errors import USER_ERROR_EXIT_CODE, UserError
 from hpcpipe.launch.environment import DistEnv, detect_environment
+from hpcpipe.train.preempt import Preempted
 
 
 def train_worker(job: JobConfig, env: DistEnv) -> None:
@@ -45,6 +46,7 @@ def train_worker(job: JobConfig, env: DistEnv) -> None:
             (run_dir / "config.yaml").write_text(job.to_yaml())
             lineage = build_lineage(job.config_hash(), recipe.dataset_hash(), hosts, ctx.world_size)
             write_lineage(run_dir, lineage)
+            _record_restart(run_dir)
         ctx.barrier()
         trainer = Trainer(job, recipe, ctx, run_dir)
         try:
@@ -57,6 +59,15 @@ def train_worker(job: JobConfig, env: DistEnv) -> None:
         shutdown_distributed()
 
 
+def _record_restart(run_dir: Path) -> None:
+    """The elastic agent counts group restarts in TORCHELASTIC_RESTART_COUNT; log each one."""
+    from hpcpipe.observe.metrics import append_event
+
+    count = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if count > 0:
+        append_event(run_dir, "restart", restart_count=count)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     code = 0
@@ -67,6 +78,9 @@ def main(argv: list[str] | None = None) -> None:
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         code = USER_ERROR_EXIT_CODE
+    except Preempted as exc:
+        print(str(exc), file=sys.stderr)
+        code = exc.exit_code
     except BaseException:
         import traceback
 

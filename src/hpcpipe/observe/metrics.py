@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import json
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -74,3 +75,18 @@ def append_event(run_dir: Path, kind: str, **fields: Any) -> None:
     row = {"time": time.time(), "event": kind, **fields}
     with (run_dir / "events.jsonl").open("a") as f:
         f.write(json.dumps(row) + "\n")
+
+
+class EventLog:
+    """``events.jsonl`` of a run, written by one rank; safe to call from background threads."""
+
+    def __init__(self, run_dir: Path, enabled: bool) -> None:
+        self.run_dir = run_dir
+        self.enabled = enabled
+        self._lock = threading.Lock()
+
+    def emit(self, kind: str, fields: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        with self._lock:
+            append_event(self.run_dir, kind, **fields)

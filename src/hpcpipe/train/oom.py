@@ -395,18 +395,23 @@ class OOMGuard:
 def _reset_parallel_state(model: nn.Module) -> None:
     """Disarm what an abandoned forward left armed, on every rank, before the retry.
 
-    DDP: a synchronised forward prepares the reducer for a backward that never came; the next
-    (no_sync) backward would then launch bucket all-reduces on this rank only. ``_reset_state``
-    is what DDP's own ``_update_process_group`` calls ("forward can run despite previous backward
-    not succeeding"). FSDP2: ``reset_iter_state`` waits for in-flight collectives, reshards and
-    clears the iteration state; the gradients that the abandoned ``no_sync`` micro-steps
-    accumulated are then dropped by ``_drop_unsharded_grads``.
+    The ranks abandoned the step at different points (the OOMing rank inside its forward), so
+    state set at the end of a forward differs between them and must be made equal again.
+    DDP: a synchronised forward arms the reducer for a backward that never came (the next
+    ``no_sync`` backward would launch bucket all-reduces on this rank only) and sets
+    ``require_forward_param_sync`` (the next forward broadcasts buffers only on ranks where it
+    is set). ``reducer._reset_state`` is what DDP's own ``_update_process_group`` calls
+    ("forward can run despite previous backward not succeeding"); ``require_forward_param_sync``
+    goes back to True, its value at the start of every step. FSDP2: ``reset_iter_state`` waits
+    for in-flight collectives, reshards and clears the iteration state; the gradients that the
+    abandoned ``no_sync`` micro-steps accumulated are then dropped by ``_drop_unsharded_grads``.
     """
     from torch.distributed.fsdp import FSDPModule
     from torch.nn.parallel import DistributedDataParallel
 
     if isinstance(model, DistributedDataParallel):
         model.reducer._reset_state()
+        model.require_forward_param_sync = True
     elif isinstance(model, FSDPModule):
         model.reset_iter_state()
         _drop_unsharded_grads(model)

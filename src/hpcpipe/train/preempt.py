@@ -13,8 +13,8 @@ The protocol the trainer follows:
 2. After each optimizer step: ``if handler.should_stop(all_reduce_max): ...``. Every rank must
    call it at every step boundary (it is a collective on the steps it checks).
 3. Stopping: ``handler.start_grace_timer()``; save the checkpoint (collective); log the
-   ``preempted`` event (``handler.describe()``); ``handler.cancel()``; leave the process group
-   and exit with ``handler.exit_code``.
+   ``preempted`` event (``handler.describe()``); ``handler.cancel()``; ``raise Preempted(step,
+   handler.exit_code)``; the worker leaves the process group and exits with that code.
 
 Exit code ``PREEMPT_EXIT_CODE = 75`` (``EX_TEMPFAIL`` of sysexits.h: "temporary failure, try
 again later") means "checkpointed, resubmit me". Not 0: a scheduler or the elastic agent would
@@ -39,14 +39,25 @@ from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import Any
 
-import torch
-
-from hpcpipe.train.oom import AllReduceMax
+from hpcpipe.train.oom import AllReduceMax, agree_any
 
 PREEMPT_EXIT_CODE = 75  # EX_TEMPFAIL: see the module docstring for why not 0, 1 or 143
 DEFAULT_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGUSR1)
 
 _Handler = Callable[[int, FrameType | None], Any] | int | None
+
+
+class Preempted(BaseException):
+    """Raised by the trainer after the preemption checkpoint; the worker exits with ``exit_code``.
+
+    A ``BaseException`` (like ``KeyboardInterrupt``) so that no ``except Exception`` on the way
+    up turns an orderly stop into a failure or swallows it.
+    """
+
+    def __init__(self, step: int, exit_code: int = PREEMPT_EXIT_CODE) -> None:
+        super().__init__(f"preempted: checkpointed at step {step}; exit code {exit_code}")
+        self.step = step
+        self.exit_code = exit_code
 
 
 class PreemptionHandler:
@@ -122,8 +133,7 @@ class PreemptionHandler:
         if all_reduce_max is None:
             self.stop_agreed = self.requested_locally()
         elif self._calls % self.check_every == 0:
-            flag = torch.tensor([1 if self.requested_locally() else 0], dtype=torch.int64)
-            self.stop_agreed = int(all_reduce_max(flag).item()) > 0
+            self.stop_agreed = agree_any(int(self.requested_locally()), all_reduce_max) > 0
         return self.stop_agreed
 
     def describe(self) -> dict[str, Any]:

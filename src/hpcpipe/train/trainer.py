@@ -1,8 +1,11 @@
 """The training loop: one code path for a single process, DDP and FSDP2.
 
 Read it top to bottom: ``Trainer.__init__`` builds the model, wraps it for the strategy, makes
-the optimizer and loader; ``fit`` evaluates, then runs ``train_step`` until ``train.steps``,
-logging and evaluating on schedule. Everything workload-specific lives in the Recipe.
+the optimizer and loader, and resumes from the newest verified checkpoint; ``fit`` evaluates,
+then runs ``train_step`` until ``train.steps``, logging, evaluating and checkpointing on
+schedule, and stops cleanly when preempted. Everything workload-specific lives in the Recipe;
+the fault-tolerance mechanisms live in their own modules (checkpoint/, train/oom.py,
+train/preempt.py, observe/watchdog.py) and are only called from here.
 """
 
 from __future__ import annotations
@@ -16,12 +19,18 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from hpcpipe.chaos import inject as chaos
+from hpcpipe.checkpoint.state import capture_rng_state, restore_rng_state
+from hpcpipe.checkpoint.store import CheckpointStore
+from hpcpipe.checkpoint.tiers import fast_root
 from hpcpipe.config import JobConfig, grad_accum_steps
-from hpcpipe.observe.metrics import MetricsSink
+from hpcpipe.observe.metrics import EventLog, MetricsSink
 from hpcpipe.observe.progress import TrainProgress
 from hpcpipe.observe.throughput import ThroughputMeter, peak_memory_bytes
+from hpcpipe.observe.watchdog import Watchdog
 from hpcpipe.recipes.base import Batch, Recipe
 from hpcpipe.train.distributed import DistContext
+from hpcpipe.train.oom import AllReduceMax, OOMGuard, max_over_ranks
 from hpcpipe.train.optim import build_optimizer
 from hpcpipe.train.parallel import (
     apply_parallelism,
@@ -31,6 +40,7 @@ from hpcpipe.train.parallel import (
     unwrap,
 )
 from hpcpipe.train.precision import Precision
+from hpcpipe.train.preempt import Preempted, PreemptionHandler
 from hpcpipe.train.schedule import lr_at
 
 
@@ -57,7 +67,7 @@ class Trainer:
         self.ctx = ctx
         self.run_dir = run_dir
         self.strategy = resolve_strategy(job.parallel.strategy, ctx.world_size)
-        self.accum_steps = grad_accum_steps(job.train, ctx.world_size)
+        self.events = EventLog(run_dir, enabled=ctx.is_main)
 
         # Same seed on every rank: identical initial weights without a broadcast.
         torch.manual_seed(job.run.seed)
@@ -74,6 +84,25 @@ class Trainer:
         # Dropout streams differ per rank (the data differ too); still a function of the seed.
         torch.manual_seed(job.run.seed + ctx.rank)
         self.step = 0
+
+        # Fault tolerance: OOM recovery, preemption, hang detection, checkpoints.
+        accum = grad_accum_steps(job.train, ctx.world_size)
+        self.oom = OOMGuard(self.cfg.micro_batch_size, accum, job.fault.oom_recovery, rank=ctx.rank)
+        self.oom.attach(self.model, units)
+        self.agree_max = _agreement_all_reduce(ctx)
+        self.preemption = PreemptionHandler(job.fault.preempt_grace_s, exit_code=job.fault.preempt_exit_code)
+        self.watchdog = Watchdog(job.fault.hang_timeout_s, run_dir, ctx.rank)
+        self.ckpt_every = job.checkpoint.every_steps
+        self.store = CheckpointStore(
+            job.checkpoint,
+            fast_root(job.checkpoint.dir, run_dir),
+            ctx.rank,
+            ctx.world_size,
+            job.config_hash(),
+            events=self.events.emit,
+        )
+        self.store.cleanup_temporaries()
+        self.resume()
 
         self.meter = ThroughputMeter(
             items_per_step=self.cfg.global_batch_size * recipe.items_per_sample,
@@ -92,11 +121,18 @@ class Trainer:
     def fit(self) -> FitResult:
         """Evaluate, then train and evaluate on schedule until ``train.steps``."""
         result = FitResult(steps=self.cfg.steps)
-        with self.progress:
-            result.val_losses[self.step] = self.evaluate_and_log()
-            while self.step < self.cfg.steps:
-                result.final_loss = self.train_until(self._next_eval_step())
-                result.val_losses[self.step] = self.evaluate_and_log()
+        self.preemption.install()
+        try:
+            with self.progress, self.watchdog:
+                if self.step == 0:
+                    result.val_losses[0] = self.evaluate_and_log()
+                while self.step < self.cfg.steps:
+                    result.final_loss = self.train_until(self._next_eval_step())
+                    result.val_losses[self.step] = self.evaluate_and_log()
+                if self.ckpt_every > 0:
+                    self.save_checkpoint(final=True)
+        finally:
+            self.preemption.uninstall()
         return result
 
     def train_until(self, stop_step: int) -> float | None:
@@ -107,33 +143,63 @@ class Trainer:
             self.step += 1
             out = self.train_step()
             self.meter.add_step(out.data_time_s)
+            self.watchdog.beat(self.step)
             if self.step % self.observe.log_every == 0 or self.step == stop_step:
                 last_loss = self.log_train(out)
+            if self.ckpt_every > 0 and self.step % self.ckpt_every == 0 and self.step < self.cfg.steps:
+                self.save_checkpoint()
+            if self.preemption.should_stop(self.agree_max):
+                self.stop_for_preemption()
             self.progress.advance(self.step)
         return last_loss
 
     def train_step(self) -> StepOutput:
-        """One optimizer step over this rank's share of the global batch."""
+        """One optimizer step over this rank's share of the global batch (retried after an OOM)."""
         lr = lr_at(self.step, self.cfg)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        loss_sum = torch.zeros((), device=self.ctx.device)
-        data_time = 0.0
-        for micro in range(self.accum_steps):
-            t0 = time.perf_counter()
-            batch = self._to_device(self.loader.next_microbatch())
-            data_time += time.perf_counter() - t0
-            # Gradients are synchronised on the last micro-step only.
-            with gradient_sync(self.model, enabled=micro == self.accum_steps - 1):
-                with self.precision.autocast():
-                    loss = self.recipe.loss(self.model, batch) / self.accum_steps
-                self.precision.backward(loss)
-            loss_sum += loss.detach()
+        step_start = self.loader.state_dict()
+        while (out := self._forward_backward()) is None:
+            # Some rank ran out of memory: every rank halves the micro-batch and retries the step.
+            event = self.oom.recover(self.step, self.optimizer, self.loader, step_start)
+            self.events.emit("oom_recovered", event)
+        loss_sum, data_time = out
         self.precision.unscale(self.optimizer)
         grad_norm = clip_grad_norm(self.model, self.cfg.grad_clip)
         self.precision.step(self.optimizer)
         self.optimizer.zero_grad(set_to_none=True)
         return StepOutput(loss=loss_sum, grad_norm=grad_norm, lr=lr, data_time_s=data_time)
+
+    def _forward_backward(self) -> tuple[torch.Tensor, float] | None:
+        """Every micro-step's forward and backward; None when any rank ran out of memory."""
+        accum = self.oom.accum_steps
+        loss_sum = torch.zeros((), device=self.ctx.device)
+        data_time = 0.0
+        for micro in range(accum):
+            t0 = time.perf_counter()
+            batch = self._to_device(self.loader.next_microbatch())
+            data_time += time.perf_counter() - t0
+
+            def forward(batch: Batch = batch, micro: int = micro) -> torch.Tensor:
+                with self.precision.autocast():
+                    loss = self.recipe.loss(self.model, batch) / accum
+                chaos.maybe_inject(self.step, self.ctx.rank, micro, "forward")
+                return loss
+
+            # Gradients are synchronised on the last micro-step only.
+            with gradient_sync(self.model, enabled=micro == accum - 1):
+                loss = self.oom.micro_step(
+                    forward,
+                    self.precision.backward,
+                    final=micro == accum - 1,
+                    all_reduce_max=self.agree_max,
+                    step=self.step,
+                    micro=micro,
+                )
+            if loss is None:
+                return None
+            loss_sum += loss
+        return loss_sum, data_time
 
     @torch.no_grad()
     def evaluate(self) -> float:
@@ -153,6 +219,64 @@ class Trainer:
             dist.all_reduce(totals)
         return float(totals[0] / totals[1])
 
+    # -- checkpoints, resume, preemption ---------------------------------------------------------
+
+    def save_checkpoint(self, final: bool = False) -> None:
+        with self.watchdog.pause():
+            self.store.save(self.step, self.model, self.optimizer, self.trainer_state(), force_durable=final)
+            if final:
+                self.store.wait()
+
+    def trainer_state(self) -> dict[str, Any]:
+        """Everything beyond weights and optimizer that exact resume needs (this rank's part)."""
+        state: dict[str, Any] = {
+            "step": self.step,
+            "tokens_seen": self.step * self.cfg.global_batch_size * self.recipe.items_per_sample,
+            "lr": lr_at(max(self.step, 1), self.cfg),
+            "loader": self.loader.state_dict(),
+            "rng": capture_rng_state(),
+            "oom_split": self.oom.state_dict(),
+            "world_size": self.ctx.world_size,
+        }
+        if self.precision.scaler is not None:
+            state["grad_scaler"] = self.precision.scaler.state_dict()
+        return state
+
+    def resume(self) -> None:
+        """Load the newest verified checkpoint, if any (all ranks load the same step)."""
+        with self.watchdog.pause():
+            extra = self.store.restore(self.model, self.optimizer)
+        if extra is None:
+            return
+        self.step = int(extra["step"])
+        self.loader.load_state_dict(extra["loader"])
+        if self.precision.scaler is not None and "grad_scaler" in extra:
+            self.precision.scaler.load_state_dict(extra["grad_scaler"])
+        same_world = int(extra["world_size"]) == self.ctx.world_size
+        if same_world:
+            # RNG streams and a shrunk micro-batch split are per rank: only meaningful as saved.
+            restore_rng_state(extra["rng"])
+            self.oom.load_state_dict(extra["oom_split"])
+            self.loader.set_micro_batch_size(self.oom.micro_batch_size)
+        restored = self.store.restored
+        self.events.emit(
+            "resumed",
+            {
+                "step": self.step,
+                "checkpoint": str(restored.path) if restored else None,
+                "saved_world_size": int(extra["world_size"]),
+                "world_size": self.ctx.world_size,
+            },
+        )
+
+    def stop_for_preemption(self) -> None:
+        """Every rank agreed to stop: checkpoint within the grace period, then exit."""
+        self.preemption.start_grace_timer()
+        self.save_checkpoint(final=True)
+        self.preemption.cancel()
+        self.events.emit("preempted", {"step": self.step, **self.preemption.describe()})
+        raise Preempted(self.step, self.preemption.exit_code)
+
     # -- logging -----------------------------------------------------------------------------
 
     def log_train(self, out: StepOutput) -> float:
@@ -171,7 +295,8 @@ class Trainer:
         return float(row["loss"])
 
     def evaluate_and_log(self) -> float:
-        val_loss = self.evaluate()
+        with self.watchdog.pause():
+            val_loss = self.evaluate()
         row = {"step": self.step, "val_loss": val_loss, "val_ppl": math.exp(min(val_loss, 50.0))}
         self._write(row)
         self.progress.show(row)
@@ -182,6 +307,9 @@ class Trainer:
         return unwrap(self.model)
 
     def close(self) -> None:
+        """Finish a checkpoint in flight and background work; close the metrics files."""
+        self.watchdog.stop()
+        self.store.close()
         if self.sink is not None:
             self.sink.close()
 
@@ -199,6 +327,18 @@ class Trainer:
 
     def _to_device(self, batch: Batch) -> Batch:
         return tuple(t.to(self.ctx.device, non_blocking=True) for t in batch)
+
+
+def _agreement_all_reduce(ctx: DistContext) -> AllReduceMax | None:
+    """The MAX all-reduce used for OOM and preemption agreement (None for one process).
+
+    On NCCL it runs on a separate CPU gloo group: reading a GPU result on the host would
+    synchronise the stream at every micro-step.
+    """
+    if not ctx.is_distributed:
+        return None
+    group = dist.new_group(backend="gloo") if ctx.backend == "nccl" else None
+    return max_over_ranks(group=group)
 
 
 def _per_item(flops_per_sample: float | None, items_per_sample: int) -> float | None:

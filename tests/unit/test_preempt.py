@@ -1,0 +1,166 @@
+"""Preemption in one process: real signals, restored handlers, agreement arithmetic, grace timer.
+
+The agreement across 2 ranks (only one signalled) is in tests/distributed/test_oom_agreement.py.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from types import FrameType
+
+import pytest
+import torch
+
+from hpcpipe.chaos import inject
+from hpcpipe.train import preempt
+from hpcpipe.train.preempt import PREEMPT_EXIT_CODE, Preempted, PreemptionHandler
+
+
+def _previous(signum: int, frame: FrameType | None) -> None:
+    """A stand-in for whatever handler was installed before (torchrun's, a user's)."""
+
+
+@pytest.fixture
+def handler() -> Iterator[PreemptionHandler]:
+    before = {sig: signal.signal(sig, _previous) for sig in (signal.SIGTERM, signal.SIGUSR1)}
+    h = PreemptionHandler(grace_s=5)
+    h.install()
+    yield h
+    h.cancel()
+    h.uninstall()
+    for sig, old in before.items():
+        signal.signal(sig, old)
+    inject.configure({})
+
+
+def test_a_real_sigusr1_sets_the_flag_only(handler: PreemptionHandler) -> None:
+    assert not handler.requested_locally()
+    assert handler.should_stop(None) is False
+    os.kill(os.getpid(), signal.SIGUSR1)  # the handler runs before os.kill returns to Python code
+    assert handler.requested_locally()
+    assert handler.signum == signal.SIGUSR1
+    assert handler.should_stop(None) is True
+    row = handler.describe()
+    assert (row["signal"], row["signalled_here"], row["exit_code"]) == ("SIGUSR1", True, PREEMPT_EXIT_CODE)
+    assert 0 <= row["since_signal_s"] < 5
+
+
+def test_sigterm_too_and_the_first_signal_is_kept(handler: PreemptionHandler) -> None:
+    os.kill(os.getpid(), signal.SIGTERM)
+    first = handler.received_at
+    os.kill(os.getpid(), signal.SIGUSR1)
+    assert handler.signum == signal.SIGTERM and handler.received_at == first
+
+
+def test_uninstall_restores_the_previous_handlers(handler: PreemptionHandler) -> None:
+    assert signal.getsignal(signal.SIGTERM) == handler._on_signal
+    handler.install()  # twice: must not record its own handler as "previous"
+    handler.uninstall()
+    assert signal.getsignal(signal.SIGTERM) is _previous
+    assert signal.getsignal(signal.SIGUSR1) is _previous
+
+
+def test_install_outside_the_main_thread_is_refused() -> None:
+    errors: list[BaseException] = []
+
+    def install() -> None:
+        try:
+            PreemptionHandler(grace_s=1).install()
+        except RuntimeError as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=install)
+    thread.start()
+    thread.join()
+    assert len(errors) == 1 and "main thread" in str(errors[0])
+
+
+class FakeGroup:
+    """An all-reduce MAX over this rank and others whose flags the test sets."""
+
+    def __init__(self) -> None:
+        self.others = 0
+        self.sent: list[torch.Tensor] = []
+
+    def __call__(self, tensor: torch.Tensor) -> torch.Tensor:
+        self.sent.append(tensor.clone())
+        return torch.maximum(tensor, torch.tensor([self.others]))
+
+
+def test_a_signal_on_another_rank_stops_this_one() -> None:
+    h, group = PreemptionHandler(grace_s=1), FakeGroup()
+    assert h.should_stop(group) is False
+    group.others = 1
+    assert h.should_stop(group) is True
+    assert not h.requested_locally()
+    assert [(t.dtype, t.tolist()) for t in group.sent] == [(torch.int64, [0])] * 2
+    assert h.should_stop(group) is True and len(group.sent) == 2  # decided: no more collectives
+
+
+def test_check_every_skips_the_collective_between_checks() -> None:
+    h, group = PreemptionHandler(grace_s=1, check_every=3), FakeGroup()
+    h.signum = signal.SIGTERM  # as the handler would set it
+    results = [h.should_stop(group) for _ in range(4)]
+    assert results == [False, False, True, True]
+    assert len(group.sent) == 1 and group.sent[0].tolist() == [1]
+    with pytest.raises(ValueError, match="check_every"):
+        PreemptionHandler(grace_s=1, check_every=0)
+
+
+def test_grace_timer_fires_and_cancel_stops_it() -> None:
+    h = PreemptionHandler(grace_s=0.1)
+    fired = threading.Event()
+    h.start_grace_timer(fired.set)
+    assert fired.wait(2)
+    cancelled = threading.Event()
+    h2 = PreemptionHandler(grace_s=0.2)
+    h2.start_grace_timer(cancelled.set)
+    h2.cancel()
+    assert not cancelled.wait(0.5)
+
+
+def test_grace_counts_from_the_signal() -> None:
+    h = PreemptionHandler(grace_s=3)
+    h.signum, h.received_at = signal.SIGTERM, time.monotonic() - 2.9  # signalled 2.9 s ago
+    fired = threading.Event()
+    t0 = time.monotonic()
+    h.start_grace_timer(fired.set)
+    assert fired.wait(2)
+    assert time.monotonic() - t0 < 1
+
+
+def test_default_expiry_exits_with_the_preemption_code(monkeypatch: pytest.MonkeyPatch) -> None:
+    codes: list[int] = []
+    done = threading.Event()
+
+    def fake_exit(code: int) -> None:
+        codes.append(code)
+        done.set()
+
+    monkeypatch.setattr(preempt.os, "_exit", fake_exit)
+    PreemptionHandler(grace_s=0.05).start_grace_timer()
+    assert done.wait(2)
+    assert codes == [75]
+
+
+def test_chaos_sigterm_signals_the_matching_rank_only(handler: PreemptionHandler) -> None:
+    inject.configure({"HPCPIPE_CHAOS_SIGTERM": "step=6,rank=0,signal=USR1"})
+    inject.maybe_inject(6, rank=1)
+    inject.maybe_inject(5, rank=0)
+    assert not handler.requested_locally()
+    inject.maybe_inject(6, rank=0)
+    assert handler.signum == signal.SIGUSR1
+
+
+def test_preempted_is_not_swallowed_by_except_exception() -> None:
+    with pytest.raises(Preempted) as err:
+        try:
+            raise Preempted(step=12)
+        except Exception:  # a handler on the way up that is meant for errors
+            pytest.fail("Preempted must not be an Exception")
+    assert (err.value.step, err.value.exit_code) == (12, PREEMPT_EXIT_CODE)
+    assert "checkpointed at step 12" in str(err.value)
