@@ -46,12 +46,14 @@ def accept(
     from hpcpipe.accept.report import build_report, write_report
     from hpcpipe.accept.suite import measure
     from hpcpipe.accept.thresholds import load_thresholds, thresholds_path
+    from hpcpipe.bench.group import exit_process
     from hpcpipe.bench.runner import world_size_for
 
     th = load_thresholds(thresholds)
     world = world_size_for(nproc or th.nproc)
     measurements = measure(th, nproc or th.nproc, out, log=_log)
     if measurements is None:  # a rank other than 0 under torchrun/srun: rank 0 reports
+        exit_process(0)
         return
     rows = evaluate(th, measurements, world)
     report = build_report(th, str(thresholds_path(thresholds)), rows, measurements, world)
@@ -68,7 +70,9 @@ def accept(
             f"{verdict}: {report['counts']['passed']}/{report['counts']['rows']} rows; {json_path}, {md_path}"
         )
     write_json(report, json_out)
-    raise typer.Exit(0 if report["passed"] else 1)
+    code = 0 if report["passed"] else 1
+    exit_process(code)  # a torchrun/srun rank leaves here (see bench.group)
+    raise typer.Exit(code)
 
 
 def _log(line: str) -> None:

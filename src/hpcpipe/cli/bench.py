@@ -88,6 +88,7 @@ def collectives(
     """
     from hpcpipe.bench.bus import COLLECTIVES, parse_sizes
     from hpcpipe.bench.collectives import CollectiveSpec
+    from hpcpipe.bench.group import exit_process
     from hpcpipe.bench.runner import BenchFailure, run_bench
 
     wanted = [c.strip() for c in names.split(",") if c.strip()]
@@ -107,7 +108,9 @@ def collectives(
 
             console.print(f"plot: {plot_collectives(result['collectives'], plot)}")
         write_json(result["collectives"], json_out)
-    if result is not None and any(r["correct"] is False for r in result["collectives"]["results"]):
+    wrong = result is not None and any(r["correct"] is False for r in result["collectives"]["results"])
+    exit_process(1 if wrong else 0)  # a torchrun/srun rank leaves here (see bench.group)
+    if wrong:
         raise typer.Exit(1)
 
 

@@ -12,13 +12,12 @@ import torch.distributed as dist
 from hpcpipe.config import ParallelConfig
 from hpcpipe.launch.environment import DistEnv
 
-
-_joined_a_group = False
+_joined: list[bool] = []  # non-empty once this process joined a process group
 
 
 def joined_a_group() -> bool:
     """Whether this process ever joined a process group (its exit then needs care: see worker)."""
-    return _joined_a_group
+    return bool(_joined)
 
 
 @dataclass(frozen=True)
@@ -58,10 +57,9 @@ def init_distributed(cfg: ParallelConfig, env: DistEnv) -> DistContext:
     device = _pick_device(env.local_rank)
     threads = cfg.threads_per_rank or max(1, (os.cpu_count() or 1) // env.local_world_size)
     torch.set_num_threads(threads)
-    global _joined_a_group
     backend = None
     if env.is_distributed:
-        _joined_a_group = True
+        _joined.append(True)
         backend = _pick_backend(cfg, device)
         env.export()
         dist.init_process_group(

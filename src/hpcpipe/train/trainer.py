@@ -337,7 +337,10 @@ def _agreement_all_reduce(ctx: DistContext) -> AllReduceMax | None:
     """
     if not ctx.is_distributed:
         return None
-    group = dist.new_group(backend="gloo") if ctx.backend == "nccl" else None
+    if ctx.backend != "nccl":
+        return max_over_ranks()
+    group = dist.new_group(backend="gloo")
+    assert isinstance(group, dist.ProcessGroup)
     return max_over_ranks(group=group)
 
 
