@@ -8,7 +8,7 @@ averaged over ranks, as nccl-tests does, then turned into busbw with the same 2(
 Measurements alternate (hpcpipe, raw, raw, hpcpipe, ...) so drift on a shared machine hits both;
 the ratio of the medians over repeats is the result (target >= 0.95 at 4-64 MiB).
 
-    .venv/bin/python benchmarks/collectives_overhead.py [--nproc 2] [--repeats 9] [--iters 10]
+    .venv/bin/python benchmarks/collectives_overhead.py [--nproc 2] [--repeats 9] [--window-s 0.25]
 
 Prints a table and, last, one JSON line with the ratios.
 """
@@ -36,13 +36,34 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--nproc", type=int, default=2, help="ranks (gloo on CPU, NCCL on GPUs)")
     parser.add_argument("--sizes-mib", type=int, nargs="+", default=list(SIZES_MIB))
     parser.add_argument("--repeats", type=int, default=9, help="alternating measurements per side and size")
-    parser.add_argument("--iters", type=int, default=10, help="timed all_reduce calls per measurement")
+    parser.add_argument(
+        "--window-s", type=float, default=0.25, help="seconds per measurement; sets the iterations per size"
+    )
     parser.add_argument("--warmup", type=int, default=2, help="untimed calls per measurement")
     parser.add_argument("--out", type=Path, default=None, help="(internal) where rank 0 writes its figures")
     return parser.parse_args(argv)
 
 
-def raw_busbw(size: int, args: argparse.Namespace, device: Any, world: int) -> float | None:
+def iterations_for(size: int, args: argparse.Namespace, device: Any) -> int:
+    """Timed calls per measurement at ``size`` so one measurement lasts about ``--window-s``.
+
+    Long windows average over the scheduler's time slices on a shared host; every rank uses the
+    slowest rank's probe so all agree on the count.
+    """
+    import torch
+    import torch.distributed as dist
+
+    buf = torch.ones(size // 4, dtype=torch.float32, device=device)
+    dist.all_reduce(buf)
+    start = time.perf_counter()
+    for _ in range(3):
+        dist.all_reduce(buf)
+    probe = torch.tensor([(time.perf_counter() - start) / 3], dtype=torch.float64, device=device)
+    dist.all_reduce(probe, op=dist.ReduceOp.MAX)
+    return max(5, min(500, round(args.window_s / float(probe.item()))))
+
+
+def raw_busbw(size: int, iters: int, args: argparse.Namespace, device: Any, world: int) -> float | None:
     """The hand-written loop; rank 0 returns busbw in GB/s from the mean time over ranks."""
     import torch
     import torch.distributed as dist
@@ -52,11 +73,11 @@ def raw_busbw(size: int, args: argparse.Namespace, device: Any, world: int) -> f
         dist.all_reduce(buf)
     dist.barrier()
     start = time.perf_counter()
-    for _ in range(args.iters):
+    for _ in range(iters):
         dist.all_reduce(buf)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    elapsed = (time.perf_counter() - start) / args.iters
+    elapsed = (time.perf_counter() - start) / iters
     times: list[Any] = [None] * world
     dist.all_gather_object(times, elapsed)
     if dist.get_rank() != 0:
@@ -64,10 +85,10 @@ def raw_busbw(size: int, args: argparse.Namespace, device: Any, world: int) -> f
     return size / statistics.fmean(times) * 2 * (world - 1) / world / 1e9
 
 
-def hpcpipe_busbw(size: int, args: argparse.Namespace, ctx: Any) -> float | None:
+def hpcpipe_busbw(size: int, iters: int, args: argparse.Namespace, ctx: Any) -> float | None:
     from hpcpipe.bench.collectives import CollectiveSpec, run_collectives
 
-    spec = CollectiveSpec.build(["all_reduce"], [size], "float32", args.warmup, args.iters)
+    spec = CollectiveSpec.build(["all_reduce"], [size], "float32", args.warmup, iters)
     result = run_collectives(spec, ctx)
     return None if result is None else float(result["results"][0]["busbw_gbps"])
 
@@ -80,23 +101,33 @@ def worker(args: argparse.Namespace) -> None:
 
     with bench_group(ParallelConfig(timeout_s=300), detect_environment()) as ctx:
         figures: dict[str, dict[str, list[float]]] = {}
+        iterations: dict[str, int] = {}
         for mib in args.sizes_mib:
             size = mib << 20
             sides: dict[str, list[float]] = {"hpcpipe": [], "raw": []}
+            iters = iterations_for(size, args, ctx.device)
+            iterations[str(mib)] = iters
             for repeat in range(args.repeats):
                 order = ("hpcpipe", "raw") if repeat % 2 == 0 else ("raw", "hpcpipe")
                 for side in order:
                     value = (
-                        hpcpipe_busbw(size, args, ctx)
+                        hpcpipe_busbw(size, iters, args, ctx)
                         if side == "hpcpipe"
-                        else raw_busbw(size, args, ctx.device, ctx.world_size)
+                        else raw_busbw(size, iters, args, ctx.device, ctx.world_size)
                     )
                     if value is not None:
                         sides[side].append(value)
             figures[str(mib)] = sides
         if ctx.is_main and args.out is not None:
             args.out.write_text(
-                json.dumps({"world_size": ctx.world_size, "device": ctx.device.type, "figures": figures})
+                json.dumps(
+                    {
+                        "world_size": ctx.world_size,
+                        "device": ctx.device.type,
+                        "figures": figures,
+                        "iterations": iterations,
+                    }
+                )
             )
 
 
@@ -108,9 +139,9 @@ def report(data: dict[str, Any], args: argparse.Namespace) -> None:
     """
     print(
         f"all_reduce busbw, {data['world_size']} ranks on {data['device']}, "
-        f"{args.repeats} alternating repeats x {args.iters} iterations"
+        f"median of {args.repeats} alternating measurements of ~{args.window_s:g} s per side and size"
     )
-    print(f"{'size':>8} {'hpcpipe GB/s':>13} {'raw GB/s':>10} {'ratio':>7} {'paired ratio':>13}")
+    print(f"{'size':>8} {'iters':>6} {'hpcpipe GB/s':>13} {'raw GB/s':>10} {'ratio':>7} {'paired ratio':>13}")
     ratios, paired = {}, {}
     for mib, sides in data["figures"].items():
         ours, raw = statistics.median(sides["hpcpipe"]), statistics.median(sides["raw"])
@@ -118,7 +149,8 @@ def report(data: dict[str, Any], args: argparse.Namespace) -> None:
         paired[f"{mib}MiB"] = statistics.median(
             a / b for a, b in zip(sides["hpcpipe"], sides["raw"], strict=True)
         )
-        print(f"{mib + ' MiB':>8} {ours:>13.3f} {raw:>10.3f} {ours / raw:>7.3f} {paired[f'{mib}MiB']:>13.3f}")
+        iters, pair = data["iterations"][mib], paired[f"{mib}MiB"]
+        print(f"{mib + ' MiB':>8} {iters:>6} {ours:>13.3f} {raw:>10.3f} {ours / raw:>7.3f} {pair:>13.3f}")
     line = {
         "benchmark": "collectives_overhead",
         "collective": "all_reduce",

@@ -67,3 +67,19 @@ def test_cli_writes_json_and_plot(cli, tmp_path: Path) -> None:  # type: ignore[
     assert all(r["correct"] for r in result["results"])
     assert png.stat().st_size > 10_000
     assert "busbw GB/s" in proc.stdout
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(120)
+def test_a_failing_task_keeps_earlier_results_and_names_the_rank() -> None:
+    import socket
+
+    from hpcpipe.bench.runner import BenchFailure
+
+    with pytest.raises(BenchFailure) as failure:
+        run_bench({"connectivity": {}, "no_such_task": {}}, nproc=2, backend="gloo", timeout_s=60)
+    assert "benchmark workers failed (exit code 1): rank 0 on" in str(failure.value)
+    assert f"on {socket.gethostname()}: ValueError: unknown benchmark task 'no_such_task'" in str(
+        failure.value
+    )
+    assert failure.value.partial["connectivity"]["world_size"] == 2

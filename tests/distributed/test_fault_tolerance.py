@@ -8,11 +8,11 @@ import json
 from pathlib import Path
 
 import pytest
+from tests.helpers import run_cli, write_synthetic_corpus
 
 from hpcpipe.observe.metrics import read_metrics
 from hpcpipe.observe.watchdog import HANG_EXIT_CODE
 from hpcpipe.train.preempt import PREEMPT_EXIT_CODE
-from tests.helpers import run_cli, write_synthetic_corpus
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(600)]
 

@@ -82,6 +82,7 @@ def test_csv_and_plot(tmp_path: Path) -> None:
     assert plot_scaling(rows, tmp_path / "s.png").stat().st_size > 10_000
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 @pytest.mark.timeout(240)
 def test_cli_strong_scaling_of_tiny(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

@@ -43,17 +43,21 @@ def bench_tasks(th: Thresholds) -> dict[str, dict[str, Any]]:
 
 
 def measure(
-    th: Thresholds, nproc: int, out_dir: Path, log: Callable[[str], None] = print
+    th: Thresholds, nproc: int | None, out_dir: Path, log: Callable[[str], None] = print
 ) -> dict[str, Any] | None:
-    """Every section's measurements on rank 0; None on the other ranks of an external launch."""
+    """Every section's measurements on rank 0; None on the other ranks of an external launch.
+
+    ``nproc`` (the command line's --nproc) overrides the file's rank counts, the top-level one and
+    the throughput section's; scaling keeps its own list of world sizes.
+    """
     from hpcpipe.bench.runner import BenchFailure, is_main_process, run_bench
 
     measurements: dict[str, Any] = {}
     tasks = bench_tasks(th)
     if tasks:
-        log(f"accept: {', '.join(tasks)} on {nproc} rank(s)")
+        log(f"accept: {', '.join(tasks)} on {nproc or th.nproc} rank(s)")
         try:
-            result = run_bench(tasks, nproc, th.backend, th.timeout_s)
+            result = run_bench(tasks, nproc or th.nproc, th.backend, th.timeout_s)
         except BenchFailure as exc:
             result = {
                 **exc.partial,
@@ -71,7 +75,7 @@ def measure(
     return measurements if is_main_process() else None
 
 
-def _throughput(th: Thresholds, nproc: int, out_dir: Path) -> dict[str, Any] | None:
+def _throughput(th: Thresholds, nproc: int | None, out_dir: Path) -> dict[str, Any] | None:
     from hpcpipe.bench.throughput import measure_throughput
     from hpcpipe.config import load_config
 
@@ -79,7 +83,12 @@ def _throughput(th: Thresholds, nproc: int, out_dir: Path) -> dict[str, Any] | N
     assert section is not None
     cfg = load_config(section.preset, section.set)
     return measure_throughput(
-        cfg, section.steps, section.warmup, section.repeats, out_dir / "runs", nproc=section.nproc or nproc
+        cfg,
+        section.steps,
+        section.warmup,
+        section.repeats,
+        out_dir / "runs",
+        nproc=nproc or section.nproc or th.nproc,
     )
 
 

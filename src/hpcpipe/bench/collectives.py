@@ -37,9 +37,11 @@ _DTYPE_ALIASES = {
 }
 # A rank slower than the median rank by more than this fraction is named as slow.
 SLOW_RANK_TOLERANCE = 0.2
-# Default sweep limits: 1 KiB up to what fits in memory (four buffers per rank: input, output,
-# expected result, headroom), capped so a default sweep stays within minutes: 8 GiB on GPUs (the
-# usual nccl-tests -e 8G), 64 MiB over gloo on CPU (loopback TCP at ~1-2 GB/s on small hosts).
+# Default sweep limits: 1 KiB up to the largest power of two that fits BUFFERS_PER_RANK times in
+# each rank's free memory (input, output, the check's fp32 pattern and expected result, with
+# room for fp16 buffers whose fp32 check tensors are twice their size), capped so a default sweep
+# stays within minutes: 8 GiB on GPUs (the usual nccl-tests -e 8G), 64 MiB over gloo on CPU
+# (loopback TCP at ~1-2 GB/s on small hosts).
 DEFAULT_MIN_BYTES = 1 << 10
 CUDA_MAX_BYTES = 8 << 30
 CPU_MAX_BYTES = 64 << 20

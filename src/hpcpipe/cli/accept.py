@@ -9,7 +9,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from hpcpipe.cli.common import JsonOption, NprocOption, console, err_console, write_json
+from hpcpipe.cli.common import JsonOption, console, err_console, write_json
 
 
 def accept(
@@ -24,7 +24,17 @@ def accept(
     out: Annotated[
         Path, typer.Option(help="Directory for acceptance.json, acceptance.md, plots and benchmark runs.")
     ] = Path("runs/acceptance"),
-    nproc: NprocOption = None,
+    nproc: Annotated[
+        int | None,
+        typer.Option(
+            "--nproc",
+            "-n",
+            min=1,
+            help="Local ranks for the group benchmarks and the throughput run (default: the thresholds "
+            "file's nproc). Ignored under torchrun or srun.",
+            show_default=False,
+        ),
+    ] = None,
     json_out: JsonOption = None,
 ) -> None:
     """Run the acceptance suite and print a PASS/FAIL table; exit 0 only when every row passes.
@@ -51,7 +61,7 @@ def accept(
 
     th = load_thresholds(thresholds)
     world = world_size_for(nproc or th.nproc)
-    measurements = measure(th, nproc or th.nproc, out, log=_log)
+    measurements = measure(th, nproc, out, log=_log)
     if measurements is None:  # a rank other than 0 under torchrun/srun: rank 0 reports
         exit_process(0)
         return

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
@@ -28,6 +29,17 @@ app = typer.Typer(
 )
 
 ALL_COLLECTIVES = "all_reduce,all_gather,reduce_scatter,broadcast,all_to_all"
+RanksOption = Annotated[
+    int | None,
+    typer.Option(
+        "--nproc",
+        "-n",
+        min=1,
+        help="Local ranks to start (default: one per GPU, or 2 on a CPU host). Ignored under torchrun "
+        "or srun, which decide the ranks.",
+        show_default=False,
+    ),
+]
 
 
 def _default_nproc() -> int:
@@ -35,6 +47,11 @@ def _default_nproc() -> int:
     import torch
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 2
+
+
+def human_console(json_out: str | None) -> Console:
+    """Where tables go: standard output, silenced when the JSON itself goes there (`--json -`)."""
+    return Console(quiet=True) if json_out == "-" else console
 
 
 def _fail(exc: RuntimeError) -> typer.Exit:
@@ -61,7 +78,7 @@ def collectives(
     ] = "float32",
     warmup: Annotated[int, typer.Option(help="Untimed calls per size.")] = 5,
     iters: Annotated[int, typer.Option(help="Timed calls per size.")] = 20,
-    nproc: NprocOption = None,
+    nproc: RanksOption = None,
     backend: Annotated[str, typer.Option(help="auto (nccl on GPUs, gloo on CPU), nccl or gloo.")] = "auto",
     check: Annotated[
         bool, typer.Option("--check/--no-check", help="Verify each collective's result.")
@@ -102,11 +119,12 @@ def collectives(
     except BenchFailure as exc:
         raise _fail(exc) from None
     if result is not None:
-        _print_collectives(result["collectives"])
+        view = human_console(json_out)
+        _print_collectives(result["collectives"], view)
         if plot is not None:
             from hpcpipe.report.plots_bench import plot_collectives
 
-            console.print(f"plot: {plot_collectives(result['collectives'], plot)}")
+            view.print(f"plot: {plot_collectives(result['collectives'], plot)}")
         write_json(result["collectives"], json_out)
     wrong = result is not None and any(r["correct"] is False for r in result["collectives"]["results"])
     exit_process(1 if wrong else 0)  # a torchrun/srun rank leaves here (see bench.group)
@@ -114,7 +132,7 @@ def collectives(
         raise typer.Exit(1)
 
 
-def _print_collectives(result: dict[str, Any]) -> None:
+def _print_collectives(result: dict[str, Any], view: Console) -> None:
     """nccl-tests' columns; the slowest rank is flagged when it lags the median rank by > 20 %."""
     from hpcpipe.bench.bus import format_size
 
@@ -144,7 +162,7 @@ def _print_collectives(result: dict[str, Any]) -> None:
             check,
             slowest,
         )
-    console.print(table)
+    view.print(table)
 
 
 @app.command("compute")
@@ -198,7 +216,7 @@ def compute(
     for key, fig in result["figures"].items():
         value = "skipped" if fig["value"] is None else f"{fig['value']:.4g}"
         table.add_row(key, value, fig["unit"], escape(fig["skipped"] or fig["detail"]))
-    console.print(table)
+    human_console(json_out).print(table)
     write_json(result, json_out)
 
 
@@ -244,11 +262,11 @@ def throughput(
     except RuntimeError as exc:
         raise _fail(exc) from None
     if result is not None:
-        _print_throughput(result)
+        _print_throughput(result, human_console(json_out))
         write_json(result, json_out)
 
 
-def _print_throughput(result: dict[str, Any]) -> None:
+def _print_throughput(result: dict[str, Any], view: Console) -> None:
     unit = result["unit"]
     table = Table(
         "job",
@@ -270,7 +288,7 @@ def _print_throughput(result: dict[str, Any]) -> None:
         mfu,
         str(len(result["runs"])),
     )
-    console.print(table)
+    view.print(table)
 
 
 @app.command("scaling")
@@ -328,6 +346,7 @@ def scaling(
             f"{r['per_s']:.4g}",
             f"{r['efficiency']:.2f}",
         )
-    console.print(table)
-    console.print(f"wrote {result['csv']} and {result['png']}")
+    view = human_console(json_out)
+    view.print(table)
+    view.print(f"wrote {result['csv']} and {result['png']}")
     write_json(result, json_out)

@@ -34,7 +34,7 @@ def doctor(
 
       hpcpipe doctor --run-dir /lustre/project/runs --json doctor.json
 
-      srun -N 4 --ntasks-per-node 1 hpcpipe doctor --json doctor-$SLURMD_NODENAME.json
+      srun -N 4 --ntasks-per-node 1 bash -c 'hpcpipe doctor --json doctor-$(hostname).json'
     """
     from hpcpipe.doctor import FAIL, Probe, run_checks, worst_status
 
