@@ -5,7 +5,7 @@ tensors, with AdamW at the same hyper-parameters, clipping and LR schedule, on t
 threads. Timed blocks alternate (hpcpipe, raw, raw, hpcpipe, ...) so drift on a shared machine
 hits both; the ratio of medians is the result (target >= 0.98).
 
-    .venv/bin/python benchmarks/trainer_overhead.py [--repeats 7] [--steps 15]
+    .venv/bin/python benchmarks/trainer_overhead.py [--repeats 11] [--steps 15]
 """
 
 from __future__ import annotations
@@ -135,7 +135,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--repeats", type=int, default=11)
     parser.add_argument("--steps", type=int, default=15, help="optimizer steps per timed block")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--vocab", type=int, default=4096)

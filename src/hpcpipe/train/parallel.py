@@ -7,7 +7,9 @@ from collections.abc import Iterator, Sequence
 
 import torch
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
+from torch.nn.parallel import DistributedDataParallel
 
 from hpcpipe.errors import ConfigError
 from hpcpipe.train.distributed import DistContext
@@ -31,10 +33,10 @@ def apply_parallelism(
     if strategy == "single":
         return model
     if strategy == "ddp":
-        from torch.nn.parallel import DistributedDataParallel
-
         device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
-        return DistributedDataParallel(model, device_ids=device_ids)
+        # No buffer broadcast per forward: ranks build identical buffers from the same seed (the
+        # GPT's RoPE tables are non-persistent buffers that would otherwise be re-sent every step).
+        return DistributedDataParallel(model, device_ids=device_ids, broadcast_buffers=False)
     if strategy == "fsdp":
         from torch.distributed.fsdp import fully_shard
 
@@ -49,17 +51,12 @@ def apply_parallelism(
 
 def unwrap(model: nn.Module) -> nn.Module:
     """The user's module under a DDP wrapper (FSDP2 shards in place: nothing to unwrap)."""
-    from torch.nn.parallel import DistributedDataParallel
-
     return model.module if isinstance(model, DistributedDataParallel) else model
 
 
 @contextlib.contextmanager
 def gradient_sync(model: nn.Module, enabled: bool) -> Iterator[None]:
     """Skip the gradient all-reduce / reduce-scatter on non-final accumulation micro-steps."""
-    from torch.distributed.fsdp import FSDPModule
-    from torch.nn.parallel import DistributedDataParallel
-
     if isinstance(model, DistributedDataParallel) and not enabled:
         with model.no_sync():
             yield

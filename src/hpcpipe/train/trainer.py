@@ -182,9 +182,9 @@ class Trainer:
 
             def forward(batch: Batch = batch, micro: int = micro) -> torch.Tensor:
                 with self.precision.autocast():
-                    loss = self.recipe.loss(self.model, batch) / accum
+                    loss = self.recipe.loss(self.model, batch)
                 chaos.maybe_inject(self.step, self.ctx.rank, micro, "forward")
-                return loss
+                return loss / accum if accum > 1 else loss
 
             # Gradients are synchronised on the last micro-step only.
             with gradient_sync(self.model, enabled=micro == accum - 1):
