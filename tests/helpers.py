@@ -92,3 +92,20 @@ def write_synthetic_corpus(path: Path, n_sentences: int = 6000, seed: int = 0) -
         lines.append(" ".join(WORDS[start : start + length]).capitalize() + ".")
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def tiny_job_sets(tmp: Path, name: str, *extra: str) -> list[str]:
+    """``--set`` arguments for the tiny preset on the synthetic corpus in ``tmp``, logging every step."""
+    corpus = tmp / "corpus.txt"
+    if not corpus.exists():
+        write_synthetic_corpus(corpus)
+    sets = [
+        f"run.name={name}",
+        f"run.out_dir={tmp}",
+        f"data.prepared_dir={tmp}/prepared",
+        "observe.log_every=1",
+        f"data.sources=[{corpus}]",
+        "data.max_bytes=null",
+        *extra,
+    ]
+    return [arg for s in sets for arg in ("--set", s)]

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-from tests.helpers import run_cli, write_synthetic_corpus
+from tests.helpers import run_cli, tiny_job_sets
 
 from hpcpipe.observe.metrics import read_metrics
 from hpcpipe.observe.watchdog import HANG_EXIT_CODE
@@ -18,21 +18,8 @@ pytestmark = [pytest.mark.distributed, pytest.mark.timeout(600)]
 
 
 def _train(tmp: Path, name: str, *extra: str, nproc: int = 2, env: dict[str, str] | None = None):  # type: ignore[no-untyped-def]
-    corpus = tmp / "corpus.txt"
-    if not corpus.exists():
-        write_synthetic_corpus(corpus)
-    sets = [
-        f"run.name={name}",
-        f"run.out_dir={tmp}",
-        f"data.prepared_dir={tmp}/prepared",
-        "observe.log_every=1",
-        f"data.sources=[{corpus}]",
-        "data.max_bytes=null",
-        "parallel.strategy=ddp",
-    ]
-    args = ["train", "tiny", "--nproc", str(nproc)]
-    args += [arg for s in sets for arg in ("--set", s)]
-    return run_cli(*args, *extra, cwd=tmp, timeout=240, env=env)
+    sets = tiny_job_sets(tmp, name, "parallel.strategy=ddp")
+    return run_cli("train", "tiny", "--nproc", str(nproc), *sets, *extra, cwd=tmp, timeout=240, env=env)
 
 
 def _losses(run_dir: Path) -> dict[int, float]:

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
-from tests.helpers import run_cli, write_synthetic_corpus
+from tests.helpers import run_cli, tiny_job_sets
 
 from hpcpipe.observe.metrics import read_metrics
 
@@ -21,28 +21,8 @@ PARITY_RTOL = 1e-3
 
 def train_tiny(tmp: Path, name: str, nproc: int, *sets: str) -> list[float]:
     """Train the tiny preset on the synthetic corpus; the logged loss of every step."""
-    corpus = write_synthetic_corpus(tmp / "corpus.txt")
-    proc = run_cli(
-        "train",
-        "tiny",
-        "--nproc",
-        str(nproc),
-        "--set",
-        f"run.name={name}",
-        "--set",
-        f"run.out_dir={tmp}",
-        "--set",
-        f"data.prepared_dir={tmp}/prepared",
-        "--set",
-        "observe.log_every=1",
-        "--set",
-        f"data.sources=[{corpus}]",
-        "--set",
-        "data.max_bytes=null",
-        *[arg for s in sets for arg in ("--set", s)],
-        cwd=tmp,
-        timeout=240,
-    )
+    sets = tiny_job_sets(tmp, name, *sets)
+    proc = run_cli("train", "tiny", "--nproc", str(nproc), *sets, cwd=tmp, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = read_metrics(tmp / name)
     losses = [r["loss"] for r in rows if "loss" in r]
@@ -96,34 +76,10 @@ def test_external_torchrun_starts_the_same_job(tmp_path: Path, runs: dict[str, l
     import subprocess
     import sys
 
-    corpus = write_synthetic_corpus(tmp_path / "corpus.txt")
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node",
-        "2",
-        "-m",
-        "hpcpipe",
-        "train",
-        "tiny",
-        "--set",
-        "run.name=ext",
-        "--set",
-        f"run.out_dir={tmp_path}",
-        "--set",
-        f"data.prepared_dir={tmp_path}/prepared",
-        "--set",
-        "observe.log_every=1",
-        "--set",
-        f"data.sources=[{corpus}]",
-        "--set",
-        "data.max_bytes=null",
-        "--set",
-        "parallel.strategy=ddp",
-    ]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    sets = tiny_job_sets(tmp_path, "ext", "parallel.strategy=ddp")
+    cmd = [*torchrun, "-m", "hpcpipe", "train", "tiny", *sets]
     proc = subprocess.run(
         cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240, check=False
     )

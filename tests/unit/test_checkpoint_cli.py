@@ -18,8 +18,16 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A run with config.yaml and two committed checkpoints (steps 3 and 6) in both tiers."""
     base = tmp_path_factory.mktemp("ckpt_cli")
     root = base / "run"
-    job = load_config("tiny", ["model.n_layers=1", "model.d_model=16", "model.n_heads=2", "model.seq_len=8",
-                               f"checkpoint.durable_dir={base / 'durable'}"])
+    job = load_config(
+        "tiny",
+        [
+            "model.n_layers=1",
+            "model.d_model=16",
+            "model.n_heads=2",
+            "model.seq_len=8",
+            f"checkpoint.durable_dir={base / 'durable'}",
+        ],
+    )
     root.mkdir()
     (root / "config.yaml").write_text(job.to_yaml())
     model = GPT(job.model, 40)
@@ -36,7 +44,11 @@ def test_list_as_json(cli, run_dir: Path) -> None:  # type: ignore[no-untyped-de
     assert proc.returncode == 0, proc.stderr
     rows = json.loads(proc.stdout)
     assert [(r["step"], r["tier"], r["verified"], r["files"]) for r in rows] == [
-        (6, "fast", True, 4), (3, "fast", True, 4), (6, "durable", True, 4), (3, "durable", True, 4)]
+        (6, "fast", True, 4),
+        (3, "fast", True, 4),
+        (6, "durable", True, 4),
+        (3, "durable", True, 4),
+    ]
     assert all(r["bytes"] > 0 for r in rows)
 
 
@@ -71,8 +83,18 @@ def test_export_hf_from_the_cli(run_dir: Path, tmp_path: Path) -> None:
     from hpcpipe.cli.app import app
 
     out = tmp_path / "hf"
-    result = CliRunner().invoke(app, ["ckpt", "export", str(run_dir / "checkpoints" / "step-00000006"),
-                                      "--format", "hf", "--out", str(out)])
+    result = CliRunner().invoke(
+        app,
+        [
+            "ckpt",
+            "export",
+            str(run_dir / "checkpoints" / "step-00000006"),
+            "--format",
+            "hf",
+            "--out",
+            str(out),
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert json.loads((out / "config.json").read_text())["model_type"] == "gpt2"
     assert (out / "model.safetensors").is_file()

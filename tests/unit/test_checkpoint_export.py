@@ -20,9 +20,18 @@ VOCAB = 67  # deliberately not a "nice" number: the export must take it from the
 
 def make_run(root: Path, variant: str) -> tuple[GPT, Path, JobConfig]:
     """A run directory with config.yaml and one committed checkpoint of a non-trivial model."""
-    job = load_config("tiny", [f"model.variant={variant}", "model.n_layers=2", "model.d_model=32",
-                               "model.n_heads=2", "model.seq_len=16", "model.rope_theta=500",
-                               "model.ffn_mult=3"])
+    job = load_config(
+        "tiny",
+        [
+            f"model.variant={variant}",
+            "model.n_layers=2",
+            "model.d_model=32",
+            "model.n_heads=2",
+            "model.seq_len=16",
+            "model.rope_theta=500",
+            "model.ffn_mult=3",
+        ],
+    )
     root.mkdir(parents=True)
     (root / "config.yaml").write_text(job.to_yaml())
     torch.manual_seed(1)
@@ -36,8 +45,9 @@ def make_run(root: Path, variant: str) -> tuple[GPT, Path, JobConfig]:
     return model.eval(), root / "checkpoints" / "step-00000012", job
 
 
-@pytest.mark.parametrize(("variant", "hf_class"),
-                         [("gpt2", "GPT2LMHeadModel"), ("llama", "LlamaForCausalLM")])
+@pytest.mark.parametrize(
+    ("variant", "hf_class"), [("gpt2", "GPT2LMHeadModel"), ("llama", "LlamaForCausalLM")]
+)
 def test_hf_export_gives_the_same_logits(tmp_path: Path, variant: str, hf_class: str) -> None:
     from transformers import AutoModelForCausalLM
 

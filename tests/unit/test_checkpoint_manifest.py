@@ -46,8 +46,12 @@ def test_each_kind_of_damage_names_the_file(tmp_path: Path) -> None:
     (ckpt / "stray").write_bytes(b"?")
     _, problems = verify_dir(ckpt)
     got = {(p.file, p.reason) for p in problems}
-    assert got == {("a", "wrong size"), ("b", "SHA-256 mismatch"), ("c", "missing"),
-                   ("stray", "not listed in the manifest")}
+    assert got == {
+        ("a", "wrong size"),
+        ("b", "SHA-256 mismatch"),
+        ("c", "missing"),
+        ("stray", "not listed in the manifest"),
+    }
     wrong_size = next(p for p in problems if p.file == "a")
     assert (wrong_size.expected, wrong_size.actual) == ("10 bytes", "9 bytes")
     assert "expected" in str(next(p for p in problems if p.file == "b"))
@@ -93,8 +97,9 @@ def test_step_names() -> None:
         ([3], 1, 0, {99}, {3}),
     ],
 )
-def test_retained_steps(steps: list[int], keep_last: int, keep_every: int, protected: set[int],
-                        kept: set[int]) -> None:
+def test_retained_steps(
+    steps: list[int], keep_last: int, keep_every: int, protected: set[int], kept: set[int]
+) -> None:
     assert retained_steps(steps, keep_last, keep_every, protected) == kept
 
 
@@ -109,8 +114,15 @@ def test_durable_schedule() -> None:
 
 
 def test_checkpoint_config_keys_and_async_alias() -> None:
-    cfg = load_config("tiny", ["checkpoint.async=true", "checkpoint.every_steps=20",
-                               "checkpoint.durable_dir=/shared/ck", "fault.hang_timeout_s=60"])
+    cfg = load_config(
+        "tiny",
+        [
+            "checkpoint.async=true",
+            "checkpoint.every_steps=20",
+            "checkpoint.durable_dir=/shared/ck",
+            "fault.hang_timeout_s=60",
+        ],
+    )
     assert cfg.checkpoint.async_save is True and cfg.checkpoint.every_steps == 20
     assert cfg.checkpoint.durable_dir == "/shared/ck" and cfg.fault.hang_timeout_s == 60
     assert cfg.to_dict()["checkpoint"]["async"] is True  # YAML spelling in config.yaml
@@ -125,8 +137,17 @@ def test_public_api_is_pinned() -> None:
     from hpcpipe import checkpoint
 
     assert sorted(checkpoint.__all__) == [
-        "CheckpointError", "CheckpointStore", "EventFn", "Manifest", "Problem", "RestoreInfo",
-        "capture_rng_state", "read_manifest", "restore_rng_state", "verify_dir"]
+        "CheckpointError",
+        "CheckpointStore",
+        "EventFn",
+        "Manifest",
+        "Problem",
+        "RestoreInfo",
+        "capture_rng_state",
+        "read_manifest",
+        "restore_rng_state",
+        "verify_dir",
+    ]
     for name in checkpoint.__all__:
         assert getattr(checkpoint, name) is not None
     with pytest.raises(AttributeError):

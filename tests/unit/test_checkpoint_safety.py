@@ -76,12 +76,17 @@ def test_payload_nested_inside_real_metadata_is_refused(committed: Path, tmp_pat
 
 def test_malicious_byte_item_is_refused(tmp_path: Path) -> None:
     marker = tmp_path / "pwned"
-    dcp.save({"model": {"w": torch.ones(2), "evil": Payload(marker)}}, checkpoint_id=tmp_path / "c",
-             no_dist=True)
+    dcp.save(
+        {"model": {"w": torch.ones(2), "evil": Payload(marker)}}, checkpoint_id=tmp_path / "c", no_dist=True
+    )
     target: dict[str, Any] = {"model": {"w": torch.zeros(2), "evil": None}}
     with pytest.raises(BaseException) as err:  # DCP wraps it in its CheckpointException
-        dcp.load(target, storage_reader=SafeFileSystemReader(tmp_path / "c"), planner=SafeLoadPlanner(),
-                 no_dist=True)
+        dcp.load(
+            target,
+            storage_reader=SafeFileSystemReader(tmp_path / "c"),
+            planner=SafeLoadPlanner(),
+            no_dist=True,
+        )
     assert "refusing unsafe content" in str(err.value)
     assert not marker.exists()
 
@@ -90,8 +95,9 @@ def test_plain_byte_items_still_load(tmp_path: Path) -> None:
     state = {"a": {"lr": 0.5, "betas": (0.9, 0.95), "name": "x"}}
     dcp.save(state, checkpoint_id=tmp_path / "c", no_dist=True)
     target: dict[str, Any] = {"a": {"lr": None, "betas": None, "name": None}}
-    dcp.load(target, storage_reader=SafeFileSystemReader(tmp_path / "c"), planner=SafeLoadPlanner(),
-             no_dist=True)
+    dcp.load(
+        target, storage_reader=SafeFileSystemReader(tmp_path / "c"), planner=SafeLoadPlanner(), no_dist=True
+    )
     assert target == {"a": {"lr": 0.5, "betas": (0.9, 0.95), "name": "x"}}
 
 

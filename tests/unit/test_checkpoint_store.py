@@ -62,8 +62,9 @@ def assert_same(a: dict[str, Any], b: dict[str, Any]) -> None:
             assert torch.equal(value, b["moments"][index][key]), (index, key)
 
 
-def store_for(root: Path, events: list[tuple[str, dict[str, Any]]] | None = None, **cfg: Any
-              ) -> CheckpointStore:
+def store_for(
+    root: Path, events: list[tuple[str, dict[str, Any]]] | None = None, **cfg: Any
+) -> CheckpointStore:
     sink = (lambda kind, fields: events.append((kind, fields))) if events is not None else None
     return CheckpointStore(CheckpointConfig(**cfg), root, config_hash="cafe", events=sink)
 
@@ -81,8 +82,9 @@ def save_steps(root: Path, steps: list[int], **cfg: Any) -> dict[int, dict[str, 
     return states
 
 
-def restore_into_fresh(root: Path, events: list[tuple[str, dict[str, Any]]] | None = None, **cfg: Any
-                       ) -> tuple[dict[str, Any] | None, dict[str, Any], CheckpointStore]:
+def restore_into_fresh(
+    root: Path, events: list[tuple[str, dict[str, Any]]] | None = None, **cfg: Any
+) -> tuple[dict[str, Any] | None, dict[str, Any], CheckpointStore]:
     model, optimizer = make_model(seed=123)  # different init: a real load must overwrite it
     store = store_for(root, events, **cfg)
     extra = store.restore(model, optimizer)
@@ -270,7 +272,11 @@ def test_retention_under_many_quick_saves(tmp_path: Path, async_save: bool) -> N
     thread.join()
     assert errors == []
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "step-00000004", "step-00000008", "step-00000011", "step-00000012"]
+        "step-00000004",
+        "step-00000008",
+        "step-00000011",
+        "step-00000012",
+    ]
     assert all(not verify_dir(p)[1] for p in tmp_path.iterdir())
     assert not [kind for kind, _ in events if kind.endswith("_failed")]
 

@@ -17,10 +17,14 @@ runner = CliRunner()
 
 def _prepare_args(corpus: Path, tmp_path: Path) -> list[str]:
     return [
-        "prepare", "tiny",
-        "--set", f"data.sources=[{corpus}]",
-        "--set", f"data.prepared_dir={tmp_path / 'prepared'}",
-        "--set", "data.max_bytes=null",
+        "prepare",
+        "tiny",
+        "--set",
+        f"data.sources=[{corpus}]",
+        "--set",
+        f"data.prepared_dir={tmp_path / 'prepared'}",
+        "--set",
+        "data.max_bytes=null",
     ]
 
 

@@ -28,8 +28,15 @@ def dataset(tiny_corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Prep
     return prepare_dataset(cfg)
 
 
-def _loader(ds: PreparedDataset, micro: int = 2, global_: int = 8, rank: int = 0, world: int = 1,
-            seed: int = 7, seq_len: int = T) -> TokenWindowLoader:
+def _loader(
+    ds: PreparedDataset,
+    micro: int = 2,
+    global_: int = 8,
+    rank: int = 0,
+    world: int = 1,
+    seed: int = 7,
+    seq_len: int = T,
+) -> TokenWindowLoader:
     return TokenWindowLoader(ds, "train", seq_len, micro, global_, rank, world, seed)
 
 

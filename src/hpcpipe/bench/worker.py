@@ -11,7 +11,6 @@ through ``os._exit`` after flushing: gloo sometimes aborts at interpreter exit a
 from __future__ import annotations
 
 import json
-import os
 import socket
 import sys
 from collections.abc import Callable
@@ -20,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from hpcpipe.config import ParallelConfig
 from hpcpipe.launch.environment import DistEnv, detect_environment
+from hpcpipe.launch.exit import flush_and_exit
 
 if TYPE_CHECKING:
     from hpcpipe.train.distributed import DistContext
@@ -97,9 +97,7 @@ def main(argv: list[str] | None = None) -> None:
             message = f"rank {env.rank} on {socket.gethostname()}: {type(exc).__name__}: {exc}"
             Path(f"{args[1]}.rank{env.rank}.error").write_text(message.splitlines()[0] + "\n")
         code = 1
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    flush_and_exit(code)
 
 
 if __name__ == "__main__":

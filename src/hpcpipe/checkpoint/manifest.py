@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcpipe.errors import UserError
+from hpcpipe.fsutil import fsync_dir
 
 MANIFEST_NAME = "manifest.json"
 FORMAT = "hpcpipe-checkpoint/1"
@@ -201,15 +202,3 @@ def _is_safe_relative(name: str) -> bool:
     return bool(parts) and not Path(name).is_absolute() and ".." not in parts
 
 
-def fsync_dir(path: Path) -> None:
-    """Make a directory entry (a created or renamed file) durable; a no-op where unsupported."""
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

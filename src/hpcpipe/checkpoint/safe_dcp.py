@@ -26,6 +26,7 @@ import io
 import os
 import pickle
 import threading
+import warnings
 from collections.abc import Generator
 from pathlib import Path
 from typing import IO, Any
@@ -38,6 +39,10 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import ReadItem
 
 from hpcpipe.checkpoint.manifest import CheckpointError, FileEntry
+
+# dcp.save/load warn on every single-process call (store without a process group, export):
+# that is our deliberate mode, not a mistake.
+warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
 
 __all__ = [
     "HashedFileSystemWriter",
@@ -179,6 +184,7 @@ class _HashingFileSystem(FileSystem):
         super().__init__()
         self.entries: dict[Path, FileEntry] = {}
         self.errors: list[BaseException] = []
+        self.threads: set[threading.Thread] = set()  # every thread that wrote a file
         self._lock = threading.Lock()  # DCP writes files from several threads
 
     @contextlib.contextmanager
@@ -188,6 +194,8 @@ class _HashingFileSystem(FileSystem):
                 yield stream
             return
         path = Path(path)
+        with self._lock:
+            self.threads.add(threading.current_thread())
         try:
             with path.open(mode) as raw:
                 hashing = _HashingStream(raw, path)
@@ -201,6 +209,14 @@ class _HashingFileSystem(FileSystem):
             raise
         with self._lock:
             self.entries[path] = entry
+
+    def join_other_writers(self, timeout_s: float = 60.0) -> None:
+        """Wait for DCP's extra writer threads: when the calling thread's write failed, DCP
+        returns without joining them, and removing the directory under them would crash them."""
+        with self._lock:
+            others = [t for t in self.threads if t is not threading.current_thread()]
+        for thread in others:
+            thread.join(timeout_s)
 
     def rename(self, path: str | os.PathLike, new_path: str | os.PathLike) -> None:
         super().rename(path, new_path)
@@ -250,7 +266,8 @@ class HashedFileSystemWriter(FileSystemWriter):
 
     def __init__(self, path: Path, extra_name: str, extra_bytes: bytes, thread_count: int) -> None:
         super().__init__(path, thread_count=thread_count, sync_files=True)
-        self.fs = _HashingFileSystem()
+        self.hashing_fs = _HashingFileSystem()
+        self.fs = self.hashing_fs
         self.transforms = _PlainTransforms()  # type: ignore[assignment]
         self._root = Path(path)
         self._extra_name = extra_name

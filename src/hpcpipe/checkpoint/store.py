@@ -65,7 +65,6 @@ from __future__ import annotations
 
 import logging
 import time
-import warnings
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -95,9 +94,6 @@ __all__ = ["CheckpointStore", "EventFn", "RestoreInfo"]
 
 EventFn = Callable[[str, dict[str, Any]], None]
 log = logging.getLogger("hpcpipe.checkpoint")
-
-# dcp.save/load warn on every single-process call; that is our deliberate mode, not a mistake.
-warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
 
 
 @dataclass(frozen=True)
@@ -187,9 +183,7 @@ class CheckpointStore:
             self._write_and_commit(state, writer, tmp, step, force_durable)
             return
         staged = self._stage(state)
-        self._inflight = self._writer.submit(
-            self._write_and_commit, staged, writer, tmp, step, force_durable
-        )
+        self._inflight = self._writer.submit(self._write_and_commit, staged, writer, tmp, step, force_durable)
         self._event("checkpoint_staged", {"step": step, "blocking_s": time.perf_counter() - start})
 
     def wait(self) -> None:
@@ -224,6 +218,7 @@ class CheckpointStore:
         try:
             dcp.save(state, storage_writer=writer, **self._dcp_group())
         except (CheckpointException, OSError) as exc:
+            writer.hashing_fs.join_other_writers()
             self._discard(tmp)
             if _root_os_error(exc) is None:
                 raise  # not the disk: a bug, whose traceback is worth seeing
@@ -237,11 +232,16 @@ class CheckpointStore:
             raise CheckpointError(outcome)
         self.last_committed = step
         if self.rank == 0:
-            self._event("checkpoint_committed", {
-                "step": step, "path": str(self.fast.root / step_dir_name(step)),
-                "bytes": sum(e.size for e in entries.values()), "files": len(entries),
-                "write_s": time.perf_counter() - start,
-            })
+            self._event(
+                "checkpoint_committed",
+                {
+                    "step": step,
+                    "path": str(self.fast.root / step_dir_name(step)),
+                    "bytes": sum(e.size for e in entries.values()),
+                    "files": len(entries),
+                    "write_s": time.perf_counter() - start,
+                },
+            )
             self._queue_after_commit(step, force)
 
     def _commit(self, tmp: Path, step: int, entries: dict[str, FileEntry]) -> str | int:
@@ -256,8 +256,10 @@ class CheckpointStore:
             self.fast.commit(tmp, step)
         except FileNotFoundError as exc:
             self._discard(tmp)
-            return (f"checkpoint step {step}: {exc.filename} is not visible on rank 0; "
-                    "checkpoint.dir must be a directory shared by all ranks")
+            return (
+                f"checkpoint step {step}: {exc.filename} is not visible on rank 0; "
+                "checkpoint.dir must be a directory shared by all ranks"
+            )
         except OSError as exc:
             self._discard(tmp)
             return _save_error_message(step, tmp, exc)
@@ -306,9 +308,14 @@ class CheckpointStore:
             self._event("checkpoint_durable_failed", {"step": step, "error": str(exc)})
             return
         self._schedule.copied()
-        self._event("checkpoint_durable_copied", {
-            "step": step, "path": str(final), "copy_s": time.perf_counter() - start,
-        })
+        self._event(
+            "checkpoint_durable_copied",
+            {
+                "step": step,
+                "path": str(final),
+                "copy_s": time.perf_counter() - start,
+            },
+        )
         self._prune(self.durable, {step})
 
     def _prune(self, tier: Tier, protected: set[int]) -> None:
@@ -357,8 +364,11 @@ class CheckpointStore:
         candidates = self._candidates()
         if not candidates:
             if self.cfg.resume == "required":
-                return {"action": "error", "message": f"checkpoint.resume=required but "
-                        f"{self._where()} holds no committed checkpoint"}
+                return {
+                    "action": "error",
+                    "message": f"checkpoint.resume=required but "
+                    f"{self._where()} holds no committed checkpoint",
+                }
             return {"action": "fresh"}
         first_problem: str | None = None
         for step, tier, path in candidates:
@@ -379,8 +389,9 @@ class CheckpointStore:
         found = [(step, tier.name, path) for tier in tiers for step, path in tier.committed()]
         return sorted(found, key=lambda c: (-c[0], c[1] != "fast"))
 
-    def _load(self, path: Path, tier: str, model: nn.Module, optimizer: torch.optim.Optimizer
-              ) -> dict[str, Any]:
+    def _load(
+        self, path: Path, tier: str, model: nn.Module, optimizer: torch.optim.Optimizer
+    ) -> dict[str, Any]:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.api import CheckpointException
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
@@ -390,19 +401,29 @@ class CheckpointStore:
         model_sd, optim_sd = get_state_dict(model, optimizer)
         state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
         try:
-            dcp.load(state, storage_reader=SafeFileSystemReader(path), planner=SafeLoadPlanner(),
-                     **self._dcp_group())
+            dcp.load(
+                state,
+                storage_reader=SafeFileSystemReader(path),
+                planner=SafeLoadPlanner(),
+                **self._dcp_group(),
+            )
         except CheckpointException as exc:
             raise CheckpointError(f"{path}: does not load into this model ({_first_failure(exc)})") from None
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
         extra_rank = self.rank if (path / extra_name(self.rank)).is_file() else 0
         extra = load_extra(path / extra_name(extra_rank))
         self.restored = RestoreInfo(manifest.step, path, tier, manifest.world_size, extra_rank)
-        self._event("checkpoint_restored", {
-            "step": manifest.step, "path": str(path), "tier": tier,
-            "saved_world_size": manifest.world_size, "load_s": time.perf_counter() - start,
-            "same_config": manifest.config_hash == self.config_hash,
-        })
+        self._event(
+            "checkpoint_restored",
+            {
+                "step": manifest.step,
+                "path": str(path),
+                "tier": tier,
+                "saved_world_size": manifest.world_size,
+                "load_s": time.perf_counter() - start,
+                "same_config": manifest.config_hash == self.config_hash,
+            },
+        )
         return extra
 
     # -- helpers -----------------------------------------------------------------------------

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 
 import typer
@@ -16,6 +15,7 @@ from hpcpipe.cli import doctor as doctor_cli
 from hpcpipe.cli import presets as presets_cli
 from hpcpipe.cli import train as train_cli
 from hpcpipe.errors import USER_ERROR_EXIT_CODE, UserError
+from hpcpipe.launch.exit import flush_and_exit
 
 app = typer.Typer(
     name="hpcpipe",
@@ -62,9 +62,7 @@ def _exit(code: int | str | None) -> None:
     if isinstance(code, str):
         print(code, file=sys.stderr)
         code = 1
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code or 0)
+    flush_and_exit(code or 0)
 
 
 if __name__ == "__main__":

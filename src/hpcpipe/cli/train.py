@@ -35,7 +35,7 @@ def train(
 
       hpcpipe train quickstart --nproc 2 --max-restarts 3 --set checkpoint.every_steps=50
 
-      torchrun --nproc-per-node 8 -m hpcpipe.cli.app train gpt-124m   (or: srun hpcpipe train ...)
+      torchrun --nproc-per-node 8 -m hpcpipe train gpt-124m   (or: srun hpcpipe train gpt-124m)
 
     Writes runs/<run.name>/: config.yaml, lineage.json, metrics.jsonl, metrics.csv, events.jsonl,
     sample.txt, checkpoints/. Running it again resumes from the newest verified checkpoint.

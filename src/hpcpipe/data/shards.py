@@ -45,6 +45,7 @@ from hpcpipe.data.corpus import (
 )
 from hpcpipe.data.tokenizer import BPE_FILE, BPETokenizer, Tokenizer, train_tokenizer
 from hpcpipe.errors import DataError
+from hpcpipe.fsutil import fsync_dir
 
 MANIFEST_FILE = "manifest.json"
 MANIFEST_FORMAT = "hpcpipe.tokens"
@@ -342,7 +343,7 @@ def _commit(tmp: Path, final: Path, fingerprint: str) -> PreparedDataset:
             if existing is None:
                 raise
             return existing
-    _fsync_dir(final.parent)
+    fsync_dir(final.parent)
     return open_dataset(final, reused=False)
 
 
@@ -401,18 +402,6 @@ def _write_synced(path: Path, data: bytes) -> None:
         os.fsync(fh.fileno())
 
 
-def _fsync_dir(path: Path) -> None:
-    """Make a rename durable (best effort: not every filesystem allows opening directories)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 class Stages(AbstractContextManager["Stages"]):

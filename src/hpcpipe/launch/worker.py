@@ -1,9 +1,7 @@
 """Worker entry point: ``python -m hpcpipe.launch.worker RUN_DIR/config.yaml``.
 
 Started by the local elastic agent, an external ``torchrun``, ``srun`` or the Kubeflow operator.
-It joins the group, trains, tears down and leaves through ``os._exit`` after flushing: gloo
-sometimes aborts at interpreter exit (SIGABRT after ``destroy_process_group``), which would turn
-a finished run into a failure.
+It joins the group, trains, tears down and leaves through ``flush_and_exit``.
 """
 
 from __future__ import annotations
@@ -16,6 +14,7 @@ from pathlib import Path
 from hpcpipe.config import JobConfig, load_config
 from hpcpipe.errors import USER_ERROR_EXIT_CODE, UserError
 from hpcpipe.launch.environment import DistEnv, detect_environment
+from hpcpipe.launch.exit import flush_and_exit
 from hpcpipe.train.preempt import Preempted
 
 
@@ -86,9 +85,7 @@ def main(argv: list[str] | None = None) -> None:
 
         traceback.print_exc()
         code = 1
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    flush_and_exit(code)
 
 
 if __name__ == "__main__":

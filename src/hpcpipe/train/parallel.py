@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -36,7 +38,14 @@ def apply_parallelism(
         device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
         # No buffer broadcast per forward: ranks build identical buffers from the same seed (the
         # GPT's RoPE tables are non-persistent buffers that would otherwise be re-sent every step).
-        return DistributedDataParallel(model, device_ids=device_ids, broadcast_buffers=False)
+        # torch >= 2.14 spells it forward_sync_buffers (broadcast_buffers is deprecated there).
+        params = inspect.signature(DistributedDataParallel.__init__).parameters
+        no_sync: dict[str, Any] = (
+            {"forward_sync_buffers": False}
+            if "forward_sync_buffers" in params
+            else {"broadcast_buffers": False}
+        )
+        return DistributedDataParallel(model, device_ids=device_ids, **no_sync)
     if strategy == "fsdp":
         from torch.distributed.fsdp import fully_shard
 
