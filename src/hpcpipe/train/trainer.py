@@ -126,10 +126,11 @@ class Trainer:
             with self.progress, self.watchdog:
                 if self.step == 0:
                     result.val_losses[0] = self.evaluate_and_log()
+                start_step = self.step
                 while self.step < self.cfg.steps:
                     result.final_loss = self.train_until(self._next_eval_step())
                     result.val_losses[self.step] = self.evaluate_and_log()
-                if self.ckpt_every > 0:
+                if self.ckpt_every > 0 and self.step > start_step:
                     self.save_checkpoint(final=True)
         finally:
             self.preemption.uninstall()
