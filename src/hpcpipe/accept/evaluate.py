@@ -96,17 +96,7 @@ def connectivity_rows(th: ConnectivityThresholds, result: dict[str, Any] | None,
     if why is not None or result is None:
         rows = [row("connectivity", "ranks reachable", None, required, "ranks", why_missing=why or "")]
         if th.max_rtt_ms is not None:
-            rows.append(
-                row(
-                    "connectivity",
-                    "rank 0 round trip",
-                    None,
-                    th.max_rtt_ms,
-                    "ms",
-                    at_most=True,
-                    why_missing=why or "",
-                )
-            )
+            rows.append(_unmeasured_rtt(th.max_rtt_ms, why or ""))
         return rows
     ranks = result["ranks"]
     hosts = ", ".join(f"{h} ({sum(r['host'] == h for r in ranks)} ranks)" for h in result["hosts"])
@@ -116,17 +106,7 @@ def connectivity_rows(th: ConnectivityThresholds, result: dict[str, Any] | None,
     if th.max_rtt_ms is not None:
         timed = [r for r in ranks if r.get("rtt_ms") is not None]
         if not timed:
-            rows.append(
-                row(
-                    "connectivity",
-                    "rank 0 round trip",
-                    None,
-                    th.max_rtt_ms,
-                    "ms",
-                    at_most=True,
-                    why_missing="a single rank has no peer",
-                )
-            )
+            rows.append(_unmeasured_rtt(th.max_rtt_ms, "a single rank has no peer"))
         else:
             worst = max(timed, key=lambda r: r["rtt_ms"])
             rows.append(
@@ -289,3 +269,8 @@ def scaling_rows(th: ScalingThresholds, result: dict[str, Any] | None) -> list[R
             row("scaling", f"{th.mode} efficiency N={n}", found["efficiency"], th.min_efficiency, "", where)
         )
     return rows
+
+
+def _unmeasured_rtt(max_rtt_ms: float, why: str) -> Row:
+    """The round-trip row when no round trip could be measured (it fails, saying why)."""
+    return row("connectivity", "rank 0 round trip", None, max_rtt_ms, "ms", at_most=True, why_missing=why)
