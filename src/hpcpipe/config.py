@@ -380,7 +380,7 @@ def _is_plain_str(annotation: Any) -> bool:
 def _first_error(exc: ValidationError) -> str:
     err = exc.errors()[0]
     loc = ".".join(str(part) for part in err["loc"]) or "config"
-    message = err["msg"]
+    message = err["msg"].removeprefix("Value error, ")  # our validators' ValueError text
     if err["type"] == "extra_forbidden":
         return f"unknown config key {loc!r}"
     if "input" in err and err["type"] not in {"missing"} and not isinstance(err["input"], dict):

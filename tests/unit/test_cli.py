@@ -52,3 +52,22 @@ def test_presets_list_and_show(cli) -> None:  # type: ignore[no-untyped-def]
     shown = cli("presets", "show", "quickstart")
     assert shown.returncode == 0
     assert "global_batch_size: 16" in shown.stdout
+
+
+def test_model_smaller_than_tokenizer_fails_before_workers_start(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    proc = cli(
+        "train",
+        "tiny",
+        "--nproc",
+        "2",
+        "--set",
+        "model.vocab_size=10",
+        "--set",
+        f"run.out_dir={tmp_path}",
+        "--set",
+        f"data.prepared_dir={tmp_path}/d",
+        cwd=tmp_path,
+    )
+    line = _one_line_error(proc)
+    assert "model.vocab_size (10) is smaller than the tokenizer's vocabulary" in line
+    assert "worker" not in proc.stderr  # rejected in the launcher, no worker was started

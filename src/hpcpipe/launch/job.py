@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from hpcpipe.config import JobConfig, grad_accum_steps
@@ -39,7 +40,7 @@ def run_job(job: JobConfig, max_restarts: int = 0) -> Path:
     grad_accum_steps(job.train, nproc)
     from hpcpipe.recipes import build_recipe
 
-    build_recipe(job).prepare(progress=True)
+    build_recipe(job).prepare(progress=sys.stderr.isatty())  # no progress frames in CI logs
     run_dir = job.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     config_path = run_dir / "config.yaml"

@@ -41,7 +41,9 @@ class GPTRecipe:
     def prepare(self, progress: bool) -> None:
         from hpcpipe.data.shards import prepare_dataset
 
-        prepare_dataset(self.data_cfg, progress=progress)
+        # Fill the cached property: the dataset is hashed once, not again on first use.
+        self.__dict__["dataset"] = prepare_dataset(self.data_cfg, progress=progress)
+        _ = self.vocab_size  # model.vocab_size vs the tokenizer: fail before any worker starts
 
     @cached_property
     def dataset(self):  # type: ignore[no-untyped-def]  # PreparedDataset
