@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from hpcpipe import compat
 from hpcpipe.bench.bus import COLLECTIVES, bandwidths, element_count
 from hpcpipe.bench.host import available_host_memory
 from hpcpipe.errors import UserError
@@ -298,7 +299,7 @@ def _all_gather(count: int, dtype: torch.dtype, ctx: DistContext) -> _Prepared:
     inp = ((ctx.rank + 1) * pattern).to(dtype)
     out = torch.empty(count, dtype=dtype, device=ctx.device)
     expected = torch.cat([((r + 1) * pattern).to(dtype) for r in range(n)])
-    gather = _gather_fn()
+    gather = compat.gather_into_tensor_fn()
     return _Prepared(
         run=lambda: gather(out, inp),
         check=_checked(lambda: gather(out, inp), lambda: torch.equal(out, expected)),
@@ -314,7 +315,7 @@ def _reduce_scatter(count: int, dtype: torch.dtype, ctx: DistContext) -> _Prepar
     inp = ((ctx.rank + 1) * pattern).to(dtype)
     out = torch.empty(chunk, dtype=dtype, device=ctx.device)
     expected = (pattern * n * (n + 1) / 2)[ctx.rank * chunk : (ctx.rank + 1) * chunk]
-    scatter = _scatter_fn()
+    scatter = compat.reduce_scatter_tensor_fn()
     return _Prepared(
         run=lambda: scatter(out, inp),
         check=_checked(lambda: scatter(out, inp), lambda: _close(out, expected, n)),
@@ -344,17 +345,3 @@ def _checked(call: Callable[[], object], verify: Callable[[], bool]) -> Callable
         return verify()
 
     return check
-
-
-def _gather_fn() -> Callable[[Any, Any], Any]:
-    """all_gather into one tensor: ``all_gather_single`` where torch has it (2.10+)."""
-    import torch.distributed as dist
-
-    return getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-
-
-def _scatter_fn() -> Callable[[Any, Any], Any]:
-    """reduce_scatter from one tensor: ``reduce_scatter_single`` where torch has it (2.10+)."""
-    import torch.distributed as dist
-
-    return getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor

@@ -38,6 +38,7 @@ from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import ReadItem
 
+from hpcpipe import compat
 from hpcpipe.checkpoint.manifest import CheckpointError, FileEntry
 
 # dcp.save/load warn on every single-process call (store without a process group, export):
@@ -97,7 +98,7 @@ class SafeFileSystemReader(FileSystemReader):
     """DCP's file reader with the metadata unpickled through the allow-list."""
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        path = self._get_metadata_path(kwargs.get("rank"))
+        path = compat.dcp_metadata_path(self, kwargs.get("rank"))
         with self.fs.create_stream(path, "rb") as stream:
             metadata = safe_load_metadata(stream, str(path))  # type: ignore[arg-type]
         if getattr(metadata, "storage_meta", None) is None:
@@ -110,15 +111,13 @@ class SafeLoadPlanner(DefaultLoadPlanner):
     """DCP's default load planner, but non-tensor items load with ``weights_only=True``."""
 
     def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
-        from torch.distributed.checkpoint._traverse import set_element
-
         fqn = read_item.dest_index.fqn
         try:
             obj = torch.load(value, weights_only=True)
         except pickle.UnpicklingError as exc:
             raise CheckpointError(f"checkpoint item {fqn!r}: refusing unsafe content ({exc})") from None
         if self.flatten_state_dict:
-            set_element(self.original_state_dict, self.mappings[fqn], obj)
+            compat.dcp_set_element(self.original_state_dict, self.mappings[fqn], obj)
         else:
             self.state_dict[fqn] = obj
 

@@ -75,6 +75,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from hpcpipe import compat
 from hpcpipe.checkpoint.manifest import (
     CheckpointError,
     FileEntry,
@@ -267,13 +268,11 @@ class CheckpointStore:
 
     def _stage(self, state: dict[str, Any]) -> dict[str, Any]:
         """Copy ``state`` into a CPU buffer reused across saves (allocated again if shapes change)."""
-        from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
-
         layout = _layout(state)
         if self._staged is None or layout != self._staged_layout:
-            self._staged = _create_cpu_state_dict(state, pin_memory=torch.cuda.is_available())
+            self._staged = compat.create_cpu_state_dict(state, pin_memory=torch.cuda.is_available())
             self._staged_layout = layout
-        return _copy_state_dict(state, self._staged)
+        return compat.copy_state_dict(state, self._staged)
 
     def _discard(self, tmp: Path) -> None:
         if self.rank == 0:

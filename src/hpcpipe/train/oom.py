@@ -72,6 +72,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from hpcpipe import compat
 from hpcpipe.errors import ConfigError
 
 AllReduceMax = Callable[[torch.Tensor], torch.Tensor]
@@ -197,7 +198,7 @@ class OOMGuard:
         elif isinstance(model, FSDPModule):
             self.strategy = "fsdp"
             fences = [model, *(unit for unit in shard_units if isinstance(unit, FSDPModule))]
-            self._resettable = hasattr(model, "reset_iter_state")  # torch >= 2.14
+            self._resettable = compat.fsdp_can_reset_iter_state(model)
         else:
             self.strategy = "single"
         unique = list({id(module): module for module in fences}.values())
@@ -400,40 +401,18 @@ def _reset_parallel_state(model: nn.Module) -> None:
     DDP: a synchronised forward arms the reducer for a backward that never came (the next
     ``no_sync`` backward would launch bucket all-reduces on this rank only) and sets
     ``require_forward_param_sync`` (the next forward broadcasts buffers only on ranks where it
-    is set). ``reducer._reset_state`` is what DDP's own ``_update_process_group`` calls
-    ("forward can run despite previous backward not succeeding"); ``require_forward_param_sync``
-    goes back to True, its value at the start of every step. FSDP2: ``reset_iter_state`` waits
-    for in-flight collectives, reshards and clears the iteration state; the gradients that the
-    abandoned ``no_sync`` micro-steps accumulated are then dropped by ``_drop_unsharded_grads``.
+    is set): the reducer is reset, and ``require_forward_param_sync`` goes back to True, its
+    value at the start of every step. FSDP2: every unit is resharded and the iteration state
+    cleared; the gradients that the abandoned ``no_sync`` micro-steps accumulated on the
+    unsharded parameters are dropped too (``zero_grad`` cannot reach them). The torch-specific
+    parts live in ``hpcpipe.compat``.
     """
     from torch.distributed.fsdp import FSDPModule
     from torch.nn.parallel import DistributedDataParallel
 
     if isinstance(model, DistributedDataParallel):
-        model.reducer._reset_state()
+        compat.ddp_reset_reducer(model)
         model.require_forward_param_sync = True
     elif isinstance(model, FSDPModule):
-        model.reset_iter_state()
-        _drop_unsharded_grads(model)
-
-
-def _drop_unsharded_grads(model: nn.Module) -> None:
-    """Drop FSDP2's unsharded gradients accumulated by ``no_sync`` micro-steps.
-
-    ``reset_iter_state`` (torch 2.14) documents discarding them but keeps the gradient on each
-    unsharded parameter (``unsharded_accumulated_grad`` with a reduce dtype): the retried step
-    would add the abandoned micro-steps' gradients to its own. ``model.zero_grad()`` cannot reach
-    them (it sees the sharded parameters), so this walks FSDP's parameter groups; the
-    distributed test fails if a torch upgrade moves these attributes.
-    """
-    from torch.distributed.fsdp import FSDPModule
-
-    for module in model.modules():
-        if not isinstance(module, FSDPModule):
-            continue
-        for group in module._get_fsdp_state()._fsdp_param_groups:
-            for fsdp_param in group.fsdp_params:
-                fsdp_param.unsharded_accumulated_grad = None
-                unsharded = getattr(fsdp_param, "_unsharded_param", None)
-                if unsharded is not None:
-                    unsharded.grad = None
+        compat.fsdp_reset_iter_state(model)
+        compat.fsdp_drop_unsharded_grads(model)

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-import inspect
 from collections.abc import Iterator, Sequence
-from typing import Any
 
 import torch
 from torch import nn
@@ -13,6 +11,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
+from hpcpipe import compat
 from hpcpipe.errors import ConfigError
 from hpcpipe.train.distributed import DistContext
 
@@ -38,13 +37,7 @@ def apply_parallelism(
         device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
         # No buffer broadcast per forward: ranks build identical buffers from the same seed (the
         # GPT's RoPE tables are non-persistent buffers that would otherwise be re-sent every step).
-        # torch >= 2.14 spells it forward_sync_buffers (broadcast_buffers is deprecated there).
-        params = inspect.signature(DistributedDataParallel.__init__).parameters
-        no_sync: dict[str, Any] = (
-            {"forward_sync_buffers": False}
-            if "forward_sync_buffers" in params
-            else {"broadcast_buffers": False}
-        )
+        no_sync = compat.ddp_kwargs_without_buffer_sync()
         return DistributedDataParallel(model, device_ids=device_ids, **no_sync)
     if strategy == "fsdp":
         from torch.distributed.fsdp import fully_shard

@@ -1,0 +1,273 @@
+"""Every private or version-dependent torch API hpcpipe uses, behind feature detection, in one place.
+
+torch moves its internals between releases; hpcpipe meets at least torch 2.11 (the GPU machines)
+and 2.15 (a fresh install). Nothing outside this module names a torch attribute with a leading
+underscore or asks which torch version is installed. Each entry point resolves what it needs
+through ``_require``, so a torch that lacks it fails with ``TorchAPIError`` naming the torch
+version and the missing attribute, not with an ``AttributeError`` deep inside a worker.
+
+``PRIVATE_APIS`` lists every private name reached from here with a probe that resolves it;
+``tests/unit/test_compat.py`` runs each probe against the installed torch, so an upgrade that
+moves one fails there, by name, before a training run meets it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Callable, Iterator
+from typing import Any, cast
+
+import torch
+from torch import nn
+
+__all__ = [
+    "PRIVATE_APIS",
+    "TorchAPIError",
+    "copy_state_dict",
+    "create_cpu_state_dict",
+    "dcp_metadata_path",
+    "dcp_set_element",
+    "ddp_kwargs_without_buffer_sync",
+    "ddp_reset_reducer",
+    "fsdp_drop_unsharded_grads",
+    "fsdp_reset_iter_state",
+    "gather_into_tensor_fn",
+    "reduce_scatter_tensor_fn",
+]
+
+
+class TorchAPIError(RuntimeError):
+    """The installed torch lacks an API hpcpipe relies on (raised with both named)."""
+
+    def __init__(self, missing: str, purpose: str) -> None:
+        super().__init__(
+            f"torch {torch.__version__} has no {missing} (hpcpipe uses it to {purpose}); "
+            "install a torch version hpcpipe was tested with (see README: Installing)"
+        )
+        self.missing = missing
+
+
+def _require(owner: Any, name: str, purpose: str) -> Any:
+    """``owner.name`` (``owner`` a module path, module, class or object) or TorchAPIError."""
+    where = owner if isinstance(owner, str) else getattr(owner, "__name__", type(owner).__qualname__)
+    try:
+        target = importlib.import_module(owner) if isinstance(owner, str) else owner
+    except ImportError:
+        raise TorchAPIError(f"module {owner}", purpose) from None
+    try:
+        return getattr(target, name)
+    except AttributeError:
+        raise TorchAPIError(f"{where}.{name}", purpose) from None
+
+
+# -- DDP ------------------------------------------------------------------------------------------
+
+
+def ddp_reset_reducer(model: nn.Module) -> None:
+    """Disarm DDP's reducer after a forward whose backward never came (OOM recovery).
+
+    ``Reducer._reset_state`` is what DDP's own ``_update_process_group`` calls ("forward can
+    run despite previous backward not succeeding"); there is no public equivalent.
+    """
+    reducer = _require(model, "reducer", "reset DDP after an abandoned forward")
+    _require(reducer, "_reset_state", "reset DDP after an abandoned forward")()
+
+
+def ddp_kwargs_without_buffer_sync() -> dict[str, Any]:
+    """DDP keyword that turns off the per-forward buffer broadcast, as this torch spells it.
+
+    torch >= 2.14 calls it ``forward_sync_buffers`` (``broadcast_buffers`` is deprecated there).
+    """
+    params = inspect.signature(nn.parallel.DistributedDataParallel.__init__).parameters
+    if "forward_sync_buffers" in params:
+        return {"forward_sync_buffers": False}
+    if "broadcast_buffers" in params:
+        return {"broadcast_buffers": False}
+    raise TorchAPIError("DistributedDataParallel(forward_sync_buffers=...)", "skip buffer broadcasts")
+
+
+# -- FSDP2 ----------------------------------------------------------------------------------------
+
+_FSDP_RESET = "reset FSDP2 after an abandoned forward (OOM recovery)"
+
+
+def _fsdp_state(module: nn.Module) -> Any:
+    return _require(module, "_get_fsdp_state", _FSDP_RESET)()
+
+
+def _param_groups(state: Any) -> list[Any]:
+    """The FSDPParamGroups of one FSDP state: a list since torch 2.14, one (or None) before."""
+    if hasattr(state, "_fsdp_param_groups"):
+        return list(state._fsdp_param_groups)
+    group = _require(state, "_fsdp_param_group", _FSDP_RESET)
+    return [group] if group is not None else []
+
+
+def fsdp_reset_iter_state(root: nn.Module) -> None:
+    """Wait for in-flight collectives, reshard every unit, clear FSDP2's per-iteration state.
+
+    Public ``FSDPModule.reset_iter_state`` on torch >= 2.14. Before that, the same reset done
+    on the internals a forward leaves behind: every group back to IDLE and resharded (the
+    OOMing rank's unfinished units are still unsharded while the other ranks' are not, so the
+    retry's all-gathers would otherwise not match), and the root's iteration trackers cleared
+    (a set ``iter_forward_root`` makes the next root pre-forward skip its stream waits).
+    """
+    public = getattr(root, "reset_iter_state", None)
+    if public is not None:
+        public()
+        return
+    training_state = _require(
+        "torch.distributed.fsdp._fully_shard._fsdp_common", "TrainingState", _FSDP_RESET
+    )
+    root_state = _fsdp_state(root)
+    state_ctx = _require(root_state, "_state_ctx", _FSDP_RESET)
+    for state in state_ctx.all_states:
+        for group in _param_groups(state):
+            group._training_state = training_state.IDLE  # IDLE: reshard() fully, not post-forward
+            group._all_gather_result = None
+            group.reshard()
+            group._post_forward_indices.clear()
+        state._training_state = training_state.IDLE
+    comm_ctx = _require(root_state, "_comm_ctx", _FSDP_RESET)
+    comm_ctx.all_gather_state = None
+    comm_ctx.reduce_scatter_state = None
+    comm_ctx.post_forward_order.clear()
+    state_ctx.iter_forward_root = None
+    state_ctx.post_backward_final_callback_queued = False
+
+
+def fsdp_can_reset_iter_state(root: nn.Module) -> bool:
+    """Whether ``fsdp_reset_iter_state`` can reset this FSDP2 root on the installed torch."""
+    if hasattr(root, "reset_iter_state"):
+        return True
+    try:
+        _fsdp_state(root)
+        importlib.import_module("torch.distributed.fsdp._fully_shard._fsdp_common")
+    except (TorchAPIError, ImportError):
+        return False
+    return True
+
+
+def _fsdp_params(model: nn.Module) -> Iterator[Any]:
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            for group in _param_groups(_fsdp_state(module)):
+                yield from group.fsdp_params
+
+
+def fsdp_drop_unsharded_grads(model: nn.Module) -> None:
+    """Drop the unsharded gradients that abandoned ``no_sync`` micro-steps accumulated.
+
+    ``model.zero_grad()`` sees only the sharded parameters. Where the gradient lives moved:
+    torch < 2.15 keeps a separate ``unsharded_accumulated_grad`` buffer (reduce dtype) besides
+    ``_unsharded_param.grad``; torch 2.15 accumulates on ``_unsharded_param.grad`` alone and
+    made ``unsharded_accumulated_grad`` a read-only view of it.
+    """
+    for fsdp_param in _fsdp_params(model):
+        spec = inspect.getattr_static(type(fsdp_param), "unsharded_accumulated_grad", None)
+        if not isinstance(spec, property) and hasattr(fsdp_param, "unsharded_accumulated_grad"):
+            fsdp_param.unsharded_accumulated_grad = None
+        unsharded = getattr(fsdp_param, "_unsharded_param", None)  # absent before the 1st all-gather
+        if unsharded is not None:
+            unsharded.grad = None
+
+
+# -- distributed checkpoint (DCP) and state dicts -------------------------------------------------
+
+
+def dcp_set_element(root: Any, path: Any, value: Any) -> None:
+    """Put ``value`` at ``path`` of a nested state dict, as DCP's default load planner does."""
+    _require("torch.distributed.checkpoint._traverse", "set_element", "load non-tensor checkpoint items")(
+        root, path, value
+    )
+
+
+def dcp_metadata_path(reader: Any, rank: int | None) -> Any:
+    """Where a ``FileSystemReader`` reads ``.metadata`` from (per rank on newer torch)."""
+    return _require(reader, "_get_metadata_path", "read checkpoint metadata safely")(rank)
+
+
+_STAGE = "stage asynchronous checkpoints"
+
+
+def create_cpu_state_dict(state: dict[str, Any], pin_memory: bool) -> dict[str, Any]:
+    """A CPU copy of ``state``'s layout (pinned when asked): the async checkpoint staging buffer."""
+    fn = _require("torch.distributed._state_dict_utils", "_create_cpu_state_dict", _STAGE)
+    return cast(dict[str, Any], fn(state, pin_memory=pin_memory))
+
+
+def copy_state_dict(state: dict[str, Any], staged: dict[str, Any]) -> dict[str, Any]:
+    """Copy ``state`` into the buffer made by ``create_cpu_state_dict``; returns the buffer."""
+    fn = _require("torch.distributed._state_dict_utils", "_copy_state_dict", _STAGE)
+    return cast(dict[str, Any], fn(state, staged))
+
+
+# -- collectives ----------------------------------------------------------------------------------
+
+
+def gather_into_tensor_fn() -> Callable[..., Any]:
+    """all_gather into one tensor: ``all_gather_single`` where torch has it (2.14+)."""
+    import torch.distributed as dist
+
+    return getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+def reduce_scatter_tensor_fn() -> Callable[..., Any]:
+    """reduce_scatter from one tensor: ``reduce_scatter_single`` where torch has it (2.14+)."""
+    import torch.distributed as dist
+
+    return getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+# -- the inventory the tests pin ------------------------------------------------------------------
+
+
+def _private_fsdp_probe() -> None:
+    """The FSDP2 internals ``fsdp_reset_iter_state`` (before 2.14) and the gradient drop use."""
+    from torch.distributed.fsdp import FSDPModule
+
+    _require(FSDPModule, "_get_fsdp_state", _FSDP_RESET)
+    if not hasattr(FSDPModule, "reset_iter_state"):
+        _require("torch.distributed.fsdp._fully_shard._fsdp_common", "TrainingState", _FSDP_RESET)
+
+
+def _probe(owner: Any, *names: str, purpose: str) -> Callable[[], Any]:
+    """A probe resolving ``owner.names[0].names[1]...`` (each step through ``_require``)."""
+
+    def probe() -> Any:
+        target = owner
+        for name in names:
+            target = _require(target, name, purpose)
+        return target
+
+    return probe
+
+
+PRIVATE_APIS: dict[str, Callable[[], Any]] = {
+    "Reducer._reset_state": _probe(
+        "torch._C._distributed_c10d",
+        "Reducer",
+        "_reset_state",
+        purpose="reset DDP after an abandoned forward",
+    ),
+    "FSDPModule._get_fsdp_state (+ TrainingState before 2.14)": _private_fsdp_probe,
+    "checkpoint._traverse.set_element": _probe(
+        "torch.distributed.checkpoint._traverse", "set_element", purpose="load non-tensor checkpoint items"
+    ),
+    "FileSystemReader._get_metadata_path": _probe(
+        "torch.distributed.checkpoint",
+        "FileSystemReader",
+        "_get_metadata_path",
+        purpose="read checkpoint metadata safely",
+    ),
+    "_state_dict_utils._create_cpu_state_dict": _probe(
+        "torch.distributed._state_dict_utils", "_create_cpu_state_dict", purpose=_STAGE
+    ),
+    "_state_dict_utils._copy_state_dict": _probe(
+        "torch.distributed._state_dict_utils", "_copy_state_dict", purpose=_STAGE
+    ),
+}
+"""Each private name reached from this module, with a probe that raises TorchAPIError without it."""

@@ -1,0 +1,188 @@
+"""hpcpipe.compat: every private torch API it lists resolves on the installed torch, each entry point
+works on a live (1-rank gloo) DDP/FSDP2 model, and no other module reaches torch internals.
+
+A torch upgrade that moves an internal fails here first, with the torch version and the
+missing attribute in the message.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+import textwrap
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+from hpcpipe import compat
+
+SRC = Path(compat.__file__).parent
+
+# Private names hpcpipe reaches on torch objects (not on its own): each must appear only in compat.
+TORCH_PRIVATE_ATTRS = {
+    "_reset_state",
+    "_get_fsdp_state",
+    "_fsdp_param_group",
+    "_fsdp_param_groups",
+    "_unsharded_param",
+    "_state_ctx",
+    "_comm_ctx",
+    "_get_metadata_path",
+    "_training_state",
+    "_all_gather_result",
+    "_post_forward_indices",
+}
+
+
+@pytest.mark.parametrize("name", sorted(compat.PRIVATE_APIS))
+def test_private_api_resolves_on_installed_torch(name: str) -> None:
+    try:
+        compat.PRIVATE_APIS[name]()
+    except compat.TorchAPIError as exc:
+        pytest.fail(f"{name}: {exc}")
+
+
+def test_missing_api_names_torch_version_and_attribute() -> None:
+    with pytest.raises(compat.TorchAPIError) as info:
+        compat._require(types.SimpleNamespace(), "_gone", "do a thing")
+    message = str(info.value)
+    assert f"torch {torch.__version__}" in message
+    assert "SimpleNamespace._gone" in message and "do a thing" in message
+    with pytest.raises(compat.TorchAPIError, match=r"module torch\.no_such_module"):
+        compat._require("torch.no_such_module", "x", "do a thing")
+
+
+def test_ddp_reset_reducer_names_what_is_missing() -> None:
+    class FakeDDP:
+        reducer = types.SimpleNamespace()
+
+    with pytest.raises(compat.TorchAPIError, match=r"SimpleNamespace\._reset_state"):
+        compat.ddp_reset_reducer(FakeDDP())  # type: ignore[arg-type]
+
+
+def test_ddp_buffer_sync_keyword_is_accepted_by_this_torch() -> None:
+    import inspect
+
+    (keyword,) = compat.ddp_kwargs_without_buffer_sync()
+    assert keyword in inspect.signature(torch.nn.parallel.DistributedDataParallel.__init__).parameters
+
+
+def test_collective_functions_exist() -> None:
+    import torch.distributed as dist
+
+    assert compat.gather_into_tensor_fn() in {
+        getattr(dist, "all_gather_single", None),
+        dist.all_gather_into_tensor,
+    }
+    assert callable(compat.reduce_scatter_tensor_fn())
+
+
+def test_cpu_staging_copies_values() -> None:
+    state = {"w": torch.arange(6.0).reshape(2, 3), "nested": {"b": torch.ones(2)}, "step": 3}
+    staged = compat.create_cpu_state_dict(state, pin_memory=False)
+    state["w"].add_(1)
+    out = compat.copy_state_dict(state, staged)
+    assert out is staged or out == staged
+    assert torch.equal(out["w"], state["w"]) and out["w"].data_ptr() != state["w"].data_ptr()
+    assert torch.equal(out["nested"]["b"], torch.ones(2))
+
+
+_LIVE = textwrap.dedent(
+    """
+    import os, sys, tempfile
+    import torch, torch.distributed as dist
+    from torch import nn
+    from torch.distributed.fsdp import fully_shard
+    from hpcpipe import compat
+
+    store = dist.FileStore(tempfile.mktemp(), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    torch.manual_seed(0)
+
+    def tiny():
+        return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+
+    # FSDP2: a forward abandoned mid-way, a no_sync backward left behind; then reset and train.
+    model = tiny()
+    fully_shard(model[0]); fully_shard(model)
+    x = torch.randn(3, 4)
+    model.set_requires_gradient_sync(False)
+    model(x).sum().backward()
+    model(x)  # abandoned: no backward
+    assert compat.fsdp_can_reset_iter_state(model)
+    compat.fsdp_reset_iter_state(model)
+    compat.fsdp_drop_unsharded_grads(model)
+    for p in compat._fsdp_params(model):
+        assert getattr(p, "_unsharded_param", None) is None or p._unsharded_param.grad is None
+    model.set_requires_gradient_sync(True)
+    model(x).sum().backward()
+    assert all(p.grad is not None for p in model.parameters())
+
+    # DDP: a forward whose backward never came, reducer reset, then a normal step.
+    ddp = nn.parallel.DistributedDataParallel(tiny(), **compat.ddp_kwargs_without_buffer_sync())
+    ddp(x)
+    compat.ddp_reset_reducer(ddp)
+    ddp(x).sum().backward()
+    print("live-ok", flush=True)
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    os._exit(0)
+    """
+)
+
+
+@pytest.mark.timeout(120)
+def test_entry_points_work_on_live_fsdp2_and_ddp_models() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", _LIVE], capture_output=True, text=True, timeout=100, check=False
+    )
+    assert "live-ok" in done.stdout, done.stderr[-3000:]
+
+
+def _private_torch_uses(path: Path) -> list[str]:
+    """``from torch.x._y import ...``, ``import torch._x``, ``torch.a._b`` and known private attrs."""
+    found: list[str] = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("torch"):
+            names = [node.module or "", *(a.name for a in node.names)]
+            if any(part.startswith("_") for name in names for part in name.split(".")):
+                found.append(f"{path.name}:{node.lineno} from {node.module} import ...")
+        elif isinstance(node, ast.Import):
+            found += [
+                f"{path.name}:{node.lineno} import {a.name}"
+                for a in node.names
+                if a.name.startswith("torch.") and any(p.startswith("_") for p in a.name.split("."))
+            ]
+        elif isinstance(node, ast.Attribute) and node.attr in TORCH_PRIVATE_ATTRS:
+            found.append(f"{path.name}:{node.lineno} .{node.attr}")
+        elif isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+            root = node.value
+            while isinstance(root, ast.Attribute):
+                root = root.value
+            if isinstance(root, ast.Name) and root.id in {"torch", "dist", "dcp"}:
+                found.append(f"{path.name}:{node.lineno} {ast.unparse(node)}")
+    return found
+
+
+def test_no_private_torch_api_outside_compat() -> None:
+    offenders = [
+        use
+        for path in sorted(SRC.rglob("*.py"))
+        if path.name != "compat.py"
+        for use in _private_torch_uses(path)
+    ]
+    assert offenders == [], "private torch APIs belong in hpcpipe/compat.py: " + ", ".join(offenders)
+
+
+def test_the_scan_finds_private_uses(tmp_path: Path) -> None:
+    sample = tmp_path / "sample.py"
+    sample.write_text(
+        "from torch.distributed._state_dict_utils import _copy_state_dict\n"
+        "import torch._dynamo\n"
+        "x = torch.distributed._functional_collectives\n"
+        "model._get_fsdp_state()\n"
+    )
+    assert len(_private_torch_uses(sample)) == 4
