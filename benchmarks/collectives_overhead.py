@@ -97,7 +97,7 @@ def worker(args: argparse.Namespace) -> None:
     """One rank: every size, ``repeats`` alternating measurements of each side."""
     from hpcpipe.bench.group import bench_group
     from hpcpipe.config import ParallelConfig
-    from hpcpipe.launch.environment import detect_environment
+    from hpcpipe.train.environment import detect_environment
 
     with bench_group(ParallelConfig(timeout_s=300), detect_environment()) as ctx:
         figures: dict[str, dict[str, list[float]]] = {}

@@ -23,10 +23,10 @@ import torch
 import torch.nn.functional as F
 
 from hpcpipe.config import load_config
-from hpcpipe.launch.environment import DistEnv
 from hpcpipe.models.gpt import GPT
 from hpcpipe.recipes.gpt import GPTRecipe
 from hpcpipe.train.distributed import init_distributed
+from hpcpipe.train.environment import DistEnv
 from hpcpipe.train.optim import build_optimizer
 from hpcpipe.train.schedule import lr_at
 from hpcpipe.train.trainer import Trainer

@@ -24,8 +24,8 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import nn
 
-from hpcpipe.chaos import inject
 from hpcpipe.observe.watchdog import Watchdog
+from hpcpipe.train import fault_injection as inject
 from hpcpipe.train.oom import OOMGuard, OOMNotRecoverable, SimulatedOOM, max_over_ranks
 from hpcpipe.train.parallel import gradient_sync
 from hpcpipe.train.preempt import PreemptionHandler

@@ -12,8 +12,8 @@ from hpcpipe.bench.bus import COLLECTIVES
 from hpcpipe.bench.collectives import CollectiveSpec, merge_rank_rows, run_collectives, slow_ranks
 from hpcpipe.config import ParallelConfig
 from hpcpipe.errors import UserError
-from hpcpipe.launch.environment import DistEnv
 from hpcpipe.train.distributed import DistContext
+from hpcpipe.train.environment import DistEnv
 
 SINGLE = DistEnv(kind="single", rank=0, local_rank=0, world_size=1, local_world_size=1)
 

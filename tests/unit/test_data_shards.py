@@ -16,11 +16,12 @@ from hpcpipe.data.corpus import iter_documents, plan_splits, scan_corpus
 from hpcpipe.data.shards import (
     MANIFEST_FILE,
     PreparedDataset,
+    load_tokenizer,
     open_dataset,
     prepare_dataset,
     verify_dataset,
 )
-from hpcpipe.data.tokenizer import ByteTokenizer, load_tokenizer
+from hpcpipe.data.tokenizer import ByteTokenizer
 from hpcpipe.errors import DataError
 
 

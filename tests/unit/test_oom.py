@@ -17,8 +17,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hpcpipe.chaos import ChaosConfigError, inject
+from hpcpipe.chaos import ChaosConfigError
 from hpcpipe.errors import ConfigError, UserError
+from hpcpipe.train import fault_injection as inject
 from hpcpipe.train.oom import OOMGuard, OOMNotRecoverable, SimulatedOOM, is_oom
 
 # -- classification ------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from types import FrameType
 import pytest
 import torch
 
-from hpcpipe.chaos import inject
+from hpcpipe.train import fault_injection as inject
 from hpcpipe.train import preempt
 from hpcpipe.train.preempt import PREEMPT_EXIT_CODE, Preempted, PreemptionHandler
 

@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from hpcpipe.config import TrainConfig
-from hpcpipe.launch.environment import _parse_first_host, detect_environment
+from hpcpipe.train.environment import _parse_first_host, detect_environment
 
 
 def test_warmup_then_cosine_to_floor() -> None:

@@ -27,8 +27,8 @@ from datetime import timedelta
 from typing import Any
 
 from hpcpipe.config import ParallelConfig
-from hpcpipe.launch.environment import DistEnv
 from hpcpipe.train.distributed import DistContext, init_distributed, shutdown_distributed
+from hpcpipe.train.environment import DistEnv
 
 # Set once this process was a rank of a multi-rank group (an Event: a flag without `global`).
 _joined_multi_rank_group = threading.Event()

@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from hpcpipe.launch.environment import detect_environment
+from hpcpipe.train.environment import detect_environment
 
 WORKER_MODULE = "hpcpipe.bench.worker"
 

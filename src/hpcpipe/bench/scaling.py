@@ -75,8 +75,8 @@ def run_scaling(
 ) -> dict[str, Any]:
     """Train one benchmark run per (mode, N); returns rows with efficiencies (also in scaling.csv)."""
     from hpcpipe.bench.throughput import bench_job, summarize_run
-    from hpcpipe.launch.environment import detect_environment
     from hpcpipe.launch.job import run_job
+    from hpcpipe.train.environment import detect_environment
 
     if detect_environment().is_external:
         raise UserError("bench scaling starts its own 1..N workers: run it without torchrun or srun")

@@ -87,8 +87,8 @@ def measure_throughput(
     Under torchrun or srun every rank trains, but only rank 0 (which wrote metrics.jsonl) reads
     the figures back; the other ranks return None.
     """
-    from hpcpipe.launch.environment import detect_environment
     from hpcpipe.launch.job import run_job
+    from hpcpipe.train.environment import detect_environment
 
     if repeats < 1:
         raise UserError("--repeats must be >= 1")

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hpcpipe.config import ParallelConfig
-from hpcpipe.launch.environment import DistEnv, detect_environment
 from hpcpipe.launch.exit import flush_and_exit
+from hpcpipe.train.environment import DistEnv, detect_environment
 
 if TYPE_CHECKING:
     from hpcpipe.train.distributed import DistContext

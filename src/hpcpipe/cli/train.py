@@ -91,6 +91,6 @@ def _train(job: JobConfig, max_restarts: int) -> tuple[Path, float]:
 
 
 def _is_main_process() -> bool:
-    from hpcpipe.launch.environment import detect_environment
+    from hpcpipe.train.environment import detect_environment
 
     return detect_environment().rank == 0

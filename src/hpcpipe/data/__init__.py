@@ -20,6 +20,7 @@ from hpcpipe.data.corpus import (
 from hpcpipe.data.shards import (
     MANIFEST_FILE,
     PreparedDataset,
+    load_tokenizer,
     open_dataset,
     prepare_dataset,
     verify_dataset,
@@ -29,7 +30,6 @@ from hpcpipe.data.tokenizer import (
     BPETokenizer,
     ByteTokenizer,
     Tokenizer,
-    load_tokenizer,
     train_tokenizer,
 )
 

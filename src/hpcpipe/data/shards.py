@@ -43,7 +43,7 @@ from hpcpipe.data.corpus import (
     plan_splits,
     scan_corpus,
 )
-from hpcpipe.data.tokenizer import BPE_FILE, BPETokenizer, Tokenizer, train_tokenizer
+from hpcpipe.data.tokenizer import BPE_FILE, BPETokenizer, Tokenizer, tokenizer_from_spec, train_tokenizer
 from hpcpipe.errors import DataError
 from hpcpipe.fsutil import fsync_dir
 
@@ -440,3 +440,10 @@ class Stages(AbstractContextManager["Stages"]):
         task = progress.add_task(description, total=total)
         yield lambda n: progress.advance(task, n)
         progress.update(task, total=total or 1, completed=total or 1)
+
+
+def load_tokenizer(dataset_dir: Path | str) -> Tokenizer:
+    """The tokenizer of a prepared dataset, as its manifest says (its file hash checked)."""
+    dataset = open_dataset(Path(dataset_dir))
+    verify_tokenizer_file(dataset)
+    return tokenizer_from_spec(dataset.manifest["tokenizer"], dataset.path)

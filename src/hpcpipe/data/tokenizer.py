@@ -141,12 +141,3 @@ def tokenizer_from_spec(spec: dict[str, Any], directory: Path) -> Tokenizer:
             raise DataError(f"{directory / BPE_FILE}: does not match the manifest's tokenizer entry")
         return tok
     raise DataError(f"{directory}/manifest.json: unknown tokenizer kind {kind!r}")
-
-
-def load_tokenizer(dataset_dir: Path | str) -> Tokenizer:
-    """The tokenizer of a prepared dataset, as its manifest says (its file hash checked)."""
-    from hpcpipe.data.shards import open_dataset, verify_tokenizer_file
-
-    dataset = open_dataset(Path(dataset_dir))
-    verify_tokenizer_file(dataset)
-    return tokenizer_from_spec(dataset.manifest["tokenizer"], dataset.path)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from hpcpipe.config import JobConfig, grad_accum_steps
 from hpcpipe.errors import USER_ERROR_EXIT_CODE, UserError
-from hpcpipe.launch.environment import detect_environment
+from hpcpipe.train.environment import detect_environment
 
 WORKER_MODULE = "hpcpipe.launch.worker"
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from hpcpipe.config import JobConfig, load_config
 from hpcpipe.errors import USER_ERROR_EXIT_CODE, UserError
-from hpcpipe.launch.environment import DistEnv, detect_environment
 from hpcpipe.launch.exit import flush_and_exit
+from hpcpipe.train.environment import DistEnv, detect_environment
 from hpcpipe.train.preempt import Preempted
 
 

@@ -118,7 +118,7 @@ class GPTRecipe:
 
     def on_train_end(self, model: nn.Module, is_main: bool, run_dir: Path) -> None:
         """Write a text sample; every rank generates (FSDP2 needs all ranks in each forward)."""
-        from hpcpipe.data.tokenizer import load_tokenizer
+        from hpcpipe.data.shards import load_tokenizer
 
         tokenizer = load_tokenizer(self.dataset.path)
         device = next(model.parameters()).device

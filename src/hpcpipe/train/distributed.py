@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from hpcpipe.config import ParallelConfig
-from hpcpipe.launch.environment import DistEnv
+from hpcpipe.train.environment import DistEnv
 
 _joined: list[bool] = []  # non-empty once this process joined a process group
 

@@ -19,7 +19,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hpcpipe.chaos import inject as chaos
 from hpcpipe.checkpoint.state import capture_rng_state, restore_rng_state
 from hpcpipe.checkpoint.store import CheckpointStore
 from hpcpipe.checkpoint.tiers import fast_root
@@ -29,6 +28,7 @@ from hpcpipe.observe.progress import TrainProgress
 from hpcpipe.observe.throughput import ThroughputMeter, peak_memory_bytes
 from hpcpipe.observe.watchdog import Watchdog
 from hpcpipe.recipes.base import Batch, Recipe
+from hpcpipe.train import fault_injection as chaos
 from hpcpipe.train.distributed import DistContext
 from hpcpipe.train.oom import AllReduceMax, OOMGuard, max_over_ranks
 from hpcpipe.train.optim import build_optimizer
