@@ -33,6 +33,7 @@ from hpcpipe.checkpoint import CheckpointStore, read_manifest
 from hpcpipe.checkpoint.safe_dcp import SafeFileSystemReader, SafeLoadPlanner
 from hpcpipe.config import CheckpointConfig, ModelConfig
 from hpcpipe.models.gpt import GPT
+from run_context import run_context
 
 CHUNK = 8 << 20
 
@@ -193,7 +194,7 @@ def report(times: dict[str, list[float]], nbytes: int, repeats: int) -> None:
           f"DCP load alone {ratios['dcp_load_vs_raw_read']:.3f})")
     print(f"async blocking / sync   = {ratios['async_block_vs_sync_save']:.3f} (target <= 0.1)")
     print(json.dumps({
-        "benchmark": "checkpoint_io", "bytes": nbytes, "repeats": repeats,
+        "benchmark": "checkpoint_io", "bytes": nbytes, "repeats": repeats, **run_context(),
         "median_s": {k: round(v, 4) for k, v in med.items()},
         "ratios": {k: round(v, 4) for k, v in ratios.items()},
         "targets": {"save_vs_raw_write": ">=0.8", "restore_vs_raw_read": ">=0.8",

@@ -137,6 +137,7 @@ def report(data: dict[str, Any], args: argparse.Namespace) -> None:
     The ratio of medians is the figure. The paired column (each repeat's own hpcpipe/raw ratio,
     then the median) shows how much of a deviation is noise from other jobs on the machine.
     """
+    from run_context import run_context  # imports torch: only here, not in the launching path
     print(
         f"all_reduce busbw, {data['world_size']} ranks on {data['device']}, "
         f"median of {args.repeats} alternating measurements of ~{args.window_s:g} s per side and size"
@@ -155,12 +156,13 @@ def report(data: dict[str, Any], args: argparse.Namespace) -> None:
         "benchmark": "collectives_overhead",
         "collective": "all_reduce",
         "world_size": data["world_size"],
-        "device": data["device"],
         "ratios": {k: round(v, 4) for k, v in ratios.items()},
         "paired_ratios": {k: round(v, 4) for k, v in paired.items()},
         "min_ratio": round(min(ratios.values()), 4),
         "median_ratio": round(statistics.median(ratios.values()), 4),
         "target": TARGET,
+        **run_context(),
+        "device": data["device"],
     }
     print(json.dumps(line))
 

@@ -30,6 +30,7 @@ from hpcpipe.train.environment import DistEnv
 from hpcpipe.train.optim import build_optimizer
 from hpcpipe.train.schedule import lr_at
 from hpcpipe.train.trainer import Trainer
+from run_context import run_context
 
 
 @dataclass
@@ -86,6 +87,7 @@ def build(args: argparse.Namespace, tokens: torch.Tensor, run_dir: Path) -> tupl
             f"train.global_batch_size={args.batch}",
             f"model.vocab_size={args.vocab}",
             f"run.out_dir={run_dir}",
+            f"parallel.retain_host_memory={not args.no_retain_host_memory}",
         ],
     )
     recipe = InMemoryGPTRecipe.from_job(job)
@@ -139,6 +141,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=15, help="optimizer steps per timed block")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--vocab", type=int, default=4096)
+    parser.add_argument(
+        "--no-retain-host-memory",
+        action="store_true",
+        help="parallel.retain_host_memory=false (the process-wide glibc setting; affects both loops)",
+    )
     args = parser.parse_args()
 
     torch.manual_seed(0)
@@ -177,6 +184,8 @@ def main() -> None:
                 "target": 0.98,
                 "repeats": args.repeats,
                 "steps": args.steps,
+                "retain_host_memory": not args.no_retain_host_memory,
+                **run_context(),
             }
         )
     )

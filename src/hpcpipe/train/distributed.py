@@ -11,6 +11,7 @@ import torch.distributed as dist
 
 from hpcpipe.config import ParallelConfig
 from hpcpipe.train.environment import DistEnv
+from hpcpipe.train.host_memory import retain_freed_host_memory
 
 _joined: list[bool] = []  # non-empty once this process joined a process group
 
@@ -57,6 +58,8 @@ def init_distributed(cfg: ParallelConfig, env: DistEnv) -> DistContext:
     device = _pick_device(env.local_rank)
     threads = cfg.threads_per_rank or max(1, (os.cpu_count() or 1) // env.local_world_size)
     torch.set_num_threads(threads)
+    if cfg.retain_host_memory:
+        retain_freed_host_memory()
     backend = None
     if env.is_distributed:
         _joined.append(True)
