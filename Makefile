@@ -1,20 +1,36 @@
 # Quick start: `make run` (environment + install + the main job) and `make test` (the whole suite).
-PYTHON ?= python3
-VENV   ?= .venv
-BIN    := $(VENV)/bin
+#
+# Installs are reproducible: every package, transitive ones included, comes from uv.lock at the
+# exact version and hash CI tested (`uv sync --frozen`). `make lock` refreshes the lock within
+# pyproject.toml's ranges; `make test-latest` / `make test-lowest` run the suite against the newest
+# versions those ranges allow / the lowest ones they declare, in their own environments.
+PYTHON     ?= python3
+VENV       ?= .venv
+BIN        := $(VENV)/bin
+TOOLS      := .tools
+UV_VERSION := 0.13.9
+UV         := $(TOOLS)/bin/uv
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
+# Use this machine's Python; never fetch an interpreter.
+export UV_PYTHON_DOWNLOADS := never
+export UV_PROJECT_ENVIRONMENT := $(VENV)
+SYNC := $(UV) sync --frozen --python $(PYTHON)
 
-.PHONY: run test install install-test lint typecheck bench clean
+.PHONY: run test install install-test lint typecheck lock test-latest test-lowest bench clean
 
-$(BIN)/python:
-	$(PYTHON) -m venv $(VENV)
+# uv itself, pinned, in its own small environment (bootstrapped with the machine's pip).
+$(UV):
+	$(PYTHON) -m venv $(TOOLS)
+	$(TOOLS)/bin/pip install -q uv==$(UV_VERSION)
 
-$(VENV)/.installed: $(BIN)/python pyproject.toml
-	$(BIN)/pip install -q -e .
+# `lock --check` fails when pyproject.toml changed without `make lock`.
+$(VENV)/.installed: $(UV) uv.lock pyproject.toml
+	$(UV) lock --check --python $(PYTHON)
+	$(SYNC)
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed
-	$(BIN)/pip install -q -e '.[test]'
+	$(SYNC) --extra test
 	touch $@
 
 install: $(VENV)/.installed
@@ -30,8 +46,29 @@ lint: install-test
 test: install-test lint
 	$(BIN)/pytest -q
 
+# Refresh uv.lock to the newest versions pyproject.toml allows (commit the result).
+lock: $(UV)
+	$(UV) lock --upgrade --python $(PYTHON)
+
+# The suite (lint included) against the newest allowed versions, ignoring the lock.
+test-latest: $(UV)
+	$(UV) venv -q --clear --python $(PYTHON) .venv-latest
+	$(UV) pip install -q --python .venv-latest/bin/python --upgrade -e '.[test]'
+	.venv-latest/bin/ruff check src tests benchmarks
+	.venv-latest/bin/mypy
+	.venv-latest/bin/pytest -q
+
+# The suite against the lowest versions pyproject.toml declares for its direct dependencies
+# (torch at its floor, too). Lint is left to the locked tools: old ruff/mypy differ in rules.
+test-lowest: $(UV)
+	$(UV) venv -q --clear --python $(PYTHON) .venv-lowest
+	$(UV) pip install -q --python .venv-lowest/bin/python --resolution lowest-direct -e '.[test]'
+	.venv-lowest/bin/pytest -q
+
 bench: install
 	$(BIN)/python benchmarks/trainer_overhead.py
+	$(BIN)/python benchmarks/checkpoint_io.py
+	$(BIN)/python benchmarks/collectives_overhead.py
 
 clean:
-	rm -rf $(VENV) runs data .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-latest .venv-lowest $(TOOLS) runs data .pytest_cache .mypy_cache .ruff_cache

@@ -5,14 +5,14 @@ Each repeat runs, in alternating order so drift on a shared machine hits both si
 
 - save: ``CheckpointStore.save`` (sync: DCP shards with fsync, hashes, manifest, atomic
   commit) vs one sequential write of the same number of bytes with fsync (target ratio >= 0.8);
-- load: ``CheckpointStore.restore`` (verify every SHA-256, then DCP load into the model and
+- load: ``CheckpointStore.restore`` (verify every file's hash, then DCP load into the model and
   optimizer) vs one sequential read of the same bytes (target >= 0.8). Both start from a cold
   page cache (``posix_fadvise(DONTNEED)`` on every file) so the disk is read, not memory; the
   DCP load without verification is shown too, to separate the cost of hashing;
 - async: the time ``save`` blocks with ``checkpoint.async`` (staging to CPU) / the sync save
   time (target <= 0.1).
 
-    .venv/bin/python benchmarks/checkpoint_io.py [--repeats 5] [--dir .] [--d-model 512]
+    .venv/bin/python benchmarks/checkpoint_io.py [--repeats 5] [--dir .] [--d-model 512] [--hash blake3]
 """
 
 from __future__ import annotations
@@ -88,14 +88,15 @@ def raw_read(path: Path) -> float:
 class Bench:
     """Runs one kind of operation per call on a shared directory; returns seconds."""
 
-    def __init__(self, root: Path, model: GPT, optimizer: torch.optim.Optimizer) -> None:
+    def __init__(self, root: Path, model: GPT, optimizer: torch.optim.Optimizer, hash_name: str) -> None:
         self.root, self.model, self.optimizer = root, model, optimizer
         self.step = 0
-        self.async_store = CheckpointStore(CheckpointConfig(keep_last=1, async_save=True), root / "async")
+        self.cfg = CheckpointConfig(keep_last=1, hash=hash_name)  # type: ignore[arg-type]
+        self.async_store = CheckpointStore(self.cfg.model_copy(update={"async_save": True}), root / "async")
 
     def sync_save(self) -> float:
         self.step += 1
-        store = CheckpointStore(CheckpointConfig(keep_last=1), self.root / "sync")
+        store = CheckpointStore(self.cfg, self.root / "sync")
         start = time.perf_counter()
         store.save(self.step, self.model, self.optimizer, {"step": self.step})
         seconds = time.perf_counter() - start
@@ -130,8 +131,9 @@ class Bench:
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
         state = {"model": model_sd, "optim": optim_sd}
         dcp.load(state, storage_reader=SafeFileSystemReader(ckpt), planner=SafeLoadPlanner(), no_dist=True)
-        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
-                       optim_state_dict=state["optim"])
+        set_state_dict(
+            self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
+        )
         return time.perf_counter() - start
 
 
@@ -149,37 +151,46 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--d-model", type=int, default=512)
     parser.add_argument("--vocab", type=int, default=4096)
+    parser.add_argument("--hash", choices=["sha256", "blake3"], default="sha256", help="checkpoint.hash")
     args = parser.parse_args()
 
     model, optimizer = build(args)
     times: dict[str, list[float]] = {k: [] for k in ("save", "write", "restore", "dcp_load", "read", "async")}
     with tempfile.TemporaryDirectory(prefix="hpcpipe-ckpt-bench-", dir=args.dir) as tmp:
         root = Path(tmp)
-        bench = Bench(root, model, optimizer)
+        bench = Bench(root, model, optimizer, args.hash)
         bench.sync_save(), bench.async_block()  # warm-up: first-call costs, the staging buffer
         nbytes = read_manifest(bench.newest()).total_bytes
         payload = os.urandom(nbytes)
         raw = root / "raw.bin"
         for repeat in range(args.repeats):
-            interleave([(bench.sync_save, times["save"]), (lambda: raw_write(raw, payload), times["write"])],
-                       repeat)
+            interleave(
+                [(bench.sync_save, times["save"]), (lambda: raw_write(raw, payload), times["write"])], repeat
+            )
             interleave([(bench.restore, times["restore"]), (lambda: raw_read(raw), times["read"])], repeat)
             times["dcp_load"].append(bench.dcp_load_only())
             times["async"].append(bench.async_block())
         bench.async_store.close()
         shutil.rmtree(root / "async", ignore_errors=True)
-    report(times, nbytes, args.repeats)
+    report(times, nbytes, args.repeats, args.hash)
 
 
-def report(times: dict[str, list[float]], nbytes: int, repeats: int) -> None:
+def report(times: dict[str, list[float]], nbytes: int, repeats: int, hash_name: str) -> None:
     med = {k: statistics.median(v) for k, v in times.items()}
     mb = nbytes / 1e6
-    print(f"state {mb:.1f} MB (GPT + AdamW moments), threads={torch.get_num_threads()}, "
-          f"{repeats} repeats, medians, cold page cache for reads")
+    print(
+        f"state {mb:.1f} MB (GPT + AdamW moments), checkpoint.hash={hash_name}, "
+        f"threads={torch.get_num_threads()}, {repeats} repeats, medians, cold page cache for reads"
+    )
     print(f"{'operation':<42}{'median s':>10}{'MB/s':>10}{'min s':>9}{'max s':>9}")
-    rows = [("save (sync: DCP + fsync + hash + commit)", "save"), ("raw sequential write + fsync", "write"),
-            ("restore (verify SHA-256 + DCP load)", "restore"), ("DCP load only (no verify)", "dcp_load"),
-            ("raw sequential read", "read"), ("async save: blocking part", "async")]
+    rows = [
+        ("save (sync: DCP + fsync + hash + commit)", "save"),
+        ("raw sequential write + fsync", "write"),
+        (f"restore (verify {hash_name} + DCP load)", "restore"),
+        ("DCP load only (no verify)", "dcp_load"),
+        ("raw sequential read", "read"),
+        ("async save: blocking part", "async"),
+    ]
     for label, key in rows:
         xs = times[key]
         print(f"{label:<42}{med[key]:>10.3f}{mb / med[key]:>10.0f}{min(xs):>9.3f}{max(xs):>9.3f}")
@@ -190,16 +201,29 @@ def report(times: dict[str, list[float]], nbytes: int, repeats: int) -> None:
         "async_block_vs_sync_save": med["async"] / med["save"],
     }
     print(f"save / raw write        = {ratios['save_vs_raw_write']:.3f} (target >= 0.8)")
-    print(f"restore / raw read      = {ratios['restore_vs_raw_read']:.3f} (target >= 0.8; "
-          f"DCP load alone {ratios['dcp_load_vs_raw_read']:.3f})")
+    print(
+        f"restore / raw read      = {ratios['restore_vs_raw_read']:.3f} (target >= 0.8; "
+        f"DCP load alone {ratios['dcp_load_vs_raw_read']:.3f})"
+    )
     print(f"async blocking / sync   = {ratios['async_block_vs_sync_save']:.3f} (target <= 0.1)")
-    print(json.dumps({
-        "benchmark": "checkpoint_io", "bytes": nbytes, "repeats": repeats, **run_context(),
-        "median_s": {k: round(v, 4) for k, v in med.items()},
-        "ratios": {k: round(v, 4) for k, v in ratios.items()},
-        "targets": {"save_vs_raw_write": ">=0.8", "restore_vs_raw_read": ">=0.8",
-                    "async_block_vs_sync_save": "<=0.1"},
-    }))
+    print(
+        json.dumps(
+            {
+                "benchmark": "checkpoint_io",
+                "hash": hash_name,
+                "bytes": nbytes,
+                "repeats": repeats,
+                **run_context(),
+                "median_s": {k: round(v, 4) for k, v in med.items()},
+                "ratios": {k: round(v, 4) for k, v in ratios.items()},
+                "targets": {
+                    "save_vs_raw_write": ">=0.8",
+                    "restore_vs_raw_read": ">=0.8",
+                    "async_block_vs_sync_save": "<=0.1",
+                },
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

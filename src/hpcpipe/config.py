@@ -154,7 +154,7 @@ class ObserveConfig(Section):
 
 
 class CheckpointConfig(Section):
-    """Checkpoints: DCP shards + a SHA-256 manifest, committed atomically, in two tiers.
+    """Checkpoints: DCP shards + a manifest of file hashes, committed atomically, in two tiers.
 
     ``async`` is a Python keyword, so the field is ``async_save`` in code and ``async`` in YAML
     and ``--set checkpoint.async=true`` (both spellings are accepted when reading).
@@ -205,6 +205,11 @@ class CheckpointConfig(Section):
     )
     io_threads: int = Field(
         2, ge=1, le=64, description="Writer threads per rank (one file each per save)."
+    )
+    hash: Literal["sha256", "blake3"] = Field(
+        "sha256",
+        description="File hash in the manifest: sha256, or blake3 (about 4.5x faster; needs the "
+        "blake3 extra: pip install 'hpcpipe[blake3]'). Either kind of checkpoint always verifies.",
     )
 
 

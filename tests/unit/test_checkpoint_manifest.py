@@ -35,7 +35,7 @@ def test_manifest_round_trip_and_verify(tmp_path: Path) -> None:
     manifest, problems = verify_dir(ckpt)
     assert problems == [] and manifest is not None
     assert manifest.step == 3 and manifest.world_size == 2 and manifest.total_bytes == 101
-    assert manifest.files["a.distcp"] == FileEntry(hash_file(ckpt / "a.distcp").sha256, 100)
+    assert manifest.files["a.distcp"] == FileEntry(hash_file(ckpt / "a.distcp").digest, 100)
 
 
 def test_each_kind_of_damage_names_the_file(tmp_path: Path) -> None:
@@ -152,3 +152,16 @@ def test_public_api_is_pinned() -> None:
         assert getattr(checkpoint, name) is not None
     with pytest.raises(AttributeError):
         _ = checkpoint.NoSuchThing  # type: ignore[attr-defined]
+
+
+def test_a_manifest_without_a_hash_field_is_sha256(tmp_path: Path) -> None:
+    ckpt = _checkpoint(tmp_path, {"a.distcp": b"x" * 10})
+    body = json.loads((ckpt / "manifest.json").read_text())
+    assert body.pop("hash") == "sha256" and body["files"]["a.distcp"]["sha256"]
+    (ckpt / "manifest.json").write_text(json.dumps(body))  # as written before checkpoint.hash existed
+    manifest, problems = verify_dir(ckpt)
+    assert problems == [] and manifest is not None and manifest.hash == "sha256"
+    body["hash"] = "md5"
+    (ckpt / "manifest.json").write_text(json.dumps(body))
+    _, problems = verify_dir(ckpt)
+    assert [p.reason for p in problems] == ["malformed manifest (unknown hash 'md5')"]

@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import random
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -339,8 +340,8 @@ def test_full_disk_is_a_clear_error_and_keeps_the_previous_checkpoint(
         def __getattr__(self, name: str) -> Any:
             return getattr(self.raw, name)
 
-    def on_full_disk(self: Any, raw: Any, path: Path) -> None:
-        real_init(self, FullDisk(raw) if path.name == "__0_1.distcp" else raw, path)
+    def on_full_disk(self: Any, raw: Any, path: Path, algorithm: str = "sha256") -> None:
+        real_init(self, FullDisk(raw) if path.name == "__0_1.distcp" else raw, path, algorithm)
 
     monkeypatch.setattr(safe_dcp._HashingStream, "__init__", on_full_disk)
     with pytest.raises(CheckpointError) as err:
@@ -375,3 +376,32 @@ def test_rejects_extra_that_weights_only_cannot_load(tmp_path: Path) -> None:
         store.save(1, model, optimizer, {"loader": {"perm": np.arange(3)}})
     store.close()
     assert list(tmp_path.iterdir()) == []
+
+
+# -- checkpoint.hash=blake3 -------------------------------------------------------------------------
+
+
+def test_blake3_checkpoints_commit_verify_and_restore(tmp_path: Path) -> None:
+    import blake3
+
+    states = save_steps(tmp_path, [1, 2], hash="blake3")
+    ckpt = tmp_path / "step-00000002"
+    manifest = json.loads((ckpt / "manifest.json").read_text())
+    assert manifest["hash"] == "blake3"
+    for name, entry in manifest["files"].items():
+        data = (ckpt / name).read_bytes()
+        assert entry == {"size": len(data), "blake3": blake3.blake3(data).hexdigest()}
+    shard = next(ckpt.glob("*.distcp"))
+    (ckpt / shard.name).write_bytes(b"\0" + shard.read_bytes()[1:])  # one byte changed
+    events: list[tuple[str, dict[str, Any]]] = []
+    extra, restored, _ = restore_into_fresh(tmp_path, events=events)
+    assert extra == {"step": 1}  # fell back past the damaged step 2
+    assert_same(restored, states[1])
+    fallback = next(fields for kind, fields in events if kind == "checkpoint_fallback")
+    assert fallback["file"] == shard.name and fallback["reason"] == "BLAKE3 mismatch"
+
+
+def test_blake3_without_the_package_names_the_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "blake3", None)  # import blake3 -> ImportError
+    with pytest.raises(CheckpointError, match=r"checkpoint\.hash=blake3 needs the blake3 package"):
+        store_for(tmp_path, hash="blake3")

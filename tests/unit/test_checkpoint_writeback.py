@@ -32,8 +32,8 @@ def test_writeback_starts_every_chunk_and_the_hash_covers_all_bytes(
         stream.flush()
     entry = stream.entry()
     assert entry.size == len(payload) == path.stat().st_size
-    assert entry.sha256 == hashlib.sha256(payload).hexdigest()
-    assert entry.sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
+    assert entry.digest == hashlib.sha256(payload).hexdigest()
+    assert entry.digest == hashlib.sha256(path.read_bytes()).hexdigest()
     offsets = [offset for offset, advice in calls if advice == os.POSIX_FADV_DONTNEED]
     # Once at least 1 MiB is pending: after 4 writes (1.2 MB), 8, 12 and 16; the last 0.4 MB
     # waits for the final fsync.

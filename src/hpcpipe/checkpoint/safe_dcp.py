@@ -5,7 +5,7 @@ Reading. Stock DCP ``FileSystemReader.read_metadata`` calls ``pickle.load`` on `
 item: a crafted checkpoint would run code on load. ``SafeFileSystemReader`` unpickles the
 metadata with an allow-list (DCP's metadata dataclasses, ``torch.Size``, dtypes, layouts, paths,
 nothing else) and ``SafeLoadPlanner`` loads bytes with ``weights_only=True``. Tensor items are
-already read by DCP with ``weights_only=True``. The store still verifies the manifest's SHA-256
+already read by DCP with ``weights_only=True``. The store still verifies the manifest's hash
 of every file before any of these run; this layer is the second wall, for ``hpcpipe ckpt``
 users who point it at a directory of unknown origin.
 
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import io
 import os
 import pickle
@@ -39,7 +38,7 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import ReadItem
 
 from hpcpipe import compat
-from hpcpipe.checkpoint.manifest import CheckpointError, FileEntry
+from hpcpipe.checkpoint.manifest import CheckpointError, FileEntry, new_hasher
 
 # dcp.save/load warn on every single-process call (store without a process group, export):
 # that is our deliberate mode, not a mistake.
@@ -132,10 +131,10 @@ WRITEBACK_BYTES = 16 << 20
 class _HashingStream:
     """A write-only file that hashes every byte it writes and names its path in OSErrors."""
 
-    def __init__(self, raw: IO[bytes], path: Path) -> None:
+    def __init__(self, raw: IO[bytes], path: Path, algorithm: str = "sha256") -> None:
         self._raw = raw
         self._path = path
-        self._hash = hashlib.sha256()
+        self._hash = new_hasher(algorithm)
         self.size = 0
         self._written_back = 0  # bytes handed to the kernel's writeback so far
 
@@ -163,7 +162,7 @@ class _HashingStream:
         self._written_back = self.size
 
     def entry(self) -> FileEntry:
-        return FileEntry(sha256=self._hash.hexdigest(), size=self.size)
+        return FileEntry(digest=self._hash.hexdigest(), size=self.size)
 
     def tell(self) -> int:
         return self._raw.tell()
@@ -195,10 +194,11 @@ def _with_path(exc: OSError, path: Path) -> OSError:
 
 
 class _HashingFileSystem(FileSystem):
-    """DCP's local file system, recording (sha256, size) of every file opened for writing."""
+    """DCP's local file system, recording (digest, size) of every file opened for writing."""
 
-    def __init__(self) -> None:
+    def __init__(self, algorithm: str) -> None:
         super().__init__()
+        self.algorithm = algorithm
         self.entries: dict[Path, FileEntry] = {}
         self.errors: list[BaseException] = []
         self.threads: set[threading.Thread] = set()  # every thread that wrote a file
@@ -215,7 +215,7 @@ class _HashingFileSystem(FileSystem):
             self.threads.add(threading.current_thread())
         try:
             with path.open(mode) as raw:
-                hashing = _HashingStream(raw, path)
+                hashing = _HashingStream(raw, path, self.algorithm)
                 yield hashing  # type: ignore[misc]  # duck-typed: DCP only writes, tells, flushes
                 entry = hashing.entry()
         except BaseException as exc:
@@ -281,9 +281,11 @@ class HashedFileSystemWriter(FileSystemWriter):
     this rank wrote (its shards, its extra file, and ``.metadata`` on the coordinator).
     """
 
-    def __init__(self, path: Path, extra_name: str, extra_bytes: bytes, thread_count: int) -> None:
+    def __init__(
+        self, path: Path, extra_name: str, extra_bytes: bytes, thread_count: int, algorithm: str = "sha256"
+    ) -> None:
         super().__init__(path, thread_count=thread_count, sync_files=True)
-        self.hashing_fs = _HashingFileSystem()
+        self.hashing_fs = _HashingFileSystem(algorithm)
         self.fs = self.hashing_fs
         self.transforms = _PlainTransforms()  # type: ignore[assignment]
         self._root = Path(path)

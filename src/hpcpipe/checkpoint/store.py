@@ -81,6 +81,7 @@ from hpcpipe.checkpoint.manifest import (
     FileEntry,
     Manifest,
     Problem,
+    new_hasher,
     read_manifest,
     step_dir_name,
     verify_dir,
@@ -121,6 +122,7 @@ class CheckpointStore:
         events: EventFn | None = None,
     ) -> None:
         self.cfg = cfg
+        new_hasher(cfg.hash)  # a missing blake3 package fails here, before any training
         self.rank = rank
         self.world_size = world_size
         self.config_hash = config_hash
@@ -178,7 +180,7 @@ class CheckpointStore:
         model_sd, optim_sd = get_state_dict(model, optimizer)
         state = {"model": model_sd, "optim": optim_sd}
         writer = HashedFileSystemWriter(
-            tmp, extra_name(self.rank), serialize_extra(extra), self.cfg.io_threads
+            tmp, extra_name(self.rank), serialize_extra(extra), self.cfg.io_threads, self.cfg.hash
         )
         if self._writer is None:
             self._write_and_commit(state, writer, tmp, step, force_durable)
@@ -252,7 +254,7 @@ class CheckpointStore:
                 size = (tmp / name).stat().st_size
                 if size != entry.size:
                     return f"checkpoint step {step}: {tmp / name} has {size} bytes, written {entry.size}"
-            manifest = Manifest(step, self.world_size, self.config_hash, entries)
+            manifest = Manifest(step, self.world_size, self.config_hash, entries, hash=self.cfg.hash)
             write_manifest(tmp, manifest)
             self.fast.commit(tmp, step)
         except FileNotFoundError as exc:
