@@ -13,8 +13,8 @@ from hpcpipe.cli.common import JsonOption, console, err_console, write_json
 from hpcpipe.errors import UserError
 
 app = typer.Typer(
-    help="List, verify (SHA-256 against the manifest) and export (safetensors, Hugging Face) "
-    "checkpoints.",
+    help="List, verify (SHA-256 or BLAKE3 hashes against the manifest) and export "
+    "(safetensors, Hugging Face) checkpoints.",
     no_args_is_help=True,
 )
 
