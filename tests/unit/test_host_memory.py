@@ -31,11 +31,17 @@ def _faults(mode: str) -> tuple[str, int]:
     return out[0], int(out[1])
 
 
+PAGES_PER_TENSOR = (16 << 20) // 4096
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
 def test_retained_memory_removes_steady_state_page_faults() -> None:
     accepted, retained = _faults("retain")
-    _, default = _faults("default")
     assert accepted == "True"
-    # 20 steps x 2 tensors x 4096 pages would fault in again without it.
-    assert default > 20 * 4096
-    assert retained < default / 20
+    # 20 steps allocate 40 such tensors; retained, at most the heap's growth by one or two of
+    # them faults in (seen: 0 or 4096 pages), never one per step.
+    assert retained <= 2 * PAGES_PER_TENSOR
+    _, default = _faults("default")
+    # Where glibc's adaptive threshold already keeps them (seen with torch 2.11's allocator),
+    # there is nothing to remove; where it does not (torch 2.15), every step faults them in.
+    assert default <= 2 * PAGES_PER_TENSOR or default > 20 * PAGES_PER_TENSOR

@@ -94,12 +94,22 @@ def safe_load_metadata(stream: IO[bytes], origin: str) -> Metadata:
 
 
 class SafeFileSystemReader(FileSystemReader):
-    """DCP's file reader with the metadata unpickled through the allow-list."""
+    """DCP's file reader with the metadata unpickled through the allow-list.
+
+    ``refused`` keeps the refusal: torch 2.11's ``dcp.load`` swallows exceptions from
+    ``read_metadata`` and fails later with "metadata is None", so the caller re-raises this.
+    """
+
+    refused: CheckpointError | None = None
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         path = compat.dcp_metadata_path(self, kwargs.get("rank"))
         with self.fs.create_stream(path, "rb") as stream:
-            metadata = safe_load_metadata(stream, str(path))  # type: ignore[arg-type]
+            try:
+                metadata = safe_load_metadata(stream, str(path))  # type: ignore[arg-type]
+            except CheckpointError as exc:
+                self.refused = exc
+                raise
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id  # type: ignore[union-attr]

@@ -401,14 +401,12 @@ class CheckpointStore:
         manifest = read_manifest(path)
         model_sd, optim_sd = get_state_dict(model, optimizer)
         state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
+        reader = SafeFileSystemReader(path)
         try:
-            dcp.load(
-                state,
-                storage_reader=SafeFileSystemReader(path),
-                planner=SafeLoadPlanner(),
-                **self._dcp_group(),
-            )
+            dcp.load(state, storage_reader=reader, planner=SafeLoadPlanner(), **self._dcp_group())
         except CheckpointException as exc:
+            if reader.refused is not None:
+                raise reader.refused from None
             raise CheckpointError(f"{path}: does not load into this model ({_first_failure(exc)})") from None
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
         extra_rank = self.rank if (path / extra_name(self.rank)).is_file() else 0
