@@ -7,11 +7,12 @@ import sys
 
 import pytest
 
-_LOOP = """
-import resource, sys, torch
+PAGES_PER_TENSOR = (16 << 20) // 4096
 STEPS = 60
+_LOOP = f"""
+import resource, torch
 from hpcpipe.train.host_memory import retain_freed_host_memory
-accepted = retain_freed_host_memory() if sys.argv[1] == "retain" else None
+accepted = retain_freed_host_memory()
 def step():
     # Three 16 MB tensors, like the quickstart's (B, T, V) logits, their softmax and gradient;
     # freeing them leaves 48 MB free at the heap top, more than glibc's adaptive trim threshold.
@@ -22,28 +23,37 @@ def step():
 for _ in range(3):
     step()
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-for _ in range(STEPS):
+for _ in range({STEPS}):
     step()
 print(accepted, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
 
 
-def _faults(mode: str) -> tuple[str, int]:
+def _faults() -> tuple[str, int]:
     out = subprocess.run(
-        [sys.executable, "-c", _LOOP, mode], capture_output=True, text=True, timeout=60, check=True
+        [sys.executable, "-c", _LOOP], capture_output=True, text=True, timeout=60, check=True
     ).stdout.split()
     return out[0], int(out[1])
 
 
-PAGES_PER_TENSOR = (16 << 20) // 4096
-STEPS = 60
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
 def test_retained_memory_removes_steady_state_page_faults() -> None:
-    accepted, retained = _faults("retain")
+    accepted, retained = _faults()
     assert accepted == "True"
     # 60 steps allocate 180 such tensors. Without retention glibc trims the heap top and they
     # fault in again: 735,360 page faults in most runs here (3 tensors per step), 24,544 in the
     # luckiest, on torch 2.11 and 2.15 alike. Retained: 0 to 8,192 (the heap grows once).
     assert retained < 5 * PAGES_PER_TENSOR, f"{retained} page faults in {STEPS} steps"
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_the_config_key_decides(monkeypatch: pytest.MonkeyPatch, enabled: bool) -> None:
+    from hpcpipe.config import ParallelConfig
+    from hpcpipe.train import distributed
+    from hpcpipe.train.environment import DistEnv
+
+    calls: list[bool] = []
+    monkeypatch.setattr(distributed, "retain_freed_host_memory", lambda: calls.append(True) or True)
+    env = DistEnv(kind="single", rank=0, local_rank=0, world_size=1, local_world_size=1)
+    distributed.init_distributed(ParallelConfig(retain_host_memory=enabled), env)
+    assert calls == ([True] if enabled else [])
