@@ -28,7 +28,7 @@ __all__ = [
     "create_cpu_state_dict",
     "dcp_metadata_path",
     "dcp_set_element",
-    "ddp_kwargs_without_buffer_sync",
+    "ddp_buffer_sync_kwargs",
     "ddp_reset_reducer",
     "fsdp_drop_unsharded_grads",
     "fsdp_reset_iter_state",
@@ -74,17 +74,17 @@ def ddp_reset_reducer(model: nn.Module) -> None:
     _require(reducer, "_reset_state", "reset DDP after an abandoned forward")()
 
 
-def ddp_kwargs_without_buffer_sync() -> dict[str, Any]:
-    """DDP keyword that turns off the per-forward buffer broadcast, as this torch spells it.
+def ddp_buffer_sync_kwargs(enabled: bool) -> dict[str, Any]:
+    """DDP keyword that turns the per-forward buffer broadcast on or off, as this torch spells it.
 
     torch >= 2.14 calls it ``forward_sync_buffers`` (``broadcast_buffers`` is deprecated there).
     """
     params = inspect.signature(nn.parallel.DistributedDataParallel.__init__).parameters
     if "forward_sync_buffers" in params:
-        return {"forward_sync_buffers": False}
+        return {"forward_sync_buffers": enabled}
     if "broadcast_buffers" in params:
-        return {"broadcast_buffers": False}
-    raise TorchAPIError("DistributedDataParallel(forward_sync_buffers=...)", "skip buffer broadcasts")
+        return {"broadcast_buffers": enabled}
+    raise TorchAPIError("DistributedDataParallel(forward_sync_buffers=...)", "control buffer broadcasts")
 
 
 # -- FSDP2 ----------------------------------------------------------------------------------------

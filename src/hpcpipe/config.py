@@ -31,7 +31,10 @@ class RunConfig(Section):
     name: str = Field("run", min_length=1, description="Run name; the run directory is <out_dir>/<name>.")
     out_dir: str = Field("runs", description="Parent directory of run directories.")
     seed: int = Field(0, ge=0, description="Seed for model init, data order and dropout.")
-    recipe: Literal["gpt"] = Field("gpt", description="Workload recipe (registry name).")
+    recipe: Literal["gpt", "resnet-cifar"] = Field(
+        "gpt", description="Workload recipe (registry name): gpt (LM pretraining on token shards) or "
+        "resnet-cifar (torchvision ResNet-18 image classification: CIFAR, MNIST-style IDX, ImageFolder)."
+    )
 
     @model_validator(mode="after")
     def _name_is_a_plain_directory_name(self) -> RunConfig:
@@ -42,10 +45,13 @@ class RunConfig(Section):
 
 
 class ModelConfig(Section):
-    variant: Literal["gpt2", "llama"] = Field(
+    variant: Literal["gpt2", "llama", "resnet18", "resnet18-imagenet"] = Field(
         "gpt2",
         description="gpt2: LayerNorm + learned positions + GELU MLP; "
-        "llama: RMSNorm + RoPE + SwiGLU, no biases.",
+        "llama: RMSNorm + RoPE + SwiGLU, no biases (both for recipe gpt). "
+        "resnet18: torchvision ResNet-18 with a small-image stem (3x3 conv, stride 1, no max-pool); "
+        "resnet18-imagenet: the original 7x7 stride-2 stem + max-pool, 16x fewer FLOPs on small "
+        "images (both for recipe resnet-cifar).",
     )
     n_layers: int = Field(4, ge=1, description="Transformer blocks.")
     n_heads: int = Field(4, ge=1, description="Attention heads per block.")
@@ -72,7 +78,46 @@ class ModelConfig(Section):
         return self
 
 
+IMAGE_FORMATS = (
+    "cifar10", "cifar100", "cifar10-binary", "cifar100-binary", "idx", "fashion-mnist", "imagefolder",
+)
+
+
 class DataConfig(Section):
+    format: Literal[
+        "tokens", "cifar10", "cifar100", "cifar10-binary", "cifar100-binary", "idx", "fashion-mnist",
+        "imagefolder",
+    ] = Field(
+        "tokens",
+        description="tokens: text sources -> token shards (recipe gpt). Images (recipe resnet-cifar), "
+        "read from data.root: cifar10/cifar100 (the python-pickle batches, read with a restricted "
+        "unpickler), cifar10-binary/cifar100-binary, idx (MNIST-style train-/t10k- IDX files, gzipped "
+        "or not), fashion-mnist (idx; data.root defaults to Debian's dataset-fashion-mnist), "
+        "imagefolder (root/train/<class>/*.png and root/test/<class>/*).",
+    )
+    root: str | None = Field(
+        None, description="Directory of an image dataset (formats other than tokens)."
+    )
+    augment: bool = Field(
+        True, description="Images: random crop with 4-pixel padding and horizontal flip in training."
+    )
+    max_train_samples: int | None = Field(
+        None, ge=1, description="Images: train on the first N training samples only (null: all)."
+    )
+    max_eval_samples: int | None = Field(
+        None, ge=1, description="Images: evaluate on the first N test samples (null: the whole test set)."
+    )
+    num_workers: int = Field(
+        0, ge=0, description="Images: DataLoader worker processes per rank (0: load in the training process)."
+    )
+    pin_memory: bool = Field(False, description="Images: page-locked batches for faster host-to-GPU copies.")
+    persistent_workers: bool = Field(
+        False, description="Images: keep DataLoader workers alive between epochs (needs num_workers > 0)."
+    )
+    prefetch_factor: int | None = Field(
+        None, ge=1, description="Images: batches each worker loads ahead (null: torch's default, 2; "
+        "needs num_workers > 0)."
+    )
     sources: list[str] = Field(
         default_factory=lambda: ["@stdlib"],
         description="Text files, directories, globs or JSONL files; '@stdlib' is the Python "
@@ -97,12 +142,25 @@ class DataConfig(Section):
     prepared_dir: str = Field(
         "data/prepared",
         description="Where prepared datasets live; each in a sub-directory named by the hash "
-        "of its inputs, so preparing again with the same inputs reuses it.",
+        "of its inputs, so preparing again with the same inputs reuses it. Image datasets keep "
+        "their hash manifest (written on first read) here too.",
     )
+
+    @model_validator(mode="after")
+    def _workers_for_worker_options(self) -> DataConfig:
+        if self.num_workers == 0 and (self.persistent_workers or self.prefetch_factor is not None):
+            key = "persistent_workers" if self.persistent_workers else "prefetch_factor"
+            raise ValueError(f"data.{key} needs data.num_workers > 0")
+        return self
 
 
 class TrainConfig(Section):
-    steps: int = Field(100, ge=1, description="Optimizer steps.")
+    steps: int = Field(100, ge=1, description="Optimizer steps (ignored when train.epochs is set).")
+    epochs: float | None = Field(
+        None, gt=0, description="Train for this many passes over the training set instead of "
+        "train.steps (steps = ceil(epochs x samples / global batch)); needs a recipe that knows its "
+        "dataset size (resnet-cifar)."
+    )
     micro_batch_size: int = Field(8, ge=1, description="Sequences per rank per forward pass.")
     global_batch_size: int = Field(
         16,
@@ -110,11 +168,15 @@ class TrainConfig(Section):
         description="Sequences per optimizer step over all ranks; gradient accumulation = "
         "global / (micro * world size) and must be a whole number.",
     )
-    lr: float = Field(3e-3, gt=0, description="Peak learning rate (AdamW).")
+    optimizer: Literal["adamw", "sgd"] = Field(
+        "adamw", description="adamw (betas beta1/beta2) or sgd (Nesterov momentum train.momentum)."
+    )
+    momentum: float = Field(0.9, ge=0, lt=1, description="SGD momentum.")
+    lr: float = Field(3e-3, gt=0, description="Peak learning rate.")
     min_lr_ratio: float = Field(0.1, ge=0, le=1, description="Final LR as a fraction of peak.")
     warmup_steps: int = Field(10, ge=0, description="Linear warm-up steps.")
     schedule: Literal["cosine", "linear", "constant"] = Field("cosine", description="Decay after warm-up.")
-    weight_decay: float = Field(0.1, ge=0, description="AdamW decoupled weight decay (2-D weights).")
+    weight_decay: float = Field(0.1, ge=0, description="Weight decay on >= 2-D weights (AdamW: decoupled).")
     beta1: float = Field(0.9, ge=0, lt=1, description="AdamW beta1.")
     beta2: float = Field(0.95, ge=0, lt=1, description="AdamW beta2.")
     grad_clip: float = Field(1.0, ge=0, description="Max global grad norm (0 disables clipping).")
@@ -122,6 +184,13 @@ class TrainConfig(Section):
         "fp32", description="bf16: autocast; fp16: autocast + gradient scaler (CUDA)."
     )
     compile: bool = Field(False, description="Wrap the model in torch.compile.")
+    channels_last: bool = Field(
+        False, description="Images: NHWC memory format for model and inputs (faster convolutions "
+        "under bf16/fp16 on tensor cores and on many CPUs)."
+    )
+    label_smoothing: float = Field(
+        0.0, ge=0, lt=1, description="Classification: cross-entropy label smoothing."
+    )
     eval_every: int = Field(50, ge=0, description="Evaluate every N steps (0: only at the end).")
     eval_batches: int = Field(8, ge=1, description="Micro-batches per rank in one evaluation.")
 
@@ -137,6 +206,26 @@ class ParallelConfig(Section):
     timeout_s: float = Field(600.0, gt=0, description="Process-group collective timeout.")
     threads_per_rank: int | None = Field(
         None, ge=1, description="torch intra-op threads per rank (null: cores / local ranks)."
+    )
+    bucket_cap_mb: float = Field(
+        25.0, gt=0, description="DDP: gradient bucket size in MiB; larger buckets mean fewer, bigger "
+        "all-reduces, smaller ones start communication earlier in backward."
+    )
+    gradient_as_bucket_view: bool = Field(
+        False, description="DDP: gradients are views into the all-reduce buckets (saves one copy "
+        "and the memory of the gradients)."
+    )
+    static_graph: bool = Field(
+        False, description="DDP: the set of used parameters never changes between steps, so DDP "
+        "can skip its per-step graph search and overlap better."
+    )
+    broadcast_buffers: bool | None = Field(
+        None, description="DDP: broadcast rank 0's buffers (BatchNorm running statistics) at every "
+        "forward; null: the recipe decides (resnet-cifar: yes, gpt: no)."
+    )
+    sync_gradients: bool = Field(
+        True, description="Benchmarking only: false skips every gradient all-reduce (ranks then "
+        "diverge), to measure a step without communication (bench scaling uses it)."
     )
     retain_host_memory: bool = Field(
         True,
@@ -251,6 +340,20 @@ class JobConfig(Section):
         if hang > 0 and hang >= pg:
             raise ValueError(
                 f"fault.hang_timeout_s ({hang:g}) must be smaller than parallel.timeout_s ({pg:g})"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _recipe_matches_model_and_data(self) -> JobConfig:
+        vision = self.run.recipe == "resnet-cifar"
+        if vision != self.model.variant.startswith("resnet"):
+            wanted = "resnet18 or resnet18-imagenet" if vision else "gpt2 or llama"
+            variant, recipe = self.model.variant, self.run.recipe
+            raise ValueError(f"model.variant {variant!r} does not fit run.recipe {recipe!r} (use {wanted})")
+        if vision != (self.data.format != "tokens"):
+            wanted = ", ".join(IMAGE_FORMATS) if vision else "tokens"
+            raise ValueError(
+                f"data.format {self.data.format!r} does not fit run.recipe {self.run.recipe!r} (use {wanted})"
             )
         return self
 

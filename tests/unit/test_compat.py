@@ -66,7 +66,7 @@ def test_ddp_reset_reducer_names_what_is_missing() -> None:
 def test_ddp_buffer_sync_keyword_is_accepted_by_this_torch() -> None:
     import inspect
 
-    (keyword,) = compat.ddp_kwargs_without_buffer_sync()
+    (keyword,) = compat.ddp_buffer_sync_kwargs(False)
     assert keyword in inspect.signature(torch.nn.parallel.DistributedDataParallel.__init__).parameters
 
 
@@ -122,7 +122,7 @@ _LIVE = textwrap.dedent(
     assert all(p.grad is not None for p in model.parameters())
 
     # DDP: a forward whose backward never came, reducer reset, then a normal step.
-    ddp = nn.parallel.DistributedDataParallel(tiny(), **compat.ddp_kwargs_without_buffer_sync())
+    ddp = nn.parallel.DistributedDataParallel(tiny(), **compat.ddp_buffer_sync_kwargs(False))
     ddp(x)
     compat.ddp_reset_reducer(ddp)
     ddp(x).sum().backward()

@@ -96,3 +96,29 @@ def test_grad_accum_arithmetic() -> None:
     assert grad_accum_steps(train, 2) == 4
     with pytest.raises(ConfigError, match=r"train.global_batch_size \(32\) must be a multiple"):
         grad_accum_steps(train, 3)
+
+
+def test_recipe_variant_and_data_format_must_agree() -> None:
+    with pytest.raises(ConfigError, match=r"model\.variant 'llama' does not fit run\.recipe 'resnet-cifar'"):
+        load_config("resnet-tiny", ["model.variant=llama"])
+    with pytest.raises(ConfigError, match=r"data\.format 'tokens' does not fit run\.recipe 'resnet-cifar'"):
+        load_config("resnet-tiny", ["data.format=tokens"])
+    with pytest.raises(ConfigError, match=r"data\.format 'idx' does not fit run\.recipe 'gpt'"):
+        load_config("tiny", ["data.format=idx"])
+
+
+def test_loader_worker_options_need_workers() -> None:
+    with pytest.raises(ConfigError, match=r"data.persistent_workers needs data.num_workers > 0"):
+        load_config("resnet-tiny", ["data.persistent_workers=true"])
+    sets = ["data.num_workers=2", "data.prefetch_factor=4", "parallel.bucket_cap_mb=50"]
+    cfg = load_config("resnet-tiny", sets)
+    assert cfg.data.prefetch_factor == 4 and cfg.parallel.bucket_cap_mb == 50.0
+
+
+def test_epochs_become_steps() -> None:
+    from hpcpipe.train.schedule import resolve_steps
+
+    cfg = load_config("resnet-tiny", ["train.epochs=2.5"]).train
+    assert resolve_steps(cfg, samples_per_epoch=100).steps == 16  # ceil(2.5 * 100 / 16)
+    with pytest.raises(ConfigError, match=r"train\.epochs"):
+        resolve_steps(cfg, samples_per_epoch=None)

@@ -15,6 +15,8 @@ import csv
 from pathlib import Path
 from typing import Any
 
+from hpcpipe.bench.bottleneck import classify, exposed_communication
+from hpcpipe.bench.throughput import bench_job, summarize_run
 from hpcpipe.config import JobConfig
 from hpcpipe.errors import UserError
 
@@ -22,13 +24,26 @@ MODES = ("strong", "weak")
 CSV_COLUMNS = (
     "mode",
     "nproc",
+    "nodes",
+    "devices",
+    "job_id",
     "global_batch_size",
     "micro_batch_size",
+    "precision",
     "step_time_s",
     "per_s",
     "per_s_per_device",
+    "time_per_epoch_s",
     "efficiency",
+    "data_time_s",
+    "step_time_nosync_s",
+    "exposed_comm_s",
+    "data_share",
+    "comm_share",
+    "bottleneck",
     "unit",
+    "git_sha",
+    "config_hash",
     "run_dir",
 )
 
@@ -71,10 +86,20 @@ def add_efficiency(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def run_scaling(
-    cfg: JobConfig, nprocs: list[int], modes: list[str], steps: int, warmup: int, out_dir: Path
+    cfg: JobConfig,
+    nprocs: list[int],
+    modes: list[str],
+    steps: int,
+    warmup: int,
+    out_dir: Path,
+    bottlenecks: bool = True,
 ) -> dict[str, Any]:
-    """Train one benchmark run per (mode, N); returns rows with efficiencies (also in scaling.csv)."""
-    from hpcpipe.bench.throughput import bench_job, summarize_run
+    """Train one benchmark run per (mode, N); returns rows with efficiencies (also in scaling.csv).
+
+    With ``bottlenecks``, every N > 1 also trains its no-communication twin
+    (``parallel.sync_gradients=false``) so each row carries its exposed communication time and a
+    bottleneck verdict (``hpcpipe.bench.bottleneck``).
+    """
     from hpcpipe.launch.job import run_job
     from hpcpipe.train.environment import detect_environment
 
@@ -87,23 +112,54 @@ def run_scaling(
     for mode, nproc, global_batch, micro in plans:
         name = f"{cfg.run.name}-scaling-{mode}-n{nproc}"
         job = bench_job(cfg, name, out_dir, steps, warmup, nproc, global_batch, micro)
-        summary = summarize_run(run_job(job), warmup)
-        rows.append(
-            {
-                "mode": mode,
-                "nproc": nproc,
-                "global_batch_size": global_batch,
-                "micro_batch_size": micro,
-                "step_time_s": summary["step_time_s"],
-                "per_s": summary["per_s"],
-                "per_s_per_device": summary["per_s_per_device"],
-                "unit": summary["unit"],
-                "run_dir": summary["run_dir"],
-            }
-        )
+        row = {"mode": mode, "nproc": nproc, **scaling_row(run_job(job), warmup)}
+        nosync = None
+        if bottlenecks and nproc > 1:
+            twin = bench_job(cfg, f"{name}-nosync", out_dir, steps, warmup, nproc, global_batch, micro, False)
+            nosync = summarize_run(run_job(twin), warmup)["step_time_s"]
+        rows.append(with_bottleneck(row, nosync))
     add_efficiency(rows)
     csv_path = write_csv(rows, out_dir / "scaling.csv")
     return {"name": cfg.run.name, "rows": rows, "csv": str(csv_path)}
+
+
+def scaling_row(run_dir: Path, warmup: int) -> dict[str, Any]:
+    """Step-time medians of a benchmark run plus the facts the study CSV carries."""
+    from hpcpipe.observe.run_summary import summarize_run_dir
+
+    summary = summarize_run(run_dir, warmup)
+    facts = summarize_run_dir(run_dir, skip_rows=warmup)
+    return {
+        "nodes": facts["nodes"],
+        "devices": facts["devices"],
+        "job_id": facts["job_id"],
+        "global_batch_size": facts["global_batch_size"],
+        "micro_batch_size": facts["micro_batch_size"],
+        "precision": facts["precision"],
+        "step_time_s": summary["step_time_s"],
+        "data_time_s": summary["data_time_s"],
+        "per_s": summary["per_s"],
+        "per_s_per_device": summary["per_s_per_device"],
+        "time_per_epoch_s": facts["time_per_epoch_s"],
+        "unit": summary["unit"],
+        "git_sha": facts["git_sha"],
+        "config_hash": facts["config_hash"],
+        "run_dir": summary["run_dir"],
+    }
+
+
+def with_bottleneck(row: dict[str, Any], step_time_nosync_s: float | None) -> dict[str, Any]:
+    """Add the data-wait and exposed-communication shares and the verdict to a row."""
+    step, data = row["step_time_s"], row["data_time_s"]
+    exposed = exposed_communication(step, step_time_nosync_s)
+    row.update(
+        step_time_nosync_s=step_time_nosync_s,
+        exposed_comm_s=exposed,
+        data_share=data / step,
+        comm_share=None if exposed is None else exposed / step,
+        bottleneck=classify(step, data, exposed),
+    )
+    return row
 
 
 def write_csv(rows: list[dict[str, Any]], path: Path) -> Path:

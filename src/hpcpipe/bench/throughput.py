@@ -28,15 +28,23 @@ def bench_job(
     nproc: int | None = None,
     global_batch_size: int | None = None,
     micro_batch_size: int | None = None,
+    sync_gradients: bool = True,
 ) -> JobConfig:
-    """``cfg`` turned into a benchmark run: every step logged, ``warmup + steps`` steps, no eval."""
+    """``cfg`` turned into a benchmark run: every step logged, ``warmup + steps`` steps, no eval.
+
+    ``sync_gradients=False`` is the same run without gradient all-reduces (the no-communication
+    twin that exposes communication time).
+    """
     if steps < 1 or warmup < 0:
         raise UserError("--steps must be >= 1 and --warmup >= 0")
     raw = cfg.to_dict()
     raw["run"].update(name=name, out_dir=str(out_dir))
     raw["observe"].update(log_every=1, progress=False)
     # eval_every 0 leaves only the final evaluation; one batch keeps it short (it is not timed).
-    raw["train"].update(steps=warmup + steps, eval_every=0, eval_batches=1)
+    raw["train"].update(steps=warmup + steps, epochs=None, eval_every=0, eval_batches=1)
+    raw["parallel"]["sync_gradients"] = sync_gradients
+    if raw["data"]["format"] != "tokens":  # the final evaluation is not timed: keep it one batch
+        raw["data"]["max_eval_samples"] = raw["train"]["micro_batch_size"]
     if global_batch_size is not None:
         raw["train"]["global_batch_size"] = global_batch_size
     if micro_batch_size is not None:

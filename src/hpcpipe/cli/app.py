@@ -13,6 +13,8 @@ from hpcpipe.cli import ckpt as ckpt_cli
 from hpcpipe.cli import data as data_cli
 from hpcpipe.cli import doctor as doctor_cli
 from hpcpipe.cli import presets as presets_cli
+from hpcpipe.cli import report as report_cli
+from hpcpipe.cli import sweep as sweep_cli
 from hpcpipe.cli import train as train_cli
 from hpcpipe.errors import USER_ERROR_EXIT_CODE, UserError
 from hpcpipe.launch.exit import flush_and_exit
@@ -36,6 +38,8 @@ app.command("accept")(accept_cli.accept)
 app.command("doctor")(doctor_cli.doctor)
 app.command("roofline")(analysis_cli.roofline)
 app.add_typer(analysis_cli.scaling_law_app, name="scaling-law")
+app.command("sweep")(sweep_cli.sweep)
+app.add_typer(report_cli.app, name="report")
 
 
 def main() -> None:

@@ -304,17 +304,28 @@ def scaling(
     out: Annotated[Path, typer.Option(help="Directory for the runs, scaling.csv and scaling.png.")] = Path(
         "runs/bench/scaling"
     ),
+    bottlenecks: Annotated[
+        bool,
+        typer.Option(
+            help="Also time each N > 1 without gradient all-reduces, to report exposed communication "
+            "and a compute/communication/input-bound verdict (doubles the runs for N > 1)."
+        ),
+    ] = True,
     json_out: JsonOption = None,
 ) -> None:
     """Strong and weak scaling efficiency over world sizes N, with a CSV and PNG plots.
 
     Strong: the global batch stays fixed, E_s(N) = T(1) / (N T(N)). Weak: the per-rank batch
     (global batch / parallel.nproc of the job) stays fixed, E_w(N) = T(1) / T(N). T is the median
-    step time after warm-up.
+    step time after warm-up. Each row also gets its data-wait share, exposed communication (step
+    time minus the same step without gradient sync) and a bottleneck verdict. Redraw the plots and
+    tables from the CSV alone with `hpcpipe report study OUT`.
 
     Examples:
 
       hpcpipe bench scaling tiny --nproc 1,2
+
+      hpcpipe bench scaling resnet-tiny --nproc 1,2 --set data.root=data/generated/cifar10
 
       hpcpipe bench scaling gpt-124m --nproc 1,2,4,8 --mode weak --out runs/scaling-h100
     """
@@ -324,7 +335,7 @@ def scaling(
     modes = list(MODES) if mode == "both" else [mode]
     job = load_job(config, sets)
     try:
-        result = run_scaling(job, parse_nprocs(nproc), modes, steps, warmup, out)
+        result = run_scaling(job, parse_nprocs(nproc), modes, steps, warmup, out, bottlenecks)
     except RuntimeError as exc:
         raise _fail(exc) from None
     result["png"] = str(plot_scaling(result["rows"], out / "scaling.png"))
@@ -335,6 +346,9 @@ def scaling(
         "step time (ms)",
         f"{result['rows'][0]['unit']}/s",
         "efficiency",
+        "data wait",
+        "exposed comm",
+        "bottleneck",
         title=f"scaling of {result['name']}",
     )
     for r in result["rows"]:
@@ -345,6 +359,9 @@ def scaling(
             f"{r['step_time_s'] * 1e3:.3g}",
             f"{r['per_s']:.4g}",
             f"{r['efficiency']:.2f}",
+            f"{100 * r['data_share']:.0f}%",
+            "-" if r["comm_share"] is None else f"{100 * r['comm_share']:.0f}%",
+            r["bottleneck"],
         )
     view = human_console(json_out)
     view.print(table)

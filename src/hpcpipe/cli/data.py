@@ -10,19 +10,25 @@ import typer
 from rich.table import Table
 
 from hpcpipe.cli.common import ConfigArg, JsonOption, SetOption, console, load_job, write_json
+from hpcpipe.config import DataConfig
 from hpcpipe.data.shards import SPLITS, PreparedDataset, prepare_dataset, verify_dataset
 
 app = typer.Typer(
-    help="Prepare token datasets (corpus -> tokenizer -> shards + manifest) and verify them.",
+    help="Prepare token datasets (corpus -> tokenizer -> shards + manifest) or check image datasets "
+    "against their hash manifest; verify them; generate small image datasets in every format.",
     no_args_is_help=True,
 )
 
 
 @app.command("prepare")
 def prepare(config: ConfigArg, sets: SetOption = None, json_out: JsonOption = None) -> None:
-    """Tokenize the job's data sources into hash-named shards; reuse them when already prepared."""
+    """Token jobs: tokenize the data sources into hash-named shards (reused when already prepared).
+    Image jobs: read the dataset, record its file hashes on first read, verify them afterwards."""
     job = load_job(config, sets)
     quiet = json_out == "-"  # standard output carries the JSON alone
+    if job.data.format != "tokens":
+        _prepare_images(job.data, quiet, json_out)
+        return
     started = time.perf_counter()
     dataset = prepare_dataset(job.data, progress=console.is_terminal and not quiet)
     seconds = time.perf_counter() - started
@@ -44,6 +50,62 @@ def verify(
     if json_out != "-":
         console.print(f"ok [bold]{dataset.path}[/] (manifest sha256 {dataset.manifest_sha256[:16]})")
     write_json(_summary(dataset) | {"ok": True}, json_out)
+
+
+@app.command("make-images")
+def make_images(
+    fmt: Annotated[
+        str,
+        typer.Argument(
+            metavar="FORMAT", help="cifar10, cifar100, cifar10-binary, cifar100-binary, idx or imagefolder."
+        ),
+    ],
+    out: Annotated[Path, typer.Argument(help="Directory to write (use it as data.root).")],
+    train: Annotated[int, typer.Option(min=1, help="Training images.")] = 512,
+    test: Annotated[int, typer.Option(min=1, help="Test images.")] = 128,
+    seed: Annotated[int, typer.Option(help="Seed of the generated images.")] = 0,
+) -> None:
+    """Write a small, valid, learnable image dataset in an on-disk format (tests, offline demos).
+
+    Example: hpcpipe data make-images cifar10 data/generated/cifar10 && hpcpipe train resnet-tiny
+    """
+    from hpcpipe.data.image_gen import GENERATED_FORMATS, write_dataset
+    from hpcpipe.errors import UserError
+
+    if fmt not in GENERATED_FORMATS:
+        raise UserError(f"FORMAT: unknown format {fmt!r} (known: {', '.join(GENERATED_FORMATS)})")
+    write_dataset(fmt, out, train, test, seed)
+    console.print(
+        f"wrote {fmt} ({train} train, {test} test images) to [bold]{out}[/]; use --set data.root={out}"
+    )
+
+
+def _prepare_images(cfg: DataConfig, quiet: bool, json_out: str | None) -> None:
+    from hpcpipe.data.image_manifest import verify_or_record
+
+    started = time.perf_counter()
+    info = verify_or_record(cfg)  # DataError (exit 2) names a changed, missing or corrupt file
+    existed = not info.recorded_now
+    result = {
+        "format": cfg.format,
+        "root": str(info.root),
+        "manifest": str(info.manifest_path),
+        "manifest_sha256": info.manifest_sha256,
+        "classes": list(info.classes),
+        "train_samples": info.train_samples,
+        "shape": list(info.shape),
+        "mean": list(info.mean),
+        "std": list(info.std),
+        "verified": existed,
+        "seconds": round(time.perf_counter() - started, 3),
+    }
+    if not quiet:
+        verb = "verified against" if existed else "recorded"
+        console.print(
+            f"{verb} [bold]{info.manifest_path}[/]: {info.train_samples:,} training images "
+            f"{tuple(info.shape)}, {len(info.classes)} classes, mean {info.mean}, std {info.std}"
+        )
+    write_json(result, json_out)
 
 
 def _summary(dataset: PreparedDataset) -> dict[str, Any]:

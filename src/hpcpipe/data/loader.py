@@ -4,12 +4,8 @@ A *window* is ``seq_len + 1`` consecutive tokens inside one shard: window i of a
 tokens ``[i*T, i*T + T + 1)``, so inputs are ``window[:-1]`` and targets ``window[1:]``. Windows are
 numbered globally, shard after shard.
 
-The training order is a pure function of the seed: epoch e visits windows in
-``default_rng([seed, e]).permutation(num_windows)``; global sample g is window
-``perm_{g // N}[g % N]``. Optimizer step s consumes global samples ``[s*G, (s+1)*G)`` and rank r
-takes the contiguous ``G/W`` of them starting at ``s*G + r*G/W``. Because the global sample order
-does not depend on the world size W, a loader state saved at a step boundary resumes exactly at
-any other world size, and the union of all ranks' samples for a step is the same as one rank's.
+The training order over windows is ``hpcpipe.data.order.SampleOrder``, shared with the image
+loader: a pure function of (seed, epoch, position), independent of the world size.
 """
 
 from __future__ import annotations
@@ -21,10 +17,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from hpcpipe.data.order import SampleOrder
 from hpcpipe.data.shards import PreparedDataset, open_dataset
-from hpcpipe.errors import ConfigError, DataError
-
-_STATE_VERSION = 1
+from hpcpipe.errors import DataError
 
 
 class WindowStore:
@@ -76,7 +71,7 @@ def _open_shard(path: Path, dtype: np.dtype[Any], tokens: int) -> np.ndarray:
 
 
 class TokenWindowLoader:
-    """Shuffled, rank-sharded, resumable training batches (see the module docstring for the order).
+    """Shuffled, rank-sharded, resumable training batches (the order is ``data.order.SampleOrder``).
 
     ``next_microbatch()`` serves this rank's slice of the current optimizer step in micro-batches
     of ``micro_batch_size`` windows and then moves on to the next step by itself, so the trainer
@@ -96,118 +91,60 @@ class TokenWindowLoader:
     ) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
-        per_rank = global_batch_size // world_size
-        if global_batch_size % (micro_batch_size * world_size) != 0:
-            raise ConfigError(
-                f"train.global_batch_size ({global_batch_size}) must be a multiple of "
-                f"train.micro_batch_size ({micro_batch_size}) x world size ({world_size})"
-            )
+        SampleOrder(1, micro_batch_size, global_batch_size, 0, world_size, seed)  # batch arithmetic first
         self.store = WindowStore(dataset, split, seq_len)
-        self.seed, self.rank, self.world_size = seed, rank, world_size
-        self.global_batch_size = global_batch_size
-        self.samples_per_rank = per_rank  # this rank's share of one optimizer step
-        self.micro_batch_size = micro_batch_size
-        self.step = 0  # the optimizer step being served
-        self.offset = 0  # samples of this rank's slice already served in that step
-        self._perms: dict[int, np.ndarray] = {}
+        windows = self.store.num_windows
+        self.order = SampleOrder(windows, micro_batch_size, global_batch_size, rank, world_size, seed)
 
     @property
     def num_windows(self) -> int:
         return self.store.num_windows
 
     @property
+    def step(self) -> int:
+        return self.order.step
+
+    @property
+    def micro_batch_size(self) -> int:
+        return self.order.micro_batch_size
+
+    @property
     def grad_accum_steps(self) -> int:
-        return self.samples_per_rank // self.micro_batch_size
+        return self.order.samples_per_rank // self.order.micro_batch_size
 
     @property
     def epoch(self) -> float:
         """Fractional epochs consumed at the start of the current step (for logging)."""
-        return self.step * self.global_batch_size / self.num_windows
+        return self.order.epoch
 
     def next_microbatch(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The next ``x, y`` (int64, (micro, seq_len)); y is x shifted left by one token."""
-        first = self.step * self.global_batch_size + self.rank * self.samples_per_rank + self.offset
-        samples = np.arange(first, first + self.micro_batch_size, dtype=np.int64)
-        batch = self.store.gather(self._windows(samples))  # x, y: (micro, T)
-        self.offset += self.micro_batch_size
-        if self.offset == self.samples_per_rank:
-            self.step, self.offset = self.step + 1, 0
-        return batch
+        return self.store.gather(self.order.items(self.order.next_positions()))  # x, y: (micro, T)
 
     def step_windows(self, step: int) -> np.ndarray:
         """Global window indices of this rank's slice of ``step`` (data-order audits and tests)."""
-        first = step * self.global_batch_size + self.rank * self.samples_per_rank
-        return self._windows(np.arange(first, first + self.samples_per_rank, dtype=np.int64))
+        return self.order.items(self.order.step_positions(step))
 
     def rewind_step(self) -> None:
-        """Serve the current step's slice again from its start (OOM recovery retries a step)."""
-        self.offset = 0
+        self.order.rewind_step()
 
     def set_micro_batch_size(self, micro_batch_size: int) -> None:
-        """Split the same rank slice into micro-batches of a new size (OOM recovery)."""
-        if micro_batch_size < 1 or self.samples_per_rank % micro_batch_size != 0:
-            raise ConfigError(
-                f"micro-batch size {micro_batch_size} must divide this rank's {self.samples_per_rank} "
-                "samples per step (train.global_batch_size / world size)"
-            )
-        if self.offset % micro_batch_size != 0:
-            raise ConfigError(
-                f"cannot switch to micro-batch size {micro_batch_size} after {self.offset} samples "
-                "of the step; call rewind_step() first"
-            )
-        self.micro_batch_size = micro_batch_size
+        self.order.set_micro_batch_size(micro_batch_size)
+
+    def close(self) -> None:
+        """Nothing to release: the shards are memory maps the process drops at exit."""
 
     def state_dict(self) -> dict[str, int]:
         """Plain ints; the same for every rank at a step boundary (rank is not part of it)."""
-        return {
-            "version": _STATE_VERSION,
-            "step": self.step,
-            "offset": self.offset,
-            "seed": self.seed,
-            "global_batch_size": self.global_batch_size,
-            "num_windows": self.num_windows,
-            "seq_len": self.store.seq_len,
-            "world_size": self.world_size,
-        }
+        state = self.order.state_dict()
+        state["num_windows"] = state.pop("num_items")  # the key checkpoints have always used
+        state["seq_len"] = self.store.seq_len
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume exactly; a mid-step state only at the world size and micro-batch it allows."""
-        for key in ("seed", "global_batch_size", "num_windows", "seq_len"):
-            mine = self.state_dict()[key]
-            if int(state.get(key, -1)) != mine:
-                raise DataError(f"data loader state: {key} is {state.get(key)}, this run has {mine}")
-        offset = int(state["offset"])
-        if offset and int(state["world_size"]) != self.world_size:
-            raise DataError(
-                f"data loader state was saved mid-step (offset {offset}) at world size "
-                f"{state['world_size']}; it can only resume at world size {self.world_size} from a "
-                "step boundary"
-            )
-        if offset % self.micro_batch_size != 0 or offset >= self.samples_per_rank:
-            raise DataError(
-                f"data loader state: offset {offset} does not fit micro-batches of "
-                f"{self.micro_batch_size} in {self.samples_per_rank} samples per rank"
-            )
-        self.step, self.offset = int(state["step"]), offset
-
-    def _windows(self, samples: np.ndarray) -> np.ndarray:
-        """Global sample indices -> global window indices (the epoch permutations)."""
-        n = self.num_windows
-        epochs, positions = np.divmod(samples, n)
-        windows = np.empty_like(samples)
-        for epoch in np.unique(epochs).tolist():
-            mask = epochs == epoch
-            windows[mask] = self._permutation(epoch)[positions[mask]]
-        return windows
-
-    def _permutation(self, epoch: int) -> np.ndarray:
-        perm = self._perms.get(epoch)
-        if perm is None:
-            perm = np.random.default_rng([self.seed, epoch]).permutation(self.num_windows)
-            # keep the current and the next epoch only: a batch spans at most a boundary
-            self._perms = {e: p for e, p in self._perms.items() if e >= epoch - 1}
-            self._perms[epoch] = perm
-        return perm
+        renamed = {**state, "num_items": state.get("num_windows", -1)}
+        self.order.load_state_dict(renamed, must_match={"seq_len": self.store.seq_len})
 
 
 class EvalWindows:

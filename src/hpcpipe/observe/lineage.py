@@ -36,11 +36,22 @@ def git_sha(cwd: Path | None = None) -> str | None:
         return None
 
 
+def scheduler_job_id() -> str | None:
+    """The scheduler's id for this job: a Slurm array task, a Slurm job, or HPCPIPE_JOB_ID."""
+    import os
+
+    array, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
+    if array and task:
+        return f"{array}_{task}"
+    return os.environ.get("SLURM_JOB_ID") or os.environ.get("HPCPIPE_JOB_ID") or None
+
+
 def build_lineage(
     config_hash: str, dataset_manifest_sha256: str | None, hosts: list[str], world_size: int
 ) -> dict[str, Any]:
     return {
         "git_sha": git_sha(),
+        "job_id": scheduler_job_id(),
         "config_hash": config_hash,
         "dataset_manifest_sha256": dataset_manifest_sha256,
         "versions": {

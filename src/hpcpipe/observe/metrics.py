@@ -28,8 +28,10 @@ TRAIN_KEYS = (
     "data_time_s",
     "mem_bytes",
     "world_size",
+    "epoch",
+    "time_per_epoch_s",
 )
-EVAL_KEYS = ("val_loss", "val_ppl")
+EVAL_KEYS = ("val_loss", "val_ppl", "val_acc")
 CSV_KEYS = (*TRAIN_KEYS, *EVAL_KEYS)
 
 

@@ -62,7 +62,7 @@ class TrainProgress:
 
 def format_row(row: dict[str, Any]) -> str:
     if "val_loss" in row:
-        return f"val_loss {row['val_loss']:.4f}  val_ppl {row['val_ppl']:.2f}"
+        return "  ".join(f"{key} {value:.4f}" for key, value in row.items() if key.startswith("val_"))
     rate_key = next((k for k in row if k.endswith("_per_s")), None)
     parts = [f"loss {row['loss']:.4f}", f"lr {row['lr']:.2e}", f"gnorm {row['grad_norm']:.2f}"]
     if rate_key is not None:

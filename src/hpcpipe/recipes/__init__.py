@@ -17,7 +17,14 @@ def _gpt(job: JobConfig) -> Recipe:
     return GPTRecipe.from_job(job)
 
 
+def _resnet(job: JobConfig) -> Recipe:
+    from hpcpipe.recipes.resnet import ResNetRecipe
+
+    return ResNetRecipe.from_job(job)
+
+
 _REGISTRY["gpt"] = _gpt
+_REGISTRY["resnet-cifar"] = _resnet
 
 
 def build_recipe(job: JobConfig) -> Recipe:

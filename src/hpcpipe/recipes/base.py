@@ -23,12 +23,18 @@ class TrainLoader(Protocol):
 
     def set_micro_batch_size(self, micro_batch_size: int) -> None: ...
 
+    def close(self) -> None:
+        """Release worker processes or files (called once when training ends)."""
+
 
 class Recipe(Protocol):
     """A workload: model, data, loss, evaluation and its FLOPs, for one rank."""
 
     name: str
     throughput_unit: str  # "tokens" or "samples": names the metrics key <unit>_per_s
+    # DDP broadcasts rank 0's buffers at every forward when True (BatchNorm running statistics);
+    # parallel.broadcast_buffers overrides it.
+    broadcasts_buffers: bool
 
     @property
     def items_per_sample(self) -> int:
@@ -47,11 +53,20 @@ class Recipe(Protocol):
 
     def train_loader(self, rank: int, world_size: int) -> TrainLoader: ...
 
+    def samples_per_epoch(self) -> int | None:
+        """Training samples in one epoch (for train.epochs and time/epoch); None when unbounded."""
+
     def eval_batches(self, rank: int, world_size: int) -> Iterable[Batch]:
         """The same validation micro-batches at every evaluation."""
 
     def loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:
         """Mean loss over the micro-batch (a scalar that backward() is called on)."""
+
+    def eval_sums(self, model: nn.Module, batch: Batch) -> dict[str, torch.Tensor]:
+        """Summed evaluation figures of one batch, including ``count``; summed over ranks after."""
+
+    def eval_metrics(self, totals: dict[str, float]) -> dict[str, float]:
+        """The all-reduced sums of every batch -> named metrics; ``val_loss`` is required."""
 
     def flops_per_sample(self) -> float | None:
         """Training FLOPs (forward + backward) per sample, for MFU; None when unknown."""

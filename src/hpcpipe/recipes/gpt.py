@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -27,6 +28,7 @@ class GPTRecipe:
     seed: int
     name: str = "gpt"
     throughput_unit: str = "tokens"
+    broadcasts_buffers: bool = False  # RoPE tables are identical on every rank by construction
 
     @classmethod
     def from_job(cls, job: JobConfig) -> GPTRecipe:
@@ -81,6 +83,9 @@ class GPTRecipe:
             seed=self.seed,
         )
 
+    def samples_per_epoch(self) -> int | None:
+        return None  # windows are re-drawn from an endless shuffled stream; count in steps
+
     def eval_batches(self, rank: int, world_size: int) -> Iterable[Batch]:
         from hpcpipe.data.loader import EvalWindows
 
@@ -108,6 +113,14 @@ class GPTRecipe:
         x, y = batch  # (B, T) int64 each; y is x shifted left by one token
         logits = model(x)  # (B, T, V)
         return F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
+
+    def eval_sums(self, model: nn.Module, batch: Batch) -> dict[str, torch.Tensor]:
+        count = len(batch[0])
+        return {"loss": self.loss(model, batch).double() * count, "count": batch[0].new_tensor(count)}
+
+    def eval_metrics(self, totals: dict[str, float]) -> dict[str, float]:
+        val_loss = totals["loss"] / totals["count"]
+        return {"val_loss": val_loss, "val_ppl": math.exp(min(val_loss, 50.0))}
 
     def flops_per_sample(self) -> float | None:
         from hpcpipe.observe.flops import training_flops_per_token

@@ -12,6 +12,7 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from hpcpipe import compat
+from hpcpipe.config import ParallelConfig
 from hpcpipe.errors import ConfigError
 from hpcpipe.train.distributed import DistContext
 
@@ -28,17 +29,33 @@ def resolve_strategy(strategy: str, world_size: int) -> str:
 
 
 def apply_parallelism(
-    model: nn.Module, strategy: str, ctx: DistContext, shard_units: Sequence[nn.Module]
+    model: nn.Module,
+    strategy: str,
+    ctx: DistContext,
+    shard_units: Sequence[nn.Module],
+    cfg: ParallelConfig,
+    recipe_broadcasts_buffers: bool,
 ) -> nn.Module:
-    """Wrap ``model`` for ``strategy``. ``shard_units`` are the blocks FSDP2 shards one by one."""
+    """Wrap ``model`` for ``strategy``. ``shard_units`` are the blocks FSDP2 shards one by one.
+
+    ``recipe_broadcasts_buffers`` is the recipe's choice for DDP's per-forward buffer broadcast
+    when ``parallel.broadcast_buffers`` is null: BatchNorm's running statistics drift apart per
+    rank without it; the GPT's buffers (RoPE tables) are identical on every rank by construction
+    and would only be re-sent every step.
+    """
     if strategy == "single":
         return model
     if strategy == "ddp":
         device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
-        # No buffer broadcast per forward: ranks build identical buffers from the same seed (the
-        # GPT's RoPE tables are non-persistent buffers that would otherwise be re-sent every step).
-        no_sync = compat.ddp_kwargs_without_buffer_sync()
-        return DistributedDataParallel(model, device_ids=device_ids, **no_sync)
+        broadcast = buffers_broadcast(cfg, recipe_broadcasts_buffers)
+        return DistributedDataParallel(
+            model,
+            device_ids=device_ids,
+            bucket_cap_mb=cfg.bucket_cap_mb,
+            gradient_as_bucket_view=cfg.gradient_as_bucket_view,
+            static_graph=cfg.static_graph,
+            **compat.ddp_buffer_sync_kwargs(broadcast),
+        )
     if strategy == "fsdp":
         from torch.distributed.fsdp import fully_shard
 
@@ -49,6 +66,25 @@ def apply_parallelism(
         fully_shard(model)
         return model
     raise ConfigError(f"parallel.strategy: unknown strategy {strategy!r}")
+
+
+def buffers_broadcast(cfg: ParallelConfig, recipe_broadcasts_buffers: bool) -> bool:
+    """Whether DDP broadcasts buffers: ``parallel.broadcast_buffers``, or the recipe's choice when null."""
+    return cfg.broadcast_buffers if cfg.broadcast_buffers is not None else recipe_broadcasts_buffers
+
+
+def sync_buffers(model: nn.Module) -> None:
+    """Give every rank rank 0's buffers (BatchNorm running statistics) now.
+
+    DDP broadcasts them at the start of each forward, but the forward then updates them with the
+    local batch, so after a step every rank holds a slightly different copy. Evaluation and
+    checkpoints want one model: they call this first. Training is unchanged by it, since the next
+    forward overwrites the same buffers with rank 0's again.
+    """
+    if not isinstance(model, DistributedDataParallel):
+        return
+    for buffer in model.module.buffers():
+        torch.distributed.broadcast(buffer, src=0)
 
 
 def unwrap(model: nn.Module) -> nn.Module:

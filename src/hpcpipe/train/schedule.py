@@ -5,6 +5,21 @@ from __future__ import annotations
 import math
 
 from hpcpipe.config import TrainConfig
+from hpcpipe.errors import ConfigError
+
+
+def resolve_steps(cfg: TrainConfig, samples_per_epoch: int | None) -> TrainConfig:
+    """``cfg`` with ``steps`` set from ``epochs`` when the job counts in epochs (else unchanged).
+
+    steps = ceil(epochs x samples per epoch / global batch): the last step may run into the next
+    epoch, so every sample of the last epoch is seen.
+    """
+    if cfg.epochs is None:
+        return cfg
+    if samples_per_epoch is None:
+        raise ConfigError("train.epochs: this recipe does not know its dataset size; set train.steps")
+    steps = max(1, math.ceil(cfg.epochs * samples_per_epoch / cfg.global_batch_size))
+    return cfg.model_copy(update={"steps": steps})
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:

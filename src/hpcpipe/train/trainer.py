@@ -10,7 +10,6 @@ train/preempt.py, observe/watchdog.py) and are only called from here.
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,14 +33,16 @@ from hpcpipe.train.oom import AllReduceMax, OOMGuard, max_over_ranks
 from hpcpipe.train.optim import build_optimizer
 from hpcpipe.train.parallel import (
     apply_parallelism,
+    buffers_broadcast,
     clip_grad_norm,
     gradient_sync,
     resolve_strategy,
+    sync_buffers,
     unwrap,
 )
 from hpcpipe.train.precision import Precision
 from hpcpipe.train.preempt import Preempted, PreemptionHandler
-from hpcpipe.train.schedule import lr_at
+from hpcpipe.train.schedule import lr_at, resolve_steps
 
 
 @dataclass
@@ -61,7 +62,7 @@ class FitResult:
 
 class Trainer:
     def __init__(self, job: JobConfig, recipe: Recipe, ctx: DistContext, run_dir: Path) -> None:
-        self.cfg = job.train
+        self.cfg = resolve_steps(job.train, recipe.samples_per_epoch())  # train.epochs -> steps
         self.observe = job.observe
         self.recipe = recipe
         self.ctx = ctx
@@ -77,7 +78,11 @@ class Trainer:
             # Compile blocks before FSDP2 wraps them (per-block graphs), the whole model otherwise.
             for module in units if self.strategy == "fsdp" else [model]:
                 module.compile()
-        self.model = apply_parallelism(model, self.strategy, ctx, units)
+        self.model = apply_parallelism(
+            model, self.strategy, ctx, units, job.parallel, recipe.broadcasts_buffers
+        )
+        self.sync_gradients = job.parallel.sync_gradients
+        self.syncs_buffers = buffers_broadcast(job.parallel, recipe.broadcasts_buffers)
         self.optimizer = build_optimizer(self.model, self.cfg, ctx.device)
         self.precision = Precision(self.cfg.precision, ctx.device, sharded=self.strategy == "fsdp")
         self.loader = recipe.train_loader(ctx.rank, ctx.world_size)
@@ -86,7 +91,7 @@ class Trainer:
         self.step = 0
 
         # Fault tolerance: OOM recovery, preemption, hang detection, checkpoints.
-        accum = grad_accum_steps(job.train, ctx.world_size)
+        accum = grad_accum_steps(self.cfg, ctx.world_size)
         self.oom = OOMGuard(self.cfg.micro_batch_size, accum, job.fault.oom_recovery, rank=ctx.rank)
         self.oom.attach(self.model, units)
         self.agree_max = _agreement_all_reduce(ctx)
@@ -187,8 +192,9 @@ class Trainer:
                 chaos.maybe_inject(self.step, self.ctx.rank, micro, "forward")
                 return loss / accum if accum > 1 else loss
 
-            # Gradients are synchronised on the last micro-step only.
-            with gradient_sync(self.model, enabled=micro == accum - 1):
+            # Gradients are synchronised on the last micro-step only (never when benchmarking a
+            # step without communication: parallel.sync_gradients=false).
+            with gradient_sync(self.model, enabled=micro == accum - 1 and self.sync_gradients):
                 loss = self.oom.micro_step(
                     forward,
                     self.precision.backward,
@@ -203,27 +209,31 @@ class Trainer:
         return loss_sum, data_time
 
     @torch.no_grad()
-    def evaluate(self) -> float:
-        """Mean validation loss over every rank's fixed evaluation batches."""
+    def evaluate(self) -> dict[str, float]:
+        """The recipe's metrics (``val_loss``, ...) over every rank's evaluation batches."""
+        if self.syncs_buffers:
+            sync_buffers(self.model)  # every rank evaluates rank 0's BatchNorm statistics
         model = unwrap(self.model)
         model.eval()
-        loss_sum = torch.zeros((), dtype=torch.float64, device=self.ctx.device)
-        count = 0
+        sums: dict[str, torch.Tensor] = {}
         for batch in self.recipe.eval_batches(self.ctx.rank, self.ctx.world_size):
             with self.precision.autocast():
-                loss = self.recipe.loss(model, self._to_device(batch))
-            loss_sum += loss.double() * len(batch[0])
-            count += len(batch[0])
+                batch_sums = self.recipe.eval_sums(model, self._to_device(batch))
+            for key, value in batch_sums.items():
+                sums[key] = sums[key] + value.double() if key in sums else value.double()
         model.train()
-        totals = torch.stack([loss_sum, loss_sum.new_tensor(count)])  # (2,) sum, count
+        keys = sorted(sums)  # every rank runs the same recipe: the same keys in the same order
+        totals = torch.stack([sums[k].reshape(()) for k in keys])  # (K,) this rank's sums
         if self.ctx.is_distributed:
             dist.all_reduce(totals)
-        return float(totals[0] / totals[1])
+        return self.recipe.eval_metrics(dict(zip(keys, totals.tolist(), strict=True)))
 
     # -- checkpoints, resume, preemption ---------------------------------------------------------
 
     def save_checkpoint(self, final: bool = False) -> None:
         with self.watchdog.pause():
+            if self.syncs_buffers:
+                sync_buffers(self.model)
             self.store.save(self.step, self.model, self.optimizer, self.trainer_state(), force_durable=final)
             if final:
                 self.store.wait()
@@ -291,17 +301,22 @@ class Trainer:
             "mem_bytes": peak_memory_bytes(self.ctx.device),
             "world_size": self.ctx.world_size,
         }
+        samples = self.recipe.samples_per_epoch()
+        if samples:
+            steps_per_epoch = samples / self.cfg.global_batch_size
+            row["epoch"] = self.step / steps_per_epoch
+            row["time_per_epoch_s"] = row["step_time_s"] * steps_per_epoch
         self._write(row)
         self.progress.show(row)
         return float(row["loss"])
 
     def evaluate_and_log(self) -> float:
         with self.watchdog.pause():
-            val_loss = self.evaluate()
-        row = {"step": self.step, "val_loss": val_loss, "val_ppl": math.exp(min(val_loss, 50.0))}
+            metrics = self.evaluate()
+        row = {"step": self.step, **metrics}
         self._write(row)
         self.progress.show(row)
-        return val_loss
+        return metrics["val_loss"]
 
     def inference_model(self) -> torch.nn.Module:
         """The model to call for generation/export: unwrapped from DDP, as-is under FSDP2."""
@@ -310,6 +325,7 @@ class Trainer:
     def close(self) -> None:
         """Finish a checkpoint in flight and background work; close the metrics files."""
         self.watchdog.stop()
+        self.loader.close()
         self.store.close()
         if self.sink is not None:
             self.sink.close()

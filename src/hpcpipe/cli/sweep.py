@@ -1,0 +1,102 @@
+"""`hpcpipe sweep`: train every point of a grid as an ordinary run directory; one CSV row per run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from hpcpipe.cli.common import ConfigArg, JsonOption, NprocOption, SetOption, console, write_json
+from hpcpipe.errors import UserError
+
+
+def sweep(
+    config: ConfigArg,
+    grids: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--grid",
+            "-g",
+            help="One axis: section.key=[v1,v2,...] (repeatable; the points are every combination).",
+            show_default=False,
+        ),
+    ] = None,
+    file: Annotated[
+        Path | None,
+        typer.Option(
+            "--file", "-f", help="A sweep YAML with grid: {section.key: [values]}.", show_default=False
+        ),
+    ] = None,
+    sets: SetOption = None,
+    nproc: NprocOption = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(help="Directory of the point runs and sweep.csv (default: runs/sweep-<name>)."),
+    ] = None,
+    json_out: JsonOption = None,
+) -> None:
+    """Train every combination of the grid, one after another; skip points already finished.
+
+    Each point is an ordinary run directory OUT/<name>-<point>/; OUT/sweep.csv has one row per
+    point: run id, job id, nodes, devices, global batch, precision, bucket size, workers,
+    throughput, time/epoch, final accuracy, git SHA and config hash. Re-running the same command
+    skips finished points. Plot it with `hpcpipe report study OUT`.
+
+    Examples:
+
+      hpcpipe sweep resnet-tiny -g 'parallel.bucket_cap_mb=[25,50,100]' -g 'train.precision=[fp32,bf16]'
+
+      hpcpipe sweep resnet18-cifar10 --file sweep.yaml --set train.epochs=1 --nproc 4
+    """
+    from hpcpipe.launch.job import run_job
+    from hpcpipe.sweep import load_sweep_file, parse_grid_option, plan_points, run_sweep
+
+    grid = load_sweep_file(file) if file else {}
+    for item in grids or []:
+        key, values = parse_grid_option(item)
+        grid[key] = values
+    if not grid:
+        raise UserError("sweep: give at least one --grid section.key=[values] or --file sweep.yaml")
+    overrides = [*(sets or []), *([f"parallel.nproc={nproc}"] if nproc else [])]
+    base_name = _job_name(config, overrides)
+    out_dir = out or Path("runs") / f"sweep-{base_name}"
+    points = plan_points(config, overrides, grid, out_dir)
+    quiet = json_out == "-"
+    result = run_sweep(
+        points, out_dir, run_job, report=lambda line: None if quiet else console.print(escape(line))
+    )
+    if not quiet:
+        table = Table(
+            "point",
+            "status",
+            "throughput/s",
+            "time/epoch (s)",
+            "accuracy",
+            title=f"sweep ({len(points)} points)",
+        )
+        for row in result["rows"]:
+            table.add_row(
+                row["point"],
+                row["status"],
+                _fmt(row.get("throughput")),
+                _fmt(row.get("time_per_epoch_s")),
+                _fmt(row.get("final_accuracy")),
+            )
+        console.print(table)
+        console.print(f"wrote {result['csv']}")
+    write_json(result, json_out)
+    if result["failed"]:
+        raise typer.Exit(1)
+
+
+def _job_name(config: str, overrides: list[str]) -> str:
+    from hpcpipe.config import load_config
+
+    return load_config(config, overrides).run.name
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4g}"

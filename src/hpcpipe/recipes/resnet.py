@@ -1,0 +1,152 @@
+"""The `resnet-cifar` recipe: torchvision ResNet-18 image classification (CIFAR, IDX, ImageFolder).
+
+Data come from ``data.format`` / ``data.root`` (``hpcpipe.data.images``), verified against the
+hash manifest written on first read. Batches arrive as uint8 and are normalised here, on the
+device, with the training set's per-channel mean and std from that manifest. Evaluation covers
+the whole test split (or ``data.max_eval_samples``) and reports ``val_loss`` and top-1 ``val_acc``.
+BatchNorm's running statistics are buffers: DDP broadcasts rank 0's at every forward
+(``broadcasts_buffers``), so every rank evaluates and checkpoints the same model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hpcpipe.config import DataConfig, JobConfig, ModelConfig, TrainConfig
+from hpcpipe.recipes.base import Batch, TrainLoader
+
+
+@dataclass
+class ResNetRecipe:
+    model_cfg: ModelConfig
+    data_cfg: DataConfig
+    train_cfg: TrainConfig
+    seed: int
+    name: str = "resnet-cifar"
+    throughput_unit: str = "samples"
+    broadcasts_buffers: bool = True
+
+    @classmethod
+    def from_job(cls, job: JobConfig) -> ResNetRecipe:
+        return cls(model_cfg=job.model, data_cfg=job.data, train_cfg=job.train, seed=job.run.seed)
+
+    @property
+    def items_per_sample(self) -> int:
+        return 1
+
+    # -- data --------------------------------------------------------------------------------
+
+    def prepare(self, progress: bool) -> None:
+        from hpcpipe.data.image_manifest import verify_or_record
+
+        self.__dict__["info"] = verify_or_record(self.data_cfg)
+
+    @cached_property
+    def info(self):  # type: ignore[no-untyped-def]  # ImageDatasetInfo
+        from hpcpipe.data.image_manifest import verify_or_record
+
+        return verify_or_record(self.data_cfg)
+
+    @cached_property
+    def splits(self):  # type: ignore[no-untyped-def]  # dict[str, ImageSplit]
+        from hpcpipe.data.images import read_splits
+
+        splits = read_splits(self.data_cfg.format, self.info.root)
+        return {
+            "train": splits["train"].subset(self.data_cfg.max_train_samples),
+            "test": splits["test"].subset(self.data_cfg.max_eval_samples),
+        }
+
+    def dataset_hash(self) -> str | None:
+        return str(self.info.manifest_sha256)
+
+    def samples_per_epoch(self) -> int | None:
+        limit = self.data_cfg.max_train_samples
+        return int(self.info.train_samples if limit is None else min(limit, self.info.train_samples))
+
+    def train_loader(self, rank: int, world_size: int) -> TrainLoader:
+        from hpcpipe.data.image_loader import ImageTrainLoader
+
+        return ImageTrainLoader(
+            self.splits["train"],
+            self.data_cfg,
+            micro_batch_size=self.train_cfg.micro_batch_size,
+            global_batch_size=self.train_cfg.global_batch_size,
+            rank=rank,
+            world_size=world_size,
+            seed=self.seed,
+        )
+
+    def eval_batches(self, rank: int, world_size: int) -> Iterable[Batch]:
+        from hpcpipe.data.image_loader import ImageEvalBatches
+
+        return ImageEvalBatches(self.splits["test"], self.train_cfg.micro_batch_size, rank, world_size)
+
+    # -- model -------------------------------------------------------------------------------
+
+    def build_model(self) -> nn.Module:
+        from hpcpipe.models.resnet import build_resnet18
+
+        channels = int(self.info.shape[0])
+        model = build_resnet18(self.model_cfg.variant, channels, num_classes=len(self.info.classes))
+        if self.train_cfg.channels_last:
+            model = model.to(memory_format=torch.channels_last)
+        return model
+
+    def shard_units(self, model: nn.Module) -> Sequence[nn.Module]:
+        from hpcpipe.models.resnet import stages
+
+        return stages(model)
+
+    def normalize(self, images: torch.Tensor) -> torch.Tensor:
+        """uint8 (B, C, H, W) -> float (B, C, H, W), standardised per channel."""
+        mean = torch.tensor(self.info.mean, device=images.device).view(1, -1, 1, 1)
+        std = torch.tensor(self.info.std, device=images.device).view(1, -1, 1, 1)
+        x = (images.float() / 255.0 - mean) / std
+        return x.contiguous(memory_format=torch.channels_last) if self.train_cfg.channels_last else x
+
+    def loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:
+        images, labels = batch  # (B, C, H, W) uint8, (B,) int64
+        logits = model(self.normalize(images))  # (B, classes)
+        return F.cross_entropy(logits.float(), labels, label_smoothing=self.train_cfg.label_smoothing)
+
+    def eval_sums(self, model: nn.Module, batch: Batch) -> dict[str, torch.Tensor]:
+        from hpcpipe.data.image_loader import IGNORE_LABEL
+
+        images, labels = batch
+        logits = model(self.normalize(images)).float()  # (B, classes)
+        valid = labels != IGNORE_LABEL
+        return {
+            "loss": F.cross_entropy(logits, labels, ignore_index=IGNORE_LABEL, reduction="sum"),
+            "correct": ((logits.argmax(dim=1) == labels) & valid).sum(),
+            "count": valid.sum(),
+        }
+
+    def eval_metrics(self, totals: dict[str, float]) -> dict[str, float]:
+        count = max(totals["count"], 1.0)
+        return {"val_loss": totals["loss"] / count, "val_acc": totals["correct"] / count}
+
+    def flops_per_sample(self) -> float | None:
+        """Training FLOPs per image: 3x the forward pass, counted by torch on the meta device."""
+        from torch.utils.flop_counter import FlopCounterMode
+
+        from hpcpipe.models.resnet import build_resnet18
+
+        with torch.device("meta"):
+            model = build_resnet18(self.model_cfg.variant, int(self.info.shape[0]), len(self.info.classes))
+            images = torch.empty((2, *self.info.shape))  # BatchNorm trains on > 1 value per channel
+            with FlopCounterMode(display=False) as counter:
+                model(images)
+        return 3.0 * counter.get_total_flops() / 2
+
+    # -- artifacts ---------------------------------------------------------------------------
+
+    def on_train_end(self, model: nn.Module, is_main: bool, run_dir: Path) -> None:
+        """Nothing beyond the metrics: the final evaluation row holds ``val_acc``."""

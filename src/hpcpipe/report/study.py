@@ -1,0 +1,280 @@
+"""`hpcpipe report study DIR`: every plot and table of a scaling study, from its CSVs alone.
+
+Inputs are the ``scaling.csv`` files (``hpcpipe bench scaling``) and ``sweep.csv`` files
+(``hpcpipe sweep``) found under DIR; the run directories are not needed. Outputs, in
+``DIR/report/``: throughput vs devices with the ideal line, efficiency vs devices with the 70%
+target, weak-scaling time per epoch, sweep throughput per point, and ``study.md`` with the
+tables, the bottleneck verdict per configuration and a before/after table per optimization.
+"""
+
+from __future__ import annotations
+
+import csv
+import statistics
+from pathlib import Path
+from typing import Any
+
+from hpcpipe.errors import UserError
+from hpcpipe.report.plots_bench import _figure, _save
+
+STRONG_TARGET = 0.70  # E_s(N) the study must reach
+WEAK_VARIATION_TARGET = 0.10  # max spread of weak-scaling time per epoch around T(1)
+KNOBS = (
+    "precision",
+    "bucket_cap_mb",
+    "num_workers",
+    "channels_last",
+    "micro_batch_size",
+    "global_batch_size",
+)
+
+
+def read_csv_rows(path: Path) -> list[dict[str, Any]]:
+    """Rows with numbers parsed; UserError naming the file when it is not a readable CSV."""
+    try:
+        with path.open(newline="") as f:
+            rows = list(csv.DictReader(f))
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise UserError(f"{path}: cannot read CSV ({exc})") from None
+    return [{key: _number(value) for key, value in row.items()} for row in rows]
+
+
+def _number(text: str | None) -> Any:
+    if text is None or text == "":
+        return None
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            continue
+    return text
+
+
+def find_study_csvs(root: Path) -> tuple[list[Path], list[Path]]:
+    if not root.is_dir():
+        raise UserError(f"{root}: not a directory")
+    scaling = sorted(root.rglob("scaling.csv"))
+    sweeps = sorted(root.rglob("sweep.csv"))
+    if not scaling and not sweeps:
+        raise UserError(
+            f"{root}: no scaling.csv or sweep.csv under it (run `hpcpipe bench scaling` or `hpcpipe sweep`)"
+        )
+    return scaling, sweeps
+
+
+def build_study(root: Path, out: Path | None = None) -> dict[str, Any]:
+    """Read the CSVs under ``root``, draw the plots and write ``study.md``; returns what was made."""
+    out = out or root / "report"
+    scaling_paths, sweep_paths = find_study_csvs(root)
+    scaling = [row for path in scaling_paths for row in read_csv_rows(path)]
+    sweep = [row for path in sweep_paths for row in read_csv_rows(path) if row.get("throughput") is not None]
+    made: dict[str, Any] = {"scaling_rows": len(scaling), "sweep_rows": len(sweep), "plots": []}
+    if scaling:
+        made["plots"] += [
+            str(plot_throughput(scaling, out / "scaling_throughput.png")),
+            str(plot_efficiency(scaling, out / "scaling_efficiency.png")),
+        ]
+        if any(r["mode"] == "weak" for r in scaling):
+            made["plots"].append(str(plot_weak_epoch_time(scaling, out / "weak_time_per_epoch.png")))
+    if sweep:
+        made["plots"].append(str(plot_sweep(sweep, out / "sweep_throughput.png")))
+    made["optimizations"] = optimization_table(sweep)
+    made["weak_variation"] = weak_variation(scaling)
+    markdown = render_markdown(scaling, sweep, made)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "study.md").write_text(markdown)
+    made["markdown"] = str(out / "study.md")
+    return made
+
+
+# -- figures -------------------------------------------------------------------------------------
+
+
+def _series(rows: list[dict[str, Any]], mode: str) -> list[dict[str, Any]]:
+    return sorted((r for r in rows if r["mode"] == mode), key=lambda r: r["nproc"])
+
+
+def _modes(rows: list[dict[str, Any]]) -> list[str]:
+    return sorted({str(r["mode"]) for r in rows})
+
+
+def plot_throughput(rows: list[dict[str, Any]], path: Path) -> Path:
+    fig, (ax,) = _figure()
+    for mode in _modes(rows):
+        series = _series(rows, mode)
+        n = [r["nproc"] for r in series]
+        base = series[0]
+        line = ax.plot(n, [r["per_s"] for r in series], "o-", label=f"{mode} scaling")[0]
+        ideal = [base["per_s"] * k / base["nproc"] for k in n]
+        ax.plot(n, ideal, ":", color=line.get_color(), label=f"{mode}: ideal")
+    ax.set_xlabel("devices N")
+    ax.set_ylabel(f"throughput ({rows[0].get('unit', 'samples')}/s, whole job)")
+    ax.set_title("throughput vs devices")
+    ax.set_xticks(sorted({r["nproc"] for r in rows}))
+    ax.grid(alpha=0.3)
+    ax.legend()
+    return _save(fig, path)
+
+
+def plot_efficiency(rows: list[dict[str, Any]], path: Path) -> Path:
+    fig, (ax,) = _figure()
+    for mode in _modes(rows):
+        series = _series(rows, mode)
+        ax.plot(
+            [r["nproc"] for r in series], [r["efficiency"] for r in series], "o-", label=f"{mode} scaling"
+        )
+    ax.axhline(STRONG_TARGET, color="red", linestyle="--", label=f"{STRONG_TARGET:.0%} target")
+    ax.axhline(1.0, color="gray", linestyle=":")
+    ax.set_ylim(0, max(1.1, max(r["efficiency"] for r in rows) * 1.1))
+    ax.set_xlabel("devices N")
+    ax.set_ylabel("efficiency")
+    ax.set_title("E_s = T(1) / (N T(N)),  E_w = T(1) / T(N)")
+    ax.set_xticks(sorted({r["nproc"] for r in rows}))
+    ax.grid(alpha=0.3)
+    ax.legend()
+    return _save(fig, path)
+
+
+def weak_epoch_times(rows: list[dict[str, Any]]) -> tuple[list[int], list[float], str]:
+    """Weak scaling: devices, and the time for an epoch that grows with N (each device's share fixed).
+
+    That epoch has the same number of steps at every N, so its time is step time x the steps of
+    the base run's epoch; without epochs in the CSV it is the step time itself.
+    """
+    series = _series(rows, "weak")
+    base = series[0]
+    if base.get("time_per_epoch_s"):
+        steps = base["time_per_epoch_s"] / base["step_time_s"]
+        return [r["nproc"] for r in series], [r["step_time_s"] * steps for r in series], "time per epoch (s)"
+    return [r["nproc"] for r in series], [r["step_time_s"] for r in series], "step time (s)"
+
+
+def plot_weak_epoch_time(rows: list[dict[str, Any]], path: Path) -> Path:
+    """Weak scaling: time per epoch of a dataset that grows with N, with the ±10% band."""
+    n, values, label = weak_epoch_times(rows)
+    fig, (ax,) = _figure()
+    ax.plot(n, values, "o-", label=label)
+    low, high = values[0] * (1 - WEAK_VARIATION_TARGET), values[0] * (1 + WEAK_VARIATION_TARGET)
+    ax.axhspan(low, high, alpha=0.15, label="T(1) ± 10%")
+    ax.set_xlabel("devices N (fixed per-device batch and per-device data)")
+    ax.set_ylabel(label)
+    ax.set_title("weak scaling: time per epoch")
+    ax.set_xticks(n)
+    ax.set_ylim(0, max(values) * 1.3)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    return _save(fig, path)
+
+
+def plot_sweep(rows: list[dict[str, Any]], path: Path) -> Path:
+    ordered = sorted(rows, key=lambda r: r["throughput"])
+    fig, (ax,) = _figure()
+    fig.set_size_inches(8, max(3.0, 0.35 * len(ordered) + 1))
+    ax.barh([str(r.get("point") or r["run_id"]) for r in ordered], [r["throughput"] for r in ordered])
+    ax.set_xlabel(f"throughput ({ordered[0].get('throughput_unit', 'samples')}/s)")
+    ax.set_title("sweep: throughput per point")
+    ax.tick_params(axis="y", labelsize=7)
+    ax.grid(alpha=0.3, axis="x")
+    return _save(fig, path)
+
+
+# -- tables --------------------------------------------------------------------------------------
+
+
+def optimization_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per knob that varies: each value against the first one, in runs equal in every other knob.
+
+    The ratio is the median over such matched pairs of throughput(value) / throughput(baseline).
+    """
+    table = []
+    varied = [k for k in KNOBS if len({r.get(k) for r in rows}) > 1]
+    for knob in varied:
+        others = [k for k in varied if k != knob]
+        baseline = rows[0][knob]
+        for value in dict.fromkeys(r[knob] for r in rows if r[knob] != baseline):
+            ratios = []
+            for after in (r for r in rows if r[knob] == value):
+                match = [
+                    b for b in rows if b[knob] == baseline and all(b.get(k) == after.get(k) for k in others)
+                ]
+                ratios += [after["throughput"] / b["throughput"] for b in match if b["throughput"]]
+            if ratios:
+                ratio = statistics.median(ratios)
+                table.append(
+                    {"knob": knob, "before": baseline, "after": value, "ratio": ratio, "pairs": len(ratios)}
+                )
+    return table
+
+
+def weak_variation(rows: list[dict[str, Any]]) -> float | None:
+    """Largest relative deviation of weak-scaling time per epoch from the smallest N's."""
+    if len(_series(rows, "weak")) < 2:
+        return None
+    _, values, _ = weak_epoch_times(rows)
+    return max(abs(v - values[0]) / values[0] for v in values)
+
+
+def render_markdown(scaling: list[dict[str, Any]], sweep: list[dict[str, Any]], made: dict[str, Any]) -> str:
+    lines = ["# Scaling study", "", "Regenerated from CSV files alone by `hpcpipe report study`.", ""]
+    if scaling:
+        header = ["mode", "N", "nodes", "global batch", "throughput/s", "efficiency", ">= 70%"]
+        header += ["time/epoch (s)", "data wait", "exposed comm", "bottleneck"]
+        body = [
+            [
+                r["mode"],
+                r["nproc"],
+                r.get("nodes") or "-",
+                r["global_batch_size"],
+                f"{r['per_s']:.4g}",
+                f"{r['efficiency']:.2f}",
+                "yes" if r["efficiency"] >= STRONG_TARGET else "no",
+                _fmt(r.get("time_per_epoch_s")),
+                _pct(r.get("data_share")),
+                _pct(r.get("comm_share")),
+                r.get("bottleneck") or "-",
+            ]
+            for r in sorted(scaling, key=lambda r: (r["mode"], r["nproc"]))
+        ]
+        lines += ["## Scaling", "", *_md_table(header, body)]
+        variation = made["weak_variation"]
+        if variation is not None:
+            verdict = "within" if variation <= WEAK_VARIATION_TARGET else "outside"
+            note = f"Weak scaling: time per epoch varies by {variation:.1%} ({verdict} the 10% target)."
+            lines += ["", note]
+        lines.append("")
+    if sweep:
+        header = ["point", "devices", "throughput/s", "time/epoch (s)", "final accuracy", "git"]
+        body = [
+            [
+                r.get("point") or r["run_id"],
+                r.get("devices") or "-",
+                f"{r['throughput']:.4g}",
+                _fmt(r.get("time_per_epoch_s")),
+                _fmt(r.get("final_accuracy")),
+                str(r.get("git_sha") or "-")[:12],
+            ]
+            for r in sorted(sweep, key=lambda r: -r["throughput"])
+        ]
+        lines += ["## Sweep", "", *_md_table(header, body), ""]
+    if made["optimizations"]:
+        header = ["knob", "before", "after", "throughput ratio", "gain", "matched pairs"]
+        body = [
+            [o["knob"], o["before"], o["after"], f"{o['ratio']:.3f}", f"{o['ratio'] - 1:+.1%}", o["pairs"]]
+            for o in made["optimizations"]
+        ]
+        lines += ["## Before / after per optimization", "", *_md_table(header, body), ""]
+    lines += ["## Plots", ""] + [f"![{Path(p).stem}]({Path(p).name})" for p in made["plots"]] + [""]
+    return "\n".join(lines)
+
+
+def _md_table(header: list[str], body: list[list[Any]]) -> list[str]:
+    rows = [header, ["---"] * len(header), *body]
+    return ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+
+
+def _fmt(value: Any) -> str:
+    return "-" if value is None else f"{value:.4g}"
+
+
+def _pct(value: Any) -> str:
+    return "-" if value is None else f"{value:.0%}"

@@ -1,0 +1,157 @@
+"""Grid sweeps: every combination of ``--grid key=[values]`` is an ordinary run directory.
+
+``hpcpipe sweep JOB --grid 'parallel.bucket_cap_mb=[25,50,100]' --grid 'train.precision=[fp32,bf16]'``
+(or a sweep YAML with a ``grid:`` mapping) trains the points one after another under
+``<out>/<job name>-<point>/`` and writes ``<out>/sweep.csv``: one row per point, rebuilt from the
+run directories each time (``hpcpipe.observe.run_summary``). A point whose run finished with the
+same config is skipped on re-run, so an interrupted sweep continues where it stopped. A point
+that fails is recorded as failed and the sweep goes on.
+"""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hpcpipe.config import JobConfig, load_config
+from hpcpipe.errors import ConfigError, UserError
+
+DONE_FILE = "sweep_point.json"
+SWEEP_COLUMNS = ("point", "status")
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    overrides: tuple[str, ...]  # key=value, one per grid axis
+    job: JobConfig
+
+    @property
+    def run_dir(self) -> Path:
+        return self.job.run_dir
+
+
+def parse_grid_option(item: str) -> tuple[str, list[Any]]:
+    """``'train.precision=[fp32,bf16]'`` -> (key, values); UserError naming the option otherwise."""
+    key, sep, text = item.partition("=")
+    try:
+        values = yaml.safe_load(text) if sep else None
+    except yaml.YAMLError:
+        values = None
+    if not key.strip() or not isinstance(values, list) or not values:
+        raise UserError(f"--grid {item!r}: expected section.key=[value, value, ...]")
+    return key.strip(), values
+
+
+def load_sweep_file(path: Path) -> dict[str, list[Any]]:
+    """A sweep YAML: ``grid: {section.key: [values]}``; UserError naming the file otherwise."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise UserError(f"{path}: cannot read sweep file ({exc})") from None
+    grid = data.get("grid") if isinstance(data, dict) else None
+    if not isinstance(grid, dict) or not grid:
+        raise UserError(f"{path}: a sweep file needs a 'grid:' mapping of section.key: [values]")
+    for key, values in grid.items():
+        if not isinstance(values, list) or not values:
+            raise UserError(f"{path}: grid.{key} must be a non-empty list")
+    return {str(k): v for k, v in grid.items()}
+
+
+def plan_points(source: str, sets: list[str], grid: dict[str, list[Any]], out_dir: Path) -> list[SweepPoint]:
+    """Every combination, validated up front (a bad key or value fails before anything trains)."""
+    base = load_config(source, sets)
+    points = []
+    for values in itertools.product(*grid.values()):
+        overrides = tuple(f"{key}={_text(value)}" for key, value in zip(grid, values, strict=True))
+        name = f"{base.run.name}-{point_slug(overrides)}"
+        extra = [f"run.name={name}", f"run.out_dir={out_dir}"]
+        try:
+            job = load_config(source, [*sets, *overrides, *extra])
+        except ConfigError as exc:
+            raise UserError(f"sweep point {', '.join(overrides)}: {exc}") from None
+        points.append(SweepPoint(overrides, job))
+    return points
+
+
+def point_slug(overrides: tuple[str, ...]) -> str:
+    """``('train.precision=bf16', 'parallel.bucket_cap_mb=25')`` -> ``precision_bf16-bucket_cap_mb_25``."""
+    parts = []
+    for item in overrides:
+        key, _, value = item.partition("=")
+        parts.append(f"{key.rsplit('.', 1)[-1]}_{value}")
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", "-".join(parts))
+
+
+def is_done(point: SweepPoint) -> bool:
+    """Finished before with exactly this config (the marker holds its hash)."""
+    try:
+        marker = json.loads((point.run_dir / DONE_FILE).read_text())
+    except (OSError, ValueError):
+        return False
+    return bool(marker.get("config_hash") == point.job.config_hash())
+
+
+def run_sweep(
+    points: list[SweepPoint],
+    out_dir: Path,
+    train: Callable[[JobConfig], Path],
+    report: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Train every point not done yet, then write ``sweep.csv``; returns rows and counts."""
+    status: dict[Path, str] = {}
+    for index, point in enumerate(points, start=1):
+        label = f"[{index}/{len(points)}] {', '.join(point.overrides)}"
+        if is_done(point):
+            status[point.run_dir] = "skipped"
+            report(f"{label}: done before, skipped")
+            continue
+        report(f"{label}: training -> {point.run_dir}")
+        try:
+            train(point.job)
+        except (UserError, RuntimeError) as exc:
+            status[point.run_dir] = "failed"
+            report(f"{label}: failed ({exc})")
+            continue
+        (point.run_dir / DONE_FILE).write_text(json.dumps({"config_hash": point.job.config_hash()}) + "\n")
+        status[point.run_dir] = "trained"
+    rows = [sweep_row(point, status[point.run_dir]) for point in points]
+    path = write_sweep_csv(rows, out_dir / "sweep.csv")
+    counts = {s: sum(1 for v in status.values() if v == s) for s in ("trained", "skipped", "failed")}
+    return {"csv": str(path), "rows": rows, **counts}
+
+
+def sweep_row(point: SweepPoint, status: str) -> dict[str, Any]:
+    from hpcpipe.observe.run_summary import summarize_run_dir
+
+    row: dict[str, Any] = {"point": " ".join(point.overrides), "status": status}
+    if status != "failed" and (point.run_dir / "metrics.jsonl").is_file():
+        row.update(summarize_run_dir(point.run_dir))
+    else:
+        row["run_id"] = point.run_dir.name
+    return row
+
+
+def write_sweep_csv(rows: list[dict[str, Any]], path: Path) -> Path:
+    from hpcpipe.observe.run_summary import RUN_COLUMNS
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=(*SWEEP_COLUMNS, *RUN_COLUMNS), extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
+def _text(value: Any) -> str:
+    """A grid value as --set text (YAML scalars stay as written: 25, bf16, true)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
