@@ -69,6 +69,7 @@ bench: install
 	$(BIN)/python benchmarks/trainer_overhead.py
 	$(BIN)/python benchmarks/checkpoint_io.py
 	$(BIN)/python benchmarks/collectives_overhead.py
+	$(BIN)/python benchmarks/vision_overhead.py --knobs
 
 clean:
 	rm -rf $(VENV) .venv-latest .venv-lowest $(TOOLS) runs data .pytest_cache .mypy_cache .ruff_cache

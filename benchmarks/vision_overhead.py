@@ -1,0 +1,275 @@
+"""hpcpipe's ResNet-18 DDP training vs a hand-written torchvision DDP loop, side by side in one run.
+
+Two gloo ranks (``--nproc``) each build both: hpcpipe's Trainer on the ``resnet-cifar`` recipe,
+and what a researcher writes by hand: torchvision ``resnet18`` with the same stem, a torch
+``DataLoader`` with ``DistributedSampler`` and torchvision v2 transforms (random crop with
+padding 4, horizontal flip, normalisation), DDP, SGD with Nesterov momentum and the same LR
+schedule. Same images (a generated CIFAR-10 on disk), same batch, same threads. Timed blocks
+alternate (hpcpipe, raw, raw, hpcpipe, ...) so drift hits both; the ratio of the median
+images/s is the result (target >= 0.95).
+
+``--knobs`` then measures hpcpipe alone with one setting changed against its baseline, in
+alternating blocks too: DataLoader workers (with pinned memory off on CPU, persistent workers,
+prefetch), channels_last, and bf16 autocast; it prints each gain over the baseline.
+
+    .venv/bin/python benchmarks/vision_overhead.py [--repeats 7] [--steps 4] [--knobs]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from hpcpipe.config import JobConfig, load_config
+from hpcpipe.data.image_gen import write_dataset
+from hpcpipe.recipes import build_recipe
+from hpcpipe.train.distributed import init_distributed
+from hpcpipe.train.environment import DistEnv
+from hpcpipe.train.schedule import lr_at
+from hpcpipe.train.trainer import Trainer
+from run_context import run_context
+
+KNOBS = {
+    "workers=2, persistent, prefetch 4": [
+        "data.num_workers=2",
+        "data.persistent_workers=true",
+        "data.prefetch_factor=4",
+    ],
+    "workers=1, persistent": ["data.num_workers=1", "data.persistent_workers=true"],
+    "channels_last": ["train.channels_last=true"],
+    "bf16 autocast": ["train.precision=bf16"],
+}
+
+
+def job_for(args: argparse.Namespace, root: Path, out: Path, extra: list[str]) -> JobConfig:
+    return load_config(
+        "resnet-tiny",
+        [
+            f"data.root={root}",
+            f"data.prepared_dir={out}/prepared",
+            "data.max_train_samples=null",
+            f"model.variant={args.variant}",
+            f"train.steps={10**6}",
+            f"train.micro_batch_size={args.batch}",
+            f"train.global_batch_size={args.batch * args.nproc}",
+            "train.eval_every=0",
+            "observe.progress=false",
+            f"observe.log_every={10**6}",
+            f"parallel.nproc={args.nproc}",
+            f"run.out_dir={out}",
+            *extra,
+        ],
+    )
+
+
+class RawLoop:
+    """Hand-written torchvision + DDP training, the way the torchvision references do it."""
+
+    def __init__(self, job: JobConfig, root: Path, mean: tuple[float, ...], std: tuple[float, ...]) -> None:
+        from torch.nn.parallel import DistributedDataParallel
+        from torch.utils.data import DataLoader, DistributedSampler
+        from torchvision.models import resnet18
+        from torchvision.transforms import v2
+
+        from hpcpipe.data.images import read_splits
+
+        torch.manual_seed(job.run.seed)
+        model = resnet18(num_classes=10)
+        if job.model.variant == "resnet18":
+            model.conv1 = torch.nn.Conv2d(3, 64, 3, 1, 1, bias=False)
+            model.maxpool = torch.nn.Identity()
+        self.model = DistributedDataParallel(model)
+        decay = [p for p in model.parameters() if p.dim() >= 2]
+        rest = [p for p in model.parameters() if p.dim() < 2]
+        self.optimizer = torch.optim.SGD(
+            [
+                {"params": decay, "weight_decay": job.train.weight_decay},
+                {"params": rest, "weight_decay": 0.0},
+            ],
+            lr=job.train.lr,
+            momentum=job.train.momentum,
+            nesterov=True,
+        )
+        split = read_splits("cifar10", root)["train"]
+        transform = v2.Compose(
+            [
+                v2.RandomCrop(32, padding=4),
+                v2.RandomHorizontalFlip(),
+                v2.ToDtype(torch.float32, scale=True),
+                v2.Normalize(list(mean), list(std)),
+            ]
+        )
+        dataset = [(torch.from_numpy(img), int(y)) for img, y in zip(split.images, split.labels, strict=True)]  # type: ignore[arg-type]
+        self.sampler = DistributedSampler(dataset, seed=job.run.seed)
+        self.loader = DataLoader(
+            _Transformed(dataset, transform),
+            batch_size=job.train.micro_batch_size,
+            sampler=self.sampler,
+            drop_last=True,
+        )
+        self.job, self.step, self.epoch = job, 0, 0
+        self.batches = iter(self.loader)
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        try:
+            return next(self.batches)
+        except StopIteration:
+            self.epoch += 1
+            self.sampler.set_epoch(self.epoch)
+            self.batches = iter(self.loader)
+            return next(self.batches)
+
+    def run(self, steps: int) -> None:
+        for _ in range(steps):
+            self.step += 1
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr_at(self.step, self.job.train)
+            x, y = self.next_batch()
+            loss = F.cross_entropy(self.model(x), y)
+            loss.backward()
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+
+
+class _Transformed(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    def __init__(self, items: list[tuple[torch.Tensor, int]], transform: Any) -> None:
+        self.items, self.transform = items, transform
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        image, label = self.items[index]
+        return self.transform(image), label
+
+
+def timed(fn: Any, steps: int, images_per_step: int) -> float:
+    dist.barrier()
+    start = time.perf_counter()
+    fn(steps)
+    dist.barrier()
+    return images_per_step * steps / (time.perf_counter() - start)
+
+
+def trainer_for(job: JobConfig, ctx: Any, run_dir: Path) -> Trainer:
+    recipe = build_recipe(job)
+    if ctx.local_rank == 0:
+        recipe.prepare(progress=False)
+    dist.barrier()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return Trainer(job, recipe, ctx, run_dir)
+
+
+def alternate(a: Any, b: Any, repeats: int, steps: int, images: int) -> tuple[list[float], list[float]]:
+    """Interleaved timed blocks of ``a`` and ``b``: a b, b a, a b, ... after one warm-up each."""
+    a(2), b(2)
+    xs: list[float] = []
+    ys: list[float] = []
+    for i in range(repeats):
+        order = [(a, xs), (b, ys)] if i % 2 == 0 else [(b, ys), (a, xs)]
+        for fn, out in order:
+            out.append(timed(fn, steps, images))
+    return xs, ys
+
+
+def worker(rank: int, args: argparse.Namespace, port: int, root: Path, out: Path) -> None:
+    env = DistEnv("torchrun", rank, rank, args.nproc, args.nproc, "127.0.0.1", port)
+    job = job_for(args, root, out, [])
+    ctx = init_distributed(job.parallel, env)
+    images = args.batch * args.nproc
+    trainer = trainer_for(job, ctx, out / "hpcpipe")
+    info = trainer.recipe.info  # type: ignore[attr-defined]
+    raw = RawLoop(job, root, info.mean, info.std)
+    ours = lambda n: trainer.train_until(trainer.step + n)  # noqa: E731
+    hp, rw = alternate(ours, raw.run, args.repeats, args.steps, images)
+    result: dict[str, Any] = {"hpcpipe": hp, "raw": rw}
+    if args.knobs:
+        result["knobs"] = {}
+        for name, sets in KNOBS.items():
+            other = trainer_for(job_for(args, root, out, sets), ctx, out / name.replace(" ", "_"))
+            theirs = lambda n, t=other: t.train_until(t.step + n)  # noqa: E731
+            base, changed = alternate(ours, theirs, args.knob_repeats, args.steps, images)
+            result["knobs"][name] = {"baseline": base, "changed": changed}
+            other.close()
+    trainer.close()
+    if rank == 0:
+        (out / "result.json").write_text(json.dumps(result))
+    dist.barrier()
+    dist.destroy_process_group()
+    os._exit(0)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--nproc", type=int, default=2, help="DDP ranks (gloo on CPU)")
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--knob-repeats", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=4, help="optimizer steps per timed block")
+    parser.add_argument("--batch", type=int, default=32, help="images per rank per step")
+    parser.add_argument("--variant", default="resnet18-imagenet", choices=["resnet18", "resnet18-imagenet"])
+    parser.add_argument(
+        "--knobs", action="store_true", help="also measure DataLoader workers, channels_last, bf16"
+    )
+    args = parser.parse_args()
+
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp)
+        root = write_dataset("cifar10", out / "cifar10", n_train=2048, n_test=64)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        mp.start_processes(worker, args=(args, port, root, out), nprocs=args.nproc, start_method="spawn")
+        result = json.loads((out / "result.json").read_text())
+
+    hp, rw = statistics.median(result["hpcpipe"]), statistics.median(result["raw"])
+    print(
+        f"{args.nproc} gloo ranks, {args.variant}, {args.batch} images/rank/step, "
+        f"{args.repeats} repeats x {args.steps} steps, interleaved"
+    )
+    print(f"{'loop':<10}{'median img/s':>14}{'min':>10}{'max':>10}")
+    for name in ("hpcpipe", "raw"):
+        xs = result[name]
+        print(f"{name:<10}{statistics.median(xs):>14,.1f}{min(xs):>10,.1f}{max(xs):>10,.1f}")
+    print(f"ratio hpcpipe/raw = {hp / rw:.3f} (target >= 0.95)")
+    knobs = {}
+    for name, runs in result.get("knobs", {}).items():
+        gain = statistics.median(runs["changed"]) / statistics.median(runs["baseline"])
+        knobs[name] = round(gain, 4)
+        print(f"knob {name:<36} {gain:.3f}x over num_workers=0/fp32/NCHW")
+    print(
+        json.dumps(
+            {
+                "benchmark": "vision_overhead",
+                "hpcpipe_images_per_s": round(hp, 1),
+                "raw_images_per_s": round(rw, 1),
+                "ratio": round(hp / rw, 4),
+                "target": 0.95,
+                "nproc": args.nproc,
+                "variant": args.variant,
+                "batch_per_rank": args.batch,
+                "repeats": args.repeats,
+                "steps": args.steps,
+                "knob_gains": knobs,
+                **run_context(),
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
