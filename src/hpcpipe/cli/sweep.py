@@ -20,14 +20,14 @@ def sweep(
         typer.Option(
             "--grid",
             "-g",
-            help="One axis: section.key=[v1,v2,...] (repeatable; the points are every combination).",
+            help="One axis: section.key=\\[v1,v2,...] (repeatable; the points are every combination).",
             show_default=False,
         ),
     ] = None,
     file: Annotated[
         Path | None,
         typer.Option(
-            "--file", "-f", help="A sweep YAML with grid: {section.key: [values]}.", show_default=False
+            "--file", "-f", help="A sweep YAML with grid: {section.key: \\[values]}.", show_default=False
         ),
     ] = None,
     sets: SetOption = None,
@@ -47,7 +47,7 @@ def sweep(
 
     Examples:
 
-      hpcpipe sweep resnet-tiny -g 'parallel.bucket_cap_mb=[25,50,100]' -g 'train.precision=[fp32,bf16]'
+      hpcpipe sweep resnet-tiny -g 'parallel.bucket_cap_mb=\\[25,50,100]' -g 'train.precision=\\[fp32,bf16]'
 
       hpcpipe sweep resnet18-cifar10 --file sweep.yaml --set train.epochs=1 --nproc 4
     """

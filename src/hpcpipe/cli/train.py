@@ -68,7 +68,8 @@ def run(
     plot_loss_curve(run_dir)
     summary = write_summary(run_dir, wall_time_s=wall)
     console.print(summary.read_text(), markup=False, highlight=False)
-    console.print(f"[green]done[/green]: {run_dir} (summary.md, loss_curve.png, sample.txt)")
+    made = [name for name in ("summary.md", "loss_curve.png", "sample.txt") if (run_dir / name).is_file()]
+    console.print(f"[green]done[/green]: {run_dir} ({', '.join(made)})")
 
 
 def _train(job: JobConfig, max_restarts: int) -> tuple[Path, float]:

@@ -57,7 +57,8 @@ class ImageSamples(Dataset[tuple[torch.Tensor, int]]):
 
     def image(self, item: int) -> torch.Tensor:
         if self.split.images is not None:
-            return torch.from_numpy(np.ascontiguousarray(self.split.images[item]))
+            # A copy: the arrays may be read-only views of file bytes (IDX, CIFAR binary).
+            return torch.from_numpy(np.array(self.split.images[item], copy=True))
         return decode_image_file(self.split.paths[item], self.split.shape[1:])
 
     @staticmethod

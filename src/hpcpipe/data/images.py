@@ -156,15 +156,27 @@ def read_cifar_python(root: Path, hundred: bool) -> dict[str, ImageSplit]:
     meta = load_cifar_batch(meta_path)
     names_key, labels_key = ("fine_label_names", "fine_labels") if hundred else ("label_names", "labels")
     classes = _names(meta.get(names_key), meta_path, names_key)
+
+    def read_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
+        batch = load_cifar_batch(path)
+        labels = _int_labels(batch.get(labels_key), path, labels_key, len(classes))
+        return _cifar_images(batch.get("data"), path, len(labels)), labels
+
+    return _cifar_splits(files, classes, read_batch)
+
+
+def _cifar_splits(
+    files: dict[str, list[Path]],
+    classes: list[str],
+    read_batch: Callable[[Path], tuple[np.ndarray, np.ndarray]],
+) -> dict[str, ImageSplit]:
+    """Each split's batch files read with ``read_batch`` -> (images (n, 3, 32, 32), labels (n,))."""
     splits = {}
     for split in SPLITS:
-        images, labels = [], []
-        for path in files[split]:
-            batch = load_cifar_batch(path)
-            y = _int_labels(batch.get(labels_key), path, labels_key, len(classes))
-            images.append(_cifar_images(batch.get("data"), path, len(y)))
-            labels.append(y)
-        splits[split] = ImageSplit(np.concatenate(labels), classes, np.concatenate(images), shape=(3, 32, 32))
+        batches = [read_batch(path) for path in files[split]]
+        images = np.concatenate([x for x, _ in batches])
+        labels = np.concatenate([y for _, y in batches])
+        splits[split] = ImageSplit(labels, classes, images, shape=(3, 32, 32))
     return splits
 
 
@@ -195,25 +207,20 @@ def read_cifar_binary(root: Path, hundred: bool) -> dict[str, ImageSplit]:
         raise DataError(f"{meta_path}: no class names")
     label_bytes = 2 if hundred else 1
     record = label_bytes + 3072
-    splits = {}
-    for split in SPLITS:
-        images, labels = [], []
-        for path in files[split]:
-            raw = np.frombuffer(_read(path), dtype=np.uint8)
-            if len(raw) == 0 or len(raw) % record:
-                raise DataError(
-                    f"{path}: {len(raw)} bytes is not a whole number of {record}-byte records (truncated?)"
-                )
-            rows = raw.reshape(-1, record)
-            y = rows[:, label_bytes - 1].astype(np.int64)
-            if y.max() >= len(classes):
-                raise DataError(
-                    f"{path}: labels outside [0, {len(classes)}) (wrong format? cifar10 vs cifar100)"
-                )
-            images.append(rows[:, label_bytes:].reshape(-1, 3, 32, 32))
-            labels.append(y)
-        splits[split] = ImageSplit(np.concatenate(labels), classes, np.concatenate(images), shape=(3, 32, 32))
-    return splits
+
+    def read_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
+        raw = np.frombuffer(_read(path), dtype=np.uint8)
+        if len(raw) == 0 or len(raw) % record:
+            raise DataError(
+                f"{path}: {len(raw)} bytes is not a whole number of {record}-byte records (truncated?)"
+            )
+        rows = raw.reshape(-1, record)
+        labels = rows[:, label_bytes - 1].astype(np.int64)  # CIFAR-100: the fine label comes second
+        if labels.max() >= len(classes):
+            raise DataError(f"{path}: labels outside [0, {len(classes)}) (wrong format? cifar10 vs cifar100)")
+        return rows[:, label_bytes:].reshape(-1, 3, 32, 32), labels
+
+    return _cifar_splits(files, classes, read_batch)
 
 
 # -- IDX (MNIST, Fashion-MNIST) ------------------------------------------------------------------

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hpcpipe.data.order import SampleOrder
+from hpcpipe.data.order import SampleOrder, check_batch_arithmetic
 from hpcpipe.data.shards import PreparedDataset, open_dataset
 from hpcpipe.errors import DataError
 
@@ -89,9 +89,7 @@ class TokenWindowLoader:
         world_size: int,
         seed: int,
     ) -> None:
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
-        SampleOrder(1, micro_batch_size, global_batch_size, 0, world_size, seed)  # batch arithmetic first
+        check_batch_arithmetic(micro_batch_size, global_batch_size, rank, world_size)  # before reading
         self.store = WindowStore(dataset, split, seq_len)
         windows = self.store.num_windows
         self.order = SampleOrder(windows, micro_batch_size, global_batch_size, rank, world_size, seed)

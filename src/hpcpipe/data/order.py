@@ -25,6 +25,17 @@ from hpcpipe.errors import ConfigError, DataError
 _STATE_VERSION = 1
 
 
+def check_batch_arithmetic(micro_batch_size: int, global_batch_size: int, rank: int, world_size: int) -> None:
+    """ValueError for a rank outside the group; ConfigError when the global batch does not split."""
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
+    if global_batch_size % (micro_batch_size * world_size) != 0:
+        raise ConfigError(
+            f"train.global_batch_size ({global_batch_size}) must be a multiple of "
+            f"train.micro_batch_size ({micro_batch_size}) x world size ({world_size})"
+        )
+
+
 class SampleOrder:
     """Which global positions and items this rank serves next; resumable from ``state_dict``."""
 
@@ -37,13 +48,7 @@ class SampleOrder:
         world_size: int,
         seed: int,
     ) -> None:
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
-        if global_batch_size % (micro_batch_size * world_size) != 0:
-            raise ConfigError(
-                f"train.global_batch_size ({global_batch_size}) must be a multiple of "
-                f"train.micro_batch_size ({micro_batch_size}) x world size ({world_size})"
-            )
+        check_batch_arithmetic(micro_batch_size, global_batch_size, rank, world_size)
         self.num_items = num_items
         self.seed, self.rank, self.world_size = seed, rank, world_size
         self.global_batch_size = global_batch_size

@@ -28,6 +28,8 @@ def run_summary(run_dir: Path) -> dict[str, Any]:
         "val_loss_first_step": val[0]["step"] if val else None,
         "val_loss_last": val[-1]["val_loss"] if val else None,
         "val_loss_last_step": val[-1]["step"] if val else None,
+        "val_acc_first": val[0].get("val_acc") if val else None,
+        "val_acc_last": val[-1].get("val_acc") if val else None,
         "rate_key": rate_key,
         # The first interval holds start-up (and compilation): leave it out when there are more.
         "median_rate": statistics.median(r[rate_key] for r in train[1:] or train) if rate_key else None,
@@ -40,12 +42,21 @@ def run_summary(run_dir: Path) -> dict[str, Any]:
 def write_summary(run_dir: Path, wall_time_s: float | None = None) -> Path:
     s = run_summary(run_dir)
     m, t, p = s["config"]["model"], s["config"]["train"], s["config"]["parallel"]
+    data = s["config"]["data"]
+    if data.get("format", "tokens") == "tokens":
+        model = f"{m['variant']}, {m['n_layers']} layers, {m['n_heads']} heads, width {m['d_model']}"
+        model += f", context {m['seq_len']}"
+        unit = "sequences"
+    else:
+        model, unit = (
+            f"torchvision {m['variant']} on {data['format']} images ({data.get('root') or 'default root'})",
+            "images",
+        )
     lines = [
         f"# Run `{run_dir.name}`",
         "",
-        f"- model: {m['variant']}, {m['n_layers']} layers, {m['n_heads']} heads, width {m['d_model']}, "
-        f"context {m['seq_len']}",
-        f"- training: {s['steps']} steps, global batch {t['global_batch_size']} sequences, "
+        f"- model: {model}",
+        f"- training: {s['steps']} steps, global batch {t['global_batch_size']} {unit}, "
         f"lr {t['lr']}, {t['precision']}",
         f"- parallel: {p['strategy']} on {s['world_size']} rank(s)",
     ]
@@ -54,6 +65,8 @@ def write_summary(run_dir: Path, wall_time_s: float | None = None) -> Path:
             f"- validation loss: {s['val_loss_first']:.4f} at step {s['val_loss_first_step']} → "
             f"{s['val_loss_last']:.4f} at step {s['val_loss_last_step']}"
         )
+    if s["val_acc_last"] is not None:
+        lines.append(f"- validation accuracy (top-1): {s['val_acc_first']:.4f} → {s['val_acc_last']:.4f}")
     if s["final_train_loss"] is not None:
         lines.append(f"- final training loss: {s['final_train_loss']:.4f}")
     if s["median_rate"] is not None:

@@ -48,7 +48,7 @@ from hpcpipe.train.schedule import lr_at, resolve_steps
 @dataclass
 class StepOutput:
     loss: torch.Tensor  # () mean training loss of this rank's share of the global batch
-    grad_norm: torch.Tensor  # () global gradient norm before clipping
+    grad_norm: torch.Tensor | None  # () global gradient norm before clipping; None: not measured
     lr: float
     data_time_s: float
 
@@ -147,10 +147,11 @@ class Trainer:
         self.meter.start()  # throughput intervals never include evaluation or start-up
         while self.step < stop_step:
             self.step += 1
-            out = self.train_step()
+            logs = self.step % self.observe.log_every == 0 or self.step == stop_step
+            out = self.train_step(measure_norm=logs)
             self.meter.add_step(out.data_time_s)
             self.watchdog.beat(self.step)
-            if self.step % self.observe.log_every == 0 or self.step == stop_step:
+            if logs:
                 last_loss = self.log_train(out)
             if self.ckpt_every > 0 and self.step % self.ckpt_every == 0 and self.step < self.cfg.steps:
                 self.save_checkpoint()
@@ -159,8 +160,12 @@ class Trainer:
             self.progress.advance(self.step)
         return last_loss
 
-    def train_step(self) -> StepOutput:
-        """One optimizer step over this rank's share of the global batch (retried after an OOM)."""
+    def train_step(self, measure_norm: bool = True) -> StepOutput:
+        """One optimizer step over this rank's share of the global batch (retried after an OOM).
+
+        The gradient norm is computed when clipping needs it or ``measure_norm`` asks for it (a
+        logged step): without clipping, reading every gradient once more per step is pure cost.
+        """
         lr = lr_at(self.step, self.cfg)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -171,7 +176,9 @@ class Trainer:
             self.events.emit("oom_recovered", event)
         loss_sum, data_time = out
         self.precision.unscale(self.optimizer)
-        grad_norm = clip_grad_norm(self.model, self.cfg.grad_clip)
+        grad_norm = None
+        if self.cfg.grad_clip > 0 or measure_norm:  # the same decision on every rank (FSDP2 reduces)
+            grad_norm = clip_grad_norm(self.model, self.cfg.grad_clip)
         self.precision.step(self.optimizer)
         self.optimizer.zero_grad(set_to_none=True)
         return StepOutput(loss=loss_sum, grad_norm=grad_norm, lr=lr, data_time_s=data_time)
@@ -296,7 +303,7 @@ class Trainer:
             "step": self.step,
             "loss": loss.item(),
             "lr": out.lr,
-            "grad_norm": float(out.grad_norm),
+            "grad_norm": None if out.grad_norm is None else float(out.grad_norm),
             **self.meter.read(),
             "mem_bytes": peak_memory_bytes(self.ctx.device),
             "world_size": self.ctx.world_size,
