@@ -84,7 +84,7 @@ def test_fsdp_trains_the_resnet_recipe(tmp: Path) -> None:
     assert [r for r in read_metrics(tmp / "fsdp") if "val_acc" in r][-1]["step"] == 4
 
 
-def _bn_worker(rank: int, port: int, tmp: str, broadcast: str) -> None:
+def _bn_worker(rank: int, port: int, tmp: str, strategy: str, broadcast: str) -> None:
     import torch
     import torch.distributed as dist
 
@@ -95,10 +95,12 @@ def _bn_worker(rank: int, port: int, tmp: str, broadcast: str) -> None:
     from hpcpipe.train.parallel import unwrap
     from hpcpipe.train.trainer import Trainer
 
-    sets = _sets(Path(tmp), f"bn-{broadcast}", "train.steps=3", f"parallel.broadcast_buffers={broadcast}")
+    name = f"bn-{strategy}-{broadcast}"
+    sets = _sets(Path(tmp), name, "train.steps=3", f"parallel.broadcast_buffers={broadcast}")
+    sets += ["--set", f"parallel.strategy={strategy}"]
     job = load_config("resnet-tiny", [*sets[1::2], "observe.progress=false"])
     ctx = init_distributed(job.parallel, DistEnv("torchrun", rank, rank, 2, 2, "127.0.0.1", port))
-    run_dir = Path(tmp) / f"bn-{broadcast}"
+    run_dir = Path(tmp) / name
     run_dir.mkdir(exist_ok=True)
     trainer = Trainer(job, build_recipe(job), ctx, run_dir)
     trainer.fit()
@@ -107,21 +109,23 @@ def _bn_worker(rank: int, port: int, tmp: str, broadcast: str) -> None:
     dist.all_gather(gathered, stats)
     if rank == 0:
         diff = float((gathered[0] - gathered[1]).abs().max())
-        (Path(tmp) / f"bn-{broadcast}.json").write_text(json.dumps({"max_diff": diff}))
+        (Path(tmp) / f"{name}.json").write_text(json.dumps({"max_diff": diff}))
     trainer.close()
     dist.destroy_process_group()
     os._exit(0)
 
 
-@pytest.mark.parametrize("broadcast", ["null", "false"])
-def test_batchnorm_buffers_agree_across_ranks_with_the_recipe_default(tmp: Path, broadcast: str) -> None:
+@pytest.mark.parametrize(("strategy", "broadcast"), [("ddp", "null"), ("ddp", "false"), ("fsdp", "null")])
+def test_batchnorm_buffers_agree_across_ranks_with_the_recipe_default(
+    tmp: Path, strategy: str, broadcast: str
+) -> None:
     import torch.multiprocessing as mp
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.start_processes(_bn_worker, args=(port, str(tmp), broadcast), nprocs=2, start_method="spawn")
-    diff = json.loads((tmp / f"bn-{broadcast}.json").read_text())["max_diff"]
+    mp.start_processes(_bn_worker, args=(port, str(tmp), strategy, broadcast), nprocs=2, start_method="spawn")
+    diff = json.loads((tmp / f"bn-{strategy}-{broadcast}.json").read_text())["max_diff"]
     if broadcast == "null":  # resnet-cifar broadcasts rank 0's buffers: one model on every rank
         assert diff == 0.0
     else:  # switched off, each rank keeps statistics of its own batches

@@ -77,13 +77,15 @@ def sync_buffers(model: nn.Module) -> None:
     """Give every rank rank 0's buffers (BatchNorm running statistics) now.
 
     DDP broadcasts them at the start of each forward, but the forward then updates them with the
-    local batch, so after a step every rank holds a slightly different copy. Evaluation and
-    checkpoints want one model: they call this first. Training is unchanged by it, since the next
-    forward overwrites the same buffers with rank 0's again.
+    local batch, so after a step every rank holds a slightly different copy; FSDP2 leaves buffers
+    unsharded and never synchronises them. Evaluation and checkpoints want one model: they call
+    this first. Under DDP training is unchanged by it (the next forward overwrites the buffers with
+    rank 0's again); under FSDP2 every rank continues from rank 0's statistics, in an
+    uninterrupted run and after a resume alike.
     """
-    if not isinstance(model, DistributedDataParallel):
+    if not isinstance(model, DistributedDataParallel | FSDPModule):
         return
-    for buffer in model.module.buffers():
+    for buffer in unwrap(model).buffers():
         torch.distributed.broadcast(buffer, src=0)
 
 
