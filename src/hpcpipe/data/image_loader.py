@@ -73,24 +73,27 @@ class ImageSamples(Dataset[tuple[torch.Tensor, int]]):
 
 
 class _EpochBatches:
-    """The batch sampler of one DataLoader iterator: micro-batches until the epoch's last step."""
+    """The batch sampler: from the loader's consumed position to the end of that epoch's last step.
+
+    The DataLoader calls ``iter()`` on it each time the trainer starts a new iterator (a new
+    epoch, a resume, an OOM shrink), so every iterator starts exactly where training stands.
+    """
 
     def __init__(self, order: SampleOrder) -> None:
-        self.start = dict(order.state_dict())
-        self.micro = order.micro_batch_size
-        self.order = order
+        self.order = order  # the trainer's live order: advanced as batches are consumed
 
     def __iter__(self) -> Iterator[list[tuple[int, int]]]:
         # A private copy: the DataLoader prefetches ahead of what the trainer consumed.
+        live = self.order
         order = SampleOrder(
-            self.order.num_items,
-            self.micro,
-            self.order.global_batch_size,
-            self.order.rank,
-            self.order.world_size,
-            self.order.seed,
+            live.num_items,
+            live.micro_batch_size,
+            live.global_batch_size,
+            live.rank,
+            live.world_size,
+            live.seed,
         )
-        order.step, order.offset = self.start["step"], self.start["offset"]
+        order.step, order.offset = live.step, live.offset
         end = order.epoch_end_step()
         while order.step < end:
             positions = order.next_positions()
@@ -129,21 +132,17 @@ class ImageTrainLoader:
         return images, labels
 
     def _data_loader(self) -> DataLoader[Any]:
-        sampler = _EpochBatches(self.order)
-        if self._loader is not None and self.cfg.persistent_workers:
-            # Reuse the workers: only the batch sampler's start moves (DataLoader re-reads it per iter).
-            self._loader.batch_sampler.start = sampler.start  # type: ignore[union-attr]
-            self._loader.batch_sampler.micro = sampler.micro  # type: ignore[union-attr]
-            return self._loader
-        workers = self.cfg.num_workers
-        self._loader = DataLoader(
-            self.samples,
-            batch_sampler=sampler,
-            num_workers=workers,
-            pin_memory=self.cfg.pin_memory and torch.cuda.is_available(),
-            persistent_workers=self.cfg.persistent_workers,
-            prefetch_factor=self.cfg.prefetch_factor if workers else None,
-        )
+        """One DataLoader for the run; with persistent workers its workers outlive each iterator."""
+        if self._loader is None:
+            workers = self.cfg.num_workers
+            self._loader = DataLoader(
+                self.samples,
+                batch_sampler=_EpochBatches(self.order),
+                num_workers=workers,
+                pin_memory=self.cfg.pin_memory and torch.cuda.is_available(),
+                persistent_workers=self.cfg.persistent_workers,
+                prefetch_factor=self.cfg.prefetch_factor if workers else None,
+            )
         return self._loader
 
     def _restart(self) -> None:

@@ -81,6 +81,22 @@ def verify_or_record(cfg: DataConfig) -> ImageDatasetInfo:
             "shape": list(splits["train"].shape),
         }
         _write_atomically(path, manifest)
+    return _info(root, path, manifest, recorded_now)
+
+
+def recorded_info(cfg: DataConfig) -> ImageDatasetInfo:
+    """The manifest's facts without hashing the files again (the preparing rank verified them).
+
+    Records the dataset first when no manifest exists yet (a recipe used without ``prepare``).
+    """
+    root = image_root(cfg.format, cfg.root)
+    path = manifest_path_for(cfg, root)
+    if not path.is_file():
+        return verify_or_record(cfg)
+    return _info(root, path, _load(path), recorded_now=False)
+
+
+def _info(root: Path, path: Path, manifest: dict[str, Any], recorded_now: bool) -> ImageDatasetInfo:
     return ImageDatasetInfo(
         root=root,
         manifest_path=path,

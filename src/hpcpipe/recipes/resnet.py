@@ -50,9 +50,10 @@ class ResNetRecipe:
 
     @cached_property
     def info(self):  # type: ignore[no-untyped-def]  # ImageDatasetInfo
-        from hpcpipe.data.image_manifest import verify_or_record
+        # Ranks that did not prepare read the manifest local rank 0 has just verified.
+        from hpcpipe.data.image_manifest import recorded_info
 
-        return verify_or_record(self.data_cfg)
+        return recorded_info(self.data_cfg)
 
     @cached_property
     def splits(self):  # type: ignore[no-untyped-def]  # dict[str, ImageSplit]
