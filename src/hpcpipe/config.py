@@ -31,9 +31,12 @@ class RunConfig(Section):
     name: str = Field("run", min_length=1, description="Run name; the run directory is <out_dir>/<name>.")
     out_dir: str = Field("runs", description="Parent directory of run directories.")
     seed: int = Field(0, ge=0, description="Seed for model init, data order and dropout.")
-    recipe: Literal["gpt", "resnet-cifar"] = Field(
-        "gpt", description="Workload recipe (registry name): gpt (LM pretraining on token shards) or "
-        "resnet-cifar (torchvision ResNet-18 image classification: CIFAR, MNIST-style IDX, ImageFolder)."
+    recipe: Literal["gpt", "resnet-cifar", "lora-function-calling"] = Field(
+        "gpt",
+        description="Workload recipe (registry name): gpt (LM pretraining on token shards), "
+        "resnet-cifar (torchvision ResNet-18 image classification: CIFAR, MNIST-style IDX, ImageFolder) "
+        "or lora-function-calling (LoRA fine-tuning of a Hugging Face causal LM on function-calling "
+        "conversations: Glaive v2, OpenAI-style or Hermes-style).",
     )
 
     @model_validator(mode="after")
@@ -45,13 +48,37 @@ class RunConfig(Section):
 
 
 class ModelConfig(Section):
-    variant: Literal["gpt2", "llama", "resnet18", "resnet18-imagenet"] = Field(
+    variant: Literal["gpt2", "llama", "resnet18", "resnet18-imagenet", "hf-causal-lm"] = Field(
         "gpt2",
         description="gpt2: LayerNorm + learned positions + GELU MLP; "
         "llama: RMSNorm + RoPE + SwiGLU, no biases (both for recipe gpt). "
         "resnet18: torchvision ResNet-18 with a small-image stem (3x3 conv, stride 1, no max-pool); "
         "resnet18-imagenet: the original 7x7 stride-2 stem + max-pool, 16x fewer FLOPs on small "
-        "images (both for recipe resnet-cifar).",
+        "images (both for recipe resnet-cifar). "
+        "hf-causal-lm: a Hugging Face AutoModelForCausalLM from model.name_or_path (recipe "
+        "lora-function-calling; n_layers, n_heads and d_model are then the checkpoint's own).",
+    )
+    name_or_path: str | None = Field(
+        None,
+        description="hf-causal-lm: a local model directory, a hub id already in the local "
+        "Hugging Face cache (nothing is downloaded), a directory holding model.gguf_file, or "
+        "'@tiny-llama' (a 2-layer random Llama with a tokenizer trained on generated data: tests), "
+        "or '@random:<shape>' (random weights of a real shape, e.g. @random:qwen2-7b: throughput).",
+    )
+    gguf_file: str | None = Field(
+        None,
+        description="hf-causal-lm: a GGUF file name inside model.name_or_path (or a path to "
+        "one); transformers de-quantises it (needs the gguf and accelerate packages: the lora extra).",
+    )
+    base_dtype: Literal["fp32", "bf16"] = Field(
+        "fp32",
+        description="hf-causal-lm: dtype of the frozen base weights (bf16 halves their memory; "
+        "LoRA adapters follow lora.adapter_dtype).",
+    )
+    gradient_checkpointing: bool = Field(
+        False,
+        description="hf-causal-lm: recompute each decoder layer's activations in backward "
+        "(non-reentrant), trading ~1/3 more compute for memory.",
     )
     n_layers: int = Field(4, ge=1, description="Transformer blocks.")
     n_heads: int = Field(4, ge=1, description="Attention heads per block.")
@@ -78,26 +105,54 @@ class ModelConfig(Section):
         return self
 
 
+FUNCTION_CALLING_FORMATS = ("glaive", "openai", "hermes")
 IMAGE_FORMATS = (
-    "cifar10", "cifar100", "cifar10-binary", "cifar100-binary", "idx", "fashion-mnist", "imagefolder",
+    "cifar10",
+    "cifar100",
+    "cifar10-binary",
+    "cifar100-binary",
+    "idx",
+    "fashion-mnist",
+    "imagefolder",
 )
 
 
 class DataConfig(Section):
     format: Literal[
-        "tokens", "cifar10", "cifar100", "cifar10-binary", "cifar100-binary", "idx", "fashion-mnist",
+        "tokens",
+        "cifar10",
+        "cifar100",
+        "cifar10-binary",
+        "cifar100-binary",
+        "idx",
+        "fashion-mnist",
         "imagefolder",
+        "glaive",
+        "openai",
+        "hermes",
     ] = Field(
         "tokens",
         description="tokens: text sources -> token shards (recipe gpt). Images (recipe resnet-cifar), "
         "read from data.root: cifar10/cifar100 (the python-pickle batches, read with a restricted "
         "unpickler), cifar10-binary/cifar100-binary, idx (MNIST-style train-/t10k- IDX files, gzipped "
         "or not), fashion-mnist (idx; data.root defaults to Debian's dataset-fashion-mnist), "
-        "imagefolder (root/train/<class>/*.png and root/test/<class>/*).",
+        "imagefolder (root/train/<class>/*.png and root/test/<class>/*). Function-calling "
+        "conversations (recipe lora-function-calling) from data.sources (JSONL): glaive (Glaive v2 "
+        "system + chat rows), openai (messages + tools + tool_calls), hermes (<tool_call> conversations).",
     )
-    root: str | None = Field(
-        None, description="Directory of an image dataset (formats other than tokens)."
+    synthetic_rows: int = Field(
+        2000,
+        ge=1,
+        description="Function calling: rows the '@synthetic' source generates (realistic "
+        "Glaive v2 rows, deterministic from run.seed).",
     )
+    packing: bool = Field(
+        True,
+        description="Function calling: pack several conversations into one model.seq_len "
+        "sequence; attention never crosses a conversation boundary (block-diagonal mask, positions "
+        "restart per conversation). false: one conversation per sequence, padded.",
+    )
+    root: str | None = Field(None, description="Directory of an image dataset (formats other than tokens).")
     augment: bool = Field(
         True, description="Images: random crop with 4-pixel padding and horizontal flip in training."
     )
@@ -115,8 +170,10 @@ class DataConfig(Section):
         False, description="Images: keep DataLoader workers alive between epochs (needs num_workers > 0)."
     )
     prefetch_factor: int | None = Field(
-        None, ge=1, description="Images: batches each worker loads ahead (null: torch's default, 2; "
-        "needs num_workers > 0)."
+        None,
+        ge=1,
+        description="Images: batches each worker loads ahead (null: torch's default, 2; "
+        "needs num_workers > 0).",
     )
     sources: list[str] = Field(
         default_factory=lambda: ["@stdlib"],
@@ -157,9 +214,11 @@ class DataConfig(Section):
 class TrainConfig(Section):
     steps: int = Field(100, ge=1, description="Optimizer steps (ignored when train.epochs is set).")
     epochs: float | None = Field(
-        None, gt=0, description="Train for this many passes over the training set instead of "
+        None,
+        gt=0,
+        description="Train for this many passes over the training set instead of "
         "train.steps (steps = ceil(epochs x samples / global batch)); needs a recipe that knows its "
-        "dataset size (resnet-cifar)."
+        "dataset size (resnet-cifar).",
     )
     micro_batch_size: int = Field(8, ge=1, description="Sequences per rank per forward pass.")
     global_batch_size: int = Field(
@@ -185,14 +244,35 @@ class TrainConfig(Section):
     )
     compile: bool = Field(False, description="Wrap the model in torch.compile.")
     channels_last: bool = Field(
-        False, description="Images: NHWC memory format for model and inputs (faster convolutions "
-        "under bf16/fp16 on tensor cores and on many CPUs)."
+        False,
+        description="Images: NHWC memory format for model and inputs (faster convolutions "
+        "under bf16/fp16 on tensor cores and on many CPUs).",
     )
     label_smoothing: float = Field(
         0.0, ge=0, lt=1, description="Classification: cross-entropy label smoothing."
     )
     eval_every: int = Field(50, ge=0, description="Evaluate every N steps (0: only at the end).")
     eval_batches: int = Field(8, ge=1, description="Micro-batches per rank in one evaluation.")
+
+
+class LoraConfig(Section):
+    """LoRA adapters (peft) for recipe lora-function-calling; the base model stays frozen."""
+
+    r: int = Field(16, ge=1, description="Adapter rank.")
+    alpha: float = Field(32.0, gt=0, description="Scale numerator: updates are scaled by alpha / r.")
+    dropout: float = Field(0.05, ge=0, lt=1, description="Dropout on the adapter input.")
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        min_length=1,
+        description="Names of the Linear modules that get adapters (suffixes of module names, as peft "
+        "matches them); every name must match at least one module of the model.",
+    )
+    adapter_dtype: Literal["fp32", "bf16"] = Field(
+        "fp32",
+        description="Dtype of the trainable adapter weights (and their optimizer state): fp32 "
+        "keeps small updates from rounding away under a bf16 base; FSDP2 then gathers them in bf16 "
+        "for compute and reduces their gradients in fp32.",
+    )
 
 
 class ParallelConfig(Section):
@@ -208,24 +288,30 @@ class ParallelConfig(Section):
         None, ge=1, description="torch intra-op threads per rank (null: cores / local ranks)."
     )
     bucket_cap_mb: float = Field(
-        25.0, gt=0, description="DDP: gradient bucket size in MiB; larger buckets mean fewer, bigger "
-        "all-reduces, smaller ones start communication earlier in backward."
+        25.0,
+        gt=0,
+        description="DDP: gradient bucket size in MiB; larger buckets mean fewer, bigger "
+        "all-reduces, smaller ones start communication earlier in backward.",
     )
     gradient_as_bucket_view: bool = Field(
-        False, description="DDP: gradients are views into the all-reduce buckets (saves one copy "
-        "and the memory of the gradients)."
+        False,
+        description="DDP: gradients are views into the all-reduce buckets (saves one copy "
+        "and the memory of the gradients).",
     )
     static_graph: bool = Field(
-        False, description="DDP: the set of used parameters never changes between steps, so DDP "
-        "can skip its per-step graph search and overlap better."
+        False,
+        description="DDP: the set of used parameters never changes between steps, so DDP "
+        "can skip its per-step graph search and overlap better.",
     )
     broadcast_buffers: bool | None = Field(
-        None, description="DDP: broadcast rank 0's buffers (BatchNorm running statistics) at every "
-        "forward; null: the recipe decides (resnet-cifar: yes, gpt: no)."
+        None,
+        description="DDP: broadcast rank 0's buffers (BatchNorm running statistics) at every "
+        "forward; null: the recipe decides (resnet-cifar: yes, gpt: no).",
     )
     sync_gradients: bool = Field(
-        True, description="Benchmarking only: false skips every gradient all-reduce (ranks then "
-        "diverge), to measure a step without communication (bench scaling uses it)."
+        True,
+        description="Benchmarking only: false skips every gradient all-reduce (ranks then "
+        "diverge), to measure a step without communication (bench scaling uses it).",
     )
     retain_host_memory: bool = Field(
         True,
@@ -255,12 +341,16 @@ class CheckpointConfig(Section):
         0, ge=0, description="Save a checkpoint every N optimizer steps (0: no periodic saves)."
     )
     keep_last: int = Field(
-        3, ge=1, description="Committed checkpoints kept per tier, newest first (the newest "
-        "verified one and the one training resumed from are never deleted)."
+        3,
+        ge=1,
+        description="Committed checkpoints kept per tier, newest first (the newest "
+        "verified one and the one training resumed from are never deleted).",
     )
     keep_every: int = Field(
-        0, ge=0, description="Also keep forever every checkpoint whose step is a multiple of "
-        "this (0: none), e.g. for later evaluation."
+        0,
+        ge=0,
+        description="Also keep forever every checkpoint whose step is a multiple of "
+        "this (0: none), e.g. for later evaluation.",
     )
     async_save: bool = Field(
         False,
@@ -269,32 +359,38 @@ class CheckpointConfig(Section):
         "to CPU memory (costs one extra copy of the model + optimizer state in RAM).",
     )
     dir: str | None = Field(
-        None, description="Fast tier, written at every save (node-local disk is fine on one "
-        "node; every rank must see it); null: <run_dir>/checkpoints."
+        None,
+        description="Fast tier, written at every save (node-local disk is fine on one "
+        "node; every rank must see it); null: <run_dir>/checkpoints.",
     )
     durable_dir: str | None = Field(
-        None, description="Durable tier (shared file system): committed fast checkpoints are "
-        "copied there in the background and verified; null: no durable tier."
+        None,
+        description="Durable tier (shared file system): committed fast checkpoints are "
+        "copied there in the background and verified; null: no durable tier.",
     )
     durable_every_steps: int = Field(
-        0, ge=0, description="Copy to the durable tier when the step is a multiple of this "
-        "(0 with durable_every_s 0: copy every checkpoint)."
+        0,
+        ge=0,
+        description="Copy to the durable tier when the step is a multiple of this "
+        "(0 with durable_every_s 0: copy every checkpoint).",
     )
     durable_every_s: float = Field(
-        0.0, ge=0, description="Also copy to the durable tier when this many seconds passed "
-        "since the last durable copy (0: no time-based copies)."
+        0.0,
+        ge=0,
+        description="Also copy to the durable tier when this many seconds passed "
+        "since the last durable copy (0: no time-based copies).",
     )
     resume: Literal["auto", "never", "required"] = Field(
-        "auto", description="auto: resume from the newest verified checkpoint if any; never: "
-        "always start fresh; required: fail (exit 2) when there is nothing to resume from."
+        "auto",
+        description="auto: resume from the newest verified checkpoint if any; never: "
+        "always start fresh; required: fail (exit 2) when there is nothing to resume from.",
     )
     scratch_if_none_verify: bool = Field(
-        False, description="When checkpoints exist but none verifies, start from scratch "
-        "instead of failing with exit code 2."
+        False,
+        description="When checkpoints exist but none verifies, start from scratch "
+        "instead of failing with exit code 2.",
     )
-    io_threads: int = Field(
-        2, ge=1, le=64, description="Writer threads per rank (one file each per save)."
-    )
+    io_threads: int = Field(2, ge=1, le=64, description="Writer threads per rank (one file each per save).")
     hash: Literal["sha256", "blake3"] = Field(
         "sha256",
         description="File hash in the manifest: sha256, or blake3 (about 4.5x faster; needs the "
@@ -304,21 +400,37 @@ class CheckpointConfig(Section):
 
 class FaultConfig(Section):
     hang_timeout_s: float = Field(
-        0.0, ge=0, description="Watchdog: a step that takes longer than this dumps every "
-        "rank's stack and exits non-zero (0: no watchdog)."
+        0.0,
+        ge=0,
+        description="Watchdog: a step that takes longer than this dumps every "
+        "rank's stack and exits non-zero (0: no watchdog).",
     )
     oom_recovery: bool = Field(
-        True, description="On an out-of-memory error, halve the micro-batch (more gradient "
-        "accumulation, same global batch) and retry the step."
+        True,
+        description="On an out-of-memory error, halve the micro-batch (more gradient "
+        "accumulation, same global batch) and retry the step.",
     )
     preempt_grace_s: float = Field(
-        30.0, ge=0, description="After SIGTERM/SIGUSR1 (preemption), time allowed to finish "
-        "the step and write a final checkpoint before exiting."
+        30.0,
+        ge=0,
+        description="After SIGTERM/SIGUSR1 (preemption), time allowed to finish "
+        "the step and write a final checkpoint before exiting.",
     )
     preempt_exit_code: int = Field(
-        75, ge=1, le=255, description="Exit code after a preemption checkpoint: 75 "
-        "(EX_TEMPFAIL, 'checkpointed, resubmit me'); not 143, which means killed *without* one."
+        75,
+        ge=1,
+        le=255,
+        description="Exit code after a preemption checkpoint: 75 "
+        "(EX_TEMPFAIL, 'checkpointed, resubmit me'); not 143, which means killed *without* one.",
     )
+
+
+# run.recipe -> (the model.variant values, the data.format values) it works with.
+RECIPE_FITS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "gpt": (("gpt2", "llama"), ("tokens",)),
+    "resnet-cifar": (("resnet18", "resnet18-imagenet"), IMAGE_FORMATS),
+    "lora-function-calling": (("hf-causal-lm",), FUNCTION_CALLING_FORMATS),
+}
 
 
 class JobConfig(Section):
@@ -328,6 +440,7 @@ class JobConfig(Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     data: DataConfig = Field(default_factory=DataConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
+    lora: LoraConfig = Field(default_factory=LoraConfig)
     parallel: ParallelConfig = Field(default_factory=ParallelConfig)
     observe: ObserveConfig = Field(default_factory=ObserveConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
@@ -345,16 +458,20 @@ class JobConfig(Section):
 
     @model_validator(mode="after")
     def _recipe_matches_model_and_data(self) -> JobConfig:
-        vision = self.run.recipe == "resnet-cifar"
-        if vision != self.model.variant.startswith("resnet"):
-            wanted = "resnet18 or resnet18-imagenet" if vision else "gpt2 or llama"
-            variant, recipe = self.model.variant, self.run.recipe
-            raise ValueError(f"model.variant {variant!r} does not fit run.recipe {recipe!r} (use {wanted})")
-        if vision != (self.data.format != "tokens"):
-            wanted = ", ".join(IMAGE_FORMATS) if vision else "tokens"
+        variants, formats = RECIPE_FITS[self.run.recipe]
+        recipe = self.run.recipe
+        if self.model.variant not in variants:
             raise ValueError(
-                f"data.format {self.data.format!r} does not fit run.recipe {self.run.recipe!r} (use {wanted})"
+                f"model.variant {self.model.variant!r} does not fit run.recipe {recipe!r} "
+                f"(use {' or '.join(variants)})"
             )
+        if self.data.format not in formats:
+            raise ValueError(
+                f"data.format {self.data.format!r} does not fit run.recipe {recipe!r} "
+                f"(use {', '.join(formats)})"
+            )
+        if recipe == "lora-function-calling" and not self.model.name_or_path:
+            raise ValueError("model.name_or_path is required for run.recipe 'lora-function-calling'")
         return self
 
     @property

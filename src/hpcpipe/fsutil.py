@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -18,3 +21,24 @@ def fsync_dir(path: Path) -> None:
             os.fsync(fd)
     finally:
         os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_replace_dir(final: Path) -> Iterator[Path]:
+    """Yield a temporary sibling directory; on success it becomes ``final`` with one rename.
+
+    A reader therefore sees either no ``final`` or a complete one; an interrupted build leaves
+    only a ``.tmp-*`` directory. When another process committed ``final`` first, its copy wins.
+    """
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=final.parent))
+    try:
+        yield tmp
+        try:
+            os.replace(tmp, final)
+        except OSError:
+            if not final.is_dir():
+                raise
+        fsync_dir(final.parent)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

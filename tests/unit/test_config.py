@@ -69,6 +69,30 @@ def test_bad_overrides_name_the_key(overrides: list[str], needle: str) -> None:
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize(
+    ("overrides", "needle"),
+    [
+        (["model.variant=gpt2"], "model.variant 'gpt2' does not fit run.recipe 'lora-function-calling'"),
+        (["data.format=tokens"], "data.format 'tokens' does not fit run.recipe 'lora-function-calling'"),
+        (["model.name_or_path="], "model.name_or_path is required"),
+        (["lora.r=0"], "lora.r"),
+        (["model.base_dtype=fp16"], "model.base_dtype"),
+    ],
+)
+def test_lora_recipe_config_errors_name_the_key(overrides: list[str], needle: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config("lora-fc-tiny", overrides)
+    assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_seed_qwen2_7b_configuration_validates_as_written() -> None:
+    cfg = load_config("lora-fc-qwen2-7b")
+    assert (cfg.lora.r, cfg.lora.alpha, cfg.model.seq_len, cfg.train.lr) == (64, 128, 4096, 2e-5)
+    assert cfg.model.base_dtype == "bf16" and cfg.train.precision == "bf16"
+    assert cfg.parallel.strategy == "fsdp" and cfg.train.schedule == "cosine"
+    assert grad_accum_steps(cfg.train, world_size=16) == 4  # 2 per GPU x accumulation 4 on 2 x 8
+
+
 def test_unknown_key_in_yaml_is_rejected(tmp_path: Path) -> None:
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump({"train": {"steps": 3, "learning_rate": 0.1}}))

@@ -34,18 +34,35 @@ from hpcpipe.models.gpt import GPT, mlp_hidden
 
 __all__ = ["export_checkpoint", "find_job_config", "hf_state_dict", "load_gpt"]
 
-Format = Literal["safetensors", "hf"]
+Format = Literal["safetensors", "hf", "adapter", "merged"]
+LORA_FORMATS = ("adapter", "merged")
 
 
-def export_checkpoint(ckpt: Path, fmt: Format, out: Path, config_path: Path | None = None) -> Path:
-    """Verify ``ckpt``, rebuild the model and write it to ``out`` in ``fmt``; returns ``out``."""
+def export_checkpoint(
+    ckpt: Path, fmt: Format, out: Path, config_path: Path | None = None, dtype: str = "fp32"
+) -> Path:
+    """Verify ``ckpt``, rebuild the model and write it to ``out`` in ``fmt``; returns ``out``.
+
+    gpt runs export as ``safetensors`` or ``hf``; lora-function-calling runs as ``adapter`` or
+    ``merged`` (``dtype`` fp32 or bf16).
+    """
     _, problems = verify_dir(ckpt)
     if problems:
         raise CheckpointError(f"{ckpt}/{problems[0]} (refusing to export)")
     config_path = config_path or find_job_config(ckpt)
     job = load_config(config_path)
+    lora = job.run.recipe == "lora-function-calling"
+    if lora != (fmt in LORA_FORMATS):
+        wanted = "adapter or merged" if lora else "safetensors or hf"
+        raise CheckpointError(f"--format {fmt} does not fit run.recipe {job.run.recipe!r} (use {wanted})")
+    if lora:
+        from hpcpipe.checkpoint.lora_export import export_lora
+
+        return export_lora(ckpt, job, fmt, out, dtype)  # type: ignore[arg-type]
     if job.run.recipe != "gpt":
-        raise CheckpointError(f"export supports the gpt recipe, this run is {job.run.recipe!r}")
+        raise CheckpointError(
+            f"export supports the gpt and lora-function-calling recipes, this run is {job.run.recipe!r}"
+        )
     model = load_gpt(ckpt, job.model)
     out.mkdir(parents=True, exist_ok=True)
     step = read_manifest(ckpt).step
@@ -75,8 +92,12 @@ def load_gpt(ckpt: Path, model_cfg: ModelConfig) -> GPT:
     model = GPT(model_cfg, vocab_size=int(entry.size[0]))
     state = model.state_dict()  # tensors share storage with the parameters: loaded in place
     try:
-        dcp.load({"model": state}, storage_reader=SafeFileSystemReader(ckpt), planner=SafeLoadPlanner(),
-                 no_dist=True)
+        dcp.load(
+            {"model": state},
+            storage_reader=SafeFileSystemReader(ckpt),
+            planner=SafeLoadPlanner(),
+            no_dist=True,
+        )
     except BaseException as exc:  # DCP's CheckpointException is a BaseException
         if not _is_dcp_error(exc):
             raise
@@ -97,8 +118,12 @@ def hf_state_dict(model: GPT) -> dict[str, torch.Tensor]:
 
 def _gpt2_names(name: str, t: torch.Tensor) -> dict[str, torch.Tensor]:
     """One hpcpipe GPT-2 tensor -> its GPT2LMHeadModel name(s); Conv1D weights are (in, out)."""
-    conv1d = {"attn.qkv": "attn.c_attn", "attn.proj": "attn.c_proj", "mlp.fc": "mlp.c_fc",
-              "mlp.proj": "mlp.c_proj"}
+    conv1d = {
+        "attn.qkv": "attn.c_attn",
+        "attn.proj": "attn.c_proj",
+        "mlp.fc": "mlp.c_fc",
+        "mlp.proj": "mlp.c_proj",
+    }
     if name in ("tok_emb.weight", "pos_emb.weight"):
         return {f"transformer.{'wte' if name.startswith('tok') else 'wpe'}.weight": t}
     if name == "lm_head.weight":
@@ -115,8 +140,11 @@ def _gpt2_names(name: str, t: torch.Tensor) -> dict[str, torch.Tensor]:
 
 def _llama_names(name: str, t: torch.Tensor) -> dict[str, torch.Tensor]:
     """One hpcpipe Llama-style tensor -> its LlamaForCausalLM name(s); q/k/v split from qkv."""
-    simple = {"tok_emb.weight": "model.embed_tokens.weight", "ln_f.weight": "model.norm.weight",
-              "lm_head.weight": "lm_head.weight"}
+    simple = {
+        "tok_emb.weight": "model.embed_tokens.weight",
+        "ln_f.weight": "model.norm.weight",
+        "lm_head.weight": "lm_head.weight",
+    }
     if name in simple:
         return {simple[name]: t}
     _, index, rest = name.split(".", 2)
@@ -125,9 +153,14 @@ def _llama_names(name: str, t: torch.Tensor) -> dict[str, torch.Tensor]:
         q, k, v = t.chunk(3, dim=0)  # (C, C) each, heads in order: no permutation needed
         pairs = zip("qkv", (q, k, v), strict=True)
         return {f"{layer}.self_attn.{p}_proj.weight": w.contiguous() for p, w in pairs}
-    renames = {"ln_1.weight": "input_layernorm.weight", "ln_2.weight": "post_attention_layernorm.weight",
-               "attn.proj.weight": "self_attn.o_proj.weight", "mlp.gate.weight": "mlp.gate_proj.weight",
-               "mlp.up.weight": "mlp.up_proj.weight", "mlp.down.weight": "mlp.down_proj.weight"}
+    renames = {
+        "ln_1.weight": "input_layernorm.weight",
+        "ln_2.weight": "post_attention_layernorm.weight",
+        "attn.proj.weight": "self_attn.o_proj.weight",
+        "mlp.gate.weight": "mlp.gate_proj.weight",
+        "mlp.up.weight": "mlp.up_proj.weight",
+        "mlp.down.weight": "mlp.down_proj.weight",
+    }
     return {f"{layer}.{renames[rest]}": t}
 
 
@@ -137,19 +170,38 @@ def hf_config(cfg: ModelConfig, vocab_size: int, eos_id: int | None) -> Any:
 
     if cfg.variant == "gpt2":
         return GPT2Config(
-            vocab_size=vocab_size, n_positions=cfg.seq_len, n_embd=cfg.d_model, n_layer=cfg.n_layers,
-            n_head=cfg.n_heads, n_inner=mlp_hidden(cfg), activation_function="gelu_new",
-            layer_norm_epsilon=cfg.norm_eps, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-            tie_word_embeddings=True, bos_token_id=eos_id, eos_token_id=eos_id,
+            vocab_size=vocab_size,
+            n_positions=cfg.seq_len,
+            n_embd=cfg.d_model,
+            n_layer=cfg.n_layers,
+            n_head=cfg.n_heads,
+            n_inner=mlp_hidden(cfg),
+            activation_function="gelu_new",
+            layer_norm_epsilon=cfg.norm_eps,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            tie_word_embeddings=True,
+            bos_token_id=eos_id,
+            eos_token_id=eos_id,
         )
     return LlamaConfig(
-        vocab_size=vocab_size, hidden_size=cfg.d_model, intermediate_size=mlp_hidden(cfg),
-        num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads,
-        num_key_value_heads=cfg.n_heads, head_dim=cfg.d_model // cfg.n_heads,
-        max_position_embeddings=cfg.seq_len, rms_norm_eps=cfg.norm_eps,
+        vocab_size=vocab_size,
+        hidden_size=cfg.d_model,
+        intermediate_size=mlp_hidden(cfg),
+        num_hidden_layers=cfg.n_layers,
+        num_attention_heads=cfg.n_heads,
+        num_key_value_heads=cfg.n_heads,
+        head_dim=cfg.d_model // cfg.n_heads,
+        max_position_embeddings=cfg.seq_len,
+        rms_norm_eps=cfg.norm_eps,
         **_rope_kwargs(cfg),
-        hidden_act="silu", attention_bias=False, mlp_bias=False, tie_word_embeddings=True,
-        bos_token_id=eos_id, eos_token_id=eos_id,
+        hidden_act="silu",
+        attention_bias=False,
+        mlp_bias=False,
+        tie_word_embeddings=True,
+        bos_token_id=eos_id,
+        eos_token_id=eos_id,
     )
 
 

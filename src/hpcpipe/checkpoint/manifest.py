@@ -90,9 +90,7 @@ class Manifest:
             "config_hash": self.config_hash,
             "created_unix": self.created_unix,
             "hash": self.hash,
-            "files": {
-                name: {self.hash: e.digest, "size": e.size} for name, e in sorted(self.files.items())
-            },
+            "files": {name: {self.hash: e.digest, "size": e.size} for name, e in sorted(self.files.items())},
         }
         return json.dumps(body, indent=1, sort_keys=True) + "\n"
 
@@ -232,5 +230,3 @@ def _is_safe_relative(name: str) -> bool:
     """A manifest names files inside the checkpoint only: no absolute paths, no '..'."""
     parts = Path(name).parts
     return bool(parts) and not Path(name).is_absolute() and ".." not in parts
-
-

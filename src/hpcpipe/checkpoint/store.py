@@ -120,8 +120,12 @@ class CheckpointStore:
         world_size: int = 1,
         config_hash: str = "",
         events: EventFn | None = None,
+        trainable_only: bool = False,
     ) -> None:
         self.cfg = cfg
+        # Only parameters that require grad (LoRA adapters) and their optimizer state are saved;
+        # restoring loads those and leaves the rest as built (the frozen base, from its source).
+        self.trainable_only = trainable_only
         new_hasher(cfg.hash)  # a missing blake3 package fails here, before any training
         self.rank = rank
         self.world_size = world_size
@@ -177,7 +181,7 @@ class CheckpointStore:
         start = time.perf_counter()
         self._count += 1
         tmp = self.fast.new_temporary(step, f"{self._token}-{self._count}")
-        model_sd, optim_sd = get_state_dict(model, optimizer)
+        model_sd, optim_sd = get_state_dict(model, optimizer, options=self._sd_options())
         state = {"model": model_sd, "optim": optim_sd}
         writer = HashedFileSystemWriter(
             tmp, extra_name(self.rank), serialize_extra(extra), self.cfg.io_threads, self.cfg.hash
@@ -399,7 +403,7 @@ class CheckpointStore:
 
         start = time.perf_counter()
         manifest = read_manifest(path)
-        model_sd, optim_sd = get_state_dict(model, optimizer)
+        model_sd, optim_sd = get_state_dict(model, optimizer, options=self._sd_options())
         state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
         reader = SafeFileSystemReader(path)
         try:
@@ -408,7 +412,13 @@ class CheckpointStore:
             if reader.refused is not None:
                 raise reader.refused from None
             raise CheckpointError(f"{path}: does not load into this model ({_first_failure(exc)})") from None
-        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        set_state_dict(
+            model,
+            optimizer,
+            model_state_dict=state["model"],
+            optim_state_dict=state["optim"],
+            options=self._sd_options(),
+        )
         extra_rank = self.rank if (path / extra_name(self.rank)).is_file() else 0
         extra = load_extra(path / extra_name(extra_rank))
         self.restored = RestoreInfo(manifest.step, path, tier, manifest.world_size, extra_rank)
@@ -426,6 +436,12 @@ class CheckpointStore:
         return extra
 
     # -- helpers -----------------------------------------------------------------------------
+
+    def _sd_options(self) -> Any:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+        # strict=False when trainable-only: the frozen keys are absent from the checkpoint.
+        return StateDictOptions(ignore_frozen_params=self.trainable_only, strict=not self.trainable_only)
 
     def _where(self) -> str:
         return str(self.fast.root) + (f" or {self.durable.root}" if self.durable else "")

@@ -12,6 +12,7 @@ from hpcpipe.cli import bench as bench_cli
 from hpcpipe.cli import ckpt as ckpt_cli
 from hpcpipe.cli import data as data_cli
 from hpcpipe.cli import doctor as doctor_cli
+from hpcpipe.cli import evaluate as evaluate_cli
 from hpcpipe.cli import presets as presets_cli
 from hpcpipe.cli import report as report_cli
 from hpcpipe.cli import sweep as sweep_cli
@@ -40,6 +41,7 @@ app.command("roofline")(analysis_cli.roofline)
 app.add_typer(analysis_cli.scaling_law_app, name="scaling-law")
 app.command("sweep")(sweep_cli.sweep)
 app.add_typer(report_cli.app, name="report")
+app.add_typer(evaluate_cli.app, name="eval")
 
 
 def main() -> None:

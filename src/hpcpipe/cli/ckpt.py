@@ -18,8 +18,13 @@ app = typer.Typer(
     no_args_is_help=True,
 )
 
-PathArg = Annotated[Path, typer.Argument(show_default=False, help="A run directory, its "
-                    "checkpoints directory, or one checkpoint (step-NNNNNNNN).")]
+PathArg = Annotated[
+    Path,
+    typer.Argument(
+        show_default=False,
+        help="A run directory, its checkpoints directory, or one checkpoint (step-NNNNNNNN).",
+    ),
+]
 
 
 @app.command("list")
@@ -49,13 +54,17 @@ def verify_checkpoints(path: PathArg, json_out: JsonOption = None) -> None:
     results = []
     for tier, ckpt in _checkpoints(path):
         _, problems = verify_dir(ckpt)
-        results.append({"path": str(ckpt), "tier": tier, "ok": not problems,
-                        "problems": [p.to_dict() for p in problems]})
+        results.append(
+            {"path": str(ckpt), "tier": tier, "ok": not problems, "problems": [p.to_dict() for p in problems]}
+        )
         if json_out != "-":
             for problem in problems:
-                err_console.print(f"FAIL {ckpt / problem.file}: {problem.reason}"
-                                  + (f" (expected {problem.expected}, found {problem.actual})"
-                                     if problem.expected else ""), markup=False, highlight=False)
+                err_console.print(
+                    f"FAIL {ckpt / problem.file}: {problem.reason}"
+                    + (f" (expected {problem.expected}, found {problem.actual})" if problem.expected else ""),
+                    markup=False,
+                    highlight=False,
+                )
             if not problems:
                 console.print(f"ok {ckpt}", markup=False, highlight=False)
     write_json(results, json_out)
@@ -66,21 +75,45 @@ def verify_checkpoints(path: PathArg, json_out: JsonOption = None) -> None:
 @app.command("export")
 def export(
     path: Annotated[Path, typer.Argument(show_default=False, help="One checkpoint (step-NNNNNNNN).")],
-    fmt: Annotated[Literal["safetensors", "hf"], typer.Option(
-        "--format", "-f", help="safetensors: hpcpipe's state dict; hf: a Hugging Face model directory.",
-    )] = "safetensors",
-    out: Annotated[Path | None, typer.Option(
-        "--out", "-o", help="Output directory (default: <run_dir>/export/<step>-<format>).",
-        show_default=False)] = None,
-    config: Annotated[Path | None, typer.Option(
-        "--config", help="The run's config.yaml (default: <run_dir>/config.yaml).", show_default=False,
-    )] = None,
+    fmt: Annotated[
+        Literal["safetensors", "hf", "adapter", "merged"],
+        typer.Option(
+            "--format",
+            "-f",
+            help="gpt runs: safetensors (hpcpipe's state dict) or hf (a Hugging Face model "
+            "directory). lora-function-calling runs: adapter (peft) or merged (adapter folded "
+            "into the base).",
+        ),
+    ] = "safetensors",
+    dtype: Annotated[
+        Literal["fp32", "bf16"],
+        typer.Option("--dtype", help="merged: dtype of the written weights (the merge itself runs in fp32)."),
+    ] = "fp32",
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out",
+            "-o",
+            help="Output directory (default: <run_dir>/export/<step>-<format>).",
+            show_default=False,
+        ),
+    ] = None,
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            "--config",
+            help="The run's config.yaml (default: <run_dir>/config.yaml).",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
-    """Export a checkpoint of the gpt recipe (verified first) for inference or sharing.
+    """Export a checkpoint (verified first) for inference or sharing.
 
     Examples:
 
       hpcpipe ckpt export runs/quickstart/checkpoints/step-00000100 --format hf
+
+      hpcpipe ckpt export runs/lora-fc-smollm2/checkpoints/step-00000150 --format merged --dtype bf16
 
       python -c "from transformers import AutoModelForCausalLM as M; M.from_pretrained('DIR')"
     """
@@ -89,7 +122,7 @@ def export(
     if not (path / "manifest.json").is_file():
         raise UserError(f"{path}: not a committed checkpoint (no manifest.json)")
     target = out or path.resolve().parent.parent / "export" / f"{path.name}-{fmt}"
-    written = export_checkpoint(path, fmt, target, config)
+    written = export_checkpoint(path, fmt, target, config, dtype)
     console.print(f"[green]exported[/] {path} -> {written} ({fmt})")
 
 
@@ -124,8 +157,15 @@ def _tiers(path: Path) -> list[Any]:
 def _describe(tier: str, path: Path, verify: bool) -> dict[str, Any]:
     from hpcpipe.checkpoint.manifest import CheckpointError, parse_step, read_manifest, verify_dir
 
-    row: dict[str, Any] = {"path": str(path), "tier": tier, "step": parse_step(path.name), "bytes": None,
-                           "files": None, "verified": None, "problem": None}
+    row: dict[str, Any] = {
+        "path": str(path),
+        "tier": tier,
+        "step": parse_step(path.name),
+        "bytes": None,
+        "files": None,
+        "verified": None,
+        "problem": None,
+    }
     try:
         manifest = read_manifest(path)
         row.update(step=manifest.step, bytes=manifest.total_bytes, files=len(manifest.files))

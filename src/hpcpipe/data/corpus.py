@@ -121,9 +121,7 @@ def _walk(root: Path, label: str, extensions: list[str]) -> Iterator[SourceFile]
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = [d for d in dirnames if d not in _PRUNED_DIRS]
         rel_dir = Path(dirpath).relative_to(root)
-        found.extend(
-            (rel_dir / name).as_posix() for name in filenames if Path(name).suffix.lower() in wanted
-        )
+        found.extend((rel_dir / name).as_posix() for name in filenames if Path(name).suffix.lower() in wanted)
     for rel in sorted(found):
         path = root / rel
         if path.is_file():

@@ -402,8 +402,6 @@ def _write_synced(path: Path, data: bytes) -> None:
         os.fsync(fh.fileno())
 
 
-
-
 class Stages(AbstractContextManager["Stages"]):
     """A rich progress display of prepare's stages on stderr, or nothing when disabled."""
 

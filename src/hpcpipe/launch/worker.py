@@ -45,6 +45,7 @@ def train_worker(job: JobConfig, env: DistEnv) -> None:
             (run_dir / "config.yaml").write_text(job.to_yaml())
             lineage = build_lineage(job.config_hash(), recipe.dataset_hash(), hosts, ctx.world_size)
             write_lineage(run_dir, lineage)
+            recipe.on_train_start(run_dir)
             _record_restart(run_dir)
         ctx.barrier()
         trainer = Trainer(job, recipe, ctx, run_dir)

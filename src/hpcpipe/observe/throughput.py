@@ -44,8 +44,12 @@ class ThroughputMeter:
         self._steps += 1
         self._data_time += data_time_s
 
-    def read(self) -> dict[str, float | None]:
-        """Figures for the interval since the last read; starts the next interval."""
+    def read(self, counts: dict[str, float] | None = None) -> dict[str, float | None]:
+        """Figures for the interval since the last read; starts the next interval.
+
+        ``counts`` are further items counted over all ranks in the interval (supervised tokens):
+        each adds ``<key>_per_s_per_device``.
+        """
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         elapsed = max(time.perf_counter() - self._t0, 1e-9)
@@ -62,6 +66,8 @@ class ThroughputMeter:
             "step_time_s": elapsed / steps,
             "data_time_s": self._data_time / steps,
         }
+        for key, count in (counts or {}).items():
+            row[f"{key}_per_s_per_device"] = count / elapsed / self.world_size
         self.start()
         return row
 

@@ -23,8 +23,15 @@ def _resnet(job: JobConfig) -> Recipe:
     return ResNetRecipe.from_job(job)
 
 
+def _lora_fc(job: JobConfig) -> Recipe:
+    from hpcpipe.recipes.lora_fc import LoraFCRecipe
+
+    return LoraFCRecipe.from_job(job)
+
+
 _REGISTRY["gpt"] = _gpt
 _REGISTRY["resnet-cifar"] = _resnet
+_REGISTRY["lora-function-calling"] = _lora_fc
 
 
 def build_recipe(job: JobConfig) -> Recipe:

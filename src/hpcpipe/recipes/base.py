@@ -35,6 +35,13 @@ class Recipe(Protocol):
     # DDP broadcasts rank 0's buffers at every forward when True (BatchNorm running statistics);
     # parallel.broadcast_buffers overrides it.
     broadcasts_buffers: bool
+    # Checkpoints hold only parameters that require grad (and their optimizer state): a LoRA run
+    # rebuilds its frozen base from the model source instead of writing it at every save.
+    checkpoint_trainable_only: bool
+
+    @property
+    def fsdp_param_dtype(self) -> torch.dtype | None:
+        """The dtype FSDP2 gathers parameters in (one per unit); None keeps each parameter's own."""
 
     @property
     def items_per_sample(self) -> int:
@@ -68,8 +75,17 @@ class Recipe(Protocol):
     def eval_metrics(self, totals: dict[str, float]) -> dict[str, float]:
         """The all-reduced sums of every batch -> named metrics; ``val_loss`` is required."""
 
+    def interval_counts(self) -> dict[str, torch.Tensor]:
+        """Items counted since the last call on this rank (e.g. supervised tokens); reset on read.
+
+        The trainer sums them over ranks and logs ``<key>_per_s_per_device`` next to throughput.
+        """
+
     def flops_per_sample(self) -> float | None:
         """Training FLOPs (forward + backward) per sample, for MFU; None when unknown."""
+
+    def on_train_start(self, run_dir: Path) -> None:
+        """Files for the run directory before training (main rank only), e.g. a data report."""
 
     def on_train_end(self, model: nn.Module, is_main: bool, run_dir: Path) -> None:
         """Artifacts after training (every rank calls it; only the main rank writes)."""

@@ -28,6 +28,8 @@ class GPTRecipe:
     seed: int
     name: str = "gpt"
     throughput_unit: str = "tokens"
+    checkpoint_trainable_only: bool = False
+    fsdp_param_dtype: torch.dtype | None = None
     broadcasts_buffers: bool = False  # RoPE tables are identical on every rank by construction
 
     @classmethod
@@ -122,12 +124,18 @@ class GPTRecipe:
         val_loss = totals["loss"] / totals["count"]
         return {"val_loss": val_loss, "val_ppl": math.exp(min(val_loss, 50.0))}
 
+    def interval_counts(self) -> dict[str, torch.Tensor]:
+        return {}
+
     def flops_per_sample(self) -> float | None:
         from hpcpipe.observe.flops import training_flops_per_token
 
         return training_flops_per_token(self.model_cfg, self.vocab_size) * self.model_cfg.seq_len
 
     # -- artifacts ---------------------------------------------------------------------------
+
+    def on_train_start(self, run_dir: Path) -> None:
+        """Nothing: the shards' manifest is recorded in lineage.json."""
 
     def on_train_end(self, model: nn.Module, is_main: bool, run_dir: Path) -> None:
         """Write a text sample; every rank generates (FSDP2 needs all ranks in each forward)."""

@@ -31,6 +31,8 @@ class ResNetRecipe:
     seed: int
     name: str = "resnet-cifar"
     throughput_unit: str = "samples"
+    checkpoint_trainable_only: bool = False
+    fsdp_param_dtype: torch.dtype | None = None
     broadcasts_buffers: bool = True
 
     @classmethod
@@ -134,6 +136,9 @@ class ResNetRecipe:
         count = max(totals["count"], 1.0)
         return {"val_loss": totals["loss"] / count, "val_acc": totals["correct"] / count}
 
+    def interval_counts(self) -> dict[str, torch.Tensor]:
+        return {}
+
     def flops_per_sample(self) -> float | None:
         """Training FLOPs per image: 3x the forward pass, counted by torch on the meta device."""
         from torch.utils.flop_counter import FlopCounterMode
@@ -148,6 +153,9 @@ class ResNetRecipe:
         return 3.0 * counter.get_total_flops() / 2
 
     # -- artifacts ---------------------------------------------------------------------------
+
+    def on_train_start(self, run_dir: Path) -> None:
+        """Nothing: the dataset's file hashes are in its manifest, named in lineage.json."""
 
     def on_train_end(self, model: nn.Module, is_main: bool, run_dir: Path) -> None:
         """Nothing beyond the metrics: the final evaluation row holds ``val_acc``."""

@@ -48,6 +48,16 @@ class DistContext:
             value /= self.world_size
         return value
 
+    def sum_over_ranks(self, counts: dict[str, torch.Tensor]) -> dict[str, float]:
+        """Each count summed over ranks, in one all-reduce (every rank passes the same keys)."""
+        if not counts:
+            return {}
+        keys = sorted(counts)
+        values = torch.stack([counts[k].detach().double().reshape(()) for k in keys])
+        if self.is_distributed:
+            dist.all_reduce(values)
+        return dict(zip(keys, values.tolist(), strict=True))
+
     def barrier(self) -> None:
         if self.is_distributed:
             dist.barrier()

@@ -35,13 +35,16 @@ def apply_parallelism(
     shard_units: Sequence[nn.Module],
     cfg: ParallelConfig,
     recipe_broadcasts_buffers: bool,
+    fsdp_param_dtype: torch.dtype | None = None,
 ) -> nn.Module:
     """Wrap ``model`` for ``strategy``. ``shard_units`` are the blocks FSDP2 shards one by one.
 
     ``recipe_broadcasts_buffers`` is the recipe's choice for DDP's per-forward buffer broadcast
     when ``parallel.broadcast_buffers`` is null: BatchNorm's running statistics drift apart per
     rank without it; the GPT's buffers (RoPE tables) are identical on every rank by construction
-    and would only be re-sent every step.
+    and would only be re-sent every step. ``fsdp_param_dtype`` (the recipe's) makes FSDP2 gather
+    every parameter of a unit in that dtype and reduce gradients in fp32: a unit mixing a bf16
+    frozen base with fp32 LoRA adapters cannot be gathered in one buffer otherwise.
     """
     if strategy == "single":
         return model
@@ -57,13 +60,16 @@ def apply_parallelism(
             **compat.ddp_buffer_sync_kwargs(broadcast),
         )
     if strategy == "fsdp":
-        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+        policy = MixedPrecisionPolicy()
+        if fsdp_param_dtype is not None:
+            policy = MixedPrecisionPolicy(param_dtype=fsdp_param_dtype, reduce_dtype=torch.float32)
         # Each block is its own all-gather/reduce-scatter unit, so communication for block i+1
         # overlaps compute of block i; the root wrap covers embeddings, final norm and head.
         for unit in shard_units:
-            fully_shard(unit)
-        fully_shard(model)
+            fully_shard(unit, mp_policy=policy)
+        fully_shard(model, mp_policy=policy)
         return model
     raise ConfigError(f"parallel.strategy: unknown strategy {strategy!r}")
 

@@ -79,7 +79,7 @@ class Trainer:
             for module in units if self.strategy == "fsdp" else [model]:
                 module.compile()
         self.model = apply_parallelism(
-            model, self.strategy, ctx, units, job.parallel, recipe.broadcasts_buffers
+            model, self.strategy, ctx, units, job.parallel, recipe.broadcasts_buffers, recipe.fsdp_param_dtype
         )
         self.sync_gradients = job.parallel.sync_gradients
         self.syncs_buffers = buffers_broadcast(job.parallel, recipe.broadcasts_buffers)
@@ -105,6 +105,7 @@ class Trainer:
             ctx.world_size,
             job.config_hash(),
             events=self.events.emit,
+            trainable_only=recipe.checkpoint_trainable_only,
         )
         self.store.cleanup_temporaries()
         self.resume()
@@ -304,7 +305,7 @@ class Trainer:
             "loss": loss.item(),
             "lr": out.lr,
             "grad_norm": None if out.grad_norm is None else float(out.grad_norm),
-            **self.meter.read(),
+            **self.meter.read(self.ctx.sum_over_ranks(self.recipe.interval_counts())),
             "mem_bytes": peak_memory_bytes(self.ctx.device),
             "world_size": self.ctx.world_size,
         }

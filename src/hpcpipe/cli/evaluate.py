@@ -1,0 +1,136 @@
+"""`hpcpipe eval function-calling`: generate and score tool calls (held-out data and BFCL files)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from hpcpipe.cli.common import JsonOption, console, write_json
+from hpcpipe.errors import UserError
+
+app = typer.Typer(help="Evaluate trained models.", no_args_is_help=True)
+
+BFCL_DEFAULT = Path("data/external/bfcl")
+CATEGORIES_DEFAULT = (
+    "simple,multiple,parallel,parallel_multiple,irrelevance,live_simple,live_multiple,live_irrelevance"
+)
+
+
+@app.command("function-calling")
+def function_calling(
+    target: Annotated[
+        Path,
+        typer.Argument(
+            help="A lora-function-calling run directory (its base model + export/adapter), a "
+            "transformers model directory, or a .gguf file.",
+            show_default=False,
+        ),
+    ],
+    base: Annotated[
+        bool,
+        typer.Option(
+            "--base", help="Run directory: evaluate the base model without the adapter (the 'before')."
+        ),
+    ] = False,
+    bfcl_dir: Annotated[
+        Path,
+        typer.Option(
+            help="BFCL test files (BFCL_v4_*.json + possible_answer/); `make fc-assets` puts them here."
+        ),
+    ] = BFCL_DEFAULT,
+    categories: Annotated[
+        str, typer.Option(help="Comma-separated BFCL categories ('' for none).")
+    ] = CATEGORIES_DEFAULT,
+    limit: Annotated[
+        int, typer.Option(min=1, help="BFCL cases per category (the first N, in file order).")
+    ] = 20,
+    heldout_limit: Annotated[
+        int, typer.Option(min=0, help="Held-out conversations of the run's data to score.")
+    ] = 100,
+    max_new_tokens: Annotated[int, typer.Option(min=1, help="Longest reply generated.")] = 128,
+    batch_size: Annotated[int, typer.Option(min=1, help="Prompts generated together.")] = 8,
+    out: Annotated[
+        Path | None,
+        typer.Option(help="Output directory (default: RUN/eval or RUN/eval-base; ./eval otherwise)."),
+    ] = None,
+    json_out: JsonOption = None,
+) -> None:
+    """Generate the assistant turn for held-out conversations and for BFCL's own test files,
+    then score the calls with hpcpipe's AST checker (BFCL's rules): parse rate, call/no-call
+    accuracy, function-name accuracy, AST accuracy per category and strict exact match, with
+    error types counted. Writes eval.json and eval.md.
+
+    Examples:
+
+      hpcpipe eval function-calling runs/lora-fc-smollm2 --base     # before fine-tuning
+      hpcpipe eval function-calling runs/lora-fc-smollm2            # after
+      hpcpipe eval function-calling data/external/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf --limit 5
+    """
+    from hpcpipe.evaluate.fc_run import build_cases, evaluate_cases
+
+    chosen = [c.strip() for c in categories.split(",") if c.strip()]
+    model, chat, heldout, meta, default_out = _load_target(target, base)
+    if chosen and not bfcl_dir.is_dir():
+        raise UserError(
+            f"--bfcl-dir: {bfcl_dir} does not exist (run `make fc-assets`, or pass --categories '')"
+        )
+    cases = build_cases(heldout, heldout_limit, bfcl_dir if chosen else None, chosen, limit)
+    if not cases:
+        raise UserError("nothing to evaluate: no held-out conversations and no BFCL categories")
+    result = evaluate_cases(
+        model, chat, cases, out or default_out, meta, max_new_tokens, batch_size, progress=json_out != "-"
+    )
+    if json_out != "-":
+        typer.echo(((out or default_out) / "eval.md").read_text())  # plain: rich would wrap the table
+        console.print(f"wrote {(out or default_out) / 'eval.json'}")
+    write_json(
+        {"meta": result["meta"], "overall": result["overall"], "categories": result["categories"]}, json_out
+    )
+
+
+def _load_target(target: Path, base: bool) -> tuple[Any, Any, list[Any], dict[str, Any], Path]:
+    """(model, chat format, held-out conversations, meta, default output dir) for TARGET."""
+    from hpcpipe.data.fc_tokens import ChatFormat
+    from hpcpipe.models.hf_lm import ModelSource, load_base_model, load_tokenizer
+
+    if (target / "config.yaml").is_file():
+        return _load_run(target, base)
+    if target.suffix == ".gguf":
+        if not target.is_file():
+            raise UserError(f"{target}: no such GGUF file")
+        source = ModelSource(str(target.parent), target.name)
+    elif (target / "config.json").is_file():
+        source = ModelSource(str(target), None)
+    else:
+        raise UserError(
+            f"{target}: not a run directory (config.yaml), a model directory (config.json) or a .gguf file"
+        )
+    chat = ChatFormat(load_tokenizer(source))
+    return load_base_model(source, "fp32"), chat, [], {"model": str(target), "adapter": None}, Path("eval")
+
+
+def _load_run(run_dir: Path, base: bool) -> tuple[Any, Any, list[Any], dict[str, Any], Path]:
+    from hpcpipe.config import load_config
+    from hpcpipe.data.fc_prepare import read_heldout
+    from hpcpipe.models.lora_export import load_with_adapter
+    from hpcpipe.recipes import build_recipe
+
+    job = load_config(run_dir / "config.yaml")
+    if job.run.recipe != "lora-function-calling":
+        raise UserError(f"{run_dir}: run.recipe is {job.run.recipe!r}, not lora-function-calling")
+    recipe: Any = build_recipe(job)
+    recipe.prepare(progress=False)  # the held-out split (reused when already prepared)
+    heldout = read_heldout(recipe.data_dir / "heldout.jsonl")
+    adapter = run_dir / "export" / "adapter"
+    if base:
+        from hpcpipe.models.hf_lm import load_base_model
+
+        model = load_base_model(recipe.source, "fp32")
+    elif not (adapter / "adapter_config.json").is_file():
+        raise UserError(f"{adapter}: no adapter (train the run to the end, or pass --base)")
+    else:
+        model = load_with_adapter(recipe.source, adapter)
+    meta = {"model": job.model.name_or_path, "run": str(run_dir), "adapter": None if base else str(adapter)}
+    return model, recipe.chat, heldout, meta, run_dir / ("eval-base" if base else "eval")

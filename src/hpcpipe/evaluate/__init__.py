@@ -1,0 +1,1 @@
+"""Evaluation of trained models: function-calling generation and a BFCL-rule AST checker."""

@@ -1,0 +1,141 @@
+"""BFCL's test files -> cases for hpcpipe's checker, and BFCL function docs -> JSON-schema tools.
+
+Layout (as in the ``bfcl-eval`` package's ``data`` folder): ``BFCL_v4_<stem>.json`` holds one
+case per line (``id``, ``question``: a list of turns, each a list of ``{role, content}``,
+``function``: the docs on offer); ``possible_answer/BFCL_v4_<stem>.json`` holds ``id`` and
+``ground_truth`` per line. Irrelevance categories have no answer file: the right answer is no call.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hpcpipe.errors import DataError
+
+log = logging.getLogger(__name__)
+
+# Our category name -> the stem of BFCL's file name.
+FILE_STEMS: dict[str, str] = {
+    "simple": "simple_python",
+    "multiple": "multiple",
+    "parallel": "parallel",
+    "parallel_multiple": "parallel_multiple",
+    "irrelevance": "irrelevance",
+    "live_simple": "live_simple",
+    "live_multiple": "live_multiple",
+    "live_parallel": "live_parallel",
+    "live_parallel_multiple": "live_parallel_multiple",
+    "live_irrelevance": "live_irrelevance",
+}
+CATEGORIES: tuple[str, ...] = tuple(FILE_STEMS)
+
+# BFCL's types -> JSON schema. "any" becomes "string" as in BFCL's own OpenAI conversion.
+_JSON_TYPES = {
+    "integer": "integer",
+    "float": "number",
+    "number": "number",
+    "string": "string",
+    "boolean": "boolean",
+    "array": "array",
+    "tuple": "array",
+    "dict": "object",
+    "object": "object",
+    "any": "string",
+}
+
+
+@dataclass(frozen=True)
+class BfclCase:
+    id: str
+    category: str
+    messages: list[dict[str, Any]]  # the first (only) turn: [{role, content}, ...]
+    functions: list[dict[str, Any]]  # BFCL function docs
+    ground_truth: list[dict[str, Any]] | None  # None: no call is expected
+
+
+def load_bfcl(
+    data_dir: Path, categories: Sequence[str], limit_per_category: int | None = None
+) -> list[BfclCase]:
+    """The single-turn cases of ``categories``, in file order; the first ``limit_per_category`` of each."""
+    cases: list[BfclCase] = []
+    for category in categories:
+        cases += _load_category(Path(data_dir), category, limit_per_category)
+    return cases
+
+
+def _load_category(data_dir: Path, category: str, limit: int | None) -> list[BfclCase]:
+    stem = FILE_STEMS.get(category)
+    if stem is None:
+        raise DataError(f"unknown BFCL category {category!r} (known: {', '.join(CATEGORIES)})")
+    path = data_dir / f"BFCL_v4_{stem}.json"
+    entries = _read_jsonl(path)
+    single = [e for e in entries if len(e.get("question") or []) == 1]
+    if len(single) < len(entries):
+        log.warning("%s: skipped %d multi-turn case(s)", path, len(entries) - len(single))
+    chosen = single if limit is None else single[:limit]
+    answers: dict[str, Any] | None = None
+    if "irrelevance" not in category:
+        answer_path = data_dir / "possible_answer" / path.name
+        answers = {str(a["id"]): a.get("ground_truth") for a in _read_jsonl(answer_path)}
+        if missing := [str(e["id"]) for e in chosen if str(e["id"]) not in answers]:
+            raise DataError(f"{answer_path}: no answer for {missing[0]} ({len(missing)} case(s) without one)")
+    return [_case(entry, category, answers, path) for entry in chosen]
+
+
+def _case(entry: dict[str, Any], category: str, answers: dict[str, Any] | None, path: Path) -> BfclCase:
+    case_id = str(entry["id"])
+    functions = entry.get("function")
+    if not isinstance(functions, list):
+        raise DataError(f"{path}: case {case_id} has no 'function' list")
+    truth = None if answers is None else answers[case_id]
+    return BfclCase(case_id, category, list(entry["question"][0]), functions, truth)
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise DataError(f"{path}: BFCL file not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DataError(f"{path}: cannot read BFCL file ({exc})") from None
+    rows = []
+    # "\n" only: str.splitlines() would also split on U+2028 and friends inside JSON strings.
+    for lineno, line in enumerate(text.split("\n"), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{path}:{lineno}: not JSON ({exc.msg})") from None
+        if not isinstance(row, dict) or "id" not in row:
+            raise DataError(f"{path}:{lineno}: not a BFCL entry (a JSON object with an 'id')")
+        rows.append(row)
+    return rows
+
+
+def to_tool_schema(function_doc: dict[str, Any]) -> dict[str, Any]:
+    """A BFCL function doc -> ``{name, description, parameters}`` with JSON-schema types.
+
+    ``float`` -> ``number``, ``tuple`` -> ``array``, ``dict`` -> ``object`` (nested properties and
+    items too); ``enum``, ``description``, ``default``, ``required`` and other keywords are kept,
+    BFCL's own ``optional`` flag is dropped (``required`` already says it).
+    """
+    doc = copy.deepcopy(function_doc)
+    params = doc.get("parameters") or {"type": "dict", "properties": {}}
+    return {"name": doc["name"], "description": doc.get("description", ""), "parameters": _schema(params)}
+
+
+def _schema(schema: dict[str, Any]) -> dict[str, Any]:
+    out = {key: value for key, value in schema.items() if key != "optional"}
+    out["type"] = _JSON_TYPES.get(str(schema.get("type")), "string")  # unknown types: string, as BFCL
+    if isinstance(schema.get("properties"), dict):
+        out["properties"] = {key: _schema(sub) for key, sub in schema["properties"].items()}
+    if isinstance(schema.get("items"), dict):
+        out["items"] = _schema(schema["items"])
+    return out

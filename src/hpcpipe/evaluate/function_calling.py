@@ -1,0 +1,182 @@
+"""Function-calling evaluation: cases -> generated replies -> scores per category -> eval.json + eval.md.
+
+A case is a conversation up to the assistant turn to write, the functions on offer and the
+expected calls in BFCL's answer form (``[{name: {param: [allowed values]}}]``, ``""`` meaning the
+parameter may be left out; None: no call is expected). Cases come from BFCL's own test files
+(``hpcpipe.evaluate.bfcl``) and from a run's held-out conversations (``heldout_*`` categories).
+
+Metrics per category and overall:
+- ``parse_rate``: replies whose attempted calls all parse (a reply without a call parses);
+- ``decision_acc``: call / no-call decided as expected;
+- ``name_acc``: among cases expecting calls, the called function names equal the expected ones;
+- ``ast_acc``: BFCL's AST check passes (``hpcpipe.evaluate.ast_checker``);
+- ``exact``: strict exact match (every argument equals the first allowed value).
+Errors are counted by type (wrong name, missing required, unexpected parameter, type error,
+value error, wrong count, unexpected call, no call, invalid call).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hpcpipe.data.conversation import Conversation, Message
+from hpcpipe.evaluate.calls import parse_reply
+
+_BFCL_TYPES = {"object": "dict", "number": "float"}  # JSON schema -> BFCL's python-ish names
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    category: str  # reported category (bfcl name or heldout_*)
+    check_category: str  # the BFCL rule set it is scored with
+    conversation: Conversation  # messages before the assistant turn, and the tools
+    functions: list[dict[str, Any]]  # BFCL-style docs for the checker
+    ground_truth: list[dict[str, Any]] | None
+
+
+def bfcl_doc(tool: dict[str, Any]) -> dict[str, Any]:
+    """A JSON-schema function -> BFCL's doc form (types ``dict``/``float``), for the checker."""
+
+    def convert(schema: dict[str, Any]) -> dict[str, Any]:
+        out = dict(schema)
+        out["type"] = _BFCL_TYPES.get(str(schema.get("type", "string")), schema.get("type", "string"))
+        if "properties" in schema:
+            out["properties"] = {k: convert(v) for k, v in schema["properties"].items()}
+        if isinstance(schema.get("items"), dict):
+            out["items"] = convert(schema["items"])
+        return out
+
+    params = tool.get("parameters") or {"type": "object", "properties": {}}
+    return {**tool, "parameters": convert(params)}
+
+
+def heldout_case(conv: Conversation, index: int) -> Case | None:
+    """The first assistant turn of a held-out conversation as a case (None without one)."""
+    turn = next((i for i, m in enumerate(conv.messages) if m.role == "assistant"), None)
+    if turn is None:
+        return None
+    calls = conv.messages[turn].tool_calls
+    prompt = Conversation(conv.messages[:turn], conv.tools, source=conv.source)
+    functions = [bfcl_doc(t) for t in conv.tools]
+    if not calls:
+        return Case(f"heldout_{index}", "heldout_no_call", "irrelevance", prompt, functions, None)
+    truth = [{c.name: _allowed(c.arguments, conv.tools, c.name)} for c in calls]
+    shape = (
+        ("parallel" if len(calls) > 1 else "simple")
+        if len(conv.tools) <= 1
+        else ("parallel_multiple" if len(calls) > 1 else "multiple")
+    )
+    return Case(f"heldout_{index}", f"heldout_{shape}", shape, prompt, functions, truth)
+
+
+def _allowed(arguments: dict[str, Any], tools: tuple[dict[str, Any], ...], name: str) -> dict[str, list[Any]]:
+    """Expected values: each given argument exactly; every other declared parameter may be omitted."""
+    tool = next((t for t in tools if t.get("name") == name), {})
+    declared = (tool.get("parameters") or {}).get("properties", {})
+    allowed: dict[str, list[Any]] = {key: [""] for key in declared}
+    allowed.update({key: [value] for key, value in arguments.items()})
+    return allowed
+
+
+def bfcl_case(case: Any) -> Case:
+    """A ``BfclCase`` -> a Case (its messages become the conversation; tools as JSON schemas)."""
+    from hpcpipe.evaluate.bfcl import to_tool_schema
+
+    messages = tuple(Message(m["role"], m["content"]) for m in case.messages)
+    tools = tuple(to_tool_schema(f) for f in case.functions)
+    base = case.category.removeprefix("live_")
+    return Case(
+        case.id, case.category, base, Conversation(messages, tools), case.functions, case.ground_truth
+    )
+
+
+def score(case: Case, reply: str) -> dict[str, Any]:
+    """One case's outcome: which metrics it passes and its error type (None when correct)."""
+    from hpcpipe.evaluate.ast_checker import check_calls, strict_match
+
+    parsed = parse_reply(reply)
+    expects = case.ground_truth is not None
+    result: dict[str, Any] = {
+        "id": case.id,
+        "category": case.category,
+        "parsed": parsed.valid,
+        "decision": parsed.makes_call == expects,
+        "name": None,
+        "ast": False,
+        "exact": False,
+        "error": None,
+        "reply": reply,
+    }
+    if not parsed.valid:
+        if not expects and case.category.endswith("irrelevance"):
+            # BFCL's irrelevance rule: a reply that does not decode into a call is no call.
+            result.update(decision=True, ast=True, exact=True)
+            return result
+        result["error"] = "invalid_call"
+        return result
+    if expects:
+        want = sorted(next(iter(g)) for g in case.ground_truth or [])
+        result["name"] = sorted(c["name"] for c in parsed.calls) == want
+    check = check_calls(parsed.calls, case.functions, case.ground_truth, case.check_category)
+    result["ast"] = check.valid
+    result["error"] = check.error_type
+    result["exact"] = check.valid and (not expects or strict_match(parsed.calls, case.ground_truth or []))
+    return result
+
+
+def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Metrics per category and overall, with error types counted."""
+    groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in results:
+        groups[r["category"]].append(r)
+    table = {cat: _metrics(rows) for cat, rows in sorted(groups.items())}
+    return {"categories": table, "overall": _metrics(results)}
+
+
+def _metrics(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    n = max(len(rows), 1)
+    named = [r for r in rows if r["name"] is not None]
+    return {
+        "cases": len(rows),
+        "parse_rate": sum(r["parsed"] for r in rows) / n,
+        "decision_acc": sum(r["decision"] for r in rows) / n,
+        "name_acc": (sum(bool(r["name"]) for r in named) / len(named)) if named else None,
+        "ast_acc": sum(r["ast"] for r in rows) / n,
+        "exact": sum(r["exact"] for r in rows) / n,
+        "errors": dict(sorted(Counter(r["error"] for r in rows if r["error"]).items())),
+    }
+
+
+def write_report(
+    summary: dict[str, Any], results: list[dict[str, Any]], meta: dict[str, Any], out: Path
+) -> None:
+    """``eval.json`` (metrics, settings, every case's reply) and ``eval.md`` (the tables)."""
+    out.mkdir(parents=True, exist_ok=True)
+    payload = {"meta": meta, **summary, "cases": results}
+    (out / "eval.json").write_text(json.dumps(payload, indent=2, ensure_ascii=False) + "\n")
+    (out / "eval.md").write_text(markdown_table(summary, meta))
+
+
+def markdown_table(summary: dict[str, Any], meta: dict[str, Any]) -> str:
+    def pct(value: float | None) -> str:
+        return "-" if value is None else f"{100 * value:.1f}%"
+
+    lines = [
+        f"# Function-calling evaluation: {meta.get('model', '')}",
+        "",
+        "| category | cases | parse | call/no-call | name | AST | exact | errors |",
+        "|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    rows = [*summary["categories"].items(), ("**overall**", summary["overall"])]
+    for cat, m in rows:
+        errors = ", ".join(f"{k} {v}" for k, v in m["errors"].items()) or "-"
+        lines.append(
+            f"| {cat} | {m['cases']} | {pct(m['parse_rate'])} | {pct(m['decision_acc'])} | "
+            f"{pct(m['name_acc'])} | {pct(m['ast_acc'])} | {pct(m['exact'])} | {errors} |"
+        )
+    return "\n".join(lines) + "\n"

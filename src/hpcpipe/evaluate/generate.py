@@ -1,0 +1,40 @@
+"""Greedy generation of assistant turns, batched with left padding, stopping at end of turn."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+
+@torch.no_grad()
+def generate_replies(
+    model: nn.Module,
+    tokenizer: Any,
+    prompts: Sequence[str],
+    max_new_tokens: int,
+    batch_size: int,
+    on_batch: Callable[[int], None] | None = None,
+) -> list[str]:
+    """The decoded continuation of every prompt (special tokens removed)."""
+    model.eval()
+    tokenizer.padding_side = "left"  # generation continues at the right edge of every row
+    device = next(model.parameters()).device
+    replies: list[str] = []
+    for start in range(0, len(prompts), batch_size):
+        chunk = list(prompts[start : start + batch_size])
+        enc = tokenizer(chunk, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
+        out = model.generate(  # type: ignore[operator]
+            **enc,
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+        new = out[:, enc["input_ids"].shape[1] :]  # (B, <= max_new_tokens)
+        replies += tokenizer.batch_decode(new, skip_special_tokens=True)
+        if on_batch is not None:
+            on_batch(len(chunk))
+    return replies

@@ -1,0 +1,232 @@
+"""Hugging Face causal LMs with LoRA adapters (peft): loading, adapters, decoder layers, counts.
+
+The base model comes from a local directory, a hub id that is already in the local cache (hpcpipe
+never downloads: ``local_files_only``), or a GGUF file that transformers de-quantises (``gguf`` +
+``accelerate``). LoRA is applied here, before any parallel wrapping: FSDP2 must see the adapter
+parameters when it groups a decoder layer's parameters.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from hpcpipe.config import LoraConfig, ModelConfig
+from hpcpipe.errors import ConfigError
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+@contextmanager
+def quiet_hf() -> Iterator[None]:
+    """No per-tensor progress bars (one per rank) and no deprecation notes that peft triggers
+    inside transformers 5 (``is_gradient_checkpointing``): they are not the user's to fix."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        warnings.filterwarnings("ignore", message=".*save_embedding_layers.*", category=UserWarning)
+        # GGUF bases have no config.json beside them; the vocabulary is never modified here.
+        warnings.filterwarnings("ignore", message="Could not find a config file", category=UserWarning)
+        yield
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where the base model and its tokenizer come from: ``from_pretrained(path, **kwargs)``."""
+
+    path: str
+    gguf_file: str | None
+    random_weights: bool = False  # @random:<shape>: config only, weights initialised with seed 0
+
+    def kwargs(self) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {"local_files_only": True}
+        if self.gguf_file:
+            kwargs["gguf_file"] = self.gguf_file
+        return kwargs
+
+
+def resolve_source(cfg: ModelConfig, prepared_dir: str) -> ModelSource:
+    """``model.name_or_path`` / ``model.gguf_file`` -> a source; ConfigError naming what is missing.
+
+    ``@tiny-llama`` and ``@random:<shape>`` are built (once) under ``<prepared_dir>/models``.
+    """
+    from hpcpipe.models.random_lm import RANDOM_PREFIX, random_model_dir
+    from hpcpipe.models.tiny_lm import TINY_NAME, default_tiny_dir
+
+    name = cfg.name_or_path or ""
+    if name == TINY_NAME:
+        return ModelSource(str(default_tiny_dir(Path(prepared_dir) / "models")), None)
+    if name.startswith(RANDOM_PREFIX):
+        return ModelSource(str(random_model_dir(name, Path(prepared_dir) / "models")), None, True)
+    gguf = cfg.gguf_file
+    if gguf and Path(gguf).is_file() and not name:
+        return ModelSource(str(Path(gguf).parent), Path(gguf).name)
+    if gguf:
+        directory = Path(name) if name else Path(gguf).parent
+        file = directory / Path(gguf).name
+        if not file.is_file():
+            raise ConfigError(f"model.gguf_file: {file} does not exist")
+        return ModelSource(str(directory), Path(gguf).name)
+    if Path(name).exists():
+        if not (Path(name) / "config.json").is_file():
+            raise ConfigError(f"model.name_or_path: {name} has no config.json (not a transformers model)")
+        return ModelSource(name, None)
+    if name.startswith((".", "/", "~")) or name.count("/") != 1:
+        raise ConfigError(f"model.name_or_path: {name} does not exist")
+    return ModelSource(name, None)  # a hub id: must be in the local cache
+
+
+def load_tokenizer(source: ModelSource) -> Any:
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source.path, **source.kwargs())
+    except OSError as exc:
+        raise ConfigError(
+            f"model.name_or_path: cannot load a tokenizer from {source.path} ({_first_line(exc)})"
+        ) from None
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_base_model(source: ModelSource, base_dtype: str) -> nn.Module:
+    """The frozen base as ``AutoModelForCausalLM`` in ``base_dtype``, attention through SDPA."""
+    from transformers import AutoModelForCausalLM
+
+    if source.random_weights:
+        return _random_model(source, base_dtype)
+    try:
+        with quiet_hf():
+            model = AutoModelForCausalLM.from_pretrained(
+                source.path, dtype=DTYPES[base_dtype], attn_implementation="sdpa", **source.kwargs()
+            )
+    except ImportError as exc:  # gguf / accelerate missing
+        raise ConfigError(f"model.gguf_file: {_first_line(exc)} (pip install 'hpcpipe[lora]')") from None
+    except OSError as exc:
+        raise ConfigError(f"model.name_or_path: cannot load {source.path} ({_first_line(exc)})") from None
+    model.config.use_cache = False  # training: no KV cache
+    return model
+
+
+def _random_model(source: ModelSource, base_dtype: str) -> nn.Module:
+    """The architecture of ``source``'s config.json with seeded random weights (every rank alike)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(source.path, local_files_only=True)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(config, dtype=DTYPES[base_dtype], attn_implementation="sdpa")
+    model.config.use_cache = False
+    return model
+
+
+def require_peft() -> Any:
+    """The peft module, or one line saying how to install it (it is an optional extra)."""
+    try:
+        import peft
+    except ImportError:
+        raise ConfigError(
+            "run.recipe lora-function-calling needs the peft package: pip install 'hpcpipe[lora]'"
+        ) from None
+    return peft
+
+
+def check_target_modules(model: nn.Module, cfg: LoraConfig) -> None:
+    """ConfigError unless every ``lora.target_modules`` name is a module of ``model``."""
+    names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+    unknown = [t for t in cfg.target_modules if t not in names]
+    if unknown:
+        linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)})
+        raise ConfigError(
+            f"lora.target_modules: {', '.join(unknown)} match no module of this model "
+            f"(its Linear modules: {', '.join(linear)})"
+        )
+
+
+def check_source(source: ModelSource, cfg: LoraConfig) -> None:
+    """Before any worker starts: the config loads and the target modules exist.
+
+    The model is built on the meta device (no weights read, no memory), so a typo in a target
+    module of a 7B model costs a second, not a load on every rank.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        config = AutoConfig.from_pretrained(source.path, **source.kwargs())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"model.name_or_path: cannot load {source.path} ({_first_line(exc)})") from None
+    with torch.device("meta"), quiet_hf():
+        model = AutoModelForCausalLM.from_config(config)
+    check_target_modules(model, cfg)
+
+
+def apply_lora(model: nn.Module, cfg: LoraConfig) -> nn.Module:
+    """Wrap ``model`` in a peft LoRA model; only adapter weights require grad afterwards.
+
+    Every ``lora.target_modules`` name must match a module: peft alone accepts a list where some
+    names match nothing, and a typo would silently train fewer adapters than asked for.
+    """
+    peft = require_peft()
+    PeftLoraConfig, get_peft_model = peft.LoraConfig, peft.get_peft_model
+    check_target_modules(model, cfg)
+    peft_cfg = PeftLoraConfig(
+        r=cfg.r,
+        lora_alpha=cfg.alpha,
+        lora_dropout=cfg.dropout,
+        target_modules=list(cfg.target_modules),
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+    # autocast_adapter_dtype=False: we set the adapter dtype ourselves (lora.adapter_dtype).
+    with quiet_hf():
+        peft_model = get_peft_model(model, peft_cfg, autocast_adapter_dtype=False)
+    adapter_dtype = DTYPES[cfg.adapter_dtype]
+    for param in peft_model.parameters():
+        if param.requires_grad:
+            param.data = param.data.to(adapter_dtype)
+    return peft_model
+
+
+def enable_gradient_checkpointing(model: nn.Module) -> None:
+    """Non-reentrant recomputation per decoder layer (works with frozen inputs and with FSDP2)."""
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})  # type: ignore[operator]
+
+
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The decoder layers (the FSDP2 units): the longest ModuleList in the model."""
+    lists = [m for m in model.modules() if isinstance(m, nn.ModuleList)]
+    if not lists:
+        raise ConfigError("model: no decoder layers found (no nn.ModuleList in the model)")
+    return list(max(lists, key=lambda layers: len(list(layers))))
+
+
+@dataclass(frozen=True)
+class ParamCounts:
+    trainable: int
+    frozen: int
+
+    @property
+    def fraction(self) -> float:
+        return self.trainable / max(self.trainable + self.frozen, 1)
+
+
+def param_counts(model: nn.Module) -> ParamCounts:
+    """Trainable and frozen parameter counts (full sizes, also under FSDP2: DTensor numel is global)."""
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    frozen = sum(p.numel() for p in model.parameters() if not p.requires_grad)
+    return ParamCounts(trainable, frozen)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__

@@ -1,0 +1,76 @@
+"""LoRA exports: the adapter alone (peft format) and the merged model (adapter folded in).
+
+``full_adapter_state`` gathers every adapter tensor in full on *every* rank (FSDP2 shards them;
+``full_state_dict`` without CPU offload all-gathers to all ranks), so whichever rank writes holds
+real values. Saving a sharded model through peft's own ``save_pretrained`` would write each
+rank's shard, or empty tensors, and an all-zero ``lora_B`` that loads silently as "no adapter".
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from hpcpipe.models.hf_lm import DTYPES, ModelSource, load_base_model, quiet_hf
+
+__all__ = ["full_adapter_state", "load_with_adapter", "save_adapter", "save_merged"]
+
+
+def full_adapter_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Trainable (adapter) tensors, unsharded, on CPU; call on every rank (collective under FSDP2)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    options = StateDictOptions(full_state_dict=True, ignore_frozen_params=True)
+    state = get_model_state_dict(model, options=options)
+    return {
+        key: value.detach().to("cpu", torch.float32)
+        for key, value in state.items()
+        if isinstance(value, torch.Tensor)
+    }
+
+
+def peft_model_of(model: nn.Module) -> Any:
+    from peft import PeftModel
+
+    inner = model.module if hasattr(model, "module") and isinstance(model.module, PeftModel) else model
+    if not isinstance(inner, PeftModel):
+        raise TypeError(f"expected a peft model, got {type(model).__name__}")
+    return inner
+
+
+def save_adapter(model: nn.Module, state: dict[str, torch.Tensor], out: Path, tokenizer: Any = None) -> Path:
+    """``adapter_config.json`` + ``adapter_model.safetensors`` from the gathered ``state``."""
+    out.mkdir(parents=True, exist_ok=True)
+    with quiet_hf():
+        peft_model_of(model).save_pretrained(out, state_dict=state, safe_serialization=True)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(out)
+    return out
+
+
+def load_with_adapter(source: ModelSource, adapter_dir: Path, base_dtype: str = "fp32") -> nn.Module:
+    """The base from ``source`` with the saved adapter applied (peft ``PeftModel.from_pretrained``)."""
+    from peft import PeftModel
+
+    base = load_base_model(source, base_dtype)
+    with quiet_hf():
+        return PeftModel.from_pretrained(base, str(adapter_dir), is_trainable=False)
+
+
+def save_merged(model: nn.Module, out: Path, dtype: str, tokenizer: Any = None) -> Path:
+    """A plain transformers model directory with the adapter folded into the base weights.
+
+    Give it an fp32 peft model: the merge runs in fp32 (W + B @ A * alpha / r) and only the
+    result is cast to ``dtype``. The peft model is consumed (its modules are replaced).
+    """
+    merged = peft_model_of(model).merge_and_unload()
+    merged = merged.to(DTYPES[dtype])
+    merged.config.use_cache = True
+    out.mkdir(parents=True, exist_ok=True)
+    merged.save_pretrained(out, safe_serialization=True)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(out)
+    return out

@@ -1,0 +1,258 @@
+"""The `lora-function-calling` recipe: LoRA fine-tuning of a Hugging Face causal LM on tool calls.
+
+- Model: ``AutoModelForCausalLM`` from a directory, the local hub cache or a GGUF file
+  (``hpcpipe.models.hf_lm``), frozen, with peft LoRA adapters on ``lora.target_modules``; LoRA is
+  applied here, before the trainer wraps the model in DDP or FSDP2 (decoder layers are the units).
+- Data: conversations in Glaive v2, OpenAI or Hermes form (or ``@synthetic``), rendered with the
+  model's chat template, loss on assistant turns only, packed with per-conversation boundaries
+  (``hpcpipe.data.fc_prepare``). Batches are ``(input_ids, labels, doc_ids)`` (B, T).
+- Loss: logits are computed only at positions whose next token is supervised (``logits_to_keep``):
+  with a 150k vocabulary, full (B, T, V) logits would dominate memory.
+- Throughput: all tokens per step (``tokens_per_s``) and, separately, the real (non-padding) and
+  supervised tokens (``real_tokens_per_s_per_device``, ``supervised_tokens_per_s_per_device``).
+- FLOPs per token for MFU: 4N for the frozen base (forward 2N + input gradients 2N, no weight
+  gradients), 6N with gradient checkpointing (one more forward); 6N (8N) for the adapters.
+  Attention score FLOPs are left out.
+- Checkpoints hold the adapters and their optimizer state only (the base is rebuilt from its
+  source); ``on_train_end`` exports the adapter (peft format, full tensors gathered on every rank)
+  and writes ``lora_summary.json``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hpcpipe.config import DataConfig, JobConfig, LoraConfig, ModelConfig, TrainConfig
+from hpcpipe.data.fc_tokens import IGNORE
+from hpcpipe.models.hf_lm import ModelSource, ParamCounts
+from hpcpipe.recipes.base import Batch, TrainLoader
+
+ADAPTER_DIR = "export/adapter"
+
+
+def packed_attention(doc_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """doc_ids (B, T) -> a boolean mask (B, 1, T, T) and positions (B, T).
+
+    Token i may attend to token j when both belong to the same conversation and j <= i; padding
+    (doc -1) attends to itself only, so no row of the mask is empty (SDPA returns NaN for those).
+    Positions restart at 0 at every conversation.
+    """
+    t = doc_ids.shape[1]
+    causal = torch.ones(t, t, dtype=torch.bool, device=doc_ids.device).tril()
+    same = doc_ids[:, :, None] == doc_ids[:, None, :]  # (B, T, T)
+    eye = torch.eye(t, dtype=torch.bool, device=doc_ids.device)
+    mask = (same & causal & (doc_ids[:, :, None] >= 0)) | eye
+    starts = torch.ones_like(doc_ids, dtype=torch.bool)
+    starts[:, 1:] = doc_ids[:, 1:] != doc_ids[:, :-1]
+    index = torch.arange(t, device=doc_ids.device).expand_as(doc_ids)
+    first = torch.cummax(torch.where(starts, index, torch.zeros_like(index)), dim=1).values
+    return mask[:, None], index - first
+
+
+@dataclass
+class LoraFCRecipe:
+    model_cfg: ModelConfig
+    lora_cfg: LoraConfig
+    data_cfg: DataConfig
+    train_cfg: TrainConfig
+    seed: int
+    name: str = "lora-function-calling"
+    throughput_unit: str = "tokens"
+    broadcasts_buffers: bool = False  # rotary tables only: identical on every rank
+    checkpoint_trainable_only: bool = True
+    counts: ParamCounts | None = None
+    _interval: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    @classmethod
+    def from_job(cls, job: JobConfig) -> LoraFCRecipe:
+        return cls(job.model, job.lora, job.data, job.train, job.run.seed)
+
+    @property
+    def items_per_sample(self) -> int:
+        return self.model_cfg.seq_len
+
+    @property
+    def fsdp_param_dtype(self) -> torch.dtype | None:
+        """FSDP2 gathers a unit's parameters in one dtype: with a bf16 base the fp32 adapters are
+        gathered in bf16 too (their fp32 shards stay the optimizer's master copy)."""
+        return torch.bfloat16 if self.model_cfg.base_dtype == "bf16" else None
+
+    # -- model source and tokenizer ------------------------------------------------------------
+
+    @cached_property
+    def source(self) -> ModelSource:
+        from hpcpipe.models.hf_lm import resolve_source
+
+        return resolve_source(self.model_cfg, self.data_cfg.prepared_dir)
+
+    @cached_property
+    def chat(self):  # type: ignore[no-untyped-def]  # ChatFormat
+        from hpcpipe.data.fc_tokens import ChatFormat
+        from hpcpipe.models.hf_lm import load_tokenizer
+
+        return ChatFormat(load_tokenizer(self.source))
+
+    def _tokenizer_key(self) -> str:
+        tok = self.chat.tokenizer
+        backend = (
+            tok.backend_tokenizer.to_str() if hasattr(tok, "backend_tokenizer") else repr(tok.get_vocab())
+        )
+        return hashlib.sha256((backend + str(tok.chat_template)).encode()).hexdigest()
+
+    # -- data --------------------------------------------------------------------------------
+
+    @cached_property
+    def data_dir(self) -> Path:
+        from hpcpipe.data.fc_prepare import fingerprint
+
+        key = fingerprint(self.data_cfg, self.model_cfg.seq_len, self._tokenizer_key(), self.seed)
+        return Path(self.data_cfg.prepared_dir) / f"fc-{key}"
+
+    def prepare(self, progress: bool) -> None:
+        from hpcpipe.data.fc_prepare import prepare, read_split
+        from hpcpipe.models.hf_lm import check_source
+
+        check_source(self.source, self.lora_cfg)
+
+        if not (self.data_dir / "data_report.json").is_file():
+            data = read_split(self.data_cfg, self.seed)
+            prepare(self.data_cfg, data, self.chat, self.model_cfg.seq_len, self.data_dir)
+
+    @cached_property
+    def rows(self) -> dict[str, Any]:
+        from hpcpipe.data.fc_pack import Packed
+
+        return {split: Packed.load(self.data_dir / f"{split}.npz") for split in ("train", "eval")}
+
+    def dataset_hash(self) -> str | None:
+        return self.data_dir.name.removeprefix("fc-")
+
+    def samples_per_epoch(self) -> int | None:
+        return len(self.rows["train"])
+
+    def train_loader(self, rank: int, world_size: int) -> TrainLoader:
+        from hpcpipe.data.fc_loader import PackedTrainLoader
+
+        cfg = self.train_cfg
+        return PackedTrainLoader(
+            self.rows["train"], cfg.micro_batch_size, cfg.global_batch_size, rank, world_size, self.seed
+        )
+
+    def eval_batches(self, rank: int, world_size: int) -> Iterable[Batch]:
+        from hpcpipe.data.fc_loader import PackedEvalBatches
+
+        cfg = self.train_cfg
+        return PackedEvalBatches(self.rows["eval"], cfg.micro_batch_size, rank, world_size, cfg.eval_batches)
+
+    # -- model -------------------------------------------------------------------------------
+
+    def build_model(self) -> nn.Module:
+        from hpcpipe.models.hf_lm import (
+            apply_lora,
+            enable_gradient_checkpointing,
+            load_base_model,
+            param_counts,
+        )
+
+        base = load_base_model(self.source, self.model_cfg.base_dtype)
+        for param in base.parameters():
+            param.requires_grad_(False)
+        model = apply_lora(base, self.lora_cfg)
+        if self.model_cfg.gradient_checkpointing:
+            enable_gradient_checkpointing(model)
+        self.counts = param_counts(model)
+        return model
+
+    def shard_units(self, model: nn.Module) -> Sequence[nn.Module]:
+        from hpcpipe.models.hf_lm import decoder_layers
+
+        return decoder_layers(model)
+
+    def _logits(self, model: nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits (B, K, V) at the K positions that predict a supervised token; their targets (B, K)."""
+        input_ids, labels, doc_ids = batch  # (B, T) each
+        mask, positions = packed_attention(doc_ids)
+        targets = labels[:, 1:]  # (B, T-1): position t predicts token t+1
+        keep = (targets != IGNORE).any(dim=0).nonzero().squeeze(1)  # (K,)
+        if keep.numel() == 0:  # an all-padding batch: one position keeps the graph alive
+            keep = torch.zeros(1, dtype=torch.long, device=input_ids.device)
+        out = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, logits_to_keep=keep)
+        return out.logits, targets[:, keep]
+
+    def loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:
+        logits, targets = self._logits(model, batch)
+        supervised = (targets != IGNORE).sum()
+        self._count("real_tokens", (batch[2] >= 0).sum())
+        self._count("supervised_tokens", supervised)
+        loss_sum = F.cross_entropy(
+            logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE, reduction="sum"
+        )
+        return loss_sum / supervised.clamp(min=1)
+
+    def eval_sums(self, model: nn.Module, batch: Batch) -> dict[str, torch.Tensor]:
+        logits, targets = self._logits(model, batch)
+        valid = targets != IGNORE
+        flat = logits.flatten(0, 1).float()
+        return {
+            "loss": F.cross_entropy(flat, targets.flatten(), ignore_index=IGNORE, reduction="sum"),
+            "correct": ((logits.argmax(dim=-1) == targets) & valid).sum(),
+            "count": valid.sum(),
+        }
+
+    def eval_metrics(self, totals: dict[str, float]) -> dict[str, float]:
+        count = max(totals["count"], 1.0)
+        return {"val_loss": totals["loss"] / count, "val_token_acc": totals["correct"] / count}
+
+    def _count(self, key: str, value: torch.Tensor) -> None:
+        # Tensors, summed on the device: reading them back only when a metrics row is written.
+        self._interval[key] = self._interval[key] + value if key in self._interval else value.detach()
+
+    def interval_counts(self) -> dict[str, torch.Tensor]:
+        counts, self._interval = self._interval, {}
+        return counts
+
+    def flops_per_sample(self) -> float | None:
+        if self.counts is None:
+            return None
+        recompute = 2.0 if self.model_cfg.gradient_checkpointing else 0.0
+        per_token = (4.0 + recompute) * self.counts.frozen + (6.0 + recompute) * self.counts.trainable
+        return per_token * self.model_cfg.seq_len
+
+    # -- artifacts ---------------------------------------------------------------------------
+
+    def on_train_start(self, run_dir: Path) -> None:
+        """The data report (rows kept, malformed and dropped rows by reason, packing) up front."""
+        shutil.copyfile(self.data_dir / "data_report.json", run_dir / "data_report.json")
+
+    def on_train_end(self, model: nn.Module, is_main: bool, run_dir: Path) -> None:
+        """Adapter export (every rank gathers; the main rank writes) and the run's summary files."""
+        from hpcpipe.models.lora_export import full_adapter_state, save_adapter
+
+        state = full_adapter_state(model)  # collective under FSDP2
+        if not is_main:
+            return
+        save_adapter(model, state, run_dir / ADAPTER_DIR, tokenizer=self.chat.tokenizer)
+        counts = self.counts or ParamCounts(0, 0)
+        summary = {
+            "model": self.model_cfg.name_or_path,
+            "gguf_file": self.model_cfg.gguf_file,
+            "params": {"trainable": counts.trainable, "frozen": counts.frozen, "fraction": counts.fraction},
+            "lora": self.lora_cfg.model_dump(),
+            "flops_per_token": "6N frozen + 8N adapters (gradient checkpointing)"
+            if self.model_cfg.gradient_checkpointing
+            else "4N frozen + 6N adapters",
+            "adapter": ADAPTER_DIR,
+            "dataset": self.data_dir.name,
+        }
+        (run_dir / "lora_summary.json").write_text(json.dumps(summary, indent=2) + "\n")

@@ -1,0 +1,105 @@
+"""LoRA function calling on 2 gloo ranks: DDP and FSDP2 train, checkpoints hold adapters only, the
+adapter export gathers full tensors (no lora_B comes back as zeros) and reloads with peft, and a
+preempted FSDP2 run resumes to the uninterrupted run's losses exactly."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from tests.helpers import run_cli
+
+from hpcpipe.observe.metrics import read_metrics
+from hpcpipe.train.preempt import PREEMPT_EXIT_CODE
+
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(600)]
+
+
+@pytest.fixture(scope="module")
+def tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("lora-dist")
+
+
+def _train(tmp: Path, name: str, *extra: str, env: dict[str, str] | None = None):  # type: ignore[no-untyped-def]
+    sets = [
+        f"run.name={name}",
+        f"run.out_dir={tmp}",
+        f"data.prepared_dir={tmp}/prepared",
+        "train.steps=6",
+        "observe.log_every=1",
+        "observe.progress=false",
+        "checkpoint.every_steps=3",
+        *extra,
+    ]
+    args = [arg for s in sets for arg in ("--set", s)]
+    return run_cli("train", "lora-fc-tiny", "--nproc", "2", *args, cwd=tmp, timeout=400, env=env)
+
+
+def _adapter_tensors(adapter_dir: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(adapter_dir / "adapter_model.safetensors"))
+
+
+@pytest.fixture(scope="module")
+def runs(tmp: Path) -> dict[str, Path]:
+    for strategy in ("ddp", "fsdp"):
+        proc = _train(tmp, strategy, f"parallel.strategy={strategy}")
+        assert proc.returncode == 0, proc.stderr[-4000:]
+    return {s: tmp / s for s in ("ddp", "fsdp")}
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_two_ranks_train_and_export_full_adapters(runs: dict[str, Path], strategy: str) -> None:
+    run = runs[strategy]
+    rows = [r for r in read_metrics(run) if "loss" in r]
+    assert [r["step"] for r in rows] == list(range(1, 7))
+    assert rows[-1]["supervised_tokens_per_s_per_device"] > 0
+    assert rows[-1]["world_size"] == 2
+
+    tensors = _adapter_tensors(run / "export" / "adapter")
+    b_weights = {k: v for k, v in tensors.items() if "lora_B" in k}
+    assert b_weights, sorted(tensors)[:5]
+    zeros = [k for k, v in b_weights.items() if not v.abs().sum() > 0]
+    assert not zeros, f"lora_B exported as zeros: {zeros[:3]}"  # the known failure of sharded saves
+
+    # The checkpoint holds the adapters only: no frozen base weight was written.
+    from hpcpipe.checkpoint.safe_dcp import SafeFileSystemReader
+
+    ckpt = sorted((run / "checkpoints").glob("step-*"))[-1]
+    keys = SafeFileSystemReader(ckpt).read_metadata().state_dict_metadata
+    model_keys = [k for k in keys if k.startswith("model.")]
+    assert model_keys and all("lora_" in k for k in model_keys), model_keys[:3]
+
+    # peft reloads the export on one process and the adapters equal the trained ones.
+    from hpcpipe.config import load_config
+    from hpcpipe.models.hf_lm import resolve_source
+    from hpcpipe.models.lora_export import load_with_adapter
+
+    job = load_config(run / "config.yaml")
+    model = load_with_adapter(resolve_source(job.model, job.data.prepared_dir), run / "export" / "adapter")
+    loaded = {n: p for n, p in model.named_parameters() if "lora_B" in n}
+    assert len(loaded) == len(b_weights)
+    assert all(p.abs().sum() > 0 for p in loaded.values())
+
+
+def test_ddp_and_fsdp_agree(runs: dict[str, Path]) -> None:
+    """The same seed, data and adapters: both strategies follow the same loss curve."""
+    losses = {s: [r["loss"] for r in read_metrics(run) if "loss" in r] for s, run in runs.items()}
+    torch.testing.assert_close(
+        torch.tensor(losses["ddp"]), torch.tensor(losses["fsdp"]), rtol=2e-3, atol=2e-3
+    )
+
+
+def test_a_preempted_fsdp_run_resumes_exactly(tmp: Path, runs: dict[str, Path]) -> None:
+    """Adapter-only checkpoints restore adapters, optimizer state and data position: the resumed
+    steps repeat the uninterrupted run's losses bit for bit."""
+    sets = ["parallel.strategy=fsdp"]
+    first = _train(tmp, "preempted", *sets, env={"HPCPIPE_CHAOS_SIGTERM": "step=4,rank=0"})
+    assert first.returncode == PREEMPT_EXIT_CODE, first.stderr[-3000:]
+    again = _train(tmp, "preempted", *sets)
+    assert again.returncode == 0, again.stderr[-3000:]
+    resumed = {r["step"]: r["loss"] for r in read_metrics(tmp / "preempted") if "loss" in r}
+    expected = {r["step"]: r["loss"] for r in read_metrics(runs["fsdp"]) if "loss" in r}
+    assert resumed == expected

@@ -1,0 +1,96 @@
+"""Replies -> calls, and a case's score: the call syntaxes read, invalid calls, BFCL's irrelevance
+rule, held-out cases from conversations, the metrics and their table."""
+
+from __future__ import annotations
+
+from hpcpipe.data.conversation import Conversation, Message, ToolCall
+from hpcpipe.evaluate.calls import parse_reply
+from hpcpipe.evaluate.function_calling import Case, heldout_case, markdown_table, score, summarize
+
+WEATHER = {
+    "name": "get_weather",
+    "description": "Current weather",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["c", "f"]}},
+        "required": ["city"],
+    },
+}
+
+
+def test_every_call_syntax_is_read() -> None:
+    hermes = parse_reply('<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>')
+    glaive_quoted = parse_reply("""<functioncall> {"name": "f", "arguments": '{"q": "it's"}'}""")
+    glaive_object = parse_reply('<functioncall> {"name": "f", "arguments": {"a": 1}} <|endoftext|>')
+    bare = parse_reply('[{"name": "f", "arguments": {}}, {"name": "g", "arguments": "{}"}]')
+    assert hermes.calls == [{"name": "f", "arguments": {"a": 1}}]
+    assert glaive_quoted.calls == [{"name": "f", "arguments": {"q": "it's"}}]  # the apostrophe survives
+    assert glaive_object.calls == [{"name": "f", "arguments": {"a": 1}}]
+    assert [c["name"] for c in bare.calls] == ["f", "g"]
+    prose = parse_reply("I'm sorry, I cannot book flights.")
+    assert prose.valid and not prose.makes_call
+
+
+def test_a_started_call_that_does_not_parse_is_invalid() -> None:
+    for text in ('<tool_call>\n{"name": "f", "argu', "<tool_call>\n<tool_call>\n</tool_call>"):
+        parsed = parse_reply(text)
+        assert parsed.makes_call and not parsed.valid
+
+
+def _conversation(*calls: ToolCall, tools: tuple[dict, ...] = (WEATHER,)) -> Conversation:  # type: ignore[type-arg]
+    return Conversation(
+        (Message("user", "Weather in Paris?"), Message("assistant", "", calls), Message("user", "thanks")),
+        tools,
+    )
+
+
+def test_heldout_cases_take_the_first_assistant_turn_and_its_category() -> None:
+    simple = heldout_case(_conversation(ToolCall("get_weather", {"city": "Paris"})), 0)
+    assert simple is not None and simple.category == "heldout_simple"
+    assert [m.role for m in simple.conversation.messages] == ["user"]  # the prompt stops before it
+    assert simple.ground_truth == [{"get_weather": {"city": ["Paris"], "unit": [""]}}]
+    two = (ToolCall("get_weather", {"city": "Paris"}), ToolCall("get_weather", {"city": "Rome"}))
+    assert heldout_case(_conversation(*two), 1).category == "heldout_parallel"  # type: ignore[union-attr]
+    refusal = heldout_case(_conversation(), 2)
+    assert refusal is not None and refusal.category == "heldout_no_call" and refusal.ground_truth is None
+
+
+def _case(category: str, truth: list | None) -> Case:  # type: ignore[type-arg]
+    functions = [{**WEATHER, "parameters": {**WEATHER["parameters"], "type": "dict"}}]
+    return Case("c", category, category.removeprefix("live_"), Conversation(()), functions, truth)
+
+
+def test_score_per_outcome() -> None:
+    truth = [{"get_weather": {"city": ["Paris"], "unit": ["", "c"]}}]
+    good = score(_case("simple", truth), '<tool_call>{"name": "get_weather", "arguments": {"city": "paris"}}')
+    assert good["ast"] and good["decision"] and good["name"] and good["error"] is None
+    assert not good["exact"]  # "paris" passes BFCL's normalised comparison, not the strict one
+    wrong = score(_case("simple", truth), '<tool_call>{"name": "get_weather", "arguments": {"city": "Rome"}}')
+    assert wrong["decision"] and wrong["name"] and not wrong["ast"] and wrong["error"] == "value_error"
+    silent = score(_case("simple", truth), "It is sunny.")
+    assert not silent["decision"] and silent["error"] == "no_call"
+    broken = score(_case("simple", truth), '<tool_call>{"name": "get_weather", ')
+    assert not broken["parsed"] and broken["error"] == "invalid_call"
+
+
+def test_irrelevance_follows_bfcl_where_an_undecodable_reply_is_no_call() -> None:
+    broken = '<tool_call>{"name": '
+    assert score(_case("irrelevance", None), broken)["ast"]  # BFCL's rule for its categories
+    assert not score(_case("heldout_no_call", None), broken)["ast"]  # ours: an attempted call is wrong
+    called = score(_case("live_irrelevance", None), '<tool_call>{"name": "get_weather", "arguments": {}}')
+    assert not called["ast"] and called["error"] == "unexpected_call"
+
+
+def test_summary_and_table_count_errors_per_category() -> None:
+    truth = [{"get_weather": {"city": ["Paris"]}}]
+    rows = [
+        score(_case("simple", truth), '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}'),
+        score(_case("simple", truth), "no"),
+        score(_case("irrelevance", None), "no"),
+    ]
+    summary = summarize(rows)
+    assert summary["categories"]["simple"]["ast_acc"] == 0.5
+    assert summary["categories"]["simple"]["errors"] == {"no_call": 1}
+    assert summary["overall"]["cases"] == 3 and abs(summary["overall"]["ast_acc"] - 2 / 3) < 1e-9
+    table = markdown_table(summary, {"model": "m"})
+    assert "| simple | 2 |" in table and "no_call 1" in table and "**overall**" in table

@@ -1,0 +1,214 @@
+"""The lora-function-calling recipe end to end on one process with the tiny model: only adapters
+train, the run directory holds its reports, both exports give the trained model's logits, the
+evaluation CLI scores a run, and bad input stops with one line and exit code 2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from tests.helpers import run_cli
+
+from hpcpipe.config import load_config
+from hpcpipe.observe.metrics import read_metrics
+
+pytestmark = pytest.mark.timeout(300)
+
+BFCL_SAMPLES = Path(__file__).resolve().parents[1] / "data" / "bfcl"
+
+
+def _sets(tmp: Path, name: str, *extra: str) -> list[str]:
+    sets = [
+        f"run.name={name}",
+        f"run.out_dir={tmp}",
+        f"data.prepared_dir={tmp}/prepared",
+        "observe.progress=false",
+        *extra,
+    ]
+    return [arg for s in sets for arg in ("--set", s)]
+
+
+@pytest.fixture(scope="module")
+def tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("lora")
+
+
+@pytest.fixture(scope="module")
+def run(tmp: Path) -> Path:
+    sets = _sets(tmp, "tiny", "train.steps=8", "checkpoint.every_steps=4", "observe.log_every=2")
+    proc = run_cli("train", "lora-fc-tiny", *sets, cwd=tmp, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return tmp / "tiny"
+
+
+def _recipe(run: Path):  # type: ignore[no-untyped-def]
+    from hpcpipe.recipes.lora_fc import LoraFCRecipe
+
+    return LoraFCRecipe.from_job(load_config(run / "config.yaml"))
+
+
+def test_only_lora_parameters_are_trainable(run: Path) -> None:
+    model = _recipe(run).build_model()
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    frozen = [n for n, p in model.named_parameters() if not p.requires_grad]
+    assert trainable and all("lora_A" in n or "lora_B" in n for n in trainable), trainable[:4]
+    assert frozen and not any("lora_" in n for n in frozen)
+    # Every requested target module got its adapters, lm_head included.
+    targets = {n.split(".lora_")[0].rsplit(".", 1)[-1] for n in trainable}
+    assert targets == set(load_config(run / "config.yaml").lora.target_modules)
+
+
+def test_the_run_directory_reports_data_throughput_and_params(run: Path) -> None:
+    report = json.loads((run / "data_report.json").read_text())
+    assert report["encoded"]["train"] > 0 and report["encoded"]["heldout"] > 0
+    assert report["sequences"]["train"] > 0 and 0.5 < report["packing"]["fill"] <= 1.0
+    assert report["template"] == "own (ChatML)"  # the tiny tokenizer has no chat template
+    assert report["malformed"] == {} and set(report["dropped"]) <= {"too_long", "no_supervised_tokens"}
+    summary = json.loads((run / "lora_summary.json").read_text())
+    assert 0 < summary["params"]["trainable"] < summary["params"]["frozen"]
+    assert summary["flops_per_token"] == "4N frozen + 6N adapters"
+    rows = [r for r in read_metrics(run) if "loss" in r]
+    assert [r["step"] for r in rows] == [2, 4, 6, 8]
+    last = rows[-1]
+    # All tokens, real (non-padding) tokens and supervised (assistant) tokens are counted apart.
+    assert last["tokens_per_s"] >= last["real_tokens_per_s_per_device"] > 0
+    assert last["real_tokens_per_s_per_device"] > last["supervised_tokens_per_s_per_device"] > 0
+    assert rows[-1]["loss"] < rows[0]["loss"]
+
+
+def _trained_model(run: Path) -> torch.nn.Module:
+    """The run's model as it stood at its last step: base + adapters restored from the checkpoint."""
+    from hpcpipe.checkpoint.store import CheckpointStore
+
+    job = load_config(run / "config.yaml")
+    model = _recipe(run).build_model()
+    params = [p for p in model.parameters() if p.requires_grad]
+    store = CheckpointStore(job.checkpoint, run / "checkpoints", trainable_only=True)
+    try:
+        restored = store.restore(model, torch.optim.AdamW(params))
+    finally:
+        store.close()
+    assert restored is not None and restored["step"] == 8
+    return model.eval()
+
+
+def _logits(model: torch.nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return model(input_ids=input_ids).logits.float()  # (B, T, V)
+
+
+def test_adapter_and_merged_exports_give_the_trained_models_logits(run: Path, tmp: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from hpcpipe.models.hf_lm import resolve_source
+    from hpcpipe.models.lora_export import load_with_adapter
+
+    job = load_config(run / "config.yaml")
+    source = resolve_source(job.model, job.data.prepared_dir)
+    ids = torch.randint(3, 1000, (2, 48), generator=torch.Generator().manual_seed(0))
+    expected = _logits(_trained_model(run), ids)
+    at_end = _logits(load_with_adapter(source, run / "export/adapter"), ids)  # written by the run
+    torch.testing.assert_close(at_end, expected, rtol=1e-4, atol=1e-4)
+
+    ckpt = sorted((run / "checkpoints").glob("step-*"))[-1]
+    outs = {}
+    for fmt, dtype in (("adapter", "fp32"), ("merged", "fp32"), ("merged", "bf16")):
+        out = tmp / f"export-{fmt}-{dtype}"
+        args = ["--format", fmt, "--dtype", dtype, "--out", str(out)]
+        proc = run_cli("ckpt", "export", str(ckpt), *args, cwd=tmp)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        outs[fmt, dtype] = out
+    adapter_model = load_with_adapter(source, outs["adapter", "fp32"])
+    torch.testing.assert_close(_logits(adapter_model, ids), expected, rtol=1e-4, atol=1e-4)
+    merged = AutoModelForCausalLM.from_pretrained(outs["merged", "fp32"])
+    assert not any("lora" in n for n, _ in merged.named_parameters())
+    torch.testing.assert_close(_logits(merged, ids), expected, rtol=1e-4, atol=1e-4)
+    merged_bf16 = AutoModelForCausalLM.from_pretrained(outs["merged", "bf16"], dtype=torch.bfloat16)
+    assert next(merged_bf16.parameters()).dtype == torch.bfloat16
+    diff = (_logits(merged_bf16, ids) - expected).abs().max().item()
+    assert diff < 0.1 * expected.abs().max().item()  # bf16 weights: ~3 significant digits
+    with adapter_model.disable_adapter():  # the adapter changed the model: the base alone differs
+        assert (_logits(adapter_model, ids) - expected).abs().max() > 1e-2
+
+
+def test_eval_cli_scores_a_run_on_heldout_and_bfcl_files(run: Path, tmp: Path) -> None:
+    out = tmp / "eval"
+    args = ["--bfcl-dir", str(BFCL_SAMPLES), "--categories", "simple,multiple,irrelevance"]
+    args += ["--limit", "2", "--heldout-limit", "6", "--max-new-tokens", "24", "--out", str(out)]
+    proc = run_cli("eval", "function-calling", str(run), *args, "--json", "-", cwd=tmp)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    printed = json.loads(proc.stdout)
+    written = json.loads((out / "eval.json").read_text())
+    assert printed["overall"] == written["overall"]
+    assert {"simple", "multiple", "irrelevance"} <= set(written["categories"])
+    assert sum(c["cases"] for c in written["categories"].values()) == written["overall"]["cases"] == 12
+    for key in ("parse_rate", "decision_acc", "ast_acc", "exact"):
+        assert 0.0 <= written["overall"][key] <= 1.0
+    assert "| category |" in (out / "eval.md").read_text()
+
+
+@pytest.mark.parametrize(
+    ("sets", "names"),
+    [
+        (["model.name_or_path=/no/such/model"], "model.name_or_path"),
+        (["lora.target_modules=[q_proj,qkv_fused]"], "lora.target_modules"),
+    ],
+)
+def test_bad_model_input_is_one_line_and_exit_2(tmp: Path, sets: list[str], names: str) -> None:
+    proc = run_cli("train", "lora-fc-tiny", *_sets(tmp, "bad", "train.steps=1", *sets), cwd=tmp)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and names in lines[0] and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_a_dataset_with_zero_valid_rows_is_one_line_and_exit_2(tmp: Path) -> None:
+    bad = tmp / "broken.jsonl"
+    bad.write_text('{"system": "SYSTEM: no functions", "chat": "no turns here"}\nnot json\n')
+    sets = _sets(tmp, "bad-data", "train.steps=1", f"data.sources=[{bad}]")
+    proc = run_cli("train", "lora-fc-tiny", *sets, cwd=tmp)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(bad) in lines[0] and "Traceback" not in proc.stderr, proc.stderr
+    assert not (tmp / "bad-data" / "checkpoints").exists()
+
+
+def test_eval_of_a_missing_target_is_one_line_and_exit_2(tmp: Path) -> None:
+    proc = run_cli("eval", "function-calling", str(tmp / "nowhere"), cwd=tmp)
+    assert proc.returncode == 2
+    assert len(proc.stderr.strip().splitlines()) == 1 and "nowhere" in proc.stderr, proc.stderr
+
+
+def test_bench_throughput_runs_the_seed_preset_with_random_weights_of_a_shape(tmp: Path) -> None:
+    """`bench throughput lora-fc-qwen2-7b` with `@random:<shape>`: the GPU measurement's path
+    (FSDP2, bf16 base and autocast, gradient checkpointing, r=64) at a test-size Qwen2 shape."""
+    sets = [
+        "model.name_or_path=@random:qwen2-tiny",
+        "model.seq_len=1024",
+        'data.sources=["@synthetic"]',
+        "data.synthetic_rows=120",
+        f"data.prepared_dir={tmp}/prepared",
+        "train.global_batch_size=2",
+        "parallel.nproc=1",
+    ]
+    args = [arg for s in sets for arg in ("--set", s)]
+    out = ["--steps", "2", "--warmup", "1", "--out", str(tmp / "bench"), "--json", "-"]
+    proc = run_cli("bench", "throughput", "lora-fc-qwen2-7b", *args, *out, cwd=tmp)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout)
+    assert result["unit"] == "tokens" and result["per_s_per_device"] > 0
+    job = load_config(Path(result["runs"][0]["run_dir"]) / "config.yaml")
+    assert (job.parallel.strategy, job.model.base_dtype, job.lora.r) == ("fsdp", "bf16", 64)
+    assert job.model.gradient_checkpointing
+
+
+def test_a_missing_peft_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from hpcpipe.errors import ConfigError
+    from hpcpipe.models.hf_lm import require_peft
+
+    monkeypatch.setitem(sys.modules, "peft", None)  # import peft now raises ImportError
+    with pytest.raises(ConfigError, match=r"pip install 'hpcpipe\[lora\]'"):
+        require_peft()
