@@ -8,9 +8,6 @@ parameters when it groups a decoder layer's parameters.
 
 from __future__ import annotations
 
-import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,23 +17,9 @@ from torch import nn
 
 from hpcpipe.config import LoraConfig, ModelConfig
 from hpcpipe.errors import ConfigError
+from hpcpipe.models.hf_quiet import quiet_hf
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-
-
-@contextmanager
-def quiet_hf() -> Iterator[None]:
-    """No per-tensor progress bars (one per rank) and no deprecation notes that peft triggers
-    inside transformers 5 (``is_gradient_checkpointing``): they are not the user's to fix."""
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
-        warnings.filterwarnings("ignore", message=".*save_embedding_layers.*", category=UserWarning)
-        # GGUF bases have no config.json beside them; the vocabulary is never modified here.
-        warnings.filterwarnings("ignore", message="Could not find a config file", category=UserWarning)
-        yield
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from hpcpipe.models.hf_lm import DTYPES, ModelSource, load_base_model, quiet_hf
+from hpcpipe.models.hf_lm import DTYPES, ModelSource, load_base_model
+from hpcpipe.models.hf_quiet import quiet_hf
 
 __all__ = ["full_adapter_state", "load_with_adapter", "save_adapter", "save_merged"]
 

@@ -78,7 +78,7 @@ def _write_model(out: Path, seed: int) -> None:
         pad_token_id=0,
         bos_token_id=None,
     )
-    from hpcpipe.models.hf_lm import quiet_hf
+    from hpcpipe.models.hf_quiet import quiet_hf
 
     torch.manual_seed(seed)
     with quiet_hf():
