@@ -28,7 +28,7 @@ from typing import Any, Literal
 import torch
 
 from hpcpipe.checkpoint.manifest import CheckpointError, read_manifest, verify_dir
-from hpcpipe.checkpoint.safe_dcp import SafeFileSystemReader, SafeLoadPlanner
+from hpcpipe.checkpoint.safe_dcp import SafeFileSystemReader, load_state_safely
 from hpcpipe.config import JobConfig, ModelConfig, load_config
 from hpcpipe.models.gpt import GPT, mlp_hidden
 
@@ -83,7 +83,6 @@ def find_job_config(ckpt: Path) -> Path:
 
 def load_gpt(ckpt: Path, model_cfg: ModelConfig) -> GPT:
     """A full ``GPT`` on CPU with the checkpoint's weights (any saving world size or strategy)."""
-    import torch.distributed.checkpoint as dcp
 
     metadata = SafeFileSystemReader(ckpt).read_metadata()
     entry = metadata.state_dict_metadata.get("model.tok_emb.weight")
@@ -91,17 +90,7 @@ def load_gpt(ckpt: Path, model_cfg: ModelConfig) -> GPT:
         raise CheckpointError(f"{ckpt}: no model.tok_emb.weight: not a checkpoint of the gpt recipe")
     model = GPT(model_cfg, vocab_size=int(entry.size[0]))
     state = model.state_dict()  # tensors share storage with the parameters: loaded in place
-    try:
-        dcp.load(
-            {"model": state},
-            storage_reader=SafeFileSystemReader(ckpt),
-            planner=SafeLoadPlanner(),
-            no_dist=True,
-        )
-    except BaseException as exc:  # DCP's CheckpointException is a BaseException
-        if not _is_dcp_error(exc):
-            raise
-        raise CheckpointError(f"{ckpt}: does not fit the run's model config ({_first_line(exc)})") from None
+    load_state_safely(ckpt, {"model": state}, "does not fit the run's model config")
     model.eval()
     return model
 
@@ -259,18 +248,3 @@ def _write_safetensors(model: GPT, path: Path, step: int) -> None:
         "hpcpipe.step": str(step),
     }
     save_model(model, str(path), metadata=metadata)
-
-
-def _is_dcp_error(exc: BaseException) -> bool:
-    from torch.distributed.checkpoint.api import CheckpointException
-
-    return isinstance(exc, CheckpointException | RuntimeError)
-
-
-def _first_line(exc: BaseException) -> str:
-    failures = getattr(exc, "failures", None)
-    inner = failures[min(failures)][0] if isinstance(failures, dict) and failures else exc
-    if isinstance(inner, CheckpointError):
-        raise inner
-    lines = str(inner).strip().splitlines()
-    return f"{type(inner).__name__}: {lines[0] if lines else ''}"

@@ -333,3 +333,33 @@ class HashedFileSystemWriter(FileSystemWriter):
         fs = self.fs
         assert isinstance(fs, _HashingFileSystem)
         return {path.relative_to(self._root).as_posix(): e for path, e in fs.entries.items()}
+
+
+def load_state_safely(ckpt: Path, state: dict[str, Any], misfit: str) -> None:
+    """Load ``state`` in place from one checkpoint on one process, through the safe reader.
+
+    A checkpoint that does not fit ``state`` raises CheckpointError "<ckpt>: <misfit> (<cause>)".
+    """
+    import torch.distributed.checkpoint as dcp
+
+    try:
+        dcp.load(state, storage_reader=SafeFileSystemReader(ckpt), planner=SafeLoadPlanner(), no_dist=True)
+    except BaseException as exc:  # DCP's CheckpointException is a BaseException
+        if not _is_dcp_error(exc):
+            raise
+        raise CheckpointError(f"{ckpt}: {misfit} ({_first_line(exc)})") from None
+
+
+def _is_dcp_error(exc: BaseException) -> bool:
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    return isinstance(exc, CheckpointException | RuntimeError)
+
+
+def _first_line(exc: BaseException) -> str:
+    failures = getattr(exc, "failures", None)
+    inner = failures[min(failures)][0] if isinstance(failures, dict) and failures else exc
+    if isinstance(inner, CheckpointError):
+        raise inner
+    lines = str(inner).strip().splitlines()
+    return f"{type(inner).__name__}: {lines[0] if lines else ''}"
