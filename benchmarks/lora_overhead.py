@@ -40,7 +40,7 @@ from hpcpipe.train.trainer import Trainer
 from run_context import run_context
 
 MODELS = {
-    "tiny": ["model.name_or_path=@tiny-llama"],
+    "tiny": ["model.name_or_path=@tiny-llama-random"],  # throughput: weights do not matter
     "qwen2-7b-shape": [
         "model.name_or_path=@random:qwen2-7b",
         "model.base_dtype=bf16",

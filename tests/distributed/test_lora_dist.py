@@ -30,6 +30,7 @@ def _train(tmp: Path, name: str, *extra: str, env: dict[str, str] | None = None)
         "observe.log_every=1",
         "observe.progress=false",
         "checkpoint.every_steps=3",
+        "model.name_or_path=@tiny-llama-random",  # mechanics: the pre-trained base is not needed
         *extra,
     ]
     args = [arg for s in sets for arg in ("--set", s)]

@@ -25,6 +25,7 @@ def _sets(tmp: Path, name: str, *extra: str) -> list[str]:
         f"run.out_dir={tmp}",
         f"data.prepared_dir={tmp}/prepared",
         "observe.progress=false",
+        "model.name_or_path=@tiny-llama-random",  # mechanics: the pre-trained base is not needed
         *extra,
     ]
     return [arg for s in sets for arg in ("--set", s)]

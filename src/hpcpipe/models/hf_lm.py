@@ -40,14 +40,14 @@ class ModelSource:
 def resolve_source(cfg: ModelConfig, prepared_dir: str) -> ModelSource:
     """``model.name_or_path`` / ``model.gguf_file`` -> a source; ConfigError naming what is missing.
 
-    ``@tiny-llama`` and ``@random:<shape>`` are built (once) under ``<prepared_dir>/models``.
+    ``@tiny-llama[-random]`` and ``@random:<shape>`` are built (once) under ``<prepared_dir>/models``.
     """
     from hpcpipe.models.random_lm import RANDOM_PREFIX, random_model_dir
-    from hpcpipe.models.tiny_lm import TINY_NAME, default_tiny_dir
+    from hpcpipe.models.tiny_lm import TINY_NAME, TINY_RANDOM_NAME, default_tiny_dir
 
     name = cfg.name_or_path or ""
-    if name == TINY_NAME:
-        return ModelSource(str(default_tiny_dir(Path(prepared_dir) / "models")), None)
+    if name in (TINY_NAME, TINY_RANDOM_NAME):
+        return ModelSource(str(default_tiny_dir(Path(prepared_dir) / "models", name == TINY_NAME)), None)
     if name.startswith(RANDOM_PREFIX):
         return ModelSource(str(random_model_dir(name, Path(prepared_dir) / "models")), None, True)
     gguf = cfg.gguf_file

@@ -1,10 +1,19 @@
-"""``@tiny-llama``: a 2-layer random Llama and a byte-level BPE tokenizer trained on given texts.
+"""``@tiny-llama``: a 2-layer Llama and a byte-level BPE tokenizer trained on generated texts.
 
 Tests and the ``lora-fc-tiny`` preset need a real transformers model directory without a hub:
 this writes one (``config.json``, ``model.safetensors``, ``tokenizer.json``...) that
 ``AutoModelForCausalLM`` / ``AutoTokenizer`` load like any other. It has no chat template on
 purpose, so hpcpipe's own documented template is exercised. Same texts and seed, same directory
 contents.
+
+Two flavours:
+- ``@tiny-llama-random``: random weights, built in a second; for mechanics (masking, sharding,
+  checkpoints, export), where what the model knows does not matter.
+- ``@tiny-llama``: the same model pre-trained for a minute on *raw* Glaive text from a separate
+  seed (``SYSTEM: ... USER: ... ASSISTANT: <functioncall> ...``), never on hpcpipe's chat template
+  and never on the run's own rows. Like a real base model it has seen calls but not the format it
+  is asked for, so LoRA has something to teach and can learn it in a test's time: a random base
+  only learns to refuse (measured: 49% call/no-call after 120 steps, all refusals).
 """
 
 from __future__ import annotations
@@ -18,27 +27,43 @@ import torch
 from hpcpipe.fsutil import atomic_replace_dir
 
 TINY_NAME = "@tiny-llama"
+TINY_RANDOM_NAME = "@tiny-llama-random"
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 _VOCAB = 4096
+_PRETRAIN_ROWS, _PRETRAIN_SEED = 1000, 7919  # a stream apart from any run's rows (run.seed)
+_PRETRAIN_STEPS, _PRETRAIN_BATCH, _PRETRAIN_LEN, _PRETRAIN_LR = 200, 16, 512, 3e-3
 
 
-def default_tiny_dir(root: Path) -> Path:
-    """The tiny model of a fixed text sample (not a run's data): every run and rank finds the same."""
+def _glaive_texts(n: int, seed: int) -> list[str]:
     from hpcpipe.data.fc_gen import generate_glaive_rows
 
-    texts = [row["system"] + "\n" + row["chat"] for row in generate_glaive_rows(600, seed=0)]
-    return tiny_llama_dir(root, texts, seed=0)
+    return [row["system"] + "\n" + row["chat"] for row in generate_glaive_rows(n, seed)]
 
 
-def tiny_llama_dir(root: Path, texts: Sequence[str], seed: int) -> Path:
-    """Build (once) the tiny model for ``texts`` under ``root``; returns its directory."""
-    digest = hashlib.sha256(f"{seed}\0{_VOCAB}\0".encode() + "\0".join(texts).encode()).hexdigest()[:16]
-    out = root / f"tiny-llama-{digest}"
+def default_tiny_dir(root: Path, pretrained: bool = False) -> Path:
+    """The tiny model of a fixed text sample (not a run's data): every run and rank finds the same."""
+    pretrain = _glaive_texts(_PRETRAIN_ROWS, _PRETRAIN_SEED) if pretrained else ()
+    return tiny_llama_dir(root, _glaive_texts(600, seed=0), seed=0, pretrain_texts=pretrain)
+
+
+def tiny_llama_dir(root: Path, texts: Sequence[str], seed: int, pretrain_texts: Sequence[str] = ()) -> Path:
+    """Build (once) the tiny model for ``texts`` under ``root``; returns its directory.
+
+    ``pretrain_texts``: also train every weight on them as a plain language model (about 1.5
+    minutes on 2 cores); the result is cached like the rest.
+    """
+    key = hashlib.sha256(f"{seed}\0{_VOCAB}\0".encode() + "\0".join(texts).encode())
+    if pretrain_texts:
+        recipe = (_PRETRAIN_STEPS, _PRETRAIN_BATCH, _PRETRAIN_LEN, _PRETRAIN_LR)
+        key.update(f"\0pretrain{recipe}\0".encode() + "\0".join(pretrain_texts).encode())
+    out = root / f"tiny-llama-{key.hexdigest()[:16]}"
     if (out / "model.safetensors").is_file():
         return out
     with atomic_replace_dir(out) as tmp:
         _write_tokenizer(texts, tmp)
         _write_model(tmp, seed)
+        if pretrain_texts:
+            _pretrain(tmp, pretrain_texts, seed)
     return out
 
 
@@ -83,3 +108,37 @@ def _write_model(out: Path, seed: int) -> None:
     torch.manual_seed(seed)
     with quiet_hf():
         LlamaForCausalLM(config).save_pretrained(out)
+
+
+def _pretrain(out: Path, texts: Sequence[str], seed: int) -> None:
+    """Full-parameter next-token training of the model in ``out`` on ``texts`` (packed, EOS-joined)."""
+    import sys
+
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    from hpcpipe.models.hf_quiet import quiet_hf
+
+    note = f"{_PRETRAIN_STEPS} steps, about 1.5 min on 2 cores"
+    print(f"@tiny-llama: pre-training the base once ({note})", file=sys.stderr)
+    with quiet_hf():
+        tok = AutoTokenizer.from_pretrained(out)
+        model = LlamaForCausalLM.from_pretrained(out)
+    ids = [i for text in texts for i in [*tok(text)["input_ids"], tok.eos_token_id]]
+    rows = len(ids) // _PRETRAIN_LEN
+    data = torch.tensor(ids[: rows * _PRETRAIN_LEN]).view(rows, _PRETRAIN_LEN)  # (rows, L)
+    gen = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=_PRETRAIN_LR, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.OneCycleLR(
+        opt, _PRETRAIN_LR, total_steps=_PRETRAIN_STEPS, pct_start=0.05
+    )
+    model.train()
+    for _ in range(_PRETRAIN_STEPS):
+        batch = data[torch.randint(0, rows, (_PRETRAIN_BATCH,), generator=gen)]  # (B, L)
+        model(input_ids=batch, labels=batch).loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        sched.step()
+    with quiet_hf():
+        model.save_pretrained(out)
