@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import itertools
 import json
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from hpcpipe.config import JobConfig, load_config
 from hpcpipe.errors import ConfigError, UserError
 
 DONE_FILE = "sweep_point.json"
+PLAN_FILE = "sweep_plan.json"
 SWEEP_COLUMNS = ("point", "status")
 
 
@@ -120,12 +122,39 @@ def run_sweep(
             status[point.run_dir] = "failed"
             report(f"{label}: failed ({exc})")
             continue
-        (point.run_dir / DONE_FILE).write_text(json.dumps({"config_hash": point.job.config_hash()}) + "\n")
+        mark_done(point.job)
         status[point.run_dir] = "trained"
     rows = [sweep_row(point, status[point.run_dir]) for point in points]
     path = write_sweep_csv(rows, out_dir / "sweep.csv")
     counts = {s: sum(1 for v in status.values() if v == s) for s in ("trained", "skipped", "failed")}
     return {"csv": str(path), "rows": rows, **counts}
+
+
+def mark_done(job: JobConfig) -> None:
+    """The marker ``is_done`` reads: this run finished with exactly this config."""
+    (job.run_dir / DONE_FILE).write_text(json.dumps({"config_hash": job.config_hash()}) + "\n")
+
+
+def write_plan(points: list[SweepPoint], out_dir: Path) -> Path:
+    """``<out>/sweep_plan.json``: the points of a sweep whose runs happen elsewhere (a job array)."""
+    plan = [{"overrides": list(p.overrides), "config": str(p.run_dir / "config.yaml")} for p in points]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / PLAN_FILE
+    path.write_text(json.dumps(plan, indent=1) + "\n")
+    return path
+
+
+def collect_plan(out_dir: Path) -> Path:
+    """Rebuild ``<out>/sweep.csv`` from the planned points' run directories (finished or pending)."""
+    try:
+        plan = json.loads((out_dir / PLAN_FILE).read_text())
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{out_dir / PLAN_FILE}: cannot read the sweep plan ({exc})") from None
+    rows = []
+    for entry in plan:
+        point = SweepPoint(tuple(entry["overrides"]), load_config(entry["config"]))
+        rows.append(sweep_row(point, "trained" if is_done(point) else "pending"))
+    return write_sweep_csv(rows, out_dir / "sweep.csv")
 
 
 def sweep_row(point: SweepPoint, status: str) -> dict[str, Any]:
@@ -143,10 +172,12 @@ def write_sweep_csv(rows: list[dict[str, Any]], path: Path) -> Path:
     from hpcpipe.observe.run_summary import RUN_COLUMNS
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="") as f:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # array tasks may finish together
+    with tmp.open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=(*SWEEP_COLUMNS, *RUN_COLUMNS), extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
+    os.replace(tmp, path)
     return path
 
 

@@ -13,6 +13,8 @@ from hpcpipe.cli import ckpt as ckpt_cli
 from hpcpipe.cli import data as data_cli
 from hpcpipe.cli import doctor as doctor_cli
 from hpcpipe.cli import evaluate as evaluate_cli
+from hpcpipe.cli import jobs as jobs_cli
+from hpcpipe.cli import launch as launch_cli
 from hpcpipe.cli import presets as presets_cli
 from hpcpipe.cli import report as report_cli
 from hpcpipe.cli import sweep as sweep_cli
@@ -42,6 +44,8 @@ app.add_typer(analysis_cli.scaling_law_app, name="scaling-law")
 app.command("sweep")(sweep_cli.sweep)
 app.add_typer(report_cli.app, name="report")
 app.add_typer(evaluate_cli.app, name="eval")
+app.add_typer(launch_cli.app, name="launch")
+app.add_typer(jobs_cli.app, name="jobs")
 
 
 def main() -> None:

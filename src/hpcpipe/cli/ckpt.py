@@ -72,6 +72,16 @@ def verify_checkpoints(path: PathArg, json_out: JsonOption = None) -> None:
         raise typer.Exit(1)
 
 
+@app.command("newest")
+def newest_step(run_dir: PathArg) -> None:
+    """Print the newest committed checkpoint's step, 0 when there is none (for scripts: the
+    Slurm script compares it before and after a run to decide whether a requeue makes sense)."""
+    steps = [0]
+    if run_dir.is_dir():
+        steps += [step for tier in _tiers(run_dir) for step, _ in tier.committed()]
+    print(max(steps))
+
+
 @app.command("export")
 def export(
     path: Annotated[Path, typer.Argument(show_default=False, help="One checkpoint (step-NNNNNNNN).")],

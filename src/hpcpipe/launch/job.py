@@ -38,13 +38,8 @@ def run_job(job: JobConfig, max_restarts: int = 0) -> Path:
 
     nproc = job.parallel.nproc
     grad_accum_steps(job.train, nproc)
-    from hpcpipe.recipes import build_recipe
-
-    build_recipe(job).prepare(progress=sys.stderr.isatty())  # no progress frames in CI logs
+    config_path = prepare_job(job)
     run_dir = job.run_dir
-    run_dir.mkdir(parents=True, exist_ok=True)
-    config_path = run_dir / "config.yaml"
-    config_path.write_text(job.to_yaml())
     if nproc == 1 and max_restarts == 0:
         from hpcpipe.launch.worker import train_worker
 
@@ -59,3 +54,15 @@ def run_job(job: JobConfig, max_restarts: int = 0) -> Path:
     if code != 0:
         raise WorkerFailure(code)
     return run_dir
+
+
+def prepare_job(job: JobConfig) -> Path:
+    """Everything before the workers: the recipe's data (and model) preparation, then the run
+    directory with its config.yaml; returns that file. Bad input raises UserError here."""
+    from hpcpipe.recipes import build_recipe
+
+    build_recipe(job).prepare(progress=sys.stderr.isatty())  # no progress frames in CI logs
+    job.run_dir.mkdir(parents=True, exist_ok=True)
+    config_path = job.run_dir / "config.yaml"
+    config_path.write_text(job.to_yaml())
+    return config_path

@@ -1,0 +1,207 @@
+"""`hpcpipe launch`: submit a job to Slurm, and the pieces its batch script runs on the nodes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from hpcpipe.cli.common import ConfigArg, SetOption, console, err_console
+from hpcpipe.errors import UserError
+
+app = typer.Typer(
+    help="Submit jobs to a cluster scheduler (Slurm), and the per-node agent their scripts start.",
+    no_args_is_help=True,
+)
+
+
+@app.command("slurm")
+def slurm(
+    config: ConfigArg,
+    sets: SetOption = None,
+    nodes: Annotated[
+        str | None,
+        typer.Option(help="Nodes: N, or MIN:MAX for an elastic run (parallel.nnodes).", show_default=False),
+    ] = None,
+    gpus_per_node: Annotated[
+        int | None, typer.Option(help="GPUs per node; also the workers per node.", show_default=False)
+    ] = None,
+    partition: Annotated[str | None, typer.Option(help="Slurm partition.", show_default=False)] = None,
+    time_limit: Annotated[
+        str | None, typer.Option("--time", help="Time limit, [D-]HH:MM:SS.", show_default=False)
+    ] = None,
+    grids: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--grid",
+            "-g",
+            help="A sweep axis, section.key=\\[v1,v2,...] (repeatable): one array task per point.",
+            show_default=False,
+        ),
+    ] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            help="With --grid: the sweep directory (default: runs/sweep-<name>).", show_default=False
+        ),
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print the sbatch script; submit nothing.")
+    ] = False,
+) -> None:
+    """Render an sbatch script from the job's launch.slurm section and submit it.
+
+    The script asks for one task per node and starts one hpcpipe agent per node through srun;
+    the agents meet at a c10d rendezvous on the first node (the job id is the rendezvous id)
+    and each starts the node's workers. On the preemption signal (launch.slurm.signal, sent
+    launch.slurm.signal_grace_s before the time limit, or by `scancel --signal=USR1`), every
+    rank checkpoints and the job exits 75; the script then requeues it (at most
+    launch.slurm.max_requeues times, and only if the checkpoint advanced) and the requeued job
+    resumes the same run directory.
+
+    Examples:
+
+      hpcpipe launch slurm gpt-124m --nodes 2 --gpus-per-node 8 --partition gpu --dry-run
+
+      hpcpipe launch slurm quickstart --nodes 1:2 --set launch.slurm.env='{GLOO_SOCKET_IFNAME: eth0}'
+
+      hpcpipe launch slurm tiny -g 'train.lr=\\[1e-3,3e-3]' -g 'train.seed=\\[0,1]'   (a 4-task array)
+    """
+    from hpcpipe.launch import slurm as slurm_launch
+
+    overrides = [*(sets or []), *_cli_overrides(nodes, gpus_per_node, partition, time_limit)]
+    sub = _submission(config, overrides, grids or [], out)
+    if dry_run:
+        typer.echo(slurm_launch.render_sbatch(sub), nl=False)  # verbatim: no wrapping or markup
+        return
+    slurm_launch.require_sbatch()  # before anything is written
+    slurm_launch.check_partition(sub.first.launch.slurm.partition)
+    script = slurm_launch.write_submission(sub)
+    if sub.sweep_dir is not None:
+        from hpcpipe.sweep import collect_plan, write_plan
+
+        write_plan(_points(config, overrides, grids or [], sub.sweep_dir), sub.sweep_dir)
+        collect_plan(sub.sweep_dir)
+    job_id = slurm_launch.submit(script)
+    from hpcpipe.launch.slurm_jobs import SUBMISSION_FILE
+
+    record = {"job_id": job_id, "script": str(script), "runs": [str(j.run_dir) for j in sub.jobs]}
+    (script.parent / SUBMISSION_FILE).write_text(json.dumps(record, indent=1) + "\n")
+    where = sub.sweep_dir or sub.first.run_dir
+    console.print(f"submitted job [bold]{job_id}[/] ({len(sub.jobs)} run(s)); run directory: {where}")
+    console.print(f"follow it: hpcpipe jobs status {job_id}; hpcpipe jobs logs {where}")
+
+
+def _cli_overrides(nodes: str | None, gpus: int | None, partition: str | None, time: str | None) -> list[str]:
+    if nodes is not None and not all(part.isdigit() and int(part) >= 1 for part in nodes.split(":", 1)):
+        raise UserError(f"--nodes {nodes}: give a node count >= 1, or MIN:MAX")
+    if gpus is not None and gpus < 0:
+        raise UserError(f"--gpus-per-node {gpus}: must be 0 or more")
+    pairs = {
+        "parallel.nnodes": nodes,
+        "launch.slurm.gpus_per_node": gpus,
+        "launch.slurm.partition": partition,
+        "launch.slurm.time": time,
+    }
+    return [f"{key}={value}" for key, value in pairs.items() if value is not None]
+
+
+def _points(config: str, overrides: list[str], grids: list[str], out: Path):  # type: ignore[no-untyped-def]
+    from hpcpipe.sweep import parse_grid_option, plan_points
+
+    grid = dict(parse_grid_option(item) for item in grids)
+    return plan_points(config, overrides, grid, out)
+
+
+def _submission(config: str, overrides: list[str], grids: list[str], out: Path | None):  # type: ignore[no-untyped-def]
+    from hpcpipe.config import load_config
+    from hpcpipe.launch.slurm import SlurmSubmission
+
+    job = load_config(config, overrides)
+    if not grids:
+        return SlurmSubmission([job], script_dir=job.run_dir)
+    sweep_dir = out or Path("runs") / f"sweep-{job.run.name}"
+    points = _points(config, overrides, grids, sweep_dir)
+    return SlurmSubmission([p.job for p in points], script_dir=sweep_dir, sweep_dir=sweep_dir)
+
+
+@app.command("agent")
+def agent(
+    config: Annotated[Path, typer.Argument(help="The run's config.yaml.", show_default=False)],
+    nnodes: Annotated[str, typer.Option(help="N or MIN:MAX nodes.")] = "1",
+    nproc_per_node: Annotated[int, typer.Option(min=1, help="Workers on this node.")] = 1,
+    rdzv_endpoint: Annotated[
+        str, typer.Option(help="host:port of the rendezvous store.")
+    ] = "127.0.0.1:29400",
+    rdzv_id: Annotated[str, typer.Option(help="The same on every node of one job.")] = "hpcpipe",
+    max_restarts: Annotated[int, typer.Option(min=0, help="Worker-group restarts.")] = 0,
+    grace: Annotated[float, typer.Option(min=0, help="Seconds the workers get after a preemption.")] = 60.0,
+    local_addr: Annotated[
+        str | None,
+        typer.Option(
+            help="This node's address for the others (default: $SLURMD_NODENAME).", show_default=False
+        ),
+    ] = None,
+) -> None:
+    """One node's agent: start its workers, join the rendezvous, exit with the workers' code.
+
+    The sbatch script runs it on every node through srun; you can also start it by hand on each
+    node (the same --rdzv-endpoint and --rdzv-id everywhere) to run without a scheduler.
+    A preemption signal (USR1) is passed to the workers, which checkpoint and exit 75; the agent
+    then exits 75 too (torchrun's agent would report a failure).
+    """
+    import os
+
+    from hpcpipe.config import load_config
+    from hpcpipe.launch.agent import AgentSpec, run_agent
+    from hpcpipe.launch.job import WORKER_MODULE
+
+    job = load_config(config)  # bad config: one line, before anything starts
+    low, _, high = nnodes.partition(":")
+    if not (low.isdigit() and (high or low).isdigit()):
+        raise UserError(f"--nnodes {nnodes}: give N or MIN:MAX")
+    spec = AgentSpec(
+        nproc_per_node=nproc_per_node,
+        min_nodes=int(low),
+        max_nodes=int(high or low),
+        rdzv_endpoint=rdzv_endpoint,
+        rdzv_id=rdzv_id,
+        max_restarts=max_restarts,
+        local_addr=local_addr or os.environ.get("SLURMD_NODENAME"),
+        grace_s=grace,
+    )
+    code = run_agent(spec, WORKER_MODULE, [str(config)])
+    if code == job.fault.preempt_exit_code:
+        err_console.print(f"agent: preempted; the workers checkpointed and exited {code}")
+    raise typer.Exit(code)
+
+
+@app.command("prepare")
+def prepare(
+    config: Annotated[Path, typer.Argument(help="The run's config.yaml.", show_default=False)],
+) -> None:
+    """Prepare a run's data and model before its workers start (the batch script's first step)."""
+    from hpcpipe.config import load_config
+    from hpcpipe.launch.job import prepare_job
+
+    prepare_job(load_config(config))
+
+
+@app.command("collect")
+def collect(
+    sweep_dir: Annotated[
+        Path, typer.Argument(help="The sweep directory of a job array.", show_default=False)
+    ],
+    finished: Annotated[
+        Path | None, typer.Option(help="Mark this point's run directory finished first.", show_default=False)
+    ] = None,
+) -> None:
+    """Rebuild a job array's sweep.csv from its points' run directories."""
+    from hpcpipe.config import load_config
+    from hpcpipe.sweep import collect_plan, mark_done
+
+    if finished is not None:
+        mark_done(load_config(finished / "config.yaml"))
+    console.print(f"wrote {collect_plan(sweep_dir)}")

@@ -1,0 +1,152 @@
+"""The per-node agent: torch.distributed's elastic agent, plus the two things it gets wrong for us.
+
+One agent runs on each node (``srun --ntasks-per-node=1 hpcpipe launch agent ...``, or the
+local ``hpcpipe train --nproc N``). It starts the node's workers, joins the c10d rendezvous on the
+first node and restarts the group after a failure or a membership change (``parallel.nnodes
+MIN:MAX``: a lost node shrinks the world, a returning node grows it at the next rendezvous).
+
+What torchrun's agent does not do, and this one does:
+
+1. **Preemption reaches the workers and its exit code comes back.** On SIGTERM torchrun's agent
+   tears the group down and exits with its own code, so a checkpointed preemption (workers
+   exit 75) looks like a crash; on SIGUSR1 (Slurm's ``--signal=USR1@grace``) it simply dies.
+   Here the handler forwards the signal to the workers, waits for them to checkpoint and exit
+   (up to ``grace_s``), and the agent exits with *their* code.
+2. **The code of the first failed worker** (a worker's UserError exit 2 stays 2), instead of 1.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from types import FrameType
+
+
+@dataclass(frozen=True)
+class AgentSpec:
+    """What one node's agent needs; every node of a job gets the same except ``local_addr``."""
+
+    nproc_per_node: int
+    min_nodes: int = 1
+    max_nodes: int = 1
+    rdzv_endpoint: str = "127.0.0.1:0"  # host:port of the c10d store (port 0: any free one)
+    rdzv_id: str = ""
+    max_restarts: int = 0
+    local_addr: str | None = None  # this node's address as the others reach it
+    monitor_interval_s: float = 0.5
+    grace_s: float = 60.0  # preemption: how long the workers get to checkpoint and exit
+    last_call_s: float = 15.0  # rendezvous: wait this long for more nodes once MIN have joined
+    # Signals forwarded to the workers. Not SIGTERM by default: torch's agent installs its own
+    # SIGTERM handler whenever it starts workers (and tears them down, losing their codes).
+    preempt_signals: tuple[signal.Signals, ...] = (signal.SIGUSR1,)
+
+
+class AgentPreempted(BaseException):
+    """Raised out of the agent's loop once every worker exited after a preemption signal."""
+
+    def __init__(self, exit_code: int) -> None:
+        super().__init__(f"preempted: workers exited with {exit_code}")
+        self.exit_code = exit_code
+
+
+def run_agent(spec: AgentSpec, module: str, args: list[str]) -> int:
+    """Run ``python -m module args`` as this node's workers; returns the node's exit code."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig as ElasticConfig
+    from torch.distributed.launcher.api import elastic_launch
+
+    # Restarts on one host are flaky when the agent shares its rendezvous TCP store with the
+    # workers; a separate store per round is reliable.
+    os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    config = ElasticConfig(
+        min_nodes=spec.min_nodes,
+        max_nodes=spec.max_nodes,
+        nproc_per_node=spec.nproc_per_node,
+        run_id=spec.rdzv_id or f"hpcpipe-{os.getpid()}",
+        rdzv_backend="c10d",
+        rdzv_endpoint=spec.rdzv_endpoint,
+        rdzv_configs={"last_call_timeout": spec.last_call_s},
+        max_restarts=spec.max_restarts,
+        monitor_interval=spec.monitor_interval_s,
+        start_method="spawn",
+        local_addr=spec.local_addr,
+    )
+    forward = _forward_and_wait(spec.grace_s)
+    previous = {sig: signal.signal(sig, forward) for sig in spec.preempt_signals}
+    try:
+        elastic_launch(config, sys.executable)("-u", "-m", module, *args)
+    except AgentPreempted as exc:
+        return exc.exit_code
+    except ChildFailedError as exc:
+        codes = [failure.exitcode for _, failure in sorted(exc.failures.items())]
+        return next((code for code in codes if code > 0), 1)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 0
+
+
+def _forward_and_wait(grace_s: float):  # type: ignore[no-untyped-def]
+    """A signal handler: pass the signal on to the workers, reap them, end the agent's loop.
+
+    It runs in the agent's main thread, between two polls of its monitoring loop, so the
+    workers cannot be restarted meanwhile. The workers are this process's children (the agent
+    starts them with subprocess), so ``waitpid`` gives their real exit codes.
+    """
+
+    def handler(signum: int, _frame: FrameType | None) -> None:
+        workers = _child_pids()
+        for pid in workers:
+            _signal(pid, signum)
+        codes = _reap(workers, grace_s)
+        failed = [code for code in codes if code != 0]
+        raise AgentPreempted(failed[0] if failed else 128 + signum)
+
+    return handler
+
+
+def _child_pids() -> list[int]:
+    """This process's live children (Linux ``/proc``; every thread's list)."""
+    pids: set[int] = set()
+    for task in os.listdir(f"/proc/{os.getpid()}/task"):
+        try:
+            with open(f"/proc/{os.getpid()}/task/{task}/children") as fh:
+                pids.update(int(p) for p in fh.read().split())
+        except OSError:
+            continue
+    return sorted(pids)
+
+
+def _signal(pid: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signum)
+
+
+def _reap(pids: list[int], grace_s: float) -> list[int]:
+    """Exit codes of ``pids`` (128 + signal for a killed one); SIGKILL whoever outlives the grace."""
+    codes: dict[int, int] = {}
+    deadline = time.monotonic() + grace_s
+    while len(codes) < len(pids):
+        for pid in pids:
+            if pid not in codes and (status := _try_wait(pid)) is not None:
+                codes[pid] = status
+        if time.monotonic() > deadline:
+            for pid in set(pids) - codes.keys():
+                _signal(pid, signal.SIGKILL)
+            deadline = float("inf")  # the next rounds collect the killed ones
+        time.sleep(0.05)
+    return [codes[pid] for pid in pids]
+
+
+def _try_wait(pid: int) -> int | None:
+    try:
+        done, status = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return 0  # reaped elsewhere: nothing more to learn
+    if done == 0:
+        return None
+    return os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)

@@ -1,0 +1,129 @@
+"""``hpcpipe launch slurm``: render a readable sbatch script from ``launch.slurm`` and submit it.
+
+The launcher only renders and submits; what runs on the nodes detects the rest (the agent reads
+``SLURMD_NODENAME``, the workers read torchrun's variables). One script serves a single run and a
+job array (one task per sweep point, each with its own run directory).
+"""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from hpcpipe.config import JobConfig
+from hpcpipe.errors import UserError
+
+SCRIPT_NAME = "job.sbatch"
+
+
+@dataclass(frozen=True)
+class SlurmSubmission:
+    """What to submit: one job, or one array task per job (a sweep)."""
+
+    jobs: list[JobConfig]
+    script_dir: Path  # where job.sbatch and the Slurm output files go
+    sweep_dir: Path | None = None  # an array: the sweep's CSV is gathered here
+
+    @property
+    def first(self) -> JobConfig:
+        return self.jobs[0]
+
+
+def render_sbatch(sub: SlurmSubmission) -> str:
+    """The sbatch script (a pure function of the configs: golden-file tested)."""
+    import jinja2
+
+    from hpcpipe import __version__
+
+    job = sub.first
+    slurm = job.launch.slurm
+    min_nodes, max_nodes = job.parallel.node_range
+    nproc = slurm.gpus_per_node or job.parallel.nproc
+    array = len(sub.jobs) if sub.sweep_dir is not None else 0
+    output = sub.script_dir.absolute() / ("slurm-%A_%a.out" if array else "slurm-%j.out")
+    env = dict(slurm.env)
+    if slurm.cpus_per_task:  # every worker gets its share of the node's cores
+        env.setdefault("OMP_NUM_THREADS", str(max(1, slurm.cpus_per_task // nproc)))
+    template = jinja2.Environment(
+        loader=jinja2.PackageLoader("hpcpipe.launch", "templates"),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        autoescape=False,  # a shell script: values are quoted with the `quote` filter instead
+    )
+    template.filters["quote"] = lambda value: shlex.quote(str(value))
+    title = (
+        f"{len(sub.jobs)} sweep points of {job.run.recipe}" if array else f"{job.run.recipe}: {job.run_dir}"
+    )
+    return template.get_template("slurm.sbatch.j2").render(
+        title=title,
+        version=__version__,
+        name=_job_name(sub),
+        nodes=max_nodes,
+        min_nodes=min_nodes,
+        nnodes=job.parallel.nnodes,
+        elastic=min_nodes < max_nodes,
+        nproc=nproc,
+        s=slurm,
+        env=env,
+        array_size=array,
+        output=output,
+        configs=[str(j.run_dir.absolute() / "config.yaml") for j in sub.jobs],
+        hpcpipe=slurm.hpcpipe,
+        grace_s=int(job.fault.preempt_grace_s) + 30,
+        preempt_code=job.fault.preempt_exit_code,
+        sweep_dir=str(sub.sweep_dir.absolute()) if sub.sweep_dir else "",
+    )
+
+
+def write_submission(sub: SlurmSubmission) -> Path:
+    """Write each run's config.yaml and the script; returns the script's path."""
+    for job in sub.jobs:
+        job.run_dir.mkdir(parents=True, exist_ok=True)
+        (job.run_dir / "config.yaml").write_text(job.to_yaml())
+    sub.script_dir.mkdir(parents=True, exist_ok=True)
+    script = sub.script_dir / SCRIPT_NAME
+    script.write_text(render_sbatch(sub))
+    return script
+
+
+def require_sbatch() -> str:
+    """The sbatch executable, or one line saying what is missing."""
+    found = shutil.which("sbatch")
+    if found is None:
+        raise UserError("sbatch is not on the PATH: run this on a Slurm login node (or use --dry-run)")
+    return found
+
+
+def check_partition(partition: str | None) -> None:
+    """An unknown partition fails here, naming the known ones, instead of as a pending job."""
+    if partition is None or shutil.which("sinfo") is None:
+        return
+    proc = _run(["sinfo", "--noheader", "--format=%R"])
+    known = sorted(set(proc.stdout.split()))
+    if proc.returncode == 0 and known and partition not in known:
+        raise UserError(
+            f"launch.slurm.partition: unknown partition {partition!r} (known: {', '.join(known)})"
+        )
+
+
+def submit(script: Path) -> str:
+    """``sbatch --parsable SCRIPT`` -> the job id; sbatch's own message when it refuses."""
+    proc = _run([require_sbatch(), "--parsable", str(script)])
+    if proc.returncode != 0:
+        reason = (proc.stderr.strip().splitlines() or ["no message"])[-1]
+        raise UserError(f"sbatch refused {script}: {reason}")
+    return proc.stdout.strip().split(";")[0]  # "<id>[;<cluster>]"
+
+
+def _job_name(sub: SlurmSubmission) -> str:
+    return sub.first.run.name if sub.sweep_dir is None else sub.sweep_dir.name
+
+
+def _run(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise UserError(f"{argv[0]}: {exc}") from None
