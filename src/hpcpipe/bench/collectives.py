@@ -11,7 +11,6 @@ the ranks that were slower than the rest.
 
 from __future__ import annotations
 
-import socket
 import statistics
 import time
 from collections.abc import Callable
@@ -22,6 +21,7 @@ from hpcpipe import compat
 from hpcpipe.bench.bus import COLLECTIVES, bandwidths, element_count
 from hpcpipe.bench.host import available_host_memory
 from hpcpipe.errors import UserError
+from hpcpipe.train.environment import node_name
 
 if TYPE_CHECKING:
     import torch
@@ -125,7 +125,7 @@ def run_collectives(spec: CollectiveSpec, ctx: DistContext) -> dict[str, Any] | 
             )
             del prepared
     gathered: list[Any] = [None] * ctx.world_size
-    dist.all_gather_object(gathered, {"host": socket.gethostname(), "rows": local})
+    dist.all_gather_object(gathered, {"host": node_name(), "rows": local})
     if not ctx.is_main:
         return None
     return {

@@ -9,10 +9,11 @@ without naming the pair).
 from __future__ import annotations
 
 import os
-import socket
 import statistics
 import time
 from typing import TYPE_CHECKING, Any
+
+from hpcpipe.train.environment import node_name
 
 if TYPE_CHECKING:
     from hpcpipe.train.distributed import DistContext
@@ -27,7 +28,7 @@ def run_connectivity(ctx: DistContext, rounds: int = PING_ROUNDS) -> dict[str, A
     me = {
         "rank": ctx.rank,
         "local_rank": ctx.local_rank,
-        "host": socket.gethostname(),
+        "host": node_name(),
         "pid": os.getpid(),
         "device": str(ctx.device),
         "device_name": _device_name(ctx),

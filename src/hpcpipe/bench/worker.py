@@ -11,7 +11,6 @@ through ``os._exit`` after flushing: gloo sometimes aborts at interpreter exit a
 from __future__ import annotations
 
 import json
-import socket
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -19,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from hpcpipe.config import ParallelConfig
 from hpcpipe.launch.exit import flush_and_exit
-from hpcpipe.train.environment import DistEnv, detect_environment
+from hpcpipe.train.environment import DistEnv, detect_environment, node_name
 
 if TYPE_CHECKING:
     from hpcpipe.train.distributed import DistContext
@@ -67,7 +66,7 @@ def _compute_every_rank(task: dict[str, Any], ctx: DistContext) -> dict[str, Any
 
     dist.barrier()
     mine = measure_compute(ComputeSpec(**task), ctx.device)
-    mine.update(rank=ctx.rank, host=socket.gethostname())
+    mine.update(rank=ctx.rank, host=node_name())
     gathered: list[Any] = [None] * ctx.world_size
     dist.all_gather_object(gathered, mine)
     return {"world_size": ctx.world_size, "ranks": gathered} if ctx.is_main else None
@@ -94,7 +93,7 @@ def main(argv: list[str] | None = None) -> None:
 
         traceback.print_exc()
         if len(args) == 2:
-            message = f"rank {env.rank} on {socket.gethostname()}: {type(exc).__name__}: {exc}"
+            message = f"rank {env.rank} on {node_name()}: {type(exc).__name__}: {exc}"
             Path(f"{args[1]}.rank{env.rank}.error").write_text(message.splitlines()[0] + "\n")
         code = 1
     flush_and_exit(code)

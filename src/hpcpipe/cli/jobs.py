@@ -23,14 +23,18 @@ JobArg = Annotated[
 
 @app.command("status")
 def status(job: JobArg, json_out: JsonOption = None) -> None:
-    """State of the job (and of each array task): squeue while it is queued or running, sacct after."""
+    """State, exit code, run time, nodes and requeue count of the job (each array task): from
+    scontrol while slurmctld remembers the job, from sacct after that."""
     from hpcpipe.launch.slurm_jobs import job_states, resolve_job
 
     rows = job_states(resolve_job(job).job_id)
     if json_out != "-":
-        table = Table("job", "state", "exit", "elapsed", "nodes")
+        table = Table("job", "state", "exit", "elapsed", "nodes", "restarts")
         for row in rows:
-            table.add_row(row["job"], row["state"], row["exit_code"], row["elapsed"], row["nodes"])
+            cells = [
+                row.get(key, "-") for key in ("job", "state", "exit_code", "elapsed", "nodes", "restarts")
+            ]
+            table.add_row(*cells)
         console.print(table)
     write_json(rows, json_out)
 

@@ -117,13 +117,16 @@ def _points(config: str, overrides: list[str], grids: list[str], out: Path):  # 
 
 def _submission(config: str, overrides: list[str], grids: list[str], out: Path | None):  # type: ignore[no-untyped-def]
     from hpcpipe.config import load_config
-    from hpcpipe.launch.slurm import SlurmSubmission
+    from hpcpipe.launch.slurm import SlurmSubmission, check_world_sizes
 
     job = load_config(config, overrides)
     if not grids:
+        check_world_sizes(job)
         return SlurmSubmission([job], script_dir=job.run_dir)
     sweep_dir = out or Path("runs") / f"sweep-{job.run.name}"
     points = _points(config, overrides, grids, sweep_dir)
+    for point in points:
+        check_world_sizes(point.job)
     return SlurmSubmission([p.job for p in points], script_dir=sweep_dir, sweep_dir=sweep_dir)
 
 
@@ -154,7 +157,7 @@ def agent(
     """
     import os
 
-    from hpcpipe.config import load_config
+    from hpcpipe.config import grad_accum_steps, load_config
     from hpcpipe.launch.agent import AgentSpec, run_agent
     from hpcpipe.launch.job import WORKER_MODULE
 
@@ -162,6 +165,8 @@ def agent(
     low, _, high = nnodes.partition(":")
     if not (low.isdigit() and (high or low).isdigit()):
         raise UserError(f"--nnodes {nnodes}: give N or MIN:MAX")
+    for nodes in range(int(low), int(high or low) + 1):  # a worker would fail the same way, N times
+        grad_accum_steps(job.train, nodes * nproc_per_node)
     spec = AgentSpec(
         nproc_per_node=nproc_per_node,
         min_nodes=int(low),
@@ -171,6 +176,7 @@ def agent(
         max_restarts=max_restarts,
         local_addr=local_addr or os.environ.get("SLURMD_NODENAME"),
         grace_s=grace,
+        preempt_exit_code=job.fault.preempt_exit_code,
     )
     code = run_agent(spec, WORKER_MODULE, [str(config)])
     if code == job.fault.preempt_exit_code:
@@ -187,6 +193,19 @@ def prepare(
     from hpcpipe.launch.job import prepare_job
 
     prepare_job(load_config(config))
+
+
+@app.command("finished")
+def finished(run_dir: Annotated[Path, typer.Argument(help="A run directory.", show_default=False)]) -> None:
+    """Exit 0 when the run trained to its last step, 1 otherwise (for scripts: an elastic job
+    whose lost node failed its task still finished on the others)."""
+    from hpcpipe.config import load_config
+    from hpcpipe.observe.metrics import read_events
+
+    steps = load_config(run_dir / "config.yaml").train.steps
+    done = any(e.get("event") == "run_finished" and e.get("step") == steps for e in read_events(run_dir))
+    console.print(f"{run_dir}: {'finished' if done else 'not finished'} (train.steps={steps})")
+    raise typer.Exit(0 if done else 1)
 
 
 @app.command("collect")

@@ -7,6 +7,7 @@ import re
 import socket
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from hpcpipe.doctor.network import rdma_devices
 from hpcpipe.doctor.probe import (
@@ -35,14 +36,40 @@ def check_slurm(probe: Probe) -> list[Check]:
     ]
     version_out, _ = probe.run(["scontrol", "--version"])
     version = version_out.strip() if version_out else "scontrol unavailable"
-    job = probe.env.get("SLURM_JOB_ID")
-    summary = f"{version}; {len({r[0] for r in rows})} partition(s)" + (f"; inside job {job}" if job else "")
-    details = {
+    job = _allocation(probe)
+    summary = f"{version}; {len({r[0] for r in rows})} partition(s)"
+    if job:
+        summary += (
+            f"; inside job {job['id']} on {job['nodes']} ({job['num_nodes']} node(s), "
+            f"partition {job['partition']}, GPUs per node {job['gpus_per_node']}, gres {job['gres'] or '-'})"
+        )
+    details: dict[str, Any] = {
         "partitions": [dict(zip(("partition", "avail", "nodes", "state"), r, strict=True)) for r in rows]
     }
+    if job:
+        details["job"] = job
     if bad:
         return [Check("slurm", WARN, f"{summary}; unavailable: {'; '.join(bad[:4])}", details)]
     return [Check("slurm", OK, summary, details)]
+
+
+def _allocation(probe: Probe) -> dict[str, Any] | None:
+    """The Slurm job this process runs in (environment + ``scontrol show job``), or None."""
+    env = probe.env
+    job_id = env.get("SLURM_JOB_ID")
+    if not job_id:
+        return None
+    out, _ = probe.run(["scontrol", "show", "job", "--oneliner", job_id])
+    fields = dict(item.split("=", 1) for item in (out or "").split() if "=" in item)
+    gres = fields.get("TresPerNode") or fields.get("Gres") or ""
+    return {
+        "id": job_id,
+        "nodes": env.get("SLURM_JOB_NODELIST", fields.get("NodeList", "")),
+        "num_nodes": env.get("SLURM_JOB_NUM_NODES", fields.get("NumNodes", "")),
+        "partition": env.get("SLURM_JOB_PARTITION", fields.get("Partition", "")),
+        "gpus_per_node": env.get("SLURM_GPUS_ON_NODE", env.get("SLURM_GPUS_PER_NODE", "0")),
+        "gres": "" if gres == "(null)" else gres,
+    }
 
 
 def check_lustre(probe: Probe) -> list[Check]:

@@ -43,6 +43,7 @@ class AgentSpec:
     # Signals forwarded to the workers. Not SIGTERM by default: torch's agent installs its own
     # SIGTERM handler whenever it starts workers (and tears them down, losing their codes).
     preempt_signals: tuple[signal.Signals, ...] = (signal.SIGUSR1,)
+    preempt_exit_code: int = 75  # what the workers exit with after their preemption checkpoint
 
 
 class AgentPreempted(BaseException):
@@ -56,6 +57,7 @@ class AgentPreempted(BaseException):
 def run_agent(spec: AgentSpec, module: str, args: list[str]) -> int:
     """Run ``python -m module args`` as this node's workers; returns the node's exit code."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousError
     from torch.distributed.launcher.api import LaunchConfig as ElasticConfig
     from torch.distributed.launcher.api import elastic_launch
 
@@ -69,13 +71,13 @@ def run_agent(spec: AgentSpec, module: str, args: list[str]) -> int:
         run_id=spec.rdzv_id or f"hpcpipe-{os.getpid()}",
         rdzv_backend="c10d",
         rdzv_endpoint=spec.rdzv_endpoint,
-        rdzv_configs={"last_call_timeout": spec.last_call_s},
+        rdzv_configs=_rdzv_configs(spec),
         max_restarts=spec.max_restarts,
         monitor_interval=spec.monitor_interval_s,
         start_method="spawn",
         local_addr=spec.local_addr,
     )
-    forward = _forward_and_wait(spec.grace_s)
+    forward = _forward_and_wait(spec.grace_s, spec.preempt_exit_code)
     previous = {sig: signal.signal(sig, forward) for sig in spec.preempt_signals}
     try:
         elastic_launch(config, sys.executable)("-u", "-m", module, *args)
@@ -84,25 +86,47 @@ def run_agent(spec: AgentSpec, module: str, args: list[str]) -> int:
     except ChildFailedError as exc:
         codes = [failure.exitcode for _, failure in sorted(exc.failures.items())]
         return next((code for code in codes if code > 0), 1)
+    except RendezvousError as exc:
+        cause = exc.__cause__ or exc
+        print(f"agent: rendezvous at {spec.rdzv_endpoint} failed: {cause}", file=sys.stderr, flush=True)
+        return 1
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     return 0
 
 
-def _forward_and_wait(grace_s: float):  # type: ignore[no-untyped-def]
+def _rdzv_configs(spec: AgentSpec) -> dict[str, object]:
+    """torch decides who hosts the c10d store by matching the endpoint against the machine's
+    hostname, which fails where node names are not the kernel hostname (Slurm NodeName, network
+    namespaces, containers): the node whose address *is* the endpoint's host hosts it."""
+    configs: dict[str, object] = {"last_call_timeout": spec.last_call_s}
+    host = spec.rdzv_endpoint.rsplit(":", 1)[0]
+    if spec.local_addr is not None:
+        configs["is_host"] = host == spec.local_addr
+    return configs
+
+
+def _forward_and_wait(grace_s: float, preempt_exit_code: int):  # type: ignore[no-untyped-def]
     """A signal handler: pass the signal on to the workers, reap them, end the agent's loop.
 
     It runs in the agent's main thread, between two polls of its monitoring loop, so the
     workers cannot be restarted meanwhile. The workers are this process's children (the agent
     starts them with subprocess), so ``waitpid`` gives their real exit codes.
+
+    While it waits, SIGTERM is noted and ignored: under ``srun --kill-on-bad-exit=1`` the first
+    node whose agent exits 75 makes Slurm SIGTERM the others, which are finishing the same
+    preemption; dying of that SIGTERM would turn the step's code into 143 and lose the requeue.
     """
 
     def handler(signum: int, _frame: FrameType | None) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         workers = _child_pids()
         for pid in workers:
             _signal(pid, signum)
         codes = _reap(workers, grace_s)
+        if preempt_exit_code in codes:  # a committed preemption checkpoint: "requeue me"
+            raise AgentPreempted(preempt_exit_code)
         failed = [code for code in codes if code != 0]
         raise AgentPreempted(failed[0] if failed else 128 + signum)
 

@@ -13,7 +13,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpcpipe.config import JobConfig
+from hpcpipe.config import JobConfig, grad_accum_steps
 from hpcpipe.errors import UserError
 
 SCRIPT_NAME = "job.sbatch"
@@ -41,7 +41,7 @@ def render_sbatch(sub: SlurmSubmission) -> str:
     job = sub.first
     slurm = job.launch.slurm
     min_nodes, max_nodes = job.parallel.node_range
-    nproc = slurm.gpus_per_node or job.parallel.nproc
+    nproc = workers_per_node(job)
     array = len(sub.jobs) if sub.sweep_dir is not None else 0
     output = sub.script_dir.absolute() / ("slurm-%A_%a.out" if array else "slurm-%j.out")
     env = dict(slurm.env)
@@ -76,6 +76,18 @@ def render_sbatch(sub: SlurmSubmission) -> str:
         preempt_code=job.fault.preempt_exit_code,
         sweep_dir=str(sub.sweep_dir.absolute()) if sub.sweep_dir else "",
     )
+
+
+def workers_per_node(job: JobConfig) -> int:
+    return job.launch.slurm.gpus_per_node or job.parallel.nproc
+
+
+def check_world_sizes(job: JobConfig) -> None:
+    """Every world size the job can run at (each node count in parallel.nnodes) must split the
+    global batch; otherwise the job would fail on the nodes after waiting in the queue."""
+    low, high = job.parallel.node_range
+    for nodes in range(low, high + 1):
+        grad_accum_steps(job.train, nodes * workers_per_node(job))
 
 
 def write_submission(sub: SlurmSubmission) -> Path:

@@ -36,17 +36,31 @@ def resolve_job(text: str) -> JobRef:
 
 
 def job_states(job_id: str) -> list[dict[str, str]]:
-    """One row per job (array task): squeue while Slurm holds it in the queue, else sacct."""
-    rows = _squeue(job_id)
+    """One row per job (array task): scontrol while slurmctld remembers the job (MinJobAge after
+    it ends), else sacct (needs accounting)."""
+    rows = _scontrol(job_id)
     return rows if rows else _sacct(job_id)
 
 
-def _squeue(job_id: str) -> list[dict[str, str]]:
-    proc = _slurm(["squeue", "--noheader", "--format=%i|%T|%M|%D|%N", "--jobs", job_id], check=False)
+def _scontrol(job_id: str) -> list[dict[str, str]]:
+    proc = _slurm(["scontrol", "show", "job", "--oneliner", job_id], check=False)
     rows = []
     for line in proc.stdout.splitlines():
-        job, state, elapsed, _, nodes = (line.split("|") + [""] * 5)[:5]
-        rows.append({"job": job, "state": state, "exit_code": "-", "elapsed": elapsed, "nodes": nodes})
+        fields = dict(item.split("=", 1) for item in line.split() if "=" in item)
+        if "JobId" not in fields:
+            continue
+        task = fields.get("ArrayTaskId")
+        name = f"{fields['ArrayJobId']}_{task}" if task and "ArrayJobId" in fields else fields["JobId"]
+        rows.append(
+            {
+                "job": name,
+                "state": fields.get("JobState", ""),
+                "exit_code": fields.get("ExitCode", ""),
+                "elapsed": fields.get("RunTime", ""),
+                "nodes": fields.get("NodeList", ""),
+                "restarts": fields.get("Restarts", "0"),
+            }
+        )
     return rows
 
 

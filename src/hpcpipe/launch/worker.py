@@ -7,14 +7,13 @@ It joins the group, trains, tears down and leaves through ``flush_and_exit``.
 from __future__ import annotations
 
 import os
-import socket
 import sys
 from pathlib import Path
 
 from hpcpipe.config import JobConfig, load_config
 from hpcpipe.errors import USER_ERROR_EXIT_CODE, UserError
 from hpcpipe.launch.exit import flush_and_exit
-from hpcpipe.train.environment import DistEnv, detect_environment
+from hpcpipe.train.environment import DistEnv, detect_environment, node_name
 from hpcpipe.train.preempt import Preempted
 
 
@@ -35,10 +34,10 @@ def train_worker(job: JobConfig, env: DistEnv) -> None:
             recipe.prepare(progress=False)
         ctx.barrier()
         run_dir = job.run_dir
-        hosts: list[str] = [socket.gethostname()]
+        hosts: list[str] = [node_name()]
         if ctx.is_distributed:
             gathered: list[object] = [None] * ctx.world_size
-            dist.all_gather_object(gathered, socket.gethostname())
+            dist.all_gather_object(gathered, node_name())
             hosts = [str(h) for h in gathered]
         if ctx.is_main:
             run_dir.mkdir(parents=True, exist_ok=True)
@@ -46,12 +45,16 @@ def train_worker(job: JobConfig, env: DistEnv) -> None:
             lineage = build_lineage(job.config_hash(), recipe.dataset_hash(), hosts, ctx.world_size)
             write_lineage(run_dir, lineage)
             recipe.on_train_start(run_dir)
-            _record_restart(run_dir)
+            _record_group_start(run_dir, ctx.world_size, hosts)
         ctx.barrier()
         trainer = Trainer(job, recipe, ctx, run_dir)
         try:
             trainer.fit()
             recipe.on_train_end(trainer.inference_model(), ctx.is_main, run_dir)
+            if ctx.is_main:
+                from hpcpipe.observe.metrics import append_event
+
+                append_event(run_dir, "run_finished", step=trainer.step, world_size=ctx.world_size)
         finally:
             trainer.close()
         ctx.barrier()
@@ -59,13 +62,21 @@ def train_worker(job: JobConfig, env: DistEnv) -> None:
         shutdown_distributed()
 
 
-def _record_restart(run_dir: Path) -> None:
-    """The elastic agent counts group restarts in TORCHELASTIC_RESTART_COUNT; log each one."""
-    from hpcpipe.observe.metrics import append_event
+def _record_group_start(run_dir: Path, world_size: int, hosts: list[str]) -> None:
+    """Log each (re)start of the worker group: the elastic agent's restart count, and a
+    ``membership_change`` when the world size differs from the previous start's (a node was
+    lost, or one joined)."""
+    from hpcpipe.observe.metrics import append_event, read_events
 
     count = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     if count > 0:
         append_event(run_dir, "restart", restart_count=count)
+    starts = [e for e in read_events(run_dir) if e.get("event") == "group_start"]
+    nodes = sorted(set(hosts))
+    if starts and starts[-1].get("world_size") != world_size:
+        old = starts[-1].get("world_size")
+        append_event(run_dir, "membership_change", old_world_size=old, new_world_size=world_size, nodes=nodes)
+    append_event(run_dir, "group_start", world_size=world_size, nodes=nodes, restart_count=count)
 
 
 def main(argv: list[str] | None = None) -> None:

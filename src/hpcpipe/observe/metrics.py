@@ -72,6 +72,18 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def read_events(run_dir: Path) -> list[dict[str, Any]]:
+    """Rows of ``events.jsonl`` (empty when absent); a torn line is skipped."""
+    path = run_dir / "events.jsonl"
+    rows = []
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
 def append_event(run_dir: Path, kind: str, **fields: Any) -> None:
     """One line in ``events.jsonl`` (restarts, OOM recoveries, checkpoint commits, ...)."""
     row = {"time": time.time(), "event": kind, **fields}

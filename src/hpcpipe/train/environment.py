@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import socket
 import subprocess
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -103,6 +104,13 @@ def _tasks_on_this_node(env: Mapping[str, str], world: int) -> int:
     per_node = env.get("SLURM_STEP_TASKS_PER_NODE", env.get("SLURM_TASKS_PER_NODE", ""))
     match = re.match(r"(\d+)", per_node)
     return int(match.group(1)) if match else world
+
+
+def node_name(env: Mapping[str, str] | None = None) -> str:
+    """This node's name as the scheduler knows it (Slurm's NodeName), else the hostname. They
+    differ where several nodes share a kernel hostname (network namespaces, some containers)."""
+    env = os.environ if env is None else env
+    return env.get("SLURMD_NODENAME") or socket.gethostname()
 
 
 def first_host(nodelist: str) -> str:
