@@ -85,12 +85,13 @@ test-lowest: $(UV)
 	$(UV) pip install -q --python .venv-lowest/bin/python --resolution lowest-direct -e '.[test]'
 	.venv-lowest/bin/pytest -q
 
-bench: install-test fc-assets
+bench: install-test fc-assets system-deps
 	$(BIN)/python benchmarks/trainer_overhead.py
 	$(BIN)/python benchmarks/checkpoint_io.py
 	$(BIN)/python benchmarks/collectives_overhead.py
 	$(BIN)/python benchmarks/lora_overhead.py --model smollm2
 	$(BIN)/python benchmarks/vision_overhead.py --knobs
+	$(BIN)/python benchmarks/slurm_launch.py --repeats 3
 
 clean:
 	rm -rf $(VENV) .venv-latest .venv-lowest $(TOOLS) .cache runs data .pytest_cache .mypy_cache .ruff_cache

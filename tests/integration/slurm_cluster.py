@@ -17,6 +17,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +33,19 @@ _CGROUP_V1 = (
 BRIDGE = "hpbr0"
 CTL_ADDR = f"{SUBNET}.1"
 DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "scancel", "srun")
+
+
+def job_overrides(work: Path, name: str) -> list[str]:
+    """``--set`` values that make a job run on this cluster: its run and data under ``work``,
+    hpcpipe from this interpreter on the nodes, gloo over the namespaces' ``eth0``."""
+    return [
+        f"run.name={name}",
+        f"run.out_dir={work / 'runs'}",
+        f"data.prepared_dir={work / 'prepared'}",
+        f"launch.slurm.hpcpipe={sys.executable} -m hpcpipe",
+        "launch.slurm.env={GLOO_SOCKET_IFNAME: eth0}",
+        "observe.progress=false",
+    ]
 
 
 def missing_capability() -> str | None:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from tests.helpers import run_cli
-from tests.integration.slurm_cluster import Node, SlurmCluster, missing_capability
+from tests.integration.slurm_cluster import Node, SlurmCluster, job_overrides, missing_capability
 
 from hpcpipe.config import load_config
 from hpcpipe.observe.metrics import read_events, read_metrics
@@ -52,12 +52,7 @@ def work(cluster: SlurmCluster) -> Path:
 
 def _sets(work: Path, name: str, *extra: str) -> list[str]:
     sets = [
-        f"run.name={name}",
-        f"run.out_dir={work / 'runs'}",
-        f"data.prepared_dir={work / 'prepared'}",
-        f"launch.slurm.hpcpipe={sys.executable} -m hpcpipe",
-        "launch.slurm.env={GLOO_SOCKET_IFNAME: eth0}",
-        "observe.progress=false",
+        *job_overrides(work, name),
         "parallel.nproc=2",
         "train.global_batch_size=16",
         *extra,
@@ -218,7 +213,7 @@ def test_doctor_inside_an_allocation_reports_the_job(cluster: SlurmCluster, work
 
 
 ELASTIC = [
-    "train.steps=400",
+    "train.steps=200",
     "checkpoint.every_steps=20",
     "observe.log_every=5",
     "train.global_batch_size=16",
@@ -256,13 +251,15 @@ def test_elastic_job_loses_a_node_and_finishes_on_the_other(cluster: SlurmCluste
     assert _finish(cluster, job) == "COMPLETED", _logs(cluster, job)
     assert _membership(run) == [(4, 2)], read_events(run)
     rows = [r for r in read_metrics(run) if "loss" in r]
-    assert rows[0]["world_size"] == 4 and rows[-1]["world_size"] == 2 and rows[-1]["step"] == 400
+    assert rows[0]["world_size"] == 4 and rows[-1]["world_size"] == 2 and rows[-1]["step"] == 200
     restored = [e for e in read_events(run) if e["event"] == "group_start"][-1]
     assert restored["nodes"] == ["n1"], restored
 
 
 def test_a_node_that_joins_later_grows_the_world(cluster: SlurmCluster, work: Path) -> None:
-    job = load_config("tiny", [s for s in _sets(work, "elastic-up", *ELASTIC) if s != "--set"])
+    # Long enough at world size 2 that the second agent (several seconds to start) joins mid-run.
+    longer = [*ELASTIC, "train.steps=600"]
+    job = load_config("tiny", [s for s in _sets(work, "elastic-up", *longer) if s != "--set"])
     config = job.run_dir / "config.yaml"
     job.run_dir.mkdir(parents=True, exist_ok=True)
     config.write_text(job.to_yaml())
@@ -296,7 +293,7 @@ def test_a_node_that_joins_later_grows_the_world(cluster: SlurmCluster, work: Pa
     assert codes == [0, 0], logs
     assert _membership(job.run_dir) == [(2, 4)], read_events(job.run_dir)
     rows = [r for r in read_metrics(job.run_dir) if "loss" in r]
-    assert rows[0]["world_size"] == 2 and rows[-1]["world_size"] == 4 and rows[-1]["step"] == 400
+    assert rows[0]["world_size"] == 2 and rows[-1]["world_size"] == 4 and rows[-1]["step"] == 600
 
 
 def _start(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:

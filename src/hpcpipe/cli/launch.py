@@ -67,7 +67,7 @@ def slurm(
 
       hpcpipe launch slurm quickstart --nodes 1:2 --set launch.slurm.env='{GLOO_SOCKET_IFNAME: eth0}'
 
-      hpcpipe launch slurm tiny -g 'train.lr=\\[1e-3,3e-3]' -g 'train.seed=\\[0,1]'   (a 4-task array)
+      hpcpipe launch slurm tiny -g 'train.lr=\\[1e-3,3e-3]' -g 'run.seed=\\[0,1]'   (a 4-task array)
     """
     from hpcpipe.launch import slurm as slurm_launch
 
