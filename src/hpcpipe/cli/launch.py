@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from hpcpipe.cli.common import ConfigArg, SetOption, console, err_console
 from hpcpipe.errors import UserError
+
+if TYPE_CHECKING:
+    from hpcpipe.config import JobConfig
+    from hpcpipe.launch.agent import AgentSpec
 
 app = typer.Typer(
     help="Submit jobs to a cluster scheduler (Slurm), and the per-node agent their scripts start.",
@@ -148,7 +152,8 @@ def agent(
         ),
     ] = None,
 ) -> None:
-    """One node's agent: start its workers, join the rendezvous, exit with the workers' code.
+    """One node's agent: prepare the inputs, start its workers, join the rendezvous, exit with the
+    workers' code.
 
     The sbatch script runs it on every node through srun; you can also start it by hand on each
     node (the same --rdzv-endpoint and --rdzv-id everywhere) to run without a scheduler.
@@ -157,16 +162,15 @@ def agent(
     """
     import os
 
-    from hpcpipe.config import grad_accum_steps, load_config
-    from hpcpipe.launch.agent import AgentSpec, run_agent
-    from hpcpipe.launch.job import WORKER_MODULE
+    from hpcpipe.config import load_config
+    from hpcpipe.launch.agent import AgentPreempted, AgentSpec, stop_early_on_preemption
 
     job = load_config(config)  # bad config: one line, before anything starts
+    preempted = job.fault.preempt_exit_code
+    stop_early_on_preemption(preempted)  # until the workers run: a signal now is a clean 75
     low, _, high = nnodes.partition(":")
     if not (low.isdigit() and (high or low).isdigit()):
         raise UserError(f"--nnodes {nnodes}: give N or MIN:MAX")
-    for nodes in range(int(low), int(high or low) + 1):  # a worker would fail the same way, N times
-        grad_accum_steps(job.train, nodes * nproc_per_node)
     spec = AgentSpec(
         nproc_per_node=nproc_per_node,
         min_nodes=int(low),
@@ -176,23 +180,27 @@ def agent(
         max_restarts=max_restarts,
         local_addr=local_addr or os.environ.get("SLURMD_NODENAME"),
         grace_s=grace,
-        preempt_exit_code=job.fault.preempt_exit_code,
+        preempt_exit_code=preempted,
     )
-    code = run_agent(spec, WORKER_MODULE, [str(config)])
-    if code == job.fault.preempt_exit_code:
-        err_console.print(f"agent: preempted; the workers checkpointed and exited {code}")
+    try:
+        code = _run_node_agent(job, config, spec)
+    except AgentPreempted as exc:
+        code = exc.exit_code
+    if code == preempted:
+        err_console.print(f"agent: preempted; exit {code} (any checkpoint the workers wrote is committed)")
     raise typer.Exit(code)
 
 
-@app.command("prepare")
-def prepare(
-    config: Annotated[Path, typer.Argument(help="The run's config.yaml.", show_default=False)],
-) -> None:
-    """Prepare a run's data and model before its workers start (the batch script's first step)."""
-    from hpcpipe.config import load_config
-    from hpcpipe.launch.job import prepare_job
+def _run_node_agent(job: JobConfig, config: Path, spec: AgentSpec) -> int:
+    """Check every world size splits the batch, prepare the inputs, run the workers."""
+    from hpcpipe.config import grad_accum_steps
+    from hpcpipe.launch.agent import run_agent
+    from hpcpipe.launch.job import WORKER_MODULE, prepare_inputs
 
-    prepare_job(load_config(config))
+    for nodes in range(spec.min_nodes, spec.max_nodes + 1):  # workers would fail the same way, N times
+        grad_accum_steps(job.train, nodes * spec.nproc_per_node)
+    prepare_inputs(job)  # torch is imported already: about 1 s here, against 5 s as its own step
+    return run_agent(spec, WORKER_MODULE, [str(config)])
 
 
 @app.command("finished")

@@ -96,6 +96,17 @@ def run_agent(spec: AgentSpec, module: str, args: list[str]) -> int:
     return 0
 
 
+def stop_early_on_preemption(exit_code: int, signals: tuple[signal.Signals, ...] = (signal.SIGUSR1,)) -> None:
+    """Until ``run_agent`` starts workers, a preemption signal ends the agent with ``exit_code``:
+    nothing to checkpoint yet, and dying of the signal (exit 138) would read as a crash."""
+
+    def handler(_signum: int, _frame: FrameType | None) -> None:
+        raise AgentPreempted(exit_code)
+
+    for sig in signals:
+        signal.signal(sig, handler)
+
+
 def _rdzv_configs(spec: AgentSpec) -> dict[str, object]:
     """torch decides who hosts the c10d store by matching the endpoint against the machine's
     hostname, which fails where node names are not the kernel hostname (Slurm NodeName, network
@@ -125,7 +136,7 @@ def _forward_and_wait(grace_s: float, preempt_exit_code: int):  # type: ignore[n
         for pid in workers:
             _signal(pid, signum)
         codes = _reap(workers, grace_s)
-        if preempt_exit_code in codes:  # a committed preemption checkpoint: "requeue me"
+        if not workers or preempt_exit_code in codes:  # none started yet, or a committed checkpoint
             raise AgentPreempted(preempt_exit_code)
         failed = [code for code in codes if code != 0]
         raise AgentPreempted(failed[0] if failed else 128 + signum)

@@ -56,12 +56,18 @@ def run_job(job: JobConfig, max_restarts: int = 0) -> Path:
     return run_dir
 
 
-def prepare_job(job: JobConfig) -> Path:
-    """Everything before the workers: the recipe's data (and model) preparation, then the run
-    directory with its config.yaml; returns that file. Bad input raises UserError here."""
+def prepare_inputs(job: JobConfig) -> None:
+    """The recipe's data (and model) preparation: idempotent, keyed by the inputs' hash, so every
+    node may run it; bad input raises UserError here, before any worker starts."""
     from hpcpipe.recipes import build_recipe
 
     build_recipe(job).prepare(progress=sys.stderr.isatty())  # no progress frames in CI logs
+
+
+def prepare_job(job: JobConfig) -> Path:
+    """Everything before the workers: ``prepare_inputs``, then the run directory with its
+    config.yaml; returns that file."""
+    prepare_inputs(job)
     job.run_dir.mkdir(parents=True, exist_ok=True)
     config_path = job.run_dir / "config.yaml"
     config_path.write_text(job.to_yaml())
