@@ -32,6 +32,15 @@ SetOption = Annotated[
         show_default=False,
     ),
 ]
+GridOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--grid",
+        "-g",
+        help="One sweep axis: section.key=\\[v1,v2,...] (repeatable; the points are every combination).",
+        show_default=False,
+    ),
+]
 NprocOption = Annotated[
     int | None,
     typer.Option(

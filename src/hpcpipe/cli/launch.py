@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from hpcpipe.cli.common import ConfigArg, SetOption, console, err_console
+from hpcpipe.cli.common import ConfigArg, GridOption, SetOption, console, err_console
 from hpcpipe.errors import UserError
 
 if TYPE_CHECKING:
@@ -36,15 +36,7 @@ def slurm(
     time_limit: Annotated[
         str | None, typer.Option("--time", help="Time limit, [D-]HH:MM:SS.", show_default=False)
     ] = None,
-    grids: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--grid",
-            "-g",
-            help="A sweep axis, section.key=\\[v1,v2,...] (repeatable): one array task per point.",
-            show_default=False,
-        ),
-    ] = None,
+    grids: GridOption = None,  # one array task per point
     out: Annotated[
         Path | None,
         typer.Option(

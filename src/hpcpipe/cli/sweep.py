@@ -9,21 +9,13 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from hpcpipe.cli.common import ConfigArg, JsonOption, NprocOption, SetOption, console, write_json
+from hpcpipe.cli.common import ConfigArg, GridOption, JsonOption, NprocOption, SetOption, console, write_json
 from hpcpipe.errors import UserError
 
 
 def sweep(
     config: ConfigArg,
-    grids: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--grid",
-            "-g",
-            help="One axis: section.key=\\[v1,v2,...] (repeatable; the points are every combination).",
-            show_default=False,
-        ),
-    ] = None,
+    grids: GridOption = None,
     file: Annotated[
         Path | None,
         typer.Option(
