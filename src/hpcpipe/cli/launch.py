@@ -68,7 +68,7 @@ def slurm(
     from hpcpipe.launch import slurm as slurm_launch
 
     overrides = [*(sets or []), *_cli_overrides(nodes, gpus_per_node, partition, time_limit)]
-    sub = _submission(config, overrides, grids or [], out)
+    sub, points = _submission(config, overrides, grids or [], out)
     if dry_run:
         typer.echo(slurm_launch.render_sbatch(sub), nl=False)  # verbatim: no wrapping or markup
         return
@@ -78,7 +78,7 @@ def slurm(
     if sub.sweep_dir is not None:
         from hpcpipe.sweep import collect_plan, write_plan
 
-        write_plan(_points(config, overrides, grids or [], sub.sweep_dir), sub.sweep_dir)
+        write_plan(points, sub.sweep_dir)
         collect_plan(sub.sweep_dir)
     job_id = slurm_launch.submit(script)
     from hpcpipe.launch.slurm_jobs import SUBMISSION_FILE
@@ -104,26 +104,22 @@ def _cli_overrides(nodes: str | None, gpus: int | None, partition: str | None, t
     return [f"{key}={value}" for key, value in pairs.items() if value is not None]
 
 
-def _points(config: str, overrides: list[str], grids: list[str], out: Path):  # type: ignore[no-untyped-def]
-    from hpcpipe.sweep import parse_grid_option, plan_points
-
-    grid = dict(parse_grid_option(item) for item in grids)
-    return plan_points(config, overrides, grid, out)
-
-
 def _submission(config: str, overrides: list[str], grids: list[str], out: Path | None):  # type: ignore[no-untyped-def]
+    """(what to submit, the sweep points: empty without --grid), every config validated."""
     from hpcpipe.config import load_config
     from hpcpipe.launch.slurm import SlurmSubmission, check_world_sizes
+    from hpcpipe.sweep import parse_grid_option, plan_points
 
     job = load_config(config, overrides)
     if not grids:
         check_world_sizes(job)
-        return SlurmSubmission([job], script_dir=job.run_dir)
+        return SlurmSubmission([job], script_dir=job.run_dir), []
     sweep_dir = out or Path("runs") / f"sweep-{job.run.name}"
-    points = _points(config, overrides, grids, sweep_dir)
+    points = plan_points(config, overrides, dict(parse_grid_option(item) for item in grids), sweep_dir)
     for point in points:
         check_world_sizes(point.job)
-    return SlurmSubmission([p.job for p in points], script_dir=sweep_dir, sweep_dir=sweep_dir)
+    sub = SlurmSubmission([p.job for p in points], script_dir=sweep_dir, sweep_dir=sweep_dir)
+    return sub, points
 
 
 @app.command("agent")
