@@ -1,4 +1,4 @@
-"""`hpcpipe data prepare|verify`: build, reuse and check token datasets. No torch on this path."""
+"""`hpcpipe data prepare|verify|stage`: build, reuse, check and stage datasets. No torch on this path."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from rich.table import Table
 from hpcpipe.cli.common import ConfigArg, JsonOption, SetOption, console, load_job, write_json
 from hpcpipe.config import DataConfig
 from hpcpipe.data.shards import SPLITS, PreparedDataset, prepare_dataset, verify_dataset
+from hpcpipe.errors import UserError
 
 app = typer.Typer(
     help="Prepare token datasets (corpus -> tokenizer -> shards + manifest) or check image datasets "
@@ -50,6 +51,85 @@ def verify(
     if json_out != "-":
         console.print(f"ok [bold]{dataset.path}[/] (manifest sha256 {dataset.manifest_sha256[:16]})")
     write_json(_summary(dataset) | {"ok": True}, json_out)
+
+
+@app.command("stage")
+def stage(
+    source: Annotated[
+        Path | None,
+        typer.Argument(help="A prepared token dataset directory (with manifest.json).", show_default=False),
+    ] = None,
+    cache_root: Annotated[
+        Path | None,
+        typer.Argument(
+            help="Node-local cache root (default with --job: data.cache_dir).", show_default=False
+        ),
+    ] = None,
+    job_config: Annotated[
+        str | None,
+        typer.Option(
+            "--job",
+            help="Stage the dataset this job reads (prepared or verified first) instead of SOURCE; "
+            "give CACHE_ROOT as the only argument or set data.cache_dir.",
+            show_default=False,
+        ),
+    ] = None,
+    sets: SetOption = None,
+    gc_days: Annotated[
+        float | None,
+        typer.Option(
+            min=0,
+            help="Then remove cache entries unused for this many days (never one in use).",
+            show_default=False,
+        ),
+    ] = None,
+    workers: Annotated[int, typer.Option(min=1, help="Files copied and hashed in parallel.")] = 4,
+    json_out: JsonOption = None,
+) -> None:
+    """Copy a dataset to node-local disk as CACHE_ROOT/<manifest sha256>/, verifying every file.
+
+    A verified copy already there is reused; a damaged one is staged again; a source that does not
+    match its manifest is refused. All ranks of a node may run this at once: one copies, the
+    others wait. Examples:
+
+      hpcpipe data stage data/prepared/3f2a... /mnt/nvme/hpcpipe-cache
+
+      hpcpipe data stage --job job.yaml --set data.cache_dir=/mnt/nvme/hpcpipe-cache
+    """
+    from hpcpipe.data.stage import collect_garbage, job_source, stage, token_dataset_source
+
+    if job_config is not None:
+        job = load_job(job_config, sets)
+        cache_root = cache_root or source  # with --job the one argument is the cache root
+        if cache_root is None and job.data.cache_dir is None:
+            raise UserError("data stage --job: give CACHE_ROOT or set data.cache_dir")
+        root = Path(cache_root or str(job.data.cache_dir))
+        src = job_source(job.data, progress=console.is_terminal and json_out != "-")
+    elif source is None or cache_root is None:
+        raise UserError("data stage: give SOURCE and CACHE_ROOT, or --job CONFIG [CACHE_ROOT]")
+    else:
+        root, src = cache_root, token_dataset_source(source)
+    staged = stage(src, root, workers=workers)
+    staged.release()
+    removed = collect_garbage(root, gc_days, keep=frozenset({src.key})) if gc_days is not None else []
+    rate = staged.size_bytes / max(staged.seconds, 1e-9) / 1e6
+    if json_out != "-":
+        verb = "staged" if staged.copied else "verified (already staged)"
+        console.print(
+            f"{verb} [bold]{staged.path}[/]: {staged.size_bytes / 1e6:.1f} MB in {staged.seconds:.2f} s "
+            f"({rate:.0f} MB/s)"
+        )
+        for key in removed:
+            console.print(f"removed unused cache entry {key[:16]}")
+    result = {
+        "path": str(staged.path),
+        "key": src.key,
+        "copied": staged.copied,
+        "bytes": staged.size_bytes,
+        "seconds": round(staged.seconds, 4),
+        "removed": removed,
+    }
+    write_json(result, json_out)
 
 
 @app.command("make-images")

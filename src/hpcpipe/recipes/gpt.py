@@ -7,6 +7,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -45,15 +46,27 @@ class GPTRecipe:
     def prepare(self, progress: bool) -> None:
         from hpcpipe.data.shards import prepare_dataset
 
-        # Fill the cached property: the dataset is hashed once, not again on first use.
-        self.__dict__["dataset"] = prepare_dataset(self.data_cfg, progress=progress)
+        # Fill the cached property: the dataset is hashed once, not again on first use. The
+        # node's preparer verifies every staged hash; the other ranks then check sizes only.
+        dataset = prepare_dataset(self.data_cfg, progress=progress)
+        self.__dict__["dataset"] = self._staged(dataset, verify="full")
         _ = self.vocab_size  # model.vocab_size vs the tokenizer: fail before any worker starts
 
     @cached_property
     def dataset(self):  # type: ignore[no-untyped-def]  # PreparedDataset
         from hpcpipe.data.shards import prepare_dataset
 
-        return prepare_dataset(self.data_cfg, progress=False)
+        return self._staged(prepare_dataset(self.data_cfg, progress=False), verify="sizes")
+
+    def _staged(self, dataset, verify: Literal["full", "sizes"]):  # type: ignore[no-untyped-def]
+        """The dataset itself, or its node-local copy when ``data.cache_dir`` is set."""
+        if self.data_cfg.cache_dir is None:
+            return dataset
+        from hpcpipe.data.shards import open_dataset
+        from hpcpipe.data.stage import stage_for_reading, token_dataset_source
+
+        source = token_dataset_source(dataset.path)
+        return open_dataset(stage_for_reading(source, self.data_cfg.cache_dir, verify))
 
     def dataset_hash(self) -> str | None:
         return str(self.dataset.manifest_sha256)

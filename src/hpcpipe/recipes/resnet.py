@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -49,6 +50,21 @@ class ResNetRecipe:
         from hpcpipe.data.image_manifest import verify_or_record
 
         self.__dict__["info"] = verify_or_record(self.data_cfg)
+        # The node's preparer verifies every staged hash; the other ranks then check sizes only.
+        self.__dict__["image_dir"] = self._staged(verify="full")
+
+    @cached_property
+    def image_dir(self) -> Path:
+        return self._staged(verify="sizes")
+
+    def _staged(self, verify: Literal["full", "sizes"]) -> Path:
+        """The dataset's directory, or its node-local copy when ``data.cache_dir`` is set."""
+        if self.data_cfg.cache_dir is None:
+            return Path(self.info.root)
+        from hpcpipe.data.stage import image_dataset_source, stage_for_reading
+
+        source = image_dataset_source(self.info.root, self.info.manifest_path)
+        return stage_for_reading(source, self.data_cfg.cache_dir, verify)
 
     @cached_property
     def info(self):  # type: ignore[no-untyped-def]  # ImageDatasetInfo
@@ -61,7 +77,7 @@ class ResNetRecipe:
     def splits(self):  # type: ignore[no-untyped-def]  # dict[str, ImageSplit]
         from hpcpipe.data.images import read_splits
 
-        splits = read_splits(self.data_cfg.format, self.info.root)
+        splits = read_splits(self.data_cfg.format, self.image_dir)
         return {
             "train": splits["train"].subset(self.data_cfg.max_train_samples),
             "test": splits["test"].subset(self.data_cfg.max_eval_samples),

@@ -1,0 +1,275 @@
+"""Node-local staging: a verified copy of a prepared dataset under ``CACHE_ROOT/<manifest hash>/``.
+
+A cluster's shared file system (CephFS, Lustre, NFS) is slow to read many times over; the node's
+NVMe is fast. ``stage`` copies a dataset there once per node, keyed by the SHA-256 of its manifest,
+so a changed dataset gets a new directory and an unchanged one is found again.
+
+Layout under ``CACHE_ROOT``::
+
+    <key>/                 the files, at the same relative paths as in the source
+    <key>/.hpcpipe-staged  the completion marker, written last (its mtime: last use)
+    <key>.lock             flock, exclusive: held while checking or copying (and collecting)
+    <key>.use              flock, shared: held by every process reading the entry
+
+Every rank of a node may call ``stage`` at once: one takes ``.lock`` and copies, the others wait
+for it, then find the marker and verify. A process that reads the staged copy holds a shared
+lock on ``.use`` for as long as it lives (``StagedDataset.lease``), so ``collect_garbage``, which
+needs both locks exclusively, never removes a dataset in use. Two files, because a reader's
+shared lease must not block the next rank's exclusive check.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import IO, Any, Literal
+
+from hpcpipe.config import DataConfig
+from hpcpipe.errors import DataError
+from hpcpipe.fsutil import fsync_dir
+
+MARKER = ".hpcpipe-staged"
+_KEY = re.compile(r"[0-9a-f]{64}")
+_CHUNK = 8 << 20
+
+
+@dataclass(frozen=True)
+class StageSource:
+    """What to stage: files under ``root`` with their SHA-256, and the dataset's identity."""
+
+    root: Path
+    files: dict[str, str]  # relative POSIX path -> SHA-256 hex
+    key: str  # SHA-256 of the manifest's bytes: names the cache entry
+
+
+@dataclass
+class StagedDataset:
+    path: Path
+    copied: bool  # False: a verified copy was already there
+    size_bytes: int
+    seconds: float
+    lease: IO[bytes] | None = field(default=None, repr=False)  # shared lock while it is open
+
+    def release(self) -> None:
+        if self.lease is not None:
+            self.lease.close()
+            self.lease = None
+
+
+def token_dataset_source(path: Path) -> StageSource:
+    """A prepared token dataset (``manifest.json`` with per-file SHA-256) as a stage source."""
+    from hpcpipe.data.shards import MANIFEST_FILE, SPLITS, open_dataset
+
+    dataset = open_dataset(path)
+    files = {MANIFEST_FILE: dataset.manifest_sha256}
+    tokenizer = dataset.manifest["tokenizer"]
+    if tokenizer.get("file"):
+        files[str(tokenizer["file"])] = str(tokenizer["sha256"])
+    for split in SPLITS:
+        for shard in dataset.shards(split):
+            files[str(shard["file"])] = str(shard["sha256"])
+    return StageSource(root=Path(path), files=files, key=dataset.manifest_sha256)
+
+
+def image_dataset_source(root: Path, manifest_path: Path) -> StageSource:
+    """An image dataset on disk, with the hash manifest hpcpipe recorded for it."""
+    raw = manifest_path.read_bytes()
+    files = {rel: str(entry["sha256"]) for rel, entry in json.loads(raw)["files"].items()}
+    return StageSource(root=root, files=files, key=hashlib.sha256(raw).hexdigest())
+
+
+def job_source(cfg: DataConfig, progress: bool = False) -> StageSource:
+    """The dataset a job reads, prepared (tokens) or verified (images), as a stage source."""
+    if cfg.format == "tokens":
+        from hpcpipe.data.shards import prepare_dataset
+
+        return token_dataset_source(prepare_dataset(cfg, progress=progress).path)
+    from hpcpipe.config import IMAGE_FORMATS
+
+    if cfg.format in IMAGE_FORMATS:
+        from hpcpipe.data.image_manifest import verify_or_record
+
+        info = verify_or_record(cfg)
+        return image_dataset_source(info.root, info.manifest_path)
+    raise DataError(
+        f"data.format {cfg.format}: only token and image datasets have a file manifest to stage by"
+    )
+
+
+def stage(
+    source: StageSource, cache_root: Path, workers: int = 4, verify: Literal["full", "sizes"] = "full"
+) -> StagedDataset:
+    """A verified copy of ``source`` under ``cache_root``; copies only when none verifies.
+
+    ``verify="sizes"`` trusts a marker whose files have the source's sizes: for the ranks that
+    start right after their node's first rank verified every hash. The returned ``lease`` holds
+    a shared lock on the entry: keep it open while reading.
+    """
+    _check_source(source)
+    cache_root.mkdir(parents=True, exist_ok=True)
+    final = cache_root / source.key
+    started = time.perf_counter()
+    with _open_lock(cache_root, source.key, ".lock") as copying:
+        fcntl.flock(copying, fcntl.LOCK_EX)  # one copier per entry; the others wait here
+        copied = not _verifies(final, source, workers, verify)
+        if copied:
+            _copy_verified(source, final, workers)
+        else:
+            (final / MARKER).touch()  # last use, for collect_garbage
+        # Lease it before letting the next stager (or collect_garbage) in.
+        lease = _open_lock(cache_root, source.key, ".use")
+        fcntl.flock(lease, fcntl.LOCK_SH)
+    size = sum((final / rel).stat().st_size for rel in source.files)
+    return StagedDataset(final, copied, size, time.perf_counter() - started, lease)
+
+
+_READING: list[StagedDataset] = []  # leases held for the life of this process
+
+
+def stage_for_reading(
+    source: StageSource, cache_root: str | Path, verify: Literal["full", "sizes"] = "sizes"
+) -> Path:
+    """Where a recipe reads ``source`` from: its staged copy, leased until this process exits."""
+    staged = stage(source, Path(cache_root), verify=verify)
+    _READING.append(staged)
+    return staged.path
+
+
+def collect_garbage(cache_root: Path, days: float, keep: frozenset[str] = frozenset()) -> list[str]:
+    """Remove entries unused for ``days`` days; never one in ``keep`` or one whose lock is held
+    (being staged or read). Returns the removed keys."""
+    removed: list[str] = []
+    if not cache_root.is_dir():
+        return removed
+    cutoff = time.time() - days * 86400
+    for entry in sorted(cache_root.iterdir()):
+        if not (entry.is_dir() and _KEY.fullmatch(entry.name)) or entry.name in keep:
+            continue
+        marker = entry / MARKER
+        last_used = marker.stat().st_mtime if marker.is_file() else entry.stat().st_mtime
+        if last_used >= cutoff:
+            continue
+        with _try_exclusive(cache_root, entry.name, ".lock") as idle, _try_exclusive(
+            cache_root, entry.name, ".use"
+        ) as unused:
+            if idle and unused:
+                shutil.rmtree(entry)
+                removed.append(entry.name)
+    return removed
+
+
+# -- checks ------------------------------------------------------------------------------------
+
+
+def _check_source(source: StageSource) -> None:
+    """Nothing may land outside the cache entry, and nothing may be read from outside the source."""
+    if not _KEY.fullmatch(source.key):
+        raise DataError(f"{source.root}: manifest hash {source.key!r} is not a SHA-256 hex digest")
+    root = source.root.resolve()
+    for rel, digest in source.files.items():
+        pure = PurePosixPath(rel)
+        if pure.is_absolute() or ".." in pure.parts or rel != pure.as_posix() or not rel:
+            raise DataError(f"{source.root}: manifest names {rel!r}, which is not a path inside the dataset")
+        if not re.fullmatch(r"[0-9a-f]{64}", str(digest)):
+            raise DataError(f"{source.root}: manifest entry {rel!r} has no SHA-256")
+        path = source.root / rel
+        if not path.resolve().is_relative_to(root):
+            raise DataError(f"{path}: leads outside {source.root} (a symlink?); refusing to stage it")
+        if not path.is_file():
+            raise DataError(f"{path}: listed in the manifest but missing")
+
+
+def _verifies(path: Path, source: StageSource, workers: int, verify: str) -> bool:
+    files = source.files
+    try:
+        recorded = json.loads((path / MARKER).read_text())
+    except (OSError, ValueError):
+        return False  # no marker: never completed (or damaged)
+    if recorded.get("files") != files:
+        return False
+    if verify == "sizes":
+        return all(_size(path / rel) == _size(source.root / rel) for rel in files)
+    with ThreadPoolExecutor(workers) as pool:  # hashlib releases the GIL: hashing runs in parallel
+        digests = pool.map(lambda rel: _sha256_or_none(path / rel), files)
+        return all(got == want for got, want in zip(digests, files.values(), strict=True))
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return -1
+
+
+def _sha256_or_none(path: Path) -> str | None:
+    try:
+        with path.open("rb") as fh:
+            return hashlib.file_digest(fh, "sha256").hexdigest()
+    except OSError:
+        return None
+
+
+# -- copying -----------------------------------------------------------------------------------
+
+
+def _copy_verified(source: StageSource, final: Path, workers: int) -> None:
+    """Copy into a temporary sibling, hashing the bytes as they pass; rename when all match."""
+    tmp = final.parent / f".{final.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        tmp.mkdir()
+        with ThreadPoolExecutor(workers) as pool:
+            list(pool.map(lambda item: _copy_one(source.root, tmp, *item), source.files.items()))
+        marker: dict[str, Any] = {"key": source.key, "source": str(source.root), "files": source.files}
+        (tmp / MARKER).write_text(json.dumps(marker, indent=1) + "\n")
+        if final.exists():
+            shutil.rmtree(final)  # an entry that failed verification: staged again
+        os.replace(tmp, final)
+        fsync_dir(final.parent)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _copy_one(root: Path, dest_root: Path, rel: str, want: str) -> None:
+    dest = dest_root / rel
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    digest = hashlib.sha256()
+    with (root / rel).open("rb") as src, dest.open("wb") as out:
+        while chunk := src.read(_CHUNK):
+            digest.update(chunk)
+            out.write(chunk)
+        out.flush()
+        os.fsync(out.fileno())
+    if digest.hexdigest() != want:
+        raise DataError(
+            f"{root / rel}: SHA-256 does not match the manifest; the source is corrupt, "
+            "refusing to stage it (prepare the dataset again)"
+        )
+
+
+# -- locks -------------------------------------------------------------------------------------
+
+
+def _open_lock(cache_root: Path, key: str, suffix: str) -> IO[bytes]:
+    return (cache_root / f"{key}{suffix}").open("ab")
+
+
+@contextlib.contextmanager
+def _try_exclusive(cache_root: Path, key: str, suffix: str) -> Iterator[bool]:
+    with _open_lock(cache_root, key, suffix) as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True

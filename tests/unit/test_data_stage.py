@@ -1,0 +1,178 @@
+"""Node-local staging: one verified copy per node, refusals for bad sources, GC that spares use."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hpcpipe.config import DataConfig
+from hpcpipe.data.shards import open_dataset, prepare_dataset
+from hpcpipe.data.stage import (
+    MARKER,
+    StageSource,
+    collect_garbage,
+    stage,
+    stage_for_reading,
+    token_dataset_source,
+)
+from hpcpipe.errors import DataError
+from tests.helpers import run_cli
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def dataset_dir(tiny_corpus: Path, tmp_path: Path) -> Path:
+    cfg = DataConfig(
+        sources=[str(tiny_corpus)],
+        prepared_dir=str(tmp_path / "prepared"),
+        tokenizer="bytes",
+        shard_tokens=4096,
+        val_fraction=0.1,
+    )
+    return prepare_dataset(cfg).path
+
+
+def _stage_in_process(args: tuple[str, str]) -> dict[str, Any]:
+    source, cache = args
+    staged = stage(token_dataset_source(Path(source)), Path(cache))
+    files = sorted(p.name for p in staged.path.iterdir())
+    staged.release()
+    return {"path": str(staged.path), "copied": staged.copied, "files": files}
+
+
+def test_four_processes_staging_at_once_leave_one_verified_copy(dataset_dir: Path, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    with mp.get_context("spawn").Pool(4) as pool:
+        results = pool.map(_stage_in_process, [(str(dataset_dir), str(cache))] * 4)
+    assert sum(r["copied"] for r in results) == 1  # one copied, three found it verified
+    assert len({r["path"] for r in results}) == 1
+    entries = [p for p in cache.iterdir() if p.is_dir()]
+    assert len(entries) == 1 and not list(cache.glob(".*tmp*"))
+    staged = open_dataset(entries[0])
+    assert staged.manifest == open_dataset(dataset_dir).manifest
+    assert (entries[0] / MARKER).is_file()
+    # Every file's bytes equal the source's.
+    for rel in token_dataset_source(dataset_dir).files:
+        assert (entries[0] / rel).read_bytes() == (dataset_dir / rel).read_bytes()
+
+
+def test_a_corrupt_source_is_refused_and_nothing_is_left(dataset_dir: Path, tmp_path: Path) -> None:
+    shard = next(dataset_dir.glob("train-*.bin"))
+    data = bytearray(shard.read_bytes())
+    data[10] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    cache = tmp_path / "cache"
+    with pytest.raises(DataError, match=shard.name):
+        stage(token_dataset_source(dataset_dir), cache)
+    assert [p for p in cache.iterdir() if p.is_dir()] == []
+
+
+def test_a_corrupt_cache_entry_is_staged_again(dataset_dir: Path, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    first = stage(token_dataset_source(dataset_dir), cache)
+    first.release()
+    shard = next(first.path.glob("train-*.bin"))
+    shard.write_bytes(b"garbage")
+    again = stage(token_dataset_source(dataset_dir), cache)
+    again.release()
+    assert again.copied
+    assert shard.read_bytes() == (dataset_dir / shard.name).read_bytes()
+    # A third call finds the copy verified and copies nothing.
+    third = stage(token_dataset_source(dataset_dir), cache)
+    third.release()
+    assert not third.copied
+
+
+def test_a_missing_marker_means_not_staged(dataset_dir: Path, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    first = stage(token_dataset_source(dataset_dir), cache)
+    first.release()
+    (first.path / MARKER).unlink()
+    again = stage(token_dataset_source(dataset_dir), cache)
+    again.release()
+    assert again.copied and (again.path / MARKER).is_file()
+
+
+def test_gc_removes_old_entries_but_never_one_in_use(dataset_dir: Path, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    source = token_dataset_source(dataset_dir)
+    in_use = stage(source, cache)  # holds its shared lock: in use
+    old = cache / ("a" * 64)
+    old.mkdir()
+    (old / MARKER).write_text("{}")
+    long_ago = time.time() - 30 * 86400
+    for path in (old / MARKER, in_use.path / MARKER):
+        os.utime(path, (long_ago, long_ago))
+    assert collect_garbage(cache, days=7) == ["a" * 64]
+    assert in_use.path.is_dir()
+    in_use.release()
+    # Released and old: now it goes, unless the caller keeps it.
+    assert collect_garbage(cache, days=7, keep=frozenset({source.key})) == []
+    assert collect_garbage(cache, days=7) == [source.key]
+
+
+@pytest.mark.parametrize("name", ["../escape.bin", "/etc/passwd", "a/../../b", ""])
+def test_manifest_names_that_leave_the_dataset_are_refused(tmp_path: Path, name: str) -> None:
+    source = StageSource(root=tmp_path, files={name: "0" * 64}, key="1" * 64)
+    with pytest.raises(DataError, match="not a path inside the dataset"):
+        stage(source, tmp_path / "cache")
+    assert not (tmp_path / "escape.bin").exists()
+
+
+def test_a_key_that_is_not_a_hash_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="not a SHA-256"):
+        stage(StageSource(root=tmp_path, files={}, key="../../etc"), tmp_path / "cache")
+
+
+def test_a_symlink_out_of_the_source_is_refused(dataset_dir: Path, tmp_path: Path) -> None:
+    secret = tmp_path / "secret.txt"
+    secret.write_text("not data")
+    source = token_dataset_source(dataset_dir)
+    link = dataset_dir / "link.bin"
+    link.symlink_to(secret)
+    bad = StageSource(source.root, {**source.files, "link.bin": "0" * 64}, source.key)
+    with pytest.raises(DataError, match="leads outside"):
+        stage(bad, tmp_path / "cache")
+
+
+def test_the_gpt_recipe_reads_the_staged_copy(dataset_dir: Path, tiny_corpus: Path, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    path = stage_for_reading(token_dataset_source(dataset_dir), cache, verify="full")
+    assert path.parent == cache
+    # A later reader on the node checks sizes only, and reuses it.
+    assert stage_for_reading(token_dataset_source(dataset_dir), cache) == path
+
+
+def test_stage_cli_copies_then_reuses_and_names_a_bad_source(dataset_dir: Path, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    first = run_cli("data", "stage", str(dataset_dir), str(cache), "--json", "-")
+    assert first.returncode == 0, first.stderr
+    result = json.loads(first.stdout)
+    assert result["copied"] and Path(result["path"]).parent == cache
+    second = json.loads(run_cli("data", "stage", str(dataset_dir), str(cache), "--json", "-").stdout)
+    assert not second["copied"]
+    missing = run_cli("data", "stage", str(tmp_path / "nope"), str(cache))
+    assert missing.returncode == 2 and "Traceback" not in missing.stderr
+    assert "nope" in missing.stderr and len(missing.stderr.strip().splitlines()) == 1
+    alone = run_cli("data", "stage", str(dataset_dir))
+    assert alone.returncode == 2 and "CACHE_ROOT" in alone.stderr
+
+
+def test_training_with_cache_dir_reads_the_staged_copy(tmp_path: Path) -> None:
+    from hpcpipe.observe.metrics import read_metrics
+    from tests.helpers import tiny_job_sets
+
+    cache = tmp_path / "nvme"
+    sets = tiny_job_sets(tmp_path, "staged", "train.steps=3", f"data.cache_dir={cache}")
+    result = run_cli("train", "tiny", *sets)
+    assert result.returncode == 0, result.stderr[-2000:]
+    entries = [p for p in cache.iterdir() if p.is_dir()]
+    assert len(entries) == 1 and (entries[0] / MARKER).is_file()
+    assert [r["step"] for r in read_metrics(tmp_path / "staged") if "loss" in r] == [1, 2, 3]
