@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import Field, field_validator
 
 from hpcpipe.config_section import Section
@@ -77,5 +79,99 @@ class SlurmConfig(Section):
         return name
 
 
+class K8sConfig(Section):
+    """``hpcpipe launch k8s``: what the rendered Kubeflow manifests ask for and mount.
+
+    Nodes come from ``parallel.nnodes`` (``MIN:MAX`` needs the elastic PyTorchJob API)."""
+
+    namespace: str = Field("default", description="Namespace of the job and its ConfigMap.")
+    name: str | None = Field(None, description="Job name (null: run.name, lower-cased to a DNS label).")
+    image: str = Field(
+        "ghcr.io/hpcpipe/hpcpipe:latest",
+        description="Container image with hpcpipe installed (containers/Dockerfile).",
+    )
+    image_digest: str | None = Field(
+        None,
+        pattern=r"^sha256:[0-9a-f]{64}$",
+        description="Pin the image by digest (sha256:...): rendered as image@digest, so every node "
+        "runs the same bytes.",
+    )
+    gpus_per_node: int = Field(
+        0, ge=0, description="nvidia.com/gpu per node; also the processes per node when > 0."
+    )
+    nproc_per_node: int | None = Field(
+        None, ge=1, description="Processes per node (null: gpus_per_node, or 1 without GPUs)."
+    )
+    cpu: str | None = Field(None, description="CPU request and limit per node (e.g. '32').")
+    memory: str | None = Field(None, description="Memory request and limit per node (e.g. '200Gi').")
+    shm_size: str = Field(
+        "16Gi",
+        description="Size of the in-memory /dev/shm (DataLoader workers and NCCL need more than 64 Mi).",
+    )
+    extra_resources: dict[str, int] = Field(
+        default_factory=dict,
+        description="More resources per node, e.g. {'rdma/ib': 1} or {'nvidia.com/hostdev': 8} for RDMA.",
+    )
+    data_pvc: str | None = Field(
+        None, description="PersistentVolumeClaim (ReadWriteMany) with the datasets, mounted at data_mount."
+    )
+    data_mount: str = Field("/data", description="Where data_pvc is mounted.")
+    checkpoint_pvc: str | None = Field(
+        None,
+        description="PersistentVolumeClaim (ReadWriteMany) for run directories and checkpoints, "
+        "mounted at checkpoint_mount; set run.out_dir under it.",
+    )
+    checkpoint_mount: str = Field("/checkpoints", description="Where checkpoint_pvc is mounted.")
+    cache_host_path: str | None = Field(
+        None,
+        description="Node-local disk (hostPath, e.g. /mnt/nvme/hpcpipe-cache) mounted at data.cache_dir; "
+        "an init step stages the dataset there by hash. null: no staging.",
+    )
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description="Plain environment: NCCL_*, NCCL_IB_HCA, NCCL_SOCKET_IFNAME, ... (never secrets).",
+    )
+    secret_env: dict[str, str] = Field(
+        default_factory=dict,
+        description="Environment from Kubernetes Secrets, NAME: 'secret-name/key' (rendered as "
+        "secretKeyRef; the value never appears in the manifest).",
+    )
+    annotations: dict[str, str] = Field(
+        default_factory=dict, description="Pod annotations (e.g. a Multus network for RDMA)."
+    )
+    labels: dict[str, str] = Field(default_factory=dict, description="Labels on the job and its pods.")
+    queue: str | None = Field(None, description="Kueue LocalQueue (label kueue.x-k8s.io/queue-name).")
+    priority_class: str | None = Field(None, description="PriorityClass of the pods.")
+    service_account: str | None = Field(None, description="ServiceAccount of the pods.")
+    node_selector: dict[str, str] = Field(default_factory=dict, description="Pod nodeSelector.")
+    tolerations: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="Pod tolerations, as Kubernetes writes them ({key, operator, value, effect}).",
+    )
+    runtime: str = Field(
+        "torch-distributed",
+        description="TrainJob: the ClusterTrainingRuntime to run on (torch-distributed ships with "
+        "Kubeflow Trainer; 'hpcpipe-torch' is the one `launch k8s --runtime` renders).",
+    )
+    max_restarts: int = Field(
+        3,
+        ge=0,
+        description="PyTorchJob: elasticPolicy.maxRestarts. hpcpipe-torch runtime: JobSet restarts "
+        "after a preemption (exit 75).",
+    )
+    rdzv_port: int = Field(29400, ge=1024, le=65535, description="c10d rendezvous port.")
+    hpcpipe: str = Field("hpcpipe", description="The hpcpipe command inside the image.")
+
+    @field_validator("secret_env")
+    @classmethod
+    def _secret_refs(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, ref in value.items():
+            secret, _, key = ref.partition("/")
+            if not secret or not key or "/" in key:
+                raise ValueError(f"{name}: give 'secret-name/key', not a value")
+        return value
+
+
 class LaunchConfig(Section):
     slurm: SlurmConfig = Field(default_factory=SlurmConfig)
+    k8s: K8sConfig = Field(default_factory=K8sConfig)

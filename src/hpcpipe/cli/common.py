@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 
 from hpcpipe.config import JobConfig, load_config
+from hpcpipe.errors import UserError
 
 console = Console()
 err_console = Console(stderr=True)
@@ -90,3 +91,15 @@ def write_json(result: Any, target: str | None) -> None:
     path = Path(target)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text + "\n")
+
+
+def scheduler_overrides(
+    nodes: str | None, gpus: int | None, gpus_key: str, more: dict[str, str | None] | None = None
+) -> list[str]:
+    """``--set`` items for a launcher's --nodes / --gpus-per-node (and more), checked first."""
+    if nodes is not None and not all(part.isdigit() and int(part) >= 1 for part in nodes.split(":", 1)):
+        raise UserError(f"--nodes {nodes}: give a node count >= 1, or MIN:MAX")
+    if gpus is not None and gpus < 0:
+        raise UserError(f"--gpus-per-node {gpus}: must be 0 or more")
+    pairs = {"parallel.nnodes": nodes, gpus_key: gpus, **(more or {})}
+    return [f"{key}={value}" for key, value in pairs.items() if value is not None]

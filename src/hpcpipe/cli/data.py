@@ -84,6 +84,13 @@ def stage(
         ),
     ] = None,
     workers: Annotated[int, typer.Option(min=1, help="Files copied and hashed in parallel.")] = 4,
+    if_configured: Annotated[
+        bool,
+        typer.Option(
+            "--if-configured",
+            help="With --job: do nothing when data.cache_dir is unset (a shared init step).",
+        ),
+    ] = False,
     json_out: JsonOption = None,
 ) -> None:
     """Copy a dataset to node-local disk as CACHE_ROOT/<manifest sha256>/, verifying every file.
@@ -101,6 +108,9 @@ def stage(
     if job_config is not None:
         job = load_job(job_config, sets)
         cache_root = cache_root or source  # with --job the one argument is the cache root
+        if if_configured and cache_root is None and job.data.cache_dir is None:
+            console.print("data.cache_dir is not set: nothing to stage")
+            return
         if cache_root is None and job.data.cache_dir is None:
             raise UserError("data stage --job: give CACHE_ROOT or set data.cache_dir")
         root = Path(cache_root or str(job.data.cache_dir))

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from hpcpipe.cli.common import ConfigArg, GridOption, SetOption, console, err_console
+from hpcpipe.cli import launch_k8s
+from hpcpipe.cli.common import ConfigArg, GridOption, SetOption, console, err_console, scheduler_overrides
 from hpcpipe.errors import UserError
 
 if TYPE_CHECKING:
@@ -16,9 +18,10 @@ if TYPE_CHECKING:
     from hpcpipe.launch.agent import AgentSpec
 
 app = typer.Typer(
-    help="Submit jobs to a cluster scheduler (Slurm), and the per-node agent their scripts start.",
+    help="Submit jobs to a cluster scheduler (Slurm, Kubernetes), and the per-node agent they start.",
     no_args_is_help=True,
 )
+app.command("k8s")(launch_k8s.k8s)
 
 
 @app.command("slurm")
@@ -91,17 +94,8 @@ def slurm(
 
 
 def _cli_overrides(nodes: str | None, gpus: int | None, partition: str | None, time: str | None) -> list[str]:
-    if nodes is not None and not all(part.isdigit() and int(part) >= 1 for part in nodes.split(":", 1)):
-        raise UserError(f"--nodes {nodes}: give a node count >= 1, or MIN:MAX")
-    if gpus is not None and gpus < 0:
-        raise UserError(f"--gpus-per-node {gpus}: must be 0 or more")
-    pairs = {
-        "parallel.nnodes": nodes,
-        "launch.slurm.gpus_per_node": gpus,
-        "launch.slurm.partition": partition,
-        "launch.slurm.time": time,
-    }
-    return [f"{key}={value}" for key, value in pairs.items() if value is not None]
+    more = {"launch.slurm.partition": partition, "launch.slurm.time": time}
+    return scheduler_overrides(nodes, gpus, "launch.slurm.gpus_per_node", more)
 
 
 def _submission(config: str, overrides: list[str], grids: list[str], out: Path | None):  # type: ignore[no-untyped-def]
@@ -125,13 +119,23 @@ def _submission(config: str, overrides: list[str], grids: list[str], out: Path |
 @app.command("agent")
 def agent(
     config: Annotated[Path, typer.Argument(help="The run's config.yaml.", show_default=False)],
-    nnodes: Annotated[str, typer.Option(help="N or MIN:MAX nodes.")] = "1",
-    nproc_per_node: Annotated[int, typer.Option(min=1, help="Workers on this node.")] = 1,
+    nnodes: Annotated[str, typer.Option(help="N or MIN:MAX nodes.", envvar="PET_NNODES")] = "1",
+    nproc_per_node: Annotated[
+        int, typer.Option(min=1, help="Workers on this node.", envvar="PET_NPROC_PER_NODE")
+    ] = 1,
     rdzv_endpoint: Annotated[
-        str, typer.Option(help="host:port of the rendezvous store.")
-    ] = "127.0.0.1:29400",
+        str | None,
+        typer.Option(
+            help="host:port of the rendezvous store (default: $PET_RDZV_ENDPOINT, else "
+            "$PET_MASTER_ADDR:$PET_MASTER_PORT, else 127.0.0.1:29400).",
+            envvar="PET_RDZV_ENDPOINT",
+            show_default=False,
+        ),
+    ] = None,
     rdzv_id: Annotated[str, typer.Option(help="The same on every node of one job.")] = "hpcpipe",
-    max_restarts: Annotated[int, typer.Option(min=0, help="Worker-group restarts.")] = 0,
+    max_restarts: Annotated[
+        int, typer.Option(min=0, help="Worker-group restarts.", envvar="PET_MAX_RESTARTS")
+    ] = 0,
     grace: Annotated[float, typer.Option(min=0, help="Seconds the workers get after a preemption.")] = 60.0,
     local_addr: Annotated[
         str | None,
@@ -143,8 +147,10 @@ def agent(
     """One node's agent: prepare the inputs, start its workers, join the rendezvous, exit with the
     workers' code.
 
-    The sbatch script runs it on every node through srun; you can also start it by hand on each
-    node (the same --rdzv-endpoint and --rdzv-id everywhere) to run without a scheduler.
+    The sbatch script runs it on every node through srun; Kubeflow pods run it as their command,
+    and like torchrun it takes its settings from the operator's PET_* variables (PET_NNODES,
+    PET_NPROC_PER_NODE, PET_RDZV_ENDPOINT or PET_MASTER_ADDR/PORT, PET_MAX_RESTARTS). You can also
+    start it by hand on each node (the same --rdzv-endpoint and --rdzv-id everywhere).
     A preemption signal (USR1) is passed to the workers, which checkpoint and exit 75; the agent
     then exits 75 too (torchrun's agent would report a failure).
     """
@@ -163,7 +169,7 @@ def agent(
         nproc_per_node=nproc_per_node,
         min_nodes=int(low),
         max_nodes=int(high or low),
-        rdzv_endpoint=rdzv_endpoint,
+        rdzv_endpoint=rdzv_endpoint or _endpoint_from_env(os.environ),
         rdzv_id=rdzv_id,
         max_restarts=max_restarts,
         local_addr=local_addr or os.environ.get("SLURMD_NODENAME"),
@@ -177,6 +183,13 @@ def agent(
     if code == preempted:
         err_console.print(f"agent: preempted; exit {code} (any checkpoint the workers wrote is committed)")
     raise typer.Exit(code)
+
+
+def _endpoint_from_env(env: Mapping[str, str]) -> str:
+    """TrainJob pods get torchrun's static master address; the c10d store runs there."""
+    if "PET_MASTER_ADDR" in env:
+        return f"{env['PET_MASTER_ADDR']}:{env.get('PET_MASTER_PORT', '29400')}"
+    return "127.0.0.1:29400"
 
 
 def _run_node_agent(job: JobConfig, config: Path, spec: AgentSpec) -> int:

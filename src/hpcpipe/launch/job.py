@@ -72,3 +72,11 @@ def prepare_job(job: JobConfig) -> Path:
     config_path = job.run_dir / "config.yaml"
     config_path.write_text(job.to_yaml())
     return config_path
+
+
+def check_node_range(job: JobConfig, per_node: int) -> None:
+    """Every world size the job can run at (each node count in parallel.nnodes) must split the
+    global batch; otherwise the job would fail on the nodes after waiting in the queue."""
+    low, high = job.parallel.node_range
+    for nodes in range(low, high + 1):
+        grad_accum_steps(job.train, nodes * per_node)

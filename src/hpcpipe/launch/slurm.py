@@ -13,8 +13,9 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpcpipe.config import JobConfig, grad_accum_steps
+from hpcpipe.config import JobConfig
 from hpcpipe.errors import UserError
+from hpcpipe.launch.job import check_node_range
 
 SCRIPT_NAME = "job.sbatch"
 
@@ -83,11 +84,7 @@ def workers_per_node(job: JobConfig) -> int:
 
 
 def check_world_sizes(job: JobConfig) -> None:
-    """Every world size the job can run at (each node count in parallel.nnodes) must split the
-    global batch; otherwise the job would fail on the nodes after waiting in the queue."""
-    low, high = job.parallel.node_range
-    for nodes in range(low, high + 1):
-        grad_accum_steps(job.train, nodes * workers_per_node(job))
+    check_node_range(job, workers_per_node(job))
 
 
 def write_submission(sub: SlurmSubmission) -> Path:

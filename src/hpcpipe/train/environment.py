@@ -1,8 +1,10 @@
 """Cluster environment detection: who started this process, and what is its rank?
 
 One interface (``DistEnv``), one detector per launcher, a single detection order:
-torchrun / Kubernetes PyTorchJob (both export ``RANK``/``WORLD_SIZE``/``MASTER_ADDR``), then Slurm
-(``srun`` exports ``SLURM_PROCID``/``SLURM_NTASKS``), then a single process.
+torchrun / Kubernetes PyTorchJob (both export ``RANK``/``WORLD_SIZE``/``MASTER_ADDR``), then a
+Kubeflow TrainJob pod started without an agent (``PET_*``: torchrun's settings for the node, and
+the Job completion index as the node rank), then Slurm (``srun`` exports
+``SLURM_PROCID``/``SLURM_NTASKS``), then a single process.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import socket
 import subprocess
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+
+from hpcpipe.errors import UserError
 
 
 @dataclass(frozen=True)
@@ -50,7 +54,7 @@ class DistEnv:
 def detect_environment(env: Mapping[str, str] | None = None) -> DistEnv:
     """The first detector that recognises the environment wins."""
     env = os.environ if env is None else env
-    detectors: list[Callable[[Mapping[str, str]], DistEnv | None]] = [_torchrun, _slurm]
+    detectors: list[Callable[[Mapping[str, str]], DistEnv | None]] = [_torchrun, _trainjob, _slurm]
     for detect in detectors:
         found = detect(env)
         if found is not None:
@@ -73,6 +77,33 @@ def _torchrun(env: Mapping[str, str]) -> DistEnv | None:
         local_world_size=int(env.get("LOCAL_WORLD_SIZE", "1" if kind == "kubernetes" else str(world))),
         master_addr=env["MASTER_ADDR"],
         master_port=int(env["MASTER_PORT"]),
+    )
+
+
+def _trainjob(env: Mapping[str, str]) -> DistEnv | None:
+    """One worker per TrainJob pod: node rank from PET_NODE_RANK or the Job completion index."""
+    if not {"PET_NNODES", "PET_MASTER_ADDR", "PET_MASTER_PORT"} <= env.keys():
+        return None
+    nproc = env.get("PET_NPROC_PER_NODE", "1")
+    if nproc != "1":
+        raise UserError(
+            f"PET_NPROC_PER_NODE={nproc}: a TrainJob node with several processes needs an agent; "
+            "start the pod with `hpcpipe launch agent CONFIG` (what `hpcpipe launch k8s` renders)"
+        )
+    node_rank = env.get("PET_NODE_RANK", env.get("JOB_COMPLETION_INDEX"))
+    if node_rank is None or not env["PET_NNODES"].isdigit():
+        raise UserError(
+            "PET_NNODES/PET_NODE_RANK: a TrainJob worker needs a fixed node count and its node rank "
+            "(PET_NODE_RANK or JOB_COMPLETION_INDEX)"
+        )
+    return DistEnv(
+        kind="kubernetes",
+        rank=int(node_rank),
+        local_rank=0,
+        world_size=int(env["PET_NNODES"]),
+        local_world_size=1,
+        master_addr=env["PET_MASTER_ADDR"],
+        master_port=int(env["PET_MASTER_PORT"]),
     )
 
 

@@ -1,0 +1,215 @@
+"""A Kubernetes cluster through the ``kubernetes`` client: create rendered objects, follow a job,
+read its pods' logs, delete it. The user's kubeconfig (or the pod's service account) decides
+where and as whom; nothing here reads or prints a credential.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from hpcpipe.errors import UserError
+
+SUBMISSION_FILE = "k8s_job.json"
+# The label each operator puts on a job's pods.
+_POD_SELECTOR = {
+    "TrainJob": "jobset.sigs.k8s.io/jobset-name={name}",
+    "PyTorchJob": "training.kubeflow.org/job-name={name}",
+}
+_PLURALS = {
+    "TrainJob": "trainjobs",
+    "PyTorchJob": "pytorchjobs",
+    "ClusterTrainingRuntime": "clustertrainingruntimes",
+}
+_CONTAINER = {"TrainJob": "node", "PyTorchJob": "pytorch"}
+
+
+@dataclass(frozen=True)
+class K8sJobRef:
+    kind: str
+    name: str
+    namespace: str
+    api_version: str  # group/version
+
+    @property
+    def group(self) -> str:
+        return self.api_version.split("/")[0]
+
+    @property
+    def version(self) -> str:
+        return self.api_version.split("/")[1]
+
+    @property
+    def plural(self) -> str:
+        return _PLURALS[self.kind]
+
+
+def require_client() -> None:
+    try:
+        import kubeflow.training  # noqa: F401
+        import kubeflow_trainer_api  # noqa: F401
+        import kubernetes  # noqa: F401
+    except ImportError as exc:
+        raise UserError(
+            f"launch k8s needs the k8s extra ({exc.name} is missing): pip install 'hpcpipe[k8s]'"
+        ) from None
+
+
+def connect(kubeconfig: Path | None = None, context: str | None = None) -> Any:
+    """An ``ApiClient`` for the cluster: the given kubeconfig, $KUBECONFIG, ~/.kube/config, or
+    the pod's own service account."""
+    from kubernetes import client, config
+    from kubernetes.config.config_exception import ConfigException
+
+    if kubeconfig is not None and not kubeconfig.is_file():
+        raise UserError(f"--kubeconfig {kubeconfig}: no such file")
+    try:
+        if kubeconfig is None and _in_cluster():
+            config.load_incluster_config()
+        else:
+            config.load_kube_config(config_file=str(kubeconfig) if kubeconfig else None, context=context)
+    except (ConfigException, OSError) as exc:
+        raise UserError(
+            f"no usable kubeconfig ({str(exc).splitlines()[0][:160]}); set KUBECONFIG or pass --kubeconfig"
+        ) from None
+    return client.ApiClient()
+
+
+def _in_cluster() -> bool:
+    import os
+
+    return (
+        "KUBERNETES_SERVICE_HOST" in os.environ
+        and Path("/var/run/secrets/kubernetes.io/serviceaccount/token").is_file()
+    )
+
+
+def create(api: Any, docs: list[dict[str, Any]]) -> K8sJobRef:
+    """Create every object (a shared runtime that exists already is replaced); returns the job."""
+    from kubernetes import client
+
+    job: K8sJobRef | None = None
+    for doc in docs:
+        meta = doc["metadata"]
+        try:
+            if doc["kind"] == "ConfigMap":
+                client.CoreV1Api(api).create_namespaced_config_map(meta["namespace"], doc)
+            elif doc["kind"] == "ClusterTrainingRuntime":
+                _create_or_replace_cluster_object(api, doc)
+            else:
+                job = K8sJobRef(doc["kind"], meta["name"], meta["namespace"], doc["apiVersion"])
+                client.CustomObjectsApi(api).create_namespaced_custom_object(
+                    job.group, job.version, job.namespace, job.plural, doc
+                )
+        except client.ApiException as exc:
+            raise UserError(f"creating {doc['kind']} {meta['name']}: {_reason(exc)}") from None
+    if job is None:
+        raise UserError("nothing to submit: the manifests hold no job")
+    return job
+
+
+def _create_or_replace_cluster_object(api: Any, doc: dict[str, Any]) -> None:
+    from kubernetes import client
+
+    group, version = doc["apiVersion"].split("/")
+    objects = client.CustomObjectsApi(api)
+    plural, name = _PLURALS[doc["kind"]], doc["metadata"]["name"]
+    try:
+        objects.create_cluster_custom_object(group, version, plural, doc)
+    except client.ApiException as exc:
+        if exc.status != 409:
+            raise
+        current = objects.get_cluster_custom_object(group, version, plural, name)
+        body = doc | {
+            "metadata": doc["metadata"] | {"resourceVersion": current["metadata"]["resourceVersion"]}
+        }
+        objects.replace_cluster_custom_object(group, version, plural, name, body)
+
+
+def record_submission(run_dir: Path, job: K8sJobRef) -> Path:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / SUBMISSION_FILE
+    path.write_text(json.dumps(asdict(job), indent=1) + "\n")
+    return path
+
+
+def resolve(run_dir: Path) -> K8sJobRef:
+    record = run_dir / SUBMISSION_FILE
+    try:
+        return K8sJobRef(**json.loads(record.read_text()))
+    except (OSError, ValueError, TypeError) as exc:
+        raise UserError(f"{record}: unreadable ({exc})") from None
+
+
+def status(api: Any, job: K8sJobRef) -> dict[str, Any]:
+    """The job's conditions and its pods (phase, node, restarts)."""
+    from kubernetes import client
+
+    try:
+        obj = client.CustomObjectsApi(api).get_namespaced_custom_object(
+            job.group, job.version, job.namespace, job.plural, job.name
+        )
+    except client.ApiException as exc:
+        raise UserError(f"{job.kind} {job.namespace}/{job.name}: {_reason(exc)}") from None
+    conditions = [
+        {k: c.get(k, "") for k in ("type", "status", "reason", "message")}
+        for c in obj.get("status", {}).get("conditions", [])
+    ]
+    pods = [
+        {
+            "pod": pod.metadata.name,
+            "phase": pod.status.phase or "",
+            "node": pod.spec.node_name or "",
+            "restarts": sum(cs.restart_count for cs in pod.status.container_statuses or []),
+        }
+        for pod in _pods(api, job)
+    ]
+    return {
+        "job": f"{job.kind}/{job.name}",
+        "namespace": job.namespace,
+        "conditions": conditions,
+        "pods": pods,
+    }
+
+
+def logs(api: Any, job: K8sJobRef, tail: int) -> dict[str, str]:
+    from kubernetes import client
+
+    core = client.CoreV1Api(api)
+    return {
+        pod.metadata.name: core.read_namespaced_pod_log(
+            pod.metadata.name, job.namespace, container=_CONTAINER[job.kind], tail_lines=tail
+        )
+        for pod in _pods(api, job)
+    }
+
+
+def cancel(api: Any, job: K8sJobRef) -> None:
+    """Delete the job (its pods go with it) and its ConfigMap."""
+    from kubernetes import client
+
+    try:
+        client.CustomObjectsApi(api).delete_namespaced_custom_object(
+            job.group, job.version, job.namespace, job.plural, job.name, propagation_policy="Foreground"
+        )
+        client.CoreV1Api(api).delete_namespaced_config_map(f"{job.name}-config", job.namespace)
+    except client.ApiException as exc:
+        if exc.status != 404:
+            raise UserError(f"deleting {job.kind} {job.name}: {_reason(exc)}") from None
+
+
+def _pods(api: Any, job: K8sJobRef) -> list[Any]:
+    from kubernetes import client
+
+    selector = _POD_SELECTOR[job.kind].format(name=job.name)
+    return list(client.CoreV1Api(api).list_namespaced_pod(job.namespace, label_selector=selector).items)
+
+
+def _reason(exc: Any) -> str:
+    """The API server's message, never the request (which may carry a bearer token)."""
+    try:
+        return str(json.loads(exc.body)["message"])
+    except (TypeError, ValueError, KeyError):
+        return f"HTTP {exc.status} {exc.reason}"

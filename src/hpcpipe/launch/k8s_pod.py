@@ -1,0 +1,157 @@
+"""The pod-level pieces every hpcpipe manifest shares, built with the ``kubernetes`` client's models.
+
+Both APIs run the same pod: one container ``node`` per node that starts ``hpcpipe launch agent``
+(it reads the operator's ``PET_*`` variables the way torchrun does), the job's config from a
+ConfigMap, a RAM-backed ``/dev/shm``, optional claims for data and checkpoints, and a hostPath on
+the node's local disk that ``hpcpipe data stage`` fills by hash.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+from typing import Any
+
+from hpcpipe.config import JobConfig
+from hpcpipe.config_launch import K8sConfig
+from hpcpipe.errors import ConfigError
+
+CONFIG_DIR = "/etc/hpcpipe"
+CONFIG_FILE = f"{CONFIG_DIR}/config.yaml"
+NODE_CONTAINER = "node"  # the name Kubeflow Trainer's runtimes give the training container
+STAGE_CONTAINER = "stage"
+
+
+@dataclass(frozen=True)
+class PodParts:
+    """Serialized (camelCase dict) pieces, ready for either API's models."""
+
+    image: str
+    command: list[str]
+    env: list[dict[str, Any]]
+    resources: dict[str, Any]
+    volumes: list[dict[str, Any]]
+    mounts: list[dict[str, Any]]
+    stage: dict[str, Any] | None  # the init container that stages the dataset, when configured
+
+
+def pod_parts(job: JobConfig, name: str) -> PodParts:
+    from kubernetes.client import ApiClient, V1Container, V1EnvVar
+
+    cfg = job.launch.k8s
+    volumes, mounts = _volumes(job, name)
+    image = f"{cfg.image.split('@')[0]}@{cfg.image_digest}" if cfg.image_digest else cfg.image
+    ser = ApiClient().sanitize_for_serialization
+    stage = None
+    if cfg.cache_host_path:
+        stage = ser(
+            V1Container(
+                name=STAGE_CONTAINER,
+                image=image,
+                command=[cfg.hpcpipe, "data", "stage", "--job", CONFIG_FILE],
+                # A copy needs no secrets and no GPU: none are given to it.
+                env=[V1EnvVar(name="PYTHONUNBUFFERED", value="1")],
+                volume_mounts=mounts,
+            )
+        )
+    return PodParts(
+        image=image,
+        command=[cfg.hpcpipe, "launch", "agent", CONFIG_FILE, "--rdzv-id", name],
+        env=ser(_env(cfg)),
+        resources=ser(_resources(cfg)),
+        volumes=ser(volumes),
+        mounts=ser(mounts),
+        stage=stage,
+    )
+
+
+def processes_per_node(cfg: K8sConfig) -> int:
+    return cfg.nproc_per_node or cfg.gpus_per_node or 1
+
+
+def _env(cfg: K8sConfig) -> list[Any]:
+    from kubernetes.client import V1EnvVar, V1EnvVarSource, V1SecretKeySelector
+
+    env = [V1EnvVar(name="PYTHONUNBUFFERED", value="1")]
+    env += [V1EnvVar(name=key, value=value) for key, value in sorted(cfg.env.items())]
+    for key, ref in sorted(cfg.secret_env.items()):
+        secret, _, secret_key = ref.partition("/")
+        source = V1EnvVarSource(secret_key_ref=V1SecretKeySelector(name=secret, key=secret_key))
+        env.append(V1EnvVar(name=key, value_from=source))
+    return env
+
+
+def _resources(cfg: K8sConfig) -> Any:
+    from kubernetes.client import V1ResourceRequirements
+
+    amounts: dict[str, str] = {}
+    if cfg.gpus_per_node:
+        amounts["nvidia.com/gpu"] = str(cfg.gpus_per_node)
+    if cfg.cpu:
+        amounts["cpu"] = cfg.cpu
+    if cfg.memory:
+        amounts["memory"] = cfg.memory
+    amounts |= {key: str(value) for key, value in sorted(cfg.extra_resources.items())}
+    # Requests equal limits: the Guaranteed QoS class, and what extended resources require.
+    return V1ResourceRequirements(limits=amounts or None, requests=dict(amounts) or None)
+
+
+def _volumes(job: JobConfig, name: str) -> tuple[list[Any], list[Any]]:
+    from kubernetes.client import (
+        V1ConfigMapVolumeSource,
+        V1EmptyDirVolumeSource,
+        V1HostPathVolumeSource,
+        V1PersistentVolumeClaimVolumeSource,
+        V1Volume,
+        V1VolumeMount,
+    )
+
+    cfg = job.launch.k8s
+    volumes = [
+        V1Volume(name="job-config", config_map=V1ConfigMapVolumeSource(name=config_map_name(name))),
+        V1Volume(name="dshm", empty_dir=V1EmptyDirVolumeSource(medium="Memory", size_limit=cfg.shm_size)),
+    ]
+    mounts = [
+        V1VolumeMount(name="job-config", mount_path=CONFIG_DIR, read_only=True),
+        V1VolumeMount(name="dshm", mount_path="/dev/shm"),
+    ]
+    for vol, claim, path in (
+        ("data", cfg.data_pvc, cfg.data_mount),
+        ("checkpoints", cfg.checkpoint_pvc, cfg.checkpoint_mount),
+    ):
+        if claim:
+            volumes.append(
+                V1Volume(
+                    name=vol, persistent_volume_claim=V1PersistentVolumeClaimVolumeSource(claim_name=claim)
+                )
+            )
+            mounts.append(V1VolumeMount(name=vol, mount_path=path))
+    if cfg.cache_host_path:
+        cache_dir = _cache_mount(job)
+        host = V1HostPathVolumeSource(path=cfg.cache_host_path, type="DirectoryOrCreate")
+        volumes.append(V1Volume(name="node-cache", host_path=host))
+        mounts.append(V1VolumeMount(name="node-cache", mount_path=cache_dir))
+    return volumes, mounts
+
+
+def _cache_mount(job: JobConfig) -> str:
+    cache_dir = job.data.cache_dir
+    if cache_dir is None or not PurePosixPath(cache_dir).is_absolute():
+        raise ConfigError(
+            "launch.k8s.cache_host_path needs data.cache_dir: the absolute path in the pod where the "
+            "node's disk is mounted and the dataset is staged (e.g. /cache)"
+        )
+    return cache_dir
+
+
+def config_map_name(name: str) -> str:
+    return f"{name}-config"
+
+
+def config_map(job: JobConfig, name: str, labels: dict[str, str]) -> dict[str, Any]:
+    """The job's resolved config as a ConfigMap; the pods read it at ``CONFIG_FILE``."""
+    from kubernetes.client import ApiClient, V1ConfigMap, V1ObjectMeta
+
+    meta = V1ObjectMeta(name=config_map_name(name), namespace=job.launch.k8s.namespace, labels=labels)
+    cm = V1ConfigMap(api_version="v1", kind="ConfigMap", metadata=meta, data={"config.yaml": job.to_yaml()})
+    return ApiClient().sanitize_for_serialization(cm)

@@ -1,0 +1,309 @@
+"""``hpcpipe launch k8s``: Kubeflow manifests for a job, validated before they are written.
+
+Two APIs, because neither covers everything (November 2026):
+
+- **TrainJob** (Kubeflow Trainer v2, ``trainer.kubeflow.org/v1alpha1``), the default. It runs on a
+  ClusterTrainingRuntime (``torch-distributed`` ships with Trainer); per-job volumes, mounts and
+  scheduling go in a ``runtimePatches`` entry, the only place v2 accepts them. v2 has no elastic
+  policy yet. ``--runtime`` also renders ``hpcpipe-torch``, a runtime whose JobSet restarts the
+  job after a preemption (exit 75) at most ``max_restarts`` times and stages data in an init step.
+- **PyTorchJob** (Training Operator v1, ``kubeflow.org/v1``) for elastic jobs
+  (``parallel.nnodes MIN:MAX``): ``elasticPolicy`` with the c10d rendezvous. Its restart policy is
+  ``OnFailure``: with ``ExitCode``, v1 treats exit codes 1-127 as permanent, so a preempted
+  worker (exit 75) would end the job instead of resuming it.
+
+Every document is checked against the operators' published models (``k8s_validate``) first.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import PurePosixPath
+from typing import Any, Literal
+
+import yaml
+
+from hpcpipe.config import JobConfig
+from hpcpipe.errors import ConfigError
+from hpcpipe.launch.job import check_node_range
+from hpcpipe.launch.k8s_pod import (
+    CONFIG_FILE,
+    NODE_CONTAINER,
+    STAGE_CONTAINER,
+    PodParts,
+    config_map,
+    pod_parts,
+    processes_per_node,
+)
+from hpcpipe.launch.k8s_validate import validate_manifest
+
+Api = Literal["trainjob", "pytorchjob"]
+APIS: tuple[str, ...] = ("trainjob", "pytorchjob")
+TRAINER_GROUP = "trainer.kubeflow.org"
+TRAINER_VERSION = "v1alpha1"
+HPCPIPE_RUNTIME = "hpcpipe-torch"
+PATCH_MANAGER = "hpcpipe.dev/launch"
+PYTORCHJOB_CONTAINER = "pytorch"  # the container the v1 operator gives PET_* and watches
+_DNS_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+_MAX_NAME = 40  # pods are named <job>-node-<i>-<j>-<suffix>; 63 characters in all
+
+
+def render_k8s(job: JobConfig, api: Api = "trainjob", with_runtime: bool = False) -> list[dict[str, Any]]:
+    """The ConfigMap and the job (and the hpcpipe runtime when asked), each validated."""
+    if api not in APIS:
+        raise ConfigError(f"--api {api}: use trainjob or pytorchjob")
+    name = job_name(job)
+    runtime = HPCPIPE_RUNTIME if with_runtime else job.launch.k8s.runtime
+    _check(job, api, runtime, with_runtime)
+    parts = pod_parts(job, name)
+    labels = _labels(job, name)
+    docs = [config_map(job, name, labels)]
+    if api == "trainjob":
+        if with_runtime:
+            docs.append(training_runtime(job, parts))
+        docs.append(train_job(job, name, parts, labels, runtime))
+    else:
+        docs.append(pytorch_job(job, name, parts, labels))
+    for doc in docs:
+        validate_manifest(doc)
+    return docs
+
+
+class _PlainDumper(yaml.SafeDumper):
+    """No &anchors/*aliases for shared dicts: kubectl accepts them, reviewers should not need to."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def _block_strings(dumper: yaml.SafeDumper, text: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in text else None  # the ConfigMap's config.yaml stays readable
+    return dumper.represent_scalar("tag:yaml.org,2002:str", text, style=style)
+
+
+_PlainDumper.add_representer(str, _block_strings)
+
+
+def to_yaml(docs: list[dict[str, Any]]) -> str:
+    return yaml.dump_all(docs, Dumper=_PlainDumper, sort_keys=False, width=120)
+
+
+def job_name(job: JobConfig) -> str:
+    """``launch.k8s.name`` as given (checked), else ``run.name`` made into a DNS label."""
+    given = job.launch.k8s.name
+    if given is not None:
+        if not (_DNS_LABEL.fullmatch(given) and len(given) <= _MAX_NAME):
+            raise ConfigError(
+                f"launch.k8s.name {given!r}: use lower-case letters, digits and '-', starting with a "
+                f"letter, at most {_MAX_NAME} characters"
+            )
+        return given
+    name = re.sub(r"[^a-z0-9-]+", "-", job.run.name.lower()).strip("-")[:_MAX_NAME].rstrip("-")
+    return name if name and name[0].isalpha() else f"hpcpipe-{name}".rstrip("-")[:_MAX_NAME]
+
+
+def _check(job: JobConfig, api: Api, runtime: str, with_runtime: bool) -> None:
+    cfg = job.launch.k8s
+    low, high = job.parallel.node_range
+    check_node_range(job, processes_per_node(cfg))
+    if api == "trainjob" and low != high:
+        raise ConfigError(
+            f"parallel.nnodes {job.parallel.nnodes}: TrainJob (Kubeflow Trainer v2) has no elastic "
+            "policy yet; use --api pytorchjob for MIN:MAX nodes"
+        )
+    if api == "trainjob" and cfg.priority_class and runtime != HPCPIPE_RUNTIME:
+        raise ConfigError(
+            f"launch.k8s.priority_class: a TrainJob cannot set it on the {runtime} runtime; "
+            f"use launch.k8s.runtime={HPCPIPE_RUNTIME} (render it with --runtime) or --api pytorchjob"
+        )
+    if with_runtime and api != "trainjob":
+        raise ConfigError("--runtime renders a ClusterTrainingRuntime: it goes with --api trainjob")
+    if cfg.checkpoint_pvc and not _under(job.run.out_dir, cfg.checkpoint_mount):
+        raise ConfigError(
+            f"run.out_dir {job.run.out_dir!r} is not under launch.k8s.checkpoint_mount "
+            f"{cfg.checkpoint_mount!r}: checkpoints would not reach the claim {cfg.checkpoint_pvc}"
+        )
+
+
+def _under(path: str, mount: str) -> bool:
+    return PurePosixPath(path).is_relative_to(PurePosixPath(mount))
+
+
+def _labels(job: JobConfig, name: str) -> dict[str, str]:
+    cfg = job.launch.k8s
+    labels = {
+        "app.kubernetes.io/name": "hpcpipe",
+        "app.kubernetes.io/instance": name,
+        "hpcpipe.dev/recipe": job.run.recipe,
+    }
+    if cfg.queue:
+        labels["kueue.x-k8s.io/queue-name"] = cfg.queue
+    return labels | cfg.labels
+
+
+def _scheduling(job: JobConfig) -> dict[str, Any]:
+    """Pod-spec fields for placement, in Kubernetes' own spelling."""
+    cfg = job.launch.k8s
+    fields: dict[str, Any] = {}
+    if cfg.node_selector:
+        fields["nodeSelector"] = dict(cfg.node_selector)
+    if cfg.tolerations:
+        fields["tolerations"] = [dict(t) for t in cfg.tolerations]
+    if cfg.service_account:
+        fields["serviceAccountName"] = cfg.service_account
+    return fields
+
+
+def _pod_metadata(job: JobConfig, labels: dict[str, str]) -> dict[str, Any]:
+    # Kueue admits the job by its queue label; the pods need not repeat it.
+    meta: dict[str, Any] = {
+        "labels": {k: v for k, v in labels.items() if not k.startswith("kueue.x-k8s.io/")}
+    }
+    if job.launch.k8s.annotations:
+        meta["annotations"] = dict(job.launch.k8s.annotations)
+    return meta
+
+
+# -- Kubeflow Trainer v2 -----------------------------------------------------------------------
+
+
+def train_job(
+    job: JobConfig, name: str, parts: PodParts, labels: dict[str, str], runtime: str
+) -> dict[str, Any]:
+    cfg = job.launch.k8s
+    pod_spec: dict[str, Any] = {
+        "volumes": parts.volumes,
+        "containers": [{"name": NODE_CONTAINER, "volumeMounts": parts.mounts}],
+    }
+    if parts.stage is not None and runtime == HPCPIPE_RUNTIME:
+        pod_spec["initContainers"] = [{"name": STAGE_CONTAINER, "volumeMounts": parts.mounts}]
+    # On torch-distributed (no init step to patch in) the agent stages while preparing its inputs.
+    pod_spec |= _scheduling(job)
+    pod_patch = {"metadata": _pod_metadata(job, labels), "spec": pod_spec}
+    patch = {
+        "manager": PATCH_MANAGER,
+        "trainingRuntimeSpec": {
+            "template": {
+                "spec": {"replicatedJobs": [{"name": "node", "template": {"spec": {"template": pod_patch}}}]}
+            }
+        },
+    }
+    trainer: dict[str, Any] = {
+        "image": parts.image,
+        "command": parts.command,
+        "env": parts.env,
+        "numNodes": job.parallel.node_range[1],
+        "numProcPerNode": processes_per_node(cfg),
+    }
+    if parts.resources:
+        trainer["resourcesPerNode"] = parts.resources
+    return {
+        "apiVersion": f"{TRAINER_GROUP}/{TRAINER_VERSION}",
+        "kind": "TrainJob",
+        "metadata": {"name": name, "namespace": cfg.namespace, "labels": labels},
+        "spec": {
+            "runtimeRef": {"apiGroup": TRAINER_GROUP, "kind": "ClusterTrainingRuntime", "name": runtime},
+            "trainer": trainer,
+            "runtimePatches": [patch],
+        },
+    }
+
+
+def training_runtime(job: JobConfig, parts: PodParts) -> dict[str, Any]:
+    """``hpcpipe-torch``: torch-distributed plus a stage init step and bounded preemption restarts.
+
+    A worker that exits 75 (checkpointed after SIGTERM) fails its Job through the pod failure
+    policy (reason PodFailurePolicy); the JobSet restarts on that reason only, at most
+    ``max_restarts`` times, and fails at once on anything else.
+    """
+    cfg = job.launch.k8s
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",  # a pod failure policy needs it
+        # Each TrainJob sets its own image and command (with its rendezvous id) over these.
+        "containers": [{"name": NODE_CONTAINER, "image": parts.image, "command": parts.command[:4]}],
+        "initContainers": [
+            {
+                "name": STAGE_CONTAINER,
+                "image": parts.image,
+                "command": [cfg.hpcpipe, "data", "stage", "--job", CONFIG_FILE, "--if-configured"],
+            }
+        ],
+    }
+    if cfg.priority_class:
+        pod_spec["priorityClassName"] = cfg.priority_class
+    exit_rule = {"containerName": NODE_CONTAINER, "operator": "In", "values": [job.fault.preempt_exit_code]}
+    node_job = {
+        "name": "node",
+        "replicas": 1,
+        "template": {
+            "metadata": {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}},
+            "spec": {
+                "backoffLimit": 0,
+                "podFailurePolicy": {"rules": [{"action": "FailJob", "onExitCodes": exit_rule}]},
+                "template": {"spec": pod_spec},
+            },
+        },
+    }
+    failure_policy = {
+        "maxRestarts": cfg.max_restarts,
+        "rules": [
+            {"name": "Preempted", "action": "RestartJobSet", "onJobFailureReasons": ["PodFailurePolicy"]},
+            {"name": "Failed", "action": "FailJobSet"},
+        ],
+    }
+    return {
+        "apiVersion": f"{TRAINER_GROUP}/{TRAINER_VERSION}",
+        "kind": "ClusterTrainingRuntime",
+        "metadata": {"name": HPCPIPE_RUNTIME, "labels": {"trainer.kubeflow.org/framework": "torch"}},
+        "spec": {
+            "mlPolicy": {"numNodes": 1, "torch": {}},
+            "template": {"spec": {"failurePolicy": failure_policy, "replicatedJobs": [node_job]}},
+        },
+    }
+
+
+# -- Training Operator v1 ----------------------------------------------------------------------
+
+
+def pytorch_job(job: JobConfig, name: str, parts: PodParts, labels: dict[str, str]) -> dict[str, Any]:
+    cfg = job.launch.k8s
+    low, high = job.parallel.node_range
+    container: dict[str, Any] = {
+        "name": PYTORCHJOB_CONTAINER,
+        "image": parts.image,
+        "command": parts.command,
+        "env": parts.env,
+        "volumeMounts": parts.mounts,
+        "ports": [{"name": "c10d", "containerPort": cfg.rdzv_port}],
+    }
+    if parts.resources:
+        container["resources"] = parts.resources
+    pod_spec: dict[str, Any] = {"containers": [container], "volumes": parts.volumes}
+    if parts.stage is not None:
+        pod_spec["initContainers"] = [parts.stage]
+    if cfg.priority_class:
+        pod_spec["priorityClassName"] = cfg.priority_class
+    pod_spec |= _scheduling(job)
+    worker = {
+        "replicas": high,
+        "restartPolicy": "OnFailure",  # not ExitCode: that makes exit 75 (preempted) permanent
+        "template": {"metadata": _pod_metadata(job, labels), "spec": pod_spec},
+    }
+    elastic = {
+        "rdzvBackend": "c10d",
+        "rdzvPort": cfg.rdzv_port,
+        "minReplicas": low,
+        "maxReplicas": high,
+        "maxRestarts": cfg.max_restarts,
+    }
+    return {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": {"name": name, "namespace": cfg.namespace, "labels": labels},
+        "spec": {
+            "elasticPolicy": elastic,
+            "nprocPerNode": str(processes_per_node(cfg)),
+            "runPolicy": {"cleanPodPolicy": "None", "backoffLimit": cfg.max_restarts},
+            "pytorchReplicaSpecs": {"Worker": worker},
+        },
+    }
