@@ -64,3 +64,33 @@ def test_the_node_whose_address_is_the_endpoint_hosts_the_store() -> None:
     assert _rdzv_configs(spec("n1"))["is_host"] is True
     assert _rdzv_configs(spec("n2"))["is_host"] is False
     assert "is_host" not in _rdzv_configs(spec(None))  # torch matches the hostname itself
+
+
+def test_the_agent_runs_a_trainjob_pod_from_pet_variables(tmp_path: Path) -> None:
+    """What a rendered TrainJob pod runs: `hpcpipe launch agent CONFIG --rdzv-id NAME`, with only
+    the operator's PET_* variables saying how many nodes and processes, and where the master is."""
+    import socket
+
+    from tests.helpers import run_cli
+
+    from hpcpipe.config import load_config
+
+    sets = tiny_job_sets(tmp_path, "pod", "parallel.strategy=ddp", "train.steps=4")
+    overrides = [value for flag, value in zip(sets[::2], sets[1::2], strict=True) if flag == "--set"]
+    config = tmp_path / "config.yaml"
+    config.write_text(load_config("tiny", overrides).to_yaml())
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    pet = {
+        "PET_NNODES": "1",
+        "PET_NPROC_PER_NODE": "2",
+        "PET_NODE_RANK": "0",
+        "PET_MASTER_ADDR": "127.0.0.1",
+        "PET_MASTER_PORT": str(port),
+    }
+    result = run_cli("launch", "agent", str(config), "--rdzv-id", "pod", cwd=tmp_path, env=pet, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    starts = [e for e in read_events(tmp_path / "pod") if e["event"] == "group_start"]
+    assert starts and starts[0]["world_size"] == 2
+    assert [r["step"] for r in read_metrics(tmp_path / "pod") if "loss" in r] == [1, 2, 3, 4]

@@ -87,27 +87,40 @@ def _in_cluster() -> bool:
 
 
 def create(api: Any, docs: list[dict[str, Any]]) -> K8sJobRef:
-    """Create every object (a shared runtime that exists already is replaced); returns the job."""
+    """Create the objects: a shared runtime first (replaced when it exists), then the ConfigMap,
+    then the job; when the job is refused, its ConfigMap is deleted again."""
     from kubernetes import client
 
-    job: K8sJobRef | None = None
-    for doc in docs:
-        meta = doc["metadata"]
-        try:
-            if doc["kind"] == "ConfigMap":
-                client.CoreV1Api(api).create_namespaced_config_map(meta["namespace"], doc)
-            elif doc["kind"] == "ClusterTrainingRuntime":
-                _create_or_replace_cluster_object(api, doc)
-            else:
-                job = K8sJobRef(doc["kind"], meta["name"], meta["namespace"], doc["apiVersion"])
-                client.CustomObjectsApi(api).create_namespaced_custom_object(
-                    job.group, job.version, job.namespace, job.plural, doc
-                )
-        except client.ApiException as exc:
-            raise UserError(f"creating {doc['kind']} {meta['name']}: {_reason(exc)}") from None
-    if job is None:
-        raise UserError("nothing to submit: the manifests hold no job")
+    by_kind = {doc["kind"]: doc for doc in docs}
+    jobs = [doc for doc in docs if doc["kind"] in _POD_SELECTOR]
+    if len(jobs) != 1 or "ConfigMap" not in by_kind:
+        raise UserError("nothing to submit: the manifests need one ConfigMap and one job")
+    job_doc, config_map = jobs[0], by_kind["ConfigMap"]
+    meta = job_doc["metadata"]
+    job = K8sJobRef(job_doc["kind"], meta["name"], meta["namespace"], job_doc["apiVersion"])
+    core, objects = client.CoreV1Api(api), client.CustomObjectsApi(api)
+    try:
+        if "ClusterTrainingRuntime" in by_kind:
+            _create_or_replace_cluster_object(api, by_kind["ClusterTrainingRuntime"])
+        core.create_namespaced_config_map(job.namespace, config_map)
+    except client.ApiException as exc:
+        raise UserError(f"{job.kind} {job.namespace}/{job.name}: {_reason(exc)} ({_hint(exc)})") from None
+    try:
+        objects.create_namespaced_custom_object(job.group, job.version, job.namespace, job.plural, job_doc)
+    except client.ApiException as exc:
+        core.delete_namespaced_config_map(config_map["metadata"]["name"], job.namespace)
+        raise UserError(f"{job.kind} {job.namespace}/{job.name}: {_reason(exc)} ({_hint(exc)})") from None
     return job
+
+
+def _hint(exc: Any) -> str:
+    if exc.status == 409:
+        return "a job of that name exists: hpcpipe jobs cancel RUN_DIR, or set launch.k8s.name"
+    if exc.status == 404:
+        return "is the Kubeflow operator installed, and the namespace there?"
+    if exc.status in (401, 403):
+        return "the kubeconfig's user may not create it"
+    return "the API server refused it"
 
 
 def _create_or_replace_cluster_object(api: Any, doc: dict[str, Any]) -> None:
@@ -174,7 +187,7 @@ def status(api: Any, job: K8sJobRef) -> dict[str, Any]:
     }
 
 
-def logs(api: Any, job: K8sJobRef, tail: int) -> dict[str, str]:
+def logs(api: Any, job: K8sJobRef, tail: int | None) -> dict[str, str]:
     from kubernetes import client
 
     core = client.CoreV1Api(api)

@@ -105,7 +105,6 @@ def job_name(job: JobConfig) -> str:
 def _check(job: JobConfig, api: Api, runtime: str, with_runtime: bool) -> None:
     cfg = job.launch.k8s
     low, high = job.parallel.node_range
-    check_node_range(job, processes_per_node(cfg))
     if api == "trainjob" and low != high:
         raise ConfigError(
             f"parallel.nnodes {job.parallel.nnodes}: TrainJob (Kubeflow Trainer v2) has no elastic "
@@ -118,6 +117,7 @@ def _check(job: JobConfig, api: Api, runtime: str, with_runtime: bool) -> None:
         )
     if with_runtime and api != "trainjob":
         raise ConfigError("--runtime renders a ClusterTrainingRuntime: it goes with --api trainjob")
+    check_node_range(job, processes_per_node(cfg))
     if cfg.checkpoint_pvc and not _under(job.run.out_dir, cfg.checkpoint_mount):
         raise ConfigError(
             f"run.out_dir {job.run.out_dir!r} is not under launch.k8s.checkpoint_mount "

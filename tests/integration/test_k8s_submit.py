@@ -1,0 +1,112 @@
+"""`launch k8s --submit` and `jobs status|logs|cancel` through the real ``kubernetes`` client,
+against the loopback stand-in for the API server (tests/integration/kube_api.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from tests.helpers import run_cli
+from tests.integration.kube_api import KubeApi
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+TOKEN = "s3cr3t-bearer-token"
+
+
+def _cli(kubeconfig: Path, *args: str, cwd: Path) -> tuple[int, str, str]:
+    result = run_cli(*args, "--kubeconfig", str(kubeconfig), cwd=cwd)
+    assert TOKEN not in result.stdout + result.stderr  # credentials never reach the output
+    return result.returncode, result.stdout, result.stderr
+
+
+def test_submit_follow_and_cancel_a_trainjob(tmp_path: Path) -> None:
+    run_dir = tmp_path / "runs" / "tiny"
+    with KubeApi() as api:
+        kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig", TOKEN)
+        sets = ["--set", f"run.out_dir={tmp_path / 'runs'}", "--set", "launch.k8s.namespace=ml"]
+        code, out, err = _cli(
+            kubeconfig, "launch", "k8s", "tiny", *sets, "--submit", "--runtime", cwd=tmp_path
+        )
+        assert code == 0, err
+        assert {key[:2] for key in api.objects} == {
+            ("configmaps", "ml"),
+            ("clustertrainingruntimes", ""),
+            ("trainjobs", "ml"),
+        }
+        assert set(api.tokens) == {f"Bearer {TOKEN}"}
+        assert json.loads((run_dir / "k8s_job.json").read_text())["kind"] == "TrainJob"
+
+        # A second job re-applies the shared runtime (409 -> replace) but may not reuse the name.
+        code, _, err = _cli(kubeconfig, "launch", "k8s", "tiny", *sets, "--submit", "--runtime", cwd=tmp_path)
+        assert code == 2 and "already exists" in err and len(err.strip().splitlines()) == 1
+        assert (
+            "PUT",
+            "/apis/trainer.kubeflow.org/v1alpha1/clustertrainingruntimes/hpcpipe-torch",
+        ) in api.requests
+
+        api.objects[("trainjobs", "ml", "tiny")]["status"] = {
+            "conditions": [{"type": "Created", "status": "True", "reason": "JobSetCreated", "message": ""}]
+        }
+        api.add_pod(
+            "ml", "tiny-node-0-0-abcde", {"jobset.sigs.k8s.io/jobset-name": "tiny"}, "step 1\nstep 2\n"
+        )
+        api.add_pod("ml", "other-node-0-0-xyz", {"jobset.sigs.k8s.io/jobset-name": "other"}, "")
+        code, out, err = _cli(kubeconfig, "jobs", "status", str(run_dir), "--json", "-", cwd=tmp_path)
+        assert code == 0, err
+        state = json.loads(out)
+        assert state["conditions"][0]["type"] == "Created"
+        assert state["pods"] == [
+            {"pod": "tiny-node-0-0-abcde", "phase": "Running", "node": "gpu-node-1", "restarts": 1}
+        ]
+
+        code, out, err = _cli(kubeconfig, "jobs", "logs", str(run_dir), "--tail", "1", cwd=tmp_path)
+        assert code == 0 and "step 2" in out and "step 1" not in out, err
+
+        code, out, err = _cli(kubeconfig, "jobs", "cancel", str(run_dir), cwd=tmp_path)
+        assert code == 0, err
+        assert ("trainjobs", "ml", "tiny") not in api.objects and (
+            "configmaps",
+            "ml",
+            "tiny-config",
+        ) not in api.objects
+
+
+def test_submit_an_elastic_pytorchjob_and_a_missing_job_is_one_line(tmp_path: Path) -> None:
+    with KubeApi() as api:
+        kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig", TOKEN)
+        sets = ["--set", f"run.out_dir={tmp_path / 'runs'}", "--set", "train.micro_batch_size=1"]
+        code, _, err = _cli(
+            kubeconfig,
+            "launch",
+            "k8s",
+            "tiny",
+            *sets,
+            "--api",
+            "pytorchjob",
+            "--nodes",
+            "1:2",
+            "--submit",
+            cwd=tmp_path,
+        )
+        assert code == 0, err
+        job = api.objects[("pytorchjobs", "default", "tiny")]
+        assert (
+            job["spec"]["elasticPolicy"]["minReplicas"] == 1
+            and job["spec"]["elasticPolicy"]["maxReplicas"] == 2
+        )
+        del api.objects[("pytorchjobs", "default", "tiny")]
+        code, _, err = _cli(kubeconfig, "jobs", "status", str(tmp_path / "runs" / "tiny"), cwd=tmp_path)
+        assert code == 2 and "not found" in err and "Traceback" not in err
+
+
+def test_a_refused_job_leaves_no_configmap_behind(tmp_path: Path) -> None:
+    with KubeApi() as api:
+        kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig", TOKEN)
+        api.objects[("trainjobs", "default", "tiny")] = {"metadata": {"name": "tiny"}}
+        code, _, err = _cli(
+            kubeconfig, "launch", "k8s", "tiny", "--set", f"run.out_dir={tmp_path}", "--submit", cwd=tmp_path
+        )
+        assert code == 2 and "already exists" in err and "jobs cancel" in err
+        assert ("configmaps", "default", "tiny-config") not in api.objects
+        assert not (tmp_path / "tiny" / "k8s_job.json").exists()
