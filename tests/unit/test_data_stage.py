@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.helpers import run_cli
 
 from hpcpipe.config import DataConfig
 from hpcpipe.data.shards import open_dataset, prepare_dataset
@@ -22,7 +23,6 @@ from hpcpipe.data.stage import (
     token_dataset_source,
 )
 from hpcpipe.errors import DataError
-from tests.helpers import run_cli
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -166,8 +166,9 @@ def test_stage_cli_copies_then_reuses_and_names_a_bad_source(dataset_dir: Path, 
 
 
 def test_training_with_cache_dir_reads_the_staged_copy(tmp_path: Path) -> None:
-    from hpcpipe.observe.metrics import read_metrics
     from tests.helpers import tiny_job_sets
+
+    from hpcpipe.observe.metrics import read_metrics
 
     cache = tmp_path / "nvme"
     sets = tiny_job_sets(tmp_path, "staged", "train.steps=3", f"data.cache_dir={cache}")

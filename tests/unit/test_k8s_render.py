@@ -30,7 +30,12 @@ CASES: dict[str, tuple[str, list[str], str, bool]] = {
     "seed-trainjob-runtime": (SEED, ["parallel.nnodes=32", "train.global_batch_size=4096"], "trainjob", True),
     "tiny-trainjob": (
         "tiny",
-        ["parallel.nnodes=2", "launch.k8s.gpus_per_node=8", "train.global_batch_size=16", "train.micro_batch_size=1"],
+        [
+            "parallel.nnodes=2",
+            "launch.k8s.gpus_per_node=8",
+            "train.global_batch_size=16",
+            "train.micro_batch_size=1",
+        ],
         "trainjob",
         False,
     ),
