@@ -92,6 +92,7 @@ bench: install-test fc-assets system-deps
 	$(BIN)/python benchmarks/lora_overhead.py --model smollm2
 	$(BIN)/python benchmarks/vision_overhead.py --knobs
 	$(BIN)/python benchmarks/slurm_launch.py --repeats 3
+	$(BIN)/python benchmarks/stage_copy.py --files 8 --mb 64 --repeats 5
 
 clean:
 	rm -rf $(VENV) .venv-latest .venv-lowest $(TOOLS) .cache runs data .pytest_cache .mypy_cache .ruff_cache

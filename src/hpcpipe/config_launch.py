@@ -51,6 +51,15 @@ class SlurmConfig(Section):
     hpcpipe: str = Field(
         "hpcpipe", description="The command that runs hpcpipe on the nodes (e.g. /opt/venv/bin/hpcpipe)."
     )
+    container: str | None = Field(
+        None,
+        description="Apptainer image (.sif) to run hpcpipe in on the nodes (`apptainer exec`, with "
+        "--nv when gpus_per_node > 0); sbatch, srun and scontrol stay outside it. null: no container.",
+    )
+    container_binds: list[str] = Field(
+        default_factory=list,
+        description="apptainer --bind paths (src[:dest]) the runs need: scratch, datasets, the node cache.",
+    )
     rdzv_port: int | None = Field(
         None,
         ge=1024,

@@ -99,9 +99,13 @@ RESUME_ATOL = 1e-6  # the cross-node gloo all-reduce may round the last bit diff
 
 @pytest.fixture(scope="module")
 def uninterrupted(cluster: SlurmCluster, work: Path) -> Path:
-    """A 2-node x 2-process run through Slurm, start to finish."""
-    job = _submit(cluster, work, "tiny", "--nodes", "2", *_sets(work, "slurm-2x2", *STEPS))
+    """A 2-node x 2-process run through Slurm, start to finish, reading a node-local staged copy
+    (both nodes share this host's disk here: one copies, the other finds the copy verified)."""
+    cache = f"data.cache_dir={work / 'node-cache'}"
+    job = _submit(cluster, work, "tiny", "--nodes", "2", *_sets(work, "slurm-2x2", *STEPS, cache))
     assert _finish(cluster, job) == "COMPLETED", _logs(cluster, job)
+    log = (work / "runs" / "slurm-2x2" / f"slurm-{job}.out").read_text()
+    assert log.count("verified (already staged) /") == 1 and log.count("\nstaged /") == 1, log
     status = run_cli("jobs", "status", job, "--json", "-", env={"SLURM_CONF": str(cluster.conf)})
     assert status.returncode == 0 and json.loads(status.stdout)[0]["exit_code"] == "0:0", status.stderr
     return work / "runs" / "slurm-2x2"
@@ -111,6 +115,8 @@ def test_two_nodes_by_two_processes_match_a_local_4_process_run(uninterrupted: P
     rows = [r for r in read_metrics(uninterrupted) if "loss" in r]
     assert rows and all(r["world_size"] == 4 for r in rows)
     assert sorted(json.loads((uninterrupted / "lineage.json").read_text())["hosts"]) == ["n1", "n2"]
+    staged = [p for p in (work / "node-cache").iterdir() if p.is_dir()]
+    assert len(staged) == 1 and (staged[0] / ".hpcpipe-staged").is_file()
     local = run_cli("train", "tiny", "--nproc", "4", *_sets(work, "local-4", *STEPS), cwd=work, timeout=300)
     assert local.returncode == 0, local.stderr[-3000:]
     slurm_losses, local_losses = _losses(uninterrupted), _losses(work / "runs" / "local-4")

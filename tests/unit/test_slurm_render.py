@@ -42,6 +42,13 @@ CASES = {
         "parallel.nproc=2",
         "launch.slurm.env={GLOO_SOCKET_IFNAME: veth1}",
     ],
+    "apptainer-staged": [
+        "parallel.nnodes=4",
+        "launch.slurm.gpus_per_node=4",
+        "launch.slurm.container=/shared/images/hpcpipe.sif",
+        "launch.slurm.container_binds=[/scratch, /lustre/datasets, /local/nvme]",
+        "data.cache_dir=/local/nvme/hpcpipe-cache",
+    ],
 }
 
 
@@ -130,3 +137,15 @@ def test_dry_run_prints_the_script_and_writes_nothing(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("#!/bin/bash\n") and "hpcpipe launch agent" in proc.stdout
     assert not (tmp_path / "runs").exists()
+
+
+def test_in_apptainer_hpcpipe_runs_in_the_image_and_the_scheduler_outside() -> None:
+    text = _render("apptainer-staged")
+    binds = "/scratch,/lustre/datasets,/local/nvme"
+    inside = f"apptainer exec --nv --bind {binds} /shared/images/hpcpipe.sif hpcpipe"
+    assert f"{inside} launch agent" in text and f"{inside} data stage --job" in text
+    assert f"{inside} ckpt newest" in text
+    # sbatch options, srun and scontrol are the host's.
+    assert "\nsrun " in text and "scontrol show hostnames" in text
+    assert "apptainer exec --nv scontrol" not in text
+    assert "data stage" not in _render("two-nodes-8-gpus")  # no data.cache_dir: no staging step

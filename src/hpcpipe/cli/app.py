@@ -31,6 +31,25 @@ app = typer.Typer(
     add_completion=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from hpcpipe import __version__
+
+        typer.echo(f"hpcpipe {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", is_eager=True, callback=_print_version, help="Print the version and exit."
+    ),
+) -> None:
+    """Train deep-learning jobs from a laptop to multi-node GPU clusters with one config."""
+
+
 app.add_typer(presets_cli.app, name="presets")
 app.add_typer(data_cli.app, name="data")
 app.add_typer(ckpt_cli.app, name="ckpt")

@@ -127,7 +127,8 @@ def stage(
         verb = "staged" if staged.copied else "verified (already staged)"
         console.print(
             f"{verb} [bold]{staged.path}[/]: {staged.size_bytes / 1e6:.1f} MB in {staged.seconds:.2f} s "
-            f"({rate:.0f} MB/s)"
+            f"({rate:.0f} MB/s)",
+            soft_wrap=True,  # one line per node in a job log, however long the path
         )
         for key in removed:
             console.print(f"removed unused cache entry {key[:16]}")

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpcpipe.config import JobConfig
+from hpcpipe.config_launch import SlurmConfig
 from hpcpipe.errors import UserError
 from hpcpipe.launch.job import check_node_range
 
@@ -72,11 +73,24 @@ def render_sbatch(sub: SlurmSubmission) -> str:
         array_size=array,
         output=output,
         configs=[str(j.run_dir.absolute() / "config.yaml") for j in sub.jobs],
-        hpcpipe=slurm.hpcpipe,
+        hpcpipe=_hpcpipe_command(slurm),
+        stage=job.data.cache_dir is not None,
         grace_s=int(job.fault.preempt_grace_s) + 30,
         preempt_code=job.fault.preempt_exit_code,
         sweep_dir=str(sub.sweep_dir.absolute()) if sub.sweep_dir else "",
     )
+
+
+def _hpcpipe_command(slurm: SlurmConfig) -> str:
+    """hpcpipe as the nodes run it: bare, or inside the Apptainer image."""
+    if slurm.container is None:
+        return slurm.hpcpipe
+    words = ["apptainer", "exec"]
+    if slurm.gpus_per_node:
+        words.append("--nv")
+    if slurm.container_binds:
+        words += ["--bind", ",".join(slurm.container_binds)]
+    return " ".join(shlex.quote(w) for w in [*words, slurm.container, slurm.hpcpipe])
 
 
 def workers_per_node(job: JobConfig) -> int:
