@@ -13,7 +13,9 @@ SRC = Path(hpcpipe.__file__).parent
 # Lower number = lower room. A module may import its own room and the rooms below.
 ROOMS: dict[str, int] = {
     # The package root holds only __version__ and re-exports of config and errors.
-    **dict.fromkeys(["__init__", "config", "errors", "compat", "fsutil", "presets"], 0),
+    **dict.fromkeys(
+        ["__init__", "config", "config_section", "config_launch", "errors", "compat", "fsutil", "presets"], 0
+    ),
     **dict.fromkeys(["checkpoint", "observe", "track", "data", "models", "evaluate"], 1),
     "recipes": 2,
     "train": 3,
