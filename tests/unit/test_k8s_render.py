@@ -112,6 +112,14 @@ def test_the_hpcpipe_runtime_restarts_only_after_a_preemption() -> None:
     assert train_job["spec"]["trainer"]["numNodes"] == 32
 
 
+def test_the_runtime_stage_step_gets_the_config_even_without_a_cache() -> None:
+    _, _, train_job = render_k8s(load_config("tiny"), "trainjob", with_runtime=True)
+    patch = train_job["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]
+    pod = patch["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    stage_mounts = {m["mountPath"] for m in pod["initContainers"][0]["volumeMounts"]}
+    assert "/etc/hpcpipe" in stage_mounts  # `data stage --job ... --if-configured` reads it
+
+
 @pytest.mark.parametrize(
     ("api", "override", "message"),
     [

@@ -175,7 +175,7 @@ def train_job(
         "volumes": parts.volumes,
         "containers": [{"name": NODE_CONTAINER, "volumeMounts": parts.mounts}],
     }
-    if parts.stage is not None and runtime == HPCPIPE_RUNTIME:
+    if runtime == HPCPIPE_RUNTIME:  # its stage step reads the config (and the cache) too
         pod_spec["initContainers"] = [{"name": STAGE_CONTAINER, "volumeMounts": parts.mounts}]
     # On torch-distributed (no init step to patch in) the agent stages while preparing its inputs.
     pod_spec |= _scheduling(job)
