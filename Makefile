@@ -44,8 +44,8 @@ lint: install-test
 	$(BIN)/mypy
 
 # Two pytest-xdist workers, one test file each at a time (module fixtures such as the Slurm
-# cluster stay in one process): on 2 cores this overlaps one test's imports and waits with
-# another's compute (24 min instead of 29).
+# cluster stay in one process): on 2 cores this overlaps one test's single-threaded imports and
+# waits with another's compute (pytest 24 min instead of 29 here).
 PYTEST_WORKERS ?= 2
 test: install-test lint fc-assets system-deps
 	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadfile

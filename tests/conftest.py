@@ -34,16 +34,3 @@ def tiny_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def synthetic_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_synthetic_corpus(tmp_path_factory.mktemp("synthetic") / "corpus.txt")
 
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (`make test` runs 2 workers, one test file each at a time), hand out
-    the longest files first, so the last minutes are not one worker finishing Slurm alone. The
-    order within a file is kept; a serial run keeps the collection order."""
-    if not getattr(config.option, "numprocesses", None):
-        return
-    weight: dict[Path, int] = {}
-    for item in items:
-        marks = {mark.name for mark in item.iter_markers()}
-        rank = 3 if "integration" in marks else 2 if "slow" in marks else 1 if "distributed" in marks else 0
-        weight[item.path] = max(weight.get(item.path, 0), rank)
-    items.sort(key=lambda item: -weight[item.path])  # stable: files stay whole and in order
