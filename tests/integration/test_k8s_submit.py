@@ -110,3 +110,14 @@ def test_a_refused_job_leaves_no_configmap_behind(tmp_path: Path) -> None:
         assert code == 2 and "already exists" in err and "jobs cancel" in err
         assert ("configmaps", "default", "tiny-config") not in api.objects
         assert not (tmp_path / "tiny" / "k8s_job.json").exists()
+
+
+def test_an_unreachable_api_server_is_one_line(tmp_path: Path) -> None:
+    with KubeApi() as api:
+        kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig", TOKEN)
+    # The server has stopped: nothing listens on its port any more.
+    code, _, err = _cli(
+        kubeconfig, "launch", "k8s", "tiny", "--set", f"run.out_dir={tmp_path}", "--submit", cwd=tmp_path
+    )
+    assert code == 2 and "cannot reach the Kubernetes API server" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1

@@ -5,13 +5,17 @@ where and as whom; nothing here reads or prints a credential.
 
 from __future__ import annotations
 
+import functools
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 from hpcpipe.errors import UserError
 
+P = ParamSpec("P")
+R = TypeVar("R")
 SUBMISSION_FILE = "k8s_job.json"
 # The label each operator puts on a job's pods.
 _POD_SELECTOR = {
@@ -44,6 +48,26 @@ class K8sJobRef:
     @property
     def plural(self) -> str:
         return _PLURALS[self.kind]
+
+
+def _one_line_errors(func: Callable[P, R]) -> Callable[P, R]:
+    """An unreachable API server, or a refusal not handled inside, as one line (exit 2)."""
+
+    @functools.wraps(func)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        from kubernetes.client import ApiException
+        from urllib3.exceptions import HTTPError
+
+        try:
+            return func(*args, **kwargs)
+        except HTTPError as exc:
+            raise UserError(
+                f"cannot reach the Kubernetes API server ({type(exc).__name__}); check the kubeconfig"
+            ) from None
+        except ApiException as exc:
+            raise UserError(f"Kubernetes API: {_reason(exc)}") from None
+
+    return wrapper
 
 
 def require_client() -> None:
@@ -86,6 +110,7 @@ def _in_cluster() -> bool:
     )
 
 
+@_one_line_errors
 def create(api: Any, docs: list[dict[str, Any]]) -> K8sJobRef:
     """Create the objects: a shared runtime first (replaced when it exists), then the ConfigMap,
     then the job; when the job is refused, its ConfigMap is deleted again."""
@@ -156,6 +181,7 @@ def resolve(run_dir: Path) -> K8sJobRef:
         raise UserError(f"{record}: unreadable ({exc})") from None
 
 
+@_one_line_errors
 def status(api: Any, job: K8sJobRef) -> dict[str, Any]:
     """The job's conditions and its pods (phase, node, restarts)."""
     from kubernetes import client
@@ -187,6 +213,7 @@ def status(api: Any, job: K8sJobRef) -> dict[str, Any]:
     }
 
 
+@_one_line_errors
 def logs(api: Any, job: K8sJobRef, tail: int | None) -> dict[str, str]:
     from kubernetes import client
 
@@ -199,6 +226,7 @@ def logs(api: Any, job: K8sJobRef, tail: int | None) -> dict[str, str]:
     }
 
 
+@_one_line_errors
 def cancel(api: Any, job: K8sJobRef) -> None:
     """Delete the job (its pods go with it) and its ConfigMap."""
     from kubernetes import client
