@@ -30,9 +30,11 @@ __all__ = [
     "dcp_set_element",
     "ddp_buffer_sync_kwargs",
     "ddp_reset_reducer",
+    "dump_cuda_memory_snapshot",
     "fsdp_drop_unsharded_grads",
     "fsdp_reset_iter_state",
     "gather_into_tensor_fn",
+    "record_cuda_memory_history",
     "reduce_scatter_tensor_fn",
 ]
 
@@ -246,6 +248,23 @@ def _probe(owner: Any, *names: str, purpose: str) -> Callable[[], Any]:
     return probe
 
 
+# -- CUDA memory snapshots (observe.profile.memory) ------------------------------------------------
+
+_MEMORY = "record and dump CUDA allocator history (observe.profile.memory)"
+
+
+def record_cuda_memory_history(enabled: bool, max_entries: int = 100_000) -> None:
+    """Start (or stop) recording every CUDA allocation with its stack, for a snapshot later."""
+    record = _require("torch.cuda.memory", "_record_memory_history", _MEMORY)
+    record("all" if enabled else None, max_entries=max_entries)
+
+
+def dump_cuda_memory_snapshot(path: str) -> None:
+    """Write the recorded history as a pickle that pytorch.org/memory_viz opens (our own output:
+    hpcpipe never loads it)."""
+    _require("torch.cuda.memory", "_dump_snapshot", _MEMORY)(path)
+
+
 PRIVATE_APIS: dict[str, Callable[[], Any]] = {
     "Reducer._reset_state": _probe(
         "torch._C._distributed_c10d",
@@ -269,5 +288,9 @@ PRIVATE_APIS: dict[str, Callable[[], Any]] = {
     "_state_dict_utils._copy_state_dict": _probe(
         "torch.distributed._state_dict_utils", "_copy_state_dict", purpose=_STAGE
     ),
+    "cuda.memory._record_memory_history": _probe(
+        "torch.cuda.memory", "_record_memory_history", purpose=_MEMORY
+    ),
+    "cuda.memory._dump_snapshot": _probe("torch.cuda.memory", "_dump_snapshot", purpose=_MEMORY),
 }
 """Each private name reached from this module, with a probe that raises TorchAPIError without it."""

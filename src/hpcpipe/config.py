@@ -19,6 +19,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from hpcpipe.config_launch import LaunchConfig
+from hpcpipe.config_observe import ObserveConfig
 from hpcpipe.config_section import Section
 from hpcpipe.errors import ConfigError
 
@@ -344,14 +345,6 @@ class ParallelConfig(Section):
         return int(low), int(high or low)
 
 
-class ObserveConfig(Section):
-    log_every: int = Field(10, ge=1, description="Write a metrics row every N steps (and the last).")
-    progress: bool = Field(True, description="Rich progress bar on rank 0 when on a terminal.")
-    peak_tflops: float | None = Field(
-        None, gt=0, description="Peak dense TFLOP/s per device for MFU (null: look up the GPU)."
-    )
-
-
 class CheckpointConfig(Section):
     """Checkpoints: DCP shards + a manifest of file hashes, committed atomically, in two tiers.
 
@@ -577,10 +570,22 @@ def _apply_override(raw: dict[str, Any], item: str) -> None:
     node = raw
     for part in parts[:-1]:
         child = node.setdefault(part, {})
+        if child is None:  # an optional section that was off (observe.profile: null) comes on
+            child = node[part] = {}
         if not isinstance(child, dict):
             raise ConfigError(f"--set {key}: {part!r} is not a section")
         node = child
     node[parts[-1]] = _parse_value(value, annotation)
+
+
+def _optional_section(annotation: Any) -> Any:
+    """``Section | None`` -> ``Section`` (an optional section's keys can be set one by one)."""
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType) and type(None) in args:
+        models = [a for a in args if isinstance(a, type) and issubclass(a, BaseModel)]
+        if len(models) == 1:
+            return models[0]
+    return annotation
 
 
 def _field_annotation(key: str) -> Any:
@@ -596,6 +601,7 @@ def _field_annotation(key: str) -> Any:
         annotation = field.annotation
         if depth == len(parts) - 1:
             return annotation
+        annotation = _optional_section(annotation)
         if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
             raise ConfigError(f"unknown config key {key!r}: {'.'.join(parts[: depth + 1])} is a value")
         model = annotation

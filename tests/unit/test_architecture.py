@@ -14,7 +14,11 @@ SRC = Path(hpcpipe.__file__).parent
 ROOMS: dict[str, int] = {
     # The package root holds only __version__ and re-exports of config and errors.
     **dict.fromkeys(
-        ["__init__", "config", "config_section", "config_launch", "errors", "compat", "fsutil", "presets"], 0
+        [
+            *["__init__", "config", "config_section", "config_launch", "config_observe"],
+            *["errors", "compat", "fsutil", "presets"],
+        ],
+        0,
     ),
     **dict.fromkeys(["checkpoint", "observe", "track", "data", "models", "evaluate"], 1),
     "recipes": 2,

@@ -16,6 +16,7 @@ from hpcpipe.cli import evaluate as evaluate_cli
 from hpcpipe.cli import jobs as jobs_cli
 from hpcpipe.cli import launch as launch_cli
 from hpcpipe.cli import presets as presets_cli
+from hpcpipe.cli import profile as profile_cli
 from hpcpipe.cli import report as report_cli
 from hpcpipe.cli import sweep as sweep_cli
 from hpcpipe.cli import train as train_cli
@@ -59,6 +60,7 @@ app.add_typer(bench_cli.app, name="bench")
 app.command("accept")(accept_cli.accept)
 app.command("doctor")(doctor_cli.doctor)
 app.command("roofline")(analysis_cli.roofline)
+app.command("profile")(profile_cli.profile)
 app.add_typer(analysis_cli.scaling_law_app, name="scaling-law")
 app.command("sweep")(sweep_cli.sweep)
 app.add_typer(report_cli.app, name="report")

@@ -11,6 +11,7 @@ import csv
 import json
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,13 @@ TRAIN_KEYS = (
     "data_time_s",
     "mem_bytes",
     "world_size",
+    "forward_time_s",
+    "backward_time_s",
+    "optimizer_time_s",
+    "comm_time_s",
+    "gpu_util_ratio",
+    "imbalance",
+    "slowest_rank",
     "epoch",
     "time_per_epoch_s",
 )
@@ -92,14 +100,20 @@ def append_event(run_dir: Path, kind: str, **fields: Any) -> None:
 
 
 class EventLog:
-    """``events.jsonl`` of a run, written by one rank; safe to call from background threads."""
+    """``events.jsonl`` of a run, written by one rank; safe to call from background threads.
+
+    ``listeners`` (the Prometheus exporter) hear every event on every rank, written or not.
+    """
 
     def __init__(self, run_dir: Path, enabled: bool) -> None:
         self.run_dir = run_dir
         self.enabled = enabled
+        self.listeners: list[Callable[[str, dict[str, Any]], None]] = []
         self._lock = threading.Lock()
 
     def emit(self, kind: str, fields: dict[str, Any]) -> None:
+        for listener in self.listeners:
+            listener(kind, fields)
         if not self.enabled:
             return
         with self._lock:

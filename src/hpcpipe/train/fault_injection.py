@@ -12,6 +12,10 @@ variable holds ``key=value`` pairs separated by commas:
     SIGKILL this process: an abrupt node loss. Requires ``HPCPIPE_CHAOS_DIR``.
 ``HPCPIPE_CHAOS_SIGTERM="step=6,rank=0"`` (add ``signal=USR1`` for Slurm's ``--signal``)
     send this process SIGTERM (or SIGUSR1): preemption of one rank.
+``HPCPIPE_CHAOS_SLOW="rank=1,where=data,seconds=0.05"``
+    sleep that long at every micro-step from ``step`` (default 1) on: a straggler. ``where=data``
+    delays the data path (after the batch is fetched, inside the data-wait time), ``forward``
+    the compute. Unlike the other faults it fires at every step, and ``step`` is optional.
 ``HPCPIPE_CHAOS_DIR=/path``
     marker directory: a fault fires at most once per directory, so it does not fire again after
     the elastic agent restarts the workers (which inherit the same environment).
@@ -39,6 +43,8 @@ from hpcpipe.errors import UserError
 
 ENV_PREFIX = "HPCPIPE_CHAOS_"
 KINDS = ("OOM", "HANG", "KILL", "SIGTERM")
+SLOW_VAR = "HPCPIPE_CHAOS_SLOW"
+SLOW_SITES = ("data", "forward")
 DIR_VAR = "HPCPIPE_CHAOS_DIR"
 SITES = ("forward", "backward")
 """Call sites: ``forward`` at the end of a micro-step's forward (inside the OOM guard, after the
@@ -70,7 +76,18 @@ class Fault:
         )
 
 
+@dataclass(frozen=True)
+class Delay:
+    """A straggler: ``seconds`` of sleep at every micro-step of ``rank`` from ``step`` on."""
+
+    seconds: float
+    rank: int | None
+    step: int = 1
+    where: str = "data"
+
+
 _FAULTS: tuple[Fault, ...] = ()
+_DELAYS: tuple[Delay, ...] = ()
 _MARKER_DIR: Path | None = None
 _FIRED: set[tuple[Fault, int]] = set()  # (fault, rank) that fired in this process
 
@@ -129,16 +146,57 @@ def _int(var: str, key: str, text: str) -> int:
     return number
 
 
+def parse_delay(value: str) -> Delay:
+    """``HPCPIPE_CHAOS_SLOW``'s value (raises ChaosConfigError)."""
+    fields: dict[str, str] = {}
+    for part in value.split(","):
+        key, sep, val = part.partition("=")
+        if not sep or not key.strip() or not val.strip():
+            raise ChaosConfigError(f"{SLOW_VAR}: expected key=value pairs like 'rank=1,seconds=0.05'")
+        fields[key.strip()] = val.strip()
+    unknown = sorted(set(fields) - {"seconds", "rank", "step", "where"})
+    if unknown:
+        raise ChaosConfigError(f"{SLOW_VAR}: unknown key {unknown[0]!r}; allowed: rank, seconds, step, where")
+    where = fields.get("where", "data")
+    if where not in SLOW_SITES:
+        raise ChaosConfigError(f"{SLOW_VAR}: where={where!r} is not one of {list(SLOW_SITES)}")
+    try:
+        seconds = float(fields.get("seconds", ""))
+    except ValueError:
+        raise ChaosConfigError(f"{SLOW_VAR}: seconds= is required, a number of seconds") from None
+    if not 0 < seconds < 3600:
+        raise ChaosConfigError(f"{SLOW_VAR}: seconds={seconds} must be in (0, 3600)")
+    rank = fields.get("rank")
+    return Delay(
+        seconds=seconds,
+        rank=None if rank is None else _int(SLOW_VAR, "rank", rank),
+        step=_int(SLOW_VAR, "step", fields.get("step", "1")),
+        where=where,
+    )
+
+
 def configure(env: Mapping[str, str] | None = None) -> None:
     """(Re)read the faults from ``env`` (default: ``os.environ``); forgets which ones fired."""
-    global _FAULTS, _MARKER_DIR
-    _FAULTS, _MARKER_DIR = parse_faults(os.environ if env is None else env)
+    global _FAULTS, _MARKER_DIR, _DELAYS  # noqa: PLW0603 (read once per process, swapped by tests)
+    env = os.environ if env is None else env
+    _FAULTS, _MARKER_DIR = parse_faults(env)
+    slow = env.get(SLOW_VAR, "").strip()
+    _DELAYS = (parse_delay(slow),) if slow else ()
     _FIRED.clear()
+
+
+def maybe_delay(step: int, rank: int, where: str) -> None:
+    """Sleep when a ``HPCPIPE_CHAOS_SLOW`` straggler is configured for this rank and site."""
+    if not _DELAYS:
+        return
+    for delay in _DELAYS:
+        if delay.where == where and step >= delay.step and delay.rank in (None, rank):
+            time.sleep(delay.seconds)
 
 
 def active() -> bool:
     """Whether any fault is configured."""
-    return bool(_FAULTS)
+    return bool(_FAULTS or _DELAYS)
 
 
 def maybe_inject(step: int, rank: int, micro: int = 0, where: str = "forward") -> None:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
@@ -72,6 +74,32 @@ def apply_parallelism(
         fully_shard(model, mp_policy=policy)
         return model
     raise ConfigError(f"parallel.strategy: unknown strategy {strategy!r}")
+
+
+def time_gradient_sync(model: nn.Module, on_compute_done: Callable[[], None]) -> bool:
+    """Under DDP, call ``on_compute_done`` when the last gradient bucket goes to the all-reduce.
+
+    The hook is DDP's own default all-reduce (average over ranks, asynchronous) with a mark in
+    front: gradients are unchanged. Returns whether it was installed (DDP only; FSDP2 has no
+    such hook, its communication stays inside the forward and backward times).
+    """
+    if not isinstance(model, DistributedDataParallel):
+        return False
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    def timed_allreduce(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        if bucket.is_last():
+            on_compute_done()
+        return allreduce_hook(state, bucket)
+
+    # DDP checks the hook's annotations as objects; this module's are strings (postponed).
+    timed_allreduce.__annotations__ = {
+        "state": object,
+        "bucket": dist.GradBucket,
+        "return": torch.futures.Future[torch.Tensor],
+    }
+    model.register_comm_hook(None, timed_allreduce)
+    return True
 
 
 def buffers_broadcast(cfg: ParallelConfig, recipe_broadcasts_buffers: bool) -> bool:

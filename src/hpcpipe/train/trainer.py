@@ -23,12 +23,15 @@ from hpcpipe.checkpoint.store import CheckpointStore
 from hpcpipe.checkpoint.tiers import fast_root
 from hpcpipe.config import JobConfig, grad_accum_steps
 from hpcpipe.observe.metrics import EventLog, MetricsSink
+from hpcpipe.observe.phases import PhaseTimer
 from hpcpipe.observe.progress import TrainProgress
+from hpcpipe.observe.telemetry import RankInfo, Telemetry
 from hpcpipe.observe.throughput import ThroughputMeter, peak_memory_bytes
 from hpcpipe.observe.watchdog import Watchdog
 from hpcpipe.recipes.base import Batch, Recipe
 from hpcpipe.train import fault_injection as chaos
 from hpcpipe.train.distributed import DistContext
+from hpcpipe.train.environment import node_name
 from hpcpipe.train.oom import AllReduceMax, OOMGuard, max_over_ranks
 from hpcpipe.train.optim import build_optimizer
 from hpcpipe.train.parallel import (
@@ -38,6 +41,7 @@ from hpcpipe.train.parallel import (
     gradient_sync,
     resolve_strategy,
     sync_buffers,
+    time_gradient_sync,
     unwrap,
 )
 from hpcpipe.train.precision import Precision
@@ -82,6 +86,9 @@ class Trainer:
             model, self.strategy, ctx, units, job.parallel, recipe.broadcasts_buffers, recipe.fsdp_param_dtype
         )
         self.sync_gradients = job.parallel.sync_gradients
+        # Phase times; under DDP a hook marks the end of backward compute (exposed comm after it).
+        self.phases = PhaseTimer(ctx.device)
+        time_gradient_sync(self.model, self.phases.compute_done)
         self.syncs_buffers = buffers_broadcast(job.parallel, recipe.broadcasts_buffers)
         self.optimizer = build_optimizer(self.model, self.cfg, ctx.device)
         self.precision = Precision(self.cfg.precision, ctx.device, sharded=self.strategy == "fsdp")
@@ -121,6 +128,12 @@ class Trainer:
         )
         self.sink = MetricsSink(run_dir, start_step=self.step) if ctx.is_main else None
         self.progress = TrainProgress(total=self.cfg.steps, enabled=ctx.is_main and self.observe.progress)
+        # Prometheus exporter, GPU telemetry, imbalance checks, profiler window (observe/).
+        who = RankInfo(ctx.rank, ctx.local_rank, ctx.world_size, ctx.device, node_name())
+        self.telemetry = Telemetry(
+            self.observe, who, run_dir, job.run.name, job.run.recipe, recipe.throughput_unit, self.events
+        )
+        self.events.listeners.append(self.telemetry.on_event)
 
     # -- the loop ----------------------------------------------------------------------------
 
@@ -133,6 +146,7 @@ class Trainer:
                 if self.step == 0:
                     result.val_losses[0] = self.evaluate_and_log()
                 start_step = self.step
+                self.telemetry.start(self.step + 1)
                 while self.step < self.cfg.steps:
                     result.final_loss = self.train_until(self._next_eval_step())
                     result.val_losses[self.step] = self.evaluate_and_log()
@@ -146,11 +160,13 @@ class Trainer:
         """Train up to ``stop_step``, logging every ``observe.log_every``; the last logged loss."""
         last_loss = None
         self.meter.start()  # throughput intervals never include evaluation or start-up
+        self.telemetry.after_pause()
         while self.step < stop_step:
             self.step += 1
             logs = self.step % self.observe.log_every == 0 or self.step == stop_step
             out = self.train_step(measure_norm=logs)
             self.meter.add_step(out.data_time_s)
+            self.telemetry.on_step(self.meter.items_per_step)
             self.watchdog.beat(self.step)
             if logs:
                 last_loss = self.log_train(out)
@@ -173,6 +189,7 @@ class Trainer:
         step_start = self.loader.state_dict()
         while (out := self._forward_backward()) is None:
             # Some rank ran out of memory: every rank halves the micro-batch and retries the step.
+            self.telemetry.on_oom(self.step)
             event = self.oom.recover(self.step, self.optimizer, self.loader, step_start)
             self.events.emit("oom_recovered", event)
         loss_sum, data_time = out
@@ -182,6 +199,8 @@ class Trainer:
             grad_norm = clip_grad_norm(self.model, self.cfg.grad_clip)
         self.precision.step(self.optimizer)
         self.optimizer.zero_grad(set_to_none=True)
+        self.phases.lap("optimizer")
+        self.phases.end_step()
         return StepOutput(loss=loss_sum, grad_norm=grad_norm, lr=lr, data_time_s=data_time)
 
     def _forward_backward(self) -> tuple[torch.Tensor, float] | None:
@@ -192,12 +211,16 @@ class Trainer:
         for micro in range(accum):
             t0 = time.perf_counter()
             batch = self._to_device(self.loader.next_microbatch())
+            chaos.maybe_delay(self.step, self.ctx.rank, "data")
             data_time += time.perf_counter() - t0
+            self.phases.start()
 
             def forward(batch: Batch = batch, micro: int = micro) -> torch.Tensor:
                 with self.precision.autocast():
                     loss = self.recipe.loss(self.model, batch)
                 chaos.maybe_inject(self.step, self.ctx.rank, micro, "forward")
+                chaos.maybe_delay(self.step, self.ctx.rank, "forward")
+                self.phases.lap("forward")
                 return loss / accum if accum > 1 else loss
 
             # Gradients are synchronised on the last micro-step only (never when benchmarking a
@@ -205,7 +228,7 @@ class Trainer:
             with gradient_sync(self.model, enabled=micro == accum - 1 and self.sync_gradients):
                 loss = self.oom.micro_step(
                     forward,
-                    self.precision.backward,
+                    self._backward,
                     final=micro == accum - 1,
                     all_reduce_max=self.agree_max,
                     step=self.step,
@@ -215,6 +238,12 @@ class Trainer:
                 return None
             loss_sum += loss
         return loss_sum, data_time
+
+    def _backward(self, loss: torch.Tensor) -> None:
+        # Since the forward: the OOM guard's agreement all-reduce, a wait for the slowest rank.
+        self.phases.lap("comm")
+        self.precision.backward(loss)
+        self.phases.lap("backward")  # split at the DDP hook's mark: backward compute, then comm
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
@@ -245,6 +274,7 @@ class Trainer:
             self.store.save(self.step, self.model, self.optimizer, self.trainer_state(), force_durable=final)
             if final:
                 self.store.wait()
+        self.telemetry.after_pause()
 
     def trainer_state(self) -> dict[str, Any]:
         """Everything beyond weights and optimizer that exact resume needs (this rank's part)."""
@@ -306,9 +336,11 @@ class Trainer:
             "lr": out.lr,
             "grad_norm": None if out.grad_norm is None else float(out.grad_norm),
             **self.meter.read(self.ctx.sum_over_ranks(self.recipe.interval_counts())),
+            **self.phases.read(),
             "mem_bytes": peak_memory_bytes(self.ctx.device),
             "world_size": self.ctx.world_size,
         }
+        row.update(self.telemetry.on_row(row))  # a collective on check steps: every rank calls it
         samples = self.recipe.samples_per_epoch()
         if samples:
             steps_per_epoch = samples / self.cfg.global_batch_size
@@ -321,6 +353,7 @@ class Trainer:
     def evaluate_and_log(self) -> float:
         with self.watchdog.pause():
             metrics = self.evaluate()
+        self.telemetry.on_eval(metrics)
         row = {"step": self.step, **metrics}
         self._write(row)
         self.progress.show(row)
@@ -333,6 +366,7 @@ class Trainer:
     def close(self) -> None:
         """Finish a checkpoint in flight and background work; close the metrics files."""
         self.watchdog.stop()
+        self.telemetry.close({"steps": float(self.step), "finished_timestamp_seconds": time.time()})
         self.loader.close()
         self.store.close()
         if self.sink is not None:
