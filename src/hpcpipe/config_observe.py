@@ -26,6 +26,12 @@ class PrometheusConfig(Section):
         description="Address the endpoints bind: loopback by default; 0.0.0.0 to be scraped "
         "from other machines (in a Kubernetes pod, for instance).",
     )
+    targets_dir: str | None = Field(
+        None,
+        description="Directory for the file-service-discovery target files, one per run and node "
+        "(Prometheus globs only the last path segment, so every run shares one directory); "
+        "null: <run.out_dir>/prometheus-targets.",
+    )
     pushgateway: str | None = Field(
         None,
         description="Pushgateway URL (http://host:9091): rank 0 pushes an end-of-run summary "

@@ -22,7 +22,7 @@ def train_worker(job: JobConfig, env: DistEnv) -> None:
     import torch.distributed as dist
 
     from hpcpipe.observe.lineage import build_lineage, write_lineage
-    from hpcpipe.observe.prometheus import write_sd_targets
+    from hpcpipe.observe.prometheus import remove_sd_targets, write_sd_targets
     from hpcpipe.recipes import build_recipe
     from hpcpipe.train.distributed import init_distributed, shutdown_distributed
     from hpcpipe.train.trainer import Trainer
@@ -47,8 +47,9 @@ def train_worker(job: JobConfig, env: DistEnv) -> None:
             write_lineage(run_dir, lineage)
             recipe.on_train_start(run_dir)
             _record_group_start(run_dir, ctx.world_size, hosts)
+        targets = job.observe.prometheus, node_name()
         if ctx.local_rank == 0:  # this node's exporter endpoints, for Prometheus file discovery
-            write_sd_targets(run_dir, job.observe.prometheus, node_name(), ctx.local_world_size, job.run.name)
+            write_sd_targets(Path(job.run.out_dir), *targets, ctx.local_world_size, job.run.name)
         ctx.barrier()
         trainer = Trainer(job, recipe, ctx, run_dir)
         try:
@@ -61,6 +62,8 @@ def train_worker(job: JobConfig, env: DistEnv) -> None:
         finally:
             trainer.close()
         ctx.barrier()
+        if ctx.local_rank == 0:  # finished: Prometheus stops scraping this node's endpoints
+            remove_sd_targets(Path(job.run.out_dir), *targets, job.run.name)
     finally:
         shutdown_distributed()
 

@@ -65,6 +65,13 @@ class GpuSample:
     nvlink_tx_bytes: float | None = None
     nvlink_rx_bytes: float | None = None
 
+    @property
+    def throttled(self) -> float | None:
+        """1.0 when a slowdown reason (power cap, thermal, hardware slowdown) is active."""
+        if self.clock_event_reasons is None:
+            return None
+        return float(bool(slowdown_names(self.clock_event_reasons)))
+
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
@@ -204,6 +211,7 @@ _HPCPIPE_GAUGES = (
     ("sm_clock_hertz", "sm_clock_hz", "SM clock."),
     ("memory_clock_hertz", "mem_clock_hz", "Memory clock."),
     ("clock_event_reasons", "clock_event_reasons", "NVML clock-event (throttle) reason bit mask."),
+    ("throttled", "throttled", "1 while a power, thermal or hardware slowdown reason is active."),
     ("remapped_rows_correctable", "remapped_correctable", "Rows remapped after correctable errors."),
     ("remapped_rows_uncorrectable", "remapped_uncorrectable", "Rows remapped after uncorrectable errors."),
     ("row_remap_failure", "remap_failure", "1 when a row remapping failed (replace the GPU)."),

@@ -3,7 +3,8 @@
 Each rank serves its own registry from a daemon thread (prometheus-client's HTTP server), so
 there is no multiprocess mode and no shared directory; a scrape reads values the training loop
 already set and never waits on it. Every series carries ``run``, ``rank``, ``node`` and
-``recipe``, never the step (the step is a value: ``hpcpipe_steps_total``).
+``recipe``, never the step (the step is a value: ``hpcpipe_steps_total``). Each node's worker
+writes a file-service-discovery target file (``write_sd_targets``) for its ranks' endpoints.
 
 Names follow Prometheus conventions: the ``hpcpipe_`` prefix, base units in the name, ``_total``
 on counters. Time fractions come from counters: ``rate(hpcpipe_phase_seconds_total[5m]) /
@@ -58,7 +59,7 @@ class Exporter:
             return Counter(name, doc, [*names, *extra], registry=reg)
 
         self.steps = counter("hpcpipe_steps", "Optimizer steps completed.")
-        self.items = counter(f"hpcpipe_{unit}", f"Training {unit} processed (all ranks' global batch).")
+        self.items = counter(f"hpcpipe_{unit}", f"Training {unit} this rank processed (sum over ranks).")
         self.loss = gauge("hpcpipe_loss", "Training loss, mean over ranks, at the last logged step.")
         self.lr = gauge("hpcpipe_learning_rate", "Learning rate at the last logged step.")
         self.grad_norm = gauge("hpcpipe_grad_norm", "Global gradient L2 norm before clipping.")
@@ -196,11 +197,21 @@ def scrape_host(cfg: PrometheusConfig, node: str) -> str:
     return cfg.host
 
 
+def sd_targets_path(out_dir: Path, cfg: PrometheusConfig, run: str, node: str) -> Path:
+    """``<targets_dir>/<run>@<node>.json`` (``targets_dir`` default: ``<out_dir>/prometheus-targets``)."""
+    root = Path(cfg.targets_dir) if cfg.targets_dir else out_dir / "prometheus-targets"
+    return root / f"{run}@{node}.json"
+
+
 def write_sd_targets(
-    run_dir: Path, cfg: PrometheusConfig, node: str, local_ranks: int, run: str
+    out_dir: Path, cfg: PrometheusConfig, node: str, local_ranks: int, run: str
 ) -> Path | None:
-    """``<run_dir>/prometheus/<node>.json``: a file-service-discovery target group for this
-    node's ranks (point ``file_sd_configs`` at ``runs/*/prometheus/*.json``). None: no exporter."""
+    """A file-service-discovery target group for this node's ranks; None without an exporter.
+
+    Point ``file_sd_configs`` at ``<targets_dir>/*.json``. The worker removes the file when the
+    run finishes cleanly, so Prometheus stops scraping it; a crashed run's file stays (its
+    targets then read ``up == 0``: the HpcpipeRankDown alert) until the next start rewrites it.
+    """
     if cfg.port is None:
         return None
     host = scrape_host(cfg, node)
@@ -210,9 +221,14 @@ def write_sd_targets(
         "targets": [f"{host}:{cfg.port + i}" for i in range(local_ranks)],
         "labels": {"hpcpipe_run": run, "hpcpipe_node": node},
     }
-    out = run_dir / "prometheus" / f"{node}.json"
+    out = sd_targets_path(out_dir, cfg, run, node)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp")
     tmp.write_text(json.dumps([group], indent=2) + "\n")
     tmp.replace(out)  # Prometheus re-reads the file on change: never let it see half of one
     return out
+
+
+def remove_sd_targets(out_dir: Path, cfg: PrometheusConfig, run: str, node: str) -> None:
+    if cfg.port is not None:
+        sd_targets_path(out_dir, cfg, run, node).unlink(missing_ok=True)

@@ -80,6 +80,7 @@ class Telemetry:
         self._last_step_end = time.perf_counter()
 
     def on_step(self, items: float) -> None:
+        """``items``: tokens (or samples) this rank processed in the step."""
         now = time.perf_counter()
         if self._last_step_end is not None:
             self.exporter.on_step(items, now - self._last_step_end)

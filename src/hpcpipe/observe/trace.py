@@ -54,16 +54,18 @@ class StepProfiler:
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
         self.out.mkdir(parents=True, exist_ok=True)
         self.trace_path = self.out / f"rank{self.rank}.steps{cfg.start_step}-{last}.trace.json"
-        wait = max(0, first - next_step)
-        self._left = wait + cfg.warmup + cfg.active
+        self._left = max(0, first - next_step) + cfg.warmup + cfg.active
         self._prof = profile(
             activities=activities,
-            schedule=schedule(wait=wait, warmup=cfg.warmup, active=cfg.active, repeat=1),
+            # Counted in trainer steps (step_num below), so ProfilerStep#N in the trace is step N.
+            schedule=schedule(skip_first=first, wait=0, warmup=cfg.warmup, active=cfg.active, repeat=1),
             on_trace_ready=self._save,
             record_shapes=cfg.record_shapes,
             with_stack=cfg.with_stack,
             profile_memory=cfg.memory,
         )
+        self._prof.step_num = next_step
+        self._prof.current_action = self._prof.schedule(next_step)
         if cfg.memory and self.cuda:
             compat.record_cuda_memory_history(True)
         self._prof.start()

@@ -166,7 +166,7 @@ class Trainer:
             logs = self.step % self.observe.log_every == 0 or self.step == stop_step
             out = self.train_step(measure_norm=logs)
             self.meter.add_step(out.data_time_s)
-            self.telemetry.on_step(self.meter.items_per_step)
+            self.telemetry.on_step(self.meter.items_per_step / self.ctx.world_size)
             self.watchdog.beat(self.step)
             if logs:
                 last_loss = self.log_train(out)
