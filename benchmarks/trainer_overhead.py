@@ -57,6 +57,9 @@ class TensorLoader:
     def set_micro_batch_size(self, micro_batch_size: int) -> None:
         self.micro_batch_size = micro_batch_size
 
+    def close(self) -> None:
+        return None  # nothing to release (the Trainer closes its loader at the end)
+
 
 class InMemoryGPTRecipe(GPTRecipe):
     """The GPT recipe with its dataset replaced by a token tensor (no files involved)."""

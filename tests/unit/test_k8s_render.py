@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -221,3 +222,33 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, args: list[str], messa
     assert result.returncode == 2, result.stderr
     assert message in result.stderr and "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_exporter_ports_are_declared_for_the_podmonitor() -> None:
+    sets = ["observe.prometheus.port=9400", "observe.prometheus.host=0.0.0.0", "train.micro_batch_size=1"]
+    job = load_config("tiny", [*sets, "launch.k8s.gpus_per_node=4"])
+    _, pytorch = render_k8s(job, "pytorchjob")
+    pod = pytorch["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]
+    ports = {p["name"]: p["containerPort"] for p in pod["spec"]["containers"][0]["ports"]}
+    assert ports == {"c10d": 29400, **{f"metrics-{i}": 9400 + i for i in range(4)}}
+    _, runtime, _ = render_k8s(job, "trainjob", with_runtime=True)
+    node = runtime["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    assert [p["name"] for p in node["containers"][0]["ports"]] == [f"metrics-{i}" for i in range(4)]
+    # deploy/k8s/podmonitor.yaml selects these pods and keeps exactly these ports.
+    monitor = yaml.safe_load((ROOT / "deploy" / "k8s" / "podmonitor.yaml").read_text())
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= pod["metadata"]["labels"].items()
+    (keep,) = monitor["spec"]["podMetricsEndpoints"][0]["relabelings"]
+    assert [name for name in ports if re.fullmatch(keep["regex"], name)] == [f"metrics-{i}" for i in range(4)]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "api", "message"),
+    [
+        (["observe.prometheus.port=9400"], "pytorchjob", "cannot reach a pod's loopback"),
+        (["observe.prometheus.port=9400", "observe.prometheus.host=::"], "trainjob", "declare container ports"),
+    ],
+)
+def test_an_exporter_a_pod_cannot_expose_is_named(overrides: list[str], api: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        render_k8s(load_config("tiny", ["train.micro_batch_size=1", *overrides]), api)  # type: ignore[arg-type]

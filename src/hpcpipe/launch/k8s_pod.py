@@ -33,10 +33,11 @@ class PodParts:
     volumes: list[dict[str, Any]]
     mounts: list[dict[str, Any]]
     stage: dict[str, Any] | None  # the init container that stages the dataset, when configured
+    metrics_ports: list[dict[str, Any]]  # metrics-<local rank>: the Prometheus exporters, if on
 
 
 def pod_parts(job: JobConfig, name: str) -> PodParts:
-    from kubernetes.client import ApiClient, V1Container, V1EnvVar
+    from kubernetes.client import ApiClient, V1Container, V1ContainerPort, V1EnvVar
 
     cfg = job.launch.k8s
     volumes, mounts = _volumes(job, name)
@@ -62,7 +63,19 @@ def pod_parts(job: JobConfig, name: str) -> PodParts:
         volumes=ser(volumes),
         mounts=ser(mounts),
         stage=stage,
+        metrics_ports=ser([V1ContainerPort(name=n, container_port=port) for n, port in metrics_ports(job)]),
     )
+
+
+METRICS_PORT_PREFIX = "metrics-"  # deploy/k8s/podmonitor.yaml keeps the container ports named so
+
+
+def metrics_ports(job: JobConfig) -> list[tuple[str, int]]:
+    """(name, port) of each local rank's exporter endpoint; none without an exporter."""
+    base = job.observe.prometheus.port
+    if base is None:
+        return []
+    return [(f"{METRICS_PORT_PREFIX}{i}", base + i) for i in range(processes_per_node(job.launch.k8s))]
 
 
 def processes_per_node(cfg: K8sConfig) -> int:

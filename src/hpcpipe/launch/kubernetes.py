@@ -118,10 +118,30 @@ def _check(job: JobConfig, api: Api, runtime: str, with_runtime: bool) -> None:
     if with_runtime and api != "trainjob":
         raise ConfigError("--runtime renders a ClusterTrainingRuntime: it goes with --api trainjob")
     check_node_range(job, processes_per_node(cfg))
+    _check_metrics(job, api, runtime)
     if cfg.checkpoint_pvc and not _under(job.run.out_dir, cfg.checkpoint_mount):
         raise ConfigError(
             f"run.out_dir {job.run.out_dir!r} is not under launch.k8s.checkpoint_mount "
             f"{cfg.checkpoint_mount!r}: checkpoints would not reach the claim {cfg.checkpoint_pvc}"
+        )
+
+
+def _check_metrics(job: JobConfig, api: Api, runtime: str) -> None:
+    """An exporter in a pod must be reachable, and its ports declared (Prometheus discovers a
+    pod's targets from its declared container ports)."""
+    prom = job.observe.prometheus
+    if prom.port is None:
+        return
+    if prom.host in ("127.0.0.1", "localhost", "::1"):
+        raise ConfigError(
+            f"observe.prometheus.host {prom.host}: Prometheus cannot reach a pod's loopback; "
+            "set observe.prometheus.host=0.0.0.0 for Kubernetes"
+        )
+    if api == "trainjob" and runtime != HPCPIPE_RUNTIME:
+        raise ConfigError(
+            f"observe.prometheus.port: a TrainJob cannot declare container ports on the {runtime} "
+            f"runtime; use launch.k8s.runtime={HPCPIPE_RUNTIME} (render it with --runtime) or "
+            "--api pytorchjob"
         )
 
 
@@ -229,6 +249,8 @@ def training_runtime(job: JobConfig, parts: PodParts) -> dict[str, Any]:
             }
         ],
     }
+    if parts.metrics_ports:
+        pod_spec["containers"][0]["ports"] = parts.metrics_ports
     if cfg.priority_class:
         pod_spec["priorityClassName"] = cfg.priority_class
     exit_rule = {"containerName": NODE_CONTAINER, "operator": "In", "values": [job.fault.preempt_exit_code]}
@@ -274,7 +296,7 @@ def pytorch_job(job: JobConfig, name: str, parts: PodParts, labels: dict[str, st
         "command": parts.command,
         "env": parts.env,
         "volumeMounts": parts.mounts,
-        "ports": [{"name": "c10d", "containerPort": cfg.rdzv_port}],
+        "ports": [{"name": "c10d", "containerPort": cfg.rdzv_port}, *parts.metrics_ports],
     }
     if parts.resources:
         container["resources"] = parts.resources
