@@ -246,7 +246,7 @@ def test_exporter_ports_are_declared_for_the_podmonitor() -> None:
     ("overrides", "api", "message"),
     [
         (["observe.prometheus.port=9400"], "pytorchjob", "cannot reach a pod's loopback"),
-        (["observe.prometheus.port=9400", "observe.prometheus.host=::"], "trainjob", "declare container ports"),
+        (["observe.prometheus.port=9400", "observe.prometheus.host=::"], "trainjob", "container ports"),
     ],
 )
 def test_an_exporter_a_pod_cannot_expose_is_named(overrides: list[str], api: str, message: str) -> None:
