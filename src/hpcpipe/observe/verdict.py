@@ -70,7 +70,7 @@ class Verdict:
 
 KNOBS = {
     "input-bound": [
-        "data.num_workers up (loader processes), data.persistent_workers: true",
+        "data.num_workers up (image recipes' DataLoader processes), data.persistent_workers: true",
         "data.pin_memory: true and data.prefetch_factor 4+ (batches ready before they are needed)",
         "data.cache_dir: stage the dataset to node-local disk (`hpcpipe data stage`)",
         "a larger train.micro_batch_size amortises per-batch loader overhead",
