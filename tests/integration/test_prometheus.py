@@ -141,17 +141,16 @@ def test_prometheus_scrapes_both_ranks_and_runs_every_panel(tmp_path: Path, prom
         )  # fmt: skip
     try:
         deadline = time.monotonic() + 150
-        ranks: set[str] = set()
-        while ranks != {"0", "1"}:
+        wanted = ('hpcpipe_steps_total{run="scraped"} > 0', 'hpcpipe_loss{run="scraped"}')
+        found: dict[str, list[dict[str, Any]]] = {}
+        # Both ranks' step counters and losses (the loss comes with the first logged step).
+        while any({r["metric"]["rank"] for r in found.get(q, [])} != {"0", "1"} for q in wanted):
             assert train.poll() is None, f"training ended before both ranks were scraped: {log.read_text()}"
-            assert time.monotonic() < deadline, "Prometheus never saw hpcpipe_steps_total for both ranks"
+            assert time.monotonic() < deadline, f"Prometheus never saw both ranks: {found}"
             time.sleep(0.5)
-            result = prometheus.query('hpcpipe_steps_total{run="scraped"} > 0')["data"]["result"]
-            ranks = {r["metric"]["rank"] for r in result}
+            found = {q: prometheus.query(q)["data"]["result"] for q in wanted}
         assert _listening({base, base + 1}) == {base: "0100007F", base + 1: "0100007F"}  # 127.0.0.1 only
-        loss = prometheus.query('hpcpipe_loss{run="scraped"}')["data"]["result"]
-        assert {r["metric"]["rank"] for r in loss} == {"0", "1"}
-        assert all(0 < float(r["value"][1]) < 20 for r in loss)
+        assert all(0 < float(r["value"][1]) < 20 for r in found[wanted[1]])
         time.sleep(3)  # a few more scrapes, so rate() over the panels' windows has two points
         for expr in _dashboard_module().all_exprs():
             answer = prometheus.query(concrete(expr))

@@ -184,3 +184,15 @@ def test_end_of_run_summary_reaches_a_pushgateway(caplog: pytest.LogCaptureFixtu
         assert not push_summary(f"http://user:s3cret@127.0.0.1:{_free_port()}", "run-a", {"steps": 1.0})
     assert "s3cret" not in caplog.text
     assert "127.0.0.1" in caplog.text
+
+
+def test_build_info_names_this_checkout() -> None:
+    from hpcpipe import __version__
+    from hpcpipe.observe.prometheus import build_info
+
+    root = Path(__file__).resolve().parents[2]
+    head = subprocess.run(
+        ["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True, text=True, check=False
+    )
+    expected = head.stdout.strip() if head.returncode == 0 else "unknown"
+    assert build_info() == {"version": __version__, "git_sha": expected}

@@ -177,14 +177,17 @@ def build_info() -> dict[str, str]:
     """``version`` and ``git_sha`` (``unknown`` outside a git checkout) of the running hpcpipe."""
     from hpcpipe import __version__
 
+    package = Path(__file__).resolve().parents[1]
     sha = "unknown"
     try:
         out = subprocess.run(
-            ["git", "rev-parse", "--short=12", "HEAD"],
-            cwd=Path(__file__).parent, capture_output=True, text=True, timeout=5, check=False,
+            ["git", "rev-parse", "--show-toplevel", "--short=12", "HEAD"],
+            cwd=package, capture_output=True, text=True, timeout=5, check=False,
         )  # fmt: skip
-        if out.returncode == 0:
-            sha = out.stdout.strip()
+        lines = out.stdout.split()
+        # Only hpcpipe's own checkout: an installed copy inside another repository is not it.
+        if out.returncode == 0 and len(lines) == 2 and Path(lines[0]) / "src" / "hpcpipe" == package:
+            sha = lines[1]
     except (OSError, subprocess.SubprocessError):
         pass
     return {"version": __version__, "git_sha": sha}
