@@ -9,7 +9,7 @@ timers, which are always on (their cost is inside `benchmarks/trainer_overhead.p
 against a hand-written loop). Timed blocks alternate (on, off, off, on, ...) so drift on a shared
 machine hits both; the ratio of median tokens/s is the result (target >= 0.97).
 
-    .venv/bin/python benchmarks/observability_overhead.py [--repeats 9] [--steps 20]
+    .venv/bin/python benchmarks/observability_overhead.py [--repeats 11] [--steps 40]
 """
 
 from __future__ import annotations
@@ -120,8 +120,8 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--nproc", type=int, default=2, help="DDP ranks (gloo on CPU)")
-    parser.add_argument("--repeats", type=int, default=9)
-    parser.add_argument("--steps", type=int, default=20, help="optimizer steps per timed block")
+    parser.add_argument("--repeats", type=int, default=11)
+    parser.add_argument("--steps", type=int, default=40, help="optimizer steps per timed block")
     parser.add_argument("--log-every", type=int, default=10, help="observe.log_every (and imbalance check)")
     parser.add_argument("--batch", type=int, default=8, help="sequences per rank per step")
     parser.add_argument("--vocab", type=int, default=4096)
