@@ -74,7 +74,10 @@ class ImbalanceConfig(Section):
         "time (step time minus exposed communication) exceeds this.",
     )
     warmup_steps: int = Field(
-        20, ge=0, description="No check before this step (compilation, allocator and cache warm-up)."
+        20,
+        ge=0,
+        description="Check only logging intervals that start after this step (compilation, "
+        "allocator and cache warm-up, DDP's bucket rebuild after step 1).",
     )
 
 

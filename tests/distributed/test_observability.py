@@ -45,7 +45,7 @@ def test_a_rank_slow_to_load_data_is_named_at_the_first_check(tmp_path: Path) ->
     events = _imbalance_events(run)
     assert events, proc.stderr[-2000:]
     first = events[0]
-    assert first["step"] == WARMUP  # within one check of the warm-up's end
+    assert first["step"] == WARMUP + 10  # the first interval after the warm-up: steps 11..20
     assert (first["slowest_rank"], first["phase"]) == (1, "data")
     assert first["host"] and first["ratio"] > 0.2
     assert first["phase_excess_s"] > 0.02
@@ -53,7 +53,7 @@ def test_a_rank_slow_to_load_data_is_named_at_the_first_check(tmp_path: Path) ->
     assert "rank 1 on" in proc.stderr and "is slowest, data" in proc.stderr
     rows = [r for r in read_metrics(run) if "loss" in r]
     checked = [r for r in rows if "imbalance" in r]
-    assert [r["step"] for r in checked] == [10, 20, 30, 40]
+    assert [r["step"] for r in checked] == [20, 30, 40]
     assert all(r["slowest_rank"] == 1 for r in checked)
     # Rank 0 waited for rank 1: its exposed communication carries the delay.
     assert all(r["comm_time_s"] > 0.04 for r in rows[1:])
@@ -78,11 +78,13 @@ def test_a_rank_slow_to_compute_is_named_with_its_forward_phase(tmp_path: Path) 
 
 
 def test_an_even_run_raises_no_imbalance_event(tmp_path: Path) -> None:
-    _train(tmp_path, "even")
+    # 32 sequences per rank per step: ~30 ms of busy time, so a 2-core machine shared with other
+    # tests' processes does not make 20% of it out of scheduling noise (8 per step did, once).
+    _train(tmp_path, "even", "train.micro_batch_size=32", "train.global_batch_size=64")
     run = tmp_path / "even"
     assert _imbalance_events(run) == []
     checked = [r for r in read_metrics(run) if "imbalance" in r]
-    assert len(checked) == 4 and all(r["imbalance"] < 0.2 for r in checked)
+    assert len(checked) == 3 and all(r["imbalance"] < 0.2 for r in checked)
 
 
 def test_a_slow_loader_makes_the_verdict_input_bound(tmp_path: Path) -> None:

@@ -158,11 +158,16 @@ class ImbalanceDetector:
         dist.all_gather(rows, mine.to(self.device))
         return [bytes(r.cpu().tolist()).rstrip(b"\0").decode(errors="replace") for r in rows]
 
-    def due(self, step: int) -> bool:
-        """Whether the logged step ``step`` checks (a function of the step only: every rank agrees)."""
+    def due(self, step: int, interval_start: int) -> bool:
+        """Whether the logged step ``step`` checks its interval (steps after ``interval_start``).
+
+        A function of step numbers only, so every rank agrees. An interval that covers a step up
+        to ``warmup_steps`` is never checked: the first steps (allocator, caches, DDP's bucket
+        rebuild after step 1) differ between ranks for reasons no straggler has.
+        """
         return (
             self.enabled
-            and step >= self.cfg.warmup_steps
+            and interval_start >= self.cfg.warmup_steps
             and step - self._last_check >= self.cfg.every_steps
         )
 

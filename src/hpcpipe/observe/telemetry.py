@@ -55,6 +55,7 @@ class Telemetry:
         )
         self.profiler = StepProfiler(cfg.profile, who.rank, run_dir, who.device)
         self._steps_since_row = 0
+        self._last_row_step = 0  # the logged row before this one: the interval starts after it
         self._last_step_end: float | None = None
 
     def _start_gpu(self, cfg: ObserveConfig, labels: dict[str, str]) -> None:
@@ -77,6 +78,7 @@ class Telemetry:
     def start(self, next_step: int) -> None:
         """Training starts (or resumes) at ``next_step``."""
         self.profiler.start(next_step)
+        self._last_row_step = next_step - 1
         self._last_step_end = time.perf_counter()
 
     def on_step(self, items: float) -> None:
@@ -100,8 +102,10 @@ class Telemetry:
         sample = self.gpu.latest if self.gpu is not None else None
         if sample is not None and sample.util_ratio is not None:
             extra["gpu_util_ratio"] = sample.util_ratio
-        if self.imbalance.due(int(row["step"])):
-            result = self.imbalance.check(int(row["step"]), row)
+        step, interval_start = int(row["step"]), self._last_row_step
+        self._last_row_step = step
+        if self.imbalance.due(step, interval_start):
+            result = self.imbalance.check(step, row)
             self.exporter.on_imbalance(result.ratio, result.slowest_rank, result.flagged)
             extra.update(imbalance=result.ratio, slowest_rank=result.slowest_rank)
             if result.flagged:
