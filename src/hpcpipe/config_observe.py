@@ -79,6 +79,13 @@ class ImbalanceConfig(Section):
         description="Check only logging intervals that start after this step (compilation, "
         "allocator and cache warm-up, DDP's bucket rebuild after step 1).",
     )
+    consecutive: int = Field(
+        2,
+        ge=1,
+        description="Raise the event only when the same rank is over the threshold in this many "
+        "checks in a row (1: at the first). A straggler stays slow; a descheduled process on a "
+        "shared node makes one interval uneven now and then.",
+    )
 
 
 class ProfileConfig(Section):

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from tests.helpers import run_cli
 
-from hpcpipe.observe.imbalance import FIELDS, analyse
+from hpcpipe.observe.imbalance import FIELDS, Imbalance, analyse, next_streak
 from hpcpipe.observe.verdict import Evidence, Thresholds, classify, evidence_from_rows, read_trace
 
 NAN = math.nan
@@ -35,7 +35,7 @@ def test_a_rank_slow_to_load_data_is_named_with_the_data_phase() -> None:
     assert result.phase == "data"
     assert result.phase_excess_s == pytest.approx(0.12)
     assert result.ratio == pytest.approx((0.30 - 0.18) / 0.18)
-    assert result.flagged and result.cause is None
+    assert result.over and result.cause is None
     assert "rank 2 on c is slowest, data +120.0 ms" in result.describe()
 
 
@@ -48,7 +48,19 @@ def test_a_rank_slow_to_compute_is_named_with_the_forward_phase() -> None:
 def test_an_even_group_is_not_flagged() -> None:
     table = [_rank(0.20, 0.01, 0.05, 0.10, 0.02, 0.01 + i * 0.002) for i in range(8)]
     result = analyse(10, table, [f"n{i}" for i in range(8)], threshold=0.2)
-    assert result.ratio < 0.2 and not result.flagged
+    assert result.ratio < 0.2 and not result.over
+
+
+def test_only_the_same_rank_over_threshold_in_a_row_builds_a_streak() -> None:
+    def check(slowest: int, ratio: float) -> Imbalance:
+        return Imbalance(0, ratio, 0.2, slowest, "h", "data", 0.0, [], None)
+
+    streak = (-1, 0)
+    counts = []
+    for slowest, ratio in [(1, 0.5), (1, 0.5), (0, 0.5), (0, 0.1), (0, 0.5), (0, 0.5), (0, 0.5)]:
+        streak = next_streak(streak, check(slowest, ratio))
+        counts.append(streak[1])
+    assert counts == [1, 2, 1, 0, 1, 2, 3]
 
 
 def test_a_throttled_gpu_is_named_as_the_cause() -> None:

@@ -41,7 +41,7 @@ def _fed_exporter(port: int | None = None) -> Exporter:
     exporter.on_event("checkpoint_committed", {"step": 2, "write_s": 1.5})
     exporter.on_event("checkpoint_fallback", {"step": 1})
     exporter.on_event("oom_recovered", {"step": 2})
-    exporter.on_imbalance(0.5, slowest_rank=1, flagged=True)
+    exporter.on_imbalance(0.5, slowest_rank=1, raised=True)
     return exporter
 
 

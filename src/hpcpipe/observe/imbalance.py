@@ -9,7 +9,8 @@ clock-event reasons when telemetry has them) gives every rank the same table, an
 
     imbalance = (max - min) / median   of the ranks' busy time.
 
-Above ``threshold`` (after ``warmup_steps``) the slowest rank is named with its host and the
+Above ``threshold`` (after ``warmup_steps``), for the same rank in ``consecutive`` checks in a
+row, the slowest rank is named with its host and the
 phase that is furthest above the other ranks' median for that phase (``data``, ``forward``,
 ``backward``, ``optimizer``, or ``other`` for time in none of them), and a throttled GPU
 (slowdown reasons set, or an SM clock 10% under the median) is named as the cause.
@@ -20,7 +21,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import torch
@@ -56,9 +57,10 @@ class Imbalance:
     phase_excess_s: float  # that phase: slowest rank's seconds per step minus the median
     busy_s: list[float]  # per rank: step time minus exposed communication, seconds per step
     cause: str | None  # a throttled GPU on the slowest rank, when telemetry says so
+    streak: int = 0  # checks in a row, this one included, with this rank slowest and over threshold
 
     @property
-    def flagged(self) -> bool:
+    def over(self) -> bool:
         return self.ratio > self.threshold
 
     def to_event(self) -> dict[str, Any]:
@@ -69,7 +71,7 @@ class Imbalance:
         text = (
             f"rank imbalance {self.ratio:.0%} > {self.threshold:.0%} at step {self.step}: rank "
             f"{self.slowest_rank} on {self.host} is slowest, {self.phase} +{excess_ms:.1f} ms per step "
-            "over the median"
+            f"over the median ({self.streak} checks in a row)"
         )
         return text + (f"; cause: {self.cause}" if self.cause else "")
 
@@ -147,6 +149,7 @@ class ImbalanceDetector:
         grouped = dist.is_available() and dist.is_initialized()
         self.enabled = cfg.every_steps > 0 and world_size > 1 and grouped
         self._last_check = 0
+        self._streak = (-1, 0)  # (rank, checks in a row it was slowest and over threshold)
         self.hosts = self._gather_hosts(node) if self.enabled else [node]
 
     def _gather_hosts(self, node: str) -> list[str]:
@@ -180,7 +183,21 @@ class ImbalanceDetector:
         gathered = [torch.empty_like(local) for _ in range(self.world_size)]
         dist.all_gather(gathered, local)
         table = torch.stack(gathered).cpu().tolist()  # (world, len(FIELDS))
-        return analyse(step, table, self.hosts, self.cfg.threshold)
+        result = analyse(step, table, self.hosts, self.cfg.threshold)
+        self._streak = next_streak(self._streak, result)
+        return replace(result, streak=self._streak[1])
+
+    def sustained(self, result: Imbalance) -> bool:
+        """Whether ``result`` raises an event: over threshold ``consecutive`` checks in a row."""
+        return result.streak >= self.cfg.consecutive
+
+
+def next_streak(streak: tuple[int, int], result: Imbalance) -> tuple[int, int]:
+    """(rank, checks in a row) after ``result``: the count restarts when another rank is slowest."""
+    rank, count = streak
+    if not result.over:
+        return (result.slowest_rank, 0)
+    return (result.slowest_rank, count + 1 if rank == result.slowest_rank else 1)
 
 
 def _float(value: Any) -> float:

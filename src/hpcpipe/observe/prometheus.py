@@ -141,10 +141,10 @@ class Exporter:
         elif kind == "oom_recovered":
             self.ooms.labels(**own).inc()
 
-    def on_imbalance(self, ratio: float, slowest_rank: int, flagged: bool) -> None:
+    def on_imbalance(self, ratio: float, slowest_rank: int, raised: bool) -> None:
         self.imbalance.labels(**self.labels).set(ratio)
         self.slowest.labels(**self.labels).set(slowest_rank)
-        if flagged:
+        if raised:
             self.imbalance_events.labels(**self.labels).inc()
 
     def close(self, summary: dict[str, float] | None = None) -> None:

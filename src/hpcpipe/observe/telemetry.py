@@ -106,9 +106,10 @@ class Telemetry:
         self._last_row_step = step
         if self.imbalance.due(step, interval_start):
             result = self.imbalance.check(step, row)
-            self.exporter.on_imbalance(result.ratio, result.slowest_rank, result.flagged)
+            sustained = self.imbalance.sustained(result)
+            self.exporter.on_imbalance(result.ratio, result.slowest_rank, sustained)
             extra.update(imbalance=result.ratio, slowest_rank=result.slowest_rank)
-            if result.flagged:
+            if sustained:
                 self.events.emit("imbalance", result.to_event())
                 if self.who.rank == 0:
                     log.warning("%s", result.describe())
