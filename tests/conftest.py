@@ -33,4 +33,3 @@ def tiny_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def synthetic_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_synthetic_corpus(tmp_path_factory.mktemp("synthetic") / "corpus.txt")
-

@@ -155,7 +155,7 @@ def test_prometheus_scrapes_both_ranks_and_runs_every_panel(tmp_path: Path, prom
         for expr in _dashboard_module().all_exprs():
             answer = prometheus.query(concrete(expr))
             assert answer["status"] == "success", (expr, answer)
-        for expr in ('sum by (run) (rate(hpcpipe_tokens_total{run=~".*"}[1m]))', 'hpcpipe_build_info'):
+        for expr in ('sum by (run) (rate(hpcpipe_tokens_total{run=~".*"}[1m]))', "hpcpipe_build_info"):
             assert prometheus.query(expr)["data"]["result"], expr
         targets = tmp_path / "prometheus-targets"
         assert [p.name for p in targets.iterdir()] == [f"scraped@{socket.gethostname()}.json"]

@@ -80,7 +80,10 @@ def test_a_throttled_gpu_is_named_as_the_cause() -> None:
 
 
 def _evidence(
-    data: float = 0.0, comm: float = 0.0, other: float = 0.0, busy: float | None = None,
+    data: float = 0.0,
+    comm: float = 0.0,
+    other: float = 0.0,
+    busy: float | None = None,
 ) -> Evidence:
     compute = 1.0 - data - comm - other
     shares = {"data": data, "forward": compute / 3, "backward": compute / 2, "optimizer": compute / 6,

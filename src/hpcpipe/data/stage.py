@@ -159,9 +159,10 @@ def collect_garbage(cache_root: Path, days: float, keep: frozenset[str] = frozen
         last_used = marker.stat().st_mtime if marker.is_file() else entry.stat().st_mtime
         if last_used >= cutoff:
             continue
-        with _try_exclusive(cache_root, entry.name, ".lock") as idle, _try_exclusive(
-            cache_root, entry.name, ".use"
-        ) as unused:
+        with (
+            _try_exclusive(cache_root, entry.name, ".lock") as idle,
+            _try_exclusive(cache_root, entry.name, ".use") as unused,
+        ):
             if idle and unused:
                 shutil.rmtree(entry)
                 removed.append(entry.name)
