@@ -20,8 +20,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from hpcpipe.config_launch import LaunchConfig
 from hpcpipe.config_observe import ObserveConfig
+from hpcpipe.config_pipeline import PipelineConfig
 from hpcpipe.config_section import Section
-from hpcpipe.errors import ConfigError
+from hpcpipe.errors import ConfigError, hide_credentials
 
 
 class RunConfig(Section):
@@ -463,6 +464,7 @@ class JobConfig(Section):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     fault: FaultConfig = Field(default_factory=FaultConfig)
     launch: LaunchConfig = Field(default_factory=LaunchConfig)
+    pipeline: PipelineConfig = Field(default_factory=PipelineConfig)
 
     @model_validator(mode="after")
     def _watchdog_fires_before_collectives_time_out(self) -> JobConfig:
@@ -645,5 +647,5 @@ def _first_error(exc: ValidationError) -> str:
     if err["type"] == "extra_forbidden":
         return f"unknown config key {loc!r}"
     if "input" in err and err["type"] not in {"missing"} and not isinstance(err["input"], dict):
-        return f"{loc}: {message} (got {err['input']!r})"
+        return f"{loc}: {message} (got {hide_credentials(repr(err['input']))})"
     return f"{loc}: {message}"

@@ -1,11 +1,13 @@
 """The ``observe:`` config section: metrics files, the Prometheus exporter, GPU telemetry,
-rank-imbalance detection and the profiler (its own module: config.py holds the training side)."""
+rank-imbalance detection, the profiler, and the tracking sinks that outlive the run (TensorBoard,
+MLflow) (its own module: config.py holds the training side)."""
 
 from __future__ import annotations
 
 from typing import Literal
+from urllib.parse import urlsplit
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from hpcpipe.config_section import Section
 
@@ -109,6 +111,37 @@ class ProfileConfig(Section):
         return self.ranks == "all" or rank in self.ranks
 
 
+class MlflowConfig(Section):
+    """MLflow tracking from rank 0, on a background thread: training never waits on the server."""
+
+    tracking_uri: str | None = Field(
+        None,
+        description="sqlite:///path/mlflow.db or http(s)://host:port (null: $MLFLOW_TRACKING_URI). "
+        "No credentials here: MLFLOW_TRACKING_USERNAME/PASSWORD or MLFLOW_TRACKING_TOKEN.",
+    )
+    experiment: str = Field("hpcpipe", min_length=1, description="MLflow experiment name.")
+    queue_size: int = Field(
+        20000,
+        ge=100,
+        description="Metric values held while the server is unreachable; past it they are dropped "
+        "(one warning) and `hpcpipe track sync RUN_DIR` replays them from metrics.jsonl.",
+    )
+    close_timeout_s: float = Field(
+        15.0, ge=0, description="At the end of training, how long to wait for queued values to send."
+    )
+
+    @field_validator("tracking_uri")
+    @classmethod
+    def _no_credentials(cls, uri: str | None) -> str | None:
+        # config.yaml is saved in the run directory and logged as an artifact: no secrets in it.
+        if uri is not None and urlsplit(uri).password is not None:
+            raise ValueError(
+                "holds a password: config.yaml is saved with the run; put credentials in "
+                "MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD instead"
+            )
+        return uri
+
+
 class ObserveConfig(Section):
     log_every: int = Field(10, ge=1, description="Write a metrics row every N steps (and the last).")
     progress: bool = Field(True, description="Rich progress bar on rank 0 when on a terminal.")
@@ -119,3 +152,11 @@ class ObserveConfig(Section):
     gpu: GpuTelemetryConfig = Field(default_factory=GpuTelemetryConfig)
     imbalance: ImbalanceConfig = Field(default_factory=ImbalanceConfig)
     profile: ProfileConfig | None = Field(None, description="A profiler window (null: no profiling).")
+    tensorboard: bool = Field(
+        False,
+        description="TensorBoard event files under <run_dir>/tensorboard from rank 0: metrics, "
+        "evaluation, hyper-parameters (the flattened config) and events as text.",
+    )
+    mlflow: MlflowConfig | None = Field(
+        None, description="MLflow tracking (the `mlflow` extra; null: off). Rank 0 only."
+    )

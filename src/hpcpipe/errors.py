@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+import re
+
 USER_ERROR_EXIT_CODE = 2
+_USERINFO = re.compile(r"//[^/\s@'\"]+@")  # user:password@ in a URL
+
+
+def hide_credentials(text: str) -> str:
+    """``text`` with every URL's ``user:password@`` removed: for messages, logs and artifacts."""
+    return _USERINFO.sub("//", text)
 
 
 class UserError(Exception):

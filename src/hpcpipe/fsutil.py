@@ -1,13 +1,16 @@
-"""File-system durability helpers shared by dataset preparation and checkpoint commits."""
+"""File-system helpers: durability for dataset preparation and checkpoint commits; reading the
+small JSON records of a run directory."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 
 def fsync_dir(path: Path) -> None:
@@ -42,3 +45,12 @@ def atomic_replace_dir(final: Path) -> Iterator[Path]:
         fsync_dir(final.parent)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def read_json_object(path: Path) -> dict[str, Any]:
+    """A JSON object from ``path``; empty when the file is absent, unreadable or not an object."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}

@@ -109,7 +109,7 @@ def test_sweep_writes_one_row_per_run_skips_finished_points_and_the_report_needs
 
     for row in rows:
         shutil.rmtree(out / row["run_id"])
-    proc = cli("report", "study", str(tmp_path / "study"))
+    proc = cli("report", str(tmp_path / "study"))
     assert proc.returncode == 0, proc.stderr
     report = tmp_path / "study" / "report"
     assert (report / "sweep_throughput.png").stat().st_size > 10_000
@@ -123,7 +123,7 @@ def test_bad_sweep_input_is_one_line_exit_2(cli, tmp_path: Path) -> None:  # typ
     assert "unknown config key 'train.nope'" in proc.stderr
     proc = cli("sweep", "resnet-tiny", "--grid", "train.precision=[fp64]", "--out", str(tmp_path))
     assert proc.returncode == 2 and "train.precision" in proc.stderr
-    proc = cli("report", "study", str(tmp_path))
+    proc = cli("report", str(tmp_path))
     assert proc.returncode == 2 and "no scaling.csv or sweep.csv" in proc.stderr
 
 
@@ -148,7 +148,7 @@ def test_scaling_study_on_1_and_2_workers_then_report_from_csv_alone(cli, data: 
     assert rows[("weak", 2)]["devices"] == "2" and float(rows[("weak", 2)]["time_per_epoch_s"]) > 0
     for run in [p for p in out.iterdir() if p.is_dir()]:
         shutil.rmtree(run)
-    proc = cli("report", "study", str(out))
+    proc = cli("report", str(out))
     assert proc.returncode == 0, proc.stderr
     for name in ("scaling_throughput.png", "scaling_efficiency.png", "weak_time_per_epoch.png"):
         assert (out / "report" / name).stat().st_size > 10_000

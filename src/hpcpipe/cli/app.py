@@ -15,10 +15,12 @@ from hpcpipe.cli import doctor as doctor_cli
 from hpcpipe.cli import evaluate as evaluate_cli
 from hpcpipe.cli import jobs as jobs_cli
 from hpcpipe.cli import launch as launch_cli
+from hpcpipe.cli import lineage as lineage_cli
 from hpcpipe.cli import presets as presets_cli
 from hpcpipe.cli import profile as profile_cli
 from hpcpipe.cli import report as report_cli
 from hpcpipe.cli import sweep as sweep_cli
+from hpcpipe.cli import track as track_cli
 from hpcpipe.cli import train as train_cli
 from hpcpipe.errors import USER_ERROR_EXIT_CODE, UserError
 from hpcpipe.launch.exit import flush_and_exit
@@ -63,7 +65,11 @@ app.command("roofline")(analysis_cli.roofline)
 app.command("profile")(profile_cli.profile)
 app.add_typer(analysis_cli.scaling_law_app, name="scaling-law")
 app.command("sweep")(sweep_cli.sweep)
-app.add_typer(report_cli.app, name="report")
+app.command("report")(report_cli.report)
+app.command("lineage")(lineage_cli.lineage)
+app.add_typer(track_cli.app, name="track")
+app.command("register")(track_cli.register)
+app.add_typer(track_cli.models_app, name="models")
 app.add_typer(evaluate_cli.app, name="eval")
 app.add_typer(launch_cli.app, name="launch")
 app.add_typer(jobs_cli.app, name="jobs")

@@ -319,7 +319,7 @@ def scaling(
     (global batch / parallel.nproc of the job) stays fixed, E_w(N) = T(1) / T(N). T is the median
     step time after warm-up. Each row also gets its data-wait share, exposed communication (step
     time minus the same step without gradient sync) and a bottleneck verdict. Redraw the plots and
-    tables from the CSV alone with `hpcpipe report study OUT`.
+    tables from the CSV alone with `hpcpipe report OUT`.
 
     Examples:
 

@@ -35,7 +35,7 @@ def sweep(
     Each point is an ordinary run directory OUT/<name>-<point>/; OUT/sweep.csv has one row per
     point: run id, job id, nodes, devices, global batch, precision, bucket size, workers,
     throughput, time/epoch, final accuracy, git SHA and config hash. Re-running the same command
-    skips finished points. Plot it with `hpcpipe report study OUT`.
+    skips finished points. Plot it with `hpcpipe report OUT`.
 
     Examples:
 

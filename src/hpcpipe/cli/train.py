@@ -1,9 +1,10 @@
-"""`hpcpipe train` (train a job) and `hpcpipe run` (the whole job: data, training, report)."""
+"""`hpcpipe train` (train a job) and `hpcpipe run` (the whole job as a pipeline of steps)."""
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 
@@ -17,6 +18,10 @@ from hpcpipe.cli.common import (
     load_job,
 )
 from hpcpipe.config import JobConfig
+
+if TYPE_CHECKING:  # the CLI imports torch only inside the verbs
+    from hpcpipe.launch.job import WorkerFailure
+    from hpcpipe.train.preempt import Preempted
 
 
 def train(
@@ -46,30 +51,70 @@ def train(
     console.print(f"[green]done[/green]: {run_dir}")
 
 
+StepOption = Annotated[
+    str | None,
+    typer.Option(
+        "--from",
+        help="Run from this step on, even where nothing changed (prepare, stage, train, evaluate, "
+        "export, register, report).",
+        show_default=False,
+    ),
+]
+OnlyOption = Annotated[
+    str | None,
+    typer.Option("--only", help="Run this one step (the steps before it must have run).", show_default=False),
+]
+
+
 def run(
     config: ConfigArg,
     sets: SetOption = None,
     nproc: NprocOption = None,
     max_restarts: MaxRestartsOption = 0,
+    start: StepOption = None,
+    only: OnlyOption = None,
 ) -> None:
-    """Run the whole job: prepare data, train, evaluate, write a loss curve and summary.md.
+    """Run the whole job as a pipeline: prepare → stage → train → evaluate → export → register →
+    report. Each step records its inputs and outputs (hashes) in RUN_DIR/lineage.json; a step
+    whose inputs are unchanged is skipped and says so, and a failed step runs again while the
+    steps before it are skipped. `hpcpipe lineage RUN_DIR` prints the graph.
 
     `hpcpipe run quickstart` trains a small GPT with DDP over 2 CPU processes on the Python
     standard library's source in a few minutes, and leaves runs/quickstart/ with metrics, a
-    loss-curve PNG, a generated text sample and summary.md.
+    loss-curve PNG, a generated text sample, summary.md, eval.json, an HF export and
+    report/report.html.
+
+    Examples:
+
+      hpcpipe run quickstart                 (again: every step is skipped)
+
+      hpcpipe run quickstart --set pipeline.export_format=safetensors   (export and later re-run)
+
+      hpcpipe run quickstart --only report
     """
-    from hpcpipe.report.loss_curve import plot_loss_curve
-    from hpcpipe.report.summary import write_summary
+    from hpcpipe.launch.job import WorkerFailure
+    from hpcpipe.pipeline.engine import StepContext, run_pipeline
+    from hpcpipe.pipeline.steps import STEPS
+    from hpcpipe.train.environment import detect_environment
+    from hpcpipe.train.preempt import Preempted
 
     job = load_job(config, sets, nproc)
-    run_dir, wall = _train(job, max_restarts)
-    if not _is_main_process():
+    ctx = StepContext(job, job.run_dir, max_restarts, say=lambda text: console.print(text, markup=False))
+    env = detect_environment()
+    if env.is_external and env.is_distributed:  # torchrun / srun started this on every rank
+        ctx.group_steps, ctx.is_main = ("prepare", "train"), env.rank == 0
+        if not ctx.is_main:
+            ctx.say = lambda _: None
+    try:
+        run_pipeline(STEPS, ctx, start=start, only=only)
+    except (WorkerFailure, Preempted) as exc:
+        _report_failure(job, exc)
+    if not ctx.is_main:
         return
-    plot_loss_curve(run_dir)
-    summary = write_summary(run_dir, wall_time_s=wall)
-    console.print(summary.read_text(), markup=False, highlight=False)
-    made = [name for name in ("summary.md", "loss_curve.png", "sample.txt") if (run_dir / name).is_file()]
-    console.print(f"[green]done[/green]: {run_dir} ({', '.join(made)})")
+    summary = ctx.results.get("summary")
+    if summary is not None:
+        console.print(summary.read_text(), markup=False, highlight=False)
+    console.print(f"[green]done[/green]: {job.run_dir} (hpcpipe lineage {job.run_dir})")
 
 
 def _train(job: JobConfig, max_restarts: int) -> tuple[Path, float]:
@@ -79,19 +124,17 @@ def _train(job: JobConfig, max_restarts: int) -> tuple[Path, float]:
     start = time.perf_counter()
     try:
         run_dir = run_job(job, max_restarts=max_restarts)
-    except WorkerFailure as exc:
-        if exc.exit_code == job.fault.preempt_exit_code:
-            err_console.print(f"preempted: checkpoint committed; run again to resume ({job.run_dir})")
-        else:
-            err_console.print(f"error: {exc}; run dir: {job.run_dir}")
-        raise typer.Exit(exc.exit_code) from None
-    except Preempted as exc:
-        err_console.print(f"{exc}; run again to resume ({job.run_dir})")
-        raise typer.Exit(exc.exit_code) from None
+    except (WorkerFailure, Preempted) as exc:
+        _report_failure(job, exc)
     return run_dir, time.perf_counter() - start
 
 
-def _is_main_process() -> bool:
-    from hpcpipe.train.environment import detect_environment
+def _report_failure(job: JobConfig, exc: WorkerFailure | Preempted) -> NoReturn:
+    if isinstance(exc, Preempted):
+        err_console.print(f"{exc}; run again to resume ({job.run_dir})")
+    elif exc.exit_code == job.fault.preempt_exit_code:
+        err_console.print(f"preempted: checkpoint committed; run again to resume ({job.run_dir})")
+    else:
+        err_console.print(f"error: {exc}; run dir: {job.run_dir}")
+    raise typer.Exit(exc.exit_code) from None
 
-    return detect_environment().rank == 0

@@ -7,11 +7,11 @@ another machine from a copied run directory.
 
 from __future__ import annotations
 
-import json
 import statistics
 from pathlib import Path
 from typing import Any
 
+from hpcpipe.fsutil import read_json_object
 from hpcpipe.observe.metrics import read_metrics
 
 RUN_COLUMNS = (
@@ -42,7 +42,7 @@ def summarize_run_dir(run_dir: Path, skip_rows: int = 1) -> dict[str, Any]:
     import yaml
 
     config = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
-    lineage = _json(run_dir / "lineage.json")
+    lineage = read_json_object(run_dir / "lineage.json")
     rows = read_metrics(run_dir)
     train = [r for r in rows if "loss" in r]
     timed = train[skip_rows:] or train
@@ -75,11 +75,3 @@ def summarize_run_dir(run_dir: Path, skip_rows: int = 1) -> dict[str, Any]:
 def _median(rows: list[dict[str, Any]], key: str) -> float | None:
     values = [float(r[key]) for r in rows if r.get(key) is not None]
     return statistics.median(values) if values else None
-
-
-def _json(path: Path) -> dict[str, Any]:
-    try:
-        value = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return value if isinstance(value, dict) else {}

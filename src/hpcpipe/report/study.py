@@ -1,4 +1,4 @@
-"""`hpcpipe report study DIR`: every plot and table of a scaling study, from its CSVs alone.
+"""`hpcpipe report DIR` (study part): every plot and table of a scaling study, from its CSVs alone.
 
 Inputs are the ``scaling.csv`` files (``hpcpipe bench scaling``) and ``sweep.csv`` files
 (``hpcpipe sweep``) found under DIR; the run directories are not needed. Outputs, in
@@ -215,7 +215,7 @@ def weak_variation(rows: list[dict[str, Any]]) -> float | None:
 
 
 def render_markdown(scaling: list[dict[str, Any]], sweep: list[dict[str, Any]], made: dict[str, Any]) -> str:
-    lines = ["# Scaling study", "", "Regenerated from CSV files alone by `hpcpipe report study`.", ""]
+    lines = ["# Scaling study", "", "Regenerated from CSV files alone by `hpcpipe report`.", ""]
     if scaling:
         header = ["mode", "N", "nodes", "global batch", "throughput/s", "efficiency", ">= 70%"]
         header += ["time/epoch (s)", "data wait", "exposed comm", "bottleneck"]

@@ -29,6 +29,7 @@ from hpcpipe.observe.telemetry import RankInfo, Telemetry
 from hpcpipe.observe.throughput import ThroughputMeter, peak_memory_bytes
 from hpcpipe.observe.watchdog import Watchdog
 from hpcpipe.recipes.base import Batch, Recipe
+from hpcpipe.track.sinks import Trackers
 from hpcpipe.train import fault_injection as chaos
 from hpcpipe.train.distributed import DistContext
 from hpcpipe.train.environment import node_name
@@ -134,6 +135,13 @@ class Trainer:
             self.observe, who, run_dir, job.run.name, job.run.recipe, recipe.throughput_unit, self.events
         )
         self.events.listeners.append(self.telemetry.on_event)
+        # TensorBoard and MLflow (track/), rank 0: rows and events; never block or fail training.
+        self.trackers = (
+            Trackers.open(self.observe, run_dir, job.run.name, job.to_dict(), self.step)
+            if ctx.is_main
+            else Trackers([])
+        )
+        self.events.listeners.append(self.trackers.on_event)
 
     # -- the loop ----------------------------------------------------------------------------
 
@@ -367,6 +375,7 @@ class Trainer:
         """Finish a checkpoint in flight and background work; close the metrics files."""
         self.watchdog.stop()
         self.telemetry.close({"steps": float(self.step), "finished_timestamp_seconds": time.time()})
+        self.trackers.close(finished=self.step >= self.cfg.steps)
         self.loader.close()
         self.store.close()
         if self.sink is not None:
@@ -383,6 +392,7 @@ class Trainer:
     def _write(self, row: dict[str, Any]) -> None:
         if self.sink is not None:
             self.sink.write(row)
+        self.trackers.on_row(row)
 
     def _to_device(self, batch: Batch) -> Batch:
         return tuple(t.to(self.ctx.device, non_blocking=True) for t in batch)

@@ -1,0 +1,156 @@
+"""`hpcpipe track sync`, `hpcpipe register`, `hpcpipe models list|show` and `hpcpipe lineage`:
+what stays after a run, in MLflow and in the run directory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from hpcpipe.cli.common import JsonOption, console, write_json
+from hpcpipe.errors import UserError
+
+app = typer.Typer(help="Replay run directories into MLflow.", no_args_is_help=True)
+models_app = typer.Typer(help="Read the MLflow model registry.", no_args_is_help=True)
+
+RunDirArg = Annotated[Path, typer.Argument(help="A run directory (runs/<name>).", show_default=False)]
+UriOption = Annotated[
+    str | None,
+    typer.Option(
+        "--tracking-uri",
+        help="MLflow tracking URI (default: the run's observe.mlflow.tracking_uri, then "
+        "$MLFLOW_TRACKING_URI). Credentials: MLFLOW_TRACKING_USERNAME/PASSWORD.",
+        show_default=False,
+    ),
+]
+
+
+def _run_dir(path: Path) -> Path:
+    if not (path / "config.yaml").is_file():
+        raise UserError(f"{path}: not a run directory (no config.yaml)")
+    return path
+
+
+def _client(run_dir: Path | None, uri: str | None) -> Any:
+    from hpcpipe.track.mlflow_client import make_client, resolve_uri
+
+    configured = None
+    if uri is None and run_dir is not None:
+        from hpcpipe.config import load_config
+
+        mlflow_cfg = load_config(run_dir / "config.yaml").observe.mlflow
+        configured = mlflow_cfg.tracking_uri if mlflow_cfg else None
+    return make_client(resolve_uri(uri or configured))
+
+
+@app.command("sync")
+def sync(run_dir: RunDirArg, tracking_uri: UriOption = None, json_out: JsonOption = None) -> None:
+    """Replay a run directory into MLflow: whatever the server lacks (parameters, tags, metric
+    values by key and step, artifacts). Safe to repeat: a second sync sends no metric again.
+
+    Examples:
+
+      hpcpipe track sync runs/quickstart
+
+      MLFLOW_TRACKING_URI=http://mlflow.internal:5000 hpcpipe track sync runs/quickstart
+    """
+    from hpcpipe.track.mlflow_client import server_errors
+    from hpcpipe.track.sync import sync_run
+
+    with server_errors(f"track sync {run_dir}"):
+        result = sync_run(_run_dir(run_dir), tracking_uri)
+    if json_out != "-":
+        console.print(
+            f"synced {run_dir} -> MLflow run {result.run_id}: {result.params} params, "
+            f"{result.metrics} metric values, {result.artifacts} artifacts"
+            + (" (finished)" if result.finished else "")
+        )
+    write_json(result.__dict__, json_out)
+
+
+def register(
+    run_dir: RunDirArg,
+    name: Annotated[str, typer.Option("--name", help="Registered model name.", show_default=False)],
+    alias: Annotated[
+        list[str] | None,
+        typer.Option("--alias", help="Alias for the new version (repeatable).", show_default=False),
+    ] = None,
+    export: Annotated[
+        Path | None, typer.Option(help="Export directory (default: the newest under RUN_DIR/export).")
+    ] = None,
+    tracking_uri: UriOption = None,
+    json_out: JsonOption = None,
+) -> None:
+    """Register a run's export (Hugging Face directory or LoRA adapter) as a new version of
+    NAME in the MLflow model registry, with its lineage as tags (run, git SHA, config hash,
+    dataset manifest hash, evaluation metrics), and point aliases at it. The run is synced first.
+
+    Examples:
+
+      hpcpipe register runs/quickstart --name tiny-gpt --alias candidate
+
+      hpcpipe models show tiny-gpt
+    """
+    from hpcpipe.track.mlflow_client import server_errors
+    from hpcpipe.track.registry import register_run
+    from hpcpipe.track.sync import sync_run
+
+    run_dir = _run_dir(run_dir)
+    with server_errors(f"register {run_dir}"):
+        sync_run(run_dir, tracking_uri)
+        made = register_run(_client(run_dir, tracking_uri), run_dir, name, list(alias or []), export)
+    if json_out != "-":
+        aliases = f" ({', '.join(made.aliases)})" if made.aliases else ""
+        console.print(f"registered {made.name} version {made.version}{aliases} from {made.source}")
+    write_json(made.__dict__, json_out)
+
+
+@models_app.command("list")
+def list_(tracking_uri: UriOption = None, json_out: JsonOption = None) -> None:
+    """Registered models: name, latest version, aliases."""
+    from rich.table import Table
+
+    from hpcpipe.track.mlflow_client import server_errors
+    from hpcpipe.track.registry import list_models
+
+    with server_errors("models list"):
+        rows = list_models(_client(None, tracking_uri))
+    if json_out != "-":
+        table = Table("model", "latest version", "aliases")
+        for row in rows:
+            aliases = ", ".join(f"{a}→v{v}" for a, v in sorted(row["aliases"].items()))
+            table.add_row(row["name"], str(row["latest_version"]), aliases)
+        console.print(table)
+    write_json(rows, json_out)
+
+
+@models_app.command("show")
+def show(
+    name: Annotated[str, typer.Argument(help="Registered model name.", show_default=False)],
+    tracking_uri: UriOption = None,
+    json_out: JsonOption = None,
+) -> None:
+    """Every version of NAME: aliases, source run, and the lineage tags it was registered with."""
+    from rich.table import Table
+
+    from hpcpipe.track.mlflow_client import server_errors
+    from hpcpipe.track.registry import show_model
+
+    with server_errors(f"models show {name}"):
+        model = show_model(_client(None, tracking_uri), name)
+    if json_out != "-":
+        table = Table("version", "aliases", "run", "git sha", "config", "dataset", "eval")
+        for v in model["versions"]:
+            tags = v["tags"]
+            evals = ", ".join(
+                f"{k.removeprefix('eval.')} {float(x):.4g}" for k, x in tags.items() if k.startswith("eval.")
+            )
+            short = {
+                k: str(tags.get(f"hpcpipe.{k}", ""))[:12]
+                for k in ("git_sha", "config_hash", "dataset_manifest_sha256")
+            }
+            run = tags.get("hpcpipe.run", "")
+            table.add_row(v["version"], ", ".join(v["aliases"]), run, *short.values(), evals)
+        console.print(table)
+    write_json(model, json_out)

@@ -1,0 +1,30 @@
+"""The ``pipeline:`` config section: what `hpcpipe run` does after training (export, register,
+report). Its own module so the steps downstream of training can be fingerprinted apart from it."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from hpcpipe.config_section import Section
+
+ExportFormat = Literal["auto", "safetensors", "hf", "adapter", "merged"]
+
+
+class PipelineConfig(Section):
+    export_format: ExportFormat = Field(
+        "auto",
+        description="Format of the export step: auto (hf for gpt, adapter for LoRA; vision runs "
+        "have no export), or one of `hpcpipe ckpt export --format`.",
+    )
+    register_as: str | None = Field(
+        None,
+        min_length=1,
+        description="Registered model name: the register step adds a version to the MLflow "
+        "model registry (needs observe.mlflow). Null: the step is skipped.",
+    )
+    aliases: list[str] = Field(
+        default_factory=list, description="Aliases the new version takes (e.g. [candidate])."
+    )
+    report: bool = Field(True, description="Write report.md and report.html under <run_dir>/report.")

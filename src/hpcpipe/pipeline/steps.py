@@ -1,0 +1,228 @@
+"""The seven steps of ``hpcpipe run``: plain functions that read and write the run directory.
+
+Each has a ``run`` (does the work, or raises NotApplicable) and an ``outputs`` (hashes of what it
+left on disk, cheap enough to check on every run). ``STEPS`` is the DAG, in order.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from hpcpipe.pipeline.engine import NotApplicable, Step, StepContext, file_sha256, tree_sha256
+
+# Config that changes what is trained; observe, checkpoint, fault, launch and pipeline do not.
+TRAINING_KEYS = ("run.recipe", "run.seed", "model", "data", "train", "lora", "parallel")
+EXPORT_FORMATS = {"gpt": "hf", "lora-function-calling": "adapter"}
+
+
+# -- prepare: the dataset (tokens, images, conversations), keyed by its inputs' hash ---------------
+
+
+def prepare(ctx: StepContext) -> None:
+    from hpcpipe.launch.job import prepare_inputs
+
+    prepare_inputs(ctx.job)
+
+
+def prepare_outputs(ctx: StepContext) -> dict[str, str]:
+    from hpcpipe.recipes import build_recipe
+
+    digest = build_recipe(ctx.job).dataset_hash()
+    return {"dataset": digest} if digest else {}
+
+
+# -- stage: a verified copy on the node-local cache (data.cache_dir) -----------------------------
+
+
+def stage(ctx: StepContext) -> None:
+    from hpcpipe.data.stage import job_source
+    from hpcpipe.data.stage import stage as stage_dataset
+
+    if ctx.job.data.cache_dir is None:
+        raise NotApplicable("data.cache_dir is null: the data are read where they are")
+    staged = stage_dataset(job_source(ctx.job.data), Path(ctx.job.data.cache_dir))
+    staged.release()
+    ctx.say(f"     staged {staged.path} ({staged.size_bytes / 1e6:.1f} MB, copied: {staged.copied})")
+
+
+def stage_outputs(ctx: StepContext) -> dict[str, str]:
+    from hpcpipe.data.stage import job_source
+
+    if ctx.job.data.cache_dir is None:
+        return {}
+    key = job_source(ctx.job.data).key  # the dataset manifest's hash names the cache entry
+    return {"staged": key} if (Path(ctx.job.data.cache_dir) / key).is_dir() else {}
+
+
+# -- train: the workers (resumes from the newest verified checkpoint) -----------------------------
+
+
+def train(ctx: StepContext) -> None:
+    from hpcpipe.launch.job import run_job
+
+    started = time.perf_counter()
+    run_job(ctx.job, max_restarts=ctx.max_restarts)
+    ctx.results["wall_time_s"] = time.perf_counter() - started
+
+
+def newest_checkpoint(ctx: StepContext) -> Path | None:
+    from hpcpipe.checkpoint.tiers import Tier, fast_root
+
+    committed = Tier("fast", fast_root(ctx.job.checkpoint.dir, ctx.run_dir)).committed()
+    return committed[0][1] if committed else None
+
+
+def train_outputs(ctx: StepContext) -> dict[str, str]:
+    ckpt = newest_checkpoint(ctx)
+    found = {"metrics": file_sha256(ctx.run_dir / "metrics.jsonl")}
+    if ckpt is not None:
+        found["checkpoint"] = f"{ckpt.name}:{file_sha256(ckpt / 'manifest.json')}"
+    return {k: v for k, v in found.items() if v}
+
+
+# -- evaluate: the held-out metrics of the final model -------------------------------------------
+
+
+def evaluate(ctx: StepContext) -> None:
+    """``eval.json``: the trainer's evaluation at the final step (the held-out split)."""
+    from hpcpipe.observe.metrics import read_metrics
+
+    evals = [r for r in read_metrics(ctx.run_dir) if "val_loss" in r]
+    if not evals:
+        raise NotApplicable("no evaluation rows in metrics.jsonl (train.eval_every, train.eval_batches)")
+    last = evals[-1]
+    metrics = {k: v for k, v in last.items() if k != "step" and isinstance(v, int | float)}
+    ckpt = newest_checkpoint(ctx)
+    result = {"step": last["step"], "metrics": metrics, "checkpoint": ckpt.name if ckpt else None}
+    (ctx.run_dir / "eval.json").write_text(json.dumps(result, indent=2) + "\n")
+    ctx.say("     " + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items()) + f" at step {last['step']}")
+
+
+def evaluate_outputs(ctx: StepContext) -> dict[str, str]:
+    digest = file_sha256(ctx.run_dir / "eval.json")
+    return {"eval": digest} if digest else {}
+
+
+# -- export: the final checkpoint for inference (hf / safetensors / adapter / merged) -------------
+
+
+def export_format(ctx: StepContext) -> str:
+    fmt = ctx.job.pipeline.export_format
+    if fmt != "auto":
+        return fmt
+    if ctx.job.run.recipe not in EXPORT_FORMATS:
+        raise NotApplicable(f"no export format for recipe {ctx.job.run.recipe!r} (gpt and LoRA runs export)")
+    return EXPORT_FORMATS[ctx.job.run.recipe]
+
+
+def export_dir(ctx: StepContext, ckpt: Path, fmt: str) -> Path:
+    return ctx.run_dir / "export" / f"{ckpt.name}-{fmt}"
+
+
+def export(ctx: StepContext) -> None:
+    from hpcpipe.checkpoint.export import export_checkpoint
+
+    fmt = export_format(ctx)
+    ckpt = newest_checkpoint(ctx)
+    if ckpt is None:
+        raise NotApplicable("no committed checkpoint (set checkpoint.every_steps)")
+    written = export_checkpoint(ckpt, fmt, export_dir(ctx, ckpt, fmt))  # type: ignore[arg-type]
+    ctx.say(f"     exported {ckpt.name} -> {written}")
+
+
+def export_outputs(ctx: StepContext) -> dict[str, str]:
+    ckpt = newest_checkpoint(ctx)
+    try:
+        fmt = export_format(ctx)
+    except NotApplicable:
+        return {}
+    digest = tree_sha256(export_dir(ctx, ckpt, fmt)) if ckpt is not None else None
+    return {"export": digest} if digest else {}
+
+
+# -- register: a model version in the MLflow registry, with lineage tags and aliases -------------
+
+
+def register(ctx: StepContext) -> None:
+    from hpcpipe.track.mlflow_client import make_client, resolve_uri
+    from hpcpipe.track.registry import register_run
+    from hpcpipe.track.sync import sync_run
+
+    cfg = ctx.job.pipeline
+    if cfg.register_as is None:
+        raise NotApplicable("pipeline.register_as is null")
+    if ctx.job.observe.mlflow is None:
+        raise NotApplicable("pipeline.register_as needs observe.mlflow (the registry is MLflow's)")
+    sync_run(ctx.run_dir)  # the MLflow run holds every value and artifact before it is registered
+    fmt = export_format(ctx)
+    ckpt = newest_checkpoint(ctx)
+    export = export_dir(ctx, ckpt, fmt) if ckpt is not None else None
+    client = make_client(resolve_uri(ctx.job.observe.mlflow.tracking_uri))
+    made = register_run(client, ctx.run_dir, cfg.register_as, cfg.aliases, export)
+    aliases = f" ({', '.join(made.aliases)})" if made.aliases else ""
+    ctx.say(f"     registered {made.name} version {made.version}{aliases}")
+
+
+def register_outputs(ctx: StepContext) -> dict[str, str]:
+    from hpcpipe.track.registry import REGISTRY_FILE
+
+    digest = file_sha256(ctx.run_dir / REGISTRY_FILE)
+    return {"registry": digest} if digest and ctx.job.pipeline.register_as else {}
+
+
+# -- report: summary.md, the loss curve, report.md + report.html ---------------------------------
+
+
+def report(ctx: StepContext) -> None:
+    from hpcpipe.report.loss_curve import plot_loss_curve
+    from hpcpipe.report.run_report import build_report
+    from hpcpipe.report.summary import write_summary
+
+    if not ctx.job.pipeline.report:
+        raise NotApplicable("pipeline.report is false")
+    plot_loss_curve(ctx.run_dir)
+    ctx.results["summary"] = write_summary(ctx.run_dir, wall_time_s=ctx.results.get("wall_time_s"))
+    build_report([ctx.run_dir], ctx.run_dir / "report")
+    if ctx.job.observe.mlflow is not None:
+        _upload_report(ctx)
+
+
+def _upload_report(ctx: StepContext) -> None:
+    """The report's files go to the run's MLflow run too (a failure is a warning, not an error)."""
+    from hpcpipe.track.artifacts import log_run_artifacts
+    from hpcpipe.track.mlflow_client import make_client, recorded_run, resolve_uri, scrub
+
+    run_id = recorded_run(ctx.run_dir).get("run_id")
+    if not run_id:
+        return
+    try:
+        assert ctx.job.observe.mlflow is not None
+        client = make_client(resolve_uri(ctx.job.observe.mlflow.tracking_uri), request_timeout_s=10)
+        log_run_artifacts(client, run_id, ctx.run_dir)
+    except Exception as exc:
+        ctx.say(f"     report not uploaded to MLflow ({scrub(str(exc))[:200]}); `hpcpipe track sync` retries")
+
+
+def report_outputs(ctx: StepContext) -> dict[str, str]:
+    digest = file_sha256(ctx.run_dir / "report" / "report.md")
+    return {"report": digest} if digest else {}
+
+
+STEPS = [
+    Step("prepare", ("run.recipe", "data", "model", "lora"), (), prepare, prepare_outputs,
+         "dataset preparation (tokens, images, conversations), keyed by its inputs"),
+    Step("stage", ("data.cache_dir",), ("prepare",), stage, stage_outputs,
+         "a verified copy on the node-local cache (data.cache_dir)"),
+    Step("train", TRAINING_KEYS, ("prepare",), train, train_outputs,
+         "the workers; resumes from the newest verified checkpoint"),
+    Step("evaluate", (), ("train",), evaluate, evaluate_outputs,
+         "eval.json: held-out metrics of the final model"),
+    Step("export", ("pipeline.export_format",), ("train",), export, export_outputs,
+         "the final checkpoint as a Hugging Face model or LoRA adapter"),
+    Step("register", ("pipeline.register_as", "pipeline.aliases", "observe.mlflow"), ("export", "evaluate"),
+         register, register_outputs, "a model version in the MLflow registry"),
+    Step("report", ("pipeline.report",), ("train", "evaluate", "export", "register"), report, report_outputs,
+         "summary.md, loss curve, report.md and report.html"),
+]  # fmt: skip

@@ -1,0 +1,112 @@
+"""An MLflow client for hpcpipe: the tracking URI resolved, credentials kept out of every log.
+
+MLflow is an extra (``pip install 'hpcpipe[mlflow]'``), imported here lazily. The URI comes from
+``observe.mlflow.tracking_uri`` (never with a password: the config refuses one) or from
+``$MLFLOW_TRACKING_URI``, which may carry ``user:password@``; messages show ``redact(uri)`` only.
+MLflow prints a "View run ... at <host>" line on run end, host credentials included: suppressed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from hpcpipe.errors import UserError, hide_credentials
+from hpcpipe.fsutil import read_json_object
+
+RUN_FILE = Path("tracking") / "mlflow.json"  # {"run_id", "experiment_id"} of the run directory
+
+
+def scrub(text: str) -> str:
+    """Error text without ``user:password@`` (MLflow puts the full request URL in its errors)."""
+    return hide_credentials(text)
+
+
+def redact(uri: str) -> str:
+    """``uri`` without user information: http://u:p@host:5000/x -> http://host:5000/x."""
+    parts = urlsplit(uri)
+    if parts.username is None and parts.password is None:
+        return uri
+    host = parts.hostname or ""
+    netloc = f"{host}:{parts.port}" if parts.port else host
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+def resolve_uri(configured: str | None) -> str:
+    uri = configured or os.environ.get("MLFLOW_TRACKING_URI")
+    if not uri:
+        raise UserError(
+            "no MLflow tracking URI: set observe.mlflow.tracking_uri, --tracking-uri or MLFLOW_TRACKING_URI"
+        )
+    return uri
+
+
+def make_client(uri: str, request_timeout_s: int | None = None) -> Any:
+    """An ``MlflowClient`` for ``uri`` (tracking and registry)."""
+    os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
+    if request_timeout_s is not None:
+        # Sinks: fail fast and retry on their own schedule; MLflow's default retries take minutes.
+        os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] = str(request_timeout_s)
+        os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = "0"
+    try:
+        from mlflow import MlflowClient
+    except ImportError:
+        raise UserError("MLflow is not installed: pip install 'hpcpipe[mlflow]'") from None
+    return MlflowClient(tracking_uri=uri, registry_uri=uri)
+
+
+@contextlib.contextmanager
+def server_errors(what: str) -> Iterator[None]:
+    """MLflow's errors (an unreachable server, a refused request) as one line, exit 2, for the CLI.
+
+    Interactive commands retry twice (MLflow's default, 7 with doubling backoff, takes minutes).
+    """
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+    os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
+    try:
+        from mlflow.exceptions import MlflowException
+    except ImportError:
+        raise UserError("MLflow is not installed: pip install 'hpcpipe[mlflow]'") from None
+    try:
+        yield
+    except MlflowException as exc:
+        first = scrub(str(exc)).strip().splitlines()[0][:300]
+        raise UserError(f"{what}: MLflow said: {first}") from None
+
+
+def experiment_id(client: Any, name: str) -> str:
+    found = client.get_experiment_by_name(name)
+    return str(found.experiment_id) if found is not None else str(client.create_experiment(name))
+
+
+def recorded_run(run_dir: Path) -> dict[str, Any]:
+    """The MLflow run a run directory logs to (empty when it never reached MLflow)."""
+    return read_json_object(run_dir / RUN_FILE)
+
+
+def record_run(run_dir: Path, run_id: str, experiment: str) -> None:
+    path = run_dir / RUN_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"run_id": run_id, "experiment_id": experiment}) + "\n")
+
+
+def open_run(client: Any, run_dir: Path, experiment: str, run_name: str, tags: dict[str, str]) -> str:
+    """The recorded MLflow run if the server has it, else a new one (recorded); its id."""
+    known = recorded_run(run_dir).get("run_id")
+    if known:
+        try:
+            client.get_run(known)
+            client.update_run(known, status="RUNNING")
+            return str(known)
+        except Exception as exc:
+            if "RESOURCE_DOES_NOT_EXIST" not in str(exc) and "not found" not in str(exc).lower():
+                raise
+    exp = experiment_id(client, experiment)
+    run_id = str(client.create_run(exp, run_name=run_name, tags=tags).info.run_id)
+    record_run(run_dir, run_id, exp)
+    return run_id

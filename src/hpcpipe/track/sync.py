@@ -1,0 +1,81 @@
+"""``hpcpipe track sync RUN_DIR``: replay a run directory into MLflow, filling whatever is missing.
+
+The run directory is the source of truth. Sync opens the run's recorded MLflow run (or creates
+one), logs the parameters and tags it lacks, every metrics.jsonl value whose step the server does
+not have for that key, and the artifacts; a run whose events say it finished is marked FINISHED.
+Running it twice sends nothing new the second time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hpcpipe.errors import UserError
+from hpcpipe.observe.metrics import read_events, read_metrics
+from hpcpipe.track.artifacts import log_run_artifacts
+from hpcpipe.track.mlflow_client import make_client, open_run, resolve_uri
+from hpcpipe.track.mlflow_run import BATCH, metric_values, param_batches
+from hpcpipe.track.params import lineage_tags
+
+
+@dataclass(frozen=True)
+class SyncResult:
+    run_id: str
+    params: int
+    metrics: int
+    artifacts: int
+    finished: bool
+
+
+def sync_run(run_dir: Path, tracking_uri: str | None = None, experiment: str | None = None) -> SyncResult:
+    """Replay ``run_dir``; the URI and experiment default to its config's ``observe.mlflow``."""
+    from mlflow.entities import Metric, Param
+
+    config = _run_config(run_dir)
+    mlflow_cfg = (config.get("observe") or {}).get("mlflow") or {}
+    client = make_client(resolve_uri(tracking_uri or mlflow_cfg.get("tracking_uri")))
+    tags = lineage_tags(run_dir) | {"hpcpipe.recipe": str(config["run"]["recipe"])}
+    name = experiment or mlflow_cfg.get("experiment") or "hpcpipe"
+    run_id = open_run(client, run_dir, name, str(config["run"]["name"]), tags)
+    for key, value in tags.items():
+        client.set_tag(run_id, key, value)
+    logged = client.get_run(run_id).data.params
+    params = 0
+    for chunk in param_batches(config):
+        fresh = [Param(k, v) for k, v in chunk if k not in logged]
+        params += len(fresh)
+        if fresh:
+            client.log_batch(run_id, params=fresh)
+    missing = _missing_values(client, run_id, read_metrics(run_dir))
+    for start in range(0, len(missing), BATCH):
+        client.log_batch(run_id, metrics=[Metric(*v) for v in missing[start : start + BATCH]])
+    artifacts = log_run_artifacts(client, run_id, run_dir)
+    finished = any(e.get("event") == "run_finished" for e in read_events(run_dir))
+    if finished:  # otherwise the run may still be training: its status stays as it is
+        client.set_terminated(run_id, status="FINISHED")
+    return SyncResult(run_id, params, len(missing), artifacts, finished)
+
+
+def _missing_values(
+    client: Any, run_id: str, rows: list[dict[str, Any]]
+) -> list[tuple[str, float, int, int]]:
+    """The rows' values at (key, step) pairs the server lacks (one history request per key)."""
+    values = [v for row in rows for v in metric_values(row)]
+    have: dict[str, set[int]] = {}
+    for key in sorted({v[0] for v in values}):
+        have[key] = {int(m.step) for m in client.get_metric_history(run_id, key)}
+    return [v for v in values if v[3] not in have[v[0]]]
+
+
+def _run_config(run_dir: Path) -> dict[str, Any]:
+    path = run_dir / "config.yaml"
+    if not path.is_file():
+        raise UserError(f"{run_dir}: not a run directory (no config.yaml)")
+    config = yaml.safe_load(path.read_text())
+    if not isinstance(config, dict) or "run" not in config:
+        raise UserError(f"{path}: not an hpcpipe job config")
+    return config
