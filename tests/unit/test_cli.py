@@ -71,3 +71,18 @@ def test_model_smaller_than_tokenizer_fails_before_workers_start(cli, tmp_path: 
     line = _one_line_error(proc)
     assert "model.vocab_size (10) is smaller than the tokenizer's vocabulary" in line
     assert "worker" not in proc.stderr  # rejected in the launcher, no worker was started
+
+
+def test_a_failed_or_preempted_worker_group_exits_with_its_code() -> None:
+    import typer
+
+    from hpcpipe.cli.train import _report_failure
+    from hpcpipe.config import load_config
+    from hpcpipe.launch.job import WorkerFailure
+    from hpcpipe.train.preempt import Preempted
+
+    job = load_config("tiny")
+    for failure, code in ((WorkerFailure(75), 75), (WorkerFailure(1), 1), (Preempted(4, 75), 75)):
+        with pytest.raises(typer.Exit) as exited:
+            _report_failure(job, failure)
+        assert exited.value.exit_code == code

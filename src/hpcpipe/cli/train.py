@@ -130,6 +130,8 @@ def _train(job: JobConfig, max_restarts: int) -> tuple[Path, float]:
 
 
 def _report_failure(job: JobConfig, exc: WorkerFailure | Preempted) -> NoReturn:
+    from hpcpipe.train.preempt import Preempted
+
     if isinstance(exc, Preempted):
         err_console.print(f"{exc}; run again to resume ({job.run_dir})")
     elif exc.exit_code == job.fault.preempt_exit_code:
