@@ -51,7 +51,10 @@ class MlflowSink:
         self.run_dir, self.run_name, self.config = run_dir, run_name, config
         self.client = make_client(self.uri, request_timeout_s=REQUEST_TIMEOUT_S)
         self.run_id: str | None = None
-        self.queue: queue.Queue[tuple[str, float, int, int]] = queue.Queue(maxsize=cfg.queue_size)
+        self.queue: queue.Queue[tuple[str, float, int, int]] = queue.Queue()
+        # Values queued or in the batch being sent (retried while the server is down): the bound.
+        self._held = 0
+        self._held_lock = threading.Lock()
         self.dropped = 0
         self.unsent = 0
         self._warned: set[str] = set()
@@ -63,12 +66,16 @@ class MlflowSink:
     # -- the training thread -------------------------------------------------------------------
 
     def on_row(self, row: dict[str, Any]) -> None:
-        for value in metric_values(row):
-            try:
-                self.queue.put_nowait(value)
-            except queue.Full:
-                self.dropped += 1
-                self._warn_once("full", f"MLflow queue full ({self.cfg.queue_size} values): dropping values")
+        values = metric_values(row)
+        with self._held_lock:
+            room = max(self.cfg.queue_size - self._held, 0)
+            kept = values[:room]
+            self._held += len(kept)
+        for value in kept:
+            self.queue.put_nowait(value)
+        if len(kept) < len(values):
+            self.dropped += len(values) - len(kept)
+            self._warn_once("full", f"MLflow queue full ({self.cfg.queue_size} values): dropping values")
 
     def on_event(self, kind: str, fields: dict[str, Any]) -> None:
         """Events stay in events.jsonl (an artifact at the end)."""
@@ -131,6 +138,8 @@ class MlflowSink:
             if self.run_id is None:
                 self.run_id = self._open()
             self.client.log_batch(self.run_id, metrics=[Metric(*value) for value in batch])
+            with self._held_lock:
+                self._held -= len(batch)
             return True
         except Exception as exc:
             self._warn_once(
