@@ -76,3 +76,18 @@ def test_tensorboard_files_hold_rows_events_and_hparams_and_a_resume_purges(tmp_
     assert "train/world_size" not in events.Tags()["scalars"]
     assert "_hparams_/experiment" in events.PluginTagToContent("hparams")
     assert {"config/text_summary", "events/text_summary"} <= set(events.Tags()["tensors"])
+
+
+def test_lineage_names_the_steps_not_yet_run(tmp_path: Path) -> None:
+    import json
+
+    record = {
+        "git_sha": "abc",
+        "config_hash": "f" * 64,
+        "steps": {"prepare": {"status": "done", "outputs": {"dataset": "d" * 64}}},
+    }
+    (tmp_path / "lineage.json").write_text(json.dumps(record))
+    proc = run_cli("lineage", str(tmp_path), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "made: dataset dddddddddddd" in proc.stdout
+    assert "train: not run (the workers; resumes from the newest verified checkpoint)" in proc.stdout

@@ -43,13 +43,13 @@ def lineage(
     )
     steps = record.get("steps") or {}
     for step in STEPS:
-        _add_step(root, step.name, steps.get(step.name))
+        _add_step(root, step.name, steps.get(step.name), step.describe)
     console.print(root)
 
 
-def _add_step(root: Any, name: str, rec: dict[str, Any] | None) -> None:
+def _add_step(root: Any, name: str, rec: dict[str, Any] | None, describe: str) -> None:
     if rec is None:
-        root.add(f"{name}: [dim]not run[/]")
+        root.add(f"{name}: [dim]not run ({describe})[/]")
         return
     colour = {"done": "green", "failed": "red"}.get(rec.get("status", ""), "yellow")
     node = root.add(

@@ -146,7 +146,7 @@ def export_outputs(ctx: StepContext) -> dict[str, str]:
 
 
 def register(ctx: StepContext) -> None:
-    from hpcpipe.track.mlflow_client import make_client, resolve_uri
+    from hpcpipe.track.mlflow_client import make_client, resolve_uri, server_errors
     from hpcpipe.track.registry import register_run
     from hpcpipe.track.sync import sync_run
 
@@ -155,12 +155,13 @@ def register(ctx: StepContext) -> None:
         raise NotApplicable("pipeline.register_as is null")
     if ctx.job.observe.mlflow is None:
         raise NotApplicable("pipeline.register_as needs observe.mlflow (the registry is MLflow's)")
-    sync_run(ctx.run_dir)  # the MLflow run holds every value and artifact before it is registered
     fmt = export_format(ctx)
     ckpt = newest_checkpoint(ctx)
     export = export_dir(ctx, ckpt, fmt) if ckpt is not None else None
-    client = make_client(resolve_uri(ctx.job.observe.mlflow.tracking_uri))
-    made = register_run(client, ctx.run_dir, cfg.register_as, cfg.aliases, export)
+    with server_errors("register step"):  # an unreachable server: one line, and the step resumes
+        sync_run(ctx.run_dir)  # the MLflow run holds every value and artifact before registering
+        client = make_client(resolve_uri(ctx.job.observe.mlflow.tracking_uri))
+        made = register_run(client, ctx.run_dir, cfg.register_as, cfg.aliases, export)
     aliases = f" ({', '.join(made.aliases)})" if made.aliases else ""
     ctx.say(f"     registered {made.name} version {made.version}{aliases}")
 
