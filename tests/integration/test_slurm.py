@@ -347,3 +347,30 @@ def test_collectives_across_namespaces_slow_down_under_a_rate_limit_and_name_the
     assert drop > 5, (free[-1], limited[-1])
     assert float(limited[-1]["busbw_gbps"]) < 0.03  # type: ignore[arg-type]  # bounded by the 25 MB/s link
     assert [r["slowest_host"] for r in limited] == ["n2"] * len(limited), limited
+
+
+def test_hpo_array_tasks_are_study_workers_on_a_journal_store(cluster: SlurmCluster, work: Path) -> None:
+    """`hpcpipe hpo launch slurm`: each array task asks the shared study for trials; together they
+    run exactly hpo.n_trials."""
+    study = work / "runs" / "hpo-hpo-array"
+    sets = _sets(work, "hpo-array", "train.steps=10", "parallel.nproc=1", "train.global_batch_size=8")
+    sets += ["--set", "train.eval_every=5", "--set", f"hpo.storage=journal:{work / 'hpo-array.log'}"]
+    sets += ["--set", "hpo.space={train.lr: {type: float, low: 0.001, high: 0.01, log: true}}"]
+    env = {"SLURM_CONF": str(cluster.conf)}
+    proc = run_cli(
+        "hpo", "launch", "slurm", "tiny", "--workers", "2", "--trials", "3", *sets, cwd=work, env=env
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    match = re.search(r"submitted array job (\d+)", proc.stdout)
+    assert match, proc.stdout
+    for task in (0, 1):
+        assert _finish(cluster, f"{match.group(1)}_{task}") == "COMPLETED", _logs(
+            cluster, f"{match.group(1)}_{task}"
+        )
+    status = run_cli("hpo", "status", str(study), "--json", "-", cwd=work)
+    result = json.loads(status.stdout)
+    assert result["counts"] == {"COMPLETE": 3}, result
+    logs = [(study / f"slurm-{match.group(1)}_{task}.out").read_text() for task in (0, 1)]
+    assert all("study worker" in log for log in logs), logs
+    ran = sum(log.count("val_loss=") for log in logs)
+    assert ran == 3, logs  # every trial ran once, in one task or the other

@@ -15,7 +15,15 @@ ROOMS: dict[str, int] = {
     # The package root holds only __version__ and re-exports of config and errors.
     **dict.fromkeys(
         [
-            *["__init__", "config", "config_section", "config_launch", "config_observe", "config_pipeline"],
+            *[
+                "__init__",
+                "config",
+                "config_section",
+                "config_launch",
+                "config_observe",
+                "config_pipeline",
+                "config_hpo",
+            ],
             *["errors", "compat", "fsutil", "presets"],
         ],
         0,

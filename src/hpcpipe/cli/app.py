@@ -13,6 +13,7 @@ from hpcpipe.cli import ckpt as ckpt_cli
 from hpcpipe.cli import data as data_cli
 from hpcpipe.cli import doctor as doctor_cli
 from hpcpipe.cli import evaluate as evaluate_cli
+from hpcpipe.cli import hpo as hpo_cli
 from hpcpipe.cli import jobs as jobs_cli
 from hpcpipe.cli import launch as launch_cli
 from hpcpipe.cli import lineage as lineage_cli
@@ -71,6 +72,7 @@ app.add_typer(track_cli.app, name="track")
 app.command("register")(track_cli.register)
 app.add_typer(track_cli.models_app, name="models")
 app.add_typer(evaluate_cli.app, name="eval")
+app.add_typer(hpo_cli.app, name="hpo")
 app.add_typer(launch_cli.app, name="launch")
 app.add_typer(jobs_cli.app, name="jobs")
 

@@ -69,10 +69,11 @@ def _print_summary(made: dict[str, Any]) -> None:
     runs, studies = made["runs"], made["studies"]
     if len(runs) == 1 and not studies:
         _say(Path(made["markdown"]).read_text())
-    elif not runs and len(studies) == 1:
+    elif not runs and len(studies) == 1 and "markdown" in studies[0]:
         _say(Path(studies[0]["markdown"]).read_text())
     for study in studies:
-        _say(f"wrote {study['markdown']} and {len(study['plots'])} plots")
+        if "markdown" in study:  # a sweep or scaling study (an hpo study's section is in the report)
+            _say(f"wrote {study['markdown']} and {len(study['plots'])} plots")
     for key in ("markdown", "html", "series_csv"):
         _say(f"wrote {made[key]}")
     if made["plots"]:

@@ -131,12 +131,16 @@ def _train(job: JobConfig, max_restarts: int) -> tuple[Path, float]:
 
 def _report_failure(job: JobConfig, exc: WorkerFailure | Preempted) -> NoReturn:
     from hpcpipe.train.preempt import Preempted
+    from hpcpipe.train.trial import PRUNED_EXIT_CODE, Pruned
 
-    if isinstance(exc, Preempted):
+    if isinstance(exc, Pruned) or exc.exit_code == PRUNED_EXIT_CODE:
+        err_console.print(
+            f"{exc if isinstance(exc, Pruned) else 'pruned by the study'}; checkpoint committed"
+        )
+    elif isinstance(exc, Preempted):
         err_console.print(f"{exc}; run again to resume ({job.run_dir})")
     elif exc.exit_code == job.fault.preempt_exit_code:
         err_console.print(f"preempted: checkpoint committed; run again to resume ({job.run_dir})")
     else:
         err_console.print(f"error: {exc}; run dir: {job.run_dir}")
     raise typer.Exit(exc.exit_code) from None
-

@@ -98,8 +98,13 @@ def job_name(job: JobConfig) -> str:
                 f"letter, at most {_MAX_NAME} characters"
             )
         return given
-    name = re.sub(r"[^a-z0-9-]+", "-", job.run.name.lower()).strip("-")[:_MAX_NAME].rstrip("-")
-    return name if name and name[0].isalpha() else f"hpcpipe-{name}".rstrip("-")[:_MAX_NAME]
+    return dns_label(job.run.name)
+
+
+def dns_label(text: str) -> str:
+    """``text`` as a DNS label of at most 40 characters that starts with a letter."""
+    name = re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")[:_MAX_NAME].rstrip("-")
+    return name if name and name[0].isalpha() else f"hpcpipe-{name}"[:_MAX_NAME].rstrip("-")
 
 
 def _check(job: JobConfig, api: Api, runtime: str, with_runtime: bool) -> None:

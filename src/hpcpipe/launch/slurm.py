@@ -73,7 +73,7 @@ def render_sbatch(sub: SlurmSubmission) -> str:
         array_size=array,
         output=output,
         configs=[str(j.run_dir.absolute() / "config.yaml") for j in sub.jobs],
-        hpcpipe=_hpcpipe_command(slurm),
+        hpcpipe=hpcpipe_command(slurm),
         stage=job.data.cache_dir is not None,
         grace_s=int(job.fault.preempt_grace_s) + 30,
         preempt_code=job.fault.preempt_exit_code,
@@ -81,7 +81,7 @@ def render_sbatch(sub: SlurmSubmission) -> str:
     )
 
 
-def _hpcpipe_command(slurm: SlurmConfig) -> str:
+def hpcpipe_command(slurm: SlurmConfig) -> str:
     """hpcpipe as the nodes run it: bare, or inside the Apptainer image."""
     if slurm.container is None:
         return slurm.hpcpipe

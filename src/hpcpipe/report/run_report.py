@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcpipe.errors import UserError
+from hpcpipe.report.hpo_study import hpo_study_parts, is_hpo_study
 from hpcpipe.report.plots_run import Plot, draw_plots
 from hpcpipe.report.run_tables import (
     Table,
@@ -46,13 +47,13 @@ def resolve_inputs(paths: list[Path]) -> tuple[list[Path], list[Path]]:
     for path in paths:
         if is_run_dir(path):
             runs.append(path)
-        elif _is_study_dir(path):
+        elif _is_study_dir(path) or is_hpo_study(path):
             studies.append(path)
             runs += find_run_dirs(path)
         else:
             raise UserError(
                 f"{path}: not a run directory (no config.yaml) and not a study directory "
-                "(no scaling.csv or sweep.csv under it)"
+                "(no scaling.csv or sweep.csv under it, no study.json of `hpcpipe hpo`)"
             )
     unique = list({run.resolve(): run for run in runs}.values())
     return unique, studies
@@ -107,6 +108,9 @@ def load_runs(run_dirs: list[Path]) -> list[RunData]:
 
 
 def _build_one_study(directory: Path, out: Path, several: bool) -> dict[str, Any]:
+    if is_hpo_study(directory):  # its section is read from its files when the report is drawn
+        _, _, plots = hpo_study_parts(directory)
+        return {"directory": str(directory), "hpo": True, "plots": [str(p) for p in plots]}
     # Several studies would overwrite each other's study.md: each gets its own folder then.
     made = build_study(directory, out / directory.resolve().name if several else out)
     made["directory"] = str(directory)
@@ -170,6 +174,12 @@ def _comparison_sections(runs: list[RunData], plots: list[Plot]) -> list[dict[st
 
 
 def _study_section(study: dict[str, Any], out: Path) -> dict[str, Any]:
+    if study.get("hpo"):
+        title, tables, plots = hpo_study_parts(Path(study["directory"]))
+        views = [
+            _plot_view(p.stem.replace("_", " "), p, Path(os.path.relpath(p, out)).as_posix()) for p in plots
+        ]
+        return {"title": title, "tables": tables, "plots": views, "text": ""}
     markdown = Path(study["markdown"])
     link = Path(os.path.relpath(markdown, out)).as_posix()
     plots = [Path(p) for p in study["plots"]]

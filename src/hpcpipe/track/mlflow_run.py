@@ -28,6 +28,8 @@ BATCH = 1000  # MLflow's log_batch limit on metrics
 BATCH_WINDOW_S = 2.0
 PARAM_BATCH = 100  # ... and on params
 REQUEST_TIMEOUT_S = 5
+
+
 def metric_values(row: dict[str, Any]) -> list[tuple[str, float, int, int]]:
     """(key, value, timestamp ms, step) for every number in a metrics row."""
     step = int(row["step"])

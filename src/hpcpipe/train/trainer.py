@@ -48,6 +48,7 @@ from hpcpipe.train.parallel import (
 from hpcpipe.train.precision import Precision
 from hpcpipe.train.preempt import Preempted, PreemptionHandler
 from hpcpipe.train.schedule import lr_at, resolve_steps
+from hpcpipe.train.trial import Pruned, TrialLink
 
 
 @dataclass
@@ -142,6 +143,9 @@ class Trainer:
             else Trackers([])
         )
         self.events.listeners.append(self.trackers.on_event)
+        # An `hpcpipe hpo` trial (named in the environment): report evaluations, stop when pruned.
+        self.trial = TrialLink(job.hpo, ctx.is_main)
+        self.last_eval: dict[str, float] = {}
 
     # -- the loop ----------------------------------------------------------------------------
 
@@ -158,6 +162,7 @@ class Trainer:
                 while self.step < self.cfg.steps:
                     result.final_loss = self.train_until(self._next_eval_step())
                     result.val_losses[self.step] = self.evaluate_and_log()
+                    self.report_to_study()
                 if self.ckpt_every > 0 and self.step > start_step:
                     self.save_checkpoint(final=True)
         finally:
@@ -334,6 +339,18 @@ class Trainer:
         self.events.emit("preempted", {"step": self.step, **self.preemption.describe()})
         raise Preempted(self.step, self.preemption.exit_code)
 
+    def report_to_study(self) -> None:
+        """In an hpo trial: report this evaluation; every rank stops together when pruned."""
+        why = self.trial.should_stop(self.step, self.last_eval, self.agree_max)
+        if why is None or self.step >= self.cfg.steps:  # the last report completes the trial
+            return
+        self.save_checkpoint(final=True)
+        self.events.emit(
+            "pruned",
+            {"step": self.step, "why": why, self.trial.metric: self.last_eval.get(self.trial.metric)},
+        )
+        raise Pruned(self.step, why)
+
     # -- logging -----------------------------------------------------------------------------
 
     def log_train(self, out: StepOutput) -> float:
@@ -361,6 +378,7 @@ class Trainer:
     def evaluate_and_log(self) -> float:
         with self.watchdog.pause():
             metrics = self.evaluate()
+        self.last_eval = metrics
         self.telemetry.on_eval(metrics)
         row = {"step": self.step, **metrics}
         self._write(row)

@@ -1,0 +1,402 @@
+"""`hpcpipe hpo`: Optuna studies whose trials are ordinary hpcpipe runs (run, worker, status,
+best, plots, launch slurm / katib)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from hpcpipe.cli.common import (
+    ConfigArg,
+    JsonOption,
+    NprocOption,
+    SetOption,
+    console,
+    err_console,
+    load_job,
+    write_json,
+)
+from hpcpipe.errors import UserError
+
+if TYPE_CHECKING:
+    from hpcpipe.hpo.study import StudyPlan
+
+app = typer.Typer(
+    help="Hyper-parameter search: an Optuna study over any config key; every trial is an "
+    "ordinary run directory.\n\nStart with `hpcpipe hpo run tiny-hpo --workers 2`.",
+    no_args_is_help=True,
+)
+launch_app = typer.Typer(help="Run a study's workers on a cluster.", no_args_is_help=True)
+app.add_typer(launch_app, name="launch")
+
+StudyArg = Annotated[
+    str,
+    typer.Argument(
+        help="A study directory (holding study.json), or the job config / preset that started it.",
+        show_default=False,
+    ),
+]
+WorkersOption = Annotated[
+    int, typer.Option("--workers", "-w", min=1, help="Trials that run at the same time.")
+]
+TrialsOption = Annotated[
+    int | None, typer.Option("--trials", min=1, help="Overrides hpo.n_trials.", show_default=False)
+]
+
+
+def _say(text: str) -> None:
+    console.print(text, markup=False, highlight=False, soft_wrap=True)
+
+
+def _start(
+    config: str, sets: list[str] | None, nproc: int | None, trials: int | None, workers: int
+) -> StudyPlan:
+    """Validate the job and its space, create the study once, write study.json and base.yaml."""
+    from hpcpipe.hpo.space import check_space, grid_size
+    from hpcpipe.hpo.study import open_study, plan_study, warn_if_parallel_sqlite, write_record
+
+    job = load_job(config, [*(sets or []), *([f"hpo.n_trials={trials}"] if trials else [])], nproc)
+    check_space(job)
+    if job.hpo.sampler.name == "grid" and grid_size(job.hpo.space) < job.hpo.n_trials:
+        size = grid_size(job.hpo.space)
+        err_console.print(f"note: the grid has {size} points; hpo.n_trials {job.hpo.n_trials} -> {size}")
+        job = load_job(config, [*(sets or []), f"hpo.n_trials={size}"], nproc)
+    plan = plan_study(job)
+    warning = warn_if_parallel_sqlite(plan, workers)
+    if warning:
+        err_console.print(escape(warning), style="yellow")
+    open_study(plan, create=True)
+    write_record(plan)
+    return plan
+
+
+def run(
+    config: ConfigArg,
+    workers: WorkersOption = 1,
+    nproc: NprocOption = None,
+    trials: TrialsOption = None,
+    sets: SetOption = None,
+    json_out: JsonOption = None,
+) -> None:
+    """Create (or continue) the study of JOB's hpo section and run its trials on this machine.
+
+    Each trial is an ordinary run directory STUDY_DIR/trials/trial-NNNN/ (config.yaml, metrics,
+    checkpoints, train.log). The trial reports hpo.metric at every evaluation and the pruner may
+    stop it (it checkpoints and is recorded as pruned). Running the command again continues the
+    study: trials already done count toward hpo.n_trials. Writes the study's plots to
+    STUDY_DIR/plots/ at the end.
+
+    Examples:
+
+      hpcpipe hpo run tiny-hpo --workers 2
+
+      hpcpipe hpo run my_job.yaml --nproc 2 --trials 30 --set hpo.storage=journal:/shared/study.log
+
+      PGPASSWORD=... hpcpipe hpo run my_job.yaml --workers 4 --set hpo.storage=postgresql://hpo@db:5432/hpo
+    """
+    from hpcpipe.hpo.study import open_study
+
+    plan = _start(config, sets, nproc, trials, workers)
+    _say(f"study {plan.name}: {plan.hpo.n_trials} trials, {workers} worker(s), storage {plan.storage_shown}")
+    _say(f"study directory: {plan.study_dir}")
+    code = 0
+    if workers == 1:
+        _run_here(plan)
+    else:
+        code = _run_processes(plan, workers)
+    study, _ = open_study(plan)
+    _finish(plan, study, json_out)
+    if code:
+        raise typer.Exit(code if code > 0 else 1)
+
+
+def _run_here(plan: StudyPlan) -> None:
+    from hpcpipe.hpo.worker import StopFlag, run_worker
+
+    stop = StopFlag()
+    stop.install()
+    run_worker(plan, plan.base.parallel.nproc, _say, stop)
+
+
+def _run_processes(plan: StudyPlan, workers: int) -> int:
+    """N `hpcpipe hpo worker` processes; SIGTERM/SIGINT here reaches each of them."""
+    argv = [sys.executable, "-m", "hpcpipe", "hpo", "worker", str(plan.study_dir)]
+    procs = [subprocess.Popen([*argv, "--label", f"w{i}"]) for i in range(workers)]
+
+    def forward(signum: int, _frame: object) -> None:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    codes = [proc.wait() for proc in procs]
+    if any(codes):
+        err_console.print(f"worker exit codes: {codes} (their messages are above)")
+    return max(codes, key=abs)
+
+
+def _finish(plan: StudyPlan, study: Any, json_out: str | None) -> None:
+    from hpcpipe.hpo.plots import write_plots
+    from hpcpipe.hpo.results import summary, write_trials_csv
+
+    result = summary(plan, study)
+    write_trials_csv(result["trials"], plan.study_dir)
+    written, skipped = write_plots(study, plan.study_dir / "plots")
+    result["plots"] = [str(p) for p in written]
+    if json_out != "-":
+        _print_summary(result)
+        for name, why in skipped.items():
+            _say(f"plot {name} skipped: {why}")
+        _say(
+            f"plots: {plan.study_dir / 'plots'}; "
+            f"best config: hpcpipe hpo best {plan.study_dir} --export best.yaml"
+        )
+    write_json(result, json_out)
+
+
+def _print_summary(result: dict[str, Any]) -> None:
+    table = Table(
+        "trial", "state", result["metric"], "last step", "s", "params", title=f"study {result['study']}"
+    )
+    for row in result["trials"]:
+        state = row["state"] + (f" (retry of {row['retry_of']})" if row["retry_of"] is not None else "")
+        params = ", ".join(f"{k}={_fmt(v)}" for k, v in row["params"].items())
+        table.add_row(
+            str(row["number"]),
+            state,
+            _fmt(row["value"]),
+            _fmt(row["last_step"]),
+            _fmt(row["seconds"]),
+            escape(params),
+        )
+    console.print(table)
+    counts = ", ".join(f"{n} {s.lower()}" for s, n in sorted(result["counts"].items()))
+    _say(f"{counts or 'no trials'} ({result['direction']} {result['metric']}; storage {result['storage']})")
+    best = result["best"]
+    if best:
+        params = ", ".join(f"{k}={_fmt(v)}" for k, v in best["params"].items())
+        _say(f"best: trial {best['number']}, {result['metric']}={_fmt(best['value'])}: {params}")
+
+
+def worker(
+    study_dir: Annotated[
+        Path, typer.Argument(help="The study directory (from `hpcpipe hpo run`).", show_default=False)
+    ],
+    label: Annotated[str, typer.Option(help="A prefix for this worker's lines.")] = "",
+    nproc: NprocOption = None,
+) -> None:
+    """Run trials of an existing study until it has hpo.n_trials (one Slurm array task runs this).
+
+    SIGTERM stops it after the running trial checkpoints; that trial is retried by a worker.
+    """
+    from hpcpipe.hpo.study import load_plan
+    from hpcpipe.hpo.worker import StopFlag, run_worker
+
+    plan = load_plan(study_dir)
+    stop = StopFlag()
+    stop.install()
+    prefix = f"[{label}] " if label else ""
+    run_worker(plan, nproc or plan.base.parallel.nproc, lambda text: _say(prefix + text), stop)
+
+
+def status(study: StudyArg, sets: SetOption = None, json_out: JsonOption = None) -> None:
+    """Print the study's trials: state, value, last reported step, parameters; and the best.
+
+    Running trials whose worker died (no heartbeat for hpo.grace_s) are failed and retried here.
+    """
+    from hpcpipe.hpo.liveness import fail_stale_trials
+    from hpcpipe.hpo.results import summary, write_trials_csv
+    from hpcpipe.hpo.study import load_plan, open_study
+
+    plan = load_plan(study, sets)
+    opened, storage = open_study(plan)
+    for number in fail_stale_trials(opened, storage, plan.hpo.grace_s, plan.hpo.max_retries):
+        err_console.print(
+            f"trial {number}: its worker stopped sending heartbeats; failed (retried if retries are left)"
+        )
+    result = summary(plan, opened)
+    write_trials_csv(result["trials"], plan.study_dir)
+    if json_out != "-":
+        _print_summary(result)
+    write_json(result, json_out)
+
+
+def best(
+    study: StudyArg,
+    export: Annotated[
+        Path | None,
+        typer.Option(
+            "--export",
+            help="Write the best trial's config here, --set overrides applied.",
+            show_default=False,
+        ),
+    ] = None,
+    sets: SetOption = None,
+    json_out: JsonOption = None,
+) -> None:
+    """Print the best trial; --export writes a config that retrains it, e.g. at larger scale.
+
+    Examples:
+
+      hpcpipe hpo best runs/hpo-tiny-hpo
+
+      hpcpipe hpo best runs/hpo-tiny-hpo --export best.yaml --set train.steps=2000 --set parallel.nnodes=4
+
+      hpcpipe train best.yaml
+    """
+    from hpcpipe.hpo.results import best_config, best_row, write_best
+    from hpcpipe.hpo.study import load_plan, open_study
+
+    plan = load_plan(study)
+    opened, _ = open_study(plan)
+    row = best_row(opened)
+    if row is None:
+        raise UserError(
+            f"study {plan.name!r} has no completed trial yet (hpcpipe hpo status {plan.study_dir})"
+        )
+    if export is not None:
+        job = best_config(plan, opened, list(sets or []))
+        note = f"the best trial ({row['number']}, {plan.hpo.metric}={row['value']:.6g}) of study {plan.name}"
+        write_best(job, export, note)
+        row["exported"] = str(export)
+    if json_out != "-":
+        params = ", ".join(f"{k}={_fmt(v)}" for k, v in row["params"].items())
+        _say(
+            f"best: trial {row['number']}, {plan.hpo.metric}={_fmt(row['value'])}: {params} "
+            f"({row['run_dir']})"
+        )
+        if export is not None:
+            _say(f"wrote {export}: hpcpipe train {export}")
+    write_json(row, json_out)
+
+
+def plots(study: StudyArg) -> None:
+    """Write the study's plots (optimisation history, parameter importances, parallel
+    coordinates, intermediate values) as PNG files in STUDY_DIR/plots/.
+
+    For a live view: `pip install optuna-dashboard` and `optuna-dashboard <storage URL>`.
+    """
+    from hpcpipe.hpo.plots import write_plots
+    from hpcpipe.hpo.study import load_plan, open_study
+
+    plan = load_plan(study)
+    opened, _ = open_study(plan)
+    written, skipped = write_plots(opened, plan.study_dir / "plots")
+    for path in written:
+        _say(f"wrote {path}")
+    for name, why in skipped.items():
+        _say(f"plot {name} skipped: {why}")
+
+
+DryRunOption = Annotated[
+    bool, typer.Option("--dry-run", help="Print what would be submitted; submit nothing.")
+]
+
+
+@launch_app.command("slurm")
+def launch_slurm(
+    config: ConfigArg,
+    workers: WorkersOption = 2,
+    nproc: NprocOption = None,
+    trials: TrialsOption = None,
+    sets: SetOption = None,
+    dry_run: DryRunOption = False,
+) -> None:
+    """Submit a Slurm job array of WORKERS study workers (one node each) on a shared store.
+
+    The study is created here first (hpo.storage must be PostgreSQL or journal:PATH on a shared
+    file system; SQLite is refused). Each array task runs `hpcpipe hpo worker STUDY_DIR`, training
+    its trials on the node's GPUs (launch.slurm.gpus_per_node). The launch.slurm keys
+    (partition, time, account, setup, container, env) apply as for `hpcpipe launch slurm`.
+
+    Examples:
+
+      hpcpipe hpo launch slurm my_job.yaml --workers 8 --set hpo.storage=journal:/lustre/me/study.log
+
+      hpcpipe hpo launch slurm my_job.yaml -w 16 -s hpo.storage=postgresql://hpo@db/hpo --dry-run
+    """
+    from hpcpipe.hpo.slurm import check_shared_storage, render_array, write_array
+    from hpcpipe.launch.slurm import check_partition, submit
+
+    if dry_run:
+        from hpcpipe.hpo.study import plan_study
+
+        plan = plan_study(
+            load_job(config, [*(sets or []), *([f"hpo.n_trials={trials}"] if trials else [])], nproc)
+        )
+        check_shared_storage(plan)
+        sys.stdout.write(render_array(plan, workers))
+        return
+    plan = _start(config, sets, nproc, trials, workers=1)
+    check_shared_storage(plan)
+    check_partition(plan.base.launch.slurm.partition)
+    script = write_array(plan, workers)
+    job_id = submit(script)
+    _say(f"submitted array job {job_id} ({workers} workers) for study {plan.name}; script {script}")
+    _say(f"follow it: hpcpipe hpo status {plan.study_dir}")
+
+
+@launch_app.command("katib")
+def launch_katib(
+    config: ConfigArg,
+    workers: WorkersOption = 2,
+    trials: TrialsOption = None,
+    sets: SetOption = None,
+    namespace: Annotated[
+        str | None, typer.Option(help="Namespace (default: launch.k8s.namespace).", show_default=False)
+    ] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out", "-o", help="Write the YAML here instead of standard output.", show_default=False
+        ),
+    ] = None,
+) -> None:
+    """Render the study as a Katib Experiment (Kubeflow) with its base-config ConfigMap.
+
+    The same search space, objective, algorithm and median-stop early stopping; WORKERS is the
+    Experiment's parallelTrialCount. Each trial is a PyTorchJob running `hpcpipe train` with the
+    values as --set; Katib reads hpo.metric from the trainer's evaluation lines (StdOut
+    collector). Checked against the rules Katib's admission webhook enforces; apply it with
+    `kubectl apply -f`. What Katib cannot express (conditional parameters) is refused; what it
+    ignores (another pruner, a timeout) is said on standard error.
+
+    Example:
+
+      hpcpipe hpo launch katib my_job.yaml -w 4 -s launch.k8s.image=registry/hpcpipe:1 -o exp.yaml
+    """
+    from hpcpipe.hpo.katib import experiment_warnings, render_experiment
+    from hpcpipe.launch.kubernetes import to_yaml
+
+    job = load_job(config, [*(sets or []), *([f"hpo.n_trials={trials}"] if trials else [])])
+    docs = render_experiment(job, parallel_trials=workers, namespace=namespace)
+    for line in experiment_warnings(job):
+        err_console.print(f"note: {escape(line)}")
+    text = to_yaml(docs)
+    if out is None:
+        sys.stdout.write(text)
+        return
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    _say(f"wrote {out}: kubectl apply -f {out}")
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+app.command("run")(run)
+app.command("worker")(worker)
+app.command("status")(status)
+app.command("best")(best)
+app.command("plots")(plots)

@@ -1,0 +1,157 @@
+"""The ``hpo:`` config section: an Optuna study over any config key (``hpcpipe hpo``).
+
+Its own module: the search, its storage and its workers are apart from what one run trains.
+The space's keys are checked against the job's own keys when the study starts
+(``hpcpipe.hpo.space.check_space``): this module knows only the shape of a parameter.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+from pydantic import Field, field_validator, model_validator
+
+from hpcpipe.config_section import Section
+
+SamplerName = Literal["tpe", "random", "cmaes", "gp", "grid"]
+PrunerName = Literal["median", "hyperband", "successive_halving", "none"]
+# Metrics that grow as the model improves; any other metric is minimised unless hpo.direction says.
+MAXIMIZED_METRICS = ("val_acc", "val_token_acc")
+# run.recipe -> the keys its evaluation rows carry (the recipes' ``eval_metrics``).
+EVAL_METRICS: dict[str, tuple[str, ...]] = {
+    "gpt": ("val_loss", "val_ppl"),
+    "resnet-cifar": ("val_loss", "val_acc"),
+    "lora-function-calling": ("val_loss", "val_token_acc"),
+}
+
+
+class ParamSpec(Section):
+    """One searched key: ``{type: float, low: 1e-4, high: 1e-1, log: true}``,
+    ``{type: int, low: 2, high: 8, step: 2}`` or ``{type: categorical, choices: [adamw, sgd]}``;
+    ``when: {other.key: value}`` samples it only when an earlier parameter took that value."""
+
+    type: Literal["float", "int", "categorical"]
+    low: float | None = None
+    high: float | None = None
+    log: bool = False
+    step: float | None = Field(None, gt=0)
+    choices: list[Any] | None = None
+    when: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _shape(self) -> ParamSpec:
+        if self.type == "categorical":
+            if not self.choices:
+                raise ValueError("a categorical parameter needs a non-empty 'choices' list")
+            if self.low is not None or self.high is not None:
+                raise ValueError("a categorical parameter takes 'choices', not low/high")
+            return self
+        if self.choices is not None:
+            raise ValueError(f"a {self.type} parameter takes low/high, not 'choices'")
+        if self.low is None or self.high is None:
+            raise ValueError(f"a {self.type} parameter needs 'low' and 'high'")
+        if self.low > self.high:
+            raise ValueError(f"low ({self.low:g}) is above high ({self.high:g})")
+        if self.log and self.low <= 0:
+            raise ValueError("a log-scale parameter needs low > 0")
+        if self.log and self.step is not None:
+            raise ValueError("'log' and 'step' cannot be combined (Optuna's rule)")
+        if self.type == "int" and not (float(self.low).is_integer() and float(self.high).is_integer()):
+            raise ValueError("an int parameter needs whole-number low and high")
+        return self
+
+
+class SamplerConfig(Section):
+    name: SamplerName = Field(
+        "tpe",
+        description="tpe (default; Optuna's TPESampler), random, cmaes (needs the `cmaes` package; "
+        "floats and ints only), gp (Gaussian process), grid (every combination of the "
+        "categorical choices and int/float steps).",
+    )
+    n_startup_trials: int = Field(5, ge=0, description="Random trials before tpe/gp/cmaes model the space.")
+
+
+class PrunerConfig(Section):
+    name: PrunerName = Field(
+        "median",
+        description="median (stop a trial whose metric is worse than the median of earlier trials "
+        "at the same step), hyperband, successive_halving, or none.",
+    )
+    n_startup_trials: int = Field(2, ge=0, description="median: trials that finish before any is pruned.")
+    n_warmup_steps: int = Field(0, ge=0, description="median: training steps before a trial may be pruned.")
+    min_resource: int = Field(
+        1, ge=1, description="hyperband / successive_halving: steps every trial trains at least."
+    )
+    reduction_factor: int = Field(3, ge=2, description="hyperband / successive_halving: keep 1 in this many.")
+
+
+class HpoConfig(Section):
+    """``hpcpipe hpo run JOB``: every trial is an ordinary run directory of JOB with the sampled
+    values set; the trainer reports ``metric`` at each evaluation and the pruner may stop it."""
+
+    study: str | None = Field(
+        None, min_length=1, description="Study name (default: run.name); trials share it in the storage."
+    )
+    dir: str | None = Field(
+        None, description="Study directory: trials, plots, study.json (default: <run.out_dir>/hpo-<study>)."
+    )
+    storage: str | None = Field(
+        None,
+        description="null: SQLite in the study directory (one machine, one worker); "
+        "postgresql://USER@HOST:PORT/DB for many workers (password from PGPASSWORD or ~/.pgpass, "
+        "never in the URL); journal:PATH for Optuna's journal file on a shared file system "
+        "(journal alone: STUDY_DIR/journal.log).",
+    )
+    metric: str = Field(
+        "val_loss",
+        min_length=1,
+        description="The objective, reported at every evaluation and taken at the last one: a key "
+        "of the recipe's evaluation rows (gpt: val_loss, val_ppl; resnet-cifar: val_loss, val_acc; "
+        "lora-function-calling: val_loss, val_token_acc).",
+    )
+    direction: Literal["minimize", "maximize"] | None = Field(
+        None, description="null: maximize for accuracy metrics, minimize otherwise."
+    )
+    n_trials: int = Field(20, ge=1, description="Trials the study ends with (all workers together).")
+    timeout_s: float | None = Field(
+        None, gt=0, description="A worker starts no new trial after this many seconds."
+    )
+    seed: int | None = Field(0, description="Sampler seed (null: random).")
+    sampler: SamplerConfig = Field(default_factory=SamplerConfig)
+    pruner: PrunerConfig = Field(default_factory=PrunerConfig)
+    space: dict[str, ParamSpec] = Field(default_factory=dict, description="section.key: parameter.")
+    heartbeat_s: float = Field(10.0, gt=0, description="A worker marks its running trial alive this often.")
+    grace_s: float = Field(
+        60.0,
+        gt=0,
+        description="A running trial not marked alive for this long is failed (its worker died) and retried.",
+    )
+    max_retries: int = Field(
+        1, ge=0, description="Retries of a failed, crashed or preempted trial (same values; resumes)."
+    )
+
+    @field_validator("storage")
+    @classmethod
+    def _no_password_in_url(cls, url: str | None) -> str | None:
+        if url is not None and "://" in url and urlsplit(url).password is not None:
+            raise ValueError(
+                "holds a password: config.yaml is saved with every trial; set PGPASSWORD "
+                "(or ~/.pgpass) in the workers' environment instead"
+            )
+        return url
+
+    @model_validator(mode="after")
+    def _heartbeat_within_grace(self) -> HpoConfig:
+        if self.grace_s <= 2 * self.heartbeat_s:
+            raise ValueError(
+                f"grace_s ({self.grace_s:g}) must exceed 2 x heartbeat_s ({self.heartbeat_s:g}): "
+                "a live trial would be failed between two heartbeats"
+            )
+        return self
+
+    @property
+    def maximize(self) -> bool:
+        if self.direction is not None:
+            return self.direction == "maximize"
+        return self.metric in MAXIMIZED_METRICS

@@ -1,0 +1,1 @@
+"""Hyper-parameter search: Optuna studies whose trials are ordinary hpcpipe runs."""

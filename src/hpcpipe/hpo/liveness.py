@@ -1,0 +1,99 @@
+"""Trials whose worker died: a heartbeat in the storage, and failing (and retrying) stale trials.
+
+Optuna 5.0 keeps heartbeats only in its RDB storage and only for ``study.optimize``; hpcpipe's
+workers use ask/tell and also run on the journal file store, so the heartbeat is a trial system
+attribute written by the worker while its trial runs, and every worker sweeps stale trials
+before it asks for a new one. A stale trial is failed and handed to Optuna's
+``RetryHeartbeatStaleTrialCallback``, which enqueues the same parameters (and our ``run_dir``
+user attribute, so the retry resumes the dead trial's checkpoint) up to ``hpo.max_retries`` times.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+import warnings
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import optuna
+
+HEARTBEAT_ATTR = "hpcpipe:heartbeat"  # seconds since the epoch (workers' clocks must agree: NTP)
+
+
+class Heartbeat:
+    """While a trial runs: mark it alive every ``interval_s`` from a daemon thread."""
+
+    def __init__(self, storage: optuna.storages.BaseStorage, trial_id: int, interval_s: float) -> None:
+        self.storage, self.trial_id, self.interval_s = storage, trial_id, interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="hpo-heartbeat", daemon=True)
+        self._warned = False
+
+    def __enter__(self) -> Heartbeat:
+        self.beat()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=self.interval_s + 5)
+
+    def beat(self) -> None:
+        try:
+            self.storage.set_trial_system_attr(self.trial_id, HEARTBEAT_ATTR, time.time())
+        except Exception as exc:  # the store is briefly unreachable: the next beat may succeed
+            if not self._warned:
+                print(f"hpcpipe: trial heartbeat failed ({type(exc).__name__}); retrying", file=sys.stderr)
+                self._warned = True
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.beat()
+
+
+def fail_stale_trials(
+    study: optuna.Study, storage: optuna.storages.BaseStorage, grace_s: float, max_retries: int
+) -> list[int]:
+    """Fail every running trial not marked alive for ``grace_s``; enqueue its retry. Returns the
+    failed trials' numbers. Safe to run from many workers: only one of them wins each trial."""
+    import optuna
+
+    now = time.time()
+    failed = []
+    for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        started = trial.datetime_start.timestamp() if trial.datetime_start else now
+        # A retry inherits its original's system attributes: a copied heartbeat is older than its start.
+        alive = max(float(trial.system_attrs.get(HEARTBEAT_ATTR, 0.0)), started)
+        if now - alive <= grace_s:
+            continue
+        note = f"no heartbeat for {now - alive:.0f} s"
+        try:  # the note first: a finished trial takes no attributes
+            storage.set_trial_user_attr(trial._trial_id, "hpcpipe:failure", note)
+            if not storage.set_trial_state_values(trial._trial_id, optuna.trial.TrialState.FAIL):
+                continue
+        except optuna.exceptions.UpdateFinishedTrialError:
+            continue  # another worker got there first
+        failed.append(trial.number)
+        retry(study, storage.get_trial(trial._trial_id), max_retries)
+    return failed
+
+
+def retry(study: optuna.Study, trial: optuna.trial.FrozenTrial, max_retries: int) -> bool:
+    """Enqueue the same parameters again unless ``trial`` used its retries; True when enqueued."""
+    from optuna.storages import RetryHeartbeatStaleTrialCallback
+
+    before = len(study.get_trials(deepcopy=False))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # experimental-API warning
+        RetryHeartbeatStaleTrialCallback(max_retry=max_retries, inherit_intermediate_values=True)(
+            study, trial
+        )
+    return len(study.get_trials(deepcopy=False)) > before
+
+
+def retried_from(trial: optuna.trial.FrozenTrial) -> int | None:
+    """The number of the original trial this one retries (None for an original)."""
+    value = trial.system_attrs.get("failed_trial")
+    return int(value) if value is not None else None

@@ -1,0 +1,118 @@
+"""What a study holds, for people: one row per trial, the best trial, and its config to retrain."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from hpcpipe.config import JobConfig, apply_values, with_overrides
+from hpcpipe.config_hpo import HpoConfig
+from hpcpipe.errors import ConfigError, UserError
+from hpcpipe.hpo.liveness import retried_from
+from hpcpipe.hpo.study import StudyPlan
+from hpcpipe.hpo.worker import RUN_DIR_ATTR, SURPLUS_ATTR
+
+if TYPE_CHECKING:
+    import optuna
+
+
+def trial_rows(study: optuna.Study) -> list[dict[str, Any]]:
+    """Every trial but the surplus ones: number, state, value, last reported step, params, run dir."""
+    rows = []
+    for t in study.get_trials(deepcopy=False):
+        if t.user_attrs.get(SURPLUS_ATTR):
+            continue
+        seconds = (
+            (t.datetime_complete - t.datetime_start).total_seconds()
+            if t.datetime_complete and t.datetime_start
+            else None
+        )
+        rows.append(
+            {
+                "number": t.number,
+                "state": t.state.name,
+                "value": t.value,
+                "last_step": max(t.intermediate_values, default=None),
+                "seconds": seconds,
+                "params": dict(t.params),
+                "retry_of": retried_from(t),
+                "note": t.user_attrs.get("hpcpipe:failure", ""),
+                "run_dir": t.user_attrs.get(RUN_DIR_ATTR),
+            }
+        )
+    return rows
+
+
+def summary(plan: StudyPlan, study: optuna.Study) -> dict[str, Any]:
+    rows = trial_rows(study)
+    counts: dict[str, int] = {}
+    for row in rows:
+        counts[row["state"]] = counts.get(row["state"], 0) + 1
+    best = best_row(study)
+    return {
+        "study": plan.name,
+        "storage": plan.storage_shown,
+        "metric": plan.hpo.metric,
+        "direction": study.direction.name.lower(),
+        "n_trials": plan.hpo.n_trials,
+        "counts": counts,
+        "best": best,
+        "trials": rows,
+    }
+
+
+def best_row(study: optuna.Study) -> dict[str, Any] | None:
+    """The best completed trial, or None when no trial completed yet."""
+    try:
+        best = study.best_trial
+    except ValueError:
+        return None
+    return {
+        "number": best.number,
+        "value": best.value,
+        "params": dict(best.params),
+        "run_dir": best.user_attrs.get(RUN_DIR_ATTR),
+    }
+
+
+def best_config(plan: StudyPlan, study: optuna.Study, sets: list[str]) -> JobConfig:
+    """The base job with the best trial's values, ``--set`` overrides on top (more steps, more
+    nodes), named ``<study>-best``; its hpo section is reset (it trains, it does not search)."""
+    best = best_row(study)
+    if best is None:
+        raise UserError(
+            f"study {plan.name!r} has no completed trial yet (hpcpipe hpo status {plan.study_dir})"
+        )
+    job = apply_values(plan.base, {**best["params"], "run.name": f"{plan.name}-best"})
+    job = job.model_copy(update={"hpo": HpoConfig()})
+    try:
+        return with_overrides(job, sets)
+    except ConfigError as exc:
+        raise UserError(str(exc)) from None
+
+
+def write_best(job: JobConfig, path: Path, note: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"# {note}\n" + job.to_yaml())
+    return path
+
+
+TRIALS_FILE = "trials.csv"
+
+
+def write_trials_csv(rows: list[dict[str, Any]], study_dir: Path) -> Path:
+    """``STUDY_DIR/trials.csv``: one row per trial, a column per parameter (for `hpcpipe report`
+    and spreadsheets; the storage stays the source of truth)."""
+    import csv
+
+    params = sorted({key for row in rows for key in row["params"]})
+    columns = ["number", "state", "value", "last_step", "seconds", "retry_of", *params, "run_dir", "note"]
+    path = study_dir / TRIALS_FILE
+    tmp = path.with_name(f".{path.name}.tmp")
+    with tmp.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({**row, **row["params"]})
+    tmp.replace(path)
+    return path

@@ -1,0 +1,108 @@
+"""The search space: ``hpo.space`` -> Optuna suggestions -> ``section.key=value`` overrides.
+
+Parameter names in the study are the config keys themselves (``train.lr``), so a trial's params
+are the overrides that make its config, and ``hpo best --export`` writes them back unchanged.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import TYPE_CHECKING, Any
+
+from hpcpipe.config import JobConfig, apply_values
+from hpcpipe.config_hpo import EVAL_METRICS, ParamSpec
+from hpcpipe.errors import ConfigError, UserError
+
+if TYPE_CHECKING:
+    import optuna
+
+
+def suggest(trial: optuna.trial.Trial, space: dict[str, ParamSpec]) -> dict[str, Any]:
+    """One value per active parameter, in declared order (a ``when`` names earlier keys only)."""
+    values: dict[str, Any] = {}
+    for key, spec in space.items():
+        if not _active(spec, values):
+            continue
+        if spec.type == "categorical":
+            values[key] = trial.suggest_categorical(key, spec.choices or [])
+        elif spec.type == "int":
+            step = int(spec.step or 1)
+            values[key] = trial.suggest_int(
+                key, int(spec.low or 0), int(spec.high or 0), step=step, log=spec.log
+            )
+        else:
+            values[key] = trial.suggest_float(
+                key, spec.low or 0.0, spec.high or 0.0, step=spec.step, log=spec.log
+            )
+    return values
+
+
+def _active(spec: ParamSpec, values: dict[str, Any]) -> bool:
+    return all(values.get(key) == wanted for key, wanted in spec.when.items())
+
+
+def check_space(job: JobConfig) -> None:
+    """Every key exists in the job and takes the space's extremes; ``when`` keys come earlier;
+    the metric is one the recipe evaluates. One line naming the key otherwise."""
+    hpo = job.hpo
+    if not hpo.space:
+        raise UserError("hpo.space is empty: give at least one section.key: {type: ..., ...}")
+    if hpo.metric not in EVAL_METRICS[job.run.recipe]:
+        raise UserError(
+            f"hpo.metric {hpo.metric!r}: run.recipe {job.run.recipe!r} evaluates "
+            f"{', '.join(EVAL_METRICS[job.run.recipe])}"
+        )
+    seen: list[str] = []
+    for key, spec in hpo.space.items():
+        if key.startswith("hpo.") or key.startswith("run."):
+            raise UserError(f"hpo.space.{key}: the study's own settings and run names cannot be searched")
+        for other in spec.when:
+            if other not in seen:
+                raise UserError(
+                    f"hpo.space.{key}.when: {other!r} must be a parameter declared before {key!r}"
+                )
+        for value in _extremes(spec):
+            try:
+                apply_values(job, {key: value})
+            except ConfigError as exc:
+                raise UserError(f"hpo.space.{key}: {exc}") from None
+        seen.append(key)
+
+
+def _extremes(spec: ParamSpec) -> list[Any]:
+    if spec.type == "categorical":
+        return list(spec.choices or [])
+    if spec.type == "int":
+        return [int(spec.low or 0), int(spec.high or 0)]
+    return [spec.low, spec.high]
+
+
+def grid_space(space: dict[str, ParamSpec]) -> dict[str, list[Any]]:
+    """Optuna's GridSampler space: categorical choices and the steps of int/float ranges."""
+    grid: dict[str, list[Any]] = {}
+    for key, spec in space.items():
+        if spec.when:
+            raise UserError(f"hpo.space.{key}: the grid sampler cannot search conditional parameters")
+    for key, spec in space.items():
+        if spec.type == "categorical":
+            grid[key] = list(spec.choices or [])
+        elif spec.step is None and spec.type == "float":
+            raise UserError(f"hpo.space.{key}: the grid sampler needs a 'step' for a float range")
+        else:
+            low, high, step = spec.low or 0.0, spec.high or 0.0, spec.step or 1
+            count = round((high - low) / step) + 1
+            points = [low + i * step for i in range(count)]
+            grid[key] = [int(p) for p in points] if spec.type == "int" else points
+    return grid
+
+
+def grid_size(space: dict[str, ParamSpec]) -> int:
+    return len(list(itertools.product(*grid_space(space).values())))
+
+
+def trial_config(base: JobConfig, values: dict[str, Any], name: str, out_dir: str) -> JobConfig:
+    """The trial's config: the base job with the sampled values, its own run name and directory."""
+    try:
+        return apply_values(base, {**values, "run.name": name, "run.out_dir": out_dir})
+    except ConfigError as exc:
+        raise UserError(f"trial {name}: {exc}") from None

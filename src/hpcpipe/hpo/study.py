@@ -1,0 +1,170 @@
+"""A study on disk and in its storage: where it lives, how to open it, how it samples.
+
+``<study dir>/study.json`` names the study and its storage (never a password), and
+``<study dir>/base.yaml`` is the job every trial starts from; workers anywhere (a local process,
+a Slurm array task) open the study from these two files alone.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from hpcpipe.config import JobConfig, load_config
+from hpcpipe.config_hpo import HpoConfig
+from hpcpipe.errors import UserError, hide_credentials
+from hpcpipe.fsutil import read_json_object
+from hpcpipe.hpo.space import grid_space
+from hpcpipe.train.trial import build_pruner, open_storage
+
+if TYPE_CHECKING:
+    import optuna
+
+RECORD_FILE = "study.json"
+BASE_FILE = "base.yaml"
+SQLITE_ADVICE = (
+    "Optuna's documentation advises against SQLite for parallel workers (one writer at a time: "
+    "lock timeouts and slow asks); set hpo.storage to postgresql://USER@HOST:PORT/DB, or "
+    "journal:PATH on a shared file system"
+)
+
+
+@dataclass(frozen=True)
+class StudyPlan:
+    base: JobConfig  # the job every trial starts from (its hpo section drives the study)
+    name: str
+    study_dir: Path
+    storage_url: str  # journal:/abs/path, sqlite:////abs/path or postgresql://user@host:port/db
+
+    @property
+    def hpo(self) -> HpoConfig:
+        return self.base.hpo
+
+    @property
+    def trials_dir(self) -> Path:
+        return self.study_dir / "trials"
+
+    @property
+    def storage_shown(self) -> str:
+        return hide_credentials(self.storage_url)
+
+
+def plan_study(job: JobConfig) -> StudyPlan:
+    """Name, directory and storage URL of ``job``'s study (relative paths made absolute, so the
+    workers and their trial processes agree wherever they start)."""
+    name = job.hpo.study or job.run.name
+    study_dir = Path(job.hpo.dir or Path(job.run.out_dir) / f"hpo-{name}").absolute()
+    return StudyPlan(job, name, study_dir, _absolute_url(job.hpo.storage, study_dir))
+
+
+def _absolute_url(url: str | None, study_dir: Path) -> str:
+    if url is None:
+        return f"sqlite:///{study_dir / 'study.db'}"
+    if url == "journal":  # the journal file in the study directory
+        return f"journal:{study_dir / 'journal.log'}"
+    if url.startswith("journal:"):
+        return f"journal:{Path(url.removeprefix('journal:')).absolute()}"
+    if url.startswith("sqlite:///") and not url.startswith("sqlite:////"):
+        return f"sqlite:///{Path(url.removeprefix('sqlite:///')).absolute()}"
+    if url.startswith(("sqlite:", "postgresql://")):
+        return url
+    raise UserError(
+        f"hpo.storage {hide_credentials(url)!r}: use sqlite:///PATH, postgresql://USER@HOST:PORT/DB "
+        "or journal:PATH"
+    )
+
+
+def warn_if_parallel_sqlite(plan: StudyPlan, workers: int) -> str | None:
+    """The warning for SQLite shared by more than one worker (None when it is fine)."""
+    if workers > 1 and plan.storage_url.startswith("sqlite"):
+        return f"warning: {workers} workers on SQLite ({plan.storage_shown}): {SQLITE_ADVICE}"
+    return None
+
+
+def write_record(plan: StudyPlan) -> None:
+    plan.study_dir.mkdir(parents=True, exist_ok=True)
+    (plan.study_dir / BASE_FILE).write_text(plan.base.to_yaml())
+    record = {"study": plan.name, "storage": plan.storage_shown, "metric": plan.hpo.metric}
+    (plan.study_dir / RECORD_FILE).write_text(json.dumps(record, indent=1) + "\n")
+
+
+def load_plan(source: str | Path, sets: list[str] | None = None) -> StudyPlan:
+    """A study directory (holding study.json), or a job config / preset whose hpo section names one."""
+    path = Path(source)
+    if path.is_dir():
+        if not (path / RECORD_FILE).is_file():
+            raise UserError(
+                f"{path}: not a study directory (no {RECORD_FILE}; start one with `hpcpipe hpo run`)"
+            )
+        record = read_json_object(path / RECORD_FILE)
+        base = load_config(path / BASE_FILE, sets or [])
+        return StudyPlan(
+            base, str(record["study"]), path.absolute(), _absolute_url(base.hpo.storage, path.absolute())
+        )
+    return plan_study(load_config(source, sets or []))
+
+
+def require_optuna() -> Any:
+    """The optuna module, or one line saying which extra brings it."""
+    try:
+        import optuna
+    except ImportError:
+        raise UserError("hpcpipe hpo needs Optuna: pip install 'hpcpipe[hpo]'") from None
+    return optuna
+
+
+def build_sampler(hpo: HpoConfig) -> optuna.samplers.BaseSampler:
+    import optuna
+
+    startup, seed = hpo.sampler.n_startup_trials, hpo.seed
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        if hpo.sampler.name == "random":
+            return optuna.samplers.RandomSampler(seed=seed)
+        if hpo.sampler.name == "cmaes":
+            return optuna.samplers.CmaEsSampler(seed=seed, n_startup_trials=startup)
+        if hpo.sampler.name == "gp":
+            return optuna.samplers.GPSampler(seed=seed, n_startup_trials=startup)
+        if hpo.sampler.name == "grid":
+            return optuna.samplers.GridSampler(grid_space(hpo.space), seed=seed)
+        # TPE's constant liar keeps parallel workers from sampling the same point.
+        return optuna.samplers.TPESampler(
+            seed=seed, n_startup_trials=startup, multivariate=True, constant_liar=True
+        )
+
+
+def open_study(plan: StudyPlan, create: bool = False) -> tuple[optuna.Study, optuna.storages.BaseStorage]:
+    """The study and its storage; ``create`` makes it when missing (``hpo run`` does, once)."""
+    optuna = require_optuna()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if create:
+        plan.study_dir.mkdir(parents=True, exist_ok=True)  # the default SQLite file lives there
+    try:
+        storage = open_storage(plan.storage_url)
+        kwargs: dict[str, Any] = {"sampler": build_sampler(plan.hpo), "pruner": build_pruner(plan.hpo.pruner)}
+        if create:
+            direction: Literal["minimize", "maximize"] = "maximize" if plan.hpo.maximize else "minimize"
+            study = optuna.create_study(
+                storage=storage, study_name=plan.name, direction=direction, load_if_exists=True, **kwargs
+            )
+        else:
+            study = optuna.load_study(study_name=plan.name, storage=storage, **kwargs)
+    except KeyError:
+        raise UserError(
+            f"study {plan.name!r} is not in {plan.storage_shown} (start it with `hpcpipe hpo run`)"
+        ) from None
+    except Exception as exc:  # the driver's own message (connection refused, no such database...)
+        if isinstance(exc, UserError):
+            raise
+        reason = hide_credentials(
+            str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        )
+        raise UserError(f"hpo.storage {plan.storage_shown}: cannot open the study ({reason})") from None
+    if create and study.direction.name.lower() != ("maximize" if plan.hpo.maximize else "minimize"):
+        raise UserError(
+            f"study {plan.name!r} exists with direction {study.direction.name.lower()}; hpo.direction differs"
+        )
+    return study, storage

@@ -1,0 +1,234 @@
+"""One study worker: ask for a trial, train it as an ordinary run, tell the study how it ended.
+
+Each trial is ``python -m hpcpipe train <trial dir>/config.yaml --nproc P`` in its own process
+(a crash or an out-of-memory kill ends the trial, not the worker), with its output in
+``<trial dir>/train.log``. The trial process reports evaluations itself (``train/trial.py``);
+the worker owns the trial's state:
+
+- exit 0: the metric of the last evaluation row is the trial's value (COMPLETE);
+- exit 76 (``PRUNED_EXIT_CODE``): PRUNED, at the last reported value;
+- exit 75 (preempted, checkpoint committed) or a crash: FAIL, retried up to ``hpo.max_retries``
+  in the same run directory, so the retry resumes the checkpoint;
+- exit 2 (the sampled values make a bad config): FAIL, not retried.
+
+Many workers may share one study (local processes, Slurm array tasks): the budget of
+``hpo.n_trials`` counts original trials by number, so exactly that many run however the asks
+interleave; a trial asked past it is closed as surplus and never trained.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from hpcpipe.errors import USER_ERROR_EXIT_CODE, UserError
+from hpcpipe.hpo.liveness import Heartbeat, fail_stale_trials, retried_from, retry
+from hpcpipe.hpo.space import suggest, trial_config
+from hpcpipe.hpo.study import StudyPlan, open_study
+from hpcpipe.train.preempt import PREEMPT_EXIT_CODE
+from hpcpipe.train.trial import ENV_STORAGE, ENV_STUDY, ENV_TRIAL, PRUNED_EXIT_CODE
+
+if TYPE_CHECKING:
+    import optuna
+
+RUN_DIR_ATTR = "run_dir"  # a user attribute: retries inherit it and resume there
+SURPLUS_ATTR = "hpcpipe:surplus"
+
+
+@dataclass
+class TrialOutcome:
+    number: int
+    state: str  # COMPLETE, PRUNED, FAIL
+    value: float | None
+    run_dir: Path
+    seconds: float
+    note: str = ""
+
+
+class StopFlag:
+    """Set by SIGTERM/SIGINT: finish (or forward the signal to) the running trial, ask for no more."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.child: subprocess.Popen[bytes] | None = None
+
+    def install(self) -> None:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self._on_signal)
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        self.event.set()
+        if self.child is not None and self.child.poll() is None:
+            self.child.send_signal(signal.SIGTERM)  # the trial checkpoints and exits 75
+
+
+def run_worker(
+    plan: StudyPlan, nproc: int, say: Callable[[str], None] = print, stop: StopFlag | None = None
+) -> list[TrialOutcome]:
+    """Run trials until the study has ``hpo.n_trials`` originals and no retry waits, the timeout
+    passes, or ``stop`` is set; returns what this worker ran."""
+    study, storage = open_study(plan)  # first: it says which extra to install when Optuna is absent
+    import optuna
+
+    stop = stop or StopFlag()
+    hpo = plan.hpo
+    deadline = time.monotonic() + hpo.timeout_s if hpo.timeout_s else None
+    outcomes: list[TrialOutcome] = []
+    while not stop.event.is_set() and (deadline is None or time.monotonic() < deadline):
+        for number in fail_stale_trials(study, storage, hpo.grace_s, hpo.max_retries):
+            say(
+                f"trial {number}: its worker stopped sending heartbeats; failed (retried if retries are left)"
+            )
+        if _budget_spent(study, hpo.n_trials):
+            break
+        trial = study.ask()
+        if _is_surplus(study, storage, trial, hpo.n_trials):
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            continue
+        outcomes.append(run_trial(plan, study, storage, trial, nproc, say, stop))
+    return outcomes
+
+
+def _originals(trials: list[optuna.trial.FrozenTrial]) -> list[optuna.trial.FrozenTrial]:
+    return [t for t in trials if retried_from(t) is None and not t.user_attrs.get(SURPLUS_ATTR)]
+
+
+def _budget_spent(study: optuna.Study, n_trials: int) -> bool:
+    import optuna
+
+    trials = study.get_trials(deepcopy=False)
+    waiting = any(t.state == optuna.trial.TrialState.WAITING for t in trials)
+    return not waiting and len(_originals(trials)) >= n_trials
+
+
+def _is_surplus(
+    study: optuna.Study, storage: optuna.storages.BaseStorage, trial: optuna.trial.Trial, n_trials: int
+) -> bool:
+    """An original asked after ``n_trials`` originals with lower numbers (workers raced the check)."""
+    frozen = storage.get_trial(trial._trial_id)
+    if retried_from(frozen) is not None:
+        return False
+    earlier = [t for t in _originals(study.get_trials(deepcopy=False)) if t.number < trial.number]
+    if len(earlier) < n_trials:
+        return False
+    trial.set_user_attr(SURPLUS_ATTR, True)
+    return True
+
+
+def run_trial(
+    plan: StudyPlan,
+    study: optuna.Study,
+    storage: optuna.storages.BaseStorage,
+    trial: optuna.trial.Trial,
+    nproc: int,
+    say: Callable[[str], None],
+    stop: StopFlag,
+) -> TrialOutcome:
+    """Train one trial in a child process while marking it alive; tell the study the result."""
+    import optuna
+
+    values = suggest(trial, plan.hpo.space)
+    run_dir = Path(trial.user_attrs.get(RUN_DIR_ATTR) or plan.trials_dir / f"trial-{trial.number:04d}")
+    trial.set_user_attr(RUN_DIR_ATTR, str(run_dir))
+    trial.set_user_attr("hpcpipe:worker", f"{os.uname().nodename}:{os.getpid()}")
+    shown = ", ".join(f"{k}={_short(v)}" for k, v in values.items())
+    started = time.monotonic()
+    try:
+        job = trial_config(plan.base, values, run_dir.name, str(run_dir.parent))
+    except UserError as exc:
+        trial_note(storage, trial, str(exc))
+        study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        say(f"trial {trial.number}: {shown}: bad config, failed ({exc})")
+        return TrialOutcome(trial.number, "FAIL", None, run_dir, 0.0, str(exc))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(job.to_yaml())
+    say(f"trial {trial.number}: {shown} -> {run_dir}")
+    with Heartbeat(storage, trial._trial_id, plan.hpo.heartbeat_s):
+        code = _train(run_dir, nproc, _trial_env(plan, trial), stop)
+    return _tell(plan, study, storage, trial, code, run_dir, time.monotonic() - started, say)
+
+
+def _trial_env(plan: StudyPlan, trial: optuna.trial.Trial) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({ENV_STORAGE: plan.storage_url, ENV_STUDY: plan.name, ENV_TRIAL: str(trial._trial_id)})
+    return env
+
+
+def _train(run_dir: Path, nproc: int, env: dict[str, str], stop: StopFlag) -> int:
+    argv = [sys.executable, "-m", "hpcpipe", "train", str(run_dir / "config.yaml"), "--nproc", str(nproc)]
+    with (run_dir / "train.log").open("ab") as log:
+        stop.child = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
+        try:
+            return stop.child.wait()
+        finally:
+            if stop.child.poll() is None:  # the worker itself is being torn down
+                stop.child.kill()
+            stop.child = None
+
+
+def _tell(
+    plan: StudyPlan,
+    study: optuna.Study,
+    storage: optuna.storages.BaseStorage,
+    trial: optuna.trial.Trial,
+    code: int,
+    run_dir: Path,
+    seconds: float,
+    say: Callable[[str], None],
+) -> TrialOutcome:
+    import optuna
+
+    state = optuna.trial.TrialState
+    head = f"trial {trial.number}: "
+    if code == 0:
+        value = final_metric(run_dir, plan.hpo.metric)
+        if value is not None:
+            study.tell(trial, value, skip_if_finished=True)
+            say(f"{head}{plan.hpo.metric}={value:.5g} ({seconds:.0f} s)")
+            return TrialOutcome(trial.number, "COMPLETE", value, run_dir, seconds)
+        note = f"finished without an evaluation row holding {plan.hpo.metric!r}"
+    elif code == PRUNED_EXIT_CODE:
+        frozen = study.tell(trial, state=state.PRUNED, skip_if_finished=True)
+        say(f"{head}pruned at step {max(frozen.intermediate_values, default=0)} ({seconds:.0f} s)")
+        return TrialOutcome(trial.number, "PRUNED", frozen.value, run_dir, seconds)
+    elif code == PREEMPT_EXIT_CODE:
+        note = "preempted (checkpoint committed)"
+    elif code == USER_ERROR_EXIT_CODE:
+        note = f"the trial refused its config (exit 2; see {run_dir / 'train.log'})"
+    else:
+        note = f"exit code {code} (see {run_dir / 'train.log'})"
+    trial_note(storage, trial, note)
+    frozen = study.tell(trial, state=state.FAIL, skip_if_finished=True)
+    retried = code != USER_ERROR_EXIT_CODE and retry(study, frozen, plan.hpo.max_retries)
+    say(f"{head}failed: {note}{'; retry enqueued' if retried else ''}")
+    return TrialOutcome(trial.number, "FAIL", None, run_dir, seconds, note)
+
+
+def trial_note(storage: optuna.storages.BaseStorage, trial: optuna.trial.Trial, note: str) -> None:
+    """Why the trial failed (before it is told: a finished trial takes no attributes)."""
+    import optuna
+
+    # Failed meanwhile by another worker's stale sweep: that note stands.
+    with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
+        storage.set_trial_user_attr(trial._trial_id, "hpcpipe:failure", note)
+
+
+def final_metric(run_dir: Path, metric: str) -> float | None:
+    """``metric`` of the last evaluation row in the run's metrics.jsonl."""
+    from hpcpipe.observe.metrics import read_metrics
+
+    rows = [r for r in read_metrics(run_dir) if r.get(metric) is not None]
+    return float(rows[-1][metric]) if rows else None
+
+
+def _short(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)

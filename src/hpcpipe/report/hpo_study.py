@@ -1,0 +1,58 @@
+"""An `hpcpipe hpo` study directory in `hpcpipe report`: its trials table and Optuna's plots.
+
+Reads files only (``study.json``, ``trials.csv``, ``plots/*.png``, written by ``hpo run``,
+``status`` and ``plots``), never the study's storage: a report needs no database password.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Any
+
+from hpcpipe.report.run_tables import Table, fmt
+
+RECORD_FILE, TRIALS_FILE = "study.json", "trials.csv"
+FIXED_COLUMNS = ("number", "state", "value", "last_step", "seconds", "retry_of", "run_dir", "note")
+
+
+def is_hpo_study(path: Path) -> bool:
+    return (path / RECORD_FILE).is_file() and (path / "trials").is_dir()
+
+
+def hpo_study_parts(path: Path) -> tuple[str, list[Table], list[Path]]:
+    """The section's title, its trials table (when trials.csv exists) and the plot files."""
+    record = json.loads((path / RECORD_FILE).read_text())
+    title = f"Hyper-parameter study {record.get('study')} ({record.get('metric')}, {record.get('storage')})"
+    tables = []
+    if (path / TRIALS_FILE).is_file():
+        with (path / TRIALS_FILE).open(newline="") as f:
+            rows = list(csv.DictReader(f))
+        params = [c for c in (rows[0].keys() if rows else []) if c not in FIXED_COLUMNS]
+        header = ["trial", "state", str(record.get("metric")), "last step", "seconds", *params]
+        body = [
+            [
+                r["number"],
+                _state(r),
+                _num(r["value"]),
+                r["last_step"] or "-",
+                _num(r["seconds"]),
+                *(_num(r[p]) for p in params),
+            ]
+            for r in rows
+        ]
+        tables.append(Table("Trials", header, body))
+    plots = sorted((path / "plots").glob("*.png")) if (path / "plots").is_dir() else []
+    return title, tables, plots
+
+
+def _state(row: dict[str, Any]) -> str:
+    return row["state"] + (f" (retry of {row['retry_of']})" if row.get("retry_of") else "")
+
+
+def _num(text: str) -> str:
+    try:
+        return fmt(float(text))
+    except (TypeError, ValueError):
+        return text or "-"

@@ -1,0 +1,273 @@
+"""hpo: the config section, the space, storages, liveness (heartbeats, retries), the trial budget,
+the trainer's link to its trial, the best config, and the Slurm array script."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+import warnings
+from pathlib import Path
+
+import optuna
+import pytest
+from tests.helpers import run_cli
+
+from hpcpipe.config import load_config
+from hpcpipe.errors import ConfigError, UserError
+from hpcpipe.hpo.liveness import HEARTBEAT_ATTR, fail_stale_trials, retried_from
+from hpcpipe.hpo.results import best_config
+from hpcpipe.hpo.space import check_space, grid_space, suggest
+from hpcpipe.hpo.study import build_sampler, open_study, plan_study, warn_if_parallel_sqlite, write_record
+from hpcpipe.hpo.worker import RUN_DIR_ATTR, SURPLUS_ATTR, _budget_spent, _is_surplus, _tell
+from hpcpipe.train.preempt import PREEMPT_EXIT_CODE
+from hpcpipe.train.trial import ENV_STORAGE, ENV_STUDY, ENV_TRIAL, PRUNED_EXIT_CODE, TrialLink, build_pruner
+
+SPACE = (
+    "hpo.space={train.lr: {type: float, low: 1.0e-4, high: 0.1, log: true}, "
+    "train.optimizer: {type: categorical, choices: [adamw, sgd]}, "
+    "train.momentum: {type: float, low: 0.8, high: 0.99, when: {train.optimizer: sgd}}}"
+)
+
+
+def _job(tmp_path: Path, *sets: str):  # type: ignore[no-untyped-def]
+    return load_config("tiny", [f"run.out_dir={tmp_path}", SPACE, *sets])
+
+
+def test_param_shapes_and_storage_passwords_are_checked() -> None:
+    bad = {
+        "hpo.space={train.lr: {type: float, low: 0, high: 1, log: true}}": "low > 0",
+        "hpo.space={train.optimizer: {type: categorical}}": "choices",
+        "hpo.space={train.lr: {type: float, low: 2, high: 1}}": "above high",
+        "hpo.storage=postgresql://me:secret@db:5432/hpo": "PGPASSWORD",
+        "hpo.heartbeat_s=30": "grace_s",
+    }
+    for item, needle in bad.items():
+        with pytest.raises(ConfigError, match=needle) as info:
+            load_config("tiny", [item])
+        assert "secret" not in str(info.value)
+
+
+def test_space_keys_values_conditions_and_metric_are_named(tmp_path: Path) -> None:
+    check_space(_job(tmp_path))
+    cases = {
+        "hpo.space={train.lrr: {type: float, low: 0.1, high: 1}}": "hpo.space.train.lrr: unknown config key",
+        "hpo.space={train.steps: {type: int, low: 0, high: 4}}": "hpo.space.train.steps",
+        "hpo.space={train.momentum: {type: float, low: 0.8, high: 0.9, when: {train.optimizer: sgd}}}": (
+            "declared before"
+        ),
+        "hpo.metric=val_acc": "evaluates val_loss, val_ppl",
+    }
+    for item, needle in cases.items():
+        with pytest.raises(UserError, match=needle):
+            check_space(load_config("tiny", [SPACE, item]))
+
+
+def test_conditional_parameters_are_sampled_only_when_their_condition_holds(tmp_path: Path) -> None:
+    space = _job(tmp_path).hpo.space
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    seen = []
+    for _ in range(12):
+        trial = study.ask()
+        values = suggest(trial, space)
+        seen.append(values["train.optimizer"])
+        assert ("train.momentum" in values) == (values["train.optimizer"] == "sgd")
+        assert 1e-4 <= values["train.lr"] <= 0.1
+        study.tell(trial, 1.0)
+    assert set(seen) == {"adamw", "sgd"}
+
+
+def test_grid_space_needs_steps_for_floats_and_no_conditions(tmp_path: Path) -> None:
+    job = load_config(
+        "tiny",
+        [
+            "hpo.space={train.lr: {type: float, low: 0.1, high: 0.3, step: 0.1}, "
+            "model.n_layers: {type: int, low: 1, high: 3}}"
+        ],
+    )
+    grid = grid_space(job.hpo.space)
+    assert grid["model.n_layers"] == [1, 2, 3] and [round(v, 6) for v in grid["train.lr"]] == [0.1, 0.2, 0.3]
+    with pytest.raises(UserError, match="conditional"):
+        grid_space(_job(tmp_path).hpo.space)
+
+
+def test_storage_urls_are_absolute_and_parallel_sqlite_warns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    plan = plan_study(_job(Path("runs")))
+    assert plan.storage_url == f"sqlite:///{tmp_path}/runs/hpo-tiny/study.db"
+    assert warn_if_parallel_sqlite(plan, 1) is None
+    assert "advises against SQLite" in (warn_if_parallel_sqlite(plan, 2) or "")
+    journal = plan_study(_job(Path("runs"), "hpo.storage=journal:shared/study.log"))
+    assert journal.storage_url == f"journal:{tmp_path}/shared/study.log"
+    assert plan_study(_job(Path("runs"), "hpo.storage=journal")).storage_url == (
+        f"journal:{tmp_path}/runs/hpo-tiny/journal.log"
+    )
+    with pytest.raises(UserError, match="use sqlite"):
+        plan_study(_job(Path("runs"), "hpo.storage=mysql://db/hpo"))
+
+
+def _study(tmp_path: Path, *sets: str):  # type: ignore[no-untyped-def]
+    plan = plan_study(_job(tmp_path, *sets))
+    study, storage = open_study(plan, create=True)
+    write_record(plan)
+    return plan, study, storage
+
+
+def test_a_trial_without_heartbeats_is_failed_and_retried_in_its_run_dir(tmp_path: Path) -> None:
+    plan, study, storage = _study(tmp_path, "hpo.heartbeat_s=1", "hpo.grace_s=3", "hpo.max_retries=1")
+    dead, alive = study.ask(), study.ask()
+    for trial in (dead, alive):
+        suggest(trial, plan.hpo.space)
+        trial.set_user_attr(RUN_DIR_ATTR, f"/runs/trial-{trial.number}")
+    time.sleep(1.5)  # both started 1.5 s ago; one beat since, one did not
+    storage.set_trial_system_attr(dead._trial_id, HEARTBEAT_ATTR, time.time() - 60)
+    storage.set_trial_system_attr(alive._trial_id, HEARTBEAT_ATTR, time.time())
+    assert fail_stale_trials(study, storage, 1.0, 1) == [0]
+    assert fail_stale_trials(study, storage, 1.0, 1) == []  # the second sweep finds nothing
+    trials = study.get_trials()
+    assert [t.state.name for t in trials] == ["FAIL", "RUNNING", "WAITING"]
+    retry = trials[2]
+    assert retried_from(retry) == 0 and retry.params == trials[0].params
+    assert retry.user_attrs[RUN_DIR_ATTR] == "/runs/trial-0"  # the retry resumes there
+    study.tell(alive, 1.0)
+    # The retry fails again: max_retries=1 is used up, nothing more is enqueued.
+    started = study.ask()
+    assert started.number == 2
+    storage.set_trial_system_attr(started._trial_id, HEARTBEAT_ATTR, time.time() - 60)
+    time.sleep(0.01)
+    assert fail_stale_trials(study, storage, 0.0, 1) == [2]
+    assert len(study.get_trials()) == 3
+
+
+def test_exactly_n_trials_run_however_the_asks_interleave(tmp_path: Path) -> None:
+    _, study, storage = _study(tmp_path, "hpo.n_trials=2")
+    asked = [study.ask() for _ in range(3)]  # three workers asked before anyone checked
+    assert [_is_surplus(study, storage, t, 2) for t in asked] == [False, False, True]
+    study.tell(asked[2], state=optuna.trial.TrialState.FAIL)
+    assert storage.get_trial(asked[2]._trial_id).user_attrs[SURPLUS_ATTR] is True
+    assert _budget_spent(study, 2)
+    for trial in asked[:2]:
+        study.tell(trial, 1.0)
+    assert _budget_spent(study, 2)
+
+
+def test_the_trainer_link_reports_prunes_and_stops_on_a_finished_trial(tmp_path: Path) -> None:
+    plan, study, _ = _study(tmp_path, "hpo.pruner.n_startup_trials=1")
+    assert not TrialLink(plan.hpo, True, env={}).active
+    done = study.ask()
+    done.report(1.0, 5)
+    study.tell(done, 1.0)
+    trial = study.ask()
+    env = {ENV_STORAGE: plan.storage_url, ENV_STUDY: plan.name, ENV_TRIAL: str(trial._trial_id)}
+    assert TrialLink(plan.hpo, False, env=env).should_stop(5, {"val_loss": 9.0}, None) is None  # rank 1
+    link = TrialLink(plan.hpo, True, env=env)
+    assert link.should_stop(5, {"val_loss": 9.0}, None) == "pruned by the study's pruner"
+    assert study.get_trials()[1].intermediate_values == {5: 9.0}
+    study.tell(trial, state=optuna.trial.TrialState.FAIL)
+    assert link.should_stop(10, {"val_loss": 0.5}, None) == "the trial already ended in the study"
+
+
+def test_best_config_sets_the_values_and_the_overrides(tmp_path: Path) -> None:
+    plan, study, _ = _study(tmp_path)
+    with pytest.raises(UserError, match="no completed trial"):
+        best_config(plan, study, [])
+    lr = optuna.distributions.FloatDistribution(1e-4, 0.1, log=True)
+    for value, loss in ((0.01, 2.0), (0.002, 1.5)):
+        study.add_trial(
+            optuna.create_trial(params={"train.lr": value}, distributions={"train.lr": lr}, value=loss)
+        )
+    job = best_config(plan, study, ["train.steps=99", "parallel.nnodes=2"])
+    assert job.train.lr == pytest.approx(0.002)
+    assert job.train.steps == 99 and job.parallel.node_range == (2, 2)
+    assert job.run.name == "tiny-best" and job.hpo.space == {}
+    with pytest.raises(UserError, match=r"train\.stepz"):
+        best_config(plan, study, ["train.stepz=1"])
+
+
+def test_the_cli_names_bad_input_in_one_line(tmp_path: Path) -> None:
+    bad = run_cli(
+        "hpo", "run", "tiny", "--set", "hpo.space={train.nope: {type: int, low: 1, high: 2}}", cwd=tmp_path
+    )
+    assert bad.returncode == 2 and "hpo.space.train.nope" in bad.stderr and "Traceback" not in bad.stderr
+    empty = run_cli("hpo", "run", "tiny", cwd=tmp_path)
+    assert empty.returncode == 2 and "hpo.space is empty" in empty.stderr
+    missing = run_cli("hpo", "status", str(tmp_path), cwd=tmp_path)
+    assert missing.returncode == 2 and "not a study directory" in missing.stderr
+
+
+def test_the_slurm_array_script_runs_workers_and_refuses_sqlite(tmp_path: Path) -> None:
+    from hpcpipe.hpo.slurm import check_shared_storage, render_array
+
+    plan = plan_study(_job(tmp_path, "hpo.storage=journal:/shared/study.log", "launch.slurm.gpus_per_node=4"))
+    script = render_array(plan, workers=3)
+    assert "#SBATCH --array=0-2" in script and "--gpus-per-node=4" in script
+    assert f"hpo worker {plan.study_dir} --nproc 4" in script
+    path = tmp_path / "hpo.sbatch"
+    path.write_text(script)
+    shellcheck = shutil.which("shellcheck") or str(Path(__import__("sys").executable).parent / "shellcheck")
+    proc = subprocess.run([shellcheck, str(path)], capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stdout
+    with pytest.raises(UserError, match="cannot share SQLite"):
+        check_shared_storage(plan_study(_job(tmp_path)))
+
+
+@pytest.mark.parametrize("sampler", ["tpe", "random", "cmaes", "gp", "grid"])
+def test_every_sampler_suggests_values_inside_the_space(sampler: str) -> None:
+    space = (
+        "hpo.space={train.lr: {type: float, low: 0.001, high: 0.003, step: 0.001}, "
+        "model.n_layers: {type: int, low: 1, high: 3}}"
+    )
+    job = load_config("tiny", [space, f"hpo.sampler.name={sampler}", "hpo.sampler.n_startup_trials=1"])
+    study = optuna.create_study(sampler=build_sampler(job.hpo))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in range(3):
+            trial = study.ask()
+            values = suggest(trial, job.hpo.space)
+            assert 0.001 <= values["train.lr"] <= 0.003 and values["model.n_layers"] in (1, 2, 3)
+            study.tell(trial, values["train.lr"] * values["model.n_layers"])
+
+
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [
+        ("median", "MedianPruner"),
+        ("hyperband", "HyperbandPruner"),
+        ("successive_halving", "SuccessiveHalvingPruner"),
+        ("none", "NopPruner"),
+    ],
+)
+def test_pruners_are_optunas(name: str, kind: str) -> None:
+    assert type(build_pruner(load_config("tiny", [f"hpo.pruner.name={name}"]).hpo.pruner)).__name__ == kind
+
+
+def test_how_a_trial_process_ended_decides_its_state_and_retry(tmp_path: Path) -> None:
+    plan, study, storage = _study(tmp_path, "hpo.max_retries=1")
+    run_dir = tmp_path / "trial"
+    run_dir.mkdir()
+    (run_dir / "metrics.jsonl").write_text('{"step": 5, "loss": 3.0}\n{"step": 5, "val_loss": 2.5}\n')
+    said: list[str] = []
+    outcomes = {}
+    codes = (0, PRUNED_EXIT_CODE, PREEMPT_EXIT_CODE, 2, -9)
+    trials = [study.ask() for _ in codes]  # all asked first: a retry would be the next ask
+    for code, trial in zip(codes, trials, strict=True):
+        suggest(trial, plan.hpo.space)
+        trial.report(4.0, 5)
+        outcomes[code] = _tell(plan, study, storage, trial, code, run_dir, 1.0, said.append)
+    assert outcomes[0].state == "COMPLETE" and outcomes[0].value == 2.5
+    assert outcomes[PRUNED_EXIT_CODE].state == "PRUNED" and outcomes[PRUNED_EXIT_CODE].value == 4.0
+    assert outcomes[PREEMPT_EXIT_CODE].note.startswith("preempted") and outcomes[-9].note.startswith(
+        "exit code -9"
+    )
+    retries = [retried_from(t) for t in study.get_trials() if t.state.name == "WAITING"]
+    assert retries == [2, 4]  # preempted and crashed trials come back; a refused config does not
+    assert "refused its config" in outcomes[2].note
+    assert study.get_trials()[3].user_attrs["hpcpipe:failure"] == outcomes[2].note
+
+
+def test_the_tiny_hpo_preset_is_a_valid_study() -> None:
+    job = load_config("tiny-hpo")
+    check_space(job)
+    assert job.hpo.space["train.momentum"].when == {"train.optimizer": "sgd"} and not job.hpo.maximize
