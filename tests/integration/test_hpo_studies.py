@@ -109,6 +109,7 @@ def test_two_workers_share_the_journal_file_store(tmp_path: Path) -> None:
     assert [t["number"] for t in result["trials"]] == [0, 1, 2, 3]
     assert result["counts"] == {"COMPLETE": 4} and result["storage"].startswith("journal:")
     assert len({t["run_dir"] for t in result["trials"]}) == 4
+    assert len({t["params"]["train.lr"] for t in result["trials"]}) == 4  # workers sample apart
     assert "[w0] trial" in proc.stdout and "[w1] trial" in proc.stdout  # both workers ran trials
 
 

@@ -271,3 +271,13 @@ def test_the_tiny_hpo_preset_is_a_valid_study() -> None:
     job = load_config("tiny-hpo")
     check_space(job)
     assert job.hpo.space["train.momentum"].when == {"train.optimizer": "sgd"} and not job.hpo.maximize
+
+
+def test_workers_seed_their_samplers_apart(tmp_path: Path) -> None:
+    """Two workers seeded alike would start with the same random trial."""
+    hpo = _job(tmp_path).hpo
+    firsts = []
+    for worker in (0, 1, 0):
+        study = optuna.create_study(sampler=build_sampler(hpo, worker))
+        firsts.append(suggest(study.ask(), hpo.space)["train.lr"])
+    assert firsts[0] == firsts[2] and firsts[0] != firsts[1]

@@ -128,7 +128,7 @@ def _run_here(plan: StudyPlan) -> None:
 def _run_processes(plan: StudyPlan, workers: int) -> int:
     """N `hpcpipe hpo worker` processes; SIGTERM/SIGINT here reaches each of them."""
     argv = [sys.executable, "-m", "hpcpipe", "hpo", "worker", str(plan.study_dir)]
-    procs = [subprocess.Popen([*argv, "--label", f"w{i}"]) for i in range(workers)]
+    procs = [subprocess.Popen([*argv, "--label", f"w{i}", "--index", str(i)]) for i in range(workers)]
 
     def forward(signum: int, _frame: object) -> None:
         for proc in procs:
@@ -191,6 +191,15 @@ def worker(
         Path, typer.Argument(help="The study directory (from `hpcpipe hpo run`).", show_default=False)
     ],
     label: Annotated[str, typer.Option(help="A prefix for this worker's lines.")] = "",
+    index: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            envvar="SLURM_ARRAY_TASK_ID",
+            help="This worker's number: it seeds the sampler with hpo.seed + INDEX, so workers "
+            "draw different points (an array task's id by default).",
+        ),
+    ] = 0,
     nproc: NprocOption = None,
 ) -> None:
     """Run trials of an existing study until it has hpo.n_trials (one Slurm array task runs this).
@@ -204,7 +213,7 @@ def worker(
     stop = StopFlag()
     stop.install()
     prefix = f"[{label}] " if label else ""
-    run_worker(plan, nproc or plan.base.parallel.nproc, lambda text: _say(prefix + text), stop)
+    run_worker(plan, nproc or plan.base.parallel.nproc, lambda text: _say(prefix + text), stop, worker=index)
 
 
 def status(study: StudyArg, sets: SetOption = None, json_out: JsonOption = None) -> None:

@@ -116,10 +116,13 @@ def require_optuna() -> Any:
     return optuna
 
 
-def build_sampler(hpo: HpoConfig) -> optuna.samplers.BaseSampler:
+def build_sampler(hpo: HpoConfig, worker: int = 0) -> optuna.samplers.BaseSampler:
+    """The sampler; worker W seeds it with ``hpo.seed + W``: workers seeded alike would draw the
+    same random start-up points and run the same trials side by side."""
     import optuna
 
-    startup, seed = hpo.sampler.n_startup_trials, hpo.seed
+    startup = hpo.sampler.n_startup_trials
+    seed = None if hpo.seed is None else hpo.seed + worker
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         if hpo.sampler.name == "random":
@@ -136,7 +139,9 @@ def build_sampler(hpo: HpoConfig) -> optuna.samplers.BaseSampler:
         )
 
 
-def open_study(plan: StudyPlan, create: bool = False) -> tuple[optuna.Study, optuna.storages.BaseStorage]:
+def open_study(
+    plan: StudyPlan, create: bool = False, worker: int = 0
+) -> tuple[optuna.Study, optuna.storages.BaseStorage]:
     """The study and its storage; ``create`` makes it when missing (``hpo run`` does, once)."""
     optuna = require_optuna()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -144,7 +149,10 @@ def open_study(plan: StudyPlan, create: bool = False) -> tuple[optuna.Study, opt
         plan.study_dir.mkdir(parents=True, exist_ok=True)  # the default SQLite file lives there
     try:
         storage = open_storage(plan.storage_url)
-        kwargs: dict[str, Any] = {"sampler": build_sampler(plan.hpo), "pruner": build_pruner(plan.hpo.pruner)}
+        kwargs: dict[str, Any] = {
+            "sampler": build_sampler(plan.hpo, worker),
+            "pruner": build_pruner(plan.hpo.pruner),
+        }
         if create:
             direction: Literal["minimize", "maximize"] = "maximize" if plan.hpo.maximize else "minimize"
             study = optuna.create_study(

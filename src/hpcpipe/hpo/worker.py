@@ -72,11 +72,17 @@ class StopFlag:
 
 
 def run_worker(
-    plan: StudyPlan, nproc: int, say: Callable[[str], None] = print, stop: StopFlag | None = None
+    plan: StudyPlan,
+    nproc: int,
+    say: Callable[[str], None] = print,
+    stop: StopFlag | None = None,
+    worker: int = 0,
 ) -> list[TrialOutcome]:
     """Run trials until the study has ``hpo.n_trials`` originals and no retry waits, the timeout
     passes, or ``stop`` is set; returns what this worker ran."""
-    study, storage = open_study(plan)  # first: it says which extra to install when Optuna is absent
+    study, storage = open_study(
+        plan, worker=worker
+    )  # first: it says which extra to install when Optuna is absent
     import optuna
 
     stop = stop or StopFlag()
