@@ -92,8 +92,11 @@ def best_config(plan: StudyPlan, study: optuna.Study, sets: list[str]) -> JobCon
 
 
 def write_best(job: JobConfig, path: Path, note: str) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(f"# {note}\n" + job.to_yaml())
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"# {note}\n" + job.to_yaml())
+    except OSError as exc:
+        raise UserError(f"--export {path}: cannot write ({exc.strerror})") from None
     return path
 
 

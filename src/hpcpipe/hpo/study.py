@@ -100,9 +100,11 @@ def load_plan(source: str | Path, sets: list[str] | None = None) -> StudyPlan:
                 f"{path}: not a study directory (no {RECORD_FILE}; start one with `hpcpipe hpo run`)"
             )
         record = read_json_object(path / RECORD_FILE)
+        if not isinstance(record.get("study"), str):
+            raise UserError(f"{path / RECORD_FILE}: no 'study' name (start the study with `hpcpipe hpo run`)")
         base = load_config(path / BASE_FILE, sets or [])
         return StudyPlan(
-            base, str(record["study"]), path.absolute(), _absolute_url(base.hpo.storage, path.absolute())
+            base, record["study"], path.absolute(), _absolute_url(base.hpo.storage, path.absolute())
         )
     return plan_study(load_config(source, sets or []))
 
