@@ -109,3 +109,18 @@ def tiny_job_sets(tmp: Path, name: str, *extra: str) -> list[str]:
         *extra,
     ]
     return [arg for s in sets for arg in ("--set", s)]
+
+
+def run_shipped_chaos(out: Path, *scenarios: str, timeout: float) -> list[dict[str, object]]:
+    """One trial (seed 0) of each named shipped chaos scenario; asserts every one recovered."""
+    import json
+
+    only = [arg for name in scenarios for arg in ("--only", name)]
+    proc = run_cli(
+        "chaos", "run", "shipped", *only, "--trials", "1", "--out", str(out), "--no-progress", timeout=timeout
+    )
+    rows = [json.loads(line) for line in (out / "trials.jsonl").read_text().splitlines()]
+    failed = [f"{r['scenario']}: {r['detail']} ({r['replay']})" for r in rows if not r["recovered"]]
+    assert proc.returncode == 0 and not failed, "\n".join(failed) + proc.stderr[-2000:]
+    assert sorted(str(r["scenario"]) for r in rows) == sorted(scenarios)
+    return rows

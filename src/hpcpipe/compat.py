@@ -294,3 +294,13 @@ PRIVATE_APIS: dict[str, Callable[[], Any]] = {
     "cuda.memory._dump_snapshot": _probe("torch.cuda.memory", "_dump_snapshot", purpose=_MEMORY),
 }
 """Each private name reached from this module, with a probe that raises TorchAPIError without it."""
+
+
+# -- c10d ------------------------------------------------------------------------------------------
+
+
+def default_store() -> Any:
+    """The key-value store of the default process group (rank 0 serves it under env:// init)."""
+    import torch.distributed.distributed_c10d as c10d
+
+    return _require(c10d, "_get_default_store", "share each rank's progress for hang reports")()

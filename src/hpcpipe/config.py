@@ -561,7 +561,7 @@ def validate_config(raw: dict[str, Any], origin: str = "config") -> JobConfig:
     try:
         return JobConfig.model_validate(raw)
     except ValidationError as exc:
-        raise ConfigError(f"{origin}: {_first_error(exc)}") from None
+        raise ConfigError(f"{origin}: {first_error(exc)}") from None
 
 
 def _read_source(source: str | Path) -> dict[str, Any]:
@@ -575,6 +575,8 @@ def _read_source(source: str | Path) -> dict[str, Any]:
         raise ConfigError(f"config file not found: {path}")
     try:
         data = yaml.safe_load(path.read_text())
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not valid YAML (not UTF-8 text)") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark is not None else ""
@@ -664,7 +666,7 @@ def _is_plain_str(annotation: Any) -> bool:
     return False
 
 
-def _first_error(exc: ValidationError) -> str:
+def first_error(exc: ValidationError) -> str:
     err = exc.errors()[0]
     loc = ".".join(str(part) for part in err["loc"]) or "config"
     message = err["msg"].removeprefix("Value error, ")  # our validators' ValueError text

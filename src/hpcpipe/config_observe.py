@@ -40,6 +40,15 @@ class PrometheusConfig(Section):
         "there (job hpcpipe, grouped by run). Null: no push.",
     )
 
+    @field_validator("pushgateway")
+    @classmethod
+    def _no_password(cls, url: str | None) -> str | None:
+        # config.yaml is saved with the run and logged to TensorBoard and MLflow: no secrets in it.
+        # Nor could the push use them: urllib takes user:password@ for part of the host name.
+        if url is not None and urlsplit(url).password is not None:
+            raise ValueError("holds a password: config.yaml is saved with the run, and the push sends none")
+        return url
+
     @model_validator(mode="after")
     def _port_range(self) -> PrometheusConfig:
         # port + local_rank must stay a valid port for up to 64 local ranks.

@@ -13,6 +13,11 @@ def hide_credentials(text: str) -> str:
     return _USERINFO.sub("//", text)
 
 
+def one_line(text: str) -> str:
+    """``text`` with its line breaks escaped: an error is one line, whatever path or name it quotes."""
+    return text.replace("\r", "\\r").replace("\n", "\\n")
+
+
 class UserError(Exception):
     """Bad input from the user. The CLI prints ``error: <message>`` and exits with code 2.
 

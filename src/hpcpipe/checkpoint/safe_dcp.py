@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import io
+import logging
 import os
 import pickle
 import threading
@@ -39,10 +40,21 @@ from torch.distributed.checkpoint.planner import ReadItem
 
 from hpcpipe import compat
 from hpcpipe.checkpoint.manifest import CheckpointError, FileEntry, new_hasher
+from hpcpipe.checkpoint.state import refusal_reason
 
 # dcp.save/load warn on every single-process call (store without a process group, export):
 # that is our deliberate mode, not a mistake.
 warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+
+
+def _not_a_refusal(record: logging.LogRecord) -> bool:
+    return not (record.exc_info and isinstance(record.exc_info[1], CheckpointError))
+
+
+# dcp.load logs each failed metadata read, traceback included, on the root logger before failing
+# with "metadata is None"; our callers re-raise the reader's refusal as the one line the user
+# sees, so the logged copies (a traceback for bad input) are dropped.
+logging.getLogger().addFilter(_not_a_refusal)
 
 __all__ = [
     "HashedFileSystemWriter",
@@ -103,6 +115,8 @@ class SafeFileSystemReader(FileSystemReader):
     refused: CheckpointError | None = None
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        if self.refused is not None:  # DCP retries with per-rank metadata: refused all the same
+            raise self.refused
         path = compat.dcp_metadata_path(self, kwargs.get("rank"))
         with self.fs.create_stream(path, "rb") as stream:
             try:
@@ -115,16 +129,27 @@ class SafeFileSystemReader(FileSystemReader):
         metadata.storage_meta.load_id = self.load_id  # type: ignore[union-attr]
         return metadata
 
+    def read_data(self, plan: Any, planner: Any) -> Any:
+        if isinstance(planner, SafeLoadPlanner):  # so that its refusals name the file
+            planner.files = {
+                index: Path(self.path) / info.relative_path for index, info in self.storage_data.items()
+            }
+        return super().read_data(plan, planner)
+
 
 class SafeLoadPlanner(DefaultLoadPlanner):
     """DCP's default load planner, but non-tensor items load with ``weights_only=True``."""
+
+    files: dict[Any, Path] | None = None  # storage index -> .distcp file (SafeFileSystemReader sets it)
 
     def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
         fqn = read_item.dest_index.fqn
         try:
             obj = torch.load(value, weights_only=True)
         except pickle.UnpicklingError as exc:
-            raise CheckpointError(f"checkpoint item {fqn!r}: refusing unsafe content ({exc})") from None
+            where = (self.files or {}).get(read_item.storage_index, "checkpoint")
+            reason = refusal_reason(exc)
+            raise CheckpointError(f"{where}: item {fqn!r}: refusing unsafe content ({reason})") from None
         if self.flatten_state_dict:
             compat.dcp_set_element(self.original_state_dict, self.mappings[fqn], obj)
         else:
@@ -203,6 +228,17 @@ def _with_path(exc: OSError, path: Path) -> OSError:
     return OSError(exc.errno or errno.EIO, exc.strerror or str(exc), str(path))
 
 
+def _os_error_in(exc: BaseException) -> OSError | None:
+    """The OSError behind ``exc``: torch.save's zip writer turns a failed write into a
+    RuntimeError ("unexpected pos") raised while handling the OSError."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, OSError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
 class _HashingFileSystem(FileSystem):
     """DCP's local file system, recording (digest, size) of every file opened for writing."""
 
@@ -231,9 +267,14 @@ class _HashingFileSystem(FileSystem):
         except BaseException as exc:
             # DCP's extra writer threads drop their exceptions (the thread just ends, and its
             # items go missing from the metadata); keep them so write_data can raise them.
+            io_error = _os_error_in(exc)
             with self._lock:
-                self.errors.append(_with_path(exc, path) if isinstance(exc, OSError) else exc)
-            raise
+                self.errors.append(_with_path(io_error, path) if io_error else exc)
+            if io_error is None:
+                raise
+            # An I/O failure (a full disk): end this file quietly. Raised, it escapes DCP's
+            # writer thread and Python prints its traceback; write_data raises it instead.
+            return
         with self._lock:
             self.entries[path] = entry
 

@@ -27,6 +27,7 @@ __all__ = [
     "check_extra",
     "extra_name",
     "load_extra",
+    "refusal_reason",
     "restore_rng_state",
     "serialize_extra",
 ]
@@ -112,7 +113,7 @@ def load_extra(path: Path) -> dict[str, Any]:
     except FileNotFoundError:
         raise CheckpointError(f"{path}: missing") from None
     except Exception as exc:  # weights_only refusals surface as several exception types
-        raise CheckpointError(f"{path}: unsafe or corrupt trainer state ({exc})") from None
+        raise CheckpointError(f"{path}: unsafe or corrupt trainer state ({refusal_reason(exc)})") from None
     if not isinstance(value, dict):
         raise CheckpointError(f"{path}: trainer state is a {type(value).__name__}, expected a dict")
     return value
@@ -128,3 +129,16 @@ def _to_cpu(value: Any) -> Any:
     if isinstance(value, tuple):
         return tuple(_to_cpu(item) for item in value)
     return value
+
+
+# The advice around the cause in torch.load(weights_only=True)'s multi-paragraph refusals.
+_TORCH_ADVICE = ("Weights only load failed", "Please file an issue", "Check the documentation", "(1)", "(2)")
+
+
+def refusal_reason(exc: BaseException) -> str:
+    """One line for an error message: the cause in a ``torch.load`` refusal ("Unsupported global:
+    GLOBAL posix.system ...", "Unsupported operand 103"), not torch's paragraphs of advice."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    causes = [line for line in lines if not line.startswith(_TORCH_ADVICE)]
+    reason = (causes or lines or [type(exc).__name__])[0]
+    return reason.removeprefix("WeightsUnpickler error: ").split(". ")[0][:300]

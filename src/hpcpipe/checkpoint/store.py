@@ -143,6 +143,10 @@ class CheckpointStore:
         self._inflight: Future[None] | None = None
         self._background = ThreadPoolExecutor(1, "hpcpipe-ckpt-after") if rank == 0 else None
         self._after: list[Future[None]] = []
+        # Called as save_point(point, step) at "shards" (this rank's files are written, nothing
+        # gathered) and "manifest" (rank 0: manifest written, not yet renamed into place): where
+        # the chaos suite kills or preempts a save (the trainer sets it; the store knows no faults).
+        self.save_point: Callable[[str, int], None] | None = None
         self._staged: dict[str, Any] | None = None
         self._staged_layout: list[tuple[str, Any]] | None = None
 
@@ -232,6 +236,8 @@ class CheckpointStore:
             message = _save_error_message(step, tmp, exc)
             self._event("checkpoint_save_failed", {"step": step, "error": message})
             raise CheckpointError(message) from None
+        if self.save_point is not None:
+            self.save_point("shards", step)
         entries = self._gather(writer.digests())
         outcome = self._commit(tmp, step, entries) if self.rank == 0 else None
         outcome = self._broadcast(outcome)
@@ -260,6 +266,8 @@ class CheckpointStore:
                     return f"checkpoint step {step}: {tmp / name} has {size} bytes, written {entry.size}"
             manifest = Manifest(step, self.world_size, self.config_hash, entries, hash=self.cfg.hash)
             write_manifest(tmp, manifest)
+            if self.save_point is not None:
+                self.save_point("manifest", step)
             self.fast.commit(tmp, step)
         except FileNotFoundError as exc:
             self._discard(tmp)
@@ -420,7 +428,7 @@ class CheckpointStore:
             options=self._sd_options(),
         )
         extra_rank = self.rank if (path / extra_name(self.rank)).is_file() else 0
-        extra = load_extra(path / extra_name(extra_rank))
+        extra = self._load_extra_everywhere(path / extra_name(extra_rank))
         self.restored = RestoreInfo(manifest.step, path, tier, manifest.world_size, extra_rank)
         self._event(
             "checkpoint_restored",
@@ -461,6 +469,21 @@ class CheckpointStore:
 
     def _dcp_group(self) -> dict[str, Any]:
         return {"process_group": self._pg} if self._pg is not None else {"no_dist": True}
+
+    def _load_extra_everywhere(self, path: Path) -> dict[str, Any]:
+        """This rank's trainer state; a refusal on any rank is raised on every rank (collective):
+        the others would otherwise train on into a collective their peer never joins."""
+        try:
+            extra, refused = load_extra(path), None
+        except CheckpointError as exc:
+            extra, refused = {}, str(exc)
+        if self._pg is not None:
+            found: list[Any] = [None] * self.world_size
+            dist.all_gather_object(found, refused, group=self._pg)
+            refused = next((message for message in found if message), None)
+        if refused:
+            raise CheckpointError(refused)
+        return extra
 
     def _broadcast(self, value: Any) -> Any:
         if self._pg is None:

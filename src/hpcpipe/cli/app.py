@@ -9,6 +9,7 @@ import typer
 from hpcpipe.cli import accept as accept_cli
 from hpcpipe.cli import analysis as analysis_cli
 from hpcpipe.cli import bench as bench_cli
+from hpcpipe.cli import chaos as chaos_cli
 from hpcpipe.cli import ckpt as ckpt_cli
 from hpcpipe.cli import data as data_cli
 from hpcpipe.cli import doctor as doctor_cli
@@ -23,7 +24,7 @@ from hpcpipe.cli import report as report_cli
 from hpcpipe.cli import sweep as sweep_cli
 from hpcpipe.cli import track as track_cli
 from hpcpipe.cli import train as train_cli
-from hpcpipe.errors import USER_ERROR_EXIT_CODE, UserError
+from hpcpipe.errors import USER_ERROR_EXIT_CODE, UserError, one_line
 from hpcpipe.launch.exit import flush_and_exit
 
 app = typer.Typer(
@@ -73,6 +74,7 @@ app.command("register")(track_cli.register)
 app.add_typer(track_cli.models_app, name="models")
 app.add_typer(evaluate_cli.app, name="eval")
 app.add_typer(hpo_cli.app, name="hpo")
+app.add_typer(chaos_cli.app, name="chaos")
 app.add_typer(launch_cli.app, name="launch")
 app.add_typer(jobs_cli.app, name="jobs")
 
@@ -82,7 +84,9 @@ def main() -> None:
     try:
         app()
     except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr, flush=True)
+        # One line in one write: ranks that fail together (unbuffered) do not interleave theirs.
+        sys.stderr.write(f"error: {one_line(str(exc))}\n")
+        sys.stderr.flush()
         code = USER_ERROR_EXIT_CODE
     except SystemExit as exc:
         code = exc.code

@@ -31,15 +31,19 @@ def lineage(
     record = read_lineage(run_dir)
     if not record:
         raise UserError(f"{run_dir}: no lineage.json (not a run directory, or never started)")
+    problem = _shape_problem(record)
+    if problem:
+        raise UserError(f"{run_dir / 'lineage.json'}: {problem} (not a lineage record hpcpipe wrote)")
     if json_out is not None:
         write_json(record, json_out)
         if json_out == "-":
             return
     versions = record.get("versions") or {}
+    hosts = ",".join(str(host) for host in record.get("hosts") or [])
     root = Tree(
-        f"[bold]{run_dir.name}[/]  code {record.get('git_sha')}  config {_short(record.get('config_hash'))}  "
-        f"hpcpipe {versions.get('hpcpipe')}  torch {versions.get('torch')}  "
-        f"hosts {','.join(record.get('hosts') or [])} x{record.get('world_size')}"
+        f"[bold]{_e(run_dir.name)}[/]  code {_e(record.get('git_sha'))}  "
+        f"config {_e(_short(record.get('config_hash')))}  hpcpipe {_e(versions.get('hpcpipe'))}  "
+        f"torch {_e(versions.get('torch'))}  hosts {_e(hosts)} x{_e(record.get('world_size'))}"
     )
     steps = record.get("steps") or {}
     for step in STEPS:
@@ -51,26 +55,62 @@ def _add_step(root: Any, name: str, rec: dict[str, Any] | None, describe: str) -
     if rec is None:
         root.add(f"{name}: [dim]not run ({describe})[/]")
         return
-    colour = {"done": "green", "failed": "red"}.get(rec.get("status", ""), "yellow")
+    colour = {"done": "green", "failed": "red"}.get(str(rec.get("status", "")), "yellow")
     node = root.add(
-        f"[{colour}]{name}[/]: {rec.get('status')}" + (f" ({rec['reason']})" if rec.get("reason") else "")
+        f"[{colour}]{name}[/]: {_e(rec.get('status'))}"
+        + (f" ({_e(rec['reason'])})" if rec.get("reason") else "")
     )
     inputs = rec.get("inputs") or {}
     keys = ", ".join(inputs.get("config") or {})
     if keys:
-        node.add(f"config: {keys}")
+        node.add(f"config: {_e(keys)}")
     for upstream, outputs in (inputs.get("upstream") or {}).items():
-        node.add(f"from {upstream}: {_outputs(outputs)}")
+        node.add(f"from {_e(upstream)}: {_e(_outputs(outputs))}")
     if rec.get("outputs"):
-        node.add(f"[bold]made[/]: {_outputs(rec['outputs'])}")
+        node.add(f"[bold]made[/]: {_e(_outputs(rec['outputs']))}")
     if rec.get("error"):
-        node.add(f"[red]error[/]: {rec['error']}")
+        node.add(f"[red]error[/]: {_e(rec['error'])}")
 
 
 def _outputs(outputs: dict[str, str] | None) -> str:
     if not outputs:
         return "-"
     return ", ".join(f"{k} {_short(v)}" for k, v in outputs.items())
+
+
+def _e(value: Any) -> str:
+    """``value`` as text that rich prints as it is (the record's strings are not markup)."""
+    from rich.markup import escape
+
+    return escape(str(value))
+
+
+def _shape_problem(record: dict[str, Any]) -> str | None:
+    """The first field whose type differs from what hpcpipe writes (a damaged or foreign file)."""
+    fields: list[tuple[str, Any, type]] = [
+        ("versions", record.get("versions"), dict),
+        ("hosts", record.get("hosts"), list),
+        ("steps", record.get("steps"), dict),
+    ]
+    steps = record.get("steps")
+    for name, rec in (steps if isinstance(steps, dict) else {}).items():
+        fields.append((f"steps.{name}", rec, dict))
+        inputs = rec.get("inputs") if isinstance(rec, dict) else None
+        if isinstance(rec, dict):
+            fields += [
+                (f"steps.{name}.inputs", inputs, dict),
+                (f"steps.{name}.outputs", rec.get("outputs"), dict),
+            ]
+        if isinstance(inputs, dict):
+            upstream = inputs.get("upstream")
+            fields += [(f"steps.{name}.inputs.config", inputs.get("config"), dict)]
+            fields += [(f"steps.{name}.inputs.upstream", upstream, dict)]
+            for key, value in (upstream if isinstance(upstream, dict) else {}).items():
+                fields.append((f"steps.{name}.inputs.upstream.{key}", value, dict))
+    for key, value, kind in fields:
+        if value is not None and not isinstance(value, kind):
+            return f"{key} is a {type(value).__name__}, expected a {kind.__name__}"
+    return None
 
 
 def _short(value: Any) -> str:

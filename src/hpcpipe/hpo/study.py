@@ -77,6 +77,19 @@ def _absolute_url(url: str | None, study_dir: Path) -> str:
     )
 
 
+def _require_store_file(plan: StudyPlan) -> None:
+    """A study that is only read (status, best, plots, workers) must already have its SQLite or
+    journal file: opening a missing one would leave an empty store wherever the path points."""
+    url = plan.storage_url
+    path = url.removeprefix("journal:") if url.startswith("journal:") else None
+    if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
+        path = url.removeprefix("sqlite:///")
+    if path is not None and not Path(path).is_file():
+        raise UserError(
+            f"study {plan.name!r} is not in {plan.storage_shown} (start it with `hpcpipe hpo run`)"
+        )
+
+
 def warn_if_parallel_sqlite(plan: StudyPlan, workers: int) -> str | None:
     """The warning for SQLite shared by more than one worker (None when it is fine)."""
     if workers > 1 and plan.storage_url.startswith("sqlite"):
@@ -149,6 +162,8 @@ def open_study(
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     if create:
         plan.study_dir.mkdir(parents=True, exist_ok=True)  # the default SQLite file lives there
+    else:
+        _require_store_file(plan)
     try:
         storage = open_storage(plan.storage_url)
         kwargs: dict[str, Any] = {

@@ -84,8 +84,7 @@ def run_agent(spec: AgentSpec, module: str, args: list[str]) -> int:
     except AgentPreempted as exc:
         return exc.exit_code
     except ChildFailedError as exc:
-        codes = [failure.exitcode for _, failure in sorted(exc.failures.items())]
-        return next((code for code in codes if code > 0), 1)
+        return _report_failure(exc, spec.max_restarts)
     except RendezvousError as exc:
         cause = exc.__cause__ or exc
         print(f"agent: rendezvous at {spec.rdzv_endpoint} failed: {cause}", file=sys.stderr, flush=True)
@@ -94,6 +93,23 @@ def run_agent(spec: AgentSpec, module: str, args: list[str]) -> int:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     return 0
+
+
+def _report_failure(exc: BaseException, max_restarts: int) -> int:
+    """Name the failed rank in one line (torch's summary is long); return its exit code."""
+    failures = sorted(getattr(exc, "failures", {}).items())  # global rank -> ProcessFailure
+    failed = [(rank, f) for rank, f in failures if f.exitcode > 0] or failures
+    if not failed:
+        return 1
+    rank, failure = failed[0]
+    code = failure.exitcode if failure.exitcode > 0 else 1
+    print(
+        f"agent: worker rank {rank} (local rank {failure.local_rank}, pid {failure.pid}) failed with "
+        f"exit code {failure.exitcode}; the group gave up after {max_restarts} restart(s)",
+        file=sys.stderr,
+        flush=True,
+    )
+    return code
 
 
 def stop_early_on_preemption(exit_code: int, signals: tuple[signal.Signals, ...] = (signal.SIGUSR1,)) -> None:

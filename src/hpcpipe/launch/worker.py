@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> None:
             raise UserError("usage: python -m hpcpipe.launch.worker RUN_DIR/config.yaml")
         train_worker(load_config(Path(args[0])), detect_environment())
     except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        sys.stderr.write(f"error: {exc}\n")  # one write: ranks' lines must not interleave
         code = USER_ERROR_EXIT_CODE
     except Preempted as exc:
         print(str(exc), file=sys.stderr)

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpcpipe.observe.metrics import append_event
+from hpcpipe.observe.peers import PeerBeats
 
 HANG_EXIT_CODE = 3
 """Distinct from 1 (an uncaught exception), 2 (a user error), 75 (preempted after a checkpoint)
@@ -48,13 +49,15 @@ class HangReport:
     stack_file: Path | None  # None when the dump could not be written
     host: str
     pid: int
+    peers: str | None = None  # the peers behind or silent (hpcpipe.observe.peers), when known
 
 
 class Watchdog:
     """Fires once when ``beat`` was not called for ``timeout_s`` (disabled when ``timeout_s <= 0``).
 
     ``on_hang``: called (from the watchdog thread) with the report instead of exiting; for tests
-    and embedding. By default the process exits with ``exit_code``.
+    and embedding. By default the process exits with ``exit_code``. ``peers``: the group's
+    progress (see ``hpcpipe.observe.peers``), so the report names a stuck or stopped peer too.
     """
 
     def __init__(
@@ -65,12 +68,14 @@ class Watchdog:
         on_hang: Callable[[HangReport], None] | None = None,
         *,
         exit_code: int = HANG_EXIT_CODE,
+        peers: PeerBeats | None = None,
     ) -> None:
         self.timeout_s = timeout_s
         self.run_dir = run_dir
         self.rank = rank
         self.on_hang = on_hang
         self.exit_code = exit_code
+        self.peers = peers
         self.enabled = timeout_s > 0
         self.fired = False
         self._last_beat = time.monotonic()
@@ -89,12 +94,16 @@ class Watchdog:
                 target=self._run, name=f"hpcpipe-watchdog-rank{self.rank}", daemon=True
             )
             self._thread.start()
+            if self.peers is not None:
+                self.peers.start()
         return self
 
     def beat(self, step: int) -> None:
         """Record progress: ``step`` completed now (two attribute stores; call it every step)."""
         self._step = step
         self._last_beat = time.monotonic()
+        if self.peers is not None:
+            self.peers.step = step
 
     @contextlib.contextmanager
     def pause(self) -> Iterator[None]:
@@ -109,6 +118,8 @@ class Watchdog:
     def stop(self) -> None:
         """Stop the thread (idempotent)."""
         self._stop.set()
+        if self.peers is not None:
+            self.peers.stop()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
         self._thread = None
@@ -132,13 +143,15 @@ class Watchdog:
 
     def _fire(self, stalled: float) -> None:
         self.fired = True
+        peers = self.peers.suspects() if self.peers is not None else None
         report = HangReport(
             rank=self.rank,
             step=self._step,
             stalled_s=round(stalled, 3),
-            stack_file=self._dump_stacks(stalled),
+            stack_file=self._dump_stacks(stalled, peers),
             host=socket.gethostname(),
             pid=os.getpid(),
+            peers=peers,
         )
         with contextlib.suppress(OSError):  # a full or read-only disk must not keep a hung job alive
             append_event(
@@ -151,11 +164,13 @@ class Watchdog:
                 host=report.host,
                 pid=report.pid,
                 stack_file=None if report.stack_file is None else report.stack_file.name,
+                peers=peers,
             )
         action = "calling on_hang" if self.on_hang is not None else f"exiting with code {self.exit_code}"
         print(
             f"watchdog: rank {self.rank} made no progress for {stalled:.1f} s after step {report.step} "
-            f"(timeout {self.timeout_s:g} s); stacks in {report.stack_file}; {action}",
+            f"(timeout {self.timeout_s:g} s); stacks in {report.stack_file}; {action}"
+            + ("" if peers is None else f"; peers: {peers}"),
             file=sys.stderr,
             flush=True,
         )
@@ -166,12 +181,12 @@ class Watchdog:
             sys.stdout.flush()
         os._exit(self.exit_code)
 
-    def _dump_stacks(self, stalled: float) -> Path | None:
+    def _dump_stacks(self, stalled: float, peers: str | None) -> Path | None:
         path = self.run_dir / f"hang-rank{self.rank}.txt"
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             with path.open("a") as f:
-                f.write(_header(self.rank, self._step, stalled, self.timeout_s))
+                f.write(_header(self.rank, self._step, stalled, self.timeout_s, peers))
                 f.flush()  # faulthandler writes to the file descriptor, past Python's buffer
                 faulthandler.dump_traceback(file=f, all_threads=True)
                 f.write("\n")
@@ -180,13 +195,15 @@ class Watchdog:
         return path
 
 
-def _header(rank: int, step: int, stalled: float, timeout_s: float) -> str:
+def _header(rank: int, step: int, stalled: float, timeout_s: float, peers: str | None) -> str:
     """Who hung and where; faulthandler names threads only by id, so map ids to names."""
     lines = [
         f"=== hang: rank {rank}, last completed step {step}, no progress for {stalled:.1f} s "
         f"(timeout {timeout_s:g} s), host {socket.gethostname()}, pid {os.getpid()}, "
         f"{time.strftime('%Y-%m-%dT%H:%M:%S%z')} ===",
     ]
+    if peers is not None:
+        lines.append(f"peers behind or silent: {peers}")
     for thread in threading.enumerate():
         if thread.ident is not None:
             lines.append(f"thread 0x{thread.ident:016x} = {thread.name}")

@@ -8,6 +8,9 @@ variable holds ``key=value`` pairs separated by commas:
     raise ``SimulatedOOM`` (a ``torch.OutOfMemoryError``) at that micro-step: OOM recovery.
 ``HPCPIPE_CHAOS_HANG="step=4,rank=1"``
     sleep forever in ``_chaos_hang_forever`` (the name shows in the watchdog's stack dump).
+``HPCPIPE_CHAOS_STOP="step=4,rank=1"``
+    SIGSTOP this process: every thread, its watchdog included, freezes (a rank swapped out,
+    stopped by a debugger, a frozen VM). Its peers' watchdogs must name it.
 ``HPCPIPE_CHAOS_KILL="step=7,rank=1"``
     SIGKILL this process: an abrupt node loss. Requires ``HPCPIPE_CHAOS_DIR``.
 ``HPCPIPE_CHAOS_SIGTERM="step=6,rank=0"`` (add ``signal=USR1`` for Slurm's ``--signal``)
@@ -16,6 +19,13 @@ variable holds ``key=value`` pairs separated by commas:
     sleep that long at every micro-step from ``step`` (default 1) on: a straggler. ``where=data``
     delays the data path (after the batch is fetched, inside the data-wait time), ``forward``
     the compute. Unlike the other faults it fires at every step, and ``step`` is optional.
+``HPCPIPE_CHAOS_FAIL="step=3,rank=1"``
+    raise ``ChaosFailure`` (the worker exits 1): a rank that fails *every* attempt, so it fires
+    again after each restart (the marker directory does not hold it back).
+``HPCPIPE_CHAOS_SAVE="step=8,rank=1,point=shards,signal=KILL"``
+    SIGKILL (or ``signal=TERM``: preempt) this process inside the checkpoint save of ``step``,
+    at ``point``: ``shards`` (this rank's files are written, nothing is gathered yet) or
+    ``manifest`` (rank 0 wrote the manifest and has not renamed the checkpoint into place).
 ``HPCPIPE_CHAOS_DIR=/path``
     marker directory: a fault fires at most once per directory, so it does not fire again after
     the elastic agent restarts the workers (which inherit the same environment).
@@ -42,7 +52,8 @@ from pathlib import Path
 from hpcpipe.errors import UserError
 
 ENV_PREFIX = "HPCPIPE_CHAOS_"
-KINDS = ("OOM", "HANG", "KILL", "SIGTERM")
+KINDS = ("OOM", "HANG", "STOP", "KILL", "SIGTERM", "FAIL", "SAVE")
+SAVE_POINTS = ("shards", "manifest")
 SLOW_VAR = "HPCPIPE_CHAOS_SLOW"
 SLOW_SITES = ("data", "forward")
 DIR_VAR = "HPCPIPE_CHAOS_DIR"
@@ -50,7 +61,13 @@ SITES = ("forward", "backward")
 """Call sites: ``forward`` at the end of a micro-step's forward (inside the OOM guard, after the
 model's collectives, see ``hpcpipe.train.oom``), ``backward`` just before a micro-step's backward."""
 
-_SIGNALS = {"TERM": signal.SIGTERM, "USR1": signal.SIGUSR1}
+_SIGNALS = {"TERM": signal.SIGTERM, "USR1": signal.SIGUSR1, "KILL": signal.SIGKILL}
+
+
+class ChaosFailure(RuntimeError):
+    """A rank that fails on purpose (``HPCPIPE_CHAOS_FAIL``)."""
+
+
 _EXAMPLE = "'step=5,rank=1,micro=0'"
 
 
@@ -64,8 +81,8 @@ class Fault:
     step: int
     rank: int | None  # None: every rank
     micro: int = 0
-    where: str = "forward"
-    signum: int = signal.SIGTERM  # SIGTERM faults only
+    where: str = "forward"  # SAVE faults: one of SAVE_POINTS
+    signum: int = signal.SIGTERM  # SIGTERM and SAVE faults only
 
     def matches(self, step: int, rank: int, micro: int, where: str) -> bool:
         return (
@@ -101,8 +118,9 @@ def parse_faults(env: Mapping[str, str]) -> tuple[tuple[Fault, ...], Path | None
         value = env.get(var, "").strip()
         if value:
             faults.append(_parse_one(var, kind, value))
-    if any(f.kind == "KILL" for f in faults) and marker_dir is None:
-        raise ChaosConfigError(f"{ENV_PREFIX}KILL needs {DIR_VAR} (a marker so it fires only once)")
+    for kind in ("KILL", "SAVE"):
+        if any(f.kind == kind for f in faults) and marker_dir is None:
+            raise ChaosConfigError(f"{ENV_PREFIX}{kind} needs {DIR_VAR} (a marker so it fires only once)")
     return tuple(faults), marker_dir
 
 
@@ -113,17 +131,16 @@ def _parse_one(var: str, kind: str, value: str) -> Fault:
         if not sep or not key.strip() or not val.strip():
             raise ChaosConfigError(f"{var}: expected key=value pairs like {_EXAMPLE}, got {value!r}")
         fields[key.strip()] = val.strip()
-    allowed = {"step", "rank", "micro", "where"} | ({"signal"} if kind == "SIGTERM" else set())
-    unknown = sorted(set(fields) - allowed)
-    if unknown:
-        raise ChaosConfigError(f"{var}: unknown key {unknown[0]!r} in {value!r}; allowed: {sorted(allowed)}")
-    if "step" not in fields:
-        raise ChaosConfigError(f"{var}: 'step' is required, got {value!r}")
+    if kind == "SAVE":
+        return _parse_save(var, fields, value)
+    _check_keys(
+        var, fields, {"step", "rank", "micro", "where"} | ({"signal"} if kind == "SIGTERM" else set()), value
+    )
     where = fields.get("where", "forward")
     if where not in SITES:
         raise ChaosConfigError(f"{var}: where={where!r} is not one of {list(SITES)}")
     sig_name = fields.get("signal", "TERM").upper().removeprefix("SIG")
-    if sig_name not in _SIGNALS:
+    if sig_name not in _SIGNALS or sig_name == "KILL":
         raise ChaosConfigError(f"{var}: signal={fields['signal']!r} is not one of {sorted(_SIGNALS)}")
     rank = fields.get("rank")
     return Fault(
@@ -132,6 +149,32 @@ def _parse_one(var: str, kind: str, value: str) -> Fault:
         rank=None if rank is None else _int(var, "rank", rank),
         micro=_int(var, "micro", fields.get("micro", "0")),
         where=where,
+        signum=_SIGNALS[sig_name],
+    )
+
+
+def _check_keys(var: str, fields: dict[str, str], allowed: set[str], value: str) -> None:
+    unknown = sorted(set(fields) - allowed)
+    if unknown:
+        raise ChaosConfigError(f"{var}: unknown key {unknown[0]!r} in {value!r}; allowed: {sorted(allowed)}")
+    if "step" not in fields:
+        raise ChaosConfigError(f"{var}: 'step' is required, got {value!r}")
+
+
+def _parse_save(var: str, fields: dict[str, str], value: str) -> Fault:
+    _check_keys(var, fields, {"step", "rank", "point", "signal"}, value)
+    point = fields.get("point", "shards")
+    if point not in SAVE_POINTS:
+        raise ChaosConfigError(f"{var}: point={point!r} is not one of {list(SAVE_POINTS)}")
+    sig_name = fields.get("signal", "KILL").upper().removeprefix("SIG")
+    if sig_name not in ("KILL", "TERM"):
+        raise ChaosConfigError(f"{var}: signal={fields['signal']!r} is not one of ['KILL', 'TERM']")
+    rank = fields.get("rank")
+    return Fault(
+        kind="SAVE",
+        step=_int(var, "step", fields["step"]),
+        rank=None if rank is None else _int(var, "rank", rank),
+        where=point,
         signum=_SIGNALS[sig_name],
     )
 
@@ -208,12 +251,22 @@ def maybe_inject(step: int, rank: int, micro: int = 0, where: str = "forward") -
             _fire(fault, step, rank, micro)
 
 
+def maybe_inject_save(step: int, rank: int, point: str) -> None:
+    """Fire a ``HPCPIPE_CHAOS_SAVE`` fault at this point of the checkpoint save of ``step``."""
+    for fault in _FAULTS:
+        if fault.kind == "SAVE" and fault.matches(step, rank, 0, point) and _claim(fault, rank):
+            _fire(fault, step, rank, 0)
+
+
 def _claim(fault: Fault, rank: int) -> bool:
-    """True the first time this fault fires in this process (and in the marker directory)."""
+    """True the first time this fault fires in this process (and in the marker directory).
+
+    The marker's mtime is when the fault fired: ``hpcpipe chaos`` measures recovery from it.
+    """
     if (fault, rank) in _FIRED:
         return False
     _FIRED.add((fault, rank))
-    if _MARKER_DIR is None:
+    if _MARKER_DIR is None or fault.kind == "FAIL":  # FAIL fires in every attempt
         return True
     _MARKER_DIR.mkdir(parents=True, exist_ok=True)
     marker = _MARKER_DIR / f"{fault.kind.lower()}-rank{rank}-step{fault.step}.fired"
@@ -234,10 +287,14 @@ def _fire(fault: Fault, step: int, rank: int, micro: int) -> None:
         from hpcpipe.train.oom import SimulatedOOM
 
         raise SimulatedOOM(f"chaos: simulated CUDA out of memory at step {step}, micro-step {micro}")
+    if fault.kind == "FAIL":
+        raise ChaosFailure(f"chaos: rank {rank} fails at step {step} ({ENV_PREFIX}FAIL)")
     if fault.kind == "HANG":
         _chaos_hang_forever()
     elif fault.kind == "KILL":
         os.kill(os.getpid(), signal.SIGKILL)
+    elif fault.kind == "STOP":
+        os.kill(os.getpid(), signal.SIGSTOP)
     else:
         os.kill(os.getpid(), fault.signum)
 

@@ -23,6 +23,7 @@ from hpcpipe.checkpoint.store import CheckpointStore
 from hpcpipe.checkpoint.tiers import fast_root
 from hpcpipe.config import JobConfig, grad_accum_steps
 from hpcpipe.observe.metrics import EventLog, MetricsSink
+from hpcpipe.observe.peers import peer_beats
 from hpcpipe.observe.phases import PhaseTimer
 from hpcpipe.observe.progress import TrainProgress
 from hpcpipe.observe.telemetry import RankInfo, Telemetry
@@ -105,7 +106,8 @@ class Trainer:
         self.oom.attach(self.model, units)
         self.agree_max = _agreement_all_reduce(ctx)
         self.preemption = PreemptionHandler(job.fault.preempt_grace_s, exit_code=job.fault.preempt_exit_code)
-        self.watchdog = Watchdog(job.fault.hang_timeout_s, run_dir, ctx.rank)
+        peers = peer_beats(ctx.rank, ctx.world_size, job.fault.hang_timeout_s)  # names a stopped peer
+        self.watchdog = Watchdog(job.fault.hang_timeout_s, run_dir, ctx.rank, peers=peers)
         self.ckpt_every = job.checkpoint.every_steps
         self.store = CheckpointStore(
             job.checkpoint,
@@ -116,6 +118,8 @@ class Trainer:
             events=self.events.emit,
             trainable_only=recipe.checkpoint_trainable_only,
         )
+        if chaos.active():
+            self.store.save_point = lambda point, step: chaos.maybe_inject_save(step, ctx.rank, point)
         self.store.cleanup_temporaries()
         self.resume()
 
@@ -364,6 +368,7 @@ class Trainer:
             **self.phases.read(),
             "mem_bytes": peak_memory_bytes(self.ctx.device),
             "world_size": self.ctx.world_size,
+            "time": time.time(),  # wall clock: `hpcpipe chaos` measures time to recover with it
         }
         row.update(self.telemetry.on_row(row))  # a collective on check steps: every rank calls it
         samples = self.recipe.samples_per_epoch()

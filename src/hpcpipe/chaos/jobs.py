@@ -1,0 +1,194 @@
+"""Real ``hpcpipe`` jobs for chaos trials: start them, bound them in time, read what they left.
+
+Every job is a subprocess in its own session, so a timeout kills the launcher *and* its workers.
+Trials of one chaos run share the prepared data and one uninterrupted reference run per
+(job, ranks, overrides), under ``ctx.shared``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from hpcpipe.chaos.scenario import TrialContext
+from hpcpipe.config import JobConfig, load_config
+from hpcpipe.observe.metrics import read_events, read_metrics
+
+# Never inherited from the caller: a chaos run started inside a job must not join its group.
+_DIST_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID")
+
+
+class TrialTimeout(RuntimeError):
+    """A job of the trial outlived ``scenario.timeout_s`` (it was killed with its workers)."""
+
+
+def job_sets(ctx: TrialContext, name: str, out_dir: Path, *extra: str) -> list[str]:
+    """The overrides every trial's run gets: its own run dir, the shared data, a row per step."""
+    return [
+        f"run.name={name}",
+        f"run.out_dir={out_dir}",
+        f"data.prepared_dir={ctx.shared / 'prepared'}",
+        "observe.log_every=1",
+        "observe.progress=false",
+        *ctx.scenario.sets,
+        *extra,
+    ]
+
+
+def job_config(ctx: TrialContext, *extra: str) -> JobConfig:
+    """The trial's job as the trainer will see it (steps, checkpoint cadence, ...)."""
+    return load_config(ctx.scenario.job, job_sets(ctx, "probe", ctx.work, *extra))
+
+
+def hpcpipe_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in _DIST_VARS and not k.startswith("HPCPIPE_CHAOS_")}
+    return {**env, "PYTHONUNBUFFERED": "1", **(extra or {})}
+
+
+def run_hpcpipe(
+    args: list[str], cwd: Path, timeout_s: float, env: dict[str, str] | None = None, log: str = "hpcpipe"
+) -> subprocess.CompletedProcess[str]:
+    """``python -m hpcpipe ARGS`` to completion; TrialTimeout (group killed) past ``timeout_s``.
+
+    Its output is also kept in ``cwd/LOG.out`` and ``cwd/LOG.err``: a failed trial's directory
+    is its post-mortem."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hpcpipe", *args],
+        cwd=cwd,
+        env=hpcpipe_env(env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        kill_group(proc)
+        out, err = proc.communicate()
+        _keep_log(cwd, log, out, err)
+        raise TrialTimeout(f"hpcpipe {' '.join(args[:2])} ran past {timeout_s:.0f} s") from None
+    _keep_log(cwd, log, out, err)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def _keep_log(cwd: Path, log: str, out: str, err: str) -> None:
+    (cwd / f"{log}.out").write_text(out)
+    (cwd / f"{log}.err").write_text(err)
+
+
+def kill_group(proc: subprocess.Popen[Any]) -> None:
+    """SIGKILL a job started with ``start_new_session`` and everything it started: its process
+    group, and every descendant (torch's elastic agent starts its workers in their own sessions,
+    so the group alone would leave them running)."""
+    tree = [proc.pid, *descendants(proc.pid)]  # read before the kill orphans them
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    for pid in tree:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (Linux ``/proc``; empty elsewhere)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            # "PID (COMM) STATE PPID ...": COMM may hold spaces and parentheses.
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        below = children.get(todo.pop(), [])
+        found += below
+        todo += below
+    return found
+
+
+def train(
+    ctx: TrialContext,
+    name: str,
+    *extra_sets: str,
+    env: dict[str, str] | None = None,
+    max_restarts: int = 0,
+    nproc: int | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """``hpcpipe train JOB --nproc N`` into ``ctx.work / name``."""
+    sets = job_sets(ctx, name, ctx.work, *extra_sets)
+    args = ["train", ctx.scenario.job, "--nproc", str(nproc or ctx.scenario.nproc)]
+    args += ["--max-restarts", str(max_restarts), *[a for s in sets for a in ("--set", s)]]
+    return run_hpcpipe(args, ctx.work, ctx.scenario.timeout_s, env, log=name)
+
+
+def losses(run_dir: Path) -> dict[int, float]:
+    return {int(r["step"]): float(r["loss"]) for r in read_metrics(run_dir) if "loss" in r}
+
+
+def events(run_dir: Path, kind: str) -> list[dict[str, Any]]:
+    return [e for e in read_events(run_dir) if e.get("event") == kind]
+
+
+def reference_losses(ctx: TrialContext, *extra_sets: str, nproc: int | None = None) -> dict[int, float]:
+    """Per-step losses of the uninterrupted run of this job (trained once per chaos run)."""
+    ranks = nproc or ctx.scenario.nproc
+    key_text = json.dumps([ctx.scenario.job, ranks, list(ctx.scenario.sets), list(extra_sets)])
+    key = hashlib.sha256(key_text.encode()).hexdigest()[:16]
+    cache = ctx.shared / "references" / f"{key}.json"
+    if cache.is_file():
+        return {int(k): v for k, v in json.loads(cache.read_text()).items()}
+    out = ctx.shared / "references" / key
+    sets = job_sets(ctx, "reference", out, *extra_sets)
+    args = ["train", ctx.scenario.job, "--nproc", str(ranks), *[a for s in sets for a in ("--set", s)]]
+    out.mkdir(parents=True, exist_ok=True)
+    proc = run_hpcpipe(args, out, ctx.scenario.timeout_s, log="reference")
+    if proc.returncode != 0:
+        raise RuntimeError(f"the reference run failed (exit {proc.returncode}): {last_line(proc.stderr)}")
+    found = losses(out / "reference")
+    cache.write_text(json.dumps(found))
+    return found
+
+
+def last_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1][:300] if lines else ""
+
+
+def fault_time(marker_dir: Path) -> float | None:
+    """When the first chaos fault fired: its marker's mtime (``HPCPIPE_CHAOS_DIR``)."""
+    times = [p.stat().st_mtime for p in marker_dir.glob("*.fired")] if marker_dir.is_dir() else []
+    return min(times) if times else None
+
+
+def time_to_recover(run_dir: Path, since: float | None) -> float | None:
+    """Seconds from ``since`` (the fault) to the first training step logged after it."""
+    if since is None:
+        return None
+    after = [
+        float(r["time"]) for r in read_metrics(run_dir) if "loss" in r and float(r.get("time", 0)) > since
+    ]
+    return min(after) - since if after else None
+
+
+def lost_steps(reference: dict[int, float], got: dict[int, float], rel: float = 0.0) -> list[int]:
+    """Reference steps missing from ``got`` or differing (bitwise when ``rel`` is 0)."""
+    bad = []
+    for step, want in reference.items():
+        have = got.get(step)
+        if have is None or abs(have - want) > rel * abs(want):
+            bad.append(step)
+    return bad
+
+
+def chaos_env(ctx: TrialContext, **faults: str) -> dict[str, str]:
+    """``HPCPIPE_CHAOS_<KIND>`` values plus the trial's marker directory."""
+    env = {f"HPCPIPE_CHAOS_{kind.upper()}": value for kind, value in faults.items()}
+    return {**env, "HPCPIPE_CHAOS_DIR": str(ctx.work / "markers")}

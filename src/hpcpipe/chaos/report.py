@@ -1,0 +1,338 @@
+"""The report of a ``hpcpipe chaos run``: ``chaos.json``, ``chaos.md`` and ``chaos-ttr.png``.
+
+Everything is read back from the run's directory (``run.json`` and ``trials.jsonl``), never from
+the runner's memory, so a report can be redrawn for a run that was killed half way: its torn last
+line is skipped and the scenarios it never reached show 0 of their planned trials.
+
+Usage::
+
+    report = write_report(Path("runs/chaos-50"))
+    print(report.markdown_path.read_text())
+    if not report.ok:
+        ...  # some trial did not recover, or lost data
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hpcpipe.errors import UserError, one_line
+from hpcpipe.fsutil import read_json_object
+
+JSON_NAME = "chaos.json"
+MARKDOWN_NAME = "chaos.md"
+PLOT_NAME = "chaos-ttr.png"
+NONE_MARK = "—"  # a table cell with no number (no trial measured a TTR)
+LOG_SPREAD = 20.0  # max/min TTR from which the plot's x axis turns logarithmic
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A trial that did not recover, with the command that reruns exactly it."""
+
+    trial: int
+    seed: int | None
+    replay: str
+    detail: str
+    error: str | None = None  # set when the harness itself failed the trial (timeout, exception)
+
+
+@dataclass(frozen=True)
+class ScenarioRow:
+    """One scenario's trials, aggregated. TTR and duration figures are seconds."""
+
+    name: str
+    kind: str
+    trials: int  # finished (rows in trials.jsonl)
+    planned: int | None  # from run.json; None when run.json is missing or does not list it
+    recovered: int
+    failed: int
+    lost: int  # summed over trials: must be 0
+    ttr_median_s: float | None
+    ttr_max_s: float | None
+    ttr_p90_s: float | None
+    duration_median_s: float | None
+    failures: list[Failure] = field(default_factory=list)
+    ttrs_s: list[float] = field(default_factory=list)  # every measured TTR, for the plot
+
+    @property
+    def ok(self) -> bool:
+        return self.failed == 0 and self.lost == 0
+
+    def as_json(self) -> dict[str, Any]:
+        row = asdict(self)
+        del row["ttrs_s"]  # the raw values stay in trials.jsonl
+        return row
+
+
+@dataclass(frozen=True)
+class ChaosReport:
+    """What :func:`write_report` wrote, and the numbers it wrote."""
+
+    json_path: Path
+    markdown_path: Path
+    plot_path: Path | None  # None when no trial measured a TTR; plot_skipped says why
+    plot_skipped: str | None
+    rows: list[ScenarioRow]
+    total: dict[str, int]  # trials, recovered, failed, lost, unreadable_lines
+
+    @property
+    def ok(self) -> bool:
+        """Every finished trial recovered and none lost data."""
+        return self.total["failed"] == 0 and self.total["lost"] == 0
+
+
+def write_report(out_dir: Path) -> ChaosReport:
+    """Aggregate ``out_dir/trials.jsonl`` per scenario; write chaos.json, chaos.md, chaos-ttr.png."""
+    trials_path = _trials_path(out_dir)
+    run = read_json_object(out_dir / "run.json")  # tolerated missing: derive what we can
+    trials, unreadable = read_trials(trials_path)
+    rows = aggregate(run, trials)
+    total = _total(rows, unreadable)
+    json_path = out_dir / JSON_NAME
+    payload = {"run": run, "scenarios": [r.as_json() for r in rows], "total": total}
+    json_path.write_text(json.dumps(payload, indent=2) + "\n")
+    plot_path, plot_skipped = _plot_or_reason(rows, out_dir / PLOT_NAME)
+    markdown_path = out_dir / MARKDOWN_NAME
+    markdown_path.write_text(render_markdown(run, trials, rows, total, plot_path))
+    return ChaosReport(json_path, markdown_path, plot_path, plot_skipped, rows, total)
+
+
+def _trials_path(out_dir: Path) -> Path:
+    """``out_dir/trials.jsonl``, or a one-line UserError that says what to run first."""
+    hint = f"run `hpcpipe chaos run SCENARIOS.yaml --out {one_line(str(out_dir))}` first"
+    if not out_dir.is_dir():
+        what = "is not a directory" if out_dir.exists() else "does not exist"
+        raise UserError(f"chaos results {one_line(str(out_dir))} {what}; {hint}")
+    path = out_dir / "trials.jsonl"
+    if not path.is_file():
+        raise UserError(f"{one_line(str(path))} not found: no chaos trial has finished there; {hint}")
+    return path
+
+
+def read_trials(path: Path) -> tuple[list[dict[str, Any]], int]:
+    """The trial rows of ``trials.jsonl`` and how many lines were unreadable.
+
+    A run killed mid-write leaves a torn last line; it is counted and skipped, not fatal.
+    """
+    rows: list[dict[str, Any]] = []
+    unreadable = 0
+    for line in path.read_text(errors="replace").splitlines():
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            unreadable += 1
+            continue
+        if isinstance(row, dict) and isinstance(row.get("scenario"), str):
+            rows.append(row)
+        else:
+            unreadable += 1
+    return rows, unreadable
+
+
+def aggregate(run: dict[str, Any], trials: list[dict[str, Any]]) -> list[ScenarioRow]:
+    """One row per scenario: run.json's file order, then scenarios found only in trials.jsonl."""
+    planned = {s["name"]: s for s in run.get("scenarios", []) if isinstance(s, dict) and "name" in s}
+    names = list(dict.fromkeys([*planned, *(t["scenario"] for t in trials)]))
+    return [
+        _scenario_row(name, planned.get(name, {}), [t for t in trials if t["scenario"] == name])
+        for name in names
+    ]
+
+
+def _scenario_row(name: str, plan: dict[str, Any], trials: list[dict[str, Any]]) -> ScenarioRow:
+    ttrs = [x for x in (_number(t.get("ttr_s")) for t in trials) if x is not None]
+    durations = [x for x in (_number(t.get("duration_s")) for t in trials) if x is not None]
+    failed = [t for t in trials if t.get("recovered") is not True]
+    kinds = [t["kind"] for t in trials if isinstance(t.get("kind"), str)]
+    planned = plan.get("trials")
+    return ScenarioRow(
+        name=name,
+        kind=str(plan.get("kind") or (kinds[0] if kinds else "?")),
+        trials=len(trials),
+        planned=planned if isinstance(planned, int) else None,
+        recovered=len(trials) - len(failed),
+        failed=len(failed),
+        lost=sum(int(_number(t.get("lost")) or 0) for t in trials),
+        ttr_median_s=_rounded(statistics.median(ttrs)) if ttrs else None,
+        ttr_max_s=_rounded(max(ttrs)) if ttrs else None,
+        ttr_p90_s=_rounded(p90(ttrs)) if ttrs else None,
+        duration_median_s=_rounded(statistics.median(durations)) if durations else None,
+        failures=[_failure(t) for t in failed],
+        ttrs_s=ttrs,
+    )
+
+
+def p90(values: list[float]) -> float:
+    """The 90th percentile, interpolated between the closest ranks (numpy's default)."""
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=10, method="inclusive")[-1]
+
+
+def _failure(trial: dict[str, Any]) -> Failure:
+    error = trial.get("error")
+    detail = str(trial.get("detail") or error or "no detail recorded")
+    seed = trial.get("seed")
+    index = trial.get("trial")
+    return Failure(
+        trial=index if isinstance(index, int) else -1,
+        seed=seed if isinstance(seed, int) else None,
+        replay=one_line(str(trial.get("replay") or "")),
+        detail=one_line(detail),
+        error=one_line(str(error)) if error else None,
+    )
+
+
+def _number(value: Any) -> float | None:
+    """A finite number from a JSON value; None for null, NaN, bools and strings."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def _rounded(value: float) -> float:
+    return round(value, 3)  # the runner records durations to the millisecond
+
+
+def _total(rows: list[ScenarioRow], unreadable: int) -> dict[str, int]:
+    return {
+        "trials": sum(r.trials for r in rows),
+        "recovered": sum(r.recovered for r in rows),
+        "failed": sum(r.failed for r in rows),
+        "lost": sum(r.lost for r in rows),
+        "unreadable_lines": unreadable,
+    }
+
+
+# --- markdown ------------------------------------------------------------------------------------
+
+TABLE_HEADER = (
+    "| scenario | kind | trials | recovered | lost data | median TTR (s) | max TTR (s) |\n"
+    "|---|---|---:|---:|---:|---:|---:|"
+)
+
+
+def render_markdown(
+    run: dict[str, Any],
+    trials: list[dict[str, Any]],
+    rows: list[ScenarioRow],
+    total: dict[str, int],
+    plot_path: Path | None,
+) -> str:
+    """chaos.md: the title, the environment line, the table, a summary and the failures."""
+    lines = ["# Chaos report", "", _environment_line(run, trials), "", TABLE_HEADER]
+    lines += [_table_row(r) for r in rows]
+    lines += ["", _summary_line(total)]
+    if total["unreadable_lines"]:
+        lines.append(
+            f"\n{total['unreadable_lines']} unreadable line(s) of trials.jsonl skipped "
+            "(a run killed mid-write leaves a torn last line)."
+        )
+    if plot_path is not None:
+        lines += ["", f"![time to recover per scenario]({plot_path.name})"]
+    lines += ["", "## Failures", "", *_failure_lines(rows)]
+    return "\n".join(lines) + "\n"
+
+
+def _environment_line(run: dict[str, Any], trials: list[dict[str, Any]]) -> str:
+    seeds = sorted({t["seed"] for t in trials if isinstance(t.get("seed"), int)})
+    seed = run.get("seed", seeds[0] if len(seeds) == 1 else None)
+    starts = [x for x in (_number(t.get("started")) for t in trials) if x is not None]
+    started = _number(run.get("started")) or (min(starts) if starts else None)
+    date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)) if started else "date unknown"
+    parts = [
+        f"torch {run.get('torch', 'unknown')}",
+        f"{run.get('cores', 'unknown')} cores",
+        f"seed {seed if seed is not None else 'unknown'}",
+        date,
+    ]
+    if run.get("file"):
+        parts.append(f"scenarios `{one_line(str(run['file']))}`")
+    return " · ".join(parts)
+
+
+def _table_row(row: ScenarioRow) -> str:
+    # A killed run shows finished of planned; a complete one just the count.
+    trials = f"{row.trials}/{row.planned}" if row.planned not in (None, row.trials) else str(row.trials)
+    name = escape_cell(row.name) + ("" if row.ok else " ✗")
+    cells = [
+        name,
+        escape_cell(row.kind),
+        trials,
+        f"{row.recovered}/{row.trials}",
+        str(row.lost),
+        _seconds(row.ttr_median_s),
+        _seconds(row.ttr_max_s),
+    ]
+    return "| " + " | ".join(cells) + " |"
+
+
+def _summary_line(total: dict[str, int]) -> str:
+    verdict = "PASS" if total["failed"] == 0 and total["lost"] == 0 else "FAIL"
+    return (
+        f"**{verdict}**: {total['recovered']}/{total['trials']} trials recovered, "
+        f"{total['lost']} lost (✗ marks a scenario with a failed trial or lost data)."
+    )
+
+
+def _failure_lines(rows: list[ScenarioRow]) -> list[str]:
+    lines = []
+    for row in rows:
+        for f in row.failures:
+            lines.append(f"- **{escape_cell(row.name)}** trial {f.trial}: {escape_cell(f.detail)}")
+            lines.append(f"  `{f.replay}`")
+    return lines or ["none"]
+
+
+def escape_cell(text: str) -> str:
+    """``text`` safe inside a markdown table cell: one line, ``|`` escaped."""
+    return one_line(text).replace("|", "\\|")
+
+
+def _seconds(value: float | None) -> str:
+    return NONE_MARK if value is None else f"{value:.1f}"
+
+
+# --- plot ----------------------------------------------------------------------------------------
+
+
+def _plot_or_reason(rows: list[ScenarioRow], path: Path) -> tuple[Path | None, str | None]:
+    measured = [r for r in rows if r.ttrs_s]
+    if not measured:
+        path.unlink(missing_ok=True)  # a stale plot from an earlier report would mislead
+        return None, "no trial measured a time to recover"
+    return plot_ttr(measured, path), None
+
+
+def plot_ttr(rows: list[ScenarioRow], path: Path) -> Path:
+    """Every trial's TTR as a dot, one row per scenario: range as a line, median as a tick; x in s."""
+    from hpcpipe.report.plots_bench import _figure, _save
+
+    fig, (ax,) = _figure()
+    fig.set_size_inches(7.5, 1.5 + 0.5 * len(rows))
+    values = [r.ttrs_s for r in rows]
+    positions = list(range(len(rows), 0, -1))  # first scenario on top, as in the table
+    jitter = random.Random(0)  # fixed: the same run draws the same picture
+    for pos, ttrs in zip(positions, values, strict=True):
+        # Drawn by hand rather than with boxplot(): its orientation argument changed in matplotlib 3.10.
+        ax.hlines(pos, min(ttrs), max(ttrs), color="gray", linewidth=1, zorder=1)
+        ax.scatter(ttrs, [pos + jitter.uniform(-0.15, 0.15) for _ in ttrs], s=14, alpha=0.6, zorder=2)
+        ax.scatter([statistics.median(ttrs)], [pos], marker="|", s=400, color="black", zorder=3)
+    ax.set_yticks(positions, [r.name for r in rows])
+    everything = [x for ttrs in values for x in ttrs]
+    if min(everything) > 0 and max(everything) / min(everything) >= LOG_SPREAD:
+        ax.set_xscale("log")
+    ax.set_xlabel("time to recover (s)")
+    ax.set_title("chaos: time to recover per trial")
+    ax.grid(alpha=0.3, axis="x", which="both")
+    return _save(fig, path)

@@ -1,0 +1,161 @@
+"""Run declared scenarios trial by trial; one JSON line per finished trial in ``trials.jsonl``.
+
+A trial's fault placement comes from ``trial_rng(seed, scenario, trial)`` alone, so the
+``replay`` line each row carries reruns exactly that trial. A trial's directory is removed when
+it recovered (``keep`` keeps them all) and kept when it did not, for the post-mortem.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hpcpipe.chaos.kinds import resolve
+from hpcpipe.chaos.scenario import Scenario, TrialContext, TrialResult, trial_rng
+from hpcpipe.errors import UserError
+
+
+@dataclass(frozen=True)
+class ChaosPlan:
+    """What ``hpcpipe chaos run`` was asked for."""
+
+    file: Path
+    scenarios: list[Scenario]
+    trials: int  # per scenario, unless the scenario says otherwise
+    seed: int
+    out: Path
+    only_trial: int | None = None  # replay one trial index
+    keep: bool = False
+    resume: bool = False  # continue a run in ``out``: skip the trials it already recorded
+
+    def trial_indices(self, scenario: Scenario) -> list[int]:
+        if self.only_trial is not None:
+            return [self.only_trial]
+        return list(range(scenario.trials or self.trials))
+
+    def replay(self, scenario: Scenario, trial: int) -> str:
+        return f"hpcpipe chaos run {self.file} --seed {self.seed} --only {scenario.name} --trial {trial}"
+
+
+def start_output(plan: ChaosPlan) -> set[tuple[str, int]]:
+    """Create ``out`` with ``run.json``; the (scenario, trial) pairs already recorded there
+    (only with ``resume``: otherwise a directory holding trials is refused)."""
+    import torch
+
+    from hpcpipe import __version__
+
+    done: set[tuple[str, int]] = set()
+    started = time.time()
+    if (plan.out / "trials.jsonl").exists():
+        if not plan.resume:
+            raise UserError(
+                f"{plan.out} already holds chaos results; give a new --out, or --resume to continue it"
+            )
+        done, started = _recorded(plan)  # planned anew below: a resume may ask for more trials
+    plan.out.mkdir(parents=True, exist_ok=True)
+    run = {
+        "file": str(plan.file),
+        "seed": plan.seed,
+        "trials": plan.trials,
+        "torch": torch.__version__,
+        "cores": os.cpu_count(),
+        "hpcpipe": __version__,
+        "started": started,
+        "scenarios": [
+            {"name": s.name, "kind": s.kind, "trials": len(plan.trial_indices(s))} for s in plan.scenarios
+        ],
+    }
+    (plan.out / "run.json").write_text(json.dumps(run, indent=2) + "\n")
+    return done
+
+
+def _recorded(plan: ChaosPlan) -> tuple[set[tuple[str, int]], float]:
+    """What ``plan.out`` holds and when it started, after checking the file and seed match."""
+    try:
+        run = json.loads((plan.out / "run.json").read_text())
+    except (OSError, ValueError):
+        raise UserError(
+            f"{plan.out / 'run.json'}: missing or unreadable; cannot --resume this directory"
+        ) from None
+    if (run.get("file"), run.get("seed")) != (str(plan.file), plan.seed):
+        was = f"{run.get('file')} --seed {run.get('seed')}"
+        raise UserError(f"--resume: {plan.out} was run with {was}; give the same scenarios and --seed")
+    done = set()
+    for line in (plan.out / "trials.jsonl").read_text().splitlines():
+        with contextlib.suppress(ValueError, KeyError, TypeError):
+            row = json.loads(line)
+            done.add((str(row["scenario"]), int(row["trial"])))
+    return done, float(run.get("started") or time.time())
+
+
+def run_trial(plan: ChaosPlan, scenario: Scenario, trial: int) -> dict[str, Any]:
+    """One trial, start to verdict; the row ``trials.jsonl`` gets (a harness error is a failure)."""
+    work = plan.out / scenario.name / f"trial-{trial:04d}"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    ctx = TrialContext(
+        scenario, trial, plan.seed, trial_rng(plan.seed, scenario.name, trial), work, plan.out / "shared"
+    )
+    ctx.shared.mkdir(exist_ok=True)
+    started, error = time.time(), None
+    try:
+        result = resolve(scenario.kind)(ctx)
+    except UserError:
+        raise  # a bad scenario (a wrong param): stop the run, one line
+    except Exception as exc:  # the harness failed this trial: recorded, the run goes on
+        (work / "harness-error.txt").write_text(traceback.format_exc())
+        error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+        result = TrialResult(False, error)
+    row = {
+        "scenario": scenario.name,
+        "kind": scenario.kind,
+        "trial": trial,
+        "seed": plan.seed,
+        "replay": plan.replay(scenario, trial),
+        "started": started,
+        "duration_s": round(time.time() - started, 3),
+        **result.as_row(),
+        "error": error,
+    }
+    if result.recovered and not plan.keep:
+        shutil.rmtree(work, ignore_errors=True)
+    return row
+
+
+def run_plan(plan: ChaosPlan, progress: bool = True) -> list[dict[str, Any]]:
+    """Every trial of every scenario, in file order; the rows, as also appended to trials.jsonl."""
+    from rich.markup import escape
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    done = start_output(plan)
+    todo = [(s, t) for s in plan.scenarios for t in plan.trial_indices(s) if (s.name, t) not in done]
+    rows: list[dict[str, Any]] = []
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with (
+        Progress(*columns, disable=not progress, transient=True) as bar,
+        (plan.out / "trials.jsonl").open("a") as log,
+    ):
+        task = bar.add_task("chaos", total=len(todo))
+        for scenario, trial in todo:
+            bar.update(task, description=f"{scenario.name} #{trial}")
+            row = run_trial(plan, scenario, trial)
+            log.write(json.dumps(row) + "\n")
+            log.flush()
+            rows.append(row)
+            if not row["recovered"]:
+                failed = f"[red]FAILED[/red] {scenario.name} #{trial}: {escape(row['detail'])}"
+                bar.console.print(failed, highlight=False)
+            bar.advance(task)
+    skipped = f" ({len(done)} recorded before, skipped)" if done else ""
+    print(
+        f"chaos: {sum(r['recovered'] for r in rows)}/{len(rows)} trials recovered{skipped}", file=sys.stderr
+    )
+    return rows

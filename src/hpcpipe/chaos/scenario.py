@@ -1,0 +1,126 @@
+"""A chaos scenario file, one trial's context and its result.
+
+``SCENARIOS.yaml`` is a list of scenarios (or a mapping with a ``scenarios:`` list)::
+
+    scenarios:
+      - name: kill-a-rank          # unique; names the results and the report's rows
+        kind: kill_rank            # one of hpcpipe.chaos.kinds.KINDS
+        job: tiny                  # preset or config file the trials train (training kinds)
+        nproc: 2                   # ranks per trial
+        set: ["checkpoint.every_steps=4"]   # config overrides, as --set
+        params: {max_restarts: 1}  # what the kind takes (each kind documents its own)
+        trials: 50                 # optional: overrides --trials for this scenario
+
+Every trial draws where and when its fault lands from ``random.Random("SEED/NAME/TRIAL")``, so
+``hpcpipe chaos run FILE --seed SEED --only NAME --trial TRIAL`` replays it exactly.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from hpcpipe.chaos.kinds import KINDS
+from hpcpipe.config import first_error
+from hpcpipe.errors import ConfigError
+
+
+class Scenario(BaseModel):
+    """One declared fault scenario (see the module docstring)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    kind: str
+    job: str = "tiny"
+    nproc: int = Field(default=2, ge=1, le=8)
+    sets: tuple[str, ...] = Field(default=(), alias="set")
+    params: dict[str, Any] = Field(default_factory=dict)
+    trials: int | None = Field(default=None, ge=1, le=10_000)
+    timeout_s: float = Field(default=300.0, gt=0, le=7200)
+
+    @field_validator("kind")
+    @classmethod
+    def _known_kind(cls, kind: str) -> str:
+        if kind not in KINDS:
+            raise ValueError(f"unknown kind {kind!r}; one of {sorted(KINDS)}")
+        return kind
+
+
+class ScenarioFile(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    scenarios: tuple[Scenario, ...] = Field(min_length=1)
+
+
+def load_scenarios(path: Path) -> list[Scenario]:
+    """The scenarios of ``path`` (a ConfigError naming the file and the key when invalid)."""
+    if not path.is_file():
+        raise ConfigError(f"scenario file not found: {path}")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except (yaml.YAMLError, UnicodeDecodeError):
+        raise ConfigError(f"{path}: not valid YAML") from None
+    if isinstance(raw, list):
+        raw = {"scenarios": raw}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a list of scenarios or a mapping with 'scenarios:'")
+    try:
+        scenarios = list(ScenarioFile.model_validate(raw).scenarios)
+    except ValidationError as exc:
+        raise ConfigError(f"{path}: {first_error(exc)}") from None
+    names = [s.name for s in scenarios]
+    duplicate = next((n for n in names if names.count(n) > 1), None)
+    if duplicate:
+        raise ConfigError(f"{path}: scenario name {duplicate!r} is used twice")
+    return scenarios
+
+
+def trial_rng(seed: int, scenario: str, trial: int) -> random.Random:
+    """The generator every random choice of one trial comes from (string seeds are stable)."""
+    return random.Random(f"{seed}/{scenario}/{trial}")
+
+
+@dataclass
+class TrialContext:
+    """What a kind's ``run`` gets for one trial."""
+
+    scenario: Scenario
+    trial: int
+    seed: int
+    rng: random.Random
+    work: Path  # this trial's own directory (exists, empty at the start)
+    shared: Path  # shared by every trial of the chaos run: prepared data, reference runs
+
+    def param(self, key: str, default: Any) -> Any:
+        """``params[key]`` (or ``default``); a wrong type is a ConfigError naming the key."""
+        value = self.scenario.params.get(key, default)
+        if default is not None and not isinstance(value, type(default)):
+            want = type(default).__name__
+            raise ConfigError(f"scenario {self.scenario.name}: params.{key} must be a {want}, got {value!r}")
+        return value
+
+
+@dataclass
+class TrialResult:
+    """The verdict of one trial. ``recovered`` is the assertion; ``lost`` must be 0."""
+
+    recovered: bool
+    detail: str  # one line: what happened, or which check failed
+    placement: dict[str, Any] = field(default_factory=dict)  # where/when the fault landed
+    lost: int = 0  # training steps (or committed checkpoints, files) lost or not reproduced
+    ttr_s: float | None = None  # time to recover: from the fault to the first step after resume
+
+    def as_row(self) -> dict[str, Any]:
+        return {
+            "recovered": self.recovered,
+            "detail": self.detail,
+            "placement": self.placement,
+            "lost": self.lost,
+            "ttr_s": self.ttr_s,
+        }

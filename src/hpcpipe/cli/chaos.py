@@ -1,0 +1,113 @@
+"""`hpcpipe chaos`: declared fault scenarios against real training jobs, and the recovery table."""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from hpcpipe.cli.common import console
+from hpcpipe.errors import UserError
+
+app = typer.Typer(
+    help="Chaos suite: inject declared faults into real `hpcpipe train` jobs, many times, and "
+    "publish how often recovery works.\n\nStart with `hpcpipe chaos run shipped --trials 1`.",
+    no_args_is_help=True,
+)
+
+SHIPPED = ("shipped",)
+
+
+def scenario_file(name: str) -> Path:
+    """A shipped scenario file by name, or a path."""
+    if name in SHIPPED:
+        return Path(str(resources.files("hpcpipe.chaos").joinpath(f"scenarios/{name}.yaml")))
+    return Path(name)
+
+
+@app.command("run")
+def run(
+    scenarios: Annotated[
+        str,
+        typer.Argument(
+            help="A scenario YAML file, or `shipped` (the scenarios hpcpipe ships).", show_default=False
+        ),
+    ],
+    trials: Annotated[int, typer.Option("--trials", "-n", min=1, help="Trials per scenario.")] = 3,
+    seed: Annotated[int, typer.Option("--seed", help="Where and when faults land derives from it.")] = 0,
+    out: Annotated[Path, typer.Option("--out", "-o", help="Results directory (must be new).")] = Path(
+        "runs/chaos"
+    ),
+    only: Annotated[
+        list[str] | None,
+        typer.Option("--only", help="Run only this scenario (repeatable).", show_default=False),
+    ] = None,
+    trial: Annotated[
+        int | None,
+        typer.Option(
+            "--trial", min=0, help="Replay only this trial index (with --seed).", show_default=False
+        ),
+    ] = None,
+    keep: Annotated[
+        bool, typer.Option("--keep", help="Keep the directories of recovered trials too.")
+    ] = False,
+    resume: Annotated[
+        bool,
+        typer.Option(
+            "--resume", help="Continue the run in OUT (same scenarios and --seed): skip recorded trials."
+        ),
+    ] = False,
+    progress: Annotated[bool, typer.Option("--progress/--no-progress", help="A progress bar.")] = True,
+) -> None:
+    """Run every scenario TRIALS times; exit 1 when any trial did not recover.
+
+    Writes OUT/trials.jsonl (a row per trial, with the command that replays it), then
+    OUT/chaos.json, OUT/chaos.md and OUT/chaos-ttr.png (recovery times). Failed trials keep their
+    directory (logs, run dirs) under OUT/SCENARIO/trial-NNNN.
+
+    Examples:
+
+      hpcpipe chaos run shipped --trials 50 --out runs/chaos-50
+
+      hpcpipe chaos run shipped --only kill-a-rank --seed 0 --trial 7
+
+      hpcpipe chaos run shipped --trials 100 --out runs/chaos-50 --resume   # 50 more each
+    """
+    from hpcpipe.chaos.runner import ChaosPlan, run_plan
+    from hpcpipe.chaos.scenario import load_scenarios
+
+    path = scenario_file(scenarios)
+    chosen = load_scenarios(path)
+    unknown = sorted(set(only or ()) - {s.name for s in chosen})
+    if unknown:
+        raise UserError(
+            f"--only {unknown[0]!r}: no such scenario in {path} ({', '.join(s.name for s in chosen)})"
+        )
+    if only:
+        chosen = [s for s in chosen if s.name in only]
+    # The replay line names `shipped` as the user wrote it; a file by its absolute path.
+    label = Path(scenarios) if scenarios in SHIPPED else path.resolve()
+    plan = ChaosPlan(label, chosen, trials, seed, out.resolve(), only_trial=trial, keep=keep, resume=resume)
+    rows = run_plan(plan, progress=progress)
+    _print_report(out)
+    if not all(row["recovered"] for row in rows):
+        raise typer.Exit(1)
+
+
+@app.command("report")
+def report(
+    results: Annotated[
+        Path, typer.Argument(help="A `hpcpipe chaos run` --out directory.", show_default=False)
+    ],
+) -> None:
+    """Write OUT/chaos.json, chaos.md and chaos-ttr.png from OUT/trials.jsonl, and print the table."""
+    _print_report(results)
+
+
+def _print_report(out: Path) -> None:
+    from hpcpipe.chaos.report import write_report
+
+    written = write_report(out)
+    console.print(written.markdown_path.read_text(), markup=False, highlight=False, soft_wrap=True)
