@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from hpcpipe.config_hpo import HpoConfig
 from hpcpipe.config_launch import LaunchConfig
@@ -37,6 +37,15 @@ class RunConfig(Section):
         "or lora-function-calling (LoRA fine-tuning of a Hugging Face causal LM on function-calling "
         "conversations: Glaive v2, OpenAI-style or Hermes-style).",
     )
+
+    @field_validator("name", "out_dir")
+    @classmethod
+    def _printable(cls, value: str) -> str:
+        # Both end up in scripts and manifests (an #SBATCH line, a job name): a newline there
+        # would start a new line of the script.
+        if not value.isprintable():
+            raise ValueError("must not contain newlines or other control characters")
+        return value
 
     @model_validator(mode="after")
     def _name_is_a_plain_directory_name(self) -> RunConfig:

@@ -74,6 +74,14 @@ class SlurmConfig(Section):
         "membership change within one allocation.",
     )
 
+    @field_validator("partition", "account", "qos", "constraint", "time", "mem")
+    @classmethod
+    def _one_sbatch_word(cls, value: str | None) -> str | None:
+        # Each becomes an `#SBATCH --key=value` line: a newline would add lines to the script.
+        if value is not None and any(c.isspace() or not c.isprintable() for c in value):
+            raise ValueError("must be one word without spaces or control characters")
+        return value
+
     @field_validator("signal")
     @classmethod
     def _a_signal_every_task_gets(cls, value: str) -> str:

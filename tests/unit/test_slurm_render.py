@@ -111,6 +111,9 @@ def test_only_an_elastic_run_lets_the_step_survive_a_lost_node() -> None:
         (["--grid", "train.no_such_key=[1,2]"], "train.no_such_key"),
         (["--set", "launch.slurm.signal=B:USR1"], "launch.slurm.signal"),
         (["--set", "parallel.nnodes=3:2"], "parallel.nnodes"),
+        # A newline in a value would add lines to the script: #SBATCH options, or commands.
+        (["--set", "launch.slurm.partition=gpu\n#SBATCH --wrap=x"], "launch.slurm.partition"),
+        (["--set", "run.name=job\necho pwned"], "run.name"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_and_submits_nothing(
