@@ -22,7 +22,7 @@ from hpcpipe.config_hpo import HpoConfig
 from hpcpipe.config_launch import LaunchConfig
 from hpcpipe.config_observe import ObserveConfig
 from hpcpipe.config_pipeline import PipelineConfig
-from hpcpipe.config_section import Section
+from hpcpipe.config_section import Section, one_line
 from hpcpipe.errors import ConfigError, hide_credentials
 
 
@@ -38,14 +38,7 @@ class RunConfig(Section):
         "conversations: Glaive v2, OpenAI-style or Hermes-style).",
     )
 
-    @field_validator("name", "out_dir")
-    @classmethod
-    def _printable(cls, value: str) -> str:
-        # Both end up in scripts and manifests (an #SBATCH line, a job name): a newline there
-        # would start a new line of the script.
-        if not value.isprintable():
-            raise ValueError("must not contain newlines or other control characters")
-        return value
+    _one_line = field_validator("name", "out_dir")(one_line)
 
     @model_validator(mode="after")
     def _name_is_a_plain_directory_name(self) -> RunConfig:

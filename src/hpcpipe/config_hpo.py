@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
 
-from hpcpipe.config_section import Section
+from hpcpipe.config_section import Section, one_line
 
 SamplerName = Literal["tpe", "random", "cmaes", "gp", "grid"]
 PrunerName = Literal["median", "hyperband", "successive_halving", "none"]
@@ -130,6 +130,8 @@ class HpoConfig(Section):
     max_retries: int = Field(
         1, ge=0, description="Retries of a failed, crashed or preempted trial (same values; resumes)."
     )
+
+    _one_line = field_validator("study", "dir")(one_line)
 
     @field_validator("storage")
     @classmethod

@@ -9,3 +9,11 @@ class Section(BaseModel):
     """Base of every config section: typed, frozen, unknown keys rejected."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+
+def one_line(value: str | None) -> str | None:
+    """A field validator's check for values that end up in scripts and manifests (an #SBATCH
+    line, a job name, a path in a shell script): a newline there would start a new line."""
+    if value is not None and not value.isprintable():
+        raise ValueError("must not contain newlines or other control characters")
+    return value

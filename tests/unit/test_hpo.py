@@ -211,6 +211,9 @@ def test_the_slurm_array_script_runs_workers_and_refuses_sqlite(tmp_path: Path) 
     assert proc.returncode == 0, proc.stdout
     with pytest.raises(UserError, match="cannot share SQLite"):
         check_shared_storage(plan_study(_job(tmp_path)))
+    # The study name and directory land in the script: a newline would add a command to it.
+    with pytest.raises(ConfigError, match=r"hpo\.study: must not contain newlines"):
+        _job(tmp_path, "hpo.study=x\necho pwned")
 
 
 @pytest.mark.parametrize("sampler", ["tpe", "random", "cmaes", "gp", "grid"])
