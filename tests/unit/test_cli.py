@@ -86,3 +86,17 @@ def test_a_failed_or_preempted_worker_group_exits_with_its_code() -> None:
         with pytest.raises(typer.Exit) as exited:
             _report_failure(job, failure)
         assert exited.value.exit_code == code
+
+
+def test_a_long_failure_line_is_not_wrapped_or_read_as_markup(capfd: pytest.CaptureFixture[str]) -> None:
+    import typer
+
+    from hpcpipe.cli.train import _report_failure
+    from hpcpipe.config import load_config
+    from hpcpipe.launch.job import WorkerFailure
+
+    job = load_config("tiny", [f"run.out_dir=/tmp/{'deep/' * 30}[1]"])  # 170+ columns, a `[`
+    with pytest.raises(typer.Exit):
+        _report_failure(job, WorkerFailure(1))
+    lines = capfd.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].endswith(f"{job.run_dir}"), lines

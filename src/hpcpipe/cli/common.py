@@ -14,7 +14,7 @@ from hpcpipe.config import JobConfig, load_config
 from hpcpipe.errors import UserError
 
 console = Console()
-err_console = Console(stderr=True)
+err_console = Console(stderr=True, soft_wrap=True)  # one message, one line: never wrapped at 80 columns
 
 ConfigArg = Annotated[
     str,

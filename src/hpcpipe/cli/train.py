@@ -134,13 +134,16 @@ def _report_failure(job: JobConfig, exc: WorkerFailure | Preempted) -> NoReturn:
     from hpcpipe.train.trial import PRUNED_EXIT_CODE, Pruned
 
     if isinstance(exc, Pruned) or exc.exit_code == PRUNED_EXIT_CODE:
-        err_console.print(
-            f"{exc if isinstance(exc, Pruned) else 'pruned by the study'}; checkpoint committed"
-        )
+        _say(f"{exc if isinstance(exc, Pruned) else 'pruned by the study'}; checkpoint committed")
     elif isinstance(exc, Preempted):
-        err_console.print(f"{exc}; run again to resume ({job.run_dir})")
+        _say(f"{exc}; run again to resume ({job.run_dir})")
     elif exc.exit_code == job.fault.preempt_exit_code:
-        err_console.print(f"preempted: checkpoint committed; run again to resume ({job.run_dir})")
+        _say(f"preempted: checkpoint committed; run again to resume ({job.run_dir})")
     else:
-        err_console.print(f"error: {exc}; run dir: {job.run_dir}")
+        _say(f"error: {exc}; run dir: {job.run_dir}")
     raise typer.Exit(exc.exit_code) from None
+
+
+def _say(message: str) -> None:
+    """A worker's outcome as plain text: paths and messages may hold `[` (no rich markup)."""
+    err_console.print(message, markup=False, highlight=False)
