@@ -30,6 +30,7 @@ __all__ = [
     "dcp_set_element",
     "ddp_buffer_sync_kwargs",
     "ddp_reset_reducer",
+    "default_store",
     "dump_cuda_memory_snapshot",
     "fsdp_drop_unsharded_grads",
     "fsdp_reset_iter_state",
@@ -265,6 +266,8 @@ def dump_cuda_memory_snapshot(path: str) -> None:
     _require("torch.cuda.memory", "_dump_snapshot", _MEMORY)(path)
 
 
+_PEERS = "share each rank's progress for hang reports"
+
 PRIVATE_APIS: dict[str, Callable[[], Any]] = {
     "Reducer._reset_state": _probe(
         "torch._C._distributed_c10d",
@@ -292,6 +295,9 @@ PRIVATE_APIS: dict[str, Callable[[], Any]] = {
         "torch.cuda.memory", "_record_memory_history", purpose=_MEMORY
     ),
     "cuda.memory._dump_snapshot": _probe("torch.cuda.memory", "_dump_snapshot", purpose=_MEMORY),
+    "distributed_c10d._get_default_store": _probe(
+        "torch.distributed.distributed_c10d", "_get_default_store", purpose=_PEERS
+    ),
 }
 """Each private name reached from this module, with a probe that raises TorchAPIError without it."""
 
@@ -303,4 +309,4 @@ def default_store() -> Any:
     """The key-value store of the default process group (rank 0 serves it under env:// init)."""
     import torch.distributed.distributed_c10d as c10d
 
-    return _require(c10d, "_get_default_store", "share each rank's progress for hang reports")()
+    return _require(c10d, "_get_default_store", _PEERS)()

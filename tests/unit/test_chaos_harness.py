@@ -205,3 +205,20 @@ def test_resume_runs_only_the_missing_trials_of_the_same_seed(tmp_path: Path) ->
     assert "| fine | always_pass | 3 | 3/3 |" in (out / "chaos.md").read_text()  # planned anew: 3
     other = run_cli("chaos", "run", str(path), "--seed", "9", "--out", str(out), "--resume", "--no-progress")
     assert other.returncode == 2 and "give the same scenarios and --seed" in other.stderr
+
+
+def test_resume_still_fails_on_the_failures_recorded_before(tmp_path: Path) -> None:
+    path = _file(tmp_path, "- {name: broken, kind: must_fail}")
+    out = tmp_path / "out"
+    assert run_cli("chaos", "run", str(path), "-n", "1", "--out", str(out), "--no-progress").returncode == 1
+    again = run_cli("chaos", "run", str(path), "-n", "1", "--out", str(out), "--resume", "--no-progress")
+    assert again.returncode == 1, again.stderr  # nothing new ran; the recorded failure stands
+
+
+def test_an_out_that_is_a_file_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    path = _file(tmp_path, "- {name: fine, kind: always_pass}")
+    (tmp_path / "taken").write_text("")
+    proc = run_cli("chaos", "run", str(path), "--out", str(tmp_path / "taken"), "--no-progress")
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        f"error: --out {tmp_path / 'taken'}: cannot create it (File exists)"
+    ], proc.stderr

@@ -75,6 +75,10 @@ def run_hpcpipe(
         out, err = proc.communicate()
         _keep_log(cwd, log, out, err)
         raise TrialTimeout(f"hpcpipe {' '.join(args[:2])} ran past {timeout_s:.0f} s") from None
+    except BaseException:  # Ctrl-C: the job is in its own session, the terminal's SIGINT missed it
+        kill_group(proc)
+        proc.wait()
+        raise
     _keep_log(cwd, log, out, err)
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
@@ -88,12 +92,15 @@ def kill_group(proc: subprocess.Popen[Any]) -> None:
     """SIGKILL a job started with ``start_new_session`` and everything it started: its process
     group, and every descendant (torch's elastic agent starts its workers in their own sessions,
     so the group alone would leave them running)."""
-    tree = [proc.pid, *descendants(proc.pid)]  # read before the kill orphans them
+    alive = proc.poll() is None  # a reaped pid may be reused: then only its group is killed
+    # The descendants first, while the leader lives (once it dies, they are re-parented and no
+    # longer found), twice: the second pass catches workers started during the first.
+    for _ in range(2 if alive else 0):
+        for pid in descendants(proc.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
-    for pid in tree:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
 
 
 def descendants(pid: int) -> list[int]:

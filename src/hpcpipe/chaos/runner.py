@@ -60,7 +60,10 @@ def start_output(plan: ChaosPlan) -> set[tuple[str, int]]:
                 f"{plan.out} already holds chaos results; give a new --out, or --resume to continue it"
             )
         done, started = _recorded(plan)  # planned anew below: a resume may ask for more trials
-    plan.out.mkdir(parents=True, exist_ok=True)
+    try:
+        plan.out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"--out {plan.out}: cannot create it ({exc.strerror or exc})") from None
     run = {
         "file": str(plan.file),
         "seed": plan.seed,

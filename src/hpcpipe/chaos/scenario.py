@@ -100,7 +100,10 @@ class TrialContext:
     def param(self, key: str, default: Any) -> Any:
         """``params[key]`` (or ``default``); a wrong type is a ConfigError naming the key."""
         value = self.scenario.params.get(key, default)
-        if default is not None and not isinstance(value, type(default)):
+        if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)  # `hang_timeout_s: 5` means 5.0
+        wrong_bool = isinstance(value, bool) and not isinstance(default, bool)
+        if default is not None and (wrong_bool or not isinstance(value, type(default))):
             want = type(default).__name__
             raise ConfigError(f"scenario {self.scenario.name}: params.{key} must be a {want}, got {value!r}")
         return value

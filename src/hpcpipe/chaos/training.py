@@ -28,9 +28,19 @@ def kill_rank(ctx: TrialContext) -> TrialResult:
     run, checks = ctx.work / "run", Checks()
     checks.exit_code(proc, 0, "the restarted run")
     checks.check(bool(jobs.events(run, "restart")), "no restart event")
+    _check_resumed(ctx, checks, run, step)
     lost = jobs.lost_steps(reference, jobs.losses(run))
     ttr = jobs.time_to_recover(run, jobs.fault_time(ctx.work / "markers"))
     return checks.result(f"killed rank {rank} at step {step}; resumed bitwise", place, len(lost), ttr)
+
+
+def _check_resumed(ctx: TrialContext, checks: Checks, run: Path, fault_step: int) -> None:
+    """The restart resumed from the newest checkpoint before the fault (not from step 0)."""
+    every = jobs.job_config(ctx).checkpoint.every_steps
+    want = (fault_step - 1) // every * every if every > 0 else 0
+    resumed = [e.get("step") for e in jobs.events(run, "resumed")]
+    if want > 0:
+        checks.check(resumed[-1:] == [want], f"resumed from {resumed[-1:]}, expected step {want}")
 
 
 def always_fail(ctx: TrialContext) -> TrialResult:
@@ -84,16 +94,19 @@ def stall(ctx: TrialContext) -> TrialResult:
     checks.check(
         bool(named), f"no hang event names rank {rank}: {[(e.get('rank'), e.get('peers')) for e in hangs]}"
     )
-    if named:
+    if named:  # the stuck rank's own stack shows where; a stopped rank is named in a peer's dump
         stacks = run / f"hang-rank{named[0]['rank']}.txt"
-        want = "_chaos_hang_forever" if how == "hang" else "hang: rank"
-        checks.check(stacks.is_file() and want in stacks.read_text(), f"{stacks.name}: no stack dump")
+        want = "_chaos_hang_forever" if how == "hang" else f"peers behind or silent: {named[0]['peers']}"
+        checks.check(
+            stacks.is_file() and want in stacks.read_text(), f"{stacks.name}: no stack dump naming it"
+        )
     # Detection: the watchdog's own count from the last completed step (just before the fault).
     detected = float(named[0]["stalled_s"]) if named else None
     late = detected is not None and detected > timeout + max(2.0, timeout / 2)  # the poll is timeout/10
     checks.check(not late, f"detected after {detected} s, timeout {timeout} s")
     fault = jobs.fault_time(ctx.work / "markers")
     checks.check(bool(jobs.events(run, "restart")), "no restart event")
+    _check_resumed(ctx, checks, run, step)
     lost = jobs.lost_steps(reference, jobs.losses(run))
     ttr = jobs.time_to_recover(run, fault)
     how_text = "SIGSTOPped" if how == "stop" else "stuck"
@@ -163,9 +176,10 @@ def lost_node(ctx: TrialContext) -> TrialResult:
         (e.get("old_world_size"), e.get("new_world_size")) for e in jobs.events(run, "membership_change")
     ]
     world = 2 * ctx.scenario.nproc
-    checks.check(
-        changes == [(world, world // 2)], f"membership changes {changes}, expected {[(world, world // 2)]}"
-    )
+    # The last change counts: on a loaded host the first round may form before the second agent joins.
+    shrink = (world, world // 2)
+    checks.check(changes[-1:] == [shrink], f"membership changes {changes}, the last one is not {shrink}")
+    _check_resumed(ctx, checks, run, step)
     rows = [r for r in read_metrics(run) if "loss" in r]
     last = rows[-1] if rows else {}
     checks.check(last.get("step") == steps, f"last step {last.get('step')}, expected {steps}")

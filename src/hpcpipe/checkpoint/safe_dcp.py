@@ -232,9 +232,11 @@ def _os_error_in(exc: BaseException) -> OSError | None:
     """The OSError behind ``exc``: torch.save's zip writer turns a failed write into a
     RuntimeError ("unexpected pos") raised while handling the OSError."""
     seen: BaseException | None = exc
-    while seen is not None:
+    visited: set[int] = set()
+    while seen is not None and id(seen) not in visited:
         if isinstance(seen, OSError):
             return seen
+        visited.add(id(seen))
         seen = seen.__cause__ or seen.__context__
     return None
 
@@ -248,6 +250,7 @@ class _HashingFileSystem(FileSystem):
         self.entries: dict[Path, FileEntry] = {}
         self.errors: list[BaseException] = []
         self.threads: set[threading.Thread] = set()  # every thread that wrote a file
+        self.owner: threading.Thread | None = None  # the thread running the save (write_data, finish)
         self._lock = threading.Lock()  # DCP writes files from several threads
 
     @contextlib.contextmanager
@@ -267,13 +270,14 @@ class _HashingFileSystem(FileSystem):
         except BaseException as exc:
             # DCP's extra writer threads drop their exceptions (the thread just ends, and its
             # items go missing from the metadata); keep them so write_data can raise them.
-            io_error = _os_error_in(exc)
+            io_error = _os_error_in(exc) if isinstance(exc, Exception) else None
             with self._lock:
                 self.errors.append(_with_path(io_error, path) if io_error else exc)
-            if io_error is None:
+            if io_error is None or threading.current_thread() is self.owner:
                 raise
-            # An I/O failure (a full disk): end this file quietly. Raised, it escapes DCP's
-            # writer thread and Python prints its traceback; write_data raises it instead.
+            # An I/O failure (a full disk) in one of DCP's extra writer threads: end this file
+            # quietly. Raised, it escapes the thread and Python prints its traceback;
+            # write_data raises it instead, in the thread that called it.
             return
         with self._lock:
             self.entries[path] = entry
@@ -345,10 +349,11 @@ class HashedFileSystemWriter(FileSystemWriter):
 
     def write_data(self, plan: Any, planner: Any) -> Any:
         """Extra file, then DCP's writer; an error in any writer thread fails the save."""
-        self._write_extra()
-        future = super().write_data(plan, planner)
         fs = self.fs
         assert isinstance(fs, _HashingFileSystem)
+        fs.owner = threading.current_thread()  # its own errors (.metadata too) raise at once
+        self._write_extra()
+        future = super().write_data(plan, planner)
         if fs.errors:
             raise fs.errors[0]
         written = len(future.value())

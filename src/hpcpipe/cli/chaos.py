@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from importlib import resources
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from hpcpipe.cli.common import console
 from hpcpipe.errors import UserError
+
+if TYPE_CHECKING:
+    from hpcpipe.chaos.report import ChaosReport
 
 app = typer.Typer(
     help="Chaos suite: inject declared faults into real `hpcpipe train` jobs, many times, and "
@@ -90,9 +93,8 @@ def run(
     # The replay line names `shipped` as the user wrote it; a file by its absolute path.
     label = Path(scenarios) if scenarios in SHIPPED else path.resolve()
     plan = ChaosPlan(label, chosen, trials, seed, out.resolve(), only_trial=trial, keep=keep, resume=resume)
-    rows = run_plan(plan, progress=progress)
-    _print_report(out)
-    if not all(row["recovered"] for row in rows):
+    run_plan(plan, progress=progress)
+    if not _print_report(out).ok:  # every trial in OUT, those of an earlier run (--resume) too
         raise typer.Exit(1)
 
 
@@ -106,8 +108,12 @@ def report(
     _print_report(results)
 
 
-def _print_report(out: Path) -> None:
+def _print_report(out: Path) -> ChaosReport:
     from hpcpipe.chaos.report import write_report
 
-    written = write_report(out)
+    try:
+        written = write_report(out)
+    except OSError as exc:
+        raise UserError(f"cannot write the report into {out}: {exc.strerror or exc}") from None
     console.print(written.markdown_path.read_text(), markup=False, highlight=False, soft_wrap=True)
+    return written

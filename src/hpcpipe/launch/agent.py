@@ -25,6 +25,8 @@ import time
 from dataclasses import dataclass
 from types import FrameType
 
+from hpcpipe.launch.exit import PEER_LOST_EXIT_CODE
+
 
 @dataclass(frozen=True)
 class AgentSpec:
@@ -96,12 +98,15 @@ def run_agent(spec: AgentSpec, module: str, args: list[str]) -> int:
 
 
 def _report_failure(exc: BaseException, max_restarts: int) -> int:
-    """Name the failed rank in one line (torch's summary is long); return its exit code."""
+    """Name the failed rank in one line (torch's summary is long); return its exit code.
+
+    A rank that failed on its own (an exception, a signal) is named before the ranks whose
+    collectives then failed because it went away (``PEER_LOST_EXIT_CODE``): the agent sees them
+    all at once, and the lowest rank is often a victim."""
     failures = sorted(getattr(exc, "failures", {}).items())  # global rank -> ProcessFailure
-    failed = [(rank, f) for rank, f in failures if f.exitcode > 0] or failures
-    if not failed:
+    if not failures:
         return 1
-    rank, failure = failed[0]
+    rank, failure = min(failures, key=lambda item: (item[1].exitcode in (0, PEER_LOST_EXIT_CODE), item[0]))
     code = failure.exitcode if failure.exitcode > 0 else 1
     print(
         f"agent: worker rank {rank} (local rank {failure.local_rank}, pid {failure.pid}) failed with "

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from hpcpipe.config import JobConfig, load_config
 from hpcpipe.errors import USER_ERROR_EXIT_CODE, UserError
-from hpcpipe.launch.exit import flush_and_exit
+from hpcpipe.launch.exit import PEER_LOST_EXIT_CODE, flush_and_exit, lost_a_peer
 from hpcpipe.train.environment import DistEnv, detect_environment, node_name
 from hpcpipe.train.preempt import Preempted
 
@@ -98,11 +98,11 @@ def main(argv: list[str] | None = None) -> None:
     except Preempted as exc:
         print(str(exc), file=sys.stderr)
         code = exc.exit_code
-    except BaseException:
+    except BaseException as exc:
         import traceback
 
         traceback.print_exc()
-        code = 1
+        code = PEER_LOST_EXIT_CODE if lost_a_peer(exc) else 1
     flush_and_exit(code)
 
 

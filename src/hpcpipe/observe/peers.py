@@ -17,6 +17,7 @@ serves does not answer either, and that is the answer.
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -80,6 +81,12 @@ class PeerBeats:
         return found[0]
 
     def _read_suspects(self) -> str:
+        try:
+            return self._lagging_peers()
+        except Exception as exc:  # an unreadable board is not a stopped rank 0
+            return f"peers unreadable ({type(exc).__name__}: {exc})"
+
+    def _lagging_peers(self) -> str:
         now = time.time()
         states = [_read(self.store, rank, now) for rank in range(self.world_size) if rank != self.rank]
         stale_s = 3 * self.interval_s
@@ -97,9 +104,9 @@ def _read(store: Any, rank: int, now: float) -> PeerState:
         if not store.check([key]):
             return PeerState(rank, None, None)
         value = json.loads(store.get(key))
-    except Exception:
+        return PeerState(rank, int(value["step"]), round(now - float(value["time"]), 1))
+    except Exception:  # absent, or not what a PeerBeats wrote: as good as never published
         return PeerState(rank, None, None)
-    return PeerState(rank, int(value["step"]), round(now - float(value["time"]), 1))
 
 
 def _lagging(states: list[PeerState], my_step: int, stale_s: float) -> list[PeerState]:
@@ -122,6 +129,11 @@ def peer_beats(rank: int, world_size: int, hang_timeout_s: float) -> PeerBeats |
     no watchdog). Published ten times per timeout, at most once a second."""
     if hang_timeout_s <= 0 or world_size < 2:
         return None
-    from hpcpipe.compat import default_store
+    from hpcpipe.compat import TorchAPIError, default_store
 
-    return PeerBeats(default_store(), rank, world_size, interval_s=min(1.0, max(0.2, hang_timeout_s / 10)))
+    try:
+        store = default_store()
+    except (TorchAPIError, ValueError) as exc:  # a diagnostic must never stop training
+        print(f"watchdog: hang reports will not name peers ({exc})", file=sys.stderr, flush=True)
+        return None
+    return PeerBeats(store, rank, world_size, interval_s=min(1.0, max(0.2, hang_timeout_s / 10)))
