@@ -14,7 +14,8 @@ import pytest
 from tests.helpers import run_cli
 
 from hpcpipe.chaos import jobs
-from hpcpipe.chaos.kinds import KINDS, resolve
+from hpcpipe.chaos.kinds import KINDS
+from hpcpipe.chaos.runner import resolve
 from hpcpipe.chaos.scenario import Scenario, TrialContext, load_scenarios, trial_rng
 from hpcpipe.errors import ConfigError
 from hpcpipe.train.fault_injection import ChaosConfigError, parse_faults

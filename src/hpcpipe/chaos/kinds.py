@@ -1,17 +1,12 @@
 """The scenario kinds: name -> ``module:function`` taking a TrialContext, returning a TrialResult.
 
-Resolved lazily, so validating a scenario file imports no trainer, and each kind's module stays
-one concern (training faults, checkpoint faults, input and security checks, the harness's own).
+Only names here (no imports: scenario.py checks kinds against this map, and the kinds' modules
+import scenario.py). The runner resolves a name when a trial runs, so validating a scenario file
+imports no trainer, and each kind's module stays one concern (training faults, checkpoint faults,
+input and security checks, the harness's own).
 """
 
 from __future__ import annotations
-
-import importlib
-from collections.abc import Callable
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # the kinds' modules import scenario; this map must not (scenario checks names here)
-    from hpcpipe.chaos.scenario import TrialContext, TrialResult
 
 KINDS: dict[str, str] = {
     # The harness's own: one passes, one must fail (so the harness is shown able to fail).
@@ -35,12 +30,3 @@ KINDS: dict[str, str] = {
     "secrets": "hpcpipe.chaos.security:secrets_stay_hidden",
     "loopback_only": "hpcpipe.chaos.security:loopback_only",
 }
-
-KindRunner = Callable[["TrialContext"], "TrialResult"]
-
-
-def resolve(kind: str) -> KindRunner:
-    """The function that runs one trial of ``kind``."""
-    module, _, name = KINDS[kind].partition(":")
-    runner: KindRunner = getattr(importlib.import_module(module), name)
-    return runner

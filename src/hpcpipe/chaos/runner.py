@@ -8,19 +8,30 @@ it recovered (``keep`` keeps them all) and kept when it did not, for the post-mo
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import os
 import shutil
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hpcpipe.chaos.kinds import resolve
+from hpcpipe.chaos.kinds import KINDS
 from hpcpipe.chaos.scenario import Scenario, TrialContext, TrialResult, trial_rng
 from hpcpipe.errors import UserError
+
+KindRunner = Callable[[TrialContext], TrialResult]
+
+
+def resolve(kind: str) -> KindRunner:
+    """The function that runs one trial of ``kind`` (imported now, not when the file is read)."""
+    module, _, name = KINDS[kind].partition(":")
+    runner: KindRunner = getattr(importlib.import_module(module), name)
+    return runner
 
 
 @dataclass(frozen=True)
