@@ -4,6 +4,7 @@ verdict on a run made input-bound on purpose."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -82,13 +83,17 @@ def test_a_rank_slow_to_compute_is_named_with_its_forward_phase(tmp_path: Path) 
 
 def test_an_even_run_raises_no_imbalance_event(tmp_path: Path) -> None:
     # 32 sequences per rank per step: ~20-30 ms of busy time. On a 2-core machine shared with
-    # other tests' processes one interval can still read over 20% (CI saw 23% once, at step 20);
-    # observe.imbalance.consecutive=2 is what keeps such noise from raising an event.
+    # another test file's processes, a single interval can read over 20% (CI saw 23% at step 20,
+    # then 20-25% in a later interval): the machine's noise, not the product's. What the product
+    # promises is that such noise raises no event (observe.imbalance.consecutive=2), and that the
+    # readings in the metrics agree with that rule.
     _train(tmp_path, "even", "train.micro_batch_size=32", "train.global_batch_size=64")
     run = tmp_path / "even"
     assert _imbalance_events(run) == []
     checked = [r for r in read_metrics(run) if "imbalance" in r]
-    assert len(checked) == 3 and all(r["imbalance"] < 0.2 for r in checked)
+    assert [r["step"] for r in checked] == [20, 30, 40]
+    over = [(r["imbalance"] > 0.2, r["slowest_rank"]) for r in checked]
+    assert not any(a == b and a[0] for a, b in itertools.pairwise(over)), checked
 
 
 def test_a_slow_loader_makes_the_verdict_input_bound(tmp_path: Path) -> None:
