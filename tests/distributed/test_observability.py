@@ -83,10 +83,10 @@ def test_a_rank_slow_to_compute_is_named_with_its_forward_phase(tmp_path: Path) 
 
 def test_an_even_run_raises_no_imbalance_event(tmp_path: Path) -> None:
     # 32 sequences per rank per step: ~20-30 ms of busy time. On a 2-core machine shared with
-    # another test file's processes, a single interval can read over 20% (CI saw 23% at step 20,
-    # then 20-25% in a later interval): the machine's noise, not the product's. What the product
-    # promises is that such noise raises no event (observe.imbalance.consecutive=2), and that the
-    # readings in the metrics agree with that rule.
+    # another test file's processes, a single interval can read over 20% (CI saw 23% once at
+    # step 20, and a reading over 20% in another run): the machine's noise, not the product's.
+    # What the product promises is that such noise raises no event
+    # (observe.imbalance.consecutive=2), and that the readings in the metrics agree with that rule.
     _train(tmp_path, "even", "train.micro_batch_size=32", "train.global_batch_size=64")
     run = tmp_path / "even"
     assert _imbalance_events(run) == []
