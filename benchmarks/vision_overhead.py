@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import tempfile
 import time
@@ -32,7 +31,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from hpcpipe.config import JobConfig, load_config
-from hpcpipe.data.image_gen import write_dataset
+from hpcpipe.data.images.generator import write_dataset
+from hpcpipe.netutil import free_port
 from hpcpipe.recipes import build_recipe
 from hpcpipe.train.distributed import init_distributed
 from hpcpipe.train.environment import DistEnv
@@ -82,7 +82,7 @@ class RawLoop:
         from torchvision.models import resnet18
         from torchvision.transforms import v2
 
-        from hpcpipe.data.images import read_splits
+        from hpcpipe.data.images.formats import read_splits
 
         torch.manual_seed(job.run.seed)
         model = resnet18(num_classes=10)
@@ -230,9 +230,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
         root = write_dataset("cifar10", out / "cifar10", n_train=2048, n_test=64)
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = free_port()
         mp.start_processes(worker, args=(args, port, root, out), nprocs=args.nproc, start_method="spawn")
         result = json.loads((out / "result.json").read_text())
 

@@ -33,3 +33,24 @@ def tiny_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def synthetic_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_synthetic_corpus(tmp_path_factory.mktemp("synthetic") / "corpus.txt")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Longest test files first (seconds per file from ``tests/durations.json``), each file's tests
+    in their own order: with ``--dist loadfile --no-loadscope-reorder`` the xdist workers take whole
+    files from the front of this order, so the long files start at once and the short ones fill the
+    gaps at the end (the workers finish together). ``scripts/test_durations.py record`` refreshes
+    the table from a JUnit XML; a file it does not know yet runs after the known ones."""
+    import json
+
+    table = Path(__file__).parent / "durations.json"
+    if not table.is_file():
+        return
+    seconds: dict[str, float] = json.loads(table.read_text())
+    order = {id(item): index for index, item in enumerate(items)}
+
+    def key(item: pytest.Item) -> tuple[float, int]:
+        name = item.nodeid.split("::", 1)[0]
+        return (-seconds.get(name, -1.0), order[id(item)])
+
+    items.sort(key=key)

@@ -24,8 +24,9 @@ import yaml
 
 from hpcpipe.config import JobConfig, load_config
 from hpcpipe.errors import ConfigError, UserError
+from hpcpipe.layout import RunLayout
 
-DONE_FILE = "sweep_point.json"
+DONE_FILE = RunLayout.SWEEP_POINT  # in each point's run directory
 PLAN_FILE = "sweep_plan.json"
 SWEEP_COLUMNS = ("point", "status")
 
@@ -95,7 +96,7 @@ def point_slug(overrides: tuple[str, ...]) -> str:
 def is_done(point: SweepPoint) -> bool:
     """Finished before with exactly this config (the marker holds its hash)."""
     try:
-        marker = json.loads((point.run_dir / DONE_FILE).read_text())
+        marker = json.loads(RunLayout(point.run_dir).sweep_point.read_text())
     except (OSError, ValueError):
         return False
     return bool(marker.get("config_hash") == point.job.config_hash())
@@ -132,12 +133,12 @@ def run_sweep(
 
 def mark_done(job: JobConfig) -> None:
     """The marker ``is_done`` reads: this run finished with exactly this config."""
-    (job.run_dir / DONE_FILE).write_text(json.dumps({"config_hash": job.config_hash()}) + "\n")
+    RunLayout(job.run_dir).sweep_point.write_text(json.dumps({"config_hash": job.config_hash()}) + "\n")
 
 
 def write_plan(points: list[SweepPoint], out_dir: Path) -> Path:
     """``<out>/sweep_plan.json``: the points of a sweep whose runs happen elsewhere (a job array)."""
-    plan = [{"overrides": list(p.overrides), "config": str(p.run_dir / "config.yaml")} for p in points]
+    plan = [{"overrides": list(p.overrides), "config": str(RunLayout(p.run_dir).config)} for p in points]
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / PLAN_FILE
     path.write_text(json.dumps(plan, indent=1) + "\n")
@@ -161,7 +162,7 @@ def sweep_row(point: SweepPoint, status: str) -> dict[str, Any]:
     from hpcpipe.observe.run_summary import summarize_run_dir
 
     row: dict[str, Any] = {"point": " ".join(point.overrides), "status": status}
-    if status != "failed" and (point.run_dir / "metrics.jsonl").is_file():
+    if status != "failed" and RunLayout(point.run_dir).metrics.is_file():
         row.update(summarize_run_dir(point.run_dir))
     else:
         row["run_id"] = point.run_dir.name

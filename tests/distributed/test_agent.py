@@ -14,6 +14,7 @@ import pytest
 from tests.helpers import tiny_job_sets
 
 from hpcpipe.launch.agent import AgentSpec, _rdzv_configs
+from hpcpipe.netutil import free_port
 from hpcpipe.observe.metrics import read_events, read_metrics
 from hpcpipe.train.preempt import PREEMPT_EXIT_CODE
 
@@ -69,7 +70,6 @@ def test_the_node_whose_address_is_the_endpoint_hosts_the_store() -> None:
 def test_the_agent_runs_a_trainjob_pod_from_pet_variables(tmp_path: Path) -> None:
     """What a rendered TrainJob pod runs: `hpcpipe launch agent CONFIG --rdzv-id NAME`, with only
     the operator's PET_* variables saying how many nodes and processes, and where the master is."""
-    import socket
 
     from tests.helpers import run_cli
 
@@ -79,9 +79,7 @@ def test_the_agent_runs_a_trainjob_pod_from_pet_variables(tmp_path: Path) -> Non
     overrides = [value for flag, value in zip(sets[::2], sets[1::2], strict=True) if flag == "--set"]
     config = tmp_path / "config.yaml"
     config.write_text(load_config("tiny", overrides).to_yaml())
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     pet = {
         "PET_NNODES": "1",
         "PET_NPROC_PER_NODE": "2",

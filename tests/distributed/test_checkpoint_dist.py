@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import sys
 import traceback
 from collections.abc import Callable
@@ -24,6 +23,7 @@ from hpcpipe.checkpoint import CheckpointStore, capture_rng_state
 from hpcpipe.checkpoint.manifest import verify_dir
 from hpcpipe.config import CheckpointConfig, ModelConfig
 from hpcpipe.models.gpt import GPT
+from hpcpipe.netutil import free_port
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(180)]
 
@@ -107,9 +107,7 @@ def _worker(rank: int, world: int, port: int, scenario: str, root: str) -> None:
 
 
 def spawn(scenario: str, root: Path, world: int = 2) -> None:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     mp.spawn(_worker, args=(world, port, scenario, str(root)), nprocs=world, join=True)
 
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 from pathlib import Path
 
 import pytest
 from tests.helpers import run_cli
 
-from hpcpipe.data.image_gen import write_dataset
+from hpcpipe.data.images.generator import write_dataset
+from hpcpipe.netutil import free_port
 from hpcpipe.observe.metrics import read_metrics
 from hpcpipe.train.preempt import PREEMPT_EXIT_CODE
 
@@ -121,9 +121,7 @@ def test_batchnorm_buffers_agree_across_ranks_with_the_recipe_default(
 ) -> None:
     import torch.multiprocessing as mp
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     mp.start_processes(_bn_worker, args=(port, str(tmp), strategy, broadcast), nprocs=2, start_method="spawn")
     diff = json.loads((tmp / f"bn-{strategy}-{broadcast}.json").read_text())["max_diff"]
     if broadcast == "null":  # resnet-cifar broadcasts rank 0's buffers: one model on every rank

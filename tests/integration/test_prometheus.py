@@ -22,6 +22,8 @@ import pytest
 from tests.helpers import tiny_job_sets
 from tests.unit.test_deploy import _dashboard_module, concrete
 
+from hpcpipe.netutil import free_port
+
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.timeout(300),
@@ -29,17 +31,11 @@ pytestmark = [
 ]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class Prometheus:
     """A throwaway server: temporary config and storage, loopback only, always stopped."""
 
     def __init__(self, root: Path, targets_dir: Path) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         config = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
@@ -116,7 +112,7 @@ def _listening(ports: set[int]) -> dict[int, str]:
 def _two_free_ports() -> int:
     """A port P with P + 1 free as well (the exporters of local ranks 0 and 1)."""
     while True:
-        base = _free_port()
+        base = free_port()
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", base + 1))

@@ -26,12 +26,21 @@ from hpcpipe.models.gpt import GPT
 pytestmark = [pytest.mark.timeout(300)]
 
 
+def _root_command() -> object:
+    """The hpcpipe CLI's click command, as `hpcpipe chaos run` passes it to the fuzz kinds."""
+    import typer.main
+
+    from hpcpipe.cli.app import app
+
+    return typer.main.get_command(app)
+
+
 def _ctx(tmp_path: Path, kind: str, nproc: int = 1, folder: str = "work", **params: object) -> TrialContext:
     scenario = Scenario(name=kind.replace("_", "-"), kind=kind, nproc=nproc, params=params)
     work, shared = tmp_path / folder, tmp_path / "shared"
     work.mkdir(parents=True)
     shared.mkdir(exist_ok=True)
-    return TrialContext(scenario, 0, 0, trial_rng(0, scenario.name, 0), work, shared)
+    return TrialContext(scenario, 0, 0, trial_rng(0, scenario.name, 0), work, shared, cli=_root_command())
 
 
 def _passed(result: TrialResult) -> bool:

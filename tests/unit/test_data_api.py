@@ -12,7 +12,7 @@ def test_every_public_name_resolves() -> None:
 
 
 def test_loaders_are_the_loader_module_classes() -> None:
-    from hpcpipe.data import loader
+    from hpcpipe.data.tokens import loader
 
     assert data.TokenWindowLoader is loader.TokenWindowLoader
     assert data.EvalWindows is loader.EvalWindows

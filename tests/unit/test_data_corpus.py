@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from hpcpipe.config import DataConfig
-from hpcpipe.data.corpus import (
+from hpcpipe.data.tokens.corpus import (
     corpus_fingerprint,
     iter_documents,
     plan_splits,

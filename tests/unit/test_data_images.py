@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from hpcpipe.config import DataConfig
-from hpcpipe.data.image_gen import GENERATED_FORMATS, idx_bytes, write_dataset
-from hpcpipe.data.image_manifest import verify_or_record
-from hpcpipe.data.images import fashion_mnist_root, load_cifar_batch, read_idx_array, read_splits
+from hpcpipe.data.images.formats import fashion_mnist_root, load_cifar_batch, read_idx_array, read_splits
+from hpcpipe.data.images.generator import GENERATED_FORMATS, idx_bytes, write_dataset
+from hpcpipe.data.images.manifest import verify_or_record
 from hpcpipe.errors import DataError
 
 
@@ -100,7 +100,7 @@ def test_an_empty_class_folder_names_the_split(tmp_path: Path) -> None:
 
 
 def test_fashion_mnist_says_how_to_install_it(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    from hpcpipe.data import images
+    from hpcpipe.data.images import formats as images
 
     monkeypatch.setattr(images, "FASHION_MNIST_DIR", tmp_path / "absent")
     with pytest.raises(DataError, match="apt-get install dataset-fashion-mnist"):

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from hpcpipe.config import DataConfig
-from hpcpipe.data.loader import EvalWindows, TokenWindowLoader
-from hpcpipe.data.shards import PreparedDataset, prepare_dataset
+from hpcpipe.data.tokens.loader import EvalWindows, TokenWindowLoader
+from hpcpipe.data.tokens.shards import PreparedDataset, prepare_dataset
 from hpcpipe.errors import ConfigError, DataError
 
 T = 16  # seq_len in these tests

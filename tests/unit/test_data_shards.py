@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from hpcpipe.config import DataConfig
-from hpcpipe.data import shards
-from hpcpipe.data.corpus import iter_documents, plan_splits, scan_corpus
-from hpcpipe.data.shards import (
+from hpcpipe.data.tokens import shards
+from hpcpipe.data.tokens.corpus import iter_documents, plan_splits, scan_corpus
+from hpcpipe.data.tokens.shards import (
     MANIFEST_FILE,
     PreparedDataset,
     load_tokenizer,
@@ -21,7 +21,7 @@ from hpcpipe.data.shards import (
     prepare_dataset,
     verify_dataset,
 )
-from hpcpipe.data.tokenizer import ByteTokenizer
+from hpcpipe.data.tokens.tokenizer import ByteTokenizer
 from hpcpipe.errors import DataError
 
 

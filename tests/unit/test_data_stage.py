@@ -13,7 +13,6 @@ import pytest
 from tests.helpers import run_cli
 
 from hpcpipe.config import DataConfig
-from hpcpipe.data.shards import open_dataset, prepare_dataset
 from hpcpipe.data.stage import (
     MARKER,
     StageSource,
@@ -22,6 +21,7 @@ from hpcpipe.data.stage import (
     stage_for_reading,
     token_dataset_source,
 )
+from hpcpipe.data.tokens.shards import open_dataset, prepare_dataset
 from hpcpipe.errors import DataError
 
 pytestmark = pytest.mark.timeout(120)

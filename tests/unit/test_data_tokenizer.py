@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcpipe.data.tokenizer import EOS_TOKEN, BPETokenizer, ByteTokenizer, Tokenizer, train_tokenizer
+from hpcpipe.data.tokens.tokenizer import EOS_TOKEN, BPETokenizer, ByteTokenizer, Tokenizer, train_tokenizer
 from hpcpipe.errors import DataError
 
 SAMPLES = [

@@ -3,7 +3,7 @@ rule, held-out cases from conversations, the metrics and their table."""
 
 from __future__ import annotations
 
-from hpcpipe.data.conversation import Conversation, Message, ToolCall
+from hpcpipe.data.function_calling.conversation import Conversation, Message, ToolCall
 from hpcpipe.evaluate.calls import parse_reply
 from hpcpipe.evaluate.function_calling import Case, heldout_case, markdown_table, score, summarize
 

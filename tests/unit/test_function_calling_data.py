@@ -12,15 +12,8 @@ from typing import Any
 
 import pytest
 
-from hpcpipe.data.conversation import Conversation, Message, ToolCall
-from hpcpipe.data.fc_gen import (
-    LIBRARY,
-    generate_conversations,
-    generate_glaive_rows,
-    to_glaive,
-    write_jsonl,
-)
-from hpcpipe.data.function_calling import (
+from hpcpipe.data.function_calling.conversation import Conversation, Message, ToolCall
+from hpcpipe.data.function_calling.formats import (
     GLAIVE_NO_FUNCTIONS,
     GLAIVE_WITH_FUNCTIONS,
     REASONS,
@@ -31,6 +24,13 @@ from hpcpipe.data.function_calling import (
     parse_openai,
     read_conversations,
     write_malformed_report,
+)
+from hpcpipe.data.function_calling.generator import (
+    LIBRARY,
+    generate_conversations,
+    generate_glaive_rows,
+    to_glaive,
+    write_jsonl,
 )
 from hpcpipe.errors import DataError
 

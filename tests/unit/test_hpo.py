@@ -284,3 +284,26 @@ def test_workers_seed_their_samplers_apart(tmp_path: Path) -> None:
         study = optuna.create_study(sampler=build_sampler(hpo, worker))
         firsts.append(suggest(study.ask(), hpo.space)["train.lr"])
     assert firsts[0] == firsts[2] and firsts[0] != firsts[1]
+
+
+def test_every_verb_that_takes_a_study_accepts_its_directory_or_the_job_and_out_dir(tmp_path: Path) -> None:
+    """status, best, plots and worker find the same study from STUDY_DIR or from JOB --set run.out_dir."""
+    from typer.testing import CliRunner
+
+    from hpcpipe.cli.app import app
+
+    out = tmp_path / "R"
+    plan = plan_study(load_config("tiny-hpo", [f"run.out_dir={out}"]))
+    write_record(plan)
+    open_study(plan, create=True)
+    forms = {"dir": [str(plan.study_dir)], "job": ["tiny-hpo", "--set", f"run.out_dir={out}"]}
+    runner = CliRunner()
+    for form, where in forms.items():
+        status = runner.invoke(app, ["hpo", "status", *where, "--json", "-"])
+        assert status.exit_code == 0 and f'"study": "{plan.name}"' in status.stdout, (form, status.output)
+        best = runner.invoke(app, ["hpo", "best", *where])  # found it: it has no completed trial yet
+        assert isinstance(best.exception, UserError) and "no completed trial yet" in str(best.exception), form
+        plots = runner.invoke(app, ["hpo", "plots", *where])
+        assert plots.exit_code == 0, (form, plots.output)
+    elsewhere = runner.invoke(app, ["hpo", "best", "tiny-hpo", "--set", f"run.out_dir={tmp_path / 'none'}"])
+    assert isinstance(elsewhere.exception, UserError)

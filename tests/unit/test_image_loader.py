@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from hpcpipe.config import DataConfig, load_config
-from hpcpipe.data.image_gen import write_dataset
-from hpcpipe.data.image_loader import IGNORE_LABEL, ImageEvalBatches, ImageSamples, ImageTrainLoader
-from hpcpipe.data.images import read_splits
+from hpcpipe.data.images.formats import read_splits
+from hpcpipe.data.images.generator import write_dataset
+from hpcpipe.data.images.loader import IGNORE_LABEL, ImageEvalBatches, ImageSamples, ImageTrainLoader
 from hpcpipe.data.order import SampleOrder
 
 

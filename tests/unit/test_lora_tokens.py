@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from hpcpipe.data.conversation import Conversation, Message, ToolCall
-from hpcpipe.data.fc_pack import PAD_DOC, bins_first_fit, pack
-from hpcpipe.data.fc_tokens import IGNORE, ChatFormat, Encoded
+from hpcpipe.data.function_calling.conversation import Conversation, Message, ToolCall
+from hpcpipe.data.function_calling.pack import PAD_DOC, bins_first_fit, pack
+from hpcpipe.data.function_calling.tokens import IGNORE, ChatFormat, Encoded
 from hpcpipe.recipes.lora_fc import packed_attention
 
 TOOL = {

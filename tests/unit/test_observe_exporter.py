@@ -17,16 +17,11 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from hpcpipe.config_observe import PrometheusConfig
+from hpcpipe.config.observe import PrometheusConfig
+from hpcpipe.netutil import free_port
 from hpcpipe.observe.prometheus import Exporter, push_summary, remove_sd_targets, write_sd_targets
 
 LABELS = {"run": "r1", "rank": "1", "node": "n1", "recipe": "gpt"}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _fed_exporter(port: int | None = None) -> Exporter:
@@ -103,7 +98,7 @@ def test_promtool_accepts_the_exposition() -> None:
 
 
 def test_serves_on_loopback_by_default_and_stops() -> None:
-    port = _free_port()
+    port = free_port()
     exporter = _fed_exporter(port)
     assert exporter.start()
     try:
@@ -181,7 +176,7 @@ def test_end_of_run_summary_reaches_a_pushgateway(caplog: pytest.LogCaptureFixtu
     assert b"hpcpipe_run_steps 40.0" in body
     # An unreachable gateway: a warning that names the host but never the URL's credentials.
     with caplog.at_level(logging.WARNING):
-        assert not push_summary(f"http://user:s3cret@127.0.0.1:{_free_port()}", "run-a", {"steps": 1.0})
+        assert not push_summary(f"http://user:s3cret@127.0.0.1:{free_port()}", "run-a", {"steps": 1.0})
     assert "s3cret" not in caplog.text
     assert "127.0.0.1" in caplog.text
 

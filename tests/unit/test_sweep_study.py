@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from hpcpipe.bench.bottleneck import classify, exposed_communication
-from hpcpipe.data.image_gen import write_dataset
+from hpcpipe.data.images.generator import write_dataset
 from hpcpipe.errors import UserError
 from hpcpipe.report.study import optimization_table, weak_variation
 from hpcpipe.sweep import parse_grid_option, point_slug

@@ -4,7 +4,6 @@ bounded queue and bounded close against an address where nothing listens, a fail
 from __future__ import annotations
 
 import logging
-import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -12,8 +11,9 @@ from typing import Any
 import pytest
 
 from hpcpipe.config import load_config
-from hpcpipe.config_observe import MlflowConfig
+from hpcpipe.config.observe import MlflowConfig
 from hpcpipe.errors import ConfigError
+from hpcpipe.netutil import free_port
 from hpcpipe.track.mlflow_client import redact, scrub
 from hpcpipe.track.mlflow_run import MlflowSink, metric_values
 from hpcpipe.track.params import flatten
@@ -43,18 +43,13 @@ def test_rows_become_metric_values_and_configs_flat_params() -> None:
     }  # fmt: skip
 
 
-def _dead_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])  # closed again: nothing listens there
-
-
 def test_an_unreachable_server_never_blocks_training(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pytest.importorskip("mlflow")
     # Credentials may come with the environment's URI (never the config's): never shown.
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://bob:pw@127.0.0.1:{_dead_port()}")
+    dead = free_port()  # closed again: nothing listens there
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://bob:pw@127.0.0.1:{dead}")
     cfg = MlflowConfig(queue_size=100, close_timeout_s=1)
     config: dict[str, Any] = load_config("tiny").to_dict()
     with caplog.at_level(logging.WARNING, logger="hpcpipe.track"):

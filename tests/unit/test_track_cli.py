@@ -3,11 +3,12 @@ the TensorBoard sink's files read back with tensorboard's own reader."""
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import pytest
 from tests.helpers import run_cli
+
+from hpcpipe.netutil import free_port
 
 
 def _one_error_line(proc_stderr: str) -> str:
@@ -38,9 +39,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, args: tuple[str, ...],
 
 def test_an_unreachable_registry_is_one_line_without_the_password(tmp_path: Path) -> None:
     pytest.importorskip("mlflow")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     uri = f"http://alice:pw7@127.0.0.1:{port}"
     proc = run_cli(
         "models", "list", "--tracking-uri", uri, cwd=tmp_path, env={"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0"}

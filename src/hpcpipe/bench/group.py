@@ -17,7 +17,6 @@ Three differences from the trainer's group (``hpcpipe.train.distributed``):
 from __future__ import annotations
 
 import os
-import socket
 import sys
 import threading
 from collections.abc import Iterator
@@ -27,6 +26,7 @@ from datetime import timedelta
 from typing import Any
 
 from hpcpipe.config import ParallelConfig
+from hpcpipe.netutil import free_port
 from hpcpipe.train.distributed import DistContext, init_distributed, shutdown_distributed
 from hpcpipe.train.environment import DistEnv
 
@@ -84,16 +84,10 @@ def _move_master_port(ctx: DistContext) -> None:
     """Rank 0 picks a free port for the next group; every rank takes it before anyone leaves."""
     import torch.distributed as dist
 
-    port: list[object] = [_free_port() if ctx.is_main else None]
+    port: list[object] = [free_port("") if ctx.is_main else None]
     dist.broadcast_object_list(port, src=0)
     os.environ["MASTER_PORT"] = str(port[0])
     dist.barrier()
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("", 0))
-        return int(sock.getsockname()[1])
 
 
 def exit_process(code: int) -> None:

@@ -28,6 +28,7 @@ from typing import Any
 
 from hpcpipe.config import JobConfig, ModelConfig
 from hpcpipe.errors import UserError
+from hpcpipe.recipes.catalog import RECIPES
 
 BYTES_PER_ELEMENT = {"fp32": 4, "bf16": 2, "fp16": 2}
 # FLOPs per output element of the element-wise operations, counting each add, multiply,
@@ -151,7 +152,7 @@ def vocab_size_of(job: JobConfig) -> int:
     if job.model.vocab_size is not None:
         return job.model.vocab_size
     if job.data.tokenizer == "bytes":
-        from hpcpipe.data.tokenizer import BYTE_VOCAB_SIZE
+        from hpcpipe.data.tokens.tokenizer import BYTE_VOCAB_SIZE
 
         return BYTE_VOCAB_SIZE
     return job.data.vocab_size
@@ -159,8 +160,9 @@ def vocab_size_of(job: JobConfig) -> int:
 
 def roofline(job: JobConfig, ceilings: Ceilings) -> dict[str, Any]:
     """The roofline analysis of ``job``: ceilings, ridge point and every classified op."""
-    if job.run.recipe != "gpt":
-        raise UserError(f"roofline: recipe {job.run.recipe!r} has no operation model (supported: gpt)")
+    if not RECIPES[job.run.recipe].own_transformer:
+        known = ", ".join(name for name, spec in RECIPES.items() if spec.own_transformer)
+        raise UserError(f"roofline: recipe {job.run.recipe!r} has no operation model (supported: {known})")
     ops = model_ops(job.model, job.train.micro_batch_size, vocab_size_of(job), job.train.precision)
     return {
         "name": job.run.name,

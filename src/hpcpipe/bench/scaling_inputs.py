@@ -15,6 +15,7 @@ from typing import Any
 
 from hpcpipe.config import JobConfig, ModelConfig, load_config
 from hpcpipe.errors import ConfigError, UserError
+from hpcpipe.layout import RunLayout
 
 REQUIRED_COLUMNS = ("params", "tokens", "loss")
 
@@ -58,7 +59,7 @@ def read_run_dir(run_dir: Path) -> dict[str, Any]:
     """One observation from a finished run directory; UserError naming what is missing."""
     from hpcpipe.observe.metrics import read_metrics
 
-    config_path = run_dir / "config.yaml"
+    config_path = RunLayout(run_dir).config
     if not config_path.is_file():
         raise UserError(f"{run_dir}: not a run directory (no config.yaml)")
     try:
@@ -88,10 +89,10 @@ def load_observations(inputs: list[str]) -> tuple[list[dict[str, Any]], list[str
         path = Path(item)
         if path.is_file():
             points.extend(read_csv(path))
-        elif (path / "config.yaml").is_file():
+        elif RunLayout(path).config.is_file():
             points.append(read_run_dir(path))
         elif path.is_dir():
-            runs = sorted(p for p in path.iterdir() if (p / "config.yaml").is_file())
+            runs = sorted(p for p in path.iterdir() if RunLayout(p).config.is_file())
             if not runs:
                 raise UserError(f"{path}: neither a run directory nor a directory of runs")
             for run in runs:

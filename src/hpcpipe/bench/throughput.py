@@ -17,6 +17,7 @@ from typing import Any
 
 from hpcpipe.config import JobConfig, validate_config
 from hpcpipe.errors import UserError
+from hpcpipe.layout import RunLayout
 
 
 def bench_job(
@@ -60,7 +61,7 @@ def summarize_run(run_dir: Path, warmup: int) -> dict[str, Any]:
 
     rows = [r for r in read_metrics(run_dir) if "loss" in r and int(r.get("step", 0)) > warmup]
     if not rows:
-        raise RuntimeError(f"{run_dir / 'metrics.jsonl'}: no training rows after the {warmup} warm-up steps")
+        raise RuntimeError(f"{RunLayout(run_dir).metrics}: no training rows after the {warmup} warm-up steps")
     unit = "tokens" if rows[0].get("tokens_per_s") is not None else "samples"
     mfus = [r.get("mfu") for r in rows]
     return {
@@ -82,7 +83,7 @@ def summarize_run(run_dir: Path, warmup: int) -> dict[str, Any]:
 def _hosts(run_dir: Path) -> list[str]:
     """The hosts the run trained on (lineage.json), so a failing figure can name them."""
     try:
-        return [str(h) for h in json.loads((run_dir / "lineage.json").read_text()).get("hosts", [])]
+        return [str(h) for h in json.loads(RunLayout(run_dir).lineage.read_text()).get("hosts", [])]
     except (OSError, ValueError):
         return []
 

@@ -23,7 +23,7 @@ from torch.distributed.checkpoint.metadata import BytesStorageMetadata
 
 from hpcpipe.checkpoint.manifest import MANIFEST_NAME, hash_file
 from hpcpipe.checkpoint.safe_dcp import safe_load_metadata
-from hpcpipe.data.image_gen import write_dataset
+from hpcpipe.data.images.generator import write_dataset
 
 PAYLOADS = ("os.system", "subprocess.call", "builtins.exec", "builtins.eval")
 # Where a restore unpickles: DCP's .metadata (whole, or a payload nested in real metadata), a

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib
 import io
 import json
 import math
@@ -30,6 +29,7 @@ import yaml
 from hpcpipe.chaos import jobs
 from hpcpipe.config import load_config
 from hpcpipe.errors import USER_ERROR_EXIT_CODE, UserError, one_line
+from hpcpipe.layout import RunLayout
 from hpcpipe.presets import preset_path
 
 CATEGORIES: dict[str, int] = {  # category -> weight
@@ -270,8 +270,8 @@ class CaseMaker:
                 ("manifest.json", ("data", "verify", folder), {0, 2}),
                 ("step-00000001/manifest.json", ("ckpt", "list", folder), {0, 2}),
                 ("step-00000001/manifest.json", ("ckpt", "verify", folder), {0, 1, 2}),  # 1: mismatch
-                ("lineage.json", ("lineage", folder), {0, 2}),
-                ("config.yaml", ("launch", "finished", folder), {0, 1, 2}),  # 1: not finished
+                (RunLayout.LINEAGE, ("lineage", folder), {0, 2}),
+                (RunLayout.CONFIG, ("launch", "finished", folder), {0, 1, 2}),  # 1: not finished
             ]
         )
         files = [(f"{folder}/{name}", self._garbage(index))]
@@ -397,11 +397,9 @@ class InProcessCli:
     becomes ``error: ...`` and exit 2), with the click command built once: typer rebuilds it on
     every call, ~40 ms, most of a case. The subprocess sample checks that the answers agree."""
 
-    def __init__(self) -> None:
-        import typer.main
-
-        # The entry point, loaded by name as `python -m hpcpipe` does: the CLI room sits above chaos.
-        self.command = typer.main.get_command(importlib.import_module("hpcpipe.cli.app").app)
+    def __init__(self, command: Any) -> None:
+        # Passed in by `hpcpipe chaos run` (the CLI room sits above chaos): the root command.
+        self.command = command
 
     def run(self, args: tuple[str, ...], cwd: Path) -> Outcome:
         """Run in ``cwd`` with stdout and stderr captured; cwd and the environment are put back."""

@@ -21,6 +21,8 @@ from typing import IO, Any
 from hpcpipe.chaos import jobs
 from hpcpipe.chaos.scenario import TrialContext
 from hpcpipe.config import load_config
+from hpcpipe.layout import RunLayout
+from hpcpipe.netutil import free_port
 
 
 class TwoAgents:
@@ -64,9 +66,9 @@ def two_agents(ctx: TrialContext, hang_second_at: int) -> Iterator[TwoAgents]:
     """Start both agents on ``ctx.work / "run"``; both are killed on the way out."""
     job = load_config(ctx.scenario.job, jobs.job_sets(ctx, "run", ctx.work))
     job.run_dir.mkdir(parents=True, exist_ok=True)
-    config = job.run_dir / "config.yaml"
+    config = RunLayout(job.run_dir).config
     config.write_text(job.to_yaml())
-    port = _free_port()
+    port = free_port()
     argv = [sys.executable, "-m", "hpcpipe", "launch", "agent", str(config), "--nnodes", "1:2"]
     argv += ["--nproc-per-node", str(ctx.scenario.nproc), "--rdzv-endpoint", f"127.0.0.1:{port}"]
     argv += ["--rdzv-id", f"chaos-{ctx.scenario.name}-{ctx.trial}", "--max-restarts", "3"]
@@ -93,12 +95,6 @@ def _start(argv: list[str], cwd: Path, env: dict[str, str], log: IO[bytes]) -> s
     return subprocess.Popen(
         argv, cwd=cwd, env=jobs.hpcpipe_env(env), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
     )
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _wait_listening(port: int, proc: subprocess.Popen[Any], timeout_s: float) -> None:

@@ -8,7 +8,6 @@ it recovered (``keep`` keeps them all) and kept when it did not, for the post-mo
 from __future__ import annotations
 
 import contextlib
-import importlib
 import json
 import os
 import shutil
@@ -29,9 +28,28 @@ KindRunner = Callable[[TrialContext], TrialResult]
 
 def resolve(kind: str) -> KindRunner:
     """The function that runs one trial of ``kind`` (imported now, not when the file is read)."""
-    module, _, name = KINDS[kind].partition(":")
-    runner: KindRunner = getattr(importlib.import_module(module), name)
-    return runner
+    from hpcpipe.chaos import harness, saving, security, training
+
+    runners: dict[str, KindRunner] = {
+        "always_pass": harness.always_pass,
+        "must_fail": harness.must_fail,
+        "kill_rank": training.kill_rank,
+        "always_fail": training.always_fail,
+        "oom": training.oom,
+        "stall": training.stall,
+        "slow_rank": training.slow_rank,
+        "lost_node": training.lost_node,
+        "kill_during_save": saving.kill_during_save,
+        "sigterm_during_save": saving.sigterm_during_save,
+        "corrupt_checkpoint": saving.corrupt_checkpoint,
+        "disk_full": saving.disk_full,
+        "fuzz_config": security.fuzz_config,
+        "malicious_pickle": security.malicious_pickle,
+        "secrets": security.secrets_stay_hidden,
+        "loopback_only": security.loopback_only,
+    }
+    assert set(runners) == set(KINDS), "kinds.py and the runner name different kinds"
+    return runners[kind]
 
 
 @dataclass(frozen=True)
@@ -46,6 +64,7 @@ class ChaosPlan:
     only_trial: int | None = None  # replay one trial index
     keep: bool = False
     resume: bool = False  # continue a run in ``out``: skip the trials it already recorded
+    cli: Any = None  # the hpcpipe CLI's click command, for kinds that run it in-process (fuzz_config)
 
     def trial_indices(self, scenario: Scenario) -> list[int]:
         if self.only_trial is not None:
@@ -116,7 +135,13 @@ def run_trial(plan: ChaosPlan, scenario: Scenario, trial: int) -> dict[str, Any]
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     ctx = TrialContext(
-        scenario, trial, plan.seed, trial_rng(plan.seed, scenario.name, trial), work, plan.out / "shared"
+        scenario,
+        trial,
+        plan.seed,
+        trial_rng(plan.seed, scenario.name, trial),
+        work,
+        plan.out / "shared",
+        cli=plan.cli,
     )
     ctx.shared.mkdir(exist_ok=True)
     started, error = time.time(), None

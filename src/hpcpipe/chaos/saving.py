@@ -19,6 +19,7 @@ from hpcpipe.chaos.checks import Checks
 from hpcpipe.chaos.scenario import TrialContext, TrialResult
 from hpcpipe.checkpoint.manifest import read_manifest, verify_dir
 from hpcpipe.checkpoint.tiers import Tier
+from hpcpipe.layout import RunLayout
 from hpcpipe.train.fault_injection import SAVE_POINTS
 from hpcpipe.train.preempt import PREEMPT_EXIT_CODE
 
@@ -73,7 +74,7 @@ def kill_during_save(ctx: TrialContext) -> TrialResult:
     """SIGKILL a rank inside a save (after its shards, or rank 0 before the rename)."""
     first, (step, rank, point) = _train_with_save_fault(ctx, "KILL")
     place = {"step": step, "rank": rank, "point": point}
-    checks, ckpts = Checks(), ctx.work / "run" / "checkpoints"
+    checks, ckpts = Checks(), RunLayout(ctx.work / "run").checkpoints
     checks.check(first.returncode != 0, "the killed run exited 0")
     visible = [s for s, _ in _visible(ckpts)]
     checks.check(step not in visible, f"the interrupted save of step {step} is visible: {visible}")
@@ -90,9 +91,10 @@ def sigterm_during_save(ctx: TrialContext) -> TrialResult:
     place = {"step": step, "rank": rank, "point": point}
     checks, run = Checks(), ctx.work / "run"
     checks.exit_code(first, PREEMPT_EXIT_CODE, "the preempted run")
-    visible = [s for s, _ in _visible(run / "checkpoints")]
+    ckpts = RunLayout(run).checkpoints
+    visible = [s for s, _ in _visible(ckpts)]
     checks.check(bool(visible) and visible[0] >= step, f"newest checkpoint {visible[:1]}, expected >= {step}")
-    checks.check(not _unverified(run / "checkpoints"), f"does not verify: {_unverified(run / 'checkpoints')}")
+    checks.check(not _unverified(ckpts), f"does not verify: {_unverified(ckpts)}")
     checks.check(bool(jobs.events(run, "preempted")), "no preempted event")
     lost, ttr = _resume_and_compare(ctx, checks, jobs.fault_time(ctx.work / "markers"))
     return checks.result(
@@ -109,7 +111,7 @@ def corrupt_checkpoint(ctx: TrialContext) -> TrialResult:
     stop = ctx.rng.randint(2 * every, steps - 1)  # two checkpoints at least: one to fall back to
     rank = ctx.rng.randrange(ctx.scenario.nproc)
     first = jobs.train(ctx, "run", env=jobs.chaos_env(ctx, sigterm=f"step={stop},rank={rank}"))
-    checks, ckpts = Checks(), ctx.work / "run" / "checkpoints"
+    checks, ckpts = Checks(), RunLayout(ctx.work / "run").checkpoints
     if not checks.exit_code(first, PREEMPT_EXIT_CODE, "the preempted run"):
         return checks.result("", {"stop": stop, "rank": rank})
     (newest, path), (previous, _) = _visible(ckpts)[:2]
@@ -188,7 +190,7 @@ def _checkpoint_bytes(ctx: TrialContext) -> int:
     probe = jobs.train(ctx, "probe", f"train.steps={jobs.job_config(ctx).checkpoint.every_steps}")
     if probe.returncode != 0:
         raise RuntimeError(f"sizing a checkpoint failed: {jobs.last_line(probe.stderr)}")
-    step_dir = _visible(ctx.work / "probe" / "checkpoints")[0][1]
+    step_dir = _visible(RunLayout(ctx.work / "probe").checkpoints)[0][1]
     size = sum(p.stat().st_size for p in step_dir.rglob("*") if p.is_file())
     cache.parent.mkdir(parents=True, exist_ok=True)
     cache.write_text(str(size))

@@ -96,6 +96,7 @@ class TrialContext:
     rng: random.Random
     work: Path  # this trial's own directory (exists, empty at the start)
     shared: Path  # shared by every trial of the chaos run: prepared data, reference runs
+    cli: Any = None  # the hpcpipe CLI's click command (passed in: the CLI room sits above chaos)
 
     def param(self, key: str, default: Any) -> Any:
         """``params[key]`` (or ``default``); a wrong type is a ConfigError naming the key."""

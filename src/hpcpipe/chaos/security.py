@@ -46,6 +46,8 @@ from hpcpipe.chaos.sockets import (
     workers,
 )
 from hpcpipe.checkpoint.tiers import Tier
+from hpcpipe.errors import UserError
+from hpcpipe.layout import RunLayout
 
 # ---------------------------------------------------------------------------------------------
 # fuzz_config
@@ -62,7 +64,9 @@ def fuzz_config(ctx: TrialContext) -> TrialResult:
     cases = fuzz.generate_cases(ctx.rng, count, targets)
     sample = sorted(ctx.rng.sample(range(count), min(count, max(3, round(count / 100)))))
     started = time.perf_counter()
-    outcomes, failures = _run_cases(cases, work, roots, targets)
+    if ctx.cli is None:
+        raise UserError("fuzz_config runs the hpcpipe CLI in-process: run it through `hpcpipe chaos run`")
+    outcomes, failures = _run_cases(fuzz.InProcessCli(ctx.cli), cases, work, roots, targets)
     seconds = time.perf_counter() - started
     failures += _replay_as_subprocesses([cases[i] for i in sample], outcomes, work, roots, targets)
     checks = Checks()
@@ -87,11 +91,14 @@ def _absolute(ctx: TrialContext) -> TrialContext:
 
 
 def _run_cases(
-    cases: list[fuzz.FuzzCase], work: Path, roots: tuple[Path, ...], targets: fuzz.FuzzTargets
+    cli: fuzz.InProcessCli,
+    cases: list[fuzz.FuzzCase],
+    work: Path,
+    roots: tuple[Path, ...],
+    targets: fuzz.FuzzTargets,
 ) -> tuple[list[fuzz.Outcome], list[tuple[fuzz.FuzzCase, str]]]:
     """Each case in the sandbox root, in this process; (outcomes, (case, why) of the failures)."""
     outcomes, failures = [], []
-    cli = fuzz.InProcessCli()
     seen = fuzz.outside_entries(work, roots, targets)
     for case in cases:
         fuzz.write_files(case, roots[0])
@@ -150,7 +157,7 @@ def malicious_pickle(ctx: TrialContext) -> TrialResult:
     marker = ctx.work / f"pwned-{draw['marker']}"
     payload = Payload(draw["payload"], str(marker))
     run, steps = _copy_base_checkpoint(ctx)
-    ckpt = Tier("fast", run / "checkpoints").committed()[0][1]
+    ckpt = Tier("fast", RunLayout(run).checkpoints).committed()[0][1]
     forged = forge_checkpoint(ckpt, draw["checkpoint"], payload, draw["pick"], draw["protocol"])
     resumed = jobs.train(ctx, "run", f"train.steps={steps + 2}")
     checks = Checks()
@@ -190,7 +197,7 @@ def draw_pickle(rng: Random) -> dict[str, Any]:
 def _copy_base_checkpoint(ctx: TrialContext) -> tuple[Path, int]:
     """A fresh copy of the shared base run (trained once per chaos run): (run dir, its steps)."""
     steps, base = 2, ctx.shared / "security" / f"pickle-base-{ctx.scenario.job}-{ctx.scenario.nproc}"
-    if not Tier("fast", base / "base" / "checkpoints").committed():
+    if not Tier("fast", RunLayout(base / "base").checkpoints).committed():
         shutil.rmtree(base, ignore_errors=True)
         base.mkdir(parents=True)
         sets = jobs.job_sets(ctx, "base", base, f"train.steps={steps}", f"checkpoint.every_steps={steps}")
@@ -271,7 +278,7 @@ def secrets_stay_hidden(ctx: TrialContext) -> TrialResult:
     env = {name: secret for name in placement["env"]}
     env |= {"MLFLOW_TRACKING_URI": f"http://{USER}:{secret}@{DEAD}", "MLFLOW_TRACKING_USERNAME": USER}
     (ctx.work / "synced-run").mkdir()  # a run directory for `track sync`
-    (ctx.work / "synced-run" / "config.yaml").write_text(jobs.job_config(ctx).to_yaml())
+    RunLayout(ctx.work / "synced-run").config.write_text(jobs.job_config(ctx).to_yaml())
     commands = _secret_commands(ctx, secret)
     names = ["train", *placement["commands"]]
     with ThreadPoolExecutor(len(names)) as pool:  # mostly waiting on refused connections

@@ -9,6 +9,7 @@ from pathlib import Path
 from hpcpipe.chaos import jobs, nodes
 from hpcpipe.chaos.checks import Checks
 from hpcpipe.chaos.scenario import TrialContext, TrialResult
+from hpcpipe.layout import RunLayout
 from hpcpipe.observe.metrics import read_metrics
 
 
@@ -95,7 +96,7 @@ def stall(ctx: TrialContext) -> TrialResult:
         bool(named), f"no hang event names rank {rank}: {[(e.get('rank'), e.get('peers')) for e in hangs]}"
     )
     if named:  # the stuck rank's own stack shows where; a stopped rank is named in a peer's dump
-        stacks = run / f"hang-rank{named[0]['rank']}.txt"
+        stacks = RunLayout(run).hang_dump(named[0]["rank"])
         want = "_chaos_hang_forever" if how == "hang" else f"peers behind or silent: {named[0]['peers']}"
         checks.check(
             stacks.is_file() and want in stacks.read_text(), f"{stacks.name}: no stack dump naming it"

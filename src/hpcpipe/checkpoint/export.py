@@ -1,4 +1,5 @@
-"""Export a committed checkpoint of the ``gpt`` recipe: safetensors, or a Hugging Face model.
+"""Export a committed checkpoint: hpcpipe's GPT as safetensors or a Hugging Face model (LoRA
+adapters: ``lora_export.py``).
 
 Both read the checkpoint in one process without a process group (DCP reshards whatever world
 size wrote it into one full model), after verifying every file against the manifest, through
@@ -30,7 +31,9 @@ import torch
 from hpcpipe.checkpoint.manifest import CheckpointError, read_manifest, verify_dir
 from hpcpipe.checkpoint.safe_dcp import SafeFileSystemReader, load_state_safely
 from hpcpipe.config import JobConfig, ModelConfig, load_config
+from hpcpipe.layout import RunLayout
 from hpcpipe.models.gpt import GPT, mlp_hidden
+from hpcpipe.recipes.catalog import RECIPES
 
 __all__ = ["export_checkpoint", "find_job_config", "hf_state_dict", "load_gpt"]
 
@@ -43,26 +46,22 @@ def export_checkpoint(
 ) -> Path:
     """Verify ``ckpt``, rebuild the model and write it to ``out`` in ``fmt``; returns ``out``.
 
-    gpt runs export as ``safetensors`` or ``hf``; lora-function-calling runs as ``adapter`` or
-    ``merged`` (``dtype`` fp32 or bf16).
+    The run's recipe declares the formats it exports (``recipes/catalog.py``): GPT runs
+    ``safetensors`` or ``hf``; LoRA runs ``adapter`` or ``merged`` (``dtype`` fp32 or bf16).
     """
     _, problems = verify_dir(ckpt)
     if problems:
         raise CheckpointError(f"{ckpt}/{problems[0]} (refusing to export)")
     config_path = config_path or find_job_config(ckpt)
     job = load_config(config_path)
-    lora = job.run.recipe == "lora-function-calling"
-    if lora != (fmt in LORA_FORMATS):
-        wanted = "adapter or merged" if lora else "safetensors or hf"
-        raise CheckpointError(f"--format {fmt} does not fit run.recipe {job.run.recipe!r} (use {wanted})")
-    if lora:
+    formats = RECIPES[job.run.recipe].export_formats
+    if fmt not in formats:
+        wanted = f"use {' or '.join(formats)}" if formats else "it exports nothing"
+        raise CheckpointError(f"--format {fmt} does not fit run.recipe {job.run.recipe!r} ({wanted})")
+    if fmt in LORA_FORMATS:
         from hpcpipe.checkpoint.lora_export import export_lora
 
         return export_lora(ckpt, job, fmt, out, dtype)  # type: ignore[arg-type]
-    if job.run.recipe != "gpt":
-        raise CheckpointError(
-            f"export supports the gpt and lora-function-calling recipes, this run is {job.run.recipe!r}"
-        )
     model = load_gpt(ckpt, job.model)
     out.mkdir(parents=True, exist_ok=True)
     step = read_manifest(ckpt).step
@@ -75,7 +74,7 @@ def export_checkpoint(
 
 def find_job_config(ckpt: Path) -> Path:
     """``<run_dir>/config.yaml`` for ``<run_dir>/checkpoints/step-N``; CheckpointError if absent."""
-    path = ckpt.resolve().parent.parent / "config.yaml"
+    path = RunLayout(ckpt.resolve().parent.parent).config
     if not path.is_file():
         raise CheckpointError(f"{path}: run config not found; pass --config with the job's config.yaml")
     return path
@@ -224,7 +223,7 @@ def _write_hf(model: GPT, job: JobConfig, run_dir: Path, out: Path) -> None:
 def _prepared_dataset(job: JobConfig, run_dir: Path) -> dict[str, Any] | None:
     """The run's prepared dataset (eos id, tokenizer.json path), found through the run's
     ``lineage.json`` dataset hash under ``data.prepared_dir``; None when it cannot be found."""
-    lineage = run_dir / "lineage.json"
+    lineage = RunLayout(run_dir).lineage
     prepared = Path(job.data.prepared_dir)
     if not lineage.is_file() or not prepared.is_dir():
         return None

@@ -1,4 +1,4 @@
-"""Export a committed checkpoint of the ``lora-function-calling`` recipe: adapter or merged model.
+"""Export a committed checkpoint of a LoRA run (adapters only): a peft adapter or a merged model.
 
 The checkpoint holds the adapters only; the base is rebuilt from the run's model source (the
 same directory, hub cache entry or GGUF file), the adapters are read from the verified DCP files

@@ -31,6 +31,7 @@ from hpcpipe.checkpoint.manifest import (
     step_dir_name,
     verify_dir,
 )
+from hpcpipe.layout import RunLayout
 
 __all__ = ["DurableSchedule", "Tier", "fast_root", "retained_steps"]
 
@@ -136,7 +137,7 @@ class Tier:
 
 def fast_root(checkpoint_dir: str | None, run_dir: Path) -> Path:
     """The fast tier's directory: ``checkpoint.dir``, or ``<run_dir>/checkpoints`` when null."""
-    return Path(checkpoint_dir) if checkpoint_dir else run_dir / "checkpoints"
+    return Path(checkpoint_dir) if checkpoint_dir else RunLayout(run_dir).checkpoints
 
 
 def retained_steps(steps: list[int], keep_last: int, keep_every: int, protected: set[int]) -> set[int]:

@@ -32,6 +32,7 @@ def scenario_file(name: str) -> Path:
 
 @app.command("run")
 def run(
+    ctx: typer.Context,
     scenarios: Annotated[
         str,
         typer.Argument(
@@ -92,7 +93,11 @@ def run(
         chosen = [s for s in chosen if s.name in only]
     # The replay line names `shipped` as the user wrote it; a file by its absolute path.
     label = Path(scenarios) if scenarios in SHIPPED else path.resolve()
-    plan = ChaosPlan(label, chosen, trials, seed, out.resolve(), only_trial=trial, keep=keep, resume=resume)
+    # The root command this verb runs under: the fuzz kinds run the whole CLI in-process.
+    root = ctx.find_root().command
+    plan = ChaosPlan(
+        label, chosen, trials, seed, out.resolve(), only_trial=trial, keep=keep, resume=resume, cli=root
+    )
     run_plan(plan, progress=progress)
     if not _print_report(out).ok:  # every trial in OUT, those of an earlier run (--resume) too
         raise typer.Exit(1)

@@ -11,6 +11,7 @@ from rich.table import Table
 
 from hpcpipe.cli.common import JsonOption, console, err_console, write_json
 from hpcpipe.errors import UserError
+from hpcpipe.layout import RunLayout
 
 app = typer.Typer(
     help="List, verify (SHA-256 or BLAKE3 hashes against the manifest) and export "
@@ -131,7 +132,7 @@ def export(
 
     if not (path / "manifest.json").is_file():
         raise UserError(f"{path}: not a committed checkpoint (no manifest.json)")
-    target = out or path.resolve().parent.parent / "export" / f"{path.name}-{fmt}"
+    target = out or RunLayout(path.resolve().parent.parent).export_dir(path.name, fmt)
     written = export_checkpoint(path, fmt, target, config, dtype)
     console.print(f"[green]exported[/] {path} -> {written} ({fmt})")
 
@@ -155,9 +156,10 @@ def _tiers(path: Path) -> list[Any]:
     from hpcpipe.checkpoint.tiers import Tier, fast_root
     from hpcpipe.config import load_config
 
-    if not (path / "config.yaml").is_file():
-        return [Tier("fast", path / "checkpoints" if (path / "checkpoints").is_dir() else path)]
-    cfg = load_config(path / "config.yaml").checkpoint
+    layout = RunLayout(path)
+    if not layout.config.is_file():
+        return [Tier("fast", layout.checkpoints if layout.checkpoints.is_dir() else path)]
+    cfg = load_config(layout.config).checkpoint
     tiers = [Tier("fast", fast_root(cfg.dir, path))]
     if cfg.durable_dir:
         tiers.append(Tier("durable", Path(cfg.durable_dir)))

@@ -10,8 +10,8 @@ import typer
 from rich.table import Table
 
 from hpcpipe.cli.common import ConfigArg, JsonOption, SetOption, console, load_job, write_json
-from hpcpipe.config import DataConfig
-from hpcpipe.data.shards import SPLITS, PreparedDataset, prepare_dataset, verify_dataset
+from hpcpipe.config import DataConfig, data_kind
+from hpcpipe.data.tokens.shards import SPLITS, PreparedDataset, prepare_dataset, verify_dataset
 from hpcpipe.errors import UserError
 
 app = typer.Typer(
@@ -27,7 +27,13 @@ def prepare(config: ConfigArg, sets: SetOption = None, json_out: JsonOption = No
     Image jobs: read the dataset, record its file hashes on first read, verify them afterwards."""
     job = load_job(config, sets)
     quiet = json_out == "-"  # standard output carries the JSON alone
-    if job.data.format != "tokens":
+    kind = data_kind(job.data.format)
+    if kind == "function-calling":
+        raise UserError(
+            f"data.format={job.data.format}: `data prepare` handles token and image datasets; "
+            f"prepare conversations with `hpcpipe run {config} --only prepare`"
+        )
+    if kind == "images":
         _prepare_images(job.data, quiet, json_out)
         return
     started = time.perf_counter()
@@ -160,7 +166,7 @@ def make_images(
 
     Example: hpcpipe data make-images cifar10 data/generated/cifar10 && hpcpipe train resnet-tiny
     """
-    from hpcpipe.data.image_gen import GENERATED_FORMATS, write_dataset
+    from hpcpipe.data.images.generator import GENERATED_FORMATS, write_dataset
     from hpcpipe.errors import UserError
 
     if fmt not in GENERATED_FORMATS:
@@ -172,7 +178,7 @@ def make_images(
 
 
 def _prepare_images(cfg: DataConfig, quiet: bool, json_out: str | None) -> None:
-    from hpcpipe.data.image_manifest import verify_or_record
+    from hpcpipe.data.images.manifest import verify_or_record
 
     started = time.perf_counter()
     info = verify_or_record(cfg)  # DataError (exit 2) names a changed, missing or corrupt file

@@ -9,6 +9,7 @@ import typer
 
 from hpcpipe.cli.common import JsonOption, console, write_json
 from hpcpipe.errors import UserError
+from hpcpipe.layout import RunLayout
 
 app = typer.Typer(help="Evaluate trained models.", no_args_is_help=True)
 
@@ -83,8 +84,9 @@ def function_calling(
         model, chat, cases, out or default_out, meta, max_new_tokens, batch_size, progress=json_out != "-"
     )
     if json_out != "-":
-        typer.echo(((out or default_out) / "eval.md").read_text())  # plain: rich would wrap the table
-        console.print(f"wrote {(out or default_out) / 'eval.json'}")
+        written = out or default_out
+        typer.echo((written / RunLayout.FC_EVAL_MARKDOWN).read_text())  # plain: rich would wrap the table
+        console.print(f"wrote {written / RunLayout.FC_EVAL_JSON}")
     write_json(
         {"meta": result["meta"], "overall": result["overall"], "categories": result["categories"]}, json_out
     )
@@ -92,10 +94,10 @@ def function_calling(
 
 def _load_target(target: Path, base: bool) -> tuple[Any, Any, list[Any], dict[str, Any], Path]:
     """(model, chat format, held-out conversations, meta, default output dir) for TARGET."""
-    from hpcpipe.data.fc_tokens import ChatFormat
+    from hpcpipe.data.function_calling.tokens import ChatFormat
     from hpcpipe.models.hf_lm import ModelSource, load_base_model, load_tokenizer
 
-    if (target / "config.yaml").is_file():
+    if RunLayout(target).config.is_file():
         return _load_run(target, base)
     if target.suffix == ".gguf":
         if not target.is_file():
@@ -108,22 +110,26 @@ def _load_target(target: Path, base: bool) -> tuple[Any, Any, list[Any], dict[st
             f"{target}: not a run directory (config.yaml), a model directory (config.json) or a .gguf file"
         )
     chat = ChatFormat(load_tokenizer(source))
-    return load_base_model(source, "fp32"), chat, [], {"model": str(target), "adapter": None}, Path("eval")
+    meta = {"model": str(target), "adapter": None}
+    return load_base_model(source, "fp32"), chat, [], meta, Path(RunLayout.FC_EVAL)  # ./eval
 
 
 def _load_run(run_dir: Path, base: bool) -> tuple[Any, Any, list[Any], dict[str, Any], Path]:
     from hpcpipe.config import load_config
-    from hpcpipe.data.fc_prepare import read_heldout
+    from hpcpipe.data.function_calling.prepare import read_heldout
     from hpcpipe.models.lora_export import load_with_adapter
     from hpcpipe.recipes import build_recipe
+    from hpcpipe.recipes.catalog import RECIPES, recipes_with
 
-    job = load_config(run_dir / "config.yaml")
-    if job.run.recipe != "lora-function-calling":
-        raise UserError(f"{run_dir}: run.recipe is {job.run.recipe!r}, not lora-function-calling")
+    layout = RunLayout(run_dir)
+    job = load_config(layout.config)
+    if "function-calling" not in RECIPES[job.run.recipe].evaluations:
+        supported = " or ".join(recipes_with("function-calling"))
+        raise UserError(f"{run_dir}: run.recipe is {job.run.recipe!r}, not {supported}")
     recipe: Any = build_recipe(job)
     recipe.prepare(progress=False)  # the held-out split (reused when already prepared)
     heldout = read_heldout(recipe.data_dir / "heldout.jsonl")
-    adapter = run_dir / "export" / "adapter"
+    adapter = layout.adapter
     if base:
         from hpcpipe.models.hf_lm import load_base_model
 
@@ -133,4 +139,4 @@ def _load_run(run_dir: Path, base: bool) -> tuple[Any, Any, list[Any], dict[str,
     else:
         model = load_with_adapter(recipe.source, adapter)
     meta = {"model": job.model.name_or_path, "run": str(run_dir), "adapter": None if base else str(adapter)}
-    return model, recipe.chat, heldout, meta, run_dir / ("eval-base" if base else "eval")
+    return model, recipe.chat, heldout, meta, layout.fc_eval_dir(base)

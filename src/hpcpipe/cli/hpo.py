@@ -187,9 +187,7 @@ def _print_summary(result: dict[str, Any]) -> None:
 
 
 def worker(
-    study_dir: Annotated[
-        Path, typer.Argument(help="The study directory (from `hpcpipe hpo run`).", show_default=False)
-    ],
+    study: StudyArg,
     label: Annotated[str, typer.Option(help="A prefix for this worker's lines.")] = "",
     index: Annotated[
         int,
@@ -201,6 +199,7 @@ def worker(
         ),
     ] = 0,
     nproc: NprocOption = None,
+    sets: SetOption = None,
 ) -> None:
     """Run trials of an existing study until it has hpo.n_trials (one Slurm array task runs this).
 
@@ -209,7 +208,7 @@ def worker(
     from hpcpipe.hpo.study import load_plan
     from hpcpipe.hpo.worker import StopFlag, run_worker
 
-    plan = load_plan(study_dir)
+    plan = load_plan(study, sets)
     stop = StopFlag()
     stop.install()
     prefix = f"[{label}] " if label else ""
@@ -253,6 +252,8 @@ def best(
 ) -> None:
     """Print the best trial; --export writes a config that retrains it, e.g. at larger scale.
 
+    --set finds the study (e.g. run.out_dir, as for `hpo run`) and is applied to the exported config.
+
     Examples:
 
       hpcpipe hpo best runs/hpo-tiny-hpo
@@ -264,7 +265,7 @@ def best(
     from hpcpipe.hpo.results import best_config, best_row, write_best
     from hpcpipe.hpo.study import load_plan, open_study
 
-    plan = load_plan(study)
+    plan = load_plan(study, sets)
     opened, _ = open_study(plan)
     row = best_row(opened)
     if row is None:
@@ -287,7 +288,7 @@ def best(
     write_json(row, json_out)
 
 
-def plots(study: StudyArg) -> None:
+def plots(study: StudyArg, sets: SetOption = None) -> None:
     """Write the study's plots (optimisation history, parameter importances, parallel
     coordinates, intermediate values) as PNG files in STUDY_DIR/plots/.
 
@@ -296,7 +297,7 @@ def plots(study: StudyArg) -> None:
     from hpcpipe.hpo.plots import write_plots
     from hpcpipe.hpo.study import load_plan, open_study
 
-    plan = load_plan(study)
+    plan = load_plan(study, sets)
     opened, _ = open_study(plan)
     written, skipped = write_plots(opened, plan.study_dir / "plots")
     for path in written:

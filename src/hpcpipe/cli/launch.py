@@ -12,6 +12,7 @@ import typer
 from hpcpipe.cli import launch_k8s
 from hpcpipe.cli.common import ConfigArg, GridOption, SetOption, console, err_console, scheduler_overrides
 from hpcpipe.errors import UserError
+from hpcpipe.layout import RunLayout
 
 if TYPE_CHECKING:
     from hpcpipe.config import JobConfig
@@ -211,7 +212,7 @@ def finished(run_dir: Annotated[Path, typer.Argument(help="A run directory.", sh
     from hpcpipe.config import load_config
     from hpcpipe.observe.metrics import read_events
 
-    steps = load_config(run_dir / "config.yaml").train.steps
+    steps = load_config(RunLayout(run_dir).config).train.steps
     done = any(e.get("event") == "run_finished" and e.get("step") == steps for e in read_events(run_dir))
     console.print(f"{run_dir}: {'finished' if done else 'not finished'} (train.steps={steps})")
     raise typer.Exit(0 if done else 1)
@@ -231,5 +232,5 @@ def collect(
     from hpcpipe.sweep import collect_plan, mark_done
 
     if finished is not None:
-        mark_done(load_config(finished / "config.yaml"))
+        mark_done(load_config(RunLayout(finished).config))
     console.print(f"wrote {collect_plan(sweep_dir)}")

@@ -9,6 +9,7 @@ import typer
 
 from hpcpipe.cli.common import ConfigArg, SetOption, console, err_console, scheduler_overrides
 from hpcpipe.errors import UserError
+from hpcpipe.layout import RunLayout
 
 KubeconfigOption = Annotated[
     Path | None,
@@ -86,7 +87,7 @@ def k8s(
     if dry_run:
         typer.echo(text, nl=False)
         return
-    target = out or job.run_dir / "k8s.yaml"
+    target = out or RunLayout(job.run_dir).k8s_manifest
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(text)
     console.print(f"wrote {target} ({', '.join(d['kind'] for d in docs)})")

@@ -9,6 +9,7 @@ import typer
 
 from hpcpipe.cli.common import JsonOption, console, write_json
 from hpcpipe.errors import UserError
+from hpcpipe.layout import RunLayout
 
 
 def lineage(
@@ -33,7 +34,7 @@ def lineage(
         raise UserError(f"{run_dir}: no lineage.json (not a run directory, or never started)")
     problem = _shape_problem(record)
     if problem:
-        raise UserError(f"{run_dir / 'lineage.json'}: {problem} (not a lineage record hpcpipe wrote)")
+        raise UserError(f"{RunLayout(run_dir).lineage}: {problem} (not a lineage record hpcpipe wrote)")
     if json_out is not None:
         write_json(record, json_out)
         if json_out == "-":

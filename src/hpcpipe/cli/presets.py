@@ -5,32 +5,61 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from rich.table import Table
+from rich.table import Column, Table
 
 from hpcpipe.cli.common import console
 from hpcpipe.config import load_config
 from hpcpipe.presets import preset_names, preset_path
+from hpcpipe.recipes.catalog import RECIPES
 
 app = typer.Typer(help="List and show the shipped job presets.", no_args_is_help=True)
 
 
 @app.command("list")
-def list_presets() -> None:
-    """List shipped presets with their model size and parallel strategy."""
-    table = Table("preset", "model", "tokens/step", "steps", "parallel", "description")
-    for name in preset_names():
-        cfg = load_config(name)
-        first_line = preset_path(name).read_text().splitlines()[0].lstrip("# ")
-        m, t = cfg.model, cfg.train
-        table.add_row(
-            name,
-            f"{m.variant} L{m.n_layers} d{m.d_model} T{m.seq_len}",
-            str(t.global_batch_size * m.seq_len),
-            str(t.steps),
-            f"{cfg.parallel.strategy} x{cfg.parallel.nproc}",
-            first_line,
-        )
+def list_presets(
+    names_only: Annotated[
+        bool, typer.Option("--names", help="One preset name per line, nothing else (for scripts).")
+    ] = False,
+) -> None:
+    """List shipped presets with their model size, batch, steps and parallel strategy.
+
+    On a terminal: a table whose name column is never cut (descriptions wrap). Piped: plain
+    tab-separated columns, one preset per line, so `hpcpipe presets list | grep fashion` finds it.
+    """
+    if names_only:
+        for name in preset_names():
+            typer.echo(name)
+        return
+    header = ("preset", "model", "global batch", "steps", "parallel", "description")
+    rows = [_row(name) for name in preset_names()]
+    if not console.is_terminal:
+        for row in (header, *rows):
+            typer.echo("\t".join(row))
+        return
+    # Names are typed by users: never cut or wrapped. Other cells fold (wrap) rather than end in "…".
+    name_column = Column(header[0], no_wrap=True, min_width=max(len(r[0]) for r in rows))
+    table = Table(name_column, *(Column(h, overflow="fold") for h in header[1:]))
+    for row in rows:
+        table.add_row(*row)
     console.print(table)
+
+
+def _row(name: str) -> tuple[str, ...]:
+    cfg = load_config(name)
+    first_line = preset_path(name).read_text().splitlines()[0].lstrip("# ")
+    m, t = cfg.model, cfg.train
+    if RECIPES[cfg.run.recipe].own_transformer:
+        model = f"{m.variant} L{m.n_layers} d{m.d_model} T{m.seq_len}"
+    else:
+        model = " ".join(part for part in (m.variant, m.name_or_path) if part)
+    return (
+        name,
+        model,
+        str(t.global_batch_size),
+        str(t.steps),
+        f"{cfg.parallel.strategy} x{cfg.parallel.nproc}",
+        first_line,
+    )
 
 
 @app.command("show")

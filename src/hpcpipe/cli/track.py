@@ -10,6 +10,7 @@ import typer
 
 from hpcpipe.cli.common import JsonOption, console, write_json
 from hpcpipe.errors import UserError
+from hpcpipe.layout import RunLayout
 
 app = typer.Typer(help="Replay run directories into MLflow.", no_args_is_help=True)
 models_app = typer.Typer(help="Read the MLflow model registry.", no_args_is_help=True)
@@ -27,8 +28,8 @@ UriOption = Annotated[
 
 
 def _run_dir(path: Path) -> Path:
-    if not (path / "config.yaml").is_file():
-        raise UserError(f"{path}: not a run directory (no config.yaml)")
+    if not RunLayout(path).config.is_file():
+        raise UserError(f"{path}: not a run directory (no {RunLayout.CONFIG})")
     return path
 
 
@@ -39,7 +40,7 @@ def _client(run_dir: Path | None, uri: str | None) -> Any:
     if uri is None and run_dir is not None:
         from hpcpipe.config import load_config
 
-        mlflow_cfg = load_config(run_dir / "config.yaml").observe.mlflow
+        mlflow_cfg = load_config(RunLayout(run_dir).config).observe.mlflow
         configured = mlflow_cfg.tracking_uri if mlflow_cfg else None
     return make_client(resolve_uri(uri or configured))
 

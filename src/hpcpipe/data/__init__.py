@@ -1,15 +1,22 @@
-"""The data pipeline: corpus -> tokenizer -> token shards + manifest -> stateful window loaders.
+"""The data pipelines, one package per kind of data, plus what they share.
 
-``prepare_dataset`` builds (or reuses) a hash-named dataset directory; ``TokenWindowLoader`` and
-``EvalWindows`` read it. The loaders import torch, so they are imported lazily here: the CLI's
-``data prepare`` path stays free of torch and starts fast.
+- ``tokens/``: corpus -> tokenizer -> token shards + manifest -> stateful window loaders (gpt).
+- ``images/``: CIFAR / IDX / ImageFolder readers, hash manifest, loader, generator (resnet-cifar).
+- ``function_calling/``: conversation formats, chat tokens, packing, prepare, loader, generator
+  (lora-function-calling).
+- ``order.py``: the deterministic, resumable sample order every loader uses; ``stage.py``: the
+  node-local cache (``hpcpipe data stage``).
+
+This module re-exports the token pipeline's public names (``prepare_dataset``, ``TokenWindowLoader``
+...). The loaders import torch, so they are imported lazily here: the CLI's ``data prepare`` path
+stays free of torch and starts fast.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from hpcpipe.data.corpus import (
+from hpcpipe.data.tokens.corpus import (
     Document,
     corpus_fingerprint,
     iter_documents,
@@ -17,7 +24,7 @@ from hpcpipe.data.corpus import (
     scan_corpus,
     stdlib_dir,
 )
-from hpcpipe.data.shards import (
+from hpcpipe.data.tokens.shards import (
     MANIFEST_FILE,
     PreparedDataset,
     load_tokenizer,
@@ -25,7 +32,7 @@ from hpcpipe.data.shards import (
     prepare_dataset,
     verify_dataset,
 )
-from hpcpipe.data.tokenizer import (
+from hpcpipe.data.tokens.tokenizer import (
     EOS_TOKEN,
     BPETokenizer,
     ByteTokenizer,
@@ -34,7 +41,7 @@ from hpcpipe.data.tokenizer import (
 )
 
 if TYPE_CHECKING:
-    from hpcpipe.data.loader import EvalWindows, TokenWindowLoader
+    from hpcpipe.data.tokens.loader import EvalWindows, TokenWindowLoader
 
 _LAZY = {"EvalWindows", "TokenWindowLoader"}
 
@@ -64,7 +71,7 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     """Import the torch-dependent loaders on first use."""
     if name in _LAZY:
-        from hpcpipe.data import loader
+        from hpcpipe.data.tokens import loader
 
         return getattr(loader, name)
     raise AttributeError(f"module 'hpcpipe.data' has no attribute {name!r}")

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import IO, Any, Literal
 
-from hpcpipe.config import DataConfig
+from hpcpipe.config import DataConfig, data_kind
 from hpcpipe.errors import DataError
 from hpcpipe.fsutil import fsync_dir
 
@@ -68,7 +68,7 @@ class StagedDataset:
 
 def token_dataset_source(path: Path) -> StageSource:
     """A prepared token dataset (``manifest.json`` with per-file SHA-256) as a stage source."""
-    from hpcpipe.data.shards import MANIFEST_FILE, SPLITS, open_dataset
+    from hpcpipe.data.tokens.shards import MANIFEST_FILE, SPLITS, open_dataset
 
     dataset = open_dataset(path)
     files = {MANIFEST_FILE: dataset.manifest_sha256}
@@ -90,14 +90,13 @@ def image_dataset_source(root: Path, manifest_path: Path) -> StageSource:
 
 def job_source(cfg: DataConfig, progress: bool = False) -> StageSource:
     """The dataset a job reads, prepared (tokens) or verified (images), as a stage source."""
-    if cfg.format == "tokens":
-        from hpcpipe.data.shards import prepare_dataset
+    kind = data_kind(cfg.format)
+    if kind == "tokens":
+        from hpcpipe.data.tokens.shards import prepare_dataset
 
         return token_dataset_source(prepare_dataset(cfg, progress=progress).path)
-    from hpcpipe.config import IMAGE_FORMATS
-
-    if cfg.format in IMAGE_FORMATS:
-        from hpcpipe.data.image_manifest import verify_or_record
+    if kind == "images":
+        from hpcpipe.data.images.manifest import verify_or_record
 
         info = verify_or_record(cfg)
         return image_dataset_source(info.root, info.manifest_path)

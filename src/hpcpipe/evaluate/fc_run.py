@@ -9,7 +9,7 @@ from typing import Any
 
 from torch import nn
 
-from hpcpipe.data.conversation import Conversation
+from hpcpipe.data.function_calling.conversation import Conversation
 from hpcpipe.evaluate.function_calling import (
     Case,
     bfcl_case,
@@ -39,7 +39,7 @@ def build_cases(
 
 def evaluate_cases(
     model: nn.Module,
-    chat: Any,  # hpcpipe.data.fc_tokens.ChatFormat
+    chat: Any,  # hpcpipe.data.function_calling.tokens.ChatFormat
     cases: Sequence[Case],
     out: Path,
     meta: dict[str, Any],

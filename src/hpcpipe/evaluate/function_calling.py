@@ -23,8 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hpcpipe.data.conversation import Conversation, Message
+from hpcpipe.data.function_calling.conversation import Conversation, Message
 from hpcpipe.evaluate.calls import parse_reply
+from hpcpipe.layout import RunLayout
 
 _BFCL_TYPES = {"object": "dict", "number": "float"}  # JSON schema -> BFCL's python-ish names
 
@@ -158,8 +159,8 @@ def write_report(
     """``eval.json`` (metrics, settings, every case's reply) and ``eval.md`` (the tables)."""
     out.mkdir(parents=True, exist_ok=True)
     payload = {"meta": meta, **summary, "cases": results}
-    (out / "eval.json").write_text(json.dumps(payload, indent=2, ensure_ascii=False) + "\n")
-    (out / "eval.md").write_text(markdown_table(summary, meta))
+    (out / RunLayout.FC_EVAL_JSON).write_text(json.dumps(payload, indent=2, ensure_ascii=False) + "\n")
+    (out / RunLayout.FC_EVAL_MARKDOWN).write_text(markdown_table(summary, meta))
 
 
 def markdown_table(summary: dict[str, Any], meta: dict[str, Any]) -> str:

@@ -23,7 +23,7 @@ import re
 from typing import Any
 
 from hpcpipe.config import JobConfig, apply_values
-from hpcpipe.config_hpo import HpoConfig, ParamSpec
+from hpcpipe.config.hpo import HpoConfig, ParamSpec
 from hpcpipe.errors import ConfigError, UserError
 from hpcpipe.hpo.space import check_space, grid_size
 from hpcpipe.launch.k8s_pod import CONFIG_FILE, processes_per_node

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hpcpipe.config import JobConfig, apply_values, with_overrides
-from hpcpipe.config_hpo import HpoConfig
+from hpcpipe.config.hpo import HpoConfig
 from hpcpipe.errors import ConfigError, UserError
 from hpcpipe.hpo.liveness import retried_from
 from hpcpipe.hpo.study import StudyPlan

@@ -10,8 +10,9 @@ import itertools
 from typing import TYPE_CHECKING, Any
 
 from hpcpipe.config import JobConfig, apply_values
-from hpcpipe.config_hpo import EVAL_METRICS, ParamSpec
+from hpcpipe.config.hpo import ParamSpec
 from hpcpipe.errors import ConfigError, UserError
+from hpcpipe.recipes.catalog import RECIPES
 
 if TYPE_CHECKING:
     import optuna
@@ -47,10 +48,10 @@ def check_space(job: JobConfig) -> None:
     hpo = job.hpo
     if not hpo.space:
         raise UserError("hpo.space is empty: give at least one section.key: {type: ..., ...}")
-    if hpo.metric not in EVAL_METRICS[job.run.recipe]:
+    metrics = RECIPES[job.run.recipe].eval_metrics
+    if hpo.metric not in metrics:
         raise UserError(
-            f"hpo.metric {hpo.metric!r}: run.recipe {job.run.recipe!r} evaluates "
-            f"{', '.join(EVAL_METRICS[job.run.recipe])}"
+            f"hpo.metric {hpo.metric!r}: run.recipe {job.run.recipe!r} evaluates {', '.join(metrics)}"
         )
     seen: list[str] = []
     for key, spec in hpo.space.items():

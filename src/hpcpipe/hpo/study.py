@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from hpcpipe.config import JobConfig, load_config
-from hpcpipe.config_hpo import HpoConfig
+from hpcpipe.config.hpo import HpoConfig
 from hpcpipe.errors import UserError, hide_credentials
 from hpcpipe.fsutil import read_json_object
 from hpcpipe.hpo.space import grid_space

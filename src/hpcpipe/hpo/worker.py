@@ -34,6 +34,7 @@ from hpcpipe.errors import USER_ERROR_EXIT_CODE, UserError
 from hpcpipe.hpo.liveness import Heartbeat, fail_stale_trials, retried_from, retry
 from hpcpipe.hpo.space import suggest, trial_config
 from hpcpipe.hpo.study import StudyPlan, open_study
+from hpcpipe.layout import RunLayout
 from hpcpipe.train.preempt import PREEMPT_EXIT_CODE
 from hpcpipe.train.trial import ENV_STORAGE, ENV_STUDY, ENV_TRIAL, PRUNED_EXIT_CODE
 
@@ -156,7 +157,7 @@ def run_trial(
         say(f"trial {trial.number}: {shown}: bad config, failed ({exc})")
         return TrialOutcome(trial.number, "FAIL", None, run_dir, 0.0, str(exc))
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(job.to_yaml())
+    RunLayout(run_dir).config.write_text(job.to_yaml())
     say(f"trial {trial.number}: {shown} -> {run_dir}")
     with Heartbeat(storage, trial._trial_id, plan.hpo.heartbeat_s):
         code = _train(run_dir, nproc, _trial_env(plan, trial), stop)
@@ -170,8 +171,9 @@ def _trial_env(plan: StudyPlan, trial: optuna.trial.Trial) -> dict[str, str]:
 
 
 def _train(run_dir: Path, nproc: int, env: dict[str, str], stop: StopFlag) -> int:
-    argv = [sys.executable, "-m", "hpcpipe", "train", str(run_dir / "config.yaml"), "--nproc", str(nproc)]
-    with (run_dir / "train.log").open("ab") as log:
+    layout = RunLayout(run_dir)
+    argv = [sys.executable, "-m", "hpcpipe", "train", str(layout.config), "--nproc", str(nproc)]
+    with layout.train_log.open("ab") as log:
         stop.child = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
         try:
             return stop.child.wait()
@@ -209,9 +211,9 @@ def _tell(
     elif code == PREEMPT_EXIT_CODE:
         note = "preempted (checkpoint committed)"
     elif code == USER_ERROR_EXIT_CODE:
-        note = f"the trial refused its config (exit 2; see {run_dir / 'train.log'})"
+        note = f"the trial refused its config (exit 2; see {RunLayout(run_dir).train_log})"
     else:
-        note = f"exit code {code} (see {run_dir / 'train.log'})"
+        note = f"exit code {code} (see {RunLayout(run_dir).train_log})"
     trial_note(storage, trial, note)
     frozen = study.tell(trial, state=state.FAIL, skip_if_finished=True)
     retried = code != USER_ERROR_EXIT_CODE and retry(study, frozen, plan.hpo.max_retries)

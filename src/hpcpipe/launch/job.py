@@ -7,6 +7,7 @@ from pathlib import Path
 
 from hpcpipe.config import JobConfig, grad_accum_steps
 from hpcpipe.errors import USER_ERROR_EXIT_CODE, UserError
+from hpcpipe.layout import RunLayout
 from hpcpipe.train.environment import detect_environment
 
 WORKER_MODULE = "hpcpipe.launch.worker"
@@ -69,7 +70,7 @@ def prepare_job(job: JobConfig) -> Path:
     config.yaml; returns that file."""
     prepare_inputs(job)
     job.run_dir.mkdir(parents=True, exist_ok=True)
-    config_path = job.run_dir / "config.yaml"
+    config_path = RunLayout(job.run_dir).config
     config_path.write_text(job.to_yaml())
     return config_path
 

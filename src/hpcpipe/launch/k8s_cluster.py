@@ -13,10 +13,11 @@ from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
 from hpcpipe.errors import UserError
+from hpcpipe.layout import RunLayout
 
 P = ParamSpec("P")
 R = TypeVar("R")
-SUBMISSION_FILE = "k8s_job.json"
+SUBMISSION_FILE = RunLayout.K8S_JOB  # in the run directory
 # The label each operator puts on a job's pods.
 _POD_SELECTOR = {
     "TrainJob": "jobset.sigs.k8s.io/jobset-name={name}",

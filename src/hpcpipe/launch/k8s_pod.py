@@ -13,11 +13,12 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from hpcpipe.config import JobConfig
-from hpcpipe.config_launch import K8sConfig
+from hpcpipe.config.launch import K8sConfig
 from hpcpipe.errors import ConfigError
+from hpcpipe.layout import RunLayout
 
 CONFIG_DIR = "/etc/hpcpipe"
-CONFIG_FILE = f"{CONFIG_DIR}/config.yaml"
+CONFIG_FILE = f"{CONFIG_DIR}/{RunLayout.CONFIG}"  # the ConfigMap key, mounted
 NODE_CONTAINER = "node"  # the name Kubeflow Trainer's runtimes give the training container
 STAGE_CONTAINER = "stage"
 
@@ -166,5 +167,6 @@ def config_map(job: JobConfig, name: str, labels: dict[str, str]) -> dict[str, A
     from kubernetes.client import ApiClient, V1ConfigMap, V1ObjectMeta
 
     meta = V1ObjectMeta(name=config_map_name(name), namespace=job.launch.k8s.namespace, labels=labels)
-    cm = V1ConfigMap(api_version="v1", kind="ConfigMap", metadata=meta, data={"config.yaml": job.to_yaml()})
+    data = {RunLayout.CONFIG: job.to_yaml()}
+    cm = V1ConfigMap(api_version="v1", kind="ConfigMap", metadata=meta, data=data)
     return ApiClient().sanitize_for_serialization(cm)

@@ -14,11 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpcpipe.config import JobConfig
-from hpcpipe.config_launch import SlurmConfig
+from hpcpipe.config.launch import SlurmConfig
 from hpcpipe.errors import UserError
 from hpcpipe.launch.job import check_node_range
+from hpcpipe.layout import RunLayout
 
-SCRIPT_NAME = "job.sbatch"
+SCRIPT_NAME = RunLayout.SLURM_SCRIPT
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,8 @@ def render_sbatch(sub: SlurmSubmission) -> str:
     min_nodes, max_nodes = job.parallel.node_range
     nproc = workers_per_node(job)
     array = len(sub.jobs) if sub.sweep_dir is not None else 0
-    output = sub.script_dir.absolute() / ("slurm-%A_%a.out" if array else "slurm-%j.out")
+    # A single run writes into its run directory; an array into its sweep directory.
+    output = sub.script_dir.absolute() / ("slurm-%A_%a.out" if array else RunLayout.SLURM_OUTPUT)
     env = dict(slurm.env)
     if slurm.cpus_per_task:  # every worker gets its share of the node's cores
         env.setdefault("OMP_NUM_THREADS", str(max(1, slurm.cpus_per_task // nproc)))
@@ -72,7 +74,7 @@ def render_sbatch(sub: SlurmSubmission) -> str:
         env=env,
         array_size=array,
         output=output,
-        configs=[str(j.run_dir.absolute() / "config.yaml") for j in sub.jobs],
+        configs=[str(RunLayout(j.run_dir.absolute()).config) for j in sub.jobs],
         hpcpipe=hpcpipe_command(slurm),
         stage=job.data.cache_dir is not None,
         grace_s=int(job.fault.preempt_grace_s) + 30,
@@ -105,7 +107,7 @@ def write_submission(sub: SlurmSubmission) -> Path:
     """Write each run's config.yaml and the script; returns the script's path."""
     for job in sub.jobs:
         job.run_dir.mkdir(parents=True, exist_ok=True)
-        (job.run_dir / "config.yaml").write_text(job.to_yaml())
+        RunLayout(job.run_dir).config.write_text(job.to_yaml())
     sub.script_dir.mkdir(parents=True, exist_ok=True)
     script = sub.script_dir / SCRIPT_NAME
     script.write_text(render_sbatch(sub))

@@ -10,8 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpcpipe.errors import UserError
+from hpcpipe.layout import RunLayout
 
-SUBMISSION_FILE = "slurm_job.json"
+SUBMISSION_FILE = RunLayout.SLURM_JOB  # in the run directory (a job array: its sweep directory)
 _JOB_ID = re.compile(r"^\d+(_\d+)?$")
 
 

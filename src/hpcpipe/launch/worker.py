@@ -13,6 +13,7 @@ from pathlib import Path
 from hpcpipe.config import JobConfig, load_config
 from hpcpipe.errors import USER_ERROR_EXIT_CODE, UserError
 from hpcpipe.launch.exit import PEER_LOST_EXIT_CODE, flush_and_exit, lost_a_peer
+from hpcpipe.layout import RunLayout
 from hpcpipe.train.environment import DistEnv, detect_environment, node_name
 from hpcpipe.train.preempt import Preempted
 
@@ -25,6 +26,7 @@ def train_worker(job: JobConfig, env: DistEnv) -> None:
     from hpcpipe.observe.prometheus import remove_sd_targets, write_sd_targets
     from hpcpipe.recipes import build_recipe
     from hpcpipe.train.distributed import init_distributed, shutdown_distributed
+    from hpcpipe.train.fault_injection import installed
     from hpcpipe.train.trainer import Trainer
 
     ctx = init_distributed(job.parallel, env)
@@ -42,7 +44,7 @@ def train_worker(job: JobConfig, env: DistEnv) -> None:
             hosts = [str(h) for h in gathered]
         if ctx.is_main:
             run_dir.mkdir(parents=True, exist_ok=True)
-            (run_dir / "config.yaml").write_text(job.to_yaml())
+            RunLayout(run_dir).config.write_text(job.to_yaml())
             lineage = build_lineage(job.config_hash(), recipe.dataset_hash(), hosts, ctx.world_size)
             write_lineage(run_dir, lineage)
             recipe.on_train_start(run_dir)
@@ -51,7 +53,7 @@ def train_worker(job: JobConfig, env: DistEnv) -> None:
         if ctx.local_rank == 0:  # this node's exporter endpoints, for Prometheus file discovery
             write_sd_targets(Path(job.run.out_dir), *targets, ctx.local_world_size, job.run.name)
         ctx.barrier()
-        trainer = Trainer(job, recipe, ctx, run_dir)
+        trainer = Trainer(job, recipe, ctx, run_dir, faults=installed(ctx.rank))
         try:
             trainer.fit()
             recipe.on_train_end(trainer.inference_model(), ctx.is_main, run_dir)

@@ -35,7 +35,7 @@ _PRETRAIN_STEPS, _PRETRAIN_BATCH, _PRETRAIN_LEN, _PRETRAIN_LR = 200, 16, 512, 3e
 
 
 def _glaive_texts(n: int, seed: int) -> list[str]:
-    from hpcpipe.data.fc_gen import generate_glaive_rows
+    from hpcpipe.data.function_calling.generator import generate_glaive_rows
 
     return [row["system"] + "\n" + row["chat"] for row in generate_glaive_rows(n, seed)]
 
@@ -68,19 +68,11 @@ def tiny_llama_dir(root: Path, texts: Sequence[str], seed: int, pretrain_texts: 
 
 
 def _write_tokenizer(texts: Sequence[str], out: Path) -> None:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=_VOCAB,
-        special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(texts, trainer=trainer)
+    from hpcpipe.data.tokens.tokenizer import train_byte_level_bpe
+
+    tok = train_byte_level_bpe(texts, _VOCAB, SPECIAL_TOKENS)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>", bos_token=None
     )

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hpcpipe.config_observe import ImbalanceConfig
+from hpcpipe.config.observe import ImbalanceConfig
 from hpcpipe.observe.gpu import slowdown_names
 
 FIELDS = (

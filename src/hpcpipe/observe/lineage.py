@@ -13,6 +13,7 @@ import torch
 
 import hpcpipe
 from hpcpipe.fsutil import read_json_object
+from hpcpipe.layout import RunLayout
 
 
 def git_sha(cwd: Path | None = None) -> str | None:
@@ -68,14 +69,14 @@ def build_lineage(
 
 
 def read_lineage(run_dir: Path) -> dict[str, Any]:
-    return read_json_object(run_dir / "lineage.json")
+    return read_json_object(RunLayout(run_dir).lineage)
 
 
 def write_lineage(run_dir: Path, lineage: dict[str, Any]) -> Path:
     """Write ``lineage.json``; the pipeline's step records (``steps``) already there are kept."""
     steps = read_lineage(run_dir).get("steps")
     merged = {**lineage, "steps": steps} if steps and "steps" not in lineage else lineage
-    path = run_dir / "lineage.json"
+    path = RunLayout(run_dir).lineage
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(merged, indent=2) + "\n")
     tmp.replace(path)  # a reader never sees half a file

@@ -15,6 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from hpcpipe.layout import RunLayout
+
 TRAIN_KEYS = (
     "step",
     "loss",
@@ -45,8 +47,9 @@ CSV_KEYS = (*TRAIN_KEYS, *EVAL_KEYS)
 
 class MetricsSink:
     def __init__(self, run_dir: Path, start_step: int = 0) -> None:
-        self.jsonl_path = run_dir / "metrics.jsonl"
-        self.csv_path = run_dir / "metrics.csv"
+        layout = RunLayout(run_dir)
+        self.jsonl_path = layout.metrics
+        self.csv_path = layout.metrics_csv
         kept = [row for row in read_metrics(run_dir) if int(row.get("step", 0)) <= start_step]
         self._jsonl = self.jsonl_path.open("w")
         self._csv_file = self.csv_path.open("w", newline="")
@@ -68,7 +71,7 @@ class MetricsSink:
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     """Rows of ``metrics.jsonl`` (empty when absent); a torn last line is skipped."""
-    path = run_dir / "metrics.jsonl"
+    path = RunLayout(run_dir).metrics
     if not path.is_file():
         return []
     rows = []
@@ -82,7 +85,7 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
 
 def read_events(run_dir: Path) -> list[dict[str, Any]]:
     """Rows of ``events.jsonl`` (empty when absent); a torn line is skipped."""
-    path = run_dir / "events.jsonl"
+    path = RunLayout(run_dir).events
     rows = []
     for line in path.read_text().splitlines() if path.is_file() else []:
         try:
@@ -95,7 +98,7 @@ def read_events(run_dir: Path) -> list[dict[str, Any]]:
 def append_event(run_dir: Path, kind: str, **fields: Any) -> None:
     """One line in ``events.jsonl`` (restarts, OOM recoveries, checkpoint commits, ...)."""
     row = {"time": time.time(), "event": kind, **fields}
-    with (run_dir / "events.jsonl").open("a") as f:
+    with RunLayout(run_dir).events.open("a") as f:
         f.write(json.dumps(row) + "\n")
 
 

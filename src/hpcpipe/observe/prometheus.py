@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
 
-from hpcpipe.config_observe import PrometheusConfig
+from hpcpipe.config.observe import PrometheusConfig
 
 log = logging.getLogger("hpcpipe.observe.prometheus")
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcpipe.fsutil import read_json_object
+from hpcpipe.layout import RunLayout
 from hpcpipe.observe.metrics import read_metrics
 
 RUN_COLUMNS = (
@@ -41,8 +42,9 @@ def summarize_run_dir(run_dir: Path, skip_rows: int = 1) -> dict[str, Any]:
     """The row for ``run_dir``; medians over training rows after the first ``skip_rows`` (warm-up)."""
     import yaml
 
-    config = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
-    lineage = read_json_object(run_dir / "lineage.json")
+    layout = RunLayout(run_dir)
+    config = yaml.safe_load(layout.config.read_text()) or {}
+    lineage = read_json_object(layout.lineage)
     rows = read_metrics(run_dir)
     train = [r for r in rows if "loss" in r]
     timed = train[skip_rows:] or train

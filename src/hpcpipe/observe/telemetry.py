@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from hpcpipe.config_observe import ObserveConfig
+from hpcpipe.config.observe import ObserveConfig
 from hpcpipe.observe.gpu import GpuCollector, GpuSampler
 from hpcpipe.observe.imbalance import ImbalanceDetector
 from hpcpipe.observe.metrics import EventLog

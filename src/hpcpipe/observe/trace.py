@@ -19,13 +19,14 @@ from typing import Any
 import torch
 
 from hpcpipe import compat
-from hpcpipe.config_observe import ProfileConfig
+from hpcpipe.config.observe import ProfileConfig
+from hpcpipe.layout import RunLayout
 
 log = logging.getLogger("hpcpipe.observe.trace")
 
 
 def trace_dir(run_dir: Path) -> Path:
-    return run_dir / "profile"
+    return RunLayout(run_dir).profile
 
 
 class StepProfiler:

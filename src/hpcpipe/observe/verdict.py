@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from hpcpipe.layout import RunLayout
 from hpcpipe.observe.metrics import read_events, read_metrics
 
 PHASE_KEYS = ("data", "forward", "backward", "optimizer", "comm")
@@ -196,7 +197,7 @@ def profile_run(run_dir: Path, limits: Thresholds) -> tuple[Verdict, Path | None
     if not rows:
         raise UserError(f"{run_dir}: no training rows in metrics.jsonl (is it a run directory?)")
     evidence = evidence_from_rows(rows)
-    traces = sorted((run_dir / "profile").glob("rank*.trace.json"))
+    traces = sorted(RunLayout(run_dir).profile.glob("rank*.trace.json"))
     trace = traces[0] if traces else None
     if trace is not None:
         try:

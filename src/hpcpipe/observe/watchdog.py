@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpcpipe.layout import RunLayout
 from hpcpipe.observe.metrics import append_event
 from hpcpipe.observe.peers import PeerBeats
 
@@ -182,7 +183,7 @@ class Watchdog:
         os._exit(self.exit_code)
 
     def _dump_stacks(self, stalled: float, peers: str | None) -> Path | None:
-        path = self.run_dir / f"hang-rank{self.rank}.txt"
+        path = RunLayout(self.run_dir).hang_dump(self.rank)
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             with path.open("a") as f:

@@ -10,11 +10,11 @@ import json
 import time
 from pathlib import Path
 
+from hpcpipe.layout import RunLayout
 from hpcpipe.pipeline.engine import NotApplicable, Step, StepContext, file_sha256, tree_sha256
 
 # Config that changes what is trained; observe, checkpoint, fault, launch and pipeline do not.
 TRAINING_KEYS = ("run.recipe", "run.seed", "model", "data", "train", "lora", "parallel")
-EXPORT_FORMATS = {"gpt": "hf", "lora-function-calling": "adapter"}
 
 
 # -- prepare: the dataset (tokens, images, conversations), keyed by its inputs' hash ---------------
@@ -76,7 +76,7 @@ def newest_checkpoint(ctx: StepContext) -> Path | None:
 
 def train_outputs(ctx: StepContext) -> dict[str, str]:
     ckpt = newest_checkpoint(ctx)
-    found = {"metrics": file_sha256(ctx.run_dir / "metrics.jsonl")}
+    found = {"metrics": file_sha256(RunLayout(ctx.run_dir).metrics)}
     if ckpt is not None:
         found["checkpoint"] = f"{ckpt.name}:{file_sha256(ckpt / 'manifest.json')}"
     return {k: v for k, v in found.items() if v}
@@ -96,12 +96,12 @@ def evaluate(ctx: StepContext) -> None:
     metrics = {k: v for k, v in last.items() if k != "step" and isinstance(v, int | float)}
     ckpt = newest_checkpoint(ctx)
     result = {"step": last["step"], "metrics": metrics, "checkpoint": ckpt.name if ckpt else None}
-    (ctx.run_dir / "eval.json").write_text(json.dumps(result, indent=2) + "\n")
+    RunLayout(ctx.run_dir).eval.write_text(json.dumps(result, indent=2) + "\n")
     ctx.say("     " + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items()) + f" at step {last['step']}")
 
 
 def evaluate_outputs(ctx: StepContext) -> dict[str, str]:
-    digest = file_sha256(ctx.run_dir / "eval.json")
+    digest = file_sha256(RunLayout(ctx.run_dir).eval)
     return {"eval": digest} if digest else {}
 
 
@@ -112,13 +112,16 @@ def export_format(ctx: StepContext) -> str:
     fmt = ctx.job.pipeline.export_format
     if fmt != "auto":
         return fmt
-    if ctx.job.run.recipe not in EXPORT_FORMATS:
-        raise NotApplicable(f"no export format for recipe {ctx.job.run.recipe!r} (gpt and LoRA runs export)")
-    return EXPORT_FORMATS[ctx.job.run.recipe]
+    from hpcpipe.recipes.catalog import RECIPES
+
+    default = RECIPES[ctx.job.run.recipe].default_export
+    if default is None:
+        raise NotApplicable(f"recipe {ctx.job.run.recipe!r} has no export format")
+    return default
 
 
 def export_dir(ctx: StepContext, ckpt: Path, fmt: str) -> Path:
-    return ctx.run_dir / "export" / f"{ckpt.name}-{fmt}"
+    return RunLayout(ctx.run_dir).export_dir(ckpt.name, fmt)
 
 
 def export(ctx: StepContext) -> None:
@@ -167,9 +170,7 @@ def register(ctx: StepContext) -> None:
 
 
 def register_outputs(ctx: StepContext) -> dict[str, str]:
-    from hpcpipe.track.registry import REGISTRY_FILE
-
-    digest = file_sha256(ctx.run_dir / REGISTRY_FILE)
+    digest = file_sha256(RunLayout(ctx.run_dir).registry)
     return {"registry": digest} if digest and ctx.job.pipeline.register_as else {}
 
 
@@ -185,7 +186,7 @@ def report(ctx: StepContext) -> None:
         raise NotApplicable("pipeline.report is false")
     plot_loss_curve(ctx.run_dir)
     ctx.results["summary"] = write_summary(ctx.run_dir, wall_time_s=ctx.results.get("wall_time_s"))
-    build_report([ctx.run_dir], ctx.run_dir / "report")
+    build_report([ctx.run_dir], RunLayout(ctx.run_dir).report)
     if ctx.job.observe.mlflow is not None:
         _upload_report(ctx)
 
@@ -207,7 +208,7 @@ def _upload_report(ctx: StepContext) -> None:
 
 
 def report_outputs(ctx: StepContext) -> dict[str, str]:
-    digest = file_sha256(ctx.run_dir / "report" / "report.md")
+    digest = file_sha256(RunLayout(ctx.run_dir).report_markdown)
     return {"report": digest} if digest else {}
 
 

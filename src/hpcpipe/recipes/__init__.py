@@ -1,14 +1,21 @@
-"""Workload recipes, registered by name (``run.recipe``)."""
+"""Workload recipes: ``catalog`` declares each one (what fits it, how it exports and is evaluated);
+this module builds one by name (``run.recipe``), importing its code only then.
+
+Importing this package stays light (no torch, no config at import time): the config validates jobs
+against ``hpcpipe.recipes.catalog``, which lives in this package.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from hpcpipe.config import JobConfig
 from hpcpipe.errors import ConfigError
-from hpcpipe.recipes.base import Recipe
+from hpcpipe.recipes.catalog import RECIPES
 
-_REGISTRY: dict[str, Callable[[JobConfig], Recipe]] = {}
+if TYPE_CHECKING:
+    from hpcpipe.config import JobConfig
+    from hpcpipe.recipes.base import Recipe
 
 
 def _gpt(job: JobConfig) -> Recipe:
@@ -29,18 +36,21 @@ def _lora_fc(job: JobConfig) -> Recipe:
     return LoraFCRecipe.from_job(job)
 
 
-_REGISTRY["gpt"] = _gpt
-_REGISTRY["resnet-cifar"] = _resnet
-_REGISTRY["lora-function-calling"] = _lora_fc
+# One factory per catalog entry (a unit test checks that they match).
+FACTORIES: dict[str, Callable[[JobConfig], Recipe]] = {
+    "gpt": _gpt,
+    "resnet-cifar": _resnet,
+    "lora-function-calling": _lora_fc,
+}
 
 
 def build_recipe(job: JobConfig) -> Recipe:
     try:
-        factory = _REGISTRY[job.run.recipe]
+        factory = FACTORIES[job.run.recipe]
     except KeyError:
-        raise ConfigError(f"run.recipe: unknown recipe {job.run.recipe!r} ({', '.join(_REGISTRY)})") from None
+        raise ConfigError(f"run.recipe: unknown recipe {job.run.recipe!r} ({', '.join(FACTORIES)})") from None
     return factory(job)
 
 
 def recipe_names() -> list[str]:
-    return sorted(_REGISTRY)
+    return sorted(RECIPES)

@@ -15,6 +15,7 @@ from torch import nn
 
 from hpcpipe.config import DataConfig, JobConfig, ModelConfig, TrainConfig
 from hpcpipe.errors import ConfigError
+from hpcpipe.layout import RunLayout
 from hpcpipe.recipes.base import Batch, TrainLoader
 
 SAMPLE_PROMPT = "def "
@@ -44,7 +45,7 @@ class GPTRecipe:
     # -- data --------------------------------------------------------------------------------
 
     def prepare(self, progress: bool) -> None:
-        from hpcpipe.data.shards import prepare_dataset
+        from hpcpipe.data.tokens.shards import prepare_dataset
 
         # Fill the cached property: the dataset is hashed once, not again on first use. The
         # node's preparer verifies every staged hash; the other ranks then check sizes only.
@@ -54,7 +55,7 @@ class GPTRecipe:
 
     @cached_property
     def dataset(self):  # type: ignore[no-untyped-def]  # PreparedDataset
-        from hpcpipe.data.shards import prepare_dataset
+        from hpcpipe.data.tokens.shards import prepare_dataset
 
         return self._staged(prepare_dataset(self.data_cfg, progress=False), verify="sizes")
 
@@ -62,8 +63,8 @@ class GPTRecipe:
         """The dataset itself, or its node-local copy when ``data.cache_dir`` is set."""
         if self.data_cfg.cache_dir is None:
             return dataset
-        from hpcpipe.data.shards import open_dataset
         from hpcpipe.data.stage import stage_for_reading, token_dataset_source
+        from hpcpipe.data.tokens.shards import open_dataset
 
         source = token_dataset_source(dataset.path)
         return open_dataset(stage_for_reading(source, self.data_cfg.cache_dir, verify))
@@ -85,7 +86,7 @@ class GPTRecipe:
         return wanted
 
     def train_loader(self, rank: int, world_size: int) -> TrainLoader:
-        from hpcpipe.data.loader import TokenWindowLoader
+        from hpcpipe.data.tokens.loader import TokenWindowLoader
 
         return TokenWindowLoader(
             self.dataset,
@@ -102,7 +103,7 @@ class GPTRecipe:
         return None  # windows are re-drawn from an endless shuffled stream; count in steps
 
     def eval_batches(self, rank: int, world_size: int) -> Iterable[Batch]:
-        from hpcpipe.data.loader import EvalWindows
+        from hpcpipe.data.tokens.loader import EvalWindows
 
         return EvalWindows(
             self.dataset,
@@ -152,7 +153,7 @@ class GPTRecipe:
 
     def on_train_end(self, model: nn.Module, is_main: bool, run_dir: Path) -> None:
         """Write a text sample; every rank generates (FSDP2 needs all ranks in each forward)."""
-        from hpcpipe.data.shards import load_tokenizer
+        from hpcpipe.data.tokens.shards import load_tokenizer
 
         tokenizer = load_tokenizer(self.dataset.path)
         device = next(model.parameters()).device
@@ -165,4 +166,4 @@ class GPTRecipe:
         model.train()
         if is_main:
             text = tokenizer.decode(out[0].tolist())
-            (run_dir / "sample.txt").write_text(text + "\n")
+            RunLayout(run_dir).sample.write_text(text + "\n")

@@ -5,7 +5,7 @@
   applied here, before the trainer wraps the model in DDP or FSDP2 (decoder layers are the units).
 - Data: conversations in Glaive v2, OpenAI or Hermes form (or ``@synthetic``), rendered with the
   model's chat template, loss on assistant turns only, packed with per-conversation boundaries
-  (``hpcpipe.data.fc_prepare``). Batches are ``(input_ids, labels, doc_ids)`` (B, T).
+  (``hpcpipe.data.function_calling.prepare``). Batches are ``(input_ids, labels, doc_ids)`` (B, T).
 - Loss: logits are computed only at positions whose next token is supervised (``logits_to_keep``):
   with a 150k vocabulary, full (B, T, V) logits would dominate memory.
 - Throughput: all tokens per step (``tokens_per_s``) and, separately, the real (non-padding) and
@@ -34,11 +34,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from hpcpipe.config import DataConfig, JobConfig, LoraConfig, ModelConfig, TrainConfig
-from hpcpipe.data.fc_tokens import IGNORE
+from hpcpipe.data.function_calling.tokens import IGNORE
+from hpcpipe.layout import RunLayout
 from hpcpipe.models.hf_lm import ModelSource, ParamCounts
 from hpcpipe.recipes.base import Batch, TrainLoader
 
-ADAPTER_DIR = "export/adapter"
+ADAPTER_DIR = f"{RunLayout.EXPORT}/{RunLayout.ADAPTER}"  # relative to the run directory
 
 
 def packed_attention(doc_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -98,7 +99,7 @@ class LoraFCRecipe:
 
     @cached_property
     def chat(self):  # type: ignore[no-untyped-def]  # ChatFormat
-        from hpcpipe.data.fc_tokens import ChatFormat
+        from hpcpipe.data.function_calling.tokens import ChatFormat
         from hpcpipe.models.hf_lm import load_tokenizer
 
         return ChatFormat(load_tokenizer(self.source))
@@ -114,13 +115,13 @@ class LoraFCRecipe:
 
     @cached_property
     def data_dir(self) -> Path:
-        from hpcpipe.data.fc_prepare import fingerprint
+        from hpcpipe.data.function_calling.prepare import fingerprint
 
         key = fingerprint(self.data_cfg, self.model_cfg.seq_len, self._tokenizer_key(), self.seed)
         return Path(self.data_cfg.prepared_dir) / f"fc-{key}"
 
     def prepare(self, progress: bool) -> None:
-        from hpcpipe.data.fc_prepare import prepare, read_split
+        from hpcpipe.data.function_calling.prepare import prepare, read_split
         from hpcpipe.models.hf_lm import check_source
 
         check_source(self.source, self.lora_cfg)
@@ -131,7 +132,7 @@ class LoraFCRecipe:
 
     @cached_property
     def rows(self) -> dict[str, Any]:
-        from hpcpipe.data.fc_pack import Packed
+        from hpcpipe.data.function_calling.pack import Packed
 
         return {split: Packed.load(self.data_dir / f"{split}.npz") for split in ("train", "eval")}
 
@@ -142,7 +143,7 @@ class LoraFCRecipe:
         return len(self.rows["train"])
 
     def train_loader(self, rank: int, world_size: int) -> TrainLoader:
-        from hpcpipe.data.fc_loader import PackedTrainLoader
+        from hpcpipe.data.function_calling.loader import PackedTrainLoader
 
         cfg = self.train_cfg
         return PackedTrainLoader(
@@ -150,7 +151,7 @@ class LoraFCRecipe:
         )
 
     def eval_batches(self, rank: int, world_size: int) -> Iterable[Batch]:
-        from hpcpipe.data.fc_loader import PackedEvalBatches
+        from hpcpipe.data.function_calling.loader import PackedEvalBatches
 
         cfg = self.train_cfg
         return PackedEvalBatches(self.rows["eval"], cfg.micro_batch_size, rank, world_size, cfg.eval_batches)
@@ -233,7 +234,7 @@ class LoraFCRecipe:
 
     def on_train_start(self, run_dir: Path) -> None:
         """The data report (rows kept, malformed and dropped rows by reason, packing) up front."""
-        shutil.copyfile(self.data_dir / "data_report.json", run_dir / "data_report.json")
+        shutil.copyfile(self.data_dir / "data_report.json", RunLayout(run_dir).data_report)
 
     def on_train_end(self, model: nn.Module, is_main: bool, run_dir: Path) -> None:
         """Adapter export (every rank gathers; the main rank writes) and the run's summary files."""
@@ -242,7 +243,7 @@ class LoraFCRecipe:
         state = full_adapter_state(model)  # collective under FSDP2
         if not is_main:
             return
-        save_adapter(model, state, run_dir / ADAPTER_DIR, tokenizer=self.chat.tokenizer)
+        save_adapter(model, state, RunLayout(run_dir).adapter, tokenizer=self.chat.tokenizer)
         counts = self.counts or ParamCounts(0, 0)
         summary = {
             "model": self.model_cfg.name_or_path,
@@ -255,4 +256,4 @@ class LoraFCRecipe:
             "adapter": ADAPTER_DIR,
             "dataset": self.data_dir.name,
         }
-        (run_dir / "lora_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        RunLayout(run_dir).lora_summary.write_text(json.dumps(summary, indent=2) + "\n")

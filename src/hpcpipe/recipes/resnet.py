@@ -1,6 +1,6 @@
 """The `resnet-cifar` recipe: torchvision ResNet-18 image classification (CIFAR, IDX, ImageFolder).
 
-Data come from ``data.format`` / ``data.root`` (``hpcpipe.data.images``), verified against the
+Data come from ``data.format`` / ``data.root`` (``hpcpipe.data.images.formats``), verified against the
 hash manifest written on first read. Batches arrive as uint8 and are normalised here, on the
 device, with the training set's per-channel mean and std from that manifest. Evaluation covers
 the whole test split (or ``data.max_eval_samples``) and reports ``val_loss`` and top-1 ``val_acc``.
@@ -47,7 +47,7 @@ class ResNetRecipe:
     # -- data --------------------------------------------------------------------------------
 
     def prepare(self, progress: bool) -> None:
-        from hpcpipe.data.image_manifest import verify_or_record
+        from hpcpipe.data.images.manifest import verify_or_record
 
         self.__dict__["info"] = verify_or_record(self.data_cfg)
         # The node's preparer verifies every staged hash; the other ranks then check sizes only.
@@ -69,13 +69,13 @@ class ResNetRecipe:
     @cached_property
     def info(self):  # type: ignore[no-untyped-def]  # ImageDatasetInfo
         # Ranks that did not prepare read the manifest local rank 0 has just verified.
-        from hpcpipe.data.image_manifest import recorded_info
+        from hpcpipe.data.images.manifest import recorded_info
 
         return recorded_info(self.data_cfg)
 
     @cached_property
     def splits(self):  # type: ignore[no-untyped-def]  # dict[str, ImageSplit]
-        from hpcpipe.data.images import read_splits
+        from hpcpipe.data.images.formats import read_splits
 
         splits = read_splits(self.data_cfg.format, self.image_dir)
         return {
@@ -91,7 +91,7 @@ class ResNetRecipe:
         return int(self.info.train_samples if limit is None else min(limit, self.info.train_samples))
 
     def train_loader(self, rank: int, world_size: int) -> TrainLoader:
-        from hpcpipe.data.image_loader import ImageTrainLoader
+        from hpcpipe.data.images.loader import ImageTrainLoader
 
         return ImageTrainLoader(
             self.splits["train"],
@@ -104,7 +104,7 @@ class ResNetRecipe:
         )
 
     def eval_batches(self, rank: int, world_size: int) -> Iterable[Batch]:
-        from hpcpipe.data.image_loader import ImageEvalBatches
+        from hpcpipe.data.images.loader import ImageEvalBatches
 
         return ImageEvalBatches(self.splits["test"], self.train_cfg.micro_batch_size, rank, world_size)
 
@@ -137,7 +137,7 @@ class ResNetRecipe:
         return F.cross_entropy(logits.float(), labels, label_smoothing=self.train_cfg.label_smoothing)
 
     def eval_sums(self, model: nn.Module, batch: Batch) -> dict[str, torch.Tensor]:
-        from hpcpipe.data.image_loader import IGNORE_LABEL
+        from hpcpipe.data.images.loader import IGNORE_LABEL
 
         images, labels = batch
         logits = model(self.normalize(images)).float()  # (B, classes)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from hpcpipe.layout import RunLayout
 from hpcpipe.observe.metrics import read_metrics
 
 
@@ -27,7 +28,7 @@ def plot_loss_curve(run_dir: Path, out: Path | None = None) -> Path:
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    path = out or run_dir / "loss_curve.png"
+    path = out or RunLayout(run_dir).loss_curve
     fig.savefig(path)
     plt.close(fig)
     return path

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcpipe.errors import UserError
+from hpcpipe.layout import RunLayout
 from hpcpipe.report.hpo_study import hpo_study_parts, is_hpo_study
 from hpcpipe.report.plots_run import Plot, draw_plots
 from hpcpipe.report.run_tables import (
@@ -32,12 +33,15 @@ from hpcpipe.report.series import RunData, find_run_dirs, is_run_dir, load_run, 
 from hpcpipe.report.study import build_study, find_study_csvs
 
 # made[key]: (template, file written)
-TEMPLATES = {"markdown": ("run_report.md.j2", "report.md"), "html": ("run_report.html.j2", "report.html")}
+TEMPLATES = {
+    "markdown": ("run_report.md.j2", RunLayout.REPORT_MARKDOWN),
+    "html": ("run_report.html.j2", RunLayout.REPORT_HTML),
+}
 
 
 def default_out(paths: list[Path]) -> Path:
     """One directory (run or study): DIR/report; several: ./report in the current directory."""
-    return paths[0] / "report" if len(paths) == 1 else Path("report")
+    return paths[0] / RunLayout.REPORT if len(paths) == 1 else Path(RunLayout.REPORT)
 
 
 def resolve_inputs(paths: list[Path]) -> tuple[list[Path], list[Path]]:

@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 import yaml
 
 from hpcpipe.errors import UserError
+from hpcpipe.layout import RunLayout
 from hpcpipe.observe.metrics import read_events, read_metrics
 from hpcpipe.report.summary import run_summary
 
@@ -49,7 +50,7 @@ class RunData:
 
 
 def is_run_dir(path: Path) -> bool:
-    return (path / "config.yaml").is_file()
+    return RunLayout(path).config.is_file()
 
 
 def find_run_dirs(root: Path, depth: int = 2) -> list[Path]:
@@ -58,7 +59,7 @@ def find_run_dirs(root: Path, depth: int = 2) -> list[Path]:
     level = [root]
     for _ in range(depth):
         level = sorted(child for parent in level for child in parent.iterdir() if child.is_dir())
-        found += [d for d in level if is_run_dir(d) and (d / "metrics.jsonl").is_file()]
+        found += [d for d in level if is_run_dir(d) and RunLayout(d).metrics.is_file()]
     return sorted(found)
 
 
@@ -78,7 +79,7 @@ def load_run(run_dir: Path, label: str | None = None) -> RunData:
         summary=summary,
         metrics=read_metrics(run_dir),
         events=read_events(run_dir),
-        eval_result=_read_json(run_dir / "eval.json"),
+        eval_result=_read_json(RunLayout(run_dir).eval),
     )
     run.rows = series_rows(run.label, run.metrics, run.events)
     return run

@@ -9,6 +9,7 @@ from typing import Any
 
 import yaml
 
+from hpcpipe.layout import RunLayout
 from hpcpipe.observe.metrics import read_metrics
 
 
@@ -18,8 +19,9 @@ def run_summary(run_dir: Path) -> dict[str, Any]:
     train = [r for r in rows if "loss" in r]
     val = [r for r in rows if "val_loss" in r]
     rate_key = next((k for r in train for k in r if k.endswith("_per_s")), None)
-    config = yaml.safe_load((run_dir / "config.yaml").read_text())
-    lineage_path = run_dir / "lineage.json"
+    layout = RunLayout(run_dir)
+    config = yaml.safe_load(layout.config.read_text())
+    lineage_path = layout.lineage
     lineage = json.loads(lineage_path.read_text()) if lineage_path.is_file() else {}
     return {
         "steps": train[-1]["step"] if train else 0,
@@ -77,10 +79,10 @@ def write_summary(run_dir: Path, wall_time_s: float | None = None) -> Path:
     lineage = s["lineage"]
     if lineage:
         lines.append(f"- code: {lineage.get('git_sha')}, torch {lineage['versions']['torch']}")
-    lines += ["", "![loss curve](loss_curve.png)", ""]
-    sample = run_dir / "sample.txt"
+    lines += ["", f"![loss curve]({RunLayout.LOSS_CURVE})", ""]
+    sample = RunLayout(run_dir).sample
     if sample.is_file():
         lines += ["## Sample", "", "```", sample.read_text().rstrip(), "```", ""]
-    path = run_dir / "summary.md"
+    path = RunLayout(run_dir).summary
     path.write_text("\n".join(lines))
     return path

@@ -5,16 +5,25 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-RUN_FILES = ("config.yaml", "lineage.json", "summary.md", "eval.json", "loss_curve.png", "sample.txt")
-REPORT_GLOBS = ("report.md", "report.html", "*.png", "series.csv")
+from hpcpipe.layout import RunLayout
+
+RUN_FILES = (
+    RunLayout.CONFIG,
+    RunLayout.LINEAGE,
+    RunLayout.SUMMARY,
+    RunLayout.EVAL,
+    RunLayout.LOSS_CURVE,
+    RunLayout.SAMPLE,
+)
+REPORT_GLOBS = (RunLayout.REPORT_MARKDOWN, RunLayout.REPORT_HTML, "*.png", "series.csv")
 
 
 def artifact_files(run_dir: Path) -> list[tuple[Path, str | None]]:
     """(file, artifact folder) pairs that exist: the run's own files, then its report."""
     found: list[tuple[Path, str | None]] = [(run_dir / n, None) for n in RUN_FILES if (run_dir / n).is_file()]
-    report = run_dir / "report"
+    report = RunLayout(run_dir).report
     for pattern in REPORT_GLOBS:
-        found += [(p, "report") for p in sorted(report.glob(pattern)) if p.is_file()]
+        found += [(p, RunLayout.REPORT) for p in sorted(report.glob(pattern)) if p.is_file()]
     return found
 
 

@@ -18,8 +18,10 @@ from urllib.parse import urlsplit, urlunsplit
 
 from hpcpipe.errors import UserError, hide_credentials
 from hpcpipe.fsutil import read_json_object
+from hpcpipe.layout import RunLayout
 
-RUN_FILE = Path("tracking") / "mlflow.json"  # {"run_id", "experiment_id"} of the run directory
+# {"run_id", "experiment_id"} of the run directory, relative to it
+RUN_FILE = Path(RunLayout.TRACKING, RunLayout.MLFLOW_RUN)
 
 
 def scrub(text: str) -> str:

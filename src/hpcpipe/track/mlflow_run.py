@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hpcpipe.config_observe import MlflowConfig
+from hpcpipe.config.observe import MlflowConfig
 from hpcpipe.track.artifacts import log_run_artifacts
 from hpcpipe.track.mlflow_client import make_client, open_run, redact, resolve_uri, scrub
 from hpcpipe.track.params import as_text, flatten, lineage_tags

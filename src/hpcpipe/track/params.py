@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcpipe.fsutil import read_json_object
+from hpcpipe.layout import RunLayout
 
 LINEAGE_TAGS = ("git_sha", "config_hash", "dataset_manifest_sha256", "world_size", "job_id")
 
@@ -30,7 +31,7 @@ def as_text(value: Any) -> str:
 
 def lineage_tags(run_dir: Path) -> dict[str, str]:
     """hpcpipe.* tags from ``lineage.json``: code, config, data, hosts, world size."""
-    lineage = read_json_object(run_dir / "lineage.json")
+    lineage = read_json_object(RunLayout(run_dir).lineage)
     tags = {f"hpcpipe.{k}": str(lineage[k]) for k in LINEAGE_TAGS if lineage.get(k) is not None}
     if lineage.get("hosts"):
         tags["hpcpipe.hosts"] = ",".join(lineage["hosts"])

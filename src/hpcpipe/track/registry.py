@@ -15,10 +15,11 @@ from typing import Any
 
 from hpcpipe.errors import UserError
 from hpcpipe.fsutil import read_json_object
+from hpcpipe.layout import RunLayout
 from hpcpipe.track.mlflow_client import recorded_run
 from hpcpipe.track.params import lineage_tags
 
-REGISTRY_FILE = Path("tracking") / "registry.json"
+REGISTRY_FILE = Path(RunLayout.TRACKING, RunLayout.REGISTRY)  # relative to the run directory
 
 
 @dataclass(frozen=True)
@@ -31,9 +32,8 @@ class Registered:
 
 def newest_export(run_dir: Path) -> Path:
     """The most recently written directory under ``<run_dir>/export``."""
-    exports = (
-        [p for p in (run_dir / "export").glob("*") if p.is_dir()] if (run_dir / "export").is_dir() else []
-    )
+    export = RunLayout(run_dir).export
+    exports = [p for p in export.glob("*") if p.is_dir()] if export.is_dir() else []
     if not exports:
         raise UserError(
             f"{run_dir}: no export (export/<step>-<format>); "
@@ -44,7 +44,7 @@ def newest_export(run_dir: Path) -> Path:
 
 def version_tags(run_dir: Path, export: Path) -> dict[str, str]:
     tags = lineage_tags(run_dir) | {"hpcpipe.run": run_dir.name, "hpcpipe.export": export.name}
-    for key, value in (read_json_object(run_dir / "eval.json").get("metrics") or {}).items():
+    for key, value in (read_json_object(RunLayout(run_dir).eval).get("metrics") or {}).items():
         tags[f"eval.{key}"] = str(value)
     return tags
 

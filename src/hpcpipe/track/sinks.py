@@ -9,7 +9,7 @@ import logging
 from pathlib import Path
 from typing import Any, Protocol
 
-from hpcpipe.config_observe import ObserveConfig
+from hpcpipe.config.observe import ObserveConfig
 from hpcpipe.track.mlflow_client import scrub
 
 log = logging.getLogger("hpcpipe.track")

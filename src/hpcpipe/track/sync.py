@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from hpcpipe.errors import UserError
+from hpcpipe.layout import RunLayout
 from hpcpipe.observe.metrics import read_events, read_metrics
 from hpcpipe.track.artifacts import log_run_artifacts
 from hpcpipe.track.mlflow_client import make_client, open_run, resolve_uri
@@ -72,7 +73,7 @@ def _missing_values(
 
 
 def _run_config(run_dir: Path) -> dict[str, Any]:
-    path = run_dir / "config.yaml"
+    path = RunLayout(run_dir).config
     if not path.is_file():
         raise UserError(f"{run_dir}: not a run directory (no config.yaml)")
     config = yaml.safe_load(path.read_text())

@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from hpcpipe.errors import UserError
+from hpcpipe.layout import RunLayout
 from hpcpipe.track.params import as_text, flatten
 
 SKIPPED_KEYS = {"step", "world_size", "slowest_rank", "time"}
@@ -31,7 +32,7 @@ class TensorBoardSink:
                 "observe.tensorboard needs tensorboard: pip install 'hpcpipe[tensorboard]'"
             ) from None
         self.writer = SummaryWriter(
-            str(run_dir / "tensorboard"), purge_step=start_step + 1 if start_step else None
+            str(RunLayout(run_dir).tensorboard), purge_step=start_step + 1 if start_step else None
         )
         if start_step == 0:
             text = "```yaml\n" + yaml.safe_dump(config, sort_keys=False) + "```"

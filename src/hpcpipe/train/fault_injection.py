@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpcpipe.errors import UserError
+from hpcpipe.train.faults import NO_FAULTS, FaultInjector
 
 ENV_PREFIX = "HPCPIPE_CHAOS_"
 KINDS = ("OOM", "HANG", "STOP", "KILL", "SIGTERM", "FAIL", "SAVE")
@@ -297,6 +298,27 @@ def _fire(fault: Fault, step: int, rank: int, micro: int) -> None:
         os.kill(os.getpid(), signal.SIGSTOP)
     else:
         os.kill(os.getpid(), fault.signum)
+
+
+class EnvFaults:
+    """The injector a chaos job installs through the environment: this rank's share of the
+    ``HPCPIPE_CHAOS_*`` faults and stragglers (a ``hpcpipe.train.faults.FaultInjector``)."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+
+    def at(self, point: str, step: int, micro: int) -> None:
+        if point == "forward":
+            maybe_inject(step, self.rank, micro, "forward")
+        maybe_delay(step, self.rank, point)
+
+    def at_save(self, point: str, step: int) -> None:
+        maybe_inject_save(step, self.rank, point)
+
+
+def installed(rank: int) -> FaultInjector:
+    """The injector for rank ``rank``: the environment's faults, or none when no variable is set."""
+    return EnvFaults(rank) if active() else NO_FAULTS
 
 
 def _chaos_hang_forever() -> None:

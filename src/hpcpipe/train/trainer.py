@@ -31,9 +31,9 @@ from hpcpipe.observe.throughput import ThroughputMeter, peak_memory_bytes
 from hpcpipe.observe.watchdog import Watchdog
 from hpcpipe.recipes.base import Batch, Recipe
 from hpcpipe.track.sinks import Trackers
-from hpcpipe.train import fault_injection as chaos
 from hpcpipe.train.distributed import DistContext
 from hpcpipe.train.environment import node_name
+from hpcpipe.train.faults import NO_FAULTS, FaultInjector
 from hpcpipe.train.oom import AllReduceMax, OOMGuard, max_over_ranks
 from hpcpipe.train.optim import build_optimizer
 from hpcpipe.train.parallel import (
@@ -68,7 +68,14 @@ class FitResult:
 
 
 class Trainer:
-    def __init__(self, job: JobConfig, recipe: Recipe, ctx: DistContext, run_dir: Path) -> None:
+    def __init__(
+        self,
+        job: JobConfig,
+        recipe: Recipe,
+        ctx: DistContext,
+        run_dir: Path,
+        faults: FaultInjector = NO_FAULTS,
+    ) -> None:
         self.cfg = resolve_steps(job.train, recipe.samples_per_epoch())  # train.epochs -> steps
         self.observe = job.observe
         self.recipe = recipe
@@ -118,8 +125,8 @@ class Trainer:
             events=self.events.emit,
             trainable_only=recipe.checkpoint_trainable_only,
         )
-        if chaos.active():
-            self.store.save_point = lambda point, step: chaos.maybe_inject_save(step, ctx.rank, point)
+        self.faults = faults  # a no-op unless a chaos job installed one (train/faults.py)
+        self.store.save_point = faults.at_save
         self.store.cleanup_temporaries()
         self.resume()
 
@@ -228,15 +235,14 @@ class Trainer:
         for micro in range(accum):
             t0 = time.perf_counter()
             batch = self._to_device(self.loader.next_microbatch())
-            chaos.maybe_delay(self.step, self.ctx.rank, "data")
+            self.faults.at("data", self.step, micro)
             data_time += time.perf_counter() - t0
             self.phases.start()
 
             def forward(batch: Batch = batch, micro: int = micro) -> torch.Tensor:
                 with self.precision.autocast():
                     loss = self.recipe.loss(self.model, batch)
-                chaos.maybe_inject(self.step, self.ctx.rank, micro, "forward")
-                chaos.maybe_delay(self.step, self.ctx.rank, "forward")
+                self.faults.at("forward", self.step, micro)
                 self.phases.lap("forward")
                 return loss / accum if accum > 1 else loss
 

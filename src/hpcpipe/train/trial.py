@@ -20,7 +20,7 @@ import sys
 import warnings
 from typing import TYPE_CHECKING, Any
 
-from hpcpipe.config_hpo import HpoConfig, PrunerConfig
+from hpcpipe.config.hpo import HpoConfig, PrunerConfig
 from hpcpipe.train.oom import AllReduceMax, agree_any
 from hpcpipe.train.preempt import Preempted
 

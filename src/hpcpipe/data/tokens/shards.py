@@ -33,7 +33,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from hpcpipe.config import DataConfig
-from hpcpipe.data.corpus import (
+from hpcpipe.data.tokens.corpus import (
     FORMAT_VERSION,
     CorpusScan,
     Document,
@@ -43,7 +43,13 @@ from hpcpipe.data.corpus import (
     plan_splits,
     scan_corpus,
 )
-from hpcpipe.data.tokenizer import BPE_FILE, BPETokenizer, Tokenizer, tokenizer_from_spec, train_tokenizer
+from hpcpipe.data.tokens.tokenizer import (
+    BPE_FILE,
+    BPETokenizer,
+    Tokenizer,
+    tokenizer_from_spec,
+    train_tokenizer,
+)
 from hpcpipe.errors import DataError
 from hpcpipe.fsutil import fsync_dir
 

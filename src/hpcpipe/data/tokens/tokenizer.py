@@ -88,17 +88,7 @@ class BPETokenizer:
     @classmethod
     def train(cls, texts: Iterable[str], vocab_size: int, length: int | None = None) -> BPETokenizer:
         """Train on ``texts`` (streamed); every byte is in the alphabet, so nothing is unknown."""
-        hf = HFTokenizer(models.BPE())
-        hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-        hf.decoder = decoders.ByteLevel()
-        trainer = trainers.BpeTrainer(
-            vocab_size=vocab_size,
-            show_progress=False,
-            special_tokens=[EOS_TOKEN],
-            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        )
-        hf.train_from_iterator(texts, trainer=trainer, length=length)
-        return cls(hf)
+        return cls(train_byte_level_bpe(texts, vocab_size, [EOS_TOKEN], length))
 
     @classmethod
     def from_file(cls, path: Path) -> BPETokenizer:
@@ -119,6 +109,25 @@ class BPETokenizer:
 
     def decode(self, ids: Sequence[int]) -> str:
         return self._hf.decode(list(ids), skip_special_tokens=False)
+
+
+def train_byte_level_bpe(
+    texts: Iterable[str], vocab_size: int, special_tokens: list[str], length: int | None = None
+) -> HFTokenizer:
+    """A byte-level BPE (GPT-2 style pre-tokenization, every byte in the alphabet) trained on
+    ``texts``; the special tokens take the first ids, in order. Shared by token datasets and the
+    tiny test models."""
+    hf = HFTokenizer(models.BPE())
+    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    hf.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        show_progress=False,
+        special_tokens=special_tokens,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    hf.train_from_iterator(texts, trainer=trainer, length=length)
+    return hf
 
 
 def train_tokenizer(kind: str, texts: Iterable[str], vocab_size: int, length: int | None = None) -> Tokenizer:

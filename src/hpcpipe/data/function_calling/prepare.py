@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from hpcpipe.config import DataConfig
-from hpcpipe.data.conversation import Conversation, Message, ToolCall
-from hpcpipe.data.fc_pack import pack
-from hpcpipe.data.fc_tokens import ChatFormat, Encoded, RenderError
+from hpcpipe.data.function_calling.conversation import Conversation, Message, ToolCall
+from hpcpipe.data.function_calling.pack import pack
+from hpcpipe.data.function_calling.tokens import ChatFormat, Encoded, RenderError
 from hpcpipe.errors import DataError
 from hpcpipe.fsutil import atomic_replace_dir
 
@@ -63,13 +63,13 @@ def source_paths(cfg: DataConfig) -> list[Path]:
 
 def read_split(cfg: DataConfig, seed: int) -> Conversations:
     """Every source's conversations, split into training and held-out ones."""
-    from hpcpipe.data.function_calling import held_out, parse_glaive, read_conversations
+    from hpcpipe.data.function_calling.formats import held_out, parse_glaive, read_conversations
 
     convs: list[Conversation] = []
     malformed: Counter[str] = Counter()
     rows = 0
     if SYNTHETIC in cfg.sources:
-        from hpcpipe.data.fc_gen import generate_glaive_rows
+        from hpcpipe.data.function_calling.generator import generate_glaive_rows
 
         for i, row in enumerate(generate_glaive_rows(cfg.synthetic_rows, seed)):
             conv = parse_glaive(row)

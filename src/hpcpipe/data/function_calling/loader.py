@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from hpcpipe.data.fc_pack import PAD_DOC, Packed
-from hpcpipe.data.fc_tokens import IGNORE
+from hpcpipe.data.function_calling.pack import PAD_DOC, Packed
+from hpcpipe.data.function_calling.tokens import IGNORE
 from hpcpipe.data.order import SampleOrder
 
 FCBatch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]

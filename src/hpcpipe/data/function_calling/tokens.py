@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from hpcpipe.data.conversation import Conversation, Message, ToolCall
+from hpcpipe.data.function_calling.conversation import Conversation, Message, ToolCall
 
 IGNORE = -100  # label of tokens the loss skips
 CHATML_TEMPLATE = (

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from hpcpipe.config import DataConfig
-from hpcpipe.data.images import ImageSplit, dataset_files, image_root, read_splits
+from hpcpipe.data.images.formats import ImageSplit, dataset_files, image_root, read_splits
 from hpcpipe.errors import DataError
 
 MANIFEST_VERSION = 1
@@ -115,7 +115,7 @@ def channel_stats(split: ImageSplit) -> tuple[list[float], list[float]]:
     if split.images is not None:
         pixels = split.images
     else:
-        from hpcpipe.data.images import decode_image_file
+        from hpcpipe.data.images.formats import decode_image_file
 
         size = split.shape[1:]
         step = max(1, len(split.paths) // STATS_SAMPLE)

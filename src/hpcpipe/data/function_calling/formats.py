@@ -8,7 +8,7 @@ Formats (``read_conversations(..., fmt)``):
   assistant turns end in ``<|endoftext|>`` and a call is written
   ``<functioncall> {"name": "f", "arguments": '{"a": 1}'}`` (arguments: JSON inside single quotes,
   unescaped apostrophes included, or a plain JSON object). Glaive has one call per turn; hpcpipe
-  writes parallel calls as several ``<functioncall>`` lines in one assistant turn (``fc_gen``) and
+  writes parallel calls as several ``<functioncall>`` lines in one assistant turn (``generator.py``) and
   reads them back as the ``tool_calls`` of one message.
 * ``openai``: ``{"messages": [...], "tools": [...]}`` with ``tool_calls`` on assistant messages.
 * ``hermes``: ShareGPT ``{"conversations": [{"from", "value"}]}`` with ``<tools>``, ``<tool_call>``
@@ -29,12 +29,13 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from hpcpipe.data.conversation import Conversation, Message, Role, ToolCall
+from hpcpipe.config.data import FunctionCallingFormat
+from hpcpipe.data.function_calling.conversation import Conversation, Message, Role, ToolCall
 from hpcpipe.errors import DataError
 
-Format = Literal["glaive", "openai", "hermes"]
+Format = FunctionCallingFormat
 
 GLAIVE_END = "<|endoftext|>"
 GLAIVE_CALL = "<functioncall>"

@@ -385,7 +385,12 @@ def image_root(fmt: str, root: str | None) -> Path:
         raise DataError(f"data.root: data.format={fmt} needs the dataset directory")
     path = Path(root)
     if not path.is_dir():
-        raise DataError(f"{path}: data.root is not a directory")
+        from hpcpipe.data.images.generator import GENERATED_FORMATS
+
+        hint = ""
+        if fmt in GENERATED_FORMATS and not path.exists():  # never suggest writing over a file
+            hint = f" (for a small generated dataset: hpcpipe data make-images {fmt} {root})"
+        raise DataError(f"{path}: data.root is not a directory{hint}")
     return path
 
 

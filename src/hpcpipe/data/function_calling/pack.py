@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hpcpipe.data.fc_tokens import IGNORE, Encoded
+from hpcpipe.data.function_calling.tokens import IGNORE, Encoded
 
 PAD_DOC = -1
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
-from hpcpipe.config_section import Section
+from hpcpipe.config.section import Section
 
 
 class SlurmConfig(Section):

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from hpcpipe.data.order import SampleOrder, check_batch_arithmetic
-from hpcpipe.data.shards import PreparedDataset, open_dataset
+from hpcpipe.data.tokens.shards import PreparedDataset, open_dataset
 from hpcpipe.errors import DataError
 
 

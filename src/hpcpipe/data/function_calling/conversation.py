@@ -1,7 +1,7 @@
 """One conversation type for function-calling data, whatever format it was read from.
 
 Glaive v2, OpenAI-style ``messages`` + ``tools`` and Hermes ``<tool_call>`` rows are all
-normalised into a ``Conversation`` (``hpcpipe.data.function_calling``): a tuple of messages and
+normalised into a ``Conversation`` (``hpcpipe.data.function_calling.formats``): a tuple of messages and
 the JSON schemas of the functions the assistant may call. Tools follow the OpenAI "function"
 object: ``{"name": ..., "description": ..., "parameters": {JSON schema}}``.
 """

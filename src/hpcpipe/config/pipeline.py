@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from hpcpipe.config_section import Section
+from hpcpipe.config.section import Section
 
 ExportFormat = Literal["auto", "safetensors", "hf", "adapter", "merged"]
 

@@ -12,18 +12,13 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
 
-from hpcpipe.config_section import Section, one_line
+from hpcpipe.config.section import Section, one_line
+from hpcpipe.recipes.catalog import RECIPES
 
 SamplerName = Literal["tpe", "random", "cmaes", "gp", "grid"]
 PrunerName = Literal["median", "hyperband", "successive_halving", "none"]
 # Metrics that grow as the model improves; any other metric is minimised unless hpo.direction says.
 MAXIMIZED_METRICS = ("val_acc", "val_token_acc")
-# run.recipe -> the keys its evaluation rows carry (the recipes' ``eval_metrics``).
-EVAL_METRICS: dict[str, tuple[str, ...]] = {
-    "gpt": ("val_loss", "val_ppl"),
-    "resnet-cifar": ("val_loss", "val_acc"),
-    "lora-function-calling": ("val_loss", "val_token_acc"),
-}
 
 
 class ParamSpec(Section):
@@ -107,8 +102,9 @@ class HpoConfig(Section):
         "val_loss",
         min_length=1,
         description="The objective, reported at every evaluation and taken at the last one: a key "
-        "of the recipe's evaluation rows (gpt: val_loss, val_ppl; resnet-cifar: val_loss, val_acc; "
-        "lora-function-calling: val_loss, val_token_acc).",
+        "of the recipe's evaluation rows ("
+        + "; ".join(f"{name}: {', '.join(spec.eval_metrics)}" for name, spec in RECIPES.items())
+        + ").",
     )
     direction: Literal["minimize", "maximize"] | None = Field(
         None, description="null: maximize for accuracy metrics, minimize otherwise."

@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
 
-from hpcpipe.config_section import Section
+from hpcpipe.config.section import Section
 
 
 class PrometheusConfig(Section):

@@ -23,7 +23,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from hpcpipe.config import DataConfig
-from hpcpipe.data.images import ImageSplit, decode_image_file
+from hpcpipe.data.images.formats import ImageSplit, decode_image_file
 from hpcpipe.data.order import SampleOrder
 
 PAD = 4  # pixels of zero padding around an image before the random crop

@@ -1,0 +1,34 @@
+"""The ``fault:`` section: watchdog, OOM recovery and preemption."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from hpcpipe.config.section import Section
+
+
+class FaultConfig(Section):
+    hang_timeout_s: float = Field(
+        0.0,
+        ge=0,
+        description="Watchdog: a step that takes longer than this dumps every "
+        "rank's stack and exits non-zero (0: no watchdog).",
+    )
+    oom_recovery: bool = Field(
+        True,
+        description="On an out-of-memory error, halve the micro-batch (more gradient "
+        "accumulation, same global batch) and retry the step.",
+    )
+    preempt_grace_s: float = Field(
+        30.0,
+        ge=0,
+        description="After SIGTERM/SIGUSR1 (preemption), time allowed to finish "
+        "the step and write a final checkpoint before exiting.",
+    )
+    preempt_exit_code: int = Field(
+        75,
+        ge=1,
+        le=255,
+        description="Exit code after a preemption checkpoint: 75 "
+        "(EX_TEMPFAIL, 'checkpointed, resubmit me'); not 143, which means killed *without* one.",
+    )

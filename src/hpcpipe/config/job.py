@@ -1,0 +1,89 @@
+"""JobConfig: the typed, documented, frozen description of one hpcpipe job.
+
+It composes one section per concern (each in its own module here); components receive their own
+section (``TrainConfig``, ``DataConfig``, ...), never the whole tree. Unknown keys are errors.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import Field, model_validator
+
+from hpcpipe.config.checkpoint import CheckpointConfig
+from hpcpipe.config.data import DataConfig
+from hpcpipe.config.fault import FaultConfig
+from hpcpipe.config.hpo import HpoConfig
+from hpcpipe.config.launch import LaunchConfig
+from hpcpipe.config.lora import LoraConfig
+from hpcpipe.config.model import ModelConfig
+from hpcpipe.config.observe import ObserveConfig
+from hpcpipe.config.parallel import ParallelConfig
+from hpcpipe.config.pipeline import PipelineConfig
+from hpcpipe.config.run import RunConfig
+from hpcpipe.config.section import Section
+from hpcpipe.config.train import TrainConfig
+from hpcpipe.recipes.catalog import RECIPES
+
+
+class JobConfig(Section):
+    """The whole job. Saved as ``config.yaml`` in the run directory."""
+
+    run: RunConfig = Field(default_factory=RunConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    lora: LoraConfig = Field(default_factory=LoraConfig)
+    parallel: ParallelConfig = Field(default_factory=ParallelConfig)
+    observe: ObserveConfig = Field(default_factory=ObserveConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    fault: FaultConfig = Field(default_factory=FaultConfig)
+    launch: LaunchConfig = Field(default_factory=LaunchConfig)
+    pipeline: PipelineConfig = Field(default_factory=PipelineConfig)
+    hpo: HpoConfig = Field(default_factory=HpoConfig)
+
+    @model_validator(mode="after")
+    def _watchdog_fires_before_collectives_time_out(self) -> JobConfig:
+        # A hang should end with the watchdog's stack dump, not a bare collective timeout.
+        hang, pg = self.fault.hang_timeout_s, self.parallel.timeout_s
+        if hang > 0 and hang >= pg:
+            raise ValueError(
+                f"fault.hang_timeout_s ({hang:g}) must be smaller than parallel.timeout_s ({pg:g})"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _recipe_matches_model_and_data(self) -> JobConfig:
+        spec = RECIPES[self.run.recipe]  # the recipe declares what fits it (recipes/catalog.py)
+        if self.model.variant not in spec.model_variants:
+            raise ValueError(
+                f"model.variant {self.model.variant!r} does not fit run.recipe {spec.name!r} "
+                f"(use {' or '.join(spec.model_variants)})"
+            )
+        if self.data.format not in spec.data_formats:
+            raise ValueError(
+                f"data.format {self.data.format!r} does not fit run.recipe {spec.name!r} "
+                f"(use {', '.join(spec.data_formats)})"
+            )
+        if spec.needs_model_source and not self.model.name_or_path:
+            raise ValueError(f"model.name_or_path is required for run.recipe {spec.name!r}")
+        return self
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.run.out_dir) / self.run.name
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+    def config_hash(self) -> str:
+        """SHA-256 of the canonical JSON form: equal configs hash equal."""
+        canonical = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()

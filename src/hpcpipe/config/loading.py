@@ -1,0 +1,168 @@
+"""Loading a job: a preset name or YAML path -> dict -> ``--set`` overrides -> validated JobConfig.
+
+Overrides are dotted keys (``train.lr=1e-3``), each value parsed to its field's type; an unknown
+key or a bad value is a ConfigError naming the key (one line, exit 2 at the CLI).
+"""
+
+from __future__ import annotations
+
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from hpcpipe.config.job import JobConfig
+from hpcpipe.errors import ConfigError, hide_credentials
+
+
+def load_config(source: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> JobConfig:
+    """Load a preset name or YAML path, apply ``section.key=value`` overrides, validate."""
+    raw = _read_source(source)
+    for item in overrides:
+        _apply_override(raw, item)
+    return validate_config(raw, origin=str(source))
+
+
+def with_overrides(job: JobConfig, overrides: list[str] | tuple[str, ...]) -> JobConfig:
+    """``job`` with ``--set section.key=value`` overrides applied (ConfigError on a bad one)."""
+    raw = job.to_dict()
+    for item in overrides:
+        _apply_override(raw, item)
+    return validate_config(raw, origin="--set")
+
+
+def apply_values(job: JobConfig, values: dict[str, Any]) -> JobConfig:
+    """``job`` with typed values set by dotted key (an unknown key or a bad value: ConfigError)."""
+    raw = job.to_dict()
+    for key, value in values.items():
+        _field_annotation(key)  # names the key when JobConfig has no such key
+        node = raw
+        for part in key.split(".")[:-1]:
+            if node.get(part) is None:  # an optional section that was off (null) comes on
+                node[part] = {}
+            node = node[part]
+        node[key.rsplit(".", 1)[-1]] = value
+    return validate_config(raw, origin=", ".join(f"{k}={v}" for k, v in values.items()))
+
+
+def validate_config(raw: dict[str, Any], origin: str = "config") -> JobConfig:
+    try:
+        return JobConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(f"{origin}: {first_error(exc)}") from None
+
+
+def _read_source(source: str | Path) -> dict[str, Any]:
+    from hpcpipe.presets import preset_path
+
+    path = Path(source)
+    looks_like_path = path.suffix in {".yaml", ".yml"} or "/" in str(source)
+    if not looks_like_path:
+        path = preset_path(str(source))  # raises ConfigError naming the known presets
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not valid YAML (not UTF-8 text)") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark is not None else ""
+        raise ConfigError(f"{path}{where}: not valid YAML") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections")
+    return data
+
+
+def _apply_override(raw: dict[str, Any], item: str) -> None:
+    key, sep, value = item.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ConfigError(f"--set {item!r}: expected section.key=value")
+    annotation = _field_annotation(key)
+    parts = key.split(".")
+    node = raw
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if child is None:  # an optional section that was off (observe.profile: null) comes on
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise ConfigError(f"--set {key}: {part!r} is not a section")
+        node = child
+    node[parts[-1]] = _parse_value(value, annotation)
+
+
+def _optional_section(annotation: Any) -> Any:
+    """``Section | None`` -> ``Section`` (an optional section's keys can be set one by one)."""
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType) and type(None) in args:
+        models = [a for a in args if isinstance(a, type) and issubclass(a, BaseModel)]
+        if len(models) == 1:
+            return models[0]
+    return annotation
+
+
+def _field_annotation(key: str) -> Any:
+    """The annotation of a dotted key; a ConfigError for a key JobConfig does not have."""
+    model: type[BaseModel] = JobConfig
+    parts = key.split(".")
+    for depth, part in enumerate(parts):
+        field = _field_named(model, part)
+        if field is None:
+            prefix = ".".join(parts[:depth]) or "top level"
+            known = ", ".join(field.alias or name for name, field in model.model_fields.items())
+            raise ConfigError(f"unknown config key {key!r} (keys in {prefix}: {known})")
+        annotation = field.annotation
+        if depth == len(parts) - 1:
+            return annotation
+        annotation = _optional_section(annotation)
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            raise ConfigError(f"unknown config key {key!r}: {'.'.join(parts[: depth + 1])} is a value")
+        model = annotation
+    raise AssertionError("unreachable")
+
+
+def _field_named(model: type[BaseModel], key: str) -> Any:
+    """The field a YAML key names: its alias (``checkpoint.async``) or its Python name."""
+    for name, field in model.model_fields.items():
+        if key in (name, field.alias):
+            return field
+    return None
+
+
+def _parse_value(text: str, annotation: Any) -> Any:
+    """Strings stay strings for str fields; everything else is read as a YAML scalar/list."""
+    if _is_plain_str(annotation):
+        return text
+    try:
+        return yaml.safe_load(text) if text.strip() else None
+    except yaml.YAMLError:
+        return text
+
+
+def _is_plain_str(annotation: Any) -> bool:
+    if annotation is str:
+        return True
+    origin = typing.get_origin(annotation)
+    if origin is Literal:
+        return all(isinstance(arg, str) for arg in typing.get_args(annotation))
+    if origin in (typing.Union, types.UnionType):
+        args = [arg for arg in typing.get_args(annotation) if arg is not type(None)]
+        return len(args) == 1 and _is_plain_str(args[0])
+    return False
+
+
+def first_error(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    loc = ".".join(str(part) for part in err["loc"]) or "config"
+    message = err["msg"].removeprefix("Value error, ")  # our validators' ValueError text
+    if err["type"] == "extra_forbidden":
+        return f"unknown config key {loc!r}"
+    if "input" in err and err["type"] not in {"missing"} and not isinstance(err["input"], dict):
+        return f"{loc}: {message} (got {hide_credentials(repr(err['input']))})"
+    return f"{loc}: {message}"

@@ -1,0 +1,29 @@
+"""The ``lora:`` section: LoRA adapters (peft) for recipes that fine-tune a frozen base."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from hpcpipe.config.section import Section
+
+
+class LoraConfig(Section):
+    """LoRA adapters (peft) for recipe lora-function-calling; the base model stays frozen."""
+
+    r: int = Field(16, ge=1, description="Adapter rank.")
+    alpha: float = Field(32.0, gt=0, description="Scale numerator: updates are scaled by alpha / r.")
+    dropout: float = Field(0.05, ge=0, lt=1, description="Dropout on the adapter input.")
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        min_length=1,
+        description="Names of the Linear modules that get adapters (suffixes of module names, as peft "
+        "matches them); every name must match at least one module of the model.",
+    )
+    adapter_dtype: Literal["fp32", "bf16"] = Field(
+        "fp32",
+        description="Dtype of the trainable adapter weights (and their optimizer state): fp32 "
+        "keeps small updates from rounding away under a bf16 base; FSDP2 then gathers them in bf16 "
+        "for compute and reduces their gradients in fp32.",
+    )

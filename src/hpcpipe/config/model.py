@@ -1,0 +1,68 @@
+"""The ``model:`` section: which model a recipe builds and its shape."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from hpcpipe.config.section import Section
+
+
+class ModelConfig(Section):
+    variant: Literal["gpt2", "llama", "resnet18", "resnet18-imagenet", "hf-causal-lm"] = Field(
+        "gpt2",
+        description="gpt2: LayerNorm + learned positions + GELU MLP; "
+        "llama: RMSNorm + RoPE + SwiGLU, no biases (both for recipe gpt). "
+        "resnet18: torchvision ResNet-18 with a small-image stem (3x3 conv, stride 1, no max-pool); "
+        "resnet18-imagenet: the original 7x7 stride-2 stem + max-pool, 16x fewer FLOPs on small "
+        "images (both for recipe resnet-cifar). "
+        "hf-causal-lm: a Hugging Face AutoModelForCausalLM from model.name_or_path (recipe "
+        "lora-function-calling; n_layers, n_heads and d_model are then the checkpoint's own).",
+    )
+    name_or_path: str | None = Field(
+        None,
+        description="hf-causal-lm: a local model directory, a hub id already in the local "
+        "Hugging Face cache (nothing is downloaded), a directory holding model.gguf_file, or "
+        "'@tiny-llama' (a 2-layer Llama pre-trained once on raw generated Glaive text, about 1.5 "
+        "minutes), '@tiny-llama-random' (the same, random weights: mechanics tests), "
+        "or '@random:<shape>' (random weights of a real shape, e.g. @random:qwen2-7b: throughput).",
+    )
+    gguf_file: str | None = Field(
+        None,
+        description="hf-causal-lm: a GGUF file name inside model.name_or_path (or a path to "
+        "one); transformers de-quantises it (needs the gguf and accelerate packages: the lora extra).",
+    )
+    base_dtype: Literal["fp32", "bf16"] = Field(
+        "fp32",
+        description="hf-causal-lm: dtype of the frozen base weights (bf16 halves their memory; "
+        "LoRA adapters follow lora.adapter_dtype).",
+    )
+    gradient_checkpointing: bool = Field(
+        False,
+        description="hf-causal-lm: recompute each decoder layer's activations in backward "
+        "(non-reentrant), trading ~1/3 more compute for memory.",
+    )
+    n_layers: int = Field(4, ge=1, description="Transformer blocks.")
+    n_heads: int = Field(4, ge=1, description="Attention heads per block.")
+    d_model: int = Field(128, ge=8, description="Residual stream width.")
+    seq_len: int = Field(128, ge=2, description="Context length in tokens.")
+    vocab_size: int | None = Field(
+        None, ge=2, description="Vocabulary; null takes the prepared tokenizer's size."
+    )
+    ffn_mult: float = Field(
+        4.0, gt=0, description="MLP hidden width / d_model (llama: 2/3 of this, rounded to 64)."
+    )
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout on residual branches.")
+    rope_theta: float = Field(10000.0, gt=0, description="RoPE base (llama variant).")
+    norm_eps: float = Field(1e-5, gt=0, description="LayerNorm / RMSNorm epsilon.")
+
+    @model_validator(mode="after")
+    def _heads_divide_width(self) -> ModelConfig:
+        if self.d_model % self.n_heads != 0:
+            raise ValueError(
+                f"model.d_model ({self.d_model}) must be divisible by model.n_heads ({self.n_heads})"
+            )
+        if self.variant == "llama" and (self.d_model // self.n_heads) % 2 != 0:
+            raise ValueError("model.d_model / model.n_heads must be even for RoPE (llama variant)")
+        return self

@@ -1,0 +1,82 @@
+"""The function library the generator uses: ``schemas.json`` entries bound to their Python parts.
+
+``schemas.py`` validates the file; this turns each entry into a ``Spec`` whose draws and result are
+callables with the pools bound, and whose answers are templates or answer functions, so the
+generator only calls them.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from hpcpipe.data.function_calling.draws import Gen, Pools, draw_function
+from hpcpipe.data.function_calling.results import ANSWERS, RESULTS, AnswerFn
+from hpcpipe.data.function_calling.schemas import Catalogue, ParamEntry, SpecEntry, phrase_key
+
+BoundResult = Callable[[dict[str, Any], random.Random], dict[str, Any]]  # (arguments, rng) -> response
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    schema: dict[str, Any]
+    gen: Gen
+    required: bool = True
+    # How a request states an optional value: a template, or one sentence per value (keyed by phrase_key).
+    phrase: str | Mapping[str, str] = ""
+
+    def phrase_for(self, value: Any) -> str:
+        return self.phrase if isinstance(self.phrase, str) else self.phrase[phrase_key(value)]
+
+
+@dataclass(frozen=True, eq=False)  # identity: one library entry is one function
+class Spec:
+    name: str
+    description: str
+    domain: str  # distractors and refusals come from other domains, so one function fits a request
+    capability: str  # verb phrase: "I can help you <capability>" / "I can't <capability>"
+    params: tuple[Param, ...]
+    requests: tuple[str, ...]  # every template names every required parameter
+    result: BoundResult
+    answers: tuple[str | AnswerFn, ...]
+
+    def schema(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "description": self.description,
+            "parameters": {
+                "type": "object",
+                "properties": {p.name: p.schema for p in self.params},
+                "required": [p.name for p in self.params if p.required],
+            },
+        }
+
+
+def build_library(catalogue: Catalogue) -> tuple[Spec, ...]:
+    return tuple(_spec(entry, catalogue.pools) for entry in catalogue.specs)
+
+
+def _spec(entry: SpecEntry, pools: Pools) -> Spec:
+    result = RESULTS[entry.result].function
+    answers: tuple[str | AnswerFn, ...] = (
+        (ANSWERS[entry.answer],) if entry.answer is not None else tuple(entry.answers)
+    )
+    return Spec(
+        entry.name,
+        entry.description,
+        entry.domain,
+        entry.capability,
+        tuple(_param(p, pools) for p in entry.params),
+        tuple(entry.requests),
+        lambda args, r: result(args, r, pools),
+        answers,
+    )
+
+
+def _param(entry: ParamEntry, pools: Pools) -> Param:
+    return Param(
+        entry.name, entry.json_schema, draw_function(entry.draw, pools), entry.required, entry.phrase
+    )
