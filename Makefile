@@ -58,8 +58,9 @@ PYTEST_WORKERS ?= 2
 test: install-test lint fc-assets system-deps bytecode
 	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
-# The inner loop: lint and the fast unit tests (no subprocess training runs, no services), in a
-# few minutes. Enough while changing one module; run `make test` before you push.
+# The inner loop: lint and tests/unit (logic: no training runs end to end, no services, no
+# 2-rank groups), in under 3 minutes. Enough while changing one module's logic; `make test` (e2e
+# runs, gloo ranks, real Slurm/Prometheus/MLflow/PostgreSQL) before you push.
 test-fast: install-test lint bytecode
 	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder tests/unit
 

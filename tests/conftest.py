@@ -44,9 +44,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     import json
 
     table = Path(__file__).parent / "durations.json"
-    if not table.is_file():
-        return
-    seconds: dict[str, float] = json.loads(table.read_text())
+    seconds: dict[str, float] = json.loads(table.read_text()) if table.is_file() else {}
     order = {id(item): index for index, item in enumerate(items)}
 
     def key(item: pytest.Item) -> tuple[float, int]:
@@ -54,3 +52,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return (-seconds.get(name, -1.0), order[id(item)])
 
     items.sort(key=key)
+    for item in items:  # the directory is the kind: `-m e2e` / `-m "not e2e"` select by it
+        if "/e2e/" in f"/{item.nodeid}":
+            item.add_marker(pytest.mark.e2e)

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from tests.helpers import run_cli, tiny_job_sets
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 
 def _sets(tmp: Path, *extra: str) -> list[str]:

@@ -46,9 +46,15 @@ def test_bad_input_is_one_line_and_exit_2(cli, tmp_path: Path, args: list[str], 
 
 
 def test_presets_list_and_show(cli) -> None:  # type: ignore[no-untyped-def]
-    listing = cli("presets", "list")
+    from hpcpipe.presets import preset_names
+
+    listing = cli("presets", "list")  # a pipe: one tab-separated row per preset, names whole
     assert listing.returncode == 0
-    assert "quickstart" in listing.stdout and "tiny" in listing.stdout
+    rows = [line.split("\t") for line in listing.stdout.splitlines()]
+    assert rows[0][0] == "preset" and [row[0] for row in rows[1:]] == preset_names()
+    assert any(row[0] == "resnet-fashion-mnist" for row in rows)  # `| grep fashion` finds it
+    names = cli("presets", "list", "--names")
+    assert names.stdout.split() == preset_names()
     shown = cli("presets", "show", "quickstart")
     assert shown.returncode == 0
     assert "global_batch_size: 16" in shown.stdout
@@ -100,3 +106,53 @@ def test_a_long_failure_line_is_not_wrapped_or_read_as_markup(capfd: pytest.Capt
         _report_failure(job, WorkerFailure(1))
     lines = capfd.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].endswith(f"{job.run_dir}"), lines
+
+
+def _printed(width: int | None, *args: object, **kwargs: object) -> str:
+    """What ``common.print_table`` shows on a terminal of ``width`` columns (None: piped)."""
+    import io
+
+    from rich.console import Console
+
+    from hpcpipe.cli import common
+
+    out = io.StringIO()
+    screen = Console(file=out, width=width or 80, force_terminal=width is not None, color_system=None)
+    original, common.console = common.console, screen
+    try:
+        if width is None:  # piped rows go through typer.echo
+            import contextlib
+
+            with contextlib.redirect_stdout(out):
+                common.print_table(*args, **kwargs)  # type: ignore[arg-type]
+        else:
+            common.print_table(*args, **kwargs)  # type: ignore[arg-type]
+    finally:
+        common.console = original
+    return out.getvalue()
+
+
+def test_typed_values_are_never_cut_or_wrapped_at_any_width() -> None:
+    """Every CLI table (jobs, pods, models, checkpoints, trials, sweep points, presets) prints
+    through ``common.print_table``: what a user types back stays whole on one line."""
+    from hpcpipe.cli import common
+    from hpcpipe.presets import preset_names
+
+    path = "/scratch/runs/a-rather-long-run-name/checkpoints/step-00001200"
+    args = (("step", "verified", "path"), [["1200", "[green]yes[/], every file", path]])
+    for width in (None, 40, 80, 200):
+        shown = _printed(width, *args, typed={"step", "path"})
+        assert any(path in line for line in shown.splitlines()), (width, shown)
+    assert _printed(None, *args, typed={"path"}).splitlines() == [
+        "step\tverified\tpath",
+        f"1200\tyes, every file\t{path}",
+    ]
+    assert "path: " + path in _printed(40, *args, typed={"path"})  # too narrow: one block per row
+    from hpcpipe.cli.presets import _row
+
+    rows = [_row(name) for name in preset_names()]
+    headers = ("preset", "model", "global batch", "steps", "parallel", "description")
+    shown = _printed(72, headers, rows, typed={"preset"})
+    first_cells = [line.split("│")[1].strip() for line in shown.splitlines() if "│" in line]
+    assert [cell for cell in first_cells if cell] == preset_names()  # descriptions wrap, names never
+    assert common.console.soft_wrap and common.err_console.soft_wrap

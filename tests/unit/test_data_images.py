@@ -134,7 +134,11 @@ def test_the_manifest_is_written_on_first_read_and_catches_a_change(tmp_path: Pa
 def test_image_cli_errors_are_one_line_exit_2(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     proc = cli("data", "prepare", "resnet-tiny", "--set", f"data.root={tmp_path}/nothing")
     assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.strip() == f"error: {tmp_path}/nothing: data.root is not a directory"
+    hint = f"(for a small generated dataset: hpcpipe data make-images cifar10 {tmp_path}/nothing)"
+    assert proc.stderr.strip() == f"error: {tmp_path}/nothing: data.root is not a directory {hint}"
+    (tmp_path / "a-file").write_text("not a dataset")  # never suggested to be written over
+    proc = cli("data", "prepare", "resnet-tiny", "--set", f"data.root={tmp_path}/a-file")
+    assert proc.stderr.strip() == f"error: {tmp_path}/a-file: data.root is not a directory"
     root = write_dataset("cifar10", tmp_path / "c", 20, 5)
     (root / "cifar-10-batches-py" / "data_batch_2").write_bytes(b"\x80\x02garbage")
     proc = cli("train", "resnet-tiny", "--set", f"data.root={root}", "--set", f"run.out_dir={tmp_path}/runs")

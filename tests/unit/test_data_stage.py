@@ -163,17 +163,3 @@ def test_stage_cli_copies_then_reuses_and_names_a_bad_source(dataset_dir: Path, 
     assert "nope" in missing.stderr and len(missing.stderr.strip().splitlines()) == 1
     alone = run_cli("data", "stage", str(dataset_dir))
     assert alone.returncode == 2 and "CACHE_ROOT" in alone.stderr
-
-
-def test_training_with_cache_dir_reads_the_staged_copy(tmp_path: Path) -> None:
-    from tests.helpers import tiny_job_sets
-
-    from hpcpipe.observe.metrics import read_metrics
-
-    cache = tmp_path / "nvme"
-    sets = tiny_job_sets(tmp_path, "staged", "train.steps=3", f"data.cache_dir={cache}")
-    result = run_cli("train", "tiny", *sets)
-    assert result.returncode == 0, result.stderr[-2000:]
-    entries = [p for p in cache.iterdir() if p.is_dir()]
-    assert len(entries) == 1 and (entries[0] / MARKER).is_file()
-    assert [r["step"] for r in read_metrics(tmp_path / "staged") if "loss" in r] == [1, 2, 3]

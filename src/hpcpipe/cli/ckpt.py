@@ -7,9 +7,8 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import typer
-from rich.table import Table
 
-from hpcpipe.cli.common import JsonOption, console, err_console, write_json
+from hpcpipe.cli.common import JsonOption, console, err_console, print_table, write_json
 from hpcpipe.errors import UserError
 from hpcpipe.layout import RunLayout
 
@@ -37,13 +36,14 @@ def list_checkpoints(
     """List committed checkpoints of both tiers: step, size, files, verified, tier."""
     rows = [_describe(tier, path, verify) for tier, path in _checkpoints(run_dir)]
     if json_out != "-":
-        table = Table("step", "tier", "size", "files", "verified")
-        table.add_column("path", overflow="fold")
+        cells = []
         for row in rows:
             ok = {True: "[green]yes[/]", False: f"[red]no[/]: {row['problem']}", None: "-"}[row["verified"]]
-            cells = [str(row["step"]), row["tier"], _size(row["bytes"]), str(row["files"]), ok]
-            table.add_row(*cells, row["path"])
-        console.print(table)
+            cells.append(
+                [str(row["step"]), row["tier"], _size(row["bytes"]), str(row["files"]), ok, row["path"]]
+            )
+        headers = ("step", "tier", "size", "files", "verified", "path")
+        print_table(headers, cells, typed={"step", "path"})
     write_json(rows, json_out)
 
 

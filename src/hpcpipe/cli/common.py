@@ -4,16 +4,22 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
+from rich.table import Column, Table
+from rich.text import Text
 
 from hpcpipe.config import JobConfig, load_config
 from hpcpipe.errors import UserError
 
-console = Console()
+# soft_wrap: a line (a path, a command to copy) is never broken at the console width by rich;
+# tables lay themselves out (see `table`).
+console = Console(soft_wrap=True)
 err_console = Console(stderr=True, soft_wrap=True)  # one message, one line: never wrapped at 80 columns
 
 ConfigArg = Annotated[
@@ -103,3 +109,43 @@ def scheduler_overrides(
         raise UserError(f"--gpus-per-node {gpus}: must be 0 or more")
     pairs = {"parallel.nnodes": nodes, gpus_key: gpus, **(more or {})}
     return [f"{key}={value}" for key, value in pairs.items() if value is not None]
+
+
+def print_table(
+    headers: Sequence[str],
+    rows: Sequence[Sequence[str]],
+    typed: Collection[str] = (),
+    title: str | None = None,
+) -> None:
+    """Print rows the way the reader can use them; ``typed`` columns hold what a user types back
+    (names, job ids, paths) and are never cut or wrapped.
+
+    - Piped or redirected: tab-separated lines, a header first (``| grep``, ``| cut -f``).
+    - A terminal wide enough for the typed columns whole: a table whose other cells fold (wrap).
+    - A narrower terminal: one block of ``header: value`` lines per row.
+
+    Cells may hold rich markup (``[green]yes[/]``); it is dropped off a terminal.
+    """
+    if not console.is_terminal:
+        for row in (headers, *rows):
+            typer.echo("\t".join(Text.from_markup(str(cell)).plain for cell in row))
+        return
+    widest = {
+        h: max([len(h), *(len(Text.from_markup(str(r[i])).plain) for r in rows)])
+        for i, h in enumerate(headers)
+    }
+    needed = sum(widest[h] if h in typed else min(len(h), 6) for h in headers) + 3 * len(headers) + 1
+    if needed > console.width:
+        for row in rows:
+            for header, cell in zip(headers, row, strict=True):
+                console.print(f"[bold]{escape(header)}[/]: {cell}", soft_wrap=True)
+            console.print()
+        return
+    columns = [
+        Column(h, no_wrap=True, min_width=widest[h]) if h in typed else Column(h, overflow="fold")
+        for h in headers
+    ]
+    table = Table(*columns, title=title)
+    for row in rows:
+        table.add_row(*(str(cell) for cell in row))
+    console.print(table)

@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 
 from hpcpipe.cli.common import (
     ConfigArg,
@@ -21,6 +20,7 @@ from hpcpipe.cli.common import (
     console,
     err_console,
     load_job,
+    print_table,
     write_json,
 )
 from hpcpipe.errors import UserError
@@ -163,21 +163,22 @@ def _finish(plan: StudyPlan, study: Any, json_out: str | None) -> None:
 
 
 def _print_summary(result: dict[str, Any]) -> None:
-    table = Table(
-        "trial", "state", result["metric"], "last step", "s", "params", title=f"study {result['study']}"
-    )
+    cells = []
     for row in result["trials"]:
         state = row["state"] + (f" (retry of {row['retry_of']})" if row["retry_of"] is not None else "")
         params = ", ".join(f"{k}={_fmt(v)}" for k, v in row["params"].items())
-        table.add_row(
-            str(row["number"]),
-            state,
-            _fmt(row["value"]),
-            _fmt(row["last_step"]),
-            _fmt(row["seconds"]),
-            escape(params),
+        cells.append(
+            [
+                str(row["number"]),
+                state,
+                _fmt(row["value"]),
+                _fmt(row["last_step"]),
+                _fmt(row["seconds"]),
+                escape(params),
+            ]
         )
-    console.print(table)
+    headers = ("trial", "state", result["metric"], "last step", "s", "params")
+    print_table(headers, cells, typed={"trial"}, title=f"study {result['study']}")
     counts = ", ".join(f"{n} {s.lower()}" for s, n in sorted(result["counts"].items()))
     _say(f"{counts or 'no trials'} ({result['direction']} {result['metric']}; storage {result['storage']})")
     best = result["best"]

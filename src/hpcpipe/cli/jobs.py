@@ -7,9 +7,8 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
-from hpcpipe.cli.common import JsonOption, console, write_json
+from hpcpipe.cli.common import JsonOption, console, print_table, write_json
 from hpcpipe.cli.launch_k8s import ContextOption, KubeconfigOption
 from hpcpipe.errors import UserError
 
@@ -52,13 +51,10 @@ def status(
 
     rows = job_states(resolve_job(job).job_id)
     if json_out != "-":
-        table = Table("job", "state", "exit", "elapsed", "nodes", "restarts")
-        for row in rows:
-            cells = [
-                row.get(key, "-") for key in ("job", "state", "exit_code", "elapsed", "nodes", "restarts")
-            ]
-            table.add_row(*cells)
-        console.print(table)
+        keys = ("job", "state", "exit_code", "elapsed", "nodes", "restarts")
+        cells = [[str(row.get(key, "-")) for key in keys] for row in rows]
+        headers = ("job", "state", "exit", "elapsed", "nodes", "restarts")
+        print_table(headers, cells, typed={"job", "nodes"})
     write_json(rows, json_out)
 
 
@@ -71,10 +67,8 @@ def _k8s_status(ref, json_out: str | None, kubeconfig: Path | None, context: str
             ", ".join(f"{c['type']}={c['status']}" for c in state["conditions"]) or "no conditions yet"
         )
         console.print(f"{state['job']} in {state['namespace']}: {conditions}")
-        table = Table("pod", "phase", "node", "restarts")
-        for pod in state["pods"]:
-            table.add_row(pod["pod"], pod["phase"], pod["node"], str(pod["restarts"]))
-        console.print(table)
+        cells = [[pod["pod"], pod["phase"], pod["node"], str(pod["restarts"])] for pod in state["pods"]]
+        print_table(("pod", "phase", "node", "restarts"), cells, typed={"pod", "node"})
     write_json(state, json_out)
 
 

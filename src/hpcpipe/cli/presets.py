@@ -5,9 +5,8 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from rich.table import Column, Table
 
-from hpcpipe.cli.common import console
+from hpcpipe.cli.common import console, print_table
 from hpcpipe.config import load_config
 from hpcpipe.presets import preset_names, preset_path
 from hpcpipe.recipes.catalog import RECIPES
@@ -32,16 +31,7 @@ def list_presets(
         return
     header = ("preset", "model", "global batch", "steps", "parallel", "description")
     rows = [_row(name) for name in preset_names()]
-    if not console.is_terminal:
-        for row in (header, *rows):
-            typer.echo("\t".join(row))
-        return
-    # Names are typed by users: never cut or wrapped. Other cells fold (wrap) rather than end in "…".
-    name_column = Column(header[0], no_wrap=True, min_width=max(len(r[0]) for r in rows))
-    table = Table(name_column, *(Column(h, overflow="fold") for h in header[1:]))
-    for row in rows:
-        table.add_row(*row)
-    console.print(table)
+    print_table(header, rows, typed={"preset"})
 
 
 def _row(name: str) -> tuple[str, ...]:

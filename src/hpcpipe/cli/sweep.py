@@ -7,9 +7,17 @@ from typing import Annotated
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 
-from hpcpipe.cli.common import ConfigArg, GridOption, JsonOption, NprocOption, SetOption, console, write_json
+from hpcpipe.cli.common import (
+    ConfigArg,
+    GridOption,
+    JsonOption,
+    NprocOption,
+    SetOption,
+    console,
+    print_table,
+    write_json,
+)
 from hpcpipe.errors import UserError
 
 
@@ -61,23 +69,18 @@ def sweep(
         points, out_dir, run_job, report=lambda line: None if quiet else console.print(escape(line))
     )
     if not quiet:
-        table = Table(
-            "point",
-            "status",
-            "throughput/s",
-            "time/epoch (s)",
-            "accuracy",
-            title=f"sweep ({len(points)} points)",
-        )
-        for row in result["rows"]:
-            table.add_row(
+        cells = [
+            [
                 row["point"],
                 row["status"],
                 _fmt(row.get("throughput")),
                 _fmt(row.get("time_per_epoch_s")),
                 _fmt(row.get("final_accuracy")),
-            )
-        console.print(table)
+            ]
+            for row in result["rows"]
+        ]
+        headers = ("point", "status", "throughput/s", "time/epoch (s)", "accuracy")
+        print_table(headers, cells, typed={"point"}, title=f"sweep ({len(points)} points)")
         console.print(f"wrote {result['csv']}")
     write_json(result, json_out)
     if result["failed"]:

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from hpcpipe.cli.common import JsonOption, console, write_json
+from hpcpipe.cli.common import JsonOption, console, print_table, write_json
 from hpcpipe.errors import UserError
 from hpcpipe.layout import RunLayout
 
@@ -110,7 +110,6 @@ def register(
 @models_app.command("list")
 def list_(tracking_uri: UriOption = None, json_out: JsonOption = None) -> None:
     """Registered models: name, latest version, aliases."""
-    from rich.table import Table
 
     from hpcpipe.track.mlflow_client import server_errors
     from hpcpipe.track.registry import list_models
@@ -118,11 +117,15 @@ def list_(tracking_uri: UriOption = None, json_out: JsonOption = None) -> None:
     with server_errors("models list"):
         rows = list_models(_client(None, tracking_uri))
     if json_out != "-":
-        table = Table("model", "latest version", "aliases")
-        for row in rows:
-            aliases = ", ".join(f"{a}→v{v}" for a, v in sorted(row["aliases"].items()))
-            table.add_row(row["name"], str(row["latest_version"]), aliases)
-        console.print(table)
+        cells = [
+            [
+                row["name"],
+                str(row["latest_version"]),
+                ", ".join(f"{a}→v{v}" for a, v in sorted(row["aliases"].items())),
+            ]
+            for row in rows
+        ]
+        print_table(("model", "latest version", "aliases"), cells, typed={"model"})
     write_json(rows, json_out)
 
 
@@ -133,7 +136,6 @@ def show(
     json_out: JsonOption = None,
 ) -> None:
     """Every version of NAME: aliases, source run, and the lineage tags it was registered with."""
-    from rich.table import Table
 
     from hpcpipe.track.mlflow_client import server_errors
     from hpcpipe.track.registry import show_model
@@ -141,7 +143,7 @@ def show(
     with server_errors(f"models show {name}"):
         model = show_model(_client(None, tracking_uri), name)
     if json_out != "-":
-        table = Table("version", "aliases", "run", "git sha", "config", "dataset", "eval")
+        cells = []
         for v in model["versions"]:
             tags = v["tags"]
             evals = ", ".join(
@@ -152,6 +154,7 @@ def show(
                 for k in ("git_sha", "config_hash", "dataset_manifest_sha256")
             }
             run = tags.get("hpcpipe.run", "")
-            table.add_row(v["version"], ", ".join(v["aliases"]), run, *short.values(), evals)
-        console.print(table)
+            cells.append([str(v["version"]), ", ".join(v["aliases"]), run, *short.values(), evals])
+        headers = ("version", "aliases", "run", "git sha", "config", "dataset", "eval")
+        print_table(headers, cells, typed={"version", "run"})
     write_json(model, json_out)
