@@ -94,9 +94,9 @@ class FakeGroup:
 def test_a_signal_on_another_rank_stops_this_one() -> None:
     h, group = PreemptionHandler(grace_s=1), FakeGroup()
     assert h.should_stop(group) is False
-    group.others = 1
+    group.others = 2  # a preemption signal on another rank
     assert h.should_stop(group) is True
-    assert not h.requested_locally()
+    assert not h.requested_locally() and not h.interrupted and h.stop_exit_code == 75
     assert [(t.dtype, t.tolist()) for t in group.sent] == [(torch.int64, [0])] * 2
     assert h.should_stop(group) is True and len(group.sent) == 2  # decided: no more collectives
 
@@ -106,7 +106,7 @@ def test_check_every_skips_the_collective_between_checks() -> None:
     h.signum = signal.SIGTERM  # as the handler would set it
     results = [h.should_stop(group) for _ in range(4)]
     assert results == [False, False, True, True]
-    assert len(group.sent) == 1 and group.sent[0].tolist() == [1]
+    assert len(group.sent) == 1 and group.sent[0].tolist() == [2]  # 2: a preemption
     with pytest.raises(ValueError, match="check_every"):
         PreemptionHandler(grace_s=1, check_every=0)
 
@@ -164,3 +164,20 @@ def test_preempted_is_not_swallowed_by_except_exception() -> None:
             pytest.fail("Preempted must not be an Exception")
     assert (err.value.step, err.value.exit_code) == (12, PREEMPT_EXIT_CODE)
     assert "checkpointed at step 12" in str(err.value)
+
+
+def test_ctrl_c_agrees_on_an_interrupt_unless_a_rank_is_preempted() -> None:
+    """SIGINT: exit 130, checkpoint only where configured; a preemption anywhere wins (75)."""
+    interrupted, group = PreemptionHandler(grace_s=1), FakeGroup()
+    interrupted._on_signal(signal.SIGINT, None)
+    group.others = 1  # the other rank saw Ctrl-C too
+    assert interrupted.should_stop(group) and interrupted.interrupted
+    assert interrupted.stop_exit_code == 130 and interrupted.describe()["exit_code"] == 130
+    preempted, group = PreemptionHandler(grace_s=1), FakeGroup()
+    preempted._on_signal(signal.SIGINT, None)
+    group.others = 2  # ... while another rank is being preempted: everyone checkpoints, exits 75
+    assert preempted.should_stop(group) and not preempted.interrupted and preempted.stop_exit_code == 75
+    alone = PreemptionHandler(grace_s=1)
+    alone._on_signal(signal.SIGINT, None)
+    assert alone.should_stop(None) and alone.stop_exit_code == 130  # one process: no collective
+    assert "interrupted: stopped at step 3, no checkpoint" in str(Preempted(3, 130, checkpointed=False))

@@ -90,6 +90,9 @@ def main() -> None:
         code = USER_ERROR_EXIT_CODE
     except SystemExit as exc:
         code = exc.code
+    except KeyboardInterrupt:  # Ctrl-C outside training (data preparation, a launcher, a study)
+        sys.stderr.write("interrupted\n")
+        code = 130
     _exit(code)
 
 

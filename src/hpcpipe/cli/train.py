@@ -130,15 +130,18 @@ def _train(job: JobConfig, max_restarts: int) -> tuple[Path, float]:
 
 
 def _report_failure(job: JobConfig, exc: WorkerFailure | Preempted) -> NoReturn:
-    from hpcpipe.train.preempt import Preempted
+    from hpcpipe.train.preempt import INTERRUPT_EXIT_CODE, Preempted
     from hpcpipe.train.trial import PRUNED_EXIT_CODE, Pruned
 
     if isinstance(exc, Pruned) or exc.exit_code == PRUNED_EXIT_CODE:
         _say(f"{exc if isinstance(exc, Pruned) else 'pruned by the study'}; checkpoint committed")
     elif isinstance(exc, Preempted):
-        _say(f"{exc}; run again to resume ({job.run_dir})")
+        resume = "run again to resume" if exc.checkpointed else "set checkpoint.every_steps to resume"
+        _say(f"{exc}; {resume} ({job.run_dir})")
     elif exc.exit_code == job.fault.preempt_exit_code:
         _say(f"preempted: checkpoint committed; run again to resume ({job.run_dir})")
+    elif exc.exit_code == INTERRUPT_EXIT_CODE:
+        _say(f"interrupted (Ctrl-C); run again to resume from the newest checkpoint ({job.run_dir})")
     else:
         _say(f"error: {exc}; run dir: {job.run_dir}")
     raise typer.Exit(exc.exit_code) from None

@@ -24,6 +24,7 @@ import sys
 import time
 from dataclasses import dataclass
 from types import FrameType
+from typing import Any
 
 from hpcpipe.launch.exit import PEER_LOST_EXIT_CODE
 
@@ -58,6 +59,7 @@ class AgentPreempted(BaseException):
 
 def run_agent(spec: AgentSpec, module: str, args: list[str]) -> int:
     """Run ``python -m module args`` as this node's workers; returns the node's exit code."""
+    from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous.api import RendezvousError
     from torch.distributed.launcher.api import LaunchConfig as ElasticConfig
@@ -78,6 +80,7 @@ def run_agent(spec: AgentSpec, module: str, args: list[str]) -> int:
         monitor_interval=spec.monitor_interval_s,
         start_method="spawn",
         local_addr=spec.local_addr,
+        **_shutdown_timeout(ElasticConfig, spec.grace_s),
     )
     forward = _forward_and_wait(spec.grace_s, spec.preempt_exit_code)
     previous = {sig: signal.signal(sig, forward) for sig in spec.preempt_signals}
@@ -87,6 +90,10 @@ def run_agent(spec: AgentSpec, module: str, args: list[str]) -> int:
         return exc.exit_code
     except ChildFailedError as exc:
         return _report_failure(exc, spec.max_restarts)
+    except SignalException as exc:
+        # SIGTERM or Ctrl-C reached this agent while workers ran: torch's agent passed the signal
+        # on and waited for them (they checkpoint and exit 75, or 130 for Ctrl-C); its code only.
+        return spec.preempt_exit_code if exc.sigval == signal.SIGTERM else 128 + int(exc.sigval)
     except RendezvousError as exc:
         cause = exc.__cause__ or exc
         print(f"agent: rendezvous at {spec.rdzv_endpoint} failed: {cause}", file=sys.stderr, flush=True)
@@ -95,6 +102,16 @@ def run_agent(spec: AgentSpec, module: str, args: list[str]) -> int:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     return 0
+
+
+def _shutdown_timeout(config_type: type, grace_s: float) -> dict[str, Any]:
+    """``shutdown_timeout``: how long torch's agent waits for workers it signalled before killing
+    them. It must cover the preemption grace (the workers' checkpoint); older torch has no such
+    field and waits its fixed 30 s."""
+    import dataclasses
+
+    fields = {f.name for f in dataclasses.fields(config_type)}
+    return {"shutdown_timeout": max(30, int(grace_s) + 5)} if "shutdown_timeout" in fields else {}
 
 
 def _report_failure(exc: BaseException, max_restarts: int) -> int:

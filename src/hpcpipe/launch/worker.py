@@ -15,7 +15,7 @@ from hpcpipe.errors import USER_ERROR_EXIT_CODE, UserError
 from hpcpipe.launch.exit import PEER_LOST_EXIT_CODE, flush_and_exit, lost_a_peer
 from hpcpipe.layout import RunLayout
 from hpcpipe.train.environment import DistEnv, detect_environment, node_name
-from hpcpipe.train.preempt import Preempted
+from hpcpipe.train.preempt import INTERRUPT_EXIT_CODE, Preempted
 
 
 def train_worker(job: JobConfig, env: DistEnv) -> None:
@@ -98,8 +98,11 @@ def main(argv: list[str] | None = None) -> None:
         sys.stderr.write(f"error: {exc}\n")  # one write: ranks' lines must not interleave
         code = USER_ERROR_EXIT_CODE
     except Preempted as exc:
-        print(str(exc), file=sys.stderr)
+        if os.environ.get("RANK", "0") == "0":  # one line for the job, not one per rank
+            print(str(exc), file=sys.stderr)
         code = exc.exit_code
+    except KeyboardInterrupt:  # Ctrl-C before the trainer's handler was installed: no traceback
+        code = INTERRUPT_EXIT_CODE
     except BaseException as exc:
         import traceback
 

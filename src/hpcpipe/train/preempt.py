@@ -1,5 +1,8 @@
 """Preemption: SIGTERM / SIGUSR1 make every rank checkpoint at the next step boundary and exit.
 
+Ctrl-C (SIGINT) stops the same orderly way, exits 130, and checkpoints only where the job
+checkpoints (``checkpoint.every_steps`` > 0): a person asked, not a scheduler.
+
 Slurm sends SIGTERM before killing a preempted or timed-out job (``KillWait`` seconds ahead), or
 the signal named by ``sbatch --signal=USR1@<seconds>``; Kubernetes sends SIGTERM and waits
 ``terminationGracePeriodSeconds``; torchrun's agent forwards the signals it receives. Often only
@@ -42,7 +45,9 @@ from typing import Any
 from hpcpipe.train.oom import AllReduceMax, agree_any
 
 PREEMPT_EXIT_CODE = 75  # EX_TEMPFAIL: see the module docstring for why not 0, 1 or 143
-DEFAULT_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGUSR1)
+INTERRUPT_EXIT_CODE = 130  # 128 + SIGINT: what a shell reports for Ctrl-C, and what users expect
+# SIGINT (Ctrl-C) stops the same orderly way, with its own code: a person, not a scheduler, asked.
+DEFAULT_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 
 _Handler = Callable[[int, FrameType | None], Any] | int | None
 
@@ -54,10 +59,13 @@ class Preempted(BaseException):
     up turns an orderly stop into a failure or swallows it.
     """
 
-    def __init__(self, step: int, exit_code: int = PREEMPT_EXIT_CODE) -> None:
-        super().__init__(f"preempted: checkpointed at step {step}; exit code {exit_code}")
+    def __init__(self, step: int, exit_code: int = PREEMPT_EXIT_CODE, checkpointed: bool = True) -> None:
+        what = "interrupted" if exit_code == INTERRUPT_EXIT_CODE else "preempted"
+        saved = f"checkpointed at step {step}" if checkpointed else f"stopped at step {step}, no checkpoint"
+        super().__init__(f"{what}: {saved}; exit code {exit_code}")
         self.step = step
         self.exit_code = exit_code
+        self.checkpointed = checkpointed
 
 
 class PreemptionHandler:
@@ -89,6 +97,8 @@ class PreemptionHandler:
         self.signum: int | None = None  # the first signal received by this rank
         self.received_at: float | None = None  # time.monotonic() when it arrived
         self.stop_agreed = False  # set once should_stop returned True
+        # What the ranks agreed on: a preemption (checkpoint, exit_code) wins over an interrupt.
+        self.agreed_interrupt = False
         self._previous: dict[signal.Signals, _Handler] = {}
         self._calls = 0
         self._timer: threading.Timer | None = None
@@ -130,11 +140,27 @@ class PreemptionHandler:
         if self.stop_agreed:
             return True
         self._calls += 1
+        # 0: no signal, 1: Ctrl-C, 2: preemption; the MAX over ranks decides for every rank.
+        local = 0 if self.signum is None else 1 if self.signum == signal.SIGINT else 2
         if all_reduce_max is None:
-            self.stop_agreed = self.requested_locally()
+            agreed = local
         elif self._calls % self.check_every == 0:
-            self.stop_agreed = agree_any(int(self.requested_locally()), all_reduce_max) > 0
+            agreed = agree_any(local, all_reduce_max)
+        else:
+            agreed = 0
+        self.stop_agreed, self.agreed_interrupt = agreed > 0, agreed == 1
         return self.stop_agreed
+
+    @property
+    def interrupted(self) -> bool:
+        """The ranks agreed on an interrupt (Ctrl-C, SIGINT) and no preemption: the stop exits
+        130 and checkpoints only where the job checkpoints."""
+        return self.agreed_interrupt
+
+    @property
+    def stop_exit_code(self) -> int:
+        """The code this rank exits with after the stop."""
+        return INTERRUPT_EXIT_CODE if self.interrupted else self.exit_code
 
     def describe(self) -> dict[str, Any]:
         """Fields for the ``preempted`` event in events.jsonl."""
@@ -143,7 +169,7 @@ class PreemptionHandler:
             "signalled_here": self.requested_locally(),
             "since_signal_s": None if self.received_at is None else time.monotonic() - self.received_at,
             "grace_s": self.grace_s,
-            "exit_code": self.exit_code,
+            "exit_code": self.stop_exit_code,
         }
 
     # -- grace period --------------------------------------------------------------------------
@@ -171,9 +197,9 @@ class PreemptionHandler:
     def _expire(self) -> None:
         print(
             f"preemption: the checkpoint did not finish within the {self.grace_s:g} s grace period; "
-            f"exiting with code {self.exit_code} (the run resumes from the previous checkpoint)",
+            f"exiting with code {self.stop_exit_code} (the run resumes from the previous checkpoint)",
             file=sys.stderr,
         )
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(self.exit_code)
+        os._exit(self.stop_exit_code)

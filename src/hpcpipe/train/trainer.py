@@ -342,12 +342,16 @@ class Trainer:
         )
 
     def stop_for_preemption(self) -> None:
-        """Every rank agreed to stop: checkpoint within the grace period, then exit."""
+        """Every rank agreed to stop: checkpoint within the grace period, then exit. A preemption
+        always checkpoints; Ctrl-C does where the job checkpoints (checkpoint.every_steps > 0)."""
+        # Agreed on every rank (Ctrl-C reaches the whole process group, so all ranks saw SIGINT).
+        save = not self.preemption.interrupted or self.ckpt_every > 0
         self.preemption.start_grace_timer()
-        self.save_checkpoint(final=True)
+        if save:
+            self.save_checkpoint(final=True)
         self.preemption.cancel()
-        self.events.emit("preempted", {"step": self.step, **self.preemption.describe()})
-        raise Preempted(self.step, self.preemption.exit_code)
+        self.events.emit("preempted", {"step": self.step, "checkpointed": save, **self.preemption.describe()})
+        raise Preempted(self.step, self.preemption.stop_exit_code, checkpointed=save)
 
     def report_to_study(self) -> None:
         """In an hpo trial: report this evaluation; every rank stops together when pruned."""

@@ -1,0 +1,77 @@
+"""Stopping a local `hpcpipe train` by hand or by a scheduler: Ctrl-C and SIGTERM end with one
+line, no traceback, the documented exit code, and a committed checkpoint where one is due."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from tests.helpers import tiny_job_sets
+
+from hpcpipe.checkpoint.tiers import Tier
+from hpcpipe.layout import RunLayout
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def _stopped(tmp: Path, name: str, sig: signal.Signals, nproc: int, *sets: str) -> tuple[int, str]:
+    """Start the run, wait for its first logged step, send ``sig`` as a terminal or a scheduler
+    would (Ctrl-C: the whole foreground process group; SIGTERM: the launcher), wait for the end."""
+    args = tiny_job_sets(
+        tmp, name, "train.steps=100000", "train.eval_every=0", "observe.progress=false", *sets
+    )
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR")
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hpcpipe", "train", "tiny", "--nproc", str(nproc), *args],
+        cwd=tmp,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group, as a shell gives a foreground job
+    )
+    metrics = RunLayout(tmp / name).metrics
+    deadline = time.monotonic() + 150
+    while not (metrics.is_file() and metrics.stat().st_size > 0) and time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()[1][-2000:]
+        time.sleep(0.2)
+    if sig == signal.SIGINT:
+        os.killpg(proc.pid, sig)
+    else:
+        proc.send_signal(sig)
+    _, err = proc.communicate(timeout=120)
+    return proc.returncode, err
+
+
+def _committed(run_dir: Path) -> list[int]:
+    return [step for step, _ in Tier("fast", RunLayout(run_dir).checkpoints).committed()]
+
+
+def test_ctrl_c_on_two_local_ranks_checkpoints_and_exits_130_in_one_line(tmp_path: Path) -> None:
+    code, err = _stopped(tmp_path, "ctrl-c", signal.SIGINT, 2, "checkpoint.every_steps=1000")
+    assert code == 130, err[-2000:]
+    assert "Traceback" not in err, err[-3000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("interrupted") and str(tmp_path / "ctrl-c") in last, err[-2000:]
+    assert _committed(tmp_path / "ctrl-c"), "a checkpoint is due: checkpoint.every_steps is set"
+
+
+def test_sigterm_on_one_local_process_checkpoints_and_exits_75_in_one_line(tmp_path: Path) -> None:
+    code, err = _stopped(tmp_path, "term", signal.SIGTERM, 1)
+    assert code == 75, err[-2000:]
+    assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("preempted:"), err[-2000:]
+    assert _committed(tmp_path / "term"), "a preemption always checkpoints"
+
+
+def test_ctrl_c_without_checkpoints_says_so_and_exits_130(tmp_path: Path) -> None:
+    code, err = _stopped(tmp_path, "no-ckpt", signal.SIGINT, 1)
+    assert code == 130 and "Traceback" not in err, err[-2000:]
+    assert "no checkpoint" in err.strip().splitlines()[-1]
+    assert _committed(tmp_path / "no-ckpt") == []
