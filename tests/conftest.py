@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 from tests.helpers import run_cli, write_synthetic_corpus
+
+from hpcpipe.train.environment import sharing_cores
+
+# The xdist workers' training runs share this machine's cores: without it, one run's spinning
+# OpenMP threads slow the other's several times over. Every subprocess inherits it.
+os.environ.update(sharing_cores(os.environ))
 
 
 @pytest.fixture(scope="session")

@@ -95,3 +95,10 @@ def test_slurm_batch_script_is_not_a_worker() -> None:
 )
 def test_parse_first_host(nodelist: str, first: str) -> None:
     assert _parse_first_host(nodelist) == first
+
+
+def test_processes_sharing_cores_wait_passively_unless_the_user_chose() -> None:
+    from hpcpipe.train.environment import sharing_cores
+
+    assert sharing_cores({"PATH": "/bin"}) == {"PATH": "/bin", "OMP_WAIT_POLICY": "PASSIVE"}
+    assert sharing_cores({"OMP_WAIT_POLICY": "ACTIVE"})["OMP_WAIT_POLICY"] == "ACTIVE"

@@ -8,7 +8,6 @@ Trials of one chaos run share the prepared data and one uninterrupted reference 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import signal
@@ -145,10 +144,11 @@ def events(run_dir: Path, kind: str) -> list[dict[str, Any]]:
 
 
 def reference_losses(ctx: TrialContext, *extra_sets: str, nproc: int | None = None) -> dict[int, float]:
-    """Per-step losses of the uninterrupted run of this job (trained once per chaos run)."""
+    """Per-step losses of the uninterrupted run of this job, trained once per chaos run for every
+    scenario whose job trains the same steps (``JobConfig.training_hash``: checkpoint cadence,
+    observers and watchdog settings do not change the losses)."""
     ranks = nproc or ctx.scenario.nproc
-    key_text = json.dumps([ctx.scenario.job, ranks, list(ctx.scenario.sets), list(extra_sets)])
-    key = hashlib.sha256(key_text.encode()).hexdigest()[:16]
+    key = job_config(ctx, *extra_sets, f"parallel.nproc={ranks}").training_hash()[:16]
     cache = ctx.shared / "references" / f"{key}.json"
     if cache.is_file():
         return {int(k): v for k, v in json.loads(cache.read_text()).items()}

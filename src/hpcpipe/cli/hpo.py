@@ -3,6 +3,7 @@ best, plots, launch slurm / katib)."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -127,8 +128,13 @@ def _run_here(plan: StudyPlan) -> None:
 
 def _run_processes(plan: StudyPlan, workers: int) -> int:
     """N `hpcpipe hpo worker` processes; SIGTERM/SIGINT here reaches each of them."""
+    from hpcpipe.train.environment import sharing_cores
+
     argv = [sys.executable, "-m", "hpcpipe", "hpo", "worker", str(plan.study_dir)]
-    procs = [subprocess.Popen([*argv, "--label", f"w{i}", "--index", str(i)]) for i in range(workers)]
+    env = sharing_cores(os.environ)  # the workers' trials share this node's cores
+    procs = [
+        subprocess.Popen([*argv, "--label", f"w{i}", "--index", str(i)], env=env) for i in range(workers)
+    ]
 
     def forward(signum: int, _frame: object) -> None:
         for proc in procs:

@@ -175,6 +175,7 @@ def agent(
         max_restarts=max_restarts,
         local_addr=local_addr or os.environ.get("SLURMD_NODENAME"),
         grace_s=grace,
+        last_call_s=job.parallel.rdzv_last_call_s,
         preempt_exit_code=preempted,
     )
     try:

@@ -29,6 +29,13 @@ from hpcpipe.config.section import Section
 from hpcpipe.config.train import TrainConfig
 from hpcpipe.recipes.catalog import RECIPES
 
+# The keys that change what is trained (the losses step by step); observe, checkpoint, fault,
+# launch, pipeline and hpo do not. `hpcpipe run` re-trains when they change; chaos trials share
+# one reference run per value of them.
+TRAINING_KEYS = ("run.recipe", "run.seed", "model", "data", "train", "lora", "parallel")
+# Keys under TRAINING_KEYS that only decide how long the launcher waits, never what is trained.
+WAITING_KEYS = ("parallel.timeout_s", "parallel.rdzv_last_call_s")
+
 
 class JobConfig(Section):
     """The whole job. Saved as ``config.yaml`` in the run directory."""
@@ -82,6 +89,22 @@ class JobConfig(Section):
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+    def training_hash(self) -> str:
+        """SHA-256 of the TRAINING_KEYS values (less WAITING_KEYS): equal for jobs that train the
+        same steps."""
+        tree = self.to_dict()
+        for key in WAITING_KEYS:
+            section, name = key.split(".")
+            tree[section].pop(name)
+        values = {}
+        for key in TRAINING_KEYS:
+            node: Any = tree
+            for part in key.split("."):
+                node = node[part]
+            values[key] = node
+        canonical = json.dumps(values, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()
 
     def config_hash(self) -> str:
         """SHA-256 of the canonical JSON form: equal configs hash equal."""

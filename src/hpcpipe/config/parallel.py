@@ -54,6 +54,13 @@ class ParallelConfig(Section):
         "elastic: the run goes on with as few as MIN nodes (resharded from the newest verified "
         "checkpoint) and a node that comes back joins at the next rendezvous.",
     )
+    rdzv_last_call_s: float = Field(
+        15.0,
+        gt=0,
+        description="Elastic runs (nnodes MIN:MAX): once MIN nodes joined a rendezvous, wait this "
+        "long for more before training starts. Every shrink or growth waits it out once: "
+        "shorter recovers sooner, longer lets slow-starting nodes join the first round.",
+    )
     retain_host_memory: bool = Field(
         True,
         description="glibc: reuse freed host blocks up to 32 MiB instead of unmapping them, so CPU "

@@ -98,8 +98,8 @@ def main(argv: list[str] | None = None) -> None:
         sys.stderr.write(f"error: {exc}\n")  # one write: ranks' lines must not interleave
         code = USER_ERROR_EXIT_CODE
     except Preempted as exc:
-        if os.environ.get("RANK", "0") == "0":  # one line for the job, not one per rank
-            print(str(exc), file=sys.stderr)
+        world = int(os.environ.get("WORLD_SIZE", "1"))  # each rank says it stopped, and which it is
+        print(f"rank {os.environ.get('RANK', '0')}: {exc}" if world > 1 else str(exc), file=sys.stderr)
         code = exc.exit_code
     except KeyboardInterrupt:  # Ctrl-C before the trainer's handler was installed: no traceback
         code = INTERRUPT_EXIT_CODE

@@ -10,12 +10,9 @@ import json
 import time
 from pathlib import Path
 
+from hpcpipe.config.job import TRAINING_KEYS
 from hpcpipe.layout import RunLayout
 from hpcpipe.pipeline.engine import NotApplicable, Step, StepContext, file_sha256, tree_sha256
-
-# Config that changes what is trained; observe, checkpoint, fault, launch and pipeline do not.
-TRAINING_KEYS = ("run.recipe", "run.seed", "model", "data", "train", "lora", "parallel")
-
 
 # -- prepare: the dataset (tokens, images, conversations), keyed by its inputs' hash ---------------
 

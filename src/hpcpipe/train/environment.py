@@ -172,3 +172,15 @@ def _parse_first_host(nodelist: str) -> str:
         return prefix
     first = ranges.split(",")[0].split("-")[0]
     return prefix + first
+
+
+def sharing_cores(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` for processes that train side by side on one node's cores (HPO trials of several
+    workers, test runners): idle OpenMP threads sleep instead of spinning.
+
+    Each process sizes its thread pool to the whole node; by default libgomp's idle threads spin
+    for a while at every parallel region's end, on cores the other processes need. Measured here
+    (2 cores): four 10-step HPO trials on two workers took 94 s spinning, 17 s with PASSIVE; one
+    process alone trains at the same speed either way. A value the user set is kept.
+    """
+    return {**env, "OMP_WAIT_POLICY": env.get("OMP_WAIT_POLICY", "PASSIVE")}

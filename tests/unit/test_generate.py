@@ -1,0 +1,45 @@
+"""Evaluation generates with the KV cache, though training turned it off in the model's config."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    from transformers import AutoTokenizer
+
+    from hpcpipe.models.hf_lm import ModelSource, load_base_model
+    from hpcpipe.models.tiny_lm import tiny_llama_dir
+
+    path = tiny_llama_dir(tmp_path_factory.mktemp("models"), ["def f(x): return x + 1"] * 40, seed=0)
+    model = load_base_model(ModelSource(str(path), None), "fp32")  # use_cache=False, as for training
+    return model, AutoTokenizer.from_pretrained(path)
+
+
+def test_generation_uses_the_kv_cache_and_replies_as_without_it(tiny) -> None:  # type: ignore[no-untyped-def]
+    from hpcpipe.evaluate.generate import generate_replies
+
+    model, tokenizer = tiny
+    assert model.config.use_cache is False
+    lengths: list[int] = []
+    hook = model.register_forward_pre_hook(
+        lambda _m, args, kwargs: lengths.append(kwargs["input_ids"].shape[1]), with_kwargs=True
+    )
+    prompts = ["def f(x):", "return x"]
+    try:
+        replies = generate_replies(model, tokenizer, prompts, max_new_tokens=12, batch_size=2)
+    finally:
+        hook.remove()
+    # With the cache every forward after the first feeds one new token; without, the whole prefix.
+    assert len(lengths) > 2 and lengths[0] > 1 and set(lengths[1:]) == {1}, lengths
+    tokenizer.padding_side = "left"
+    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    with torch.no_grad():
+        out = model.generate(
+            **enc, max_new_tokens=12, do_sample=False, use_cache=False,
+            eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+        )  # fmt: skip
+    uncached = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
+    assert replies == uncached
