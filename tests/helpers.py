@@ -9,14 +9,19 @@ from pathlib import Path
 
 
 def run_cli(
-    *args: str, cwd: Path | None = None, timeout: float = 240, env: dict[str, str] | None = None
+    *args: str,
+    cwd: Path | None = None,
+    timeout: float = 240,
+    env: dict[str, str] | None = None,
+    prefix: list[str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m hpcpipe ARGS`` as a user would; returns the completed process."""
+    """Run ``python -m hpcpipe ARGS`` as a user would (after ``prefix``, e.g. ``nice``); returns
+    the completed process."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID"):
         full_env.pop(var, None)
     return subprocess.run(
-        [sys.executable, "-m", "hpcpipe", *args],
+        [*(prefix or []), sys.executable, "-m", "hpcpipe", *args],
         cwd=cwd,
         env=full_env,
         capture_output=True,
