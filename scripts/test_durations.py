@@ -3,6 +3,7 @@ suite (longest files first) and the before/after table in the README.
 
     python scripts/test_durations.py record JUNIT.xml            # rewrite tests/durations.json
     python scripts/test_durations.py table BEFORE.xml AFTER.xml  # a Markdown table, slowest first
+    python scripts/test_durations.py cpu CPU.jsonl               # CPU seconds per file (HPCPIPE_TEST_CPU)
 """
 
 from __future__ import annotations
@@ -51,6 +52,20 @@ def table(before: Path, after: Path, top: int) -> None:
     print(f"| **all test time (both workers)** | **{sum(old.values()):.0f}** | **{sum(new.values()):.0f}** |")
 
 
+def cpu(path: Path, top: int) -> None:
+    """CPU seconds per test file from the JSON lines the suite's HPCPIPE_TEST_CPU hook wrote
+    (module fixtures count in the file's first test)."""
+    totals: dict[str, float] = defaultdict(float)
+    for line in path.read_text().splitlines():
+        row = json.loads(line)
+        totals[row["test"].split("::", 1)[0]] += float(row["cpu_s"])
+    print("| test file | CPU (s) |")
+    print("|---|---:|")
+    for name in sorted(totals, key=lambda n: -totals[n])[:top]:
+        print(f"| `{name}` | {totals[name]:.0f} |")
+    print(f"| **all** | **{sum(totals.values()):.0f}** |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     sub = parser.add_subparsers(dest="verb", required=True)
@@ -60,9 +75,14 @@ def main() -> None:
     tab.add_argument("before", type=Path)
     tab.add_argument("after", type=Path)
     tab.add_argument("--top", type=int, default=25)
+    use = sub.add_parser("cpu", help="CPU seconds per test file from HPCPIPE_TEST_CPU's JSON lines")
+    use.add_argument("jsonl", type=Path)
+    use.add_argument("--top", type=int, default=40)
     args = parser.parse_args()
     if args.verb == "record":
         record(args.junit)
+    elif args.verb == "cpu":
+        cpu(args.jsonl, args.top)
     else:
         table(args.before, args.after, args.top)
 

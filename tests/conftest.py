@@ -62,3 +62,26 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:  # the directory is the kind: `-m e2e` / `-m "not e2e"` select by it
         if "/e2e/" in f"/{item.nodeid}":
             item.add_marker(pytest.mark.e2e)
+
+
+@pytest.fixture(autouse=True)
+def _cpu_seconds_per_test(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
+    """With HPCPIPE_TEST_CPU=FILE, append each test's CPU seconds (this process and the children
+    it reaped: the hpcpipe subprocesses and their workers) to FILE as JSON lines. The suite is
+    CPU-bound on 2 cores: this is the figure to cut (``scripts/test_durations.py cpu FILE``)."""
+    target = os.environ.get("HPCPIPE_TEST_CPU")
+    if not target:
+        yield
+        return
+    import json
+    import resource
+
+    def used() -> float:
+        own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+    start = used()
+    yield
+    row = {"test": request.node.nodeid, "cpu_s": round(used() - start, 2)}
+    with open(target, "a") as out:
+        out.write(json.dumps(row) + "\n")
