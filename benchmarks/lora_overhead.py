@@ -37,7 +37,7 @@ from hpcpipe.train.distributed import init_distributed
 from hpcpipe.train.environment import DistEnv
 from hpcpipe.train.schedule import lr_at
 from hpcpipe.train.trainer import Trainer
-from run_context import run_context
+from run_context import print_rates, run_context
 
 MODELS = {
     "tiny": ["model.name_or_path=@tiny-llama-random"],  # throughput: weights do not matter
@@ -174,9 +174,7 @@ def main() -> None:
         f"model {args.model}, {args.batch} x {args.seq_len} tokens/step, "
         f"{args.repeats} repeats x {args.steps} steps"
     )
-    print(f"{'loop':<10}{'median tok/s':>14}{'min':>10}{'max':>10}")
-    for name, xs in (("hpcpipe", hp), ("raw", rw)):
-        print(f"{name:<10}{statistics.median(xs):>14,.1f}{min(xs):>10,.1f}{max(xs):>10,.1f}")
+    print_rates("loop", "tok/s", {"hpcpipe": hp, "raw": rw})
     print(f"ratio hpcpipe/raw = {mh / mr:.3f} (target >= 0.95)")
     print(
         json.dumps(

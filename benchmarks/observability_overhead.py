@@ -38,7 +38,7 @@ from hpcpipe.netutil import free_port
 from hpcpipe.train.distributed import init_distributed
 from hpcpipe.train.environment import DistEnv
 from hpcpipe.train.trainer import Trainer
-from run_context import run_context
+from run_context import print_rates, run_context
 from trainer_overhead import InMemoryGPTRecipe
 
 
@@ -146,10 +146,7 @@ def main() -> None:
         f"{args.nproc} gloo ranks, quickstart GPT, {args.batch} seq/rank/step, {args.repeats} repeats x "
         f"{args.steps} steps, interleaved; log every {args.log_every}; scrape every {args.scrape_s} s"
     )
-    print(f"{'observers':<10}{'median tok/s':>14}{'min':>10}{'max':>10}")
-    for name in ("on", "off"):
-        xs = result[name]
-        print(f"{name:<10}{statistics.median(xs):>14,.1f}{min(xs):>10,.1f}{max(xs):>10,.1f}")
+    print_rates("observers", "tok/s", {"on": result["on"], "off": result["off"]})
     target = 0.97 if args.observers == "telemetry" else 0.98
     print(f"{args.observers}: ratio on/off = {on / off:.3f} (target >= {target})")
     print(f"imbalance all-gathers in the on-run: {result['imbalance_checks']}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import statistics
 
 import torch
 
@@ -20,3 +21,11 @@ def run_context() -> dict[str, object]:
         "hpcpipe": hpcpipe.__version__,
         "device": "cuda" if torch.cuda.is_available() else "cpu",
     }
+
+
+def print_rates(label: str, unit: str, runs: dict[str, list[float]], decimals: int = 1) -> None:
+    """The side-by-side table every overhead benchmark prints: median, min and max per loop."""
+    print(f"{label:<10}{'median ' + unit:>14}{'min':>10}{'max':>10}")
+    for name, xs in runs.items():
+        med = statistics.median(xs)
+        print(f"{name:<10}{med:>14,.{decimals}f}{min(xs):>10,.{decimals}f}{max(xs):>10,.{decimals}f}")

@@ -30,7 +30,7 @@ from hpcpipe.train.environment import DistEnv
 from hpcpipe.train.optim import build_optimizer
 from hpcpipe.train.schedule import lr_at
 from hpcpipe.train.trainer import Trainer
-from run_context import run_context
+from run_context import print_rates, run_context
 
 
 @dataclass
@@ -173,9 +173,7 @@ def main() -> None:
         f"threads={torch.get_num_threads()} batch={args.batch}x{job_seq} tokens, "
         f"{args.repeats} repeats x {args.steps} steps, interleaved"
     )
-    print(f"{'loop':<10}{'median tok/s':>14}{'min':>10}{'max':>10}")
-    for name, xs in (("hpcpipe", hp), ("raw", rw)):
-        print(f"{name:<10}{statistics.median(xs):>14,.0f}{min(xs):>10,.0f}{max(xs):>10,.0f}")
+    print_rates("loop", "tok/s", {"hpcpipe": hp, "raw": rw}, decimals=0)
     print(f"ratio hpcpipe/raw = {ratio:.3f} (target >= 0.98)")
     print(
         json.dumps(

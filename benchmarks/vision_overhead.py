@@ -38,7 +38,7 @@ from hpcpipe.train.distributed import init_distributed
 from hpcpipe.train.environment import DistEnv
 from hpcpipe.train.schedule import lr_at
 from hpcpipe.train.trainer import Trainer
-from run_context import run_context
+from run_context import print_rates, run_context
 
 KNOBS = {
     "workers=2, persistent, prefetch 4": [
@@ -239,10 +239,7 @@ def main() -> None:
         f"{args.nproc} gloo ranks, {args.variant}, {args.batch} images/rank/step, "
         f"{args.repeats} repeats x {args.steps} steps, interleaved"
     )
-    print(f"{'loop':<10}{'median img/s':>14}{'min':>10}{'max':>10}")
-    for name in ("hpcpipe", "raw"):
-        xs = result[name]
-        print(f"{name:<10}{statistics.median(xs):>14,.1f}{min(xs):>10,.1f}{max(xs):>10,.1f}")
+    print_rates("loop", "img/s", {"hpcpipe": result["hpcpipe"], "raw": result["raw"]})
     print(f"ratio hpcpipe/raw = {hp / rw:.3f} (target >= 0.95)")
     knobs = {}
     for name, runs in result.get("knobs", {}).items():

@@ -41,6 +41,7 @@ def record(junit: Path) -> None:
 
 def table(before: Path, after: Path, top: int) -> None:
     old, new = per_file(before), per_file(after)
+    old = _renamed(old, new)
     names = sorted(set(old) | set(new), key=lambda n: -max(old.get(n, 0), new.get(n, 0)))
     print("| test file | before (s) | after (s) |")
     print("|---|---:|---:|")
@@ -50,6 +51,12 @@ def table(before: Path, after: Path, top: int) -> None:
     rest_new = sum(new.get(n, 0) for n in names[top:])
     print(f"| {len(names) - top} other files | {rest_old:.0f} | {rest_new:.0f} |")
     print(f"| **all test time (both workers)** | **{sum(old.values()):.0f}** | **{sum(new.values()):.0f}** |")
+
+
+def _renamed(old: dict[str, float], new: dict[str, float]) -> dict[str, float]:
+    """``old`` with each file that moved to another folder (same file name) under its new path."""
+    by_name = {Path(n).name: n for n in new}
+    return {(n if n in new else by_name.get(Path(n).name, n)): t for n, t in old.items()}
 
 
 def cpu(path: Path, top: int) -> None:

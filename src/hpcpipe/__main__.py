@@ -2,4 +2,6 @@
 
 from hpcpipe.cli.app import main
 
-main()
+# Guarded: a worker forked from the agent's fork server imports this module as ``__mp_main__``.
+if __name__ == "__main__":
+    main()

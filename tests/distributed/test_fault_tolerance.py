@@ -75,3 +75,18 @@ def test_checkpoint_from_two_ranks_resumes_on_one(tmp: Path, reference: dict[int
     assert [losses[s] for s in range(11, 21)] == pytest.approx(
         [reference[s] for s in range(11, 21)], rel=1e-3
     )
+
+
+def test_spawned_workers_preempt_and_forked_workers_resume_on_the_same_curve(
+    tmp: Path, reference: dict[int, float]
+) -> None:
+    # The reference ran with the default parallel.worker_start (forkserver); a fresh interpreter
+    # per worker must give the same steps, and a checkpoint one wrote must resume in the other.
+    sets = ["--set", "checkpoint.every_steps=100"]
+    spawned = ["--set", "parallel.worker_start=spawn"]
+    proc = _train(tmp, "spawned", *sets, *spawned, env={"HPCPIPE_CHAOS_SIGTERM": "step=5,rank=1"})
+    assert proc.returncode == PREEMPT_EXIT_CODE, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    again = _train(tmp, "spawned", *sets)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert _losses(tmp / "spawned") == reference

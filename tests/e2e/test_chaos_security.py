@@ -270,6 +270,18 @@ def test_listeners_are_attributed_to_torch_by_process_and_port() -> None:
     assert [s.port for s in violations(owned)] == [5555]
 
 
+def test_a_forked_workers_listeners_are_torchs_without_its_port() -> None:
+    # A worker forked from the agent's fork server: /proc shows no MASTER_PORT for it (None).
+    listeners = [Listener(21, "::", 40000), Listener(21, "127.0.0.1", 9100), Listener(22, "::", 7)]
+    owned = classify(listeners, exporters={9100}, launcher=20, ranks={21: None})
+    assert [(s.owner, s.role) for s in owned] == [
+        ("torch", "gloo or TCPStore"),
+        ("hpcpipe", "prometheus exporter"),
+        ("unknown", "pid 22"),
+    ]
+    assert [s.port for s in violations(owned)] == [7]
+
+
 def test_proc_net_addresses_decode() -> None:
     assert _decode("0100007F:1F90") == ("127.0.0.1", 8080)
     assert _decode("00000000000000000000000001000000:0016") == ("::1", 22)

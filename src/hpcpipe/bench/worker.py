@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hpcpipe.config import ParallelConfig
-from hpcpipe.launch.exit import flush_and_exit
+from hpcpipe.launch.exit import flush_and_exit, restore_fresh_defaults, return_or_exit
 from hpcpipe.train.environment import DistEnv, detect_environment, node_name
 
 if TYPE_CHECKING:
@@ -79,7 +79,18 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = sys.argv[1:] if argv is None else argv
+    """``python -m hpcpipe.bench.worker SPEC.json OUT.json``."""
+    flush_and_exit(run(sys.argv[1:] if argv is None else argv))
+
+
+def forked_main(*args: str) -> None:
+    """A worker forked from the local agent's fork server (``launch/agent.py``)."""
+    restore_fresh_defaults()
+    return_or_exit(run(list(args)))
+
+
+def run(args: list[str]) -> int:
+    """Run the spec's tasks as this rank; 0, or 1 after writing the error next to OUT.json."""
     env = detect_environment()
     code = 0
     try:
@@ -96,7 +107,7 @@ def main(argv: list[str] | None = None) -> None:
             message = f"rank {env.rank} on {node_name()}: {type(exc).__name__}: {exc}"
             Path(f"{args[1]}.rank{env.rank}.error").write_text(message.splitlines()[0] + "\n")
         code = 1
-    flush_and_exit(code)
+    return code
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """Chaos engineering: faults injected into real workers, so recovery is tested, not assumed.
 
-``maybe_inject`` is the one call the trainer makes. It lives in ``hpcpipe.train.fault_injection``
-(the trainer's room: the training code never imports upward), which documents the
-``HPCPIPE_CHAOS_*`` environment variables that configure it; this package re-exports it.
+The trainer sees faults only through the ``FaultInjector`` it is handed
+(``hpcpipe.train.faults``); the worker builds it with ``hpcpipe.train.fault_injection.installed``
+from the ``HPCPIPE_CHAOS_*`` environment variables documented there (the trainer's room: the
+training code never imports upward). This package re-exports the parsing and injection names.
 """
 
 from __future__ import annotations

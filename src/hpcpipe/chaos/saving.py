@@ -17,7 +17,7 @@ from pathlib import Path
 from hpcpipe.chaos import jobs
 from hpcpipe.chaos.checks import Checks
 from hpcpipe.chaos.scenario import TrialContext, TrialResult
-from hpcpipe.checkpoint.manifest import read_manifest, verify_dir
+from hpcpipe.checkpoint.manifest import MANIFEST_NAME, read_manifest, verify_dir
 from hpcpipe.checkpoint.tiers import Tier
 from hpcpipe.layout import RunLayout
 from hpcpipe.train.fault_injection import SAVE_POINTS
@@ -132,8 +132,8 @@ def corrupt_checkpoint(ctx: TrialContext) -> TrialResult:
 def _corrupt(ckpt: Path, mode: str, ctx: TrialContext) -> dict[str, object]:
     """Damage ``ckpt`` as ``mode`` says; what was damaged, for the placement."""
     if mode == "no_manifest":
-        (ckpt / "manifest.json").unlink()
-        return {"file": "manifest.json"}
+        (ckpt / MANIFEST_NAME).unlink()
+        return {"file": MANIFEST_NAME}
     names = sorted(read_manifest(ckpt).files)
     if mode == "delete_shard":
         name = ctx.rng.choice([n for n in names if n.endswith(".distcp")])

@@ -68,8 +68,7 @@ def process_tree(root: int) -> list[int]:
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             with contextlib.suppress(OSError, IndexError, ValueError):
-                stat = Path(f"/proc/{entry}/stat").read_text()
-                parents[int(entry)] = int(stat.rsplit(")", 1)[1].split()[1])
+                parents[int(entry)] = _parent(int(entry))
     tree, frontier = [root], [root]
     while frontier:
         children = [pid for pid, parent in parents.items() if parent in frontier]
@@ -112,9 +111,14 @@ def _decode(field: str) -> tuple[str, int]:
     return str(ipaddress.ip_address(raw)), int(hex_port, 16)
 
 
-def workers(pids: list[int]) -> dict[int, int]:
-    """pid -> MASTER_PORT of every worker among ``pids`` (rank 0 serves torch's TCPStore there)."""
-    found = {}
+def workers(pids: list[int]) -> dict[int, int | None]:
+    """pid -> MASTER_PORT of every worker among ``pids`` (rank 0 serves torch's TCPStore there).
+
+    A spawned worker shows RANK and MASTER_PORT in ``/proc/PID/environ``. A worker forked from
+    the agent's fork server (``parallel.worker_start``) got them after it started, where /proc
+    does not show them: it is known by its parent, the fork server, and its port stays None."""
+    found: dict[int, int | None] = {}
+    servers = {pid for pid in pids if "multiprocessing.forkserver" in _command_line(pid)}
     for pid in pids:
         with contextlib.suppress(OSError, ValueError):
             env = dict(
@@ -122,11 +126,23 @@ def workers(pids: list[int]) -> dict[int, int]:
             )
             if "RANK" in env and "MASTER_PORT" in env:
                 found[pid] = int(env["MASTER_PORT"])
+            elif _parent(pid) in servers:
+                found[pid] = None
     return found
 
 
+def _command_line(pid: int) -> str:
+    with contextlib.suppress(OSError):
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    return ""
+
+
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
 def classify(
-    listeners: list[Listener], exporters: set[int], launcher: int, ranks: dict[int, int]
+    listeners: list[Listener], exporters: set[int], launcher: int, ranks: dict[int, int | None]
 ) -> list[Listener]:
     """Each listener with its owner and role (see the module docstring); ``ranks`` is ``workers()``."""
     out = []
@@ -138,7 +154,8 @@ def classify(
         elif s.pid == launcher:
             owner, role = "torch", "c10d rendezvous store (agent)"
         elif s.pid in ranks:
-            owner, role = "torch", "gloo listener"
+            # a forked worker's MASTER_PORT is unknown: its TCPStore counts with the gloo pairs
+            owner, role = "torch", "gloo listener" if ranks[s.pid] is not None else "gloo or TCPStore"
         else:  # a process that is neither the launcher nor a rank: nothing is known to listen there
             owner, role = "unknown", f"pid {s.pid}"
         out.append(Listener(s.pid, s.address, s.port, owner, role))
@@ -154,7 +171,8 @@ def describe(listeners: list[Listener]) -> str:
     """One line: each role's bind addresses, e.g. ``hpcpipe prometheus exporter 127.0.0.1:2000``."""
     groups: Counter[tuple[str, str, str]] = Counter()
     for s in listeners:
-        where = s.shown() if s.owner == "hpcpipe" or s.role != "gloo listener" else s.address
+        pairs = s.owner == "torch" and s.role.startswith("gloo")  # many, on ports that vary
+        where = s.address if pairs else s.shown()
         groups[(s.owner, s.role, where)] += 1
     parts = [f"{o} {r} {w}" + (f" x{n}" if n > 1 else "") for (o, r, w), n in sorted(groups.items())]
     return "; ".join(parts) or "no listeners"

@@ -129,9 +129,10 @@ def export(
       python -c "from transformers import AutoModelForCausalLM as M; M.from_pretrained('DIR')"
     """
     from hpcpipe.checkpoint.export import export_checkpoint
+    from hpcpipe.checkpoint.manifest import MANIFEST_NAME
 
-    if not (path / "manifest.json").is_file():
-        raise UserError(f"{path}: not a committed checkpoint (no manifest.json)")
+    if not (path / MANIFEST_NAME).is_file():
+        raise UserError(f"{path}: not a committed checkpoint (no {MANIFEST_NAME})")
     target = out or RunLayout(path.resolve().parent.parent).export_dir(path.name, fmt)
     written = export_checkpoint(path, fmt, target, config, dtype)
     console.print(f"[green]exported[/] {path} -> {written} ({fmt})")

@@ -159,6 +159,7 @@ def agent(
 
     from hpcpipe.config import load_config
     from hpcpipe.launch.agent import AgentPreempted, AgentSpec, stop_early_on_preemption
+    from hpcpipe.launch.job import WORKER_PRELOAD
 
     job = load_config(config)  # bad config: one line, before anything starts
     preempted = job.fault.preempt_exit_code
@@ -176,6 +177,8 @@ def agent(
         local_addr=local_addr or os.environ.get("SLURMD_NODENAME"),
         grace_s=grace,
         last_call_s=job.parallel.rdzv_last_call_s,
+        start_method=job.parallel.worker_start,
+        preload=WORKER_PRELOAD,
         preempt_exit_code=preempted,
     )
     try:

@@ -61,6 +61,13 @@ class ParallelConfig(Section):
         "long for more before training starts. Every shrink or growth waits it out once: "
         "shorter recovers sooner, longer lets slow-starting nodes join the first round.",
     )
+    worker_start: Literal["forkserver", "spawn"] = Field(
+        "forkserver",
+        description="How hpcpipe's own agent (hpcpipe train --nproc N, hpcpipe launch agent) starts "
+        "workers: forkserver forks each from one process that imported torch and the trainer once "
+        "(starts and restarts in well under a second each); spawn starts a fresh interpreter per "
+        "worker (~4 s of imports each). torchrun and srun start their own.",
+    )
     retain_host_memory: bool = Field(
         True,
         description="glibc: reuse freed host blocks up to 32 MiB instead of unmapping them, so CPU "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
 
 
@@ -14,6 +15,56 @@ def flush_and_exit(code: int) -> None:
         with contextlib.suppress(OSError, ValueError):
             stream.flush()
     os._exit(code)
+
+
+# A directory the local agent names for its forked workers' exit codes (one file per pid): they are
+# the fork server's children, so the agent cannot wait for them itself when it forwards a signal.
+EXIT_DIR_VAR = "HPCPIPE_EXIT_DIR"
+
+
+# Slurm signals every process of a job step (``--signal=USR1@90``, ``scancel --signal``), and a
+# terminal's Ctrl-C the whole process group: the fork server and multiprocessing's resource tracker
+# must outlive them, so the agent starts both with these ignored (an ignored signal stays ignored
+# across exec and fork), and a forked worker restores the defaults before it installs its handlers.
+SHIELDED_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)
+
+
+def restore_fresh_defaults() -> None:
+    """A forked worker's first step: what a fresh interpreter would have. The default signal
+    dispositions, and multiprocessing's platform default start method (a fork server's child
+    inherits "forkserver": its DataLoader workers would each wait for a new server's imports)."""
+    import multiprocessing
+
+    for sig in SHIELDED_SIGNALS:
+        signal.signal(sig, signal.SIG_DFL)
+    multiprocessing.set_start_method(None, force=True)
+
+
+def return_or_exit(code: int) -> None:
+    """How a worker forked from the agent's fork server ends: torch's elastic agent collects a
+    successful worker's return value, so code 0 returns; any other code leaves at once with it
+    (``os._exit``: no interpreter teardown, where gloo may abort)."""
+    report = os.environ.get(EXIT_DIR_VAR)
+    if report:
+        with contextlib.suppress(OSError):
+            path = os.path.join(report, str(os.getpid()))
+            with open(path + ".tmp", "w") as fh:
+                fh.write(str(code))
+            os.replace(path + ".tmp", path)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    if code != 0:
+        os._exit(code)
+
+
+def reported_exit_code(pid: int) -> int:
+    """The code a forked worker reported before it ended; 137 (killed) when it could not."""
+    try:
+        with open(os.path.join(os.environ.get(EXIT_DIR_VAR, ""), str(pid))) as fh:
+            return int(fh.read())
+    except (OSError, ValueError):
+        return 128 + 9
 
 
 PEER_LOST_EXIT_CODE = 4

@@ -11,6 +11,8 @@ from hpcpipe.layout import RunLayout
 from hpcpipe.train.environment import detect_environment
 
 WORKER_MODULE = "hpcpipe.launch.worker"
+# What every training worker imports, once in the agent's fork server (parallel.worker_start).
+WORKER_PRELOAD = ("hpcpipe.train.trainer", "torch._dynamo")
 
 
 class WorkerFailure(RuntimeError):
@@ -49,7 +51,14 @@ def run_job(job: JobConfig, max_restarts: int = 0) -> Path:
 
     from hpcpipe.launch.local import launch_local
 
-    code = launch_local(WORKER_MODULE, [str(config_path)], nproc=nproc, max_restarts=max_restarts)
+    code = launch_local(
+        WORKER_MODULE,
+        [str(config_path)],
+        nproc=nproc,
+        max_restarts=max_restarts,
+        start_method=job.parallel.worker_start,
+        preload=WORKER_PRELOAD,
+    )
     if code == USER_ERROR_EXIT_CODE:
         raise UserError(f"a worker rejected the job (see its message above); run dir: {run_dir}")
     if code != 0:

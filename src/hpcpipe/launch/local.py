@@ -8,6 +8,7 @@ times when a worker dies, and reports failures.
 from __future__ import annotations
 
 import uuid
+from typing import Literal
 
 from hpcpipe.launch.agent import AgentSpec, run_agent
 
@@ -19,8 +20,10 @@ def launch_local(
     max_restarts: int = 0,
     run_id: str | None = None,
     monitor_interval_s: float = 0.5,
+    start_method: Literal["forkserver", "spawn"] = "forkserver",
+    preload: tuple[str, ...] = (),
 ) -> int:
-    """Run ``python -m module args`` on ``nproc`` local ranks; returns the group's exit code.
+    """Run ``module``'s worker on ``nproc`` local ranks with ``args``; returns the group's exit code.
 
     Exit code: 0 when every rank succeeded; otherwise the first failed rank's code (so a
     worker's UserError exit 2 stays 2).
@@ -31,5 +34,7 @@ def launch_local(
         rdzv_id=run_id or f"hpcpipe-{uuid.uuid4().hex[:8]}",
         max_restarts=max_restarts,
         monitor_interval_s=monitor_interval_s,
+        start_method=start_method,
+        preload=preload,
     )
     return run_agent(spec, module, args)

@@ -1,7 +1,6 @@
-"""Worker entry point: ``python -m hpcpipe.launch.worker RUN_DIR/config.yaml``.
-
-Started by the local elastic agent, an external ``torchrun``, ``srun`` or the Kubeflow operator.
-It joins the group, trains, tears down and leaves through ``flush_and_exit``.
+"""Worker entry points: ``python -m hpcpipe.launch.worker RUN_DIR/config.yaml`` (an external
+``torchrun``, ``srun``, the Kubeflow operator) and ``forked_main`` (the local elastic agent's fork
+server). Either joins the group, trains, tears down and leaves without interpreter teardown.
 """
 
 from __future__ import annotations
@@ -12,7 +11,13 @@ from pathlib import Path
 
 from hpcpipe.config import JobConfig, load_config
 from hpcpipe.errors import USER_ERROR_EXIT_CODE, UserError
-from hpcpipe.launch.exit import PEER_LOST_EXIT_CODE, flush_and_exit, lost_a_peer
+from hpcpipe.launch.exit import (
+    PEER_LOST_EXIT_CODE,
+    flush_and_exit,
+    lost_a_peer,
+    restore_fresh_defaults,
+    return_or_exit,
+)
 from hpcpipe.layout import RunLayout
 from hpcpipe.train.environment import DistEnv, detect_environment, node_name
 from hpcpipe.train.preempt import INTERRUPT_EXIT_CODE, Preempted
@@ -88,7 +93,18 @@ def _record_group_start(run_dir: Path, world_size: int, hosts: list[str]) -> Non
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = sys.argv[1:] if argv is None else argv
+    """``python -m hpcpipe.launch.worker CONFIG`` (torchrun, srun, the operator, a spawned agent)."""
+    flush_and_exit(run(sys.argv[1:] if argv is None else argv))
+
+
+def forked_main(*args: str) -> None:
+    """A worker forked from the local agent's fork server (``launch/agent.py``)."""
+    restore_fresh_defaults()
+    return_or_exit(run(list(args)))
+
+
+def run(args: list[str]) -> int:
+    """Train the job of ``args`` as this rank; the exit code (see ARCHITECTURE.md, exit codes)."""
     code = 0
     try:
         if len(args) != 1:
@@ -108,7 +124,7 @@ def main(argv: list[str] | None = None) -> None:
 
         traceback.print_exc()
         code = PEER_LOST_EXIT_CODE if lost_a_peer(exc) else 1
-    flush_and_exit(code)
+    return code
 
 
 if __name__ == "__main__":

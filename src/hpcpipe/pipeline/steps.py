@@ -75,7 +75,9 @@ def train_outputs(ctx: StepContext) -> dict[str, str]:
     ckpt = newest_checkpoint(ctx)
     found = {"metrics": file_sha256(RunLayout(ctx.run_dir).metrics)}
     if ckpt is not None:
-        found["checkpoint"] = f"{ckpt.name}:{file_sha256(ckpt / 'manifest.json')}"
+        from hpcpipe.checkpoint.manifest import MANIFEST_NAME
+
+        found["checkpoint"] = f"{ckpt.name}:{file_sha256(ckpt / MANIFEST_NAME)}"
     return {k: v for k, v in found.items() if v}
 
 
