@@ -405,3 +405,27 @@ def test_blake3_without_the_package_names_the_key(tmp_path: Path, monkeypatch: p
     monkeypatch.setitem(sys.modules, "blake3", None)  # import blake3 -> ImportError
     with pytest.raises(CheckpointError, match=r"checkpoint\.hash=blake3 needs the blake3 package"):
         store_for(tmp_path, hash="blake3")
+
+
+def _statvfs_with_free(free: int) -> Any:
+    return lambda _path: os.statvfs_result((4096, 1, 0, 0, free, 0, 0, 0, 0, 255))
+
+
+@pytest.mark.parametrize(("free", "expected"), [(1 << 20, "No space left on device"), (1 << 30, "cut short")])
+def test_a_short_write_in_torchs_zip_writer_is_named_by_the_space_left(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, free: int, expected: str
+) -> None:
+    # What a full disk looked like once in CI: no OSError, a RuntimeError from inline_container.cc.
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from hpcpipe.checkpoint import store
+
+    short = RuntimeError("[enforce fail at inline_container.cc:671] . unexpected pos 704 vs 598")
+    exc = CheckpointException("save", {1: (short, None)})
+    monkeypatch.setattr(store.os, "statvfs", _statvfs_with_free(free))
+    cause = store._short_write(exc, tmp_path / ".tmp-step-00000004")
+    assert cause is not None and store._root_os_error(exc) is None
+    message = store._save_error_message(4, tmp_path, cause)
+    assert expected in message and message.endswith("earlier checkpoints are intact")
+    bug = CheckpointException("save", {0: (RuntimeError("a bug"), None)})
+    assert store._short_write(bug, tmp_path) is None

@@ -63,7 +63,9 @@ rank file clearly when it is not shared).
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -230,10 +232,11 @@ class CheckpointStore:
             dcp.save(state, storage_writer=writer, **self._dcp_group())
         except (CheckpointException, OSError) as exc:
             writer.hashing_fs.join_other_writers()
+            cause = _root_os_error(exc) or _short_write(exc, tmp)  # before the discard frees space
             self._discard(tmp)
-            if _root_os_error(exc) is None:
+            if cause is None:
                 raise  # not the disk: a bug, whose traceback is worth seeing
-            message = _save_error_message(step, tmp, exc)
+            message = _save_error_message(step, tmp, cause)
             self._event("checkpoint_save_failed", {"step": step, "error": message})
             raise CheckpointError(message) from None
         if self.save_point is not None:
@@ -545,6 +548,37 @@ def _save_error_message(step: int, tmp: Path, exc: BaseException) -> str:
     return f"checkpoint save of step {step} failed ({what}); earlier checkpoints are intact"
 
 
+# torch's zip writer reports a write the filesystem cut short (full, over quota, an I/O error) as
+# RuntimeError "[enforce fail at inline_container.cc] unexpected pos N vs M", not as an OSError.
+_SHORT_WRITE = "unexpected pos"
+_NEARLY_FULL_BYTES = 16 << 20  # less free than one more chunk of a shard: the disk filled
+
+
+def _short_write(exc: BaseException, tmp: Path) -> OSError | None:
+    """The OSError a short write in torch's zip writer stands for, or None if there was none."""
+    if not any(_SHORT_WRITE in str(e) for e in _chain(exc)):
+        return None
+    try:
+        stats = os.statvfs(tmp if tmp.exists() else tmp.parent)
+        free = stats.f_bavail * stats.f_frsize
+    except OSError:
+        return OSError(errno.EIO, "a checkpoint write was cut short", str(tmp))
+    if free < _NEARLY_FULL_BYTES:
+        return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp))
+    return OSError(errno.EIO, f"a checkpoint write was cut short ({free >> 20} MiB free)", str(tmp))
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """``exc``, every rank's failure inside a DCP CheckpointException, and their causes."""
+    found = [exc]
+    failures = getattr(exc, "failures", None)
+    if isinstance(failures, dict):
+        for _, (inner, _trace) in sorted(failures.items()):
+            found += _chain(inner)
+    cause = exc.__cause__ or exc.__context__
+    return found + (_chain(cause) if cause is not None else [])
+
+
 def _first_failure(exc: BaseException) -> str:
     """The first line of the first rank's error inside a DCP CheckpointException."""
     failures = getattr(exc, "failures", None)
@@ -559,13 +593,4 @@ def _first_failure(exc: BaseException) -> str:
 
 def _root_os_error(exc: BaseException) -> OSError | None:
     """The OSError behind a DCP CheckpointException (which wraps each rank's exception)."""
-    if isinstance(exc, OSError):
-        return exc
-    failures = getattr(exc, "failures", None)
-    if isinstance(failures, dict):
-        for _, (inner, _trace) in sorted(failures.items()):
-            found = _root_os_error(inner)
-            if found is not None:
-                return found
-    cause = exc.__cause__ or exc.__context__
-    return _root_os_error(cause) if cause is not None else None
+    return next((e for e in _chain(exc) if isinstance(e, OSError)), None)
