@@ -136,9 +136,11 @@ def _field_named(model: type[BaseModel], key: str) -> Any:
 
 
 def _parse_value(text: str, annotation: Any) -> Any:
-    """Strings stay strings for str fields; everything else is read as a YAML scalar/list."""
+    """Strings stay strings for str fields (``null`` clears an optional one); everything else is
+    read as a YAML scalar/list."""
     if _is_plain_str(annotation):
-        return text
+        optional = type(None) in typing.get_args(annotation)
+        return None if optional and text.strip() in {"null", "~"} else text
     try:
         return yaml.safe_load(text) if text.strip() else None
     except yaml.YAMLError:
