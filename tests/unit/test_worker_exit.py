@@ -72,3 +72,10 @@ def test_a_forked_worker_starts_with_a_fresh_interpreters_defaults() -> None:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         multiprocessing.set_start_method(method, force=True)
+
+
+def test_one_exit_directory_per_process_because_the_fork_server_outlives_a_run() -> None:
+    # A second run_agent in the same process reuses the running server, whose workers were told
+    # the first directory: a new one would lose their codes (read as 137, killed).
+    assert agent._exit_dir() == agent._exit_dir()
+    assert Path(agent._exit_dir()).is_dir()

@@ -18,6 +18,7 @@ What torchrun's agent does not do, and this one does:
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -115,6 +116,19 @@ def run_agent(spec: AgentSpec, module: str, args: list[str]) -> int:
     return 0
 
 
+@functools.cache
+def _exit_dir() -> str:
+    """This process's HPCPIPE_EXIT_DIR: made once, because the fork server outlives one
+    run_agent call (a later call reuses it, and the directory its workers were told)."""
+    import atexit
+    import shutil
+    import tempfile
+
+    path = tempfile.mkdtemp(prefix="hpcpipe-exit-")
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
+
+
 def _entry_point(spec: AgentSpec, module: str, args: list[str]) -> tuple[Any, tuple[str, ...]]:
     """What torch's agent starts for each worker, and its arguments.
 
@@ -127,11 +141,8 @@ def _entry_point(spec: AgentSpec, module: str, args: list[str]) -> tuple[Any, tu
     """
     if spec.start_method == "spawn":
         return sys.executable, ("-u", "-m", module, *args)
-    import atexit
     import importlib
     import multiprocessing
-    import shutil
-    import tempfile
     from multiprocessing import forkserver
 
     # torch logs a forked worker's non-zero exit with a traceback of its own polling code; the
@@ -139,9 +150,7 @@ def _entry_point(spec: AgentSpec, module: str, args: list[str]) -> tuple[Any, tu
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(_drop_exit_traceback)
     already = [name for name in ("torchvision", "transformers", "peft") if name in sys.modules]
     multiprocessing.set_forkserver_preload([module, *spec.preload, *already])
-    # before the server starts: its children see the environment it started with
-    os.environ[EXIT_DIR_VAR] = tempfile.mkdtemp(prefix="hpcpipe-exit-")
-    atexit.register(shutil.rmtree, os.environ[EXIT_DIR_VAR], ignore_errors=True)
+    os.environ[EXIT_DIR_VAR] = _exit_dir()  # before the server starts: its children see it
     shielded = {sig: signal.signal(sig, signal.SIG_IGN) for sig in SHIELDED_SIGNALS}
     try:
         forkserver.ensure_running()  # and the resource tracker: both ignore SHIELDED_SIGNALS
