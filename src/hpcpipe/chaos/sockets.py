@@ -22,6 +22,8 @@ from pathlib import Path
 from random import Random
 from typing import Any
 
+from hpcpipe.launch.agent import command_line
+
 LISTEN = "0A"  # the TCP state column of /proc/net/tcp{,6}
 
 
@@ -118,7 +120,7 @@ def workers(pids: list[int]) -> dict[int, int | None]:
     the agent's fork server (``parallel.worker_start``) got them after it started, where /proc
     does not show them: it is known by its parent, the fork server, and its port stays None."""
     found: dict[int, int | None] = {}
-    servers = {pid for pid in pids if "multiprocessing.forkserver" in _command_line(pid)}
+    servers = {pid for pid in pids if "multiprocessing.forkserver" in command_line(pid)}
     for pid in pids:
         with contextlib.suppress(OSError, ValueError):
             env = dict(
@@ -129,12 +131,6 @@ def workers(pids: list[int]) -> dict[int, int | None]:
             elif _parent(pid) in servers:
                 found[pid] = None
     return found
-
-
-def _command_line(pid: int) -> str:
-    with contextlib.suppress(OSError):
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    return ""
 
 
 def _parent(pid: int) -> int:

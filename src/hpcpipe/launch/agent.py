@@ -247,7 +247,7 @@ def _worker_pids() -> list[int]:
     tracker is neither)."""
     workers: list[int] = []
     for pid in _child_pids(os.getpid()):
-        command = _command_line(pid)
+        command = command_line(pid)
         if "multiprocessing.forkserver" in command:
             workers += _child_pids(pid)
         elif "multiprocessing.resource_tracker" not in command:
@@ -268,7 +268,8 @@ def _child_pids(parent: int) -> list[int]:
     return sorted(pids)
 
 
-def _command_line(pid: int) -> str:
+def command_line(pid: int) -> str:
+    """A process's command line, arguments joined by spaces ("" once it is gone)."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as fh:
             return fh.read().replace(b"\0", b" ").decode(errors="replace")
