@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcpipe.launch import agent
+from hpcpipe.launch import agent, fork_server
 from hpcpipe.launch.exit import (
     EXIT_DIR_VAR,
     SHIELDED_SIGNALS,
@@ -77,5 +77,5 @@ def test_a_forked_worker_starts_with_a_fresh_interpreters_defaults() -> None:
 def test_one_exit_directory_per_process_because_the_fork_server_outlives_a_run() -> None:
     # A second run_agent in the same process reuses the running server, whose workers were told
     # the first directory: a new one would lose their codes (read as 137, killed).
-    assert agent._exit_dir() == agent._exit_dir()
-    assert Path(agent._exit_dir()).is_dir()
+    assert fork_server.exit_dir() == fork_server.exit_dir()
+    assert Path(fork_server.exit_dir()).is_dir()

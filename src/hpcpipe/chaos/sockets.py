@@ -23,6 +23,7 @@ from random import Random
 from typing import Any
 
 from hpcpipe.launch.agent import command_line
+from hpcpipe.launch.fork_server import is_fork_server
 
 LISTEN = "0A"  # the TCP state column of /proc/net/tcp{,6}
 
@@ -120,7 +121,7 @@ def workers(pids: list[int]) -> dict[int, int | None]:
     the agent's fork server (``parallel.worker_start``) got them after it started, where /proc
     does not show them: it is known by its parent, the fork server, and its port stays None."""
     found: dict[int, int | None] = {}
-    servers = {pid for pid in pids if "multiprocessing.forkserver" in command_line(pid)}
+    servers = {pid for pid in pids if is_fork_server(pid, command_line(pid))}
     for pid in pids:
         with contextlib.suppress(OSError, ValueError):
             env = dict(

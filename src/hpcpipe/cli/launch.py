@@ -159,11 +159,12 @@ def agent(
 
     from hpcpipe.config import load_config
     from hpcpipe.launch.agent import AgentPreempted, AgentSpec, stop_early_on_preemption
-    from hpcpipe.launch.job import WORKER_PRELOAD
+    from hpcpipe.launch.job import WORKER_PRELOAD, prestart_node_fork_server
 
     job = load_config(config)  # bad config: one line, before anything starts
     preempted = job.fault.preempt_exit_code
     stop_early_on_preemption(preempted)  # until the workers run: a signal now is a clean 75
+    prestart_node_fork_server(job)  # before the data preparation computes anything
     low, _, high = nnodes.partition(":")
     if not (low.isdigit() and (high or low).isdigit()):
         raise UserError(f"--nnodes {nnodes}: give N or MIN:MAX")

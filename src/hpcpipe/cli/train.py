@@ -46,7 +46,10 @@ def train(
     sample.txt, checkpoints/. Running it again resumes from the newest verified checkpoint.
     A preempted run (SIGTERM/SIGUSR1) checkpoints and exits with fault.preempt_exit_code (75).
     """
+    from hpcpipe.launch.job import prestart_fork_server
+
     job = load_job(config, sets, nproc)
+    prestart_fork_server(job, max_restarts)  # before the data preparation computes anything
     run_dir, _ = _train(job, max_restarts)
     console.print(f"[green]done[/green]: {run_dir}")
 
@@ -92,13 +95,15 @@ def run(
 
       hpcpipe run quickstart --only report
     """
-    from hpcpipe.launch.job import WorkerFailure
+    from hpcpipe.launch.job import WorkerFailure, prestart_fork_server
     from hpcpipe.pipeline.engine import StepContext, run_pipeline
     from hpcpipe.pipeline.steps import STEPS
     from hpcpipe.train.environment import detect_environment
     from hpcpipe.train.preempt import Preempted
 
     job = load_job(config, sets, nproc)
+    if only in (None, "train"):
+        prestart_fork_server(job, max_restarts)  # before the prepare step computes anything
     ctx = StepContext(job, job.run_dir, max_restarts, say=lambda text: console.print(text, markup=False))
     env = detect_environment()
     if env.is_external and env.is_distributed:  # torchrun / srun started this on every rank

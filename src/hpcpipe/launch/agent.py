@@ -18,7 +18,6 @@ What torchrun's agent does not do, and this one does:
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import os
 import signal
@@ -28,12 +27,8 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any, Literal
 
-from hpcpipe.launch.exit import (
-    EXIT_DIR_VAR,
-    PEER_LOST_EXIT_CODE,
-    SHIELDED_SIGNALS,
-    reported_exit_code,
-)
+from hpcpipe.launch.exit import EXIT_DIR_VAR, PEER_LOST_EXIT_CODE, reported_exit_code
+from hpcpipe.launch.fork_server import exit_dir, is_fork_server, shielded
 
 
 @dataclass(frozen=True)
@@ -116,19 +111,6 @@ def run_agent(spec: AgentSpec, module: str, args: list[str]) -> int:
     return 0
 
 
-@functools.cache
-def _exit_dir() -> str:
-    """This process's HPCPIPE_EXIT_DIR: made once, because the fork server outlives one
-    run_agent call (a later call reuses it, and the directory its workers were told)."""
-    import atexit
-    import shutil
-    import tempfile
-
-    path = tempfile.mkdtemp(prefix="hpcpipe-exit-")
-    atexit.register(shutil.rmtree, path, ignore_errors=True)
-    return path
-
-
 def _entry_point(spec: AgentSpec, module: str, args: list[str]) -> tuple[Any, tuple[str, ...]]:
     """What torch's agent starts for each worker, and its arguments.
 
@@ -150,13 +132,10 @@ def _entry_point(spec: AgentSpec, module: str, args: list[str]) -> tuple[Any, tu
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(_drop_exit_traceback)
     already = [name for name in ("torchvision", "transformers", "peft") if name in sys.modules]
     multiprocessing.set_forkserver_preload([module, *spec.preload, *already])
-    os.environ[EXIT_DIR_VAR] = _exit_dir()  # before the server starts: its children see it
-    shielded = {sig: signal.signal(sig, signal.SIG_IGN) for sig in SHIELDED_SIGNALS}
-    try:
+    os.environ[EXIT_DIR_VAR] = exit_dir()  # before the server starts: its children see it
+    with shielded():
+        # A server `fork_server.prestart` forked is running already; otherwise multiprocessing's own.
         forkserver.ensure_running()  # and the resource tracker: both ignore SHIELDED_SIGNALS
-    finally:
-        for sig, handler in shielded.items():
-            signal.signal(sig, handler)
     return importlib.import_module(module).forked_main, tuple(args)
 
 
@@ -248,7 +227,7 @@ def _worker_pids() -> list[int]:
     workers: list[int] = []
     for pid in _child_pids(os.getpid()):
         command = command_line(pid)
-        if "multiprocessing.forkserver" in command:
+        if is_fork_server(pid, command):
             workers += _child_pids(pid)
         elif "multiprocessing.resource_tracker" not in command:
             workers.append(pid)

@@ -15,6 +15,27 @@ WORKER_MODULE = "hpcpipe.launch.worker"
 WORKER_PRELOAD = ("hpcpipe.train.trainer", "torch._dynamo")
 
 
+def prestart_fork_server(job: JobConfig, max_restarts: int = 0) -> None:
+    """Fork the workers' server from this process now, while it has only read its config
+    (``launch/fork_server.py``): the verbs that start local workers call it before the data
+    preparation. Nothing to do for one in-process worker, under an external launcher, or with
+    ``parallel.worker_start: spawn``."""
+    if detect_environment().is_external or (job.parallel.nproc == 1 and max_restarts == 0):
+        return
+    prestart_node_fork_server(job)
+
+
+def prestart_node_fork_server(job: JobConfig) -> None:
+    """``prestart_fork_server`` for a node agent (``hpcpipe launch agent``), which always starts
+    its workers through the fork server unless ``parallel.worker_start`` is spawn."""
+    if job.parallel.worker_start != "forkserver":
+        return
+    from hpcpipe.launch.fork_server import prestart
+    from hpcpipe.recipes.catalog import recipe_spec
+
+    prestart((WORKER_MODULE, *WORKER_PRELOAD, *recipe_spec(job.run.recipe).worker_imports))
+
+
 class WorkerFailure(RuntimeError):
     """The worker group ended with a non-zero exit code."""
 

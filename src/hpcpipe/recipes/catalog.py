@@ -36,6 +36,8 @@ class RecipeSpec:
     # The model is hpcpipe's own transformer, shaped by model.n_layers, d_model and seq_len: `hpcpipe
     # roofline` knows its operations and `presets list` shows that shape.
     own_transformer: bool = False
+    # Heavy libraries its workers import: the agent's fork server imports them once for all ranks.
+    worker_imports: tuple[str, ...] = ()
 
     @property
     def default_export(self) -> str | None:
@@ -61,6 +63,7 @@ RECIPES: dict[str, RecipeSpec] = {
             model_variants=("resnet18", "resnet18-imagenet"),
             data_formats=IMAGE_FORMATS,
             eval_metrics=("val_loss", "val_acc"),
+            worker_imports=("torchvision",),
         ),
         RecipeSpec(
             name="lora-function-calling",
@@ -71,6 +74,7 @@ RECIPES: dict[str, RecipeSpec] = {
             export_formats=("adapter", "merged"),
             evaluations=("function-calling",),
             needs_model_source=True,
+            worker_imports=("transformers", "peft"),
         ),
     )
 }

@@ -1,0 +1,143 @@
+"""The agent's fork server, forked from the launching process instead of started as a new one.
+
+``parallel.worker_start: forkserver`` forks every worker from one server process that imported
+torch and the trainer once. multiprocessing starts that server as a fresh ``python``, which
+imports torch all over again: about 2.4 s of CPU for every ``hpcpipe train --nproc N``, HPO trial
+and Slurm node, the largest fixed cost of a short run. The launching process has imported torch
+already, so ``prestart`` forks it into the server instead; the server then runs multiprocessing's
+own loop (``multiprocessing.forkserver.main``), and torch's elastic agent starts workers through
+the standard "forkserver" context, unchanged.
+
+Forking is only safe before this process has computed anything with torch: a process forked after
+an OpenMP parallel region hangs at its own first one (measured here: GNU libgomp, torch 2.15). So
+``prestart`` is called by the verbs that know they have only read their config yet (``hpcpipe
+train``, ``hpcpipe launch agent``), before the data preparation; everywhere else the agent starts
+multiprocessing's usual server. multiprocessing keeps its server's pid and address in private
+attributes: they are read and written here only, and on an interpreter where they are not what
+this module knows (``_KNOWN``) ``prestart`` leaves the usual server to the agent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import signal
+import socket
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from hpcpipe.launch.exit import EXIT_DIR_VAR, SHIELDED_SIGNALS
+
+# The forked server's process name (/proc/PID/comm, 15 characters at most): its command line is
+# the launcher's, so this is how the agent and the chaos harness tell it from the launcher.
+SERVER_NAME = "hpcpipe-forksrv"
+_KNOWN = ("_forkserver_address", "_forkserver_alive_fd", "_forkserver_pid", "_lock")
+
+
+@functools.cache
+def exit_dir() -> str:
+    """This process's HPCPIPE_EXIT_DIR: made once, because the fork server outlives one agent
+    run (a later run reuses it, and the directory its workers were told)."""
+    import atexit
+    import shutil
+    import tempfile
+
+    path = tempfile.mkdtemp(prefix="hpcpipe-exit-")
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
+
+
+@contextlib.contextmanager
+def shielded() -> Iterator[None]:
+    """SHIELDED_SIGNALS ignored while a server process starts (an ignored signal stays ignored
+    across fork and exec): Slurm signals every process of a step, and the server must live on."""
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in SHIELDED_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _state():  # type: ignore[no-untyped-def]
+    """multiprocessing's fork-server record, or None where it is not the one this module knows."""
+    if sys.version_info >= (3, 14):  # 3.14 authenticates the server: a key this fork would lack
+        return None
+    from multiprocessing import forkserver
+
+    state = getattr(forkserver, "_forkserver", None)
+    return state if state is not None and all(hasattr(state, a) for a in _KNOWN) else None
+
+
+def prestart(preload: Sequence[str]) -> bool:
+    """Fork this process into multiprocessing's fork server, with ``preload`` imported in it.
+
+    Call it only before this process computed anything with torch (see the module docstring).
+    True when the server runs (started now or before); False where the agent must start the usual
+    one (an unknown interpreter, or ``start_method`` spawn chosen by the caller).
+    """
+    state = _state()
+    if state is None:
+        return False
+    from multiprocessing import connection, resource_tracker, util
+
+    import torch  # noqa: F401  (in memory before the fork: what the server is for)
+
+    os.environ[EXIT_DIR_VAR] = exit_dir()  # the server's children, the workers, report there
+    with state._lock, shielded():
+        resource_tracker.ensure_running()  # one tracker for this process, the server and workers
+        if state._forkserver_pid is not None:
+            return True
+        address = connection.arbitrary_address("AF_UNIX")  # type: ignore[attr-defined]
+        listener = socket.socket(socket.AF_UNIX)
+        listener.bind(address)
+        if not util.is_abstract_socket_namespace(address):
+            os.chmod(address, 0o600)
+        listener.listen()
+        alive_r, alive_w = os.pipe()
+        for stream in (sys.stdout, sys.stderr):  # else the server's copy of a buffer prints again
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
+        pid = os.fork()
+        if pid == 0:
+            _serve(listener, alive_r, alive_w, preload)
+        os.close(alive_r)
+        listener.close()
+        state._forkserver_address, state._forkserver_alive_fd, state._forkserver_pid = address, alive_w, pid
+    return True
+
+
+def _serve(listener: socket.socket, alive_r: int, alive_w: int, preload: Sequence[str]) -> None:
+    """The forked server: multiprocessing's loop until the launcher closes its end of ``alive``."""
+    code = 0
+    try:
+        os.close(alive_w)
+        with contextlib.suppress(OSError):
+            Path("/proc/self/comm").write_text(SERVER_NAME)
+        from multiprocessing import forkserver
+
+        forkserver.main(listener.fileno(), alive_r, list(preload))
+    except SystemExit as exc:  # how the loop ends when the launcher goes
+        code = exc.code if isinstance(exc.code, int) else 0
+    except BaseException:
+        code = 1
+    os._exit(code)
+
+
+def server_pid() -> int | None:
+    """The pid of this process's fork server, if one runs (forked or multiprocessing's own)."""
+    state = _state()
+    return getattr(state, "_forkserver_pid", None) if state is not None else None
+
+
+def is_fork_server(pid: int, command: str) -> bool:
+    """Whether ``pid`` (with its ``command`` line) is a fork server: multiprocessing's own or one
+    that ``prestart`` forked."""
+    if "multiprocessing.forkserver" in command:
+        return True
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip() == SERVER_NAME
+    except OSError:
+        return False
