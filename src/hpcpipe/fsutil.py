@@ -26,6 +26,17 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def machine_cache_dir() -> Path | None:
+    """Where hpcpipe keeps what it built and every run on this machine may reuse (the pre-trained
+    ``@tiny-llama``): ``$HPCPIPE_CACHE_DIR``, else ``$XDG_CACHE_HOME/hpcpipe``, else
+    ``~/.cache/hpcpipe``. ``HPCPIPE_CACHE_DIR=`` (empty) turns it off: None."""
+    chosen = os.environ.get("HPCPIPE_CACHE_DIR")
+    if chosen is not None:
+        return Path(chosen).expanduser() if chosen else None
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "hpcpipe"
+
+
 @contextlib.contextmanager
 def atomic_replace_dir(final: Path) -> Iterator[Path]:
     """Yield a temporary sibling directory; on success it becomes ``final`` with one rename.

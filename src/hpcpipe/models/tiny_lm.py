@@ -13,18 +13,23 @@ Two flavours:
   seed (``SYSTEM: ... USER: ... ASSISTANT: <functioncall> ...``), never on hpcpipe's chat template
   and never on the run's own rows. Like a real base model it has seen calls but not the format it
   is asked for, so LoRA has something to teach and can learn it in a test's time: a random base
-  only learns to refuse (measured: 49% call/no-call after 120 steps, all refusals).
+  only learns to refuse (measured: 49% call/no-call after 120 steps, all refusals). Pre-training
+  takes about 1.5 minutes, so this flavour is also kept once per machine
+  (``fsutil.machine_cache_dir``, ``~/.cache/hpcpipe`` by default) and copied into a new
+  ``prepared_dir``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
-from hpcpipe.fsutil import atomic_replace_dir
+from hpcpipe.fsutil import atomic_replace_dir, machine_cache_dir
 
 TINY_NAME = "@tiny-llama"
 TINY_RANDOM_NAME = "@tiny-llama-random"
@@ -59,12 +64,49 @@ def tiny_llama_dir(root: Path, texts: Sequence[str], seed: int, pretrain_texts: 
     out = root / f"tiny-llama-{key.hexdigest()[:16]}"
     if (out / "model.safetensors").is_file():
         return out
+    # The pre-trained flavour costs minutes: built once per machine, then copied (same inputs, same
+    # name: the name is their hash). The random one takes a second and is not kept.
+    kept = _machine_copy(out.name) if pretrain_texts else None
     with atomic_replace_dir(out) as tmp:
-        _write_tokenizer(texts, tmp)
-        _write_model(tmp, seed)
-        if pretrain_texts:
-            _pretrain(tmp, pretrain_texts, seed)
+        if kept is not None:
+            shutil.copytree(kept, tmp, dirs_exist_ok=True)
+        else:
+            _write_tokenizer(texts, tmp)
+            _write_model(tmp, seed)
+            if pretrain_texts:
+                _pretrain(tmp, pretrain_texts, seed)
+    if pretrain_texts and kept is None:
+        _keep_on_machine(out)
     return out
+
+
+def _machine_entry(name: str) -> Path | None:
+    """Where this machine keeps the model ``name`` (fsutil.machine_cache_dir), None if caching is
+    off. ``name`` hashes the inputs; the entry also carries what else decides the weights (torch,
+    transformers, this module's code), so an upgrade or an edit never serves a stale model."""
+    import transformers
+
+    cache = machine_cache_dir()
+    if cache is None:
+        return None
+    stamp = hashlib.sha256(f"{torch.__version__}\0{transformers.__version__}\0".encode())
+    stamp.update(Path(__file__).read_bytes())
+    return cache / "models" / f"{name}-{stamp.hexdigest()[:8]}"
+
+
+def _machine_copy(name: str) -> Path | None:
+    """This machine's kept copy of the model ``name``, if complete."""
+    kept = _machine_entry(name)
+    return kept if kept is not None and (kept / "model.safetensors").is_file() else None
+
+
+def _keep_on_machine(built: Path) -> None:
+    """Copy a built model into the machine cache; best effort (a read-only home only costs time)."""
+    entry = _machine_entry(built.name)
+    if entry is None:
+        return
+    with contextlib.suppress(OSError), atomic_replace_dir(entry) as tmp:
+        shutil.copytree(built, tmp, dirs_exist_ok=True)
 
 
 def _write_tokenizer(texts: Sequence[str], out: Path) -> None:
