@@ -1,4 +1,4 @@
-"""The per-node agent: torch.distributed's elastic agent, plus the two things it gets wrong for us.
+"""The per-node agent: torch.distributed's elastic agent, plus the three things it gets wrong for us.
 
 One agent runs on each node (``srun --ntasks-per-node=1 hpcpipe launch agent ...``, or the
 local ``hpcpipe train --nproc N``). It starts the node's workers, joins the c10d rendezvous on the
@@ -13,6 +13,8 @@ What torchrun's agent does not do, and this one does:
    Here the handler forwards the signal to the workers, waits for them to checkpoint and exit
    (up to ``grace_s``), and the agent exits with *their* code.
 2. **The code of the first failed worker** (a worker's UserError exit 2 stays 2), instead of 1.
+3. **A SIGSTOPped worker ends when the group is torn down** (``launch/stopped.py``), instead of
+   holding the restart for the whole shutdown timeout until SIGKILL.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from typing import Any, Literal
 
 from hpcpipe.launch.exit import EXIT_DIR_VAR, PEER_LOST_EXIT_CODE, reported_exit_code
 from hpcpipe.launch.fork_server import exit_dir, is_fork_server, shielded
+from hpcpipe.launch.stopped import continuing_stopped_workers
 
 
 @dataclass(frozen=True)
@@ -92,7 +95,8 @@ def run_agent(spec: AgentSpec, module: str, args: list[str]) -> int:
     forward = _forward_and_wait(spec.grace_s, spec.preempt_exit_code)
     previous = {sig: signal.signal(sig, forward) for sig in spec.preempt_signals}
     try:
-        elastic_launch(config, entry)(*entry_args)
+        with continuing_stopped_workers(_worker_pids):  # a SIGSTOPped rank must still end on SIGTERM
+            elastic_launch(config, entry)(*entry_args)
     except AgentPreempted as exc:
         return exc.exit_code
     except ChildFailedError as exc:
