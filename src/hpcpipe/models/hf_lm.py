@@ -29,6 +29,7 @@ class ModelSource:
     path: str
     gguf_file: str | None
     random_weights: bool = False  # @random:<shape>: config only, weights initialised with seed 0
+    cache_dir: str | None = None  # a GGUF file's de-quantised copies are kept here (gguf_cache.py)
 
     def kwargs(self) -> dict[str, Any]:
         kwargs: dict[str, Any] = {"local_files_only": True}
@@ -51,14 +52,15 @@ def resolve_source(cfg: ModelConfig, prepared_dir: str) -> ModelSource:
     if name.startswith(RANDOM_PREFIX):
         return ModelSource(str(random_model_dir(name, Path(prepared_dir) / "models")), None, True)
     gguf = cfg.gguf_file
+    models = str(Path(prepared_dir) / "models")
     if gguf and Path(gguf).is_file() and not name:
-        return ModelSource(str(Path(gguf).parent), Path(gguf).name)
+        return ModelSource(str(Path(gguf).parent), Path(gguf).name, cache_dir=models)
     if gguf:
         directory = Path(name) if name else Path(gguf).parent
         file = directory / Path(gguf).name
         if not file.is_file():
             raise ConfigError(f"model.gguf_file: {file} does not exist")
-        return ModelSource(str(directory), Path(gguf).name)
+        return ModelSource(str(directory), Path(gguf).name, cache_dir=models)
     if Path(name).exists():
         if not (Path(name) / "config.json").is_file():
             raise ConfigError(f"model.name_or_path: {name} has no config.json (not a transformers model)")
@@ -72,7 +74,12 @@ def load_tokenizer(source: ModelSource) -> Any:
     from transformers import AutoTokenizer
 
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source.path, **source.kwargs())
+        tokenizer = _via_gguf_cache(
+            source,
+            "tokenizer",
+            lambda: AutoTokenizer.from_pretrained(source.path, **source.kwargs()),
+            lambda kept: AutoTokenizer.from_pretrained(kept, local_files_only=True),
+        )
     except OSError as exc:
         raise ConfigError(
             f"model.name_or_path: cannot load a tokenizer from {source.path} ({_first_line(exc)})"
@@ -88,17 +95,55 @@ def load_base_model(source: ModelSource, base_dtype: str) -> nn.Module:
 
     if source.random_weights:
         return _random_model(source, base_dtype)
-    try:
+
+    def load(path: str | Path, dtype: str, **kwargs: Any) -> nn.Module:
         with quiet_hf():
-            model = AutoModelForCausalLM.from_pretrained(
-                source.path, dtype=DTYPES[base_dtype], attn_implementation="sdpa", **source.kwargs()
+            return AutoModelForCausalLM.from_pretrained(
+                path, dtype=DTYPES[dtype], attn_implementation="sdpa", **kwargs
             )
+
+    try:
+        if source.gguf_file and source.cache_dir:
+            # GGUF de-quantises to fp32 whatever the dtype asked (the whole model, in memory):
+            # that exact copy is kept, and every dtype is cast from it.
+            model = _via_gguf_cache(
+                source,
+                "model",
+                lambda: load(source.path, "fp32", **source.kwargs()),
+                lambda kept: load(kept, base_dtype, local_files_only=True),
+                _save_dequantized,
+            ).to(DTYPES[base_dtype])
+        else:
+            model = load(source.path, base_dtype, **source.kwargs())
     except ImportError as exc:  # gguf / accelerate missing
         raise ConfigError(f"model.gguf_file: {_first_line(exc)} (pip install 'hpcpipe[lora]')") from None
     except OSError as exc:
         raise ConfigError(f"model.name_or_path: cannot load {source.path} ({_first_line(exc)})") from None
     model.config.use_cache = False  # training: no KV cache
+    model.config._name_or_path = source.path  # an adapter names the model it was trained on
     return model
+
+
+def _save_dequantized(model: Any, out: Path) -> None:
+    """A model de-quantised from GGUF as a plain checkpoint: transformers will not save_pretrained
+    it (its quantizer says "not serializable"), though its weights are ordinary tensors by now."""
+    from safetensors.torch import save_model
+
+    config = model.config.to_dict()
+    config.pop("quantization_config", None)  # the copy is plain fp32 weights
+    type(model.config).from_dict(config).save_pretrained(out)
+    save_model(model, str(out / "model.safetensors"))  # tied embeddings stored once
+
+
+def _via_gguf_cache(source: ModelSource, part: str, load_file: Any, load_kept: Any, save: Any = None) -> Any:
+    """``load_file()``, or for a GGUF source its de-quantised copy (``gguf_cache.py``)."""
+    if not source.gguf_file:
+        return load_file()
+    from hpcpipe.models.gguf_cache import cached_load
+
+    gguf = Path(source.path) / source.gguf_file
+    cache = Path(source.cache_dir) if source.cache_dir else None
+    return cached_load(gguf, cache, part, load_file, load_kept, save)
 
 
 def _random_model(source: ModelSource, base_dtype: str) -> nn.Module:
