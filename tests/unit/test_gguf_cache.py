@@ -1,6 +1,6 @@
 """The GGUF cache's bookkeeping (``models/gguf_cache.py``), with stand-in loaders: the first load
 keeps what it built, the next reads it back, another file content is another entry, and
-HPCPIPE_GGUF_CACHE=0 turns it off. tests/e2e/test_gguf_cache.py loads the real SmolLM2 file."""
+HPCPIPE_GGUF_CACHE=0 turns it off. tests/e2e/test_gguf_dequantised_once.py loads the real SmolLM2 file."""
 
 from __future__ import annotations
 

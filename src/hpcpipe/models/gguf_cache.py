@@ -5,7 +5,7 @@ Q4_1 file costs 15 s of CPU per load and its tokenizer 3.4 s more (measured on 2
 every rank, every restart, every evaluation and every export. The first load here keeps what it
 built under ``<data.prepared_dir>/models/gguf-<hash>/`` (the model as the fp32 weights GGUF
 de-quantises to, and the tokenizer), keyed by the file's content and the transformers version;
-later loads read that directory in under a second and cast to the dtype they need. The GGUF file
+later loads read that directory in about a second and cast to the dtype they need. The GGUF file
 stays the source of truth: a changed file has another hash. ``HPCPIPE_GGUF_CACHE=0`` loads the
 file every time.
 """
