@@ -17,6 +17,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from tests.helpers import start_ranks
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
 from hpcpipe.checkpoint import CheckpointStore, capture_rng_state
@@ -108,7 +109,7 @@ def _worker(rank: int, world: int, port: int, scenario: str, root: str) -> None:
 
 def spawn(scenario: str, root: Path, world: int = 2) -> None:
     port = free_port()
-    mp.spawn(_worker, args=(world, port, scenario, str(root)), nprocs=world, join=True)
+    start_ranks(_worker, (world, port, scenario, str(root)), world)
 
 
 def _ddp_save(rank: int, world: int, root: Path) -> None:

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
+from tests.helpers import start_ranks
 from torch import nn
 
 from hpcpipe.observe.watchdog import Watchdog
@@ -241,7 +241,7 @@ def build_initial_inp_weight() -> torch.Tensor:
 def spawn(fn: Callable[..., None], out: Path, *args: Any) -> None:
     """Run ``fn(rank, *args, out)`` on every rank; a failure shows the watchdog's stack dumps."""
     try:
-        mp.spawn(fn, args=(*args, str(out)), nprocs=WORLD, join=True)
+        start_ranks(fn, (*args, str(out)), WORLD)
     except Exception:
         for dump in sorted(out.glob("hang-rank*.txt")):
             print(dump.read_text(), file=sys.stderr)

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
-from tests.helpers import run_cli
+from tests.helpers import run_cli, start_ranks
 
 from hpcpipe.data.images.generator import write_dataset
 from hpcpipe.netutil import free_port
@@ -119,10 +119,8 @@ def _bn_worker(rank: int, port: int, tmp: str, strategy: str, broadcast: str) ->
 def test_batchnorm_buffers_agree_across_ranks_with_the_recipe_default(
     tmp: Path, strategy: str, broadcast: str
 ) -> None:
-    import torch.multiprocessing as mp
-
     port = free_port()
-    mp.start_processes(_bn_worker, args=(port, str(tmp), strategy, broadcast), nprocs=2, start_method="spawn")
+    start_ranks(_bn_worker, (port, str(tmp), strategy, broadcast), 2)
     diff = json.loads((tmp / f"bn-{strategy}-{broadcast}.json").read_text())["max_diff"]
     if broadcast == "null":  # resnet-cifar broadcasts rank 0's buffers: one model on every rank
         assert diff == 0.0
