@@ -17,10 +17,16 @@ def run_cli(
     prefix: list[str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """Run ``python -m hpcpipe ARGS`` as a user would (after ``prefix``, e.g. ``nice``); returns
-    the completed process."""
+    the completed process. It is forked from this test process's CLI zygote (``tests/cli_zygote.py``:
+    torch and the trainer imported once), or a fresh interpreter with a ``prefix`` or with
+    ``HPCPIPE_TEST_FRESH_CLI=1``."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID"):
         full_env.pop(var, None)
+    if prefix is None and os.environ.get("HPCPIPE_TEST_FRESH_CLI") != "1":
+        from tests.cli_zygote import run_forked
+
+        return run_forked(list(args), cwd=cwd or Path.cwd(), env=full_env, timeout=timeout)
     return subprocess.run(
         [*(prefix or []), sys.executable, "-m", "hpcpipe", *args],
         cwd=cwd,
