@@ -19,7 +19,7 @@ export UV_PROJECT_ENVIRONMENT := $(VENV)
 # per `hpcpipe train`, hundreds of times in the suite.
 SYNC := $(UV) sync --frozen --compile-bytecode --python $(PYTHON)
 
-.PHONY: run test test-fast bytecode install install-test lint typecheck lock test-latest test-lowest bench clean fc-assets system-deps dashboard
+.PHONY: run test test-fast bytecode install install-test kfp-env chart lint typecheck lock test-latest test-lowest bench clean fc-assets system-deps dashboard
 
 # uv itself, pinned, in its own small environment (bootstrapped with the machine's pip).
 $(UV):
@@ -42,6 +42,18 @@ $(VENV)/.installed-test: $(UV) uv.lock pyproject.toml
 install: $(VENV)/.installed
 install-test: $(VENV)/.installed-test
 
+# `hpcpipe launch kfp` compiles with the kfp SDK, which conflicts with the k8s extra: its own
+# environment, the lock's `kfp` group alone (no hpcpipe, no torch; ~5 s from uv's cache).
+KFP_VENV := .venv-kfp
+$(KFP_VENV)/.installed: $(UV) uv.lock pyproject.toml
+	UV_PROJECT_ENVIRONMENT=$(KFP_VENV) $(UV) sync --frozen --only-group kfp --no-install-project --python $(PYTHON) -q
+	touch $@
+kfp-env: $(KFP_VENV)/.installed
+
+# deploy/helm/hpcpipe as dist/hpcpipe-<version>.tgz, by Helm's own engine (no helm binary, no network).
+chart: install-test
+	$(BIN)/python -c "import helm_python as h; print(h.package('deploy/helm/hpcpipe', destination='dist'))"
+
 run: install
 	$(BIN)/hpcpipe run quickstart
 
@@ -59,7 +71,7 @@ bytecode: install-test
 # another's compute. Lint runs beside the suite (mypy from a cold cache is a minute of one core,
 # about 30 s of wall time this way); its output follows the suite's, and either failing fails.
 PYTEST_WORKERS ?= 2
-test: install-test fc-assets system-deps bytecode
+test: install-test kfp-env fc-assets system-deps bytecode
 	@$(MAKE) --no-print-directory lint > .lint.log 2>&1 & lint=$$!; \
 	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder; suite=$$?; \
 	wait $$lint; linted=$$?; echo "--- lint (make lint):"; cat .lint.log; \
@@ -132,4 +144,4 @@ dashboard: install-test
 	$(BIN)/python scripts/build_dashboard.py
 
 clean:
-	rm -rf $(VENV) .venv-latest .venv-lowest $(TOOLS) .cache runs data .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(KFP_VENV) dist .venv-latest .venv-lowest $(TOOLS) .cache runs data .pytest_cache .mypy_cache .ruff_cache

@@ -59,6 +59,8 @@ Top level of ``<run_dir>/`` (name: who writes it -> who reads it)
   (SLURM_JOB): a single-run Slurm submission (a job array puts them in its sweep directory).
   launch.slurm, cli launch slurm -> Slurm, launch.slurm_jobs (``hpcpipe jobs``).
 - ``k8s.yaml`` (K8S_MANIFEST): the rendered manifests. cli launch k8s -> kubectl, people.
+- ``helm-values.yaml`` (HELM_VALUES): the Helm chart's values. cli launch helm-values -> helm, people.
+- ``pipeline.yaml`` (KFP_PIPELINE): the compiled Kubeflow pipeline. cli launch kfp -> KFP, people.
 - ``k8s_job.json`` (K8S_JOB): the submitted Kubernetes job. launch.k8s_cluster
   -> cli jobs, launch.k8s_cluster.
 
@@ -105,6 +107,8 @@ class RunLayout:
     SLURM_SCRIPT: ClassVar[str] = "job.sbatch"
     SLURM_JOB: ClassVar[str] = "slurm_job.json"
     K8S_MANIFEST: ClassVar[str] = "k8s.yaml"
+    HELM_VALUES: ClassVar[str] = "helm-values.yaml"
+    KFP_PIPELINE: ClassVar[str] = "pipeline.yaml"
     K8S_JOB: ClassVar[str] = "k8s_job.json"
     # Computed names: str.format templates (HANG_DUMP) and Slurm filename patterns (SLURM_OUTPUT).
     HANG_DUMP: ClassVar[str] = "hang-rank{rank}.txt"
@@ -123,7 +127,8 @@ class RunLayout:
     ENTRIES: ClassVar[tuple[str, ...]] = (
         CONFIG, LINEAGE, METRICS, METRICS_CSV, EVENTS, CHECKPOINTS, EXPORT, EVAL, FC_EVAL,
         FC_EVAL_BASE, REPORT, SUMMARY, LOSS_CURVE, SAMPLE, DATA_REPORT, LORA_SUMMARY, PROFILE,
-        TENSORBOARD, TRACKING, TRAIN_LOG, SWEEP_POINT, SLURM_SCRIPT, SLURM_JOB, K8S_MANIFEST, K8S_JOB,
+        TENSORBOARD, TRACKING, TRAIN_LOG, SWEEP_POINT, SLURM_SCRIPT, SLURM_JOB, K8S_MANIFEST, HELM_VALUES,
+        KFP_PIPELINE, K8S_JOB,
     )  # fmt: skip
     PATTERNS: ClassVar[tuple[str, ...]] = ("hang-rank*.txt", "slurm-*.out")
     # The names inside each folder, for the folders whose contents the layout names.
@@ -204,6 +209,14 @@ class RunLayout:
     @property
     def k8s_manifest(self) -> Path:
         return self.root / self.K8S_MANIFEST
+
+    @property
+    def helm_values(self) -> Path:
+        return self.root / self.HELM_VALUES
+
+    @property
+    def kfp_pipeline(self) -> Path:
+        return self.root / self.KFP_PIPELINE
 
     @property
     def k8s_job(self) -> Path:

@@ -27,6 +27,7 @@ from hpcpipe.cli.common import (
 from hpcpipe.errors import UserError
 
 if TYPE_CHECKING:
+    from hpcpipe.config import JobConfig
     from hpcpipe.hpo.study import StudyPlan
 
 app = typer.Typer(
@@ -376,6 +377,22 @@ def launch_katib(
             "--out", "-o", help="Write the YAML here instead of standard output.", show_default=False
         ),
     ] = None,
+    submit: Annotated[
+        bool,
+        typer.Option("--submit", help="Create the ConfigMap and the Experiment (in-cluster or $KUBECONFIG)."),
+    ] = False,
+    wait: Annotated[
+        bool, typer.Option("--wait", help="With --submit: wait until the Experiment ends.")
+    ] = False,
+    best: Annotated[
+        Path | None,
+        typer.Option(
+            "--best",
+            help='With --wait: write the best trial\'s values here as JSON {"key": value} '
+            "(hpcpipe run --params reads it).",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Render the study as a Katib Experiment (Kubeflow) with its base-config ConfigMap.
 
@@ -393,17 +410,47 @@ def launch_katib(
     from hpcpipe.hpo.katib import experiment_warnings, render_experiment
     from hpcpipe.launch.kubernetes import to_yaml
 
+    if (wait and not submit) or (best is not None and not wait):
+        raise UserError("--wait needs --submit, and --best needs --wait")
     job = load_job(config, [*(sets or []), *([f"hpo.n_trials={trials}"] if trials else [])])
     docs = render_experiment(job, parallel_trials=workers, namespace=namespace)
     for line in experiment_warnings(job):
         err_console.print(f"note: {escape(line)}")
     text = to_yaml(docs)
+    if submit:
+        _submit_experiment(job, docs, wait, best)
+        return
     if out is None:
         sys.stdout.write(text)
         return
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
     _say(f"wrote {out}: kubectl apply -f {out}")
+
+
+def _submit_experiment(job: JobConfig, docs: list[dict[str, Any]], wait: bool, best: Path | None) -> None:
+    """Create the Experiment; with ``wait``, follow it to its end and write the best values."""
+    import json
+
+    from hpcpipe.hpo.katib import best_parameters
+    from hpcpipe.launch import k8s_cluster
+    from hpcpipe.launch.k8s_train import POLL_VAR
+
+    k8s_cluster.require_client()
+    connection = k8s_cluster.connect()
+    ref = k8s_cluster.create(connection, docs)
+    _say(f"created Experiment {ref.namespace}/{ref.name}")
+    if not wait:
+        return
+    try:
+        experiment = k8s_cluster.wait(connection, ref, poll_s=float(os.environ.get(POLL_VAR, "10")), say=_say)
+    except k8s_cluster.JobFailed as exc:
+        raise UserError(str(exc)) from None
+    values = best_parameters(job, experiment)
+    _say(f"best trial: {', '.join(f'{k}={v}' for k, v in values.items())}")
+    if best is not None:
+        best.parent.mkdir(parents=True, exist_ok=True)
+        best.write_text(json.dumps(values, indent=1) + "\n")
 
 
 def _fmt(value: Any) -> str:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from hpcpipe.cli import launch_k8s
+from hpcpipe.cli import launch_k8s, launch_kfp
 from hpcpipe.cli.common import ConfigArg, GridOption, SetOption, console, err_console, scheduler_overrides
 from hpcpipe.errors import UserError
 from hpcpipe.layout import RunLayout
@@ -23,6 +23,8 @@ app = typer.Typer(
     no_args_is_help=True,
 )
 app.command("k8s")(launch_k8s.k8s)
+app.command("helm-values")(launch_k8s.helm_values)
+app.command("kfp")(launch_kfp.kfp)
 
 
 @app.command("slurm")

@@ -1,4 +1,5 @@
-"""`hpcpipe launch k8s`: render (and optionally submit) Kubeflow manifests for a job."""
+"""`hpcpipe launch k8s`: render (and optionally submit) Kubeflow manifests for a job;
+`hpcpipe launch helm-values`: the same job as values of the Helm chart."""
 
 from __future__ import annotations
 
@@ -100,3 +101,82 @@ def k8s(
     console.print(f"follow it: hpcpipe jobs status {job.run_dir}; hpcpipe jobs logs {job.run_dir}")
     if not job.launch.k8s.checkpoint_pvc:
         err_console.print("note: launch.k8s.checkpoint_pvc is unset: checkpoints stay on the pods' own disks")
+
+
+def helm_values(
+    config: ConfigArg,
+    sets: SetOption = None,
+    api: Annotated[
+        str,
+        typer.Option(
+            help="trainjob (Kubeflow Trainer v2) or pytorchjob (Training Operator v1, elastic MIN:MAX)."
+        ),
+    ] = "trainjob",
+    runtime: Annotated[
+        bool,
+        typer.Option("--runtime", help="Install the hpcpipe-torch ClusterTrainingRuntime with the release."),
+    ] = False,
+    monitoring: Annotated[
+        bool,
+        typer.Option(
+            "--monitoring",
+            help="Also create the PodMonitor, alert rules and Grafana dashboard "
+            "(needs observe.prometheus.port).",
+        ),
+    ] = False,
+    nodes: Annotated[
+        str | None, typer.Option(help="Nodes: N or MIN:MAX (overrides parallel.nnodes).", show_default=False)
+    ] = None,
+    gpus_per_node: Annotated[
+        int | None, typer.Option(help="Overrides launch.k8s.gpus_per_node.", show_default=False)
+    ] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "-o",
+            "--out",
+            help="Write the values here (default: <run dir>/helm-values.yaml); - prints them.",
+            show_default=False,
+        ),
+    ] = None,
+) -> None:
+    """Values for the Helm chart (deploy/helm/hpcpipe) that make the same job `launch k8s` renders:
+    the resolved config, image, nodes, GPUs, claims, node cache, environment and scheduling of the
+    config's launch.k8s section. Checked as `launch k8s` checks a job; nothing is written on an error.
+
+      hpcpipe launch helm-values job.yaml --nodes 4 --gpus-per-node 8 -o values.yaml
+
+      helm install my-job deploy/helm/hpcpipe -n ml-training -f values.yaml --set resources.gpu.count=8
+    """
+    import yaml
+
+    from hpcpipe.config import load_config
+    from hpcpipe.launch import k8s_cluster
+    from hpcpipe.launch.helm_values import helm_values as build_values
+    from hpcpipe.launch.helm_values import values_header
+    from hpcpipe.launch.kubernetes import APIS
+
+    if api not in APIS:
+        raise UserError(f"--api {api}: use trainjob or pytorchjob")
+    job = load_config(
+        config, [*(sets or []), *scheduler_overrides(nodes, gpus_per_node, "launch.k8s.gpus_per_node")]
+    )
+    if monitoring and job.observe.prometheus.port is None:
+        raise UserError("--monitoring: set observe.prometheus.port (and observe.prometheus.host=0.0.0.0)")
+    k8s_cluster.require_client()  # the operators' models check the job (the k8s extra)
+    values = build_values(job, api, runtime, monitoring)  # type: ignore[arg-type]  # checked against APIS
+    target = "-" if out is not None and str(out) == "-" else str(out or RunLayout(job.run_dir).helm_values)
+    text = values_header(job, values["nameOverride"], target) + yaml.safe_dump(
+        values, sort_keys=False, width=100
+    )
+    if target == "-":
+        typer.echo(text, nl=False)
+        return
+    path = Path(target)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    console.print(f"wrote {path}")
+    console.print(
+        f"install it: helm install {values['nameOverride']} deploy/helm/hpcpipe "
+        f"-n {job.launch.k8s.namespace} -f {path}"
+    )

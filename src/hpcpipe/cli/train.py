@@ -18,6 +18,7 @@ from hpcpipe.cli.common import (
     load_job,
 )
 from hpcpipe.config import JobConfig
+from hpcpipe.errors import UserError
 
 if TYPE_CHECKING:  # the CLI imports torch only inside the verbs
     from hpcpipe.launch.job import WorkerFailure
@@ -67,6 +68,37 @@ OnlyOption = Annotated[
     str | None,
     typer.Option("--only", help="Run this one step (the steps before it must have run).", show_default=False),
 ]
+OnOption = Annotated[
+    str,
+    typer.Option(
+        "--on",
+        help="local: train on local workers. k8s: the train step creates the job `launch k8s` renders "
+        "(in-cluster or $KUBECONFIG) and waits for it; each pod stages its own node's data.",
+    ),
+]
+ApiOption = Annotated[str, typer.Option("--api", help="With --on k8s: trainjob or pytorchjob.")]
+RecordOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--record", help="With --only: write the step's lineage record here (JSON).", show_default=False
+    ),
+]
+UpstreamOption = Annotated[
+    list[Path] | None,
+    typer.Option(
+        "--upstream",
+        help="An upstream step's record (--record): its outputs must be the run directory's (repeatable).",
+        show_default=False,
+    ),
+]
+ParamsOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--params",
+        help='JSON {"dotted.key": value} applied as --set (Katib\'s best trial).',
+        show_default=False,
+    ),
+]
 
 
 def run(
@@ -76,6 +108,11 @@ def run(
     max_restarts: MaxRestartsOption = 0,
     start: StepOption = None,
     only: OnlyOption = None,
+    on: OnOption = "local",
+    api: ApiOption = "trainjob",
+    record: RecordOption = None,
+    upstream: UpstreamOption = None,
+    params: ParamsOption = None,
 ) -> None:
     """Run the whole job as a pipeline: prepare → stage → train → evaluate → export → register →
     report. Each step records its inputs and outputs (hashes) in RUN_DIR/lineage.json; a step
@@ -94,17 +131,27 @@ def run(
       hpcpipe run quickstart --set pipeline.export_format=safetensors   (export and later re-run)
 
       hpcpipe run quickstart --only report
+
+    One step per pod (what `hpcpipe launch kfp` compiles): --only STEP --on k8s, with --record
+    for the step's lineage record and --upstream for the records it builds on.
     """
     from hpcpipe.launch.job import WorkerFailure, prestart_fork_server
+    from hpcpipe.pipeline import handoff
     from hpcpipe.pipeline.engine import StepContext, run_pipeline
     from hpcpipe.pipeline.steps import STEPS
     from hpcpipe.train.environment import detect_environment
     from hpcpipe.train.preempt import Preempted
 
-    job = load_job(config, sets, nproc)
-    if only in (None, "train"):
+    if on not in ("local", "k8s"):
+        raise UserError(f"--on {on}: use local or k8s")
+    if record is not None and only is None:
+        raise UserError("--record: give --only STEP (one step's record)")
+    job = load_job(config, [*(sets or []), *(handoff.params_overrides(params) if params else [])], nproc)
+    handoff.check_upstream(job.run_dir, list(upstream or []))
+    if only in (None, "train") and on == "local":
         prestart_fork_server(job, max_restarts)  # before the prepare step computes anything
     ctx = StepContext(job, job.run_dir, max_restarts, say=lambda text: console.print(text, markup=False))
+    ctx.on, ctx.api = on, api
     env = detect_environment()
     if env.is_external and env.is_distributed:  # torchrun / srun started this on every rank
         ctx.group_steps, ctx.is_main = ("prepare", "train"), env.rank == 0
@@ -116,6 +163,8 @@ def run(
         _report_failure(job, exc)
     if not ctx.is_main:
         return
+    if record is not None and only is not None:
+        handoff.write_record(job.run_dir, only, record)
     summary = ctx.results.get("summary")
     if summary is not None:
         console.print(summary.read_text(), markup=False, highlight=False)

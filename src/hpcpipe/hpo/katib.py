@@ -89,6 +89,18 @@ def experiment_warnings(job: JobConfig) -> list[str]:
     return lines
 
 
+def best_parameters(job: JobConfig, experiment: dict[str, Any]) -> dict[str, str]:
+    """The best trial of a finished Experiment as ``{config key: value}`` (Katib reports strings;
+    ``--set`` parses them as it parses a user's). UserError when Katib found none."""
+    names = {param_name(key): key for key in job.hpo.space}
+    best = experiment.get("status", {}).get("currentOptimalTrial", {})
+    assignments = best.get("parameterAssignments") or []
+    if not assignments:
+        name = experiment.get("metadata", {}).get("name", "?")
+        raise UserError(f"Experiment {name}: Katib reports no best trial (did every trial fail?)")
+    return {names.get(a["name"], a["name"]): str(a["value"]) for a in assignments if a["name"] in names}
+
+
 def param_name(key: str) -> str:
     """A config key as a trial parameter name: ``train.lr`` -> ``train-lr``."""
     return re.sub(r"[^A-Za-z0-9_-]+", "-", key)

@@ -27,7 +27,12 @@ _PLURALS = {
     "TrainJob": "trainjobs",
     "PyTorchJob": "pytorchjobs",
     "ClusterTrainingRuntime": "clustertrainingruntimes",
+    "Experiment": "experiments",
 }
+_JOB_KINDS = (*_POD_SELECTOR, "Experiment")  # what `create` submits with its ConfigMap
+# Condition types that end a job: Trainer v2 says Complete, Training Operator v1 and Katib Succeeded.
+DONE_CONDITIONS = ("Complete", "Succeeded")
+FAILED_CONDITIONS = ("Failed",)
 _CONTAINER = {"TrainJob": "node", "PyTorchJob": "pytorch"}
 
 
@@ -118,7 +123,7 @@ def create(api: Any, docs: list[dict[str, Any]]) -> K8sJobRef:
     from kubernetes import client
 
     by_kind = {doc["kind"]: doc for doc in docs}
-    jobs = [doc for doc in docs if doc["kind"] in _POD_SELECTOR]
+    jobs = [doc for doc in docs if doc["kind"] in _JOB_KINDS]
     if len(jobs) != 1 or "ConfigMap" not in by_kind:
         raise UserError("nothing to submit: the manifests need one ConfigMap and one job")
     job_doc, config_map = jobs[0], by_kind["ConfigMap"]
@@ -185,14 +190,7 @@ def resolve(run_dir: Path) -> K8sJobRef:
 @_one_line_errors
 def status(api: Any, job: K8sJobRef) -> dict[str, Any]:
     """The job's conditions and its pods (phase, node, restarts)."""
-    from kubernetes import client
-
-    try:
-        obj = client.CustomObjectsApi(api).get_namespaced_custom_object(
-            job.group, job.version, job.namespace, job.plural, job.name
-        )
-    except client.ApiException as exc:
-        raise UserError(f"{job.kind} {job.namespace}/{job.name}: {_reason(exc)}") from None
+    obj = get(api, job)
     conditions = [
         {k: c.get(k, "") for k in ("type", "status", "reason", "message")}
         for c in obj.get("status", {}).get("conditions", [])
@@ -212,6 +210,54 @@ def status(api: Any, job: K8sJobRef) -> dict[str, Any]:
         "conditions": conditions,
         "pods": pods,
     }
+
+
+class JobFailed(RuntimeError):
+    """The job ended with a Failed condition."""
+
+
+def wait(
+    api: Any, job: K8sJobRef, poll_s: float = 10.0, say: Callable[[str], None] | None = None
+) -> dict[str, Any]:
+    """Poll ``job`` until a condition ends it; returns the object. JobFailed on a Failed condition
+    (its reason and message); a vanished job is a UserError."""
+    import time
+
+    last = ""
+    while True:
+        obj = get(api, job)
+        ended = [
+            c for c in obj.get("status", {}).get("conditions", [])
+            if c.get("status") == "True" and c.get("type") in (*DONE_CONDITIONS, *FAILED_CONDITIONS)
+        ]  # fmt: skip
+        if ended:
+            condition = ended[-1]
+            if condition["type"] in FAILED_CONDITIONS:
+                detail = condition.get("message") or condition.get("reason") or "no reason given"
+                raise JobFailed(f"{job.kind} {job.namespace}/{job.name} failed: {detail}")
+            return obj
+        state = ", ".join(
+            c.get("type", "")
+            for c in obj.get("status", {}).get("conditions", [])
+            if c.get("status") == "True"
+        )
+        if say is not None and state != last:
+            say(f"{job.kind} {job.name}: {state or 'created'}")
+            last = state
+        time.sleep(poll_s)
+
+
+@_one_line_errors
+def get(api: Any, job: K8sJobRef) -> dict[str, Any]:
+    from kubernetes import client
+
+    try:
+        obj: dict[str, Any] = client.CustomObjectsApi(api).get_namespaced_custom_object(
+            job.group, job.version, job.namespace, job.plural, job.name
+        )
+    except client.ApiException as exc:
+        raise UserError(f"{job.kind} {job.namespace}/{job.name}: {_reason(exc)}") from None
+    return obj
 
 
 @_one_line_errors

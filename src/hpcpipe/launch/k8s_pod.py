@@ -42,7 +42,7 @@ def pod_parts(job: JobConfig, name: str) -> PodParts:
 
     cfg = job.launch.k8s
     volumes, mounts = _volumes(job, name)
-    image = f"{cfg.image.split('@')[0]}@{cfg.image_digest}" if cfg.image_digest else cfg.image
+    image = image_ref(cfg)
     ser = ApiClient().sanitize_for_serialization
     stage = None
     if cfg.cache_host_path:
@@ -66,6 +66,11 @@ def pod_parts(job: JobConfig, name: str) -> PodParts:
         stage=stage,
         metrics_ports=ser([V1ContainerPort(name=n, container_port=port) for n, port in metrics_ports(job)]),
     )
+
+
+def image_ref(cfg: K8sConfig) -> str:
+    """The image every pod runs: ``launch.k8s.image``, pinned as ``image@digest`` when a digest is given."""
+    return f"{cfg.image.split('@')[0]}@{cfg.image_digest}" if cfg.image_digest else cfg.image
 
 
 METRICS_PORT_PREFIX = "metrics-"  # deploy/k8s/podmonitor.yaml keeps the container ports named so

@@ -44,6 +44,10 @@ class StepContext:
     # on its own reading of lineage.json, and only rank 0 runs the rest and records.
     group_steps: tuple[str, ...] = ()
     is_main: bool = True
+    # Where training runs: "local" workers, or "k8s" (the job `launch k8s` renders, with `api`;
+    # each pod stages its own node's data, so the stage step has nothing to do here).
+    on: str = "local"
+    api: str = "trainjob"
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,8 @@ def stage(ctx: StepContext) -> None:
 
     if ctx.job.data.cache_dir is None:
         raise NotApplicable("data.cache_dir is null: the data are read where they are")
+    if ctx.on == "k8s":
+        raise NotApplicable("each training pod stages its own node's disk (its stage init step)")
     staged = stage_dataset(job_source(ctx.job.data), Path(ctx.job.data.cache_dir))
     staged.release()
     ctx.say(f"     staged {staged.path} ({staged.size_bytes / 1e6:.1f} MB, copied: {staged.copied})")
@@ -60,7 +62,12 @@ def train(ctx: StepContext) -> None:
     from hpcpipe.launch.job import run_job
 
     started = time.perf_counter()
-    run_job(ctx.job, max_restarts=ctx.max_restarts)
+    if ctx.on == "k8s":
+        from hpcpipe.launch.k8s_train import train_on_k8s
+
+        train_on_k8s(ctx.job, ctx.api, ctx.say)
+    else:
+        run_job(ctx.job, max_restarts=ctx.max_restarts)
     ctx.results["wall_time_s"] = time.perf_counter() - started
 
 

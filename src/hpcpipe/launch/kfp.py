@@ -1,0 +1,177 @@
+"""``hpcpipe launch kfp``: the job as a Kubeflow Pipelines v2 pipeline, compiled by the real kfp SDK.
+
+The DAG is ``hpcpipe run``'s own (``pipeline.steps.STEPS``): prepare -> stage -> train ->
+evaluate -> export -> register -> report, each a container step running ``hpcpipe run CONFIG
+--only STEP --on k8s`` in the project image. The steps share the run directory through the
+checkpoints claim, so ``lineage.json`` is written as by a local ``hpcpipe run``; each step also
+hands KFP its lineage record (``--record``) as an output artifact, and takes its upstream steps'
+records as input artifacts (``--upstream``, checked against the run directory), so KFP's lineage
+graph shows what ``hpcpipe lineage`` shows. The train step creates the TrainJob or PyTorchJob
+``launch k8s`` renders and waits for it. With ``--katib`` a Katib branch runs before train (the
+Experiment ``hpo launch katib`` renders, created and waited for); its best parameters feed train.
+The pipeline parameter ``tune`` switches that branch at submission.
+
+kfp needs ``kubernetes<31`` and ``protobuf<7``, which conflict with the k8s extra, so the
+pipeline is compiled in its own interpreter: ``kfp_compile.py`` imports kfp and the standard
+library only, and reads this module's JSON spec on standard input.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from importlib.util import find_spec
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from hpcpipe.config import JobConfig
+from hpcpipe.errors import ConfigError, UserError
+from hpcpipe.launch.k8s_pod import image_ref
+from hpcpipe.launch.kubernetes import Api, dns_label, render_k8s
+
+# The SDK the pipeline is compiled with (also the `kfp` dependency group of the lock).
+KFP_REQUIREMENTS = ("kfp==2.17.3", "kfp-kubernetes==2.17.3")
+KFP_PYTHON_VAR = "HPCPIPE_KFP_PYTHON"
+CONFIG_PATH = "/tmp/hpcpipe/config.yaml"  # where each step writes the `config` pipeline parameter
+# KFP artifact type of each step's lineage record (system.*), for KFP's lineage view.
+ARTIFACT_TYPES = {"prepare": "Dataset", "stage": "Dataset", "train": "Model", "export": "Model"}
+
+
+def pipeline_spec(job: JobConfig, api: Api, katib: bool = False, katib_workers: int = 2) -> dict[str, Any]:
+    """What ``kfp_compile.py`` builds the pipeline from; ConfigError naming the key where the job
+    cannot run as one."""
+    from hpcpipe.pipeline.steps import STEPS
+
+    render_k8s(job, api)  # what the train step submits: refused now rather than in the cluster
+    _check_shared_run_dir(job)
+    if katib:
+        _check_katib(job, katib_workers)
+    cfg = job.launch.k8s
+    run = [cfg.hpcpipe, "run", CONFIG_PATH]
+    steps = []
+    for step in STEPS:
+        argv: list[Any] = [
+            *run,
+            "--only",
+            step.name,
+            "--on",
+            "k8s",
+            "--api",
+            api,
+            "--record",
+            {"output": "record"},
+        ]
+        for upstream in step.after:
+            argv += ["--upstream", {"input": upstream}]
+        if step.name == "train" and katib:
+            argv += ["--params", {"input": "params"}]
+        steps.append({"name": step.name, "after": list(step.after), "argv": argv, "describe": step.describe})
+    spec: dict[str, Any] = {
+        "name": dns_label(job.run.name),
+        "description": f"hpcpipe run {job.run.name} ({job.run.recipe}): "
+        + " -> ".join(s.name for s in STEPS),
+        "image": image_ref(cfg),
+        # One line of JSON (YAML too, as config.yaml): kfp copies a parameter's default into the
+        # file's header comment verbatim, and a multi-line one would break the YAML.
+        "config": json.dumps(job.to_dict()),
+        "config_path": CONFIG_PATH,
+        "claims": _claims(job),
+        "env": dict(sorted(cfg.env.items())),
+        "secret_env": {name: ref.split("/", 1) for name, ref in sorted(cfg.secret_env.items())},
+        "artifact_types": ARTIFACT_TYPES,
+        "steps": steps,
+        "katib": None,
+    }
+    if katib:
+        spec["katib"] = {
+            "after": "stage",
+            # A Katib trial is one pod: the search runs on one node, the train step on all of them.
+            "argv": [cfg.hpcpipe, "hpo", "launch", "katib", CONFIG_PATH, "--workers", str(katib_workers),
+                     "--set", "parallel.nnodes=1", "--submit", "--wait", "--best", {"output": "params"}],
+        }  # fmt: skip
+    return spec
+
+
+def _check_shared_run_dir(job: JobConfig) -> None:
+    """Every step runs in its own pod: the run directory and the prepared data must be on claims."""
+    cfg = job.launch.k8s
+    if not cfg.checkpoint_pvc:
+        raise ConfigError(
+            "launch.k8s.checkpoint_pvc: a pipeline's steps share the run directory through it "
+            "(set run.out_dir under launch.k8s.checkpoint_mount)"
+        )
+    mounts = [
+        m
+        for claim, m in ((cfg.data_pvc, cfg.data_mount), (cfg.checkpoint_pvc, cfg.checkpoint_mount))
+        if claim
+    ]
+    if not any(PurePosixPath(job.data.prepared_dir).is_relative_to(m) for m in mounts):
+        raise ConfigError(
+            f"data.prepared_dir {job.data.prepared_dir!r}: the prepare step's output must be on a claim "
+            f"the later steps mount ({' or '.join(mounts)})"
+        )
+
+
+def _check_katib(job: JobConfig, workers: int) -> None:
+    from hpcpipe.config import apply_values
+    from hpcpipe.hpo.katib import render_experiment
+
+    if not job.hpo.space:
+        raise ConfigError("--katib: the job has no hpo section to search (hpo.space is empty)")
+    # Katib's webhook rules, checked now, on the one-pod trials the step searches with.
+    render_experiment(apply_values(job, {"parallel.nnodes": "1"}), parallel_trials=workers)
+
+
+def _claims(job: JobConfig) -> list[dict[str, str]]:
+    cfg = job.launch.k8s
+    pairs = ((cfg.data_pvc, cfg.data_mount), (cfg.checkpoint_pvc, cfg.checkpoint_mount))
+    return [{"claim": claim, "mount": mount} for claim, mount in pairs if claim]
+
+
+# -- compiling, in kfp's own interpreter ----------------------------------------------------------
+
+
+def compile_pipeline(spec: dict[str, Any], out: Path) -> None:
+    """Compile ``spec`` to KFP's IR YAML at ``out`` with the kfp SDK; UserError if it cannot run."""
+    script = Path(__file__).with_name("kfp_compile.py")
+    try:
+        done = subprocess.run(
+            # -I: not the script's own directory first on sys.path (this package's kfp.py and
+            # kubernetes.py would shadow the SDKs), nor PYTHON* variables or user site-packages.
+            [*kfp_interpreter(), "-I", str(script), str(out)],
+            input=json.dumps(spec),
+            capture_output=True,
+            text=True,
+            timeout=900,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise UserError(f"launch kfp: the kfp compiler did not run ({exc})") from None
+    if done.returncode != 0:
+        lines = (done.stderr or done.stdout).strip().splitlines() or [f"exit {done.returncode}"]
+        raise UserError(f"launch kfp: the kfp compiler failed: {lines[-1]}")
+
+
+def kfp_interpreter() -> list[str]:
+    """The command that runs Python with kfp: $HPCPIPE_KFP_PYTHON, this interpreter when it has
+    kfp (an environment with hpcpipe and kfp but not the k8s extra), else ``uv run`` with the
+    pinned SDK in an isolated, cached environment."""
+    chosen = os.environ.get(KFP_PYTHON_VAR)
+    if chosen:
+        if not Path(chosen).is_file():
+            raise UserError(f"{KFP_PYTHON_VAR}={chosen}: no such interpreter")
+        return [chosen]
+    if find_spec("kfp") is not None and find_spec("kfp.kubernetes") is not None:
+        return [sys.executable]
+    uv = shutil.which("uv")
+    if uv is not None:
+        pins = [arg for req in KFP_REQUIREMENTS for arg in ("--with", req)]
+        return [uv, "run", "--quiet", "--isolated", "--no-project", *pins, "python"]
+    raise UserError(
+        "launch kfp compiles with the kfp SDK, which cannot share an environment with the k8s extra: "
+        f"install uv, or make an environment with `pip install {' '.join(KFP_REQUIREMENTS)}` and set "
+        f"{KFP_PYTHON_VAR} to its python"
+    )
