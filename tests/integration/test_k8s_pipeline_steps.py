@@ -1,0 +1,152 @@
+"""What the Kubeflow pipeline's steps run (``hpcpipe launch kfp``), one pod each, through the real
+``kubernetes`` client against the loopback stand-in for the API server (tests/integration/kube_api.py):
+``hpcpipe run --only STEP --on k8s`` handing lineage records from step to step, the train step
+creating the job and waiting for its end, and the Katib step creating the Experiment and writing
+its best trial."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from tests.helpers import run_cli, tiny_job_sets
+from tests.integration.kube_api import KubeApi
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+
+def _end_when_created(
+    api: KubeApi, key: tuple[str, str, str], status: dict[str, Any], recreated: bool = False
+) -> threading.Thread:
+    """Give the object ``status`` as soon as it exists (as the operator would when it ends); with
+    ``recreated``, once it has been deleted and created again."""
+
+    old = api.objects.get(key) if recreated else None
+
+    def watch() -> None:
+        deadline = time.monotonic() + 120
+        while api.objects.get(key) in (None, old) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if key in api.objects:
+            api.objects[key]["status"] = status
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+def _condition(kind: str, message: str = "") -> dict[str, Any]:
+    return {"conditions": [{"type": kind, "status": "True", "reason": kind, "message": message}]}
+
+
+def test_steps_hand_their_records_on_and_train_waits_for_its_job(tmp_path: Path) -> None:
+    records = tmp_path / "records"
+    sets = tiny_job_sets(tmp_path, "tiny", "launch.k8s.namespace=ml")
+    with KubeApi() as api:
+        env = {
+            "KUBECONFIG": str(api.write_kubeconfig(tmp_path / "kubeconfig", "t0ken")),
+            "HPCPIPE_K8S_POLL_S": "0.1",
+        }
+
+        def step(name: str, *extra: str) -> Any:
+            args = [
+                "run",
+                "tiny",
+                *sets,
+                "--only",
+                name,
+                "--on",
+                "k8s",
+                "--record",
+                str(records / f"{name}.json"),
+            ]
+            return run_cli(*args, *extra, env=env, cwd=tmp_path)
+
+        done = step("prepare")
+        assert done.returncode == 0, done.stderr
+        prepared = json.loads((records / "prepare.json").read_text())
+        assert prepared["step"] == "prepare" and prepared["status"] == "done" and prepared["outputs"]
+
+        done = step("stage", "--upstream", str(records / "prepare.json"))
+        assert done.returncode == 0, done.stderr  # each training pod stages its own node's disk
+        assert json.loads((records / "stage.json").read_text())["status"] == "not-applicable"
+
+        params = tmp_path / "best.json"
+        params.write_text(json.dumps({"train.lr": "0.002"}))  # what the Katib step hands train
+        watcher = _end_when_created(api, ("trainjobs", "ml", "tiny"), _condition("Complete"))
+        done = step("train", "--upstream", str(records / "prepare.json"), "--params", str(params))
+        watcher.join()
+        assert done.returncode == 0, done.stderr
+        assert "created TrainJob ml/tiny" in done.stdout
+        config = yaml.safe_load(api.objects[("configmaps", "ml", "tiny-config")]["data"]["config.yaml"])
+        assert config["train"]["lr"] == 0.002
+        assert json.loads((records / "train.json").read_text())["status"] == "done"
+
+        # A record the run directory does not hold is refused before anything runs.
+        forged = json.loads((records / "prepare.json").read_text())
+        forged["outputs"] = {"dataset": "0" * 64}
+        (records / "forged.json").write_text(json.dumps(forged))
+        refused = step("evaluate", "--upstream", str(records / "forged.json"))
+        assert refused.returncode == 2 and "does not hold the outputs" in refused.stderr
+        assert refused.stderr.count("\n") == 1
+
+
+def test_a_failed_job_fails_the_train_step_and_a_retry_creates_it_again(tmp_path: Path) -> None:
+    sets = tiny_job_sets(tmp_path, "tiny")
+    with KubeApi() as api:
+        env = {
+            "KUBECONFIG": str(api.write_kubeconfig(tmp_path / "kubeconfig", "t0ken")),
+            "HPCPIPE_K8S_POLL_S": "0.1",
+        }
+        assert run_cli("run", "tiny", *sets, "--only", "prepare", env=env, cwd=tmp_path).returncode == 0
+        watcher = _end_when_created(
+            api, ("pytorchjobs", "default", "tiny"), _condition("Failed", "pod OOMKilled")
+        )
+        train = ["run", "tiny", *sets, "--on", "k8s", "--api", "pytorchjob", "--only", "train"]
+        failed = run_cli(*train, env=env, cwd=tmp_path)
+        watcher.join()
+        assert failed.returncode == 1 and "failed: pod OOMKilled" in failed.stderr + failed.stdout
+
+        # The retry finds the failed job through the run directory, deletes it and creates it again.
+        watcher = _end_when_created(
+            api, ("pytorchjobs", "default", "tiny"), _condition("Succeeded"), recreated=True
+        )
+        retried = run_cli(*train, env=env, cwd=tmp_path)
+        watcher.join()
+        assert retried.returncode == 0, retried.stderr
+        deletes = [path for method, path in api.requests if method == "DELETE"]
+        assert "/apis/kubeflow.org/v1/namespaces/default/pytorchjobs/tiny" in deletes
+
+
+def test_the_katib_step_creates_the_experiment_and_writes_the_best_trial(tmp_path: Path) -> None:
+    best = tmp_path / "best.json"
+    space = "hpo.space={train.lr: {type: float, low: 1.0e-4, high: 1.0, log: true}}"  # Katib: no `when`
+    sets = ["--set", f"run.out_dir={tmp_path}", "--set", "launch.k8s.namespace=ml", "--set", space]
+    with KubeApi() as api:
+        env = {
+            "KUBECONFIG": str(api.write_kubeconfig(tmp_path / "kubeconfig", "t0ken")),
+            "HPCPIPE_K8S_POLL_S": "0.1",
+        }
+        status = _condition("Succeeded") | {
+            "currentOptimalTrial": {
+                "parameterAssignments": [{"name": "train-lr", "value": "0.0031"}],
+                "observation": {"metrics": [{"name": "val_loss", "latest": "2.1"}]},
+            }
+        }
+        watcher = _end_when_created(api, ("experiments", "ml", "tiny-hpo"), status)
+        args = ["hpo", "launch", "katib", "tiny-hpo", *sets, "--submit", "--wait", "--best", str(best)]
+        done = run_cli(*args, env=env, cwd=tmp_path)
+        watcher.join()
+        assert done.returncode == 0, done.stderr
+        assert json.loads(best.read_text()) == {"train.lr": "0.0031"}
+        assert {key[0] for key in api.objects} == {"configmaps", "experiments"}
+
+        refused = run_cli(
+            "hpo", "launch", "katib", "tiny-hpo", *sets, "--best", str(best), env=env, cwd=tmp_path
+        )
+        assert refused.returncode == 2 and "--best needs --wait" in refused.stderr
