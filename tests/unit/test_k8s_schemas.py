@@ -76,7 +76,7 @@ def _worker(doc: dict) -> dict:  # type: ignore[type-arg]
     [
         (lambda d: _worker(d).update(replicas="32"), "'32' is not of type 'integer'"),
         (lambda d: d["spec"]["elasticPolicy"].update(maxRestart=3), "'maxRestart' was unexpected"),
-        (lambda d: _worker(d)["template"]["spec"]["containers"][0].pop("name"), "'name' is a required property"),
+        (lambda d: _worker(d)["template"]["spec"]["containers"][0].pop("name"), "'name' is a required"),
         (lambda d: d["metadata"].update(lables={}), "unknown field(s) ['lables']"),
     ],
 )  # fmt: skip
