@@ -80,7 +80,7 @@ test: install-test kfp-env fc-assets system-deps bytecode
 # The inner loop: lint and tests/unit (logic: no training runs end to end, no services, no
 # 2-rank groups), in under 3 minutes. Enough while changing one module's logic; `make test` (e2e
 # runs, gloo ranks, real Slurm/Prometheus/MLflow/PostgreSQL) before you push.
-test-fast: install-test lint bytecode
+test-fast: install-test kfp-env lint bytecode
 	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder tests/unit
 
 # The integration tests start real Slurm daemons (slurmctld, two slurmd in network namespaces,

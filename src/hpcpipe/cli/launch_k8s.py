@@ -24,16 +24,25 @@ ContextOption = Annotated[
 ]
 
 
+ApiOption = Annotated[
+    str,
+    typer.Option(
+        help="trainjob: Kubeflow Trainer v2 TrainJob. pytorchjob: Training Operator v1 PyTorchJob, "
+        "needed for elastic MIN:MAX nodes.",
+    ),
+]
+NodesOption = Annotated[
+    str | None, typer.Option(help="Nodes: N or MIN:MAX (overrides parallel.nnodes).", show_default=False)
+]
+GpusPerNodeOption = Annotated[
+    int | None, typer.Option(help="Overrides launch.k8s.gpus_per_node.", show_default=False)
+]
+
+
 def k8s(
     config: ConfigArg,
     sets: SetOption = None,
-    api: Annotated[
-        str,
-        typer.Option(
-            help="trainjob: Kubeflow Trainer v2 TrainJob. pytorchjob: Training Operator v1 PyTorchJob, "
-            "needed for elastic MIN:MAX nodes.",
-        ),
-    ] = "trainjob",
+    api: ApiOption = "trainjob",
     runtime: Annotated[
         bool,
         typer.Option(
@@ -42,12 +51,8 @@ def k8s(
             "restart after preemption) and run the TrainJob on it.",
         ),
     ] = False,
-    nodes: Annotated[
-        str | None, typer.Option(help="Nodes: N or MIN:MAX (overrides parallel.nnodes).", show_default=False)
-    ] = None,
-    gpus_per_node: Annotated[
-        int | None, typer.Option(help="Overrides launch.k8s.gpus_per_node.", show_default=False)
-    ] = None,
+    nodes: NodesOption = None,
+    gpus_per_node: GpusPerNodeOption = None,
     out: Annotated[
         Path | None,
         typer.Option(help="Write the YAML here (default: <run dir>/k8s.yaml).", show_default=False),
@@ -106,12 +111,7 @@ def k8s(
 def helm_values(
     config: ConfigArg,
     sets: SetOption = None,
-    api: Annotated[
-        str,
-        typer.Option(
-            help="trainjob (Kubeflow Trainer v2) or pytorchjob (Training Operator v1, elastic MIN:MAX)."
-        ),
-    ] = "trainjob",
+    api: ApiOption = "trainjob",
     runtime: Annotated[
         bool,
         typer.Option("--runtime", help="Install the hpcpipe-torch ClusterTrainingRuntime with the release."),
@@ -124,12 +124,8 @@ def helm_values(
             "(needs observe.prometheus.port).",
         ),
     ] = False,
-    nodes: Annotated[
-        str | None, typer.Option(help="Nodes: N or MIN:MAX (overrides parallel.nnodes).", show_default=False)
-    ] = None,
-    gpus_per_node: Annotated[
-        int | None, typer.Option(help="Overrides launch.k8s.gpus_per_node.", show_default=False)
-    ] = None,
+    nodes: NodesOption = None,
+    gpus_per_node: GpusPerNodeOption = None,
     out: Annotated[
         Path | None,
         typer.Option(

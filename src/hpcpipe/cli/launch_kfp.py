@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from hpcpipe.cli.common import ConfigArg, SetOption, console, load_job
+from hpcpipe.cli.launch_k8s import ApiOption
 from hpcpipe.errors import UserError
 from hpcpipe.layout import RunLayout
 
@@ -15,10 +16,7 @@ from hpcpipe.layout import RunLayout
 def kfp(
     config: ConfigArg,
     sets: SetOption = None,
-    api: Annotated[
-        str,
-        typer.Option(help="The train step's job: trainjob (Kubeflow Trainer v2) or pytorchjob (elastic)."),
-    ] = "trainjob",
+    api: ApiOption = "trainjob",
     katib: Annotated[
         bool,
         typer.Option(
