@@ -30,6 +30,7 @@ EXAMPLE = str(ROOT / "examples" / "k8s" / "h200-elastic.yaml")
 HELM_LABELS = ("helm.sh/chart", "app.kubernetes.io/managed-by")
 JOB_KINDS = ("ConfigMap", "TrainJob", "ClusterTrainingRuntime", "PyTorchJob")
 
+RUNS_CLAIM = ("launch.k8s.runs_pvc=cephfs-runs", "run.out_dir=/runs", "checkpoint.durable_dir=/checkpoints/g")
 # (config, --set overrides, api, --runtime): the shipped example under each API, and presets.
 CASES = [
     pytest.param(EXAMPLE, [], "pytorchjob", False, id="h200-elastic-pytorchjob"),
@@ -43,6 +44,7 @@ CASES = [
         False,
         id="h200-metrics",
     ),
+    pytest.param(EXAMPLE, [*RUNS_CLAIM], "pytorchjob", False, id="h200-runs-claim"),
     pytest.param("tiny", [], "trainjob", False, id="tiny"),
     pytest.param("gpt-124m", ["launch.k8s.gpus_per_node=8"], "trainjob", False, id="gpt-124m"),
     pytest.param("resnet18-cifar10", ["launch.k8s.image=registry.local:5000/hpcpipe"], "pytorchjob", False,

@@ -153,6 +153,11 @@ def test_required_fields_and_enums_are_checked_too() -> None:
         (["parallel.nnodes=2:4"], "no elastic policy"),
         (["launch.k8s.cache_host_path=/mnt/nvme"], "needs data.cache_dir"),
         (["launch.k8s.checkpoint_pvc=ckpt"], "not under launch.k8s.checkpoint_mount"),
+        (["launch.k8s.runs_pvc=runs"], "not under launch.k8s.runs_mount"),
+        (
+            ["launch.k8s.runs_pvc=r", "run.out_dir=/runs", "launch.k8s.checkpoint_pvc=c"],
+            "point checkpoint.durable_dir",
+        ),
         (["launch.k8s.priority_class=high"], "priority_class"),
         (["launch.k8s.name=Bad_Name"], "launch.k8s.name"),
         (["launch.k8s.gpus_per_node=16"], "must be a multiple"),  # tiny's batch of 8 over 16 ranks

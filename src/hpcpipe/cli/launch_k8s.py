@@ -104,8 +104,10 @@ def k8s(
     k8s_cluster.record_submission(job.run_dir, ref)
     console.print(f"created {ref.kind} [bold]{ref.namespace}/{job_name(job)}[/]")
     console.print(f"follow it: hpcpipe jobs status {job.run_dir}; hpcpipe jobs logs {job.run_dir}")
-    if not job.launch.k8s.checkpoint_pvc:
-        err_console.print("note: launch.k8s.checkpoint_pvc is unset: checkpoints stay on the pods' own disks")
+    if not (job.launch.k8s.checkpoint_pvc or job.launch.k8s.runs_pvc):
+        err_console.print(
+            "note: launch.k8s.checkpoint_pvc and runs_pvc are unset: checkpoints stay on the pods' own disks"
+        )
 
 
 def helm_values(

@@ -38,7 +38,8 @@ def kfp(
 ) -> None:
     """A Kubeflow Pipelines v2 pipeline for the job: prepare → stage → train → evaluate → export →
     register → report, each a container step running `hpcpipe run CONFIG --only STEP` in the
-    launch.k8s image, on the run directory the steps share through launch.k8s.checkpoint_pvc.
+    launch.k8s image, on the run directory the steps share through launch.k8s.runs_pvc (or
+    checkpoint_pvc).
     The train step creates the TrainJob (or PyTorchJob) `launch k8s` renders and waits for it;
     each step's lineage record is a KFP artifact, so KFP's lineage shows what `hpcpipe lineage`
     shows. The config is the pipeline parameter `config`.

@@ -135,10 +135,17 @@ class K8sConfig(Section):
     data_mount: str = Field("/data", description="Where data_pvc is mounted.")
     checkpoint_pvc: str | None = Field(
         None,
-        description="PersistentVolumeClaim (ReadWriteMany) for run directories and checkpoints, "
-        "mounted at checkpoint_mount; set run.out_dir under it.",
+        description="PersistentVolumeClaim (ReadWriteMany) for checkpoints, mounted at checkpoint_mount. "
+        "Without runs_pvc it holds the run directories too: set run.out_dir under it. With runs_pvc, "
+        "point checkpoint.durable_dir (or checkpoint.dir) under it.",
     )
     checkpoint_mount: str = Field("/checkpoints", description="Where checkpoint_pvc is mounted.")
+    runs_pvc: str | None = Field(
+        None,
+        description="PersistentVolumeClaim (ReadWriteMany) for run directories (metrics, logs, lineage, "
+        "reports), mounted at runs_mount; set run.out_dir under it. Null: they go on checkpoint_pvc.",
+    )
+    runs_mount: str = Field("/runs", description="Where runs_pvc is mounted.")
     cache_host_path: str | None = Field(
         None,
         description="Node-local disk (hostPath, e.g. /mnt/nvme/hpcpipe-cache) mounted at data.cache_dir; "

@@ -50,6 +50,7 @@ def helm_values(
         "persistence": {
             "dataset": _claim(cfg.data_pvc, cfg.data_mount),
             "checkpoints": _claim(cfg.checkpoint_pvc, cfg.checkpoint_mount),
+            "runs": _claim(cfg.runs_pvc, cfg.runs_mount),
         },
         "nodeCache": {
             "enabled": cfg.cache_host_path is not None,

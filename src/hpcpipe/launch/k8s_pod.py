@@ -137,6 +137,7 @@ def _volumes(job: JobConfig, name: str) -> tuple[list[Any], list[Any]]:
     for vol, claim, path in (
         ("data", cfg.data_pvc, cfg.data_mount),
         ("checkpoints", cfg.checkpoint_pvc, cfg.checkpoint_mount),
+        ("runs", cfg.runs_pvc, cfg.runs_mount),
     ):
         if claim:
             volumes.append(

@@ -96,18 +96,15 @@ def pipeline_spec(job: JobConfig, api: Api, katib: bool = False, katib_workers: 
 
 
 def _check_shared_run_dir(job: JobConfig) -> None:
-    """Every step runs in its own pod: the run directory and the prepared data must be on claims."""
+    """Every step runs in its own pod: the run directory and the prepared data must be on claims
+    (``render_k8s`` has checked that run.out_dir lies on its claim)."""
     cfg = job.launch.k8s
-    if not cfg.checkpoint_pvc:
+    if not (cfg.runs_pvc or cfg.checkpoint_pvc):
         raise ConfigError(
-            "launch.k8s.checkpoint_pvc: a pipeline's steps share the run directory through it "
-            "(set run.out_dir under launch.k8s.checkpoint_mount)"
+            "launch.k8s.runs_pvc (or checkpoint_pvc): a pipeline's steps share the run directory "
+            "through it (set run.out_dir under its mount)"
         )
-    mounts = [
-        m
-        for claim, m in ((cfg.data_pvc, cfg.data_mount), (cfg.checkpoint_pvc, cfg.checkpoint_mount))
-        if claim
-    ]
+    mounts = [claim["mount"] for claim in _claims(job)]
     if not any(PurePosixPath(job.data.prepared_dir).is_relative_to(m) for m in mounts):
         raise ConfigError(
             f"data.prepared_dir {job.data.prepared_dir!r}: the prepare step's output must be on a claim "
@@ -127,7 +124,11 @@ def _check_katib(job: JobConfig, workers: int) -> None:
 
 def _claims(job: JobConfig) -> list[dict[str, str]]:
     cfg = job.launch.k8s
-    pairs = ((cfg.data_pvc, cfg.data_mount), (cfg.checkpoint_pvc, cfg.checkpoint_mount))
+    pairs = (
+        (cfg.data_pvc, cfg.data_mount),
+        (cfg.checkpoint_pvc, cfg.checkpoint_mount),
+        (cfg.runs_pvc, cfg.runs_mount),
+    )
     return [{"claim": claim, "mount": mount} for claim, mount in pairs if claim]
 
 

@@ -124,10 +124,29 @@ def _check(job: JobConfig, api: Api, runtime: str, with_runtime: bool) -> None:
         raise ConfigError("--runtime renders a ClusterTrainingRuntime: it goes with --api trainjob")
     check_node_range(job, processes_per_node(cfg))
     _check_metrics(job, api, runtime)
-    if cfg.checkpoint_pvc and not _under(job.run.out_dir, cfg.checkpoint_mount):
+    _check_claims(job)
+
+
+def _check_claims(job: JobConfig) -> None:
+    """The run directory lies on its claim (runs_pvc, else checkpoint_pvc), and a checkpoints
+    claim beside a runs claim has a checkpoint tier pointing at it."""
+    cfg = job.launch.k8s
+    if cfg.runs_pvc and not _under(job.run.out_dir, cfg.runs_mount):
+        raise ConfigError(
+            f"run.out_dir {job.run.out_dir!r} is not under launch.k8s.runs_mount {cfg.runs_mount!r}: "
+            f"run directories would not reach the claim {cfg.runs_pvc}"
+        )
+    if cfg.checkpoint_pvc and not cfg.runs_pvc and not _under(job.run.out_dir, cfg.checkpoint_mount):
         raise ConfigError(
             f"run.out_dir {job.run.out_dir!r} is not under launch.k8s.checkpoint_mount "
             f"{cfg.checkpoint_mount!r}: checkpoints would not reach the claim {cfg.checkpoint_pvc}"
+        )
+    tiers = [t for t in (job.checkpoint.dir, job.checkpoint.durable_dir) if t]
+    if cfg.checkpoint_pvc and cfg.runs_pvc and not any(_under(t, cfg.checkpoint_mount) for t in tiers):
+        raise ConfigError(
+            f"launch.k8s.checkpoint_pvc {cfg.checkpoint_pvc}: with launch.k8s.runs_pvc the checkpoints "
+            f"stay in the run directory; point checkpoint.durable_dir (or checkpoint.dir) under "
+            f"{cfg.checkpoint_mount}"
         )
 
 

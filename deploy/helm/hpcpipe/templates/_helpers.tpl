@@ -141,6 +141,11 @@ requests:
   persistentVolumeClaim:
     claimName: {{ include "hpcpipe.claimName" (list . "checkpoints") }}
 {{- end }}
+{{- if .Values.persistence.runs.enabled }}
+- name: runs
+  persistentVolumeClaim:
+    claimName: {{ include "hpcpipe.claimName" (list . "runs") }}
+{{- end }}
 {{- if .Values.nodeCache.enabled }}
 {{- if eq .Values.nodeCache.type "hostPath" }}
 - hostPath:
@@ -180,6 +185,10 @@ requests:
 {{- if .Values.persistence.checkpoints.enabled }}
 - mountPath: {{ .Values.persistence.checkpoints.mountPath }}
   name: checkpoints
+{{- end }}
+{{- if .Values.persistence.runs.enabled }}
+- mountPath: {{ .Values.persistence.runs.mountPath }}
+  name: runs
 {{- end }}
 {{- if .Values.nodeCache.enabled }}
 - mountPath: {{ .Values.nodeCache.mountPath }}
