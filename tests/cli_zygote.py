@@ -13,7 +13,13 @@ first one (the reason ``hpcpipe.launch.fork_server`` forks before any torch work
 fresh interpreter decides at import from the environment (``OMP_WAIT_POLICY``, thread counts) is
 the test process's, which ``run_cli`` passes on unchanged anyway.
 
-``HPCPIPE_TEST_FRESH_CLI=1`` makes ``run_cli`` start fresh interpreters instead; tests that need
+What libraries read from the environment once, at import (``PYTHON*``, ``HF_*``, ``TORCH*``,
+``OMP_*``, ``MKL_*``, ``CUDA_*``, ``TRANSFORMERS_*``), the zygote has read already: a run whose
+environment differs from the zygote's in any such variable gets a fresh interpreter instead
+(``needs_fresh``). The zygote's own stderr is a log file, never a terminal, so consoles built at
+import decide on colour as for a captured run.
+
+``HPCPIPE_TEST_FRESH_CLI=1`` makes ``run_cli`` start fresh interpreters always; tests that need
 the ``hpcpipe`` console script or interpreter start-up itself use ``subprocess`` directly.
 
 Protocol, over a socketpair: the test process sends one JSON request (argv, env, cwd) with three
@@ -23,6 +29,7 @@ and answers its wait status. The test process kills the pid on timeout.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import locale
@@ -33,6 +40,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 from typing import IO
 
@@ -76,34 +84,63 @@ def _recv_exactly(sock: socket.socket, size: int, have: bytes) -> bytes:
     return have
 
 
+# Variables read at import time by the preloaded libraries (or by the interpreter at start-up).
+IMPORT_TIME_PREFIXES = ("PYTHON", "HF_", "TORCH", "OMP_", "MKL_", "CUDA_", "TRANSFORMERS_", "TOKENIZERS_")
+# ...and those that only shape a console, which every run builds anew.
+_PER_RUN = {"PYTHONUNBUFFERED"}
+
+
+def _import_time(env: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if k.startswith(IMPORT_TIME_PREFIXES) and k not in _PER_RUN}
+
+
 class _Client:
     """The test process's end of a zygote (started on first use)."""
 
     def __init__(self) -> None:
         ours, theirs = socket.socketpair()
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        for var in ("COLUMNS", "NO_COLOR", "FORCE_COLOR"):  # each run's own, never the zygote's
+            self.env.pop(var, None)
+        fd, self.log = tempfile.mkstemp(prefix="hpcpipe-cli-zygote-", suffix=".log")
+        atexit.register(_remove, self.log)
         self.server = subprocess.Popen(
             [sys.executable, "-m", "tests.cli_zygote", str(theirs.fileno())],
             pass_fds=(theirs.fileno(),),
             cwd=Path(__file__).resolve().parent.parent,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env=self.env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
+            stderr=fd,
         )
+        os.close(fd)
         theirs.close()
         self.sock = ours
+        self.lock = threading.Lock()  # one request at a time on the socket
+
+    def needs_fresh(self, env: dict[str, str]) -> bool:
+        """The run sets an import-time variable the zygote saw otherwise."""
+        return _import_time(env) != _import_time(self.env)
 
     def run(
         self, argv: list[str], cwd: Path, env: dict[str, str], timeout: float
     ) -> subprocess.CompletedProcess[str]:
         command = [sys.executable, "-m", "hpcpipe", *argv]
-        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, open(os.devnull) as null:
+        with (
+            self.lock,
+            tempfile.TemporaryFile() as out,
+            tempfile.TemporaryFile() as err,
+            open(os.devnull) as null,
+        ):
             request = {"argv": argv, "env": env, "cwd": str(cwd)}
             try:
                 send_message(self.sock, request, (null.fileno(), out.fileno(), err.fileno()))
                 pid = int(receive_message(self.sock)[0]["pid"])  # type: ignore[call-overload]
             except (EOFError, OSError) as exc:
                 self.close()
-                raise RuntimeError(f"the CLI zygote ended (exit {self.server.wait()})") from exc
+                raise RuntimeError(
+                    f"the CLI zygote ended (exit {self.server.wait()}); its log: {self.log}"
+                ) from exc
             try:
                 status, timed_out = self._wait(pid, timeout)
             except BaseException:  # a pytest timeout, Ctrl-C: the run dies, the next gets a new zygote
@@ -129,6 +166,8 @@ class _Client:
     def close(self) -> None:
         self.sock.close()  # the zygote exits at end of file
         _CLIENT.clear()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.server.wait(timeout=30)  # reaped once its current child is
 
 
 # This test process's client, if it started one (a dict, not a global rebound).
@@ -144,7 +183,17 @@ def run_forked(
     client = _CLIENT.get("client")
     if client is None or client.server.poll() is not None:
         client = _CLIENT["client"] = _Client()
+    if client.needs_fresh(env):
+        command = [sys.executable, "-m", "hpcpipe", *argv]
+        return subprocess.run(
+            command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False
+        )
     return client.run(argv, cwd, env, timeout)
+
+
+def _remove(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
 
 
 def _kill(pid: int) -> None:
@@ -236,11 +285,14 @@ def _exit_code(code: object) -> int:
 
 
 def _leave(threading, atexit) -> None:  # type: ignore[no-untyped-def]
+    import ctypes
+
     threading._shutdown()  # waits for non-daemon threads, as interpreter exit does
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):
             stream.flush()
+    ctypes.CDLL(None).fflush(None)  # what C extensions buffered in stdio, as exit() would flush
 
 
 def main() -> None:

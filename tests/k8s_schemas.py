@@ -108,7 +108,7 @@ def _close(schema: dict[str, Any]) -> None:
     if "properties" in schema and "additionalProperties" not in schema and not preserve:
         schema["additionalProperties"] = False
     children = list(schema.get("properties", {}).values())
-    for key in ("items", "additionalProperties", "not"):
+    for key in ("items", "additionalProperties"):  # not "not": closing it would invert it
         if isinstance(schema.get(key), dict):
             children.append(schema[key])
     for key in ("allOf", "anyOf", "oneOf"):

@@ -87,6 +87,24 @@ def test_steps_hand_their_records_on_and_train_waits_for_its_job(tmp_path: Path)
         assert config["train"]["lr"] == 0.002
         assert json.loads((records / "train.json").read_text())["status"] == "done"
 
+        # Retried with the same config, train follows the job it made instead of a second one;
+        # with another config, that job is deleted and created anew.
+        posts = [
+            r
+            for r in api.requests
+            if r == ("POST", "/apis/trainer.kubeflow.org/v1alpha1/namespaces/ml/trainjobs")
+        ]
+        again = step("train", "--upstream", str(records / "prepare.json"), "--params", str(params))
+        assert again.returncode == 0 and "created before" in again.stdout, again.stderr
+        assert [r for r in api.requests if r == posts[0]] == posts
+        params.write_text(json.dumps({"train.lr": "0.003"}))
+        watcher = _end_when_created(api, ("trainjobs", "ml", "tiny"), _condition("Complete"), recreated=True)
+        changed = step("train", "--upstream", str(records / "prepare.json"), "--params", str(params))
+        watcher.join()
+        assert changed.returncode == 0 and "created TrainJob ml/tiny" in changed.stdout, changed.stderr
+        config = yaml.safe_load(api.objects[("configmaps", "ml", "tiny-config")]["data"]["config.yaml"])
+        assert config["train"]["lr"] == 0.003
+
         # A record the run directory does not hold is refused before anything runs.
         forged = json.loads((records / "prepare.json").read_text())
         forged["outputs"] = {"dataset": "0" * 64}

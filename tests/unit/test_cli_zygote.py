@@ -3,12 +3,13 @@ test sees must be what a fresh interpreter gives, byte for byte."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from tests.cli_zygote import run_forked
+from tests.cli_zygote import _CLIENT, run_forked
 from tests.helpers import run_cli
 
 
@@ -29,8 +30,9 @@ def _fresh(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.Comple
 )
 def test_a_forked_run_matches_a_fresh_interpreter(args: list[str], tmp_path: Path) -> None:
     (tmp_path / "my.yaml").write_text("preset: tiny\ntrain: {steps: -1}\n")
-    env = {"PATH": "/usr/bin:/bin", "COLUMNS": "61", "PYTHONUNBUFFERED": "1", "HOME": str(tmp_path)}
+    env = {**os.environ, "COLUMNS": "61", "PYTHONUNBUFFERED": "1", "HOME": str(tmp_path)}
     forked = run_forked(args, cwd=tmp_path, env=env, timeout=120)
+    assert not _CLIENT["client"].needs_fresh(env)  # it was forked, not a fresh interpreter
     fresh = _fresh(args, tmp_path, env)
     assert (forked.returncode, forked.stdout, forked.stderr) == (fresh.returncode, fresh.stdout, fresh.stderr)
     assert forked.args == fresh.args
@@ -41,3 +43,12 @@ def test_a_run_past_its_timeout_is_killed_and_the_next_run_works(tmp_path: Path)
     with pytest.raises(subprocess.TimeoutExpired):
         run_cli("train", "tiny", *[a for s in sets for a in ("--set", s)], cwd=tmp_path, timeout=3)
     assert run_cli("--version").returncode == 0
+
+
+def test_an_import_time_variable_gets_a_fresh_interpreter() -> None:
+    run_cli("--version")  # the zygote exists
+    client = _CLIENT["client"]
+    same = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "40"}
+    assert not client.needs_fresh(same)  # consoles are built per run
+    for var in ("HF_HOME", "TORCH_HOME", "OMP_NUM_THREADS", "PYTHONHASHSEED"):
+        assert client.needs_fresh({**same, var: "/elsewhere"}), var

@@ -31,6 +31,13 @@ HELM_LABELS = ("helm.sh/chart", "app.kubernetes.io/managed-by")
 JOB_KINDS = ("ConfigMap", "TrainJob", "ClusterTrainingRuntime", "PyTorchJob")
 
 RUNS_CLAIM = ("launch.k8s.runs_pvc=cephfs-runs", "run.out_dir=/runs", "checkpoint.durable_dir=/checkpoints/g")
+RETYPED = (
+    "run.name=no",
+    "launch.k8s.secret_env={T: tok/1234}",
+    'launch.k8s.env={A: "on"}',
+    "launch.k8s.shm_size=17179869184",
+    "launch.k8s.extra_resources={example.com/x: 1000000}",
+)
 # (config, --set overrides, api, --runtime): the shipped example under each API, and presets.
 CASES = [
     pytest.param(EXAMPLE, [], "pytorchjob", False, id="h200-elastic-pytorchjob"),
@@ -46,6 +53,9 @@ CASES = [
     ),
     pytest.param(EXAMPLE, [*RUNS_CLAIM], "pytorchjob", False, id="h200-runs-claim"),
     pytest.param("tiny", [], "trainjob", False, id="tiny"),
+    # Values YAML would re-type if a template forgot to quote them: a name `no`, a numeric secret
+    # key, an env value `on`, a byte-count /dev/shm, a large extended resource.
+    pytest.param("tiny", [*RETYPED], "pytorchjob", False, id="values-that-yaml-would-retype"),
     pytest.param("gpt-124m", ["launch.k8s.gpus_per_node=8"], "trainjob", False, id="gpt-124m"),
     pytest.param("resnet18-cifar10", ["launch.k8s.image=registry.local:5000/hpcpipe"], "pytorchjob", False,
                  id="resnet18-registry-port"),
@@ -66,9 +76,14 @@ def render(values: dict[str, Any], namespace: str = "default", name: str = "rele
 
 
 def without_helm_labels(doc: dict[str, Any]) -> dict[str, Any]:
+    """Helm's bookkeeping (its labels, and the resource policy that keeps the shared runtime) off."""
     labels = doc["metadata"].get("labels", {})
     for key in HELM_LABELS:
         labels.pop(key, None)
+    annotations = doc["metadata"].pop("annotations", {})
+    annotations.pop("helm.sh/resource-policy", None)
+    if annotations:
+        doc["metadata"]["annotations"] = annotations
     return doc
 
 
@@ -167,6 +182,7 @@ def test_monitoring_claims_and_an_ephemeral_node_cache_render_and_pass_the_schem
         ({"gpus": 8}, "additional properties 'gpus' not allowed"),
         ({"api": "mpijob"}, "/api"),
         ({"image": {"repository": "x", "digest": "sha256:nothex"}}, "/image/digest"),
+        ({"shmSize": "16 GiB"}, "/shmSize"),
     ],
 )
 def test_a_wrong_value_is_refused_by_the_schema(values: dict[str, Any], message: str) -> None:
@@ -184,6 +200,8 @@ def test_a_wrong_value_is_refused_by_the_schema(values: dict[str, Any], message:
         ({"monitoring": {"enabled": True}}, "x", "monitoring.enabled: set metrics.port"),
         ({}, "a" * 41, "longer than 40 characters"),  # the release name, when nameOverride is empty
         ({"nameOverride": "a" * 41}, "x", "/nameOverride': maxLength"),
+        ({"api": "pytorchjob", "runtime": {"install": True}}, "x", "goes with api=trainjob"),
+        ({"api": "pytorchjob", "nodes": {"min": 4, "max": 2}}, "x", "nodes.min 4 is more than nodes.max 2"),
     ],
 )
 def test_a_missing_or_inconsistent_value_is_helms_message_not_a_broken_manifest(

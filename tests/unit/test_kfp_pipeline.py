@@ -53,8 +53,12 @@ def test_the_pipeline_is_hpcpipes_dag_with_one_hpcpipe_run_per_step(tmp_path: Pa
     assert sorted(tasks) == sorted(STEPS)
     from hpcpipe.pipeline.steps import STEPS as ENGINE_STEPS
 
-    for step in ENGINE_STEPS:  # KFP's edges are the engine's, and each input is the upstream record
-        assert sorted(tasks[step.name].get("dependentTasks", [])) == sorted(step.after), step.name
+    previous: list[str] = []
+    for step in ENGINE_STEPS:  # KFP's edges are the engine's (one step at a time: they share lineage.json)
+        assert sorted(tasks[step.name].get("dependentTasks", [])) == sorted({*step.after, *previous}), (
+            step.name
+        )
+        previous = [step.name]
         artifacts = tasks[step.name].get("inputs", {}).get("artifacts", {})
         assert {a: v["taskOutputArtifact"]["producerTask"] for a, v in artifacts.items()} == {
             up: up for up in step.after
@@ -100,8 +104,12 @@ def test_the_katib_branch_runs_before_train_and_feeds_it(tmp_path: Path) -> None
     run = katib[katib.index("hpcpipe") :]
     assert run[:5] == ["hpcpipe", "hpo", "launch", "katib", "/tmp/hpcpipe/config.yaml"]
     assert run[run.index("--workers") + 1] == "3" and "--submit" in run and "--wait" in run
-    train = _command(pipeline, "train")
-    assert train[train.index("--params") + 1].startswith("{{$.inputs.artifacts['params']")
+    for step in ("train", "evaluate", "export", "register", "report"):  # all read the tuned config
+        command = _command(pipeline, step)
+        assert command[command.index("--params") + 1].startswith("{{$.inputs.artifacts['params']"), step
+    assert "--params" not in _command(pipeline, "prepare")
+    study = run[run.index("hpo.study=gpt-h200-elastic-hpo")]  # its ConfigMap is not the train job's
+    assert study and "parallel.nnodes=1" in run
 
 
 @pytest.mark.parametrize(
@@ -110,6 +118,7 @@ def test_the_katib_branch_runs_before_train_and_feeds_it(tmp_path: Path) -> None
         (["--katib", "--set", "hpo.space={}"], "hpo.space"),
         (["--set", "launch.k8s.checkpoint_pvc=null"], "launch.k8s.runs_pvc (or checkpoint_pvc)"),
         (["--set", "data.prepared_dir=/elsewhere"], "data.prepared_dir"),
+        (["--set", "checkpoint.dir=/local-nvme/ckpt"], "checkpoint.dir"),
         (["--api", "trainjob"], "elastic"),
         (["--set", "launch.k8s.nope=1"], "launch.k8s.nope"),
     ],

@@ -94,9 +94,17 @@ def write_json(result: Any, target: str | None) -> None:
     if target == "-":
         sys.stdout.write(text + "\n")
         return
-    path = Path(target)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text + "\n")
+    write_text(Path(target), text + "\n")
+
+
+def write_text(path: Path, text: str) -> None:
+    """Write an output file a user named; one line (exit 2) when it cannot be written (a
+    directory there, no permission, a full disk)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    except OSError as exc:
+        raise UserError(f"{path}: cannot write it ({exc.strerror or exc})") from None
 
 
 def scheduler_overrides(

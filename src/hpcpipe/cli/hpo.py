@@ -23,6 +23,7 @@ from hpcpipe.cli.common import (
     load_job,
     print_table,
     write_json,
+    write_text,
 )
 from hpcpipe.errors import UserError
 
@@ -417,15 +418,13 @@ def launch_katib(
     for line in experiment_warnings(job):
         err_console.print(f"note: {escape(line)}")
     text = to_yaml(docs)
+    if out is not None:
+        write_text(out, text)
+        _say(f"wrote {out}" + ("" if submit else f": kubectl apply -f {out}"))
     if submit:
         _submit_experiment(job, docs, wait, best)
-        return
-    if out is None:
+    elif out is None:
         sys.stdout.write(text)
-        return
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
-    _say(f"wrote {out}: kubectl apply -f {out}")
 
 
 def _submit_experiment(job: JobConfig, docs: list[dict[str, Any]], wait: bool, best: Path | None) -> None:
@@ -438,19 +437,24 @@ def _submit_experiment(job: JobConfig, docs: list[dict[str, Any]], wait: bool, b
 
     k8s_cluster.require_client()
     connection = k8s_cluster.connect()
-    ref = k8s_cluster.create(connection, docs)
-    _say(f"created Experiment {ref.namespace}/{ref.name}")
+    poll = float(os.environ.get(POLL_VAR, "10"))
+    # A retried step follows the Experiment it created (same config), rather than a second one.
+    ref, running = k8s_cluster.reuse_or_clear(connection, docs, poll)
+    if running:
+        _say(f"following Experiment {ref.namespace}/{ref.name}, created before")
+    else:
+        ref = k8s_cluster.create(connection, docs)
+        _say(f"created Experiment {ref.namespace}/{ref.name}")
     if not wait:
         return
     try:
-        experiment = k8s_cluster.wait(connection, ref, poll_s=float(os.environ.get(POLL_VAR, "10")), say=_say)
+        experiment = k8s_cluster.wait(connection, ref, poll_s=poll, say=_say)
     except k8s_cluster.JobFailed as exc:
         raise UserError(str(exc)) from None
     values = best_parameters(job, experiment)
     _say(f"best trial: {', '.join(f'{k}={v}' for k, v in values.items())}")
     if best is not None:
-        best.parent.mkdir(parents=True, exist_ok=True)
-        best.write_text(json.dumps(values, indent=1) + "\n")
+        write_text(best, json.dumps(values, indent=1) + "\n")
 
 
 def _fmt(value: Any) -> str:

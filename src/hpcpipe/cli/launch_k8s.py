@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from hpcpipe.cli.common import ConfigArg, SetOption, console, err_console, scheduler_overrides
+from hpcpipe.cli.common import ConfigArg, SetOption, console, err_console, scheduler_overrides, write_text
 from hpcpipe.errors import UserError
 from hpcpipe.layout import RunLayout
 
@@ -171,8 +171,7 @@ def helm_values(
         typer.echo(text, nl=False)
         return
     path = Path(target)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
+    write_text(path, text)
     console.print(f"wrote {path}")
     console.print(
         f"install it: helm install {values['nameOverride']} deploy/helm/hpcpipe "

@@ -62,11 +62,15 @@ def kfp(
     k8s_cluster.require_client()  # the train step's job is checked with the operators' models
     spec = pipeline_spec(job, api, katib, workers)  # type: ignore[arg-type]  # checked against APIS
     target = out or RunLayout(job.run_dir).kfp_pipeline
-    target.parent.mkdir(parents=True, exist_ok=True)
+    if target.is_dir():
+        raise UserError(f"-o {target}: a directory; name the pipeline file (e.g. {target}/pipeline.yaml)")
     partial = target.with_name(f".{target.stem}.partial{target.suffix or '.yaml'}")
     try:
+        target.parent.mkdir(parents=True, exist_ok=True)
         compile_pipeline(spec, partial)
         partial.replace(target)  # a failed compile leaves no pipeline file behind
+    except OSError as exc:
+        raise UserError(f"-o {target}: cannot write it ({exc.strerror or exc})") from None
     finally:
         partial.unlink(missing_ok=True)
     steps = [s["name"] for s in spec["steps"]]

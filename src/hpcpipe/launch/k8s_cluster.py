@@ -33,6 +33,7 @@ _JOB_KINDS = (*_POD_SELECTOR, "Experiment")  # what `create` submits with its Co
 # Condition types that end a job: Trainer v2 says Complete, Training Operator v1 and Katib Succeeded.
 DONE_CONDITIONS = ("Complete", "Succeeded")
 FAILED_CONDITIONS = ("Failed",)
+ENDING_CONDITIONS = (*DONE_CONDITIONS, *FAILED_CONDITIONS)
 _CONTAINER = {"TrainJob": "node", "PyTorchJob": "pytorch"}
 
 
@@ -216,48 +217,136 @@ class JobFailed(RuntimeError):
     """The job ended with a Failed condition."""
 
 
+TRANSIENT_LIMIT_S = 600.0  # how long `wait` rides out an unreachable or overloaded API server
+
+
 def wait(
     api: Any, job: K8sJobRef, poll_s: float = 10.0, say: Callable[[str], None] | None = None
 ) -> dict[str, Any]:
     """Poll ``job`` until a condition ends it; returns the object. JobFailed on a Failed condition
-    (its reason and message); a vanished job is a UserError."""
+    (its reason and message); a vanished job, or an API server away for TRANSIENT_LIMIT_S, is a
+    UserError. A restart of the API server during hours of training does not end the wait."""
     import time
 
-    last = ""
+    last, failing_since = "", None
     while True:
-        obj = get(api, job)
-        ended = [
-            c for c in obj.get("status", {}).get("conditions", [])
-            if c.get("status") == "True" and c.get("type") in (*DONE_CONDITIONS, *FAILED_CONDITIONS)
-        ]  # fmt: skip
+        try:
+            obj = find(api, job)
+            failing_since = None
+        except _Transient as exc:
+            failing_since = failing_since or time.monotonic()
+            if time.monotonic() - failing_since > TRANSIENT_LIMIT_S:
+                raise UserError(f"{job.kind} {job.namespace}/{job.name}: {exc}") from None
+            time.sleep(poll_s)
+            continue
+        if obj is None:
+            raise UserError(f"{job.kind} {job.namespace}/{job.name}: not found (deleted?)")
+        conditions = obj.get("status", {}).get("conditions", [])
+        ended = [c for c in conditions if c.get("status") == "True" and c.get("type") in ENDING_CONDITIONS]
         if ended:
             condition = ended[-1]
             if condition["type"] in FAILED_CONDITIONS:
                 detail = condition.get("message") or condition.get("reason") or "no reason given"
                 raise JobFailed(f"{job.kind} {job.namespace}/{job.name} failed: {detail}")
             return obj
-        state = ", ".join(
-            c.get("type", "")
-            for c in obj.get("status", {}).get("conditions", [])
-            if c.get("status") == "True"
-        )
+        state = ", ".join(c.get("type", "") for c in conditions if c.get("status") == "True")
         if say is not None and state != last:
             say(f"{job.kind} {job.name}: {state or 'created'}")
             last = state
         time.sleep(poll_s)
 
 
-@_one_line_errors
-def get(api: Any, job: K8sJobRef) -> dict[str, Any]:
+class _Transient(Exception):
+    """The API server did not answer usefully (unreachable, 429, 5xx): worth asking again."""
+
+
+def find(api: Any, job: K8sJobRef) -> dict[str, Any] | None:
+    """The job's object; None when it does not exist (404); _Transient when the server is away;
+    UserError for any other refusal (403, ...)."""
     from kubernetes import client
+    from urllib3.exceptions import HTTPError
 
     try:
         obj: dict[str, Any] = client.CustomObjectsApi(api).get_namespaced_custom_object(
             job.group, job.version, job.namespace, job.plural, job.name
         )
+    except HTTPError as exc:
+        raise _Transient(f"cannot reach the Kubernetes API server ({type(exc).__name__})") from None
     except client.ApiException as exc:
+        if exc.status == 404:
+            return None
+        if exc.status == 429 or exc.status >= 500:
+            raise _Transient(_reason(exc)) from None
         raise UserError(f"{job.kind} {job.namespace}/{job.name}: {_reason(exc)}") from None
     return obj
+
+
+@_one_line_errors
+def get(api: Any, job: K8sJobRef) -> dict[str, Any]:
+    try:
+        obj = find(api, job)
+    except _Transient as exc:
+        raise UserError(f"{job.kind} {job.namespace}/{job.name}: {exc}") from None
+    if obj is None:
+        raise UserError(f"{job.kind} {job.namespace}/{job.name}: not found")
+    return obj
+
+
+@_one_line_errors
+def config_text(api: Any, job: K8sJobRef) -> str | None:
+    """The config.yaml of the job's ConfigMap; None when there is none."""
+    from kubernetes import client
+
+    try:
+        config_map = client.CoreV1Api(api).read_namespaced_config_map(f"{job.name}-config", job.namespace)
+    except client.ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise UserError(f"ConfigMap {job.namespace}/{job.name}-config: {_reason(exc)}") from None
+    return (config_map.data or {}).get(RunLayout.CONFIG)
+
+
+def delete_and_wait(api: Any, job: K8sJobRef, poll_s: float = 2.0, timeout_s: float = 600.0) -> None:
+    """``cancel``, then wait until the job is gone: a foreground deletion keeps the object while
+    its pods go, and creating one of the same name meanwhile is refused (409)."""
+    import time
+
+    cancel(api, job)
+    deadline = time.monotonic() + timeout_s
+    while get_or_none(api, job) is not None:
+        if time.monotonic() > deadline:
+            raise UserError(
+                f"{job.kind} {job.namespace}/{job.name}: still being deleted after {timeout_s:.0f} s"
+            )
+        time.sleep(poll_s)
+
+
+def reuse_or_clear(api: Any, docs: list[dict[str, Any]], poll_s: float) -> tuple[K8sJobRef, bool]:
+    """The job of ``docs`` and whether it already runs them: it exists, has not failed, and its
+    ConfigMap holds the same config. Otherwise whatever holds its name (a failed job, another
+    config, a leftover ConfigMap) is deleted and waited for, so that ``create`` can follow."""
+    [doc] = [d for d in docs if d["kind"] in _JOB_KINDS]
+    ref = K8sJobRef(doc["kind"], doc["metadata"]["name"], doc["metadata"]["namespace"], doc["apiVersion"])
+    [config_map] = [d for d in docs if d["kind"] == "ConfigMap"]
+    obj, config = get_or_none(api, ref), config_text(api, ref)
+    if obj is None and config is None:
+        return ref, False
+    failed = obj is not None and any(
+        c.get("type") in FAILED_CONDITIONS and c.get("status") == "True"
+        for c in obj.get("status", {}).get("conditions", [])
+    )
+    if obj is not None and not failed and config == config_map["data"].get(RunLayout.CONFIG):
+        return ref, True
+    delete_and_wait(api, ref, poll_s)
+    return ref, False
+
+
+@_one_line_errors
+def get_or_none(api: Any, job: K8sJobRef) -> dict[str, Any] | None:
+    try:
+        return find(api, job)
+    except _Transient as exc:
+        raise UserError(f"{job.kind} {job.namespace}/{job.name}: {exc}") from None
 
 
 @_one_line_errors
@@ -278,14 +367,18 @@ def cancel(api: Any, job: K8sJobRef) -> None:
     """Delete the job (its pods go with it) and its ConfigMap."""
     from kubernetes import client
 
-    try:
-        client.CustomObjectsApi(api).delete_namespaced_custom_object(
+    deletions = (
+        lambda: client.CustomObjectsApi(api).delete_namespaced_custom_object(
             job.group, job.version, job.namespace, job.plural, job.name, propagation_policy="Foreground"
-        )
-        client.CoreV1Api(api).delete_namespaced_config_map(f"{job.name}-config", job.namespace)
-    except client.ApiException as exc:
-        if exc.status != 404:
-            raise UserError(f"deleting {job.kind} {job.name}: {_reason(exc)}") from None
+        ),
+        lambda: client.CoreV1Api(api).delete_namespaced_config_map(f"{job.name}-config", job.namespace),
+    )
+    for delete in deletions:  # each on its own: a job already gone may leave its ConfigMap behind
+        try:
+            delete()
+        except client.ApiException as exc:
+            if exc.status != 404:
+                raise UserError(f"deleting {job.kind} {job.name}: {_reason(exc)}") from None
 
 
 def _pods(api: Any, job: K8sJobRef) -> list[Any]:

@@ -1,15 +1,18 @@
 """The train step on Kubernetes (``hpcpipe run --on k8s``): create the job ``launch k8s`` renders and
 wait for it to end. What a Kubeflow Pipelines train step runs (``launch/kfp.py``).
 
-A second attempt (KFP retries the step, or ``hpcpipe run`` again) finds the job it created in the
-run directory's submission record and waits for that one instead of creating another; a job that
-failed is deleted and created again, so training resumes from its newest checkpoint.
+A second attempt (KFP retries the step, or ``hpcpipe run`` again) waits for the job it created
+when that job is still the same one: same kind and name, the same config in its ConfigMap, not
+failed. Anything else under that name (a failed job, another config, a leftover ConfigMap, the
+other API's job recorded in the run directory) is deleted, waited for, and created again, so
+training resumes from its newest checkpoint.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from typing import Any
 
 from hpcpipe.config import JobConfig
 from hpcpipe.errors import UserError
@@ -28,40 +31,33 @@ def train_on_k8s(job: JobConfig, api: str, say: Callable[[str], None]) -> None:
     k8s_cluster.require_client()
     docs = render_k8s(job, api)  # type: ignore[arg-type]  # checked against APIS above
     connection = k8s_cluster.connect()
-    ref = _existing(job, connection)
-    if ref is None:
+    poll = float(os.environ.get(POLL_VAR, "10"))
+    _clear_other_api(job, docs, connection, poll)
+    ref, running = k8s_cluster.reuse_or_clear(connection, docs, poll)
+    if running:
+        say(f"     waiting for {ref.kind} {ref.namespace}/{ref.name}, created before")
+    else:
         ref = k8s_cluster.create(connection, docs)
         k8s_cluster.record_submission(job.run_dir, ref)
         say(f"     created {ref.kind} {ref.namespace}/{ref.name}")
-    else:
-        say(f"     waiting for {ref.kind} {ref.namespace}/{ref.name}, created before")
     try:
-        k8s_cluster.wait(
-            connection, ref, poll_s=float(os.environ.get(POLL_VAR, "10")), say=lambda s: say(f"     {s}")
-        )
+        k8s_cluster.wait(connection, ref, poll_s=poll, say=lambda s: say(f"     {s}"))
     except k8s_cluster.JobFailed as exc:
         say(f"     {exc}")
         raise WorkerFailure(1) from None
 
 
-def _existing(job: JobConfig, connection: object):  # type: ignore[no-untyped-def]  # K8sJobRef | None
-    """The job this run directory recorded, if it still exists and has not failed (a failed one
-    is deleted, with its ConfigMap, so that it can be created again)."""
+def _clear_other_api(job: JobConfig, docs: list[dict[str, Any]], connection: object, poll_s: float) -> None:
+    """A job of the other API (or name) this run directory recorded is deleted: it would share
+    the ConfigMap's name, and two jobs would train into one run directory."""
     from hpcpipe.launch import k8s_cluster
     from hpcpipe.layout import RunLayout
 
     if not RunLayout(job.run_dir).k8s_job.is_file():
-        return None
-    ref = k8s_cluster.resolve(job.run_dir)
-    try:
-        obj = k8s_cluster.get(connection, ref)
-    except UserError:  # gone (deleted, or another cluster)
-        return None
-    failed = any(
-        c.get("type") in k8s_cluster.FAILED_CONDITIONS and c.get("status") == "True"
-        for c in obj.get("status", {}).get("conditions", [])
-    )
-    if failed:
-        k8s_cluster.cancel(connection, ref)
-        return None
-    return ref
+        return
+    recorded = k8s_cluster.resolve(job.run_dir)
+    wanted = {(d["kind"], d["metadata"]["name"]) for d in docs}
+    if (recorded.kind, recorded.name) not in wanted and k8s_cluster.get_or_none(
+        connection, recorded
+    ) is not None:
+        k8s_cluster.delete_and_wait(connection, recorded, poll_s)

@@ -22,8 +22,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
-from importlib.util import find_spec
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -52,21 +50,14 @@ def pipeline_spec(job: JobConfig, api: Api, katib: bool = False, katib_workers: 
     cfg = job.launch.k8s
     run = [cfg.hpcpipe, "run", CONFIG_PATH]
     steps = []
+    tuned = False  # train and every step after it read the config with Katib's best values
     for step in STEPS:
-        argv: list[Any] = [
-            *run,
-            "--only",
-            step.name,
-            "--on",
-            "k8s",
-            "--api",
-            api,
-            "--record",
-            {"output": "record"},
-        ]
+        argv: list[Any] = [*run, "--only", step.name, "--on", "k8s", "--api", api]
+        argv += ["--record", {"output": "record"}]
         for upstream in step.after:
             argv += ["--upstream", {"input": upstream}]
-        if step.name == "train" and katib:
+        tuned = tuned or (katib and step.name == "train")
+        if tuned:
             argv += ["--params", {"input": "params"}]
         steps.append({"name": step.name, "after": list(step.after), "argv": argv, "describe": step.describe})
     spec: dict[str, Any] = {
@@ -89,8 +80,10 @@ def pipeline_spec(job: JobConfig, api: Api, katib: bool = False, katib_workers: 
         spec["katib"] = {
             "after": "stage",
             # A Katib trial is one pod: the search runs on one node, the train step on all of them.
+            # Its own name: the Experiment's ConfigMap must not be the train job's.
             "argv": [cfg.hpcpipe, "hpo", "launch", "katib", CONFIG_PATH, "--workers", str(katib_workers),
-                     "--set", "parallel.nnodes=1", "--submit", "--wait", "--best", {"output": "params"}],
+                     *[a for kv in _katib_sets(job) for a in ("--set", kv)],
+                     "--submit", "--wait", "--best", {"output": "params"}],
         }  # fmt: skip
     return spec
 
@@ -105,11 +98,13 @@ def _check_shared_run_dir(job: JobConfig) -> None:
             "through it (set run.out_dir under its mount)"
         )
     mounts = [claim["mount"] for claim in _claims(job)]
-    if not any(PurePosixPath(job.data.prepared_dir).is_relative_to(m) for m in mounts):
-        raise ConfigError(
-            f"data.prepared_dir {job.data.prepared_dir!r}: the prepare step's output must be on a claim "
-            f"the later steps mount ({' or '.join(mounts)})"
-        )
+    shared = {"data.prepared_dir": job.data.prepared_dir, "checkpoint.dir": job.checkpoint.dir}
+    for key, path in shared.items():
+        if path is not None and not any(PurePosixPath(path).is_relative_to(m) for m in mounts):
+            raise ConfigError(
+                f"{key} {path!r}: the steps run in their own pods and must find it on a claim they "
+                f"mount ({' or '.join(mounts)})"
+            )
 
 
 def _check_katib(job: JobConfig, workers: int) -> None:
@@ -119,7 +114,13 @@ def _check_katib(job: JobConfig, workers: int) -> None:
     if not job.hpo.space:
         raise ConfigError("--katib: the job has no hpo section to search (hpo.space is empty)")
     # Katib's webhook rules, checked now, on the one-pod trials the step searches with.
-    render_experiment(apply_values(job, {"parallel.nnodes": "1"}), parallel_trials=workers)
+    overrides = dict(kv.split("=", 1) for kv in _katib_sets(job))
+    render_experiment(apply_values(job, overrides), parallel_trials=workers)
+
+
+def _katib_sets(job: JobConfig) -> list[str]:
+    """The Katib step's overrides: one-pod trials, and a study name apart from the train job's."""
+    return ["parallel.nnodes=1", f"hpo.study={dns_label(job.run.name)[:36]}-hpo"]
 
 
 def _claims(job: JobConfig) -> list[dict[str, str]]:
@@ -157,16 +158,14 @@ def compile_pipeline(spec: dict[str, Any], out: Path) -> None:
 
 
 def kfp_interpreter() -> list[str]:
-    """The command that runs Python with kfp: $HPCPIPE_KFP_PYTHON, this interpreter when it has
-    kfp (an environment with hpcpipe and kfp but not the k8s extra), else ``uv run`` with the
-    pinned SDK in an isolated, cached environment."""
+    """The command that runs Python with kfp: $HPCPIPE_KFP_PYTHON, else ``uv run`` with the
+    pinned SDK in an isolated, cached environment. (Never this interpreter: hpcpipe checks the
+    train step's job with the k8s extra's models, and kfp cannot share an environment with them.)"""
     chosen = os.environ.get(KFP_PYTHON_VAR)
     if chosen:
         if not Path(chosen).is_file():
             raise UserError(f"{KFP_PYTHON_VAR}={chosen}: no such interpreter")
         return [chosen]
-    if find_spec("kfp") is not None and find_spec("kfp.kubernetes") is not None:
-        return [sys.executable]
     uv = shutil.which("uv")
     if uv is not None:
         pins = [arg for req in KFP_REQUIREMENTS for arg in ("--with", req)]

@@ -63,24 +63,27 @@ def build(spec: dict[str, Any]) -> Any:
 
     def body(config: str, tune: bool) -> None:
         tasks: dict[str, Any] = {}
-        params = None
+        params, previous = None, None
         for step in spec["steps"]:
             if katib is not None and step["name"] == "train":
-                params = _katib_branch(dsl, component, katib, config, tune, tasks[katib["after"]])
+                params = _katib_branch(dsl, component, katib, config, tune, tasks[katib["after"]], spec)
             inputs = {up: tasks[up].outputs["record"] for up in step["after"]}
-            if params is not None and step["name"] == "train":
+            if any(isinstance(t, dict) and t.get("input") == "params" for t in step["argv"]):
                 inputs["params"] = params
             task = components[step["name"]](config=config, **inputs)
+            if previous is not None:
+                # One step at a time, in hpcpipe's order: they share lineage.json on the claim.
+                task.after(previous)
             task.set_display_name(step["name"])
             task.set_caching_options(False)  # hpcpipe's lineage decides what re-runs, not KFP's cache
             _platform(task, spec)
-            tasks[step["name"]] = task
+            tasks[step["name"]] = previous = task
 
     return _as_pipeline(dsl, body, spec)
 
 
 def _katib_branch(
-    dsl: Any, component: Any, katib: dict[str, Any], config: str, tune: bool, after: Any
+    dsl: Any, component: Any, katib: dict[str, Any], config: str, tune: bool, after: Any, spec: dict[str, Any]
 ) -> Any:
     """If tune: the Katib step's best parameters; else an empty set (``{}``)."""
     search = component("katib", katib["argv"], "Artifact")
@@ -90,6 +93,7 @@ def _katib_branch(
         found.after(after)
         found.set_display_name("katib")
         found.set_caching_options(False)
+        _platform(found, spec)  # the cluster credentials come from the run's service account
     with dsl.Else(name="no-search"):
         none = default(config=config)
         none.set_display_name("no search")

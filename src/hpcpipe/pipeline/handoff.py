@@ -24,8 +24,11 @@ def write_record(run_dir: Path, step: str, path: Path) -> None:
     record = read_lineage(run_dir).get("steps", {}).get(step)
     if record is None:
         raise UserError(f"--record: lineage.json in {run_dir} has no record of step {step}")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"step": step, "run_dir": str(run_dir), **record}, indent=1) + "\n")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"step": step, "run_dir": str(run_dir), **record}, indent=1) + "\n")
+    except OSError as exc:
+        raise UserError(f"--record {path}: cannot write it ({exc.strerror or exc})") from None
 
 
 def check_upstream(run_dir: Path, paths: list[Path]) -> None:

@@ -65,16 +65,16 @@ annotations:
 {{- define "hpcpipe.configFile" -}}/etc/hpcpipe/config.yaml{{- end -}}
 
 {{- define "hpcpipe.command" -}}
-- {{ .Values.hpcpipeCommand }}
+- {{ .Values.hpcpipeCommand | quote }}
 - launch
 - agent
 - {{ include "hpcpipe.configFile" . }}
 - --rdzv-id
-- {{ include "hpcpipe.name" . }}
+- {{ include "hpcpipe.name" . | quote }}
 {{- end -}}
 
 {{- define "hpcpipe.stageCommand" -}}
-- {{ .Values.hpcpipeCommand }}
+- {{ .Values.hpcpipeCommand | quote }}
 - data
 - stage
 - --job
@@ -86,7 +86,7 @@ annotations:
 - name: PYTHONUNBUFFERED
   value: "1"
 {{- range $key := keys .Values.env | sortAlpha }}
-- name: {{ $key }}
+- name: {{ $key | quote }}
   value: {{ get $.Values.env $key | toString | quote }}
 {{- end }}
 {{- range $key := keys .Values.secretEnv | sortAlpha }}
@@ -94,21 +94,21 @@ annotations:
 {{- if or (not $ref._0) (not $ref._1) (contains "/" $ref._1) }}
 {{- fail (printf "secretEnv.%s: give 'secret-name/key', not a value" $key) }}
 {{- end }}
-- name: {{ $key }}
+- name: {{ $key | quote }}
   valueFrom:
     secretKeyRef:
-      key: {{ $ref._1 }}
-      name: {{ $ref._0 }}
+      key: {{ $ref._1 | quote }}
+      name: {{ $ref._0 | quote }}
 {{- end }}
 {{- end -}}
 
 {{/* Requests equal limits: the Guaranteed QoS class, and what extended resources require. Empty without any. */}}
 {{- define "hpcpipe.resources" -}}
 {{- $amounts := dict -}}
-{{- if .Values.resources.gpu.count -}}{{- $_ := set $amounts "nvidia.com/gpu" (toString .Values.resources.gpu.count) -}}{{- end -}}
+{{- if .Values.resources.gpu.count -}}{{- $_ := set $amounts "nvidia.com/gpu" (int64 .Values.resources.gpu.count | toString) -}}{{- end -}}
 {{- if .Values.resources.cpu -}}{{- $_ := set $amounts "cpu" (toString .Values.resources.cpu) -}}{{- end -}}
 {{- if .Values.resources.memory -}}{{- $_ := set $amounts "memory" (toString .Values.resources.memory) -}}{{- end -}}
-{{- range $key, $value := .Values.resources.extra -}}{{- $_ := set $amounts $key (toString $value) -}}{{- end -}}
+{{- range $key, $value := .Values.resources.extra -}}{{- $_ := set $amounts $key (int64 $value | toString) -}}{{- end -}}
 {{- if $amounts -}}
 limits:
   {{- toYaml $amounts | nindent 2 }}
@@ -125,31 +125,31 @@ requests:
 
 {{- define "hpcpipe.volumes" -}}
 - configMap:
-    name: {{ include "hpcpipe.configMapName" . }}
+    name: {{ include "hpcpipe.configMapName" . | quote }}
   name: job-config
 - emptyDir:
     medium: Memory
-    sizeLimit: {{ .Values.shmSize }}
+    sizeLimit: {{ .Values.shmSize | toString | quote }}
   name: dshm
 {{- if .Values.persistence.dataset.enabled }}
 - name: data
   persistentVolumeClaim:
-    claimName: {{ include "hpcpipe.claimName" (list . "dataset") }}
+    claimName: {{ include "hpcpipe.claimName" (list . "dataset") | quote }}
 {{- end }}
 {{- if .Values.persistence.checkpoints.enabled }}
 - name: checkpoints
   persistentVolumeClaim:
-    claimName: {{ include "hpcpipe.claimName" (list . "checkpoints") }}
+    claimName: {{ include "hpcpipe.claimName" (list . "checkpoints") | quote }}
 {{- end }}
 {{- if .Values.persistence.runs.enabled }}
 - name: runs
   persistentVolumeClaim:
-    claimName: {{ include "hpcpipe.claimName" (list . "runs") }}
+    claimName: {{ include "hpcpipe.claimName" (list . "runs") | quote }}
 {{- end }}
 {{- if .Values.nodeCache.enabled }}
 {{- if eq .Values.nodeCache.type "hostPath" }}
 - hostPath:
-    path: {{ .Values.nodeCache.hostPath }}
+    path: {{ .Values.nodeCache.hostPath | quote }}
     type: DirectoryOrCreate
   name: node-cache
 {{- else }}
@@ -158,15 +158,15 @@ requests:
       metadata:
         labels:
           app.kubernetes.io/name: hpcpipe
-          app.kubernetes.io/instance: {{ include "hpcpipe.name" . }}
+          app.kubernetes.io/instance: {{ include "hpcpipe.name" . | quote }}
       spec:
         accessModes: [ReadWriteOnce]
         {{- with .Values.nodeCache.storageClass }}
-        storageClassName: {{ . }}
+        storageClassName: {{ . | quote }}
         {{- end }}
         resources:
           requests:
-            storage: {{ .Values.nodeCache.size }}
+            storage: {{ .Values.nodeCache.size | toString | quote }}
   name: node-cache
 {{- end }}
 {{- end }}
@@ -179,19 +179,19 @@ requests:
 - mountPath: /dev/shm
   name: dshm
 {{- if .Values.persistence.dataset.enabled }}
-- mountPath: {{ .Values.persistence.dataset.mountPath }}
+- mountPath: {{ .Values.persistence.dataset.mountPath | quote }}
   name: data
 {{- end }}
 {{- if .Values.persistence.checkpoints.enabled }}
-- mountPath: {{ .Values.persistence.checkpoints.mountPath }}
+- mountPath: {{ .Values.persistence.checkpoints.mountPath | quote }}
   name: checkpoints
 {{- end }}
 {{- if .Values.persistence.runs.enabled }}
-- mountPath: {{ .Values.persistence.runs.mountPath }}
+- mountPath: {{ .Values.persistence.runs.mountPath | quote }}
   name: runs
 {{- end }}
 {{- if .Values.nodeCache.enabled }}
-- mountPath: {{ .Values.nodeCache.mountPath }}
+- mountPath: {{ .Values.nodeCache.mountPath | quote }}
   name: node-cache
 {{- end }}
 {{- end -}}
@@ -203,7 +203,7 @@ requests:
   env:
   - name: PYTHONUNBUFFERED
     value: "1"
-  image: {{ include "hpcpipe.image" . }}
+  image: {{ include "hpcpipe.image" . | quote }}
   name: stage
   volumeMounts:
     {{- include "hpcpipe.mounts" . | nindent 4 }}
@@ -229,7 +229,7 @@ tolerations:
   {{- toYaml . | nindent 2 }}
 {{- end }}
 {{- with .Values.serviceAccountName }}
-serviceAccountName: {{ . }}
+serviceAccountName: {{ . | quote }}
 {{- end }}
 {{- end -}}
 
