@@ -13,10 +13,14 @@ first one (the reason ``hpcpipe.launch.fork_server`` forks before any torch work
 fresh interpreter decides at import from the environment (``OMP_WAIT_POLICY``, thread counts) is
 the test process's, which ``run_cli`` passes on unchanged anyway.
 
-What libraries read from the environment once, at import (``PYTHON*``, ``HF_*``, ``TORCH*``,
-``OMP_*``, ``MKL_*``, ``CUDA_*``, ``TRANSFORMERS_*``), the zygote has read already: a run whose
-environment differs from the zygote's in any such variable gets a fresh interpreter instead
-(``needs_fresh``). The zygote's own stderr is a log file, never a terminal, so consoles built at
+What the interpreter and the preloaded libraries read from the environment once, at start-up
+or import (``IMPORT_TIME_VARS``: the module path, hash seed and warning filters, OpenMP/MKL
+threads, the Hugging Face cache and offline switches), the zygote has read already: a run whose
+environment differs from the zygote's in one of them gets a fresh interpreter instead
+(``needs_fresh``). Variables read when used (``TORCH_*``, ``CUDA_VISIBLE_DEVICES``, ...) reach the
+child as they are; hpcpipe itself sets some of those in the test process (the elastic agent's
+``TORCH_DISABLE_SHARE_RDZV_TCP_STORE``), so a prefix rule would send every later run to a fresh
+interpreter. The zygote's own stderr is a log file, never a terminal, so consoles built at
 import decide on colour as for a captured run.
 
 ``HPCPIPE_TEST_FRESH_CLI=1`` makes ``run_cli`` start fresh interpreters always; tests that need
@@ -84,14 +88,26 @@ def _recv_exactly(sock: socket.socket, size: int, have: bytes) -> bytes:
     return have
 
 
-# Variables read at import time by the preloaded libraries (or by the interpreter at start-up).
-IMPORT_TIME_PREFIXES = ("PYTHON", "HF_", "TORCH", "OMP_", "MKL_", "CUDA_", "TRANSFORMERS_", "TOKENIZERS_")
-# ...and those that only shape a console, which every run builds anew.
-_PER_RUN = {"PYTHONUNBUFFERED"}
+# Read once, at interpreter start-up (PYTHON*), when libgomp/MKL load with torch, or when
+# huggingface_hub and transformers import: a child forked from the zygote would not see a change.
+IMPORT_TIME_VARS = (
+    "PYTHONPATH",
+    "PYTHONHASHSEED",
+    "PYTHONWARNINGS",
+    "PYTHONSAFEPATH",
+    "OMP_NUM_THREADS",
+    "OMP_WAIT_POLICY",
+    "MKL_NUM_THREADS",
+    "HF_HOME",
+    "HF_HUB_CACHE",
+    "HF_HUB_OFFLINE",
+    "TRANSFORMERS_CACHE",
+    "TRANSFORMERS_OFFLINE",
+)
 
 
-def _import_time(env: dict[str, str]) -> dict[str, str]:
-    return {k: v for k, v in env.items() if k.startswith(IMPORT_TIME_PREFIXES) and k not in _PER_RUN}
+def _import_time(env: dict[str, str]) -> dict[str, str | None]:
+    return {name: env.get(name) for name in IMPORT_TIME_VARS}
 
 
 class _Client:

@@ -50,5 +50,9 @@ def test_an_import_time_variable_gets_a_fresh_interpreter() -> None:
     client = _CLIENT["client"]
     same = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "40"}
     assert not client.needs_fresh(same)  # consoles are built per run
-    for var in ("HF_HOME", "TORCH_HOME", "OMP_NUM_THREADS", "PYTHONHASHSEED"):
+    for var in ("HF_HOME", "OMP_NUM_THREADS", "PYTHONHASHSEED", "PYTHONPATH"):
         assert client.needs_fresh({**same, var: "/elsewhere"}), var
+    # Read when used, and set by hpcpipe itself in the test process (the elastic agent): forked.
+    assert not client.needs_fresh(
+        {**same, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "CUDA_VISIBLE_DEVICES": ""}
+    )
