@@ -33,6 +33,8 @@ def write_record(run_dir: Path, step: str, path: Path) -> None:
 
 def check_upstream(run_dir: Path, paths: list[Path]) -> None:
     """UserError naming the record whose outputs the run directory does not hold."""
+    if not paths:
+        return
     steps = read_lineage(run_dir).get("steps", {})
     for path in paths:
         handed = _read_json(path, "--upstream")
