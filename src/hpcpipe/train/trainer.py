@@ -207,6 +207,7 @@ class Trainer:
         The gradient norm is computed when clipping needs it or ``measure_norm`` asks for it (a
         logged step): without clipping, reading every gradient once more per step is pure cost.
         """
+        self.phases.begin_step(self.step)
         lr = lr_at(self.step, self.cfg)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -217,13 +218,13 @@ class Trainer:
             event = self.oom.recover(self.step, self.optimizer, self.loader, step_start)
             self.events.emit("oom_recovered", event)
         loss_sum, data_time = out
+        self.phases.begin("optimizer")
         self.precision.unscale(self.optimizer)
         grad_norm = None
         if self.cfg.grad_clip > 0 or measure_norm:  # the same decision on every rank (FSDP2 reduces)
             grad_norm = clip_grad_norm(self.model, self.cfg.grad_clip)
         self.precision.step(self.optimizer)
         self.optimizer.zero_grad(set_to_none=True)
-        self.phases.lap("optimizer")
         self.phases.end_step()
         return StepOutput(loss=loss_sum, grad_norm=grad_norm, lr=lr, data_time_s=data_time)
 
@@ -233,17 +234,19 @@ class Trainer:
         loss_sum = torch.zeros((), device=self.ctx.device)
         data_time = 0.0
         for micro in range(accum):
+            self.phases.begin("data")
             t0 = time.perf_counter()
             batch = self._to_device(self.loader.next_microbatch())
             self.faults.at("data", self.step, micro)
             data_time += time.perf_counter() - t0
-            self.phases.start()
+            self.phases.begin("forward")
 
             def forward(batch: Batch = batch, micro: int = micro) -> torch.Tensor:
                 with self.precision.autocast():
                     loss = self.recipe.loss(self.model, batch)
                 self.faults.at("forward", self.step, micro)
-                self.phases.lap("forward")
+                # Until backward starts: the OOM guard's agreement all-reduce (waits for the slowest rank).
+                self.phases.begin("comm")
                 return loss / accum if accum > 1 else loss
 
             # Gradients are synchronised on the last micro-step only (never when benchmarking a
@@ -263,10 +266,8 @@ class Trainer:
         return loss_sum, data_time
 
     def _backward(self, loss: torch.Tensor) -> None:
-        # Since the forward: the OOM guard's agreement all-reduce, a wait for the slowest rank.
-        self.phases.lap("comm")
+        self.phases.begin("backward")  # split at the DDP hook's mark: backward compute, then comm
         self.precision.backward(loss)
-        self.phases.lap("backward")  # split at the DDP hook's mark: backward compute, then comm
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
@@ -291,7 +292,7 @@ class Trainer:
     # -- checkpoints, resume, preemption ---------------------------------------------------------
 
     def save_checkpoint(self, final: bool = False) -> None:
-        with self.watchdog.pause():
+        with self.watchdog.pause(), self.phases.region("checkpoint_save"):
             if self.syncs_buffers:
                 sync_buffers(self.model)
             self.store.save(self.step, self.model, self.optimizer, self.trainer_state(), force_durable=final)
@@ -391,7 +392,7 @@ class Trainer:
         return float(row["loss"])
 
     def evaluate_and_log(self) -> float:
-        with self.watchdog.pause():
+        with self.watchdog.pause(), self.phases.region("evaluate"):
             metrics = self.evaluate()
         self.last_eval = metrics
         self.telemetry.on_eval(metrics)
