@@ -22,6 +22,7 @@ from hpcpipe.config.observe import ObserveConfig
 from hpcpipe.observe.gpu import GpuCollector, GpuSampler
 from hpcpipe.observe.imbalance import ImbalanceDetector
 from hpcpipe.observe.metrics import EventLog
+from hpcpipe.observe.phases import PhaseListener
 from hpcpipe.observe.prometheus import Exporter
 from hpcpipe.observe.trace import StepProfiler
 
@@ -54,6 +55,9 @@ class Telemetry:
             cfg.imbalance, who.rank, who.world_size, who.device, who.node, self._gpu_reading
         )
         self.profiler = StepProfiler(cfg.profile, who.rank, run_dir, who.device)
+        # Observers of the loop's phases as they happen (observe/phases.py listeners).
+        self.nvtx: PhaseListener | None = None  # NVTX ranges: observe/nvtx.py
+        self.tracing: PhaseListener | None = None  # OpenTelemetry spans: observe/otel.py
         self._steps_since_row = 0
         self._last_row_step = 0  # the logged row before this one: the interval starts after it
         self._last_step_end: float | None = None
@@ -74,6 +78,10 @@ class Telemetry:
             return math.nan if value is None else float(value)
 
         return num(sample.sm_clock_hz), num(sample.power_w), num(sample.clock_event_reasons)
+
+    def phase_listeners(self) -> list[PhaseListener]:
+        """What the trainer attaches to its ``PhaseTimer``."""
+        return [listener for listener in (self.nvtx, self.tracing) if listener is not None]
 
     def start(self, next_step: int) -> None:
         """Training starts (or resumes) at ``next_step``."""

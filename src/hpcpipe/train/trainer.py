@@ -147,6 +147,7 @@ class Trainer:
             self.observe, who, run_dir, job.run.name, job.run.recipe, recipe.throughput_unit, self.events
         )
         self.events.listeners.append(self.telemetry.on_event)
+        self.phases.listeners.extend(self.telemetry.phase_listeners())
         # TensorBoard and MLflow (track/), rank 0: rows and events; never block or fail training.
         self.trackers = (
             Trackers.open(self.observe, run_dir, job.run.name, job.to_dict(), self.step)
