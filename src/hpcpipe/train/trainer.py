@@ -274,7 +274,8 @@ class Trainer:
     def evaluate(self) -> dict[str, float]:
         """The recipe's metrics (``val_loss``, ...) over every rank's evaluation batches."""
         if self.syncs_buffers:
-            sync_buffers(self.model)  # every rank evaluates rank 0's BatchNorm statistics
+            with self.phases.region("broadcast_buffers"):
+                sync_buffers(self.model)  # every rank evaluates rank 0's BatchNorm statistics
         model = unwrap(self.model)
         model.eval()
         sums: dict[str, torch.Tensor] = {}
@@ -287,7 +288,8 @@ class Trainer:
         keys = sorted(sums)  # every rank runs the same recipe: the same keys in the same order
         totals = torch.stack([sums[k].reshape(()) for k in keys])  # (K,) this rank's sums
         if self.ctx.is_distributed:
-            dist.all_reduce(totals)
+            with self.phases.region("all_reduce_eval"):
+                dist.all_reduce(totals)
         return self.recipe.eval_metrics(dict(zip(keys, totals.tolist(), strict=True)))
 
     # -- checkpoints, resume, preemption ---------------------------------------------------------
@@ -295,7 +297,8 @@ class Trainer:
     def save_checkpoint(self, final: bool = False) -> None:
         with self.watchdog.pause(), self.phases.region("checkpoint_save"):
             if self.syncs_buffers:
-                sync_buffers(self.model)
+                with self.phases.region("broadcast_buffers"):
+                    sync_buffers(self.model)
             self.store.save(self.step, self.model, self.optimizer, self.trainer_state(), force_durable=final)
             if final:
                 self.store.wait()
@@ -370,13 +373,15 @@ class Trainer:
     # -- logging -----------------------------------------------------------------------------
 
     def log_train(self, out: StepOutput) -> float:
-        loss = self.ctx.mean_over_ranks(out.loss)
+        with self.phases.region("all_reduce_metrics"):  # the loss and the interval's item counts
+            loss = self.ctx.mean_over_ranks(out.loss)
+            counts = self.ctx.sum_over_ranks(self.recipe.interval_counts())
         row: dict[str, Any] = {
             "step": self.step,
             "loss": loss.item(),
             "lr": out.lr,
             "grad_norm": None if out.grad_norm is None else float(out.grad_norm),
-            **self.meter.read(self.ctx.sum_over_ranks(self.recipe.interval_counts())),
+            **self.meter.read(counts),
             **self.phases.read(),
             "mem_bytes": peak_memory_bytes(self.ctx.device),
             "world_size": self.ctx.world_size,
