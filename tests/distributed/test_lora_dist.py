@@ -44,12 +44,27 @@ def _adapter_tensors(adapter_dir: Path) -> dict[str, torch.Tensor]:
     return load_file(str(adapter_dir / "adapter_model.safetensors"))
 
 
+# ZeRO-3, every parameter partitioned (by default it keeps tensors under 100k elements whole).
+DEEPSPEED = (
+    "parallel.strategy=deepspeed",
+    "parallel.deepspeed_config={zero_optimization: {stage: 3, stage3_param_persistence_threshold: 0}}",
+)
+
+
 @pytest.fixture(scope="module")
 def runs(tmp: Path) -> dict[str, Path]:
     for strategy in ("ddp", "fsdp"):
         proc = _train(tmp, strategy, f"parallel.strategy={strategy}")
         assert proc.returncode == 0, proc.stderr[-4000:]
     return {s: tmp / s for s in ("ddp", "fsdp")}
+
+
+@pytest.fixture(scope="module")
+def zero3(tmp: Path) -> Path:
+    pytest.importorskip("deepspeed")
+    proc = _train(tmp, "zero3", *DEEPSPEED)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return tmp / "zero3"
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
@@ -105,3 +120,45 @@ def test_a_preempted_fsdp_run_resumes_exactly(tmp: Path, runs: dict[str, Path]) 
     resumed = {r["step"]: r["loss"] for r in read_metrics(tmp / "preempted") if "loss" in r}
     expected = {r["step"]: r["loss"] for r in read_metrics(runs["fsdp"]) if "loss" in r}
     assert resumed == expected
+
+
+def test_zero3_partitions_the_frozen_base_and_trains_only_the_adapters(
+    tmp: Path, runs: dict[str, Path], zero3: Path
+) -> None:
+    """The FSDP2 curve (same seed, data, adapters); the run's adapter export is gathered from
+    the partitions (no lora_B of zeros), the checkpoint holds adapters only, and `ckpt export`
+    consolidates it into the same adapter, which peft loads."""
+    from hpcpipe.checkpoint.deepspeed_io import safe_torch_load
+
+    losses = {
+        name: [r["loss"] for r in read_metrics(run) if "loss" in r]
+        for name, run in (("fsdp", runs["fsdp"]), ("zero3", zero3))
+    }
+    torch.testing.assert_close(
+        torch.tensor(losses["zero3"]), torch.tensor(losses["fsdp"]), rtol=2e-3, atol=2e-3
+    )
+
+    trained = _adapter_tensors(zero3 / "export" / "adapter")
+    b_weights = {k: v for k, v in trained.items() if "lora_B" in k}
+    assert b_weights and all(v.numel() > 0 and v.abs().sum() > 0 for v in b_weights.values())
+
+    ckpt = sorted((zero3 / "checkpoints").glob("step-*"))[-1]
+    states = safe_torch_load(next(ckpt.glob("deepspeed/*/zero_pp_rank_0_mp_rank_00_model_states.pt")), "cpu")
+    assert states["frozen_param_shapes"] is None  # the frozen base is not in the checkpoint
+    assert all("lora_" in name for name in states["param_shapes"][0])
+
+    out = tmp / "zero3-export"
+    proc = run_cli("ckpt", "export", str(ckpt), "--format", "adapter", "-o", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    exported = _adapter_tensors(out)
+    assert set(exported) == set(trained)
+    for name, tensor in trained.items():
+        torch.testing.assert_close(exported[name], tensor)
+
+    from hpcpipe.config import load_config
+    from hpcpipe.models.hf_lm import resolve_source
+    from hpcpipe.models.lora_export import load_with_adapter
+
+    job = load_config(zero3 / "config.yaml")
+    model = load_with_adapter(resolve_source(job.model, job.data.prepared_dir), out)
+    assert sum(1 for n, _ in model.named_parameters() if "lora_B" in n) == len(b_weights)

@@ -78,10 +78,18 @@ def test_a_simulated_oom_is_recovered_and_training_finishes(tmp: Path) -> None:
     assert sorted(_losses(tmp / "oom")) == list(range(1, 15))
 
 
-def test_fsdp_trains_the_resnet_recipe(tmp: Path) -> None:
-    proc = _train(tmp, "fsdp", "parallel.strategy=fsdp", "train.steps=4")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert [r for r in read_metrics(tmp / "fsdp") if "val_acc" in r][-1]["step"] == 4
+def test_fsdp_and_deepspeed_zero3_train_the_resnet_recipe_alike(tmp: Path) -> None:
+    pytest.importorskip("deepspeed")
+    partition_all = "parallel.deepspeed_config={zero_optimization: {stage3_param_persistence_threshold: 0}}"
+    for name, sets in {
+        "fsdp": ("parallel.strategy=fsdp",),
+        "zero3": ("parallel.strategy=deepspeed", "parallel.zero_stage=3", partition_all),
+    }.items():
+        proc = _train(tmp, name, *sets, "train.steps=4")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert [r for r in read_metrics(tmp / name) if "val_acc" in r][-1]["step"] == 4
+    fsdp, zero3 = _losses(tmp / "fsdp"), _losses(tmp / "zero3")
+    assert zero3 == pytest.approx(fsdp, rel=1e-4)
 
 
 def _bn_worker(rank: int, port: int, tmp: str, strategy: str, broadcast: str) -> None:
@@ -115,7 +123,9 @@ def _bn_worker(rank: int, port: int, tmp: str, strategy: str, broadcast: str) ->
     os._exit(0)
 
 
-@pytest.mark.parametrize(("strategy", "broadcast"), [("ddp", "null"), ("ddp", "false"), ("fsdp", "null")])
+@pytest.mark.parametrize(
+    ("strategy", "broadcast"), [("ddp", "null"), ("ddp", "false"), ("fsdp", "null"), ("deepspeed", "null")]
+)
 def test_batchnorm_buffers_agree_across_ranks_with_the_recipe_default(
     tmp: Path, strategy: str, broadcast: str
 ) -> None:

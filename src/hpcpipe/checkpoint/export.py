@@ -28,6 +28,7 @@ from typing import Any, Literal
 
 import torch
 
+from hpcpipe.checkpoint.deepspeed_io import is_deepspeed_checkpoint
 from hpcpipe.checkpoint.manifest import CheckpointError, read_manifest, verify_dir
 from hpcpipe.checkpoint.safe_dcp import SafeFileSystemReader, load_state_safely
 from hpcpipe.config import JobConfig, ModelConfig, load_config
@@ -82,7 +83,8 @@ def find_job_config(ckpt: Path) -> Path:
 
 def load_gpt(ckpt: Path, model_cfg: ModelConfig) -> GPT:
     """A full ``GPT`` on CPU with the checkpoint's weights (any saving world size or strategy)."""
-
+    if is_deepspeed_checkpoint(ckpt):
+        return _load_gpt_deepspeed(ckpt, model_cfg)
     metadata = SafeFileSystemReader(ckpt).read_metadata()
     entry = metadata.state_dict_metadata.get("model.tok_emb.weight")
     if entry is None or not hasattr(entry, "size"):
@@ -90,6 +92,22 @@ def load_gpt(ckpt: Path, model_cfg: ModelConfig) -> GPT:
     model = GPT(model_cfg, vocab_size=int(entry.size[0]))
     state = model.state_dict()  # tensors share storage with the parameters: loaded in place
     load_state_safely(ckpt, {"model": state}, "does not fit the run's model config")
+    model.eval()
+    return model
+
+
+def _load_gpt_deepspeed(ckpt: Path, model_cfg: ModelConfig) -> GPT:
+    """The same from a DeepSpeed checkpoint: its shards consolidated by DeepSpeed's zero_to_fp32."""
+    from hpcpipe.checkpoint.deepspeed_io import consolidated_state_dict
+
+    full = consolidated_state_dict(ckpt)
+    embedding = full.get("tok_emb.weight")
+    if embedding is None:
+        raise CheckpointError(f"{ckpt}: no tok_emb.weight: not a checkpoint of the gpt recipe")
+    model = GPT(model_cfg, vocab_size=int(embedding.shape[0]))
+    missing, _ = model.load_state_dict(full, strict=False)
+    if missing:
+        raise CheckpointError(f"{ckpt}: does not fit the run's model config ({missing[0]} is not in it)")
     model.eval()
     return model
 

@@ -30,6 +30,7 @@ HASHES = ("sha256", "blake3")  # the manifest's per-file key is the algorithm's 
 HASH_LABELS = {"sha256": "SHA-256", "blake3": "BLAKE3"}
 MANIFEST_NAME = "manifest.json"
 FORMAT = "hpcpipe-checkpoint/1"
+ENGINES = ("dcp", "deepspeed")
 STEP_DIR_RE = re.compile(r"^step-(\d{8})$")
 _CHUNK = 8 << 20
 
@@ -77,6 +78,7 @@ class Manifest:
     created_unix: float = field(default_factory=time.time)
     format: str = FORMAT
     hash: str = "sha256"
+    engine: str = "dcp"  # whose files hold model and optimizer: "dcp" or "deepspeed" (deepspeed_io.py)
 
     @property
     def total_bytes(self) -> int:
@@ -92,6 +94,8 @@ class Manifest:
             "hash": self.hash,
             "files": {name: {self.hash: e.digest, "size": e.size} for name, e in sorted(self.files.items())},
         }
+        if self.engine != "dcp":  # DCP manifests stay as they were written before the field
+            body["engine"] = self.engine
         return json.dumps(body, indent=1, sort_keys=True) + "\n"
 
     @classmethod
@@ -115,7 +119,14 @@ class Manifest:
             files=files,
             created_unix=float(body["created_unix"]),
             hash=algorithm,
+            engine=_engine(body.get("engine", "dcp")),
         )
+
+
+def _engine(value: Any) -> str:
+    if value not in ENGINES:
+        raise ValueError(f"unknown checkpoint engine {value!r}")
+    return str(value)
 
 
 @dataclass(frozen=True)

@@ -78,6 +78,8 @@ import torch.distributed as dist
 from torch import nn
 
 from hpcpipe import compat
+from hpcpipe.checkpoint.deepspeed_io import ENGINE as ENGINE_DEEPSPEED
+from hpcpipe.checkpoint.deepspeed_io import load_engine, save_engine, write_extra
 from hpcpipe.checkpoint.manifest import (
     CheckpointError,
     FileEntry,
@@ -123,8 +125,12 @@ class CheckpointStore:
         config_hash: str = "",
         events: EventFn | None = None,
         trainable_only: bool = False,
+        engine: str = "dcp",
     ) -> None:
         self.cfg = cfg
+        # "deepspeed": model and optimizer are a DeepSpeed engine's, saved in its own format
+        # (deepspeed_io.py); everything else (manifest, commit, fallback, tiers) is the same.
+        self.engine = engine
         # Only parameters that require grad (LoRA adapters) and their optimizer state are saved;
         # restoring loads those and leaves the rest as built (the frozen base, from its source).
         self.trainable_only = trainable_only
@@ -187,6 +193,9 @@ class CheckpointStore:
         start = time.perf_counter()
         self._count += 1
         tmp = self.fast.new_temporary(step, f"{self._token}-{self._count}")
+        if self.engine == ENGINE_DEEPSPEED:
+            self._save_deepspeed(model, serialize_extra(extra), tmp, step, force_durable)
+            return
         model_sd, optim_sd = get_state_dict(model, optimizer, options=self._sd_options())
         state = {"model": model_sd, "optim": optim_sd}
         writer = HashedFileSystemWriter(
@@ -239,9 +248,32 @@ class CheckpointStore:
             message = _save_error_message(step, tmp, cause)
             self._event("checkpoint_save_failed", {"step": step, "error": message})
             raise CheckpointError(message) from None
+        self._commit_everywhere(tmp, step, writer.digests(), start, force)
+
+    def _save_deepspeed(self, engine: Any, extra: bytes, tmp: Path, step: int, force: bool) -> None:
+        """The engine's own files and this rank's extra, then the same commit as for DCP."""
+        start = time.perf_counter()
+        entries: dict[str, FileEntry] = {}
+        message = None
+        try:
+            entries = save_engine(engine, tmp, step, self.rank, self.cfg.hash, self.trainable_only)
+            entries[extra_name(self.rank)] = write_extra(tmp, extra_name(self.rank), extra, self.cfg.hash)
+        except OSError as exc:
+            message = _save_error_message(step, tmp, exc)
+        message = self._first_error(message)  # every rank learns of any rank's failure
+        if message is not None:
+            self._discard(tmp)
+            self._event("checkpoint_save_failed", {"step": step, "error": message})
+            raise CheckpointError(message)
+        self._commit_everywhere(tmp, step, entries, start, force)
+
+    def _commit_everywhere(
+        self, tmp: Path, step: int, written: dict[str, FileEntry], start: float, force: bool
+    ) -> None:
+        """Every rank's files are on disk: gather their hashes, commit on rank 0, agree on the outcome."""
         if self.save_point is not None:
             self.save_point("shards", step)
-        entries = self._gather(writer.digests())
+        entries = self._gather(written)
         outcome = self._commit(tmp, step, entries) if self.rank == 0 else None
         outcome = self._broadcast(outcome)
         if isinstance(outcome, str):
@@ -267,7 +299,9 @@ class CheckpointStore:
                 size = (tmp / name).stat().st_size
                 if size != entry.size:
                     return f"checkpoint step {step}: {tmp / name} has {size} bytes, written {entry.size}"
-            manifest = Manifest(step, self.world_size, self.config_hash, entries, hash=self.cfg.hash)
+            manifest = Manifest(
+                step, self.world_size, self.config_hash, entries, hash=self.cfg.hash, engine=self.engine
+            )
             write_manifest(tmp, manifest)
             if self.save_point is not None:
                 self.save_point("manifest", step)
@@ -408,12 +442,42 @@ class CheckpointStore:
     def _load(
         self, path: Path, tier: str, model: nn.Module, optimizer: torch.optim.Optimizer
     ) -> dict[str, Any]:
+        start = time.perf_counter()
+        manifest = read_manifest(path)
+        if ENGINE_DEEPSPEED in (manifest.engine, self.engine):
+            self._load_deepspeed(path, manifest, model)
+        else:
+            self._load_dcp(path, model, optimizer)
+        return self._restored_extra(path, manifest, tier, start)
+
+    def _load_deepspeed(self, path: Path, manifest: Manifest, engine: Any) -> None:
+        """A DeepSpeed checkpoint into a DeepSpeed engine at the world size that wrote it."""
+        if manifest.engine != self.engine:
+            written = "DeepSpeed" if manifest.engine == ENGINE_DEEPSPEED else "DCP (ddp/fsdp/single)"
+            raise CheckpointError(
+                f"{path}: written by {written}, this run uses parallel.strategy="
+                f"{'deepspeed' if self.engine == ENGINE_DEEPSPEED else 'ddp/fsdp/single'}; resume it with "
+                "the strategy that wrote it, or start elsewhere from `hpcpipe ckpt export`'s weights"
+            )
+        if manifest.world_size != self.world_size:
+            raise CheckpointError(
+                f"{path}: DeepSpeed ZeRO state of {manifest.world_size} ranks cannot load into "
+                f"{self.world_size}; resume with {manifest.world_size} ranks"
+            )
+        message = None
+        try:
+            load_engine(engine, path, manifest.step, self.trainable_only)
+        except CheckpointError as exc:
+            message = str(exc)
+        message = self._first_error(message)
+        if message is not None:
+            raise CheckpointError(message)
+
+    def _load_dcp(self, path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.api import CheckpointException
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-        start = time.perf_counter()
-        manifest = read_manifest(path)
         model_sd, optim_sd = get_state_dict(model, optimizer, options=self._sd_options())
         state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
         reader = SafeFileSystemReader(path)
@@ -430,6 +494,8 @@ class CheckpointStore:
             optim_state_dict=state["optim"],
             options=self._sd_options(),
         )
+
+    def _restored_extra(self, path: Path, manifest: Manifest, tier: str, start: float) -> dict[str, Any]:
         extra_rank = self.rank if (path / extra_name(self.rank)).is_file() else 0
         extra = self._load_extra_everywhere(path / extra_name(extra_rank))
         self.restored = RestoreInfo(manifest.step, path, tier, manifest.world_size, extra_rank)
@@ -480,13 +546,18 @@ class CheckpointStore:
             extra, refused = load_extra(path), None
         except CheckpointError as exc:
             extra, refused = {}, str(exc)
-        if self._pg is not None:
-            found: list[Any] = [None] * self.world_size
-            dist.all_gather_object(found, refused, group=self._pg)
-            refused = next((message for message in found if message), None)
+        refused = self._first_error(refused)
         if refused:
             raise CheckpointError(refused)
         return extra
+
+    def _first_error(self, message: str | None) -> str | None:
+        """Any rank's error message (the lowest rank's), on every rank (collective)."""
+        if self._pg is None:
+            return message
+        found: list[Any] = [None] * self.world_size
+        dist.all_gather_object(found, message, group=self._pg)
+        return next((text for text in found if text), None)
 
     def _broadcast(self, value: Any) -> Any:
         if self._pg is None:

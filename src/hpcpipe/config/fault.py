@@ -14,10 +14,11 @@ class FaultConfig(Section):
         description="Watchdog: a step that takes longer than this dumps every "
         "rank's stack and exits non-zero (0: no watchdog).",
     )
-    oom_recovery: bool = Field(
-        True,
+    oom_recovery: bool | None = Field(
+        None,
         description="On an out-of-memory error, halve the micro-batch (more gradient "
-        "accumulation, same global batch) and retry the step.",
+        "accumulation, same global batch) and retry the step. null: on, except under "
+        "parallel.strategy=deepspeed, whose ZeRO step cannot be rolled back half-way.",
     )
     preempt_grace_s: float = Field(
         30.0,

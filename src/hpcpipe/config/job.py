@@ -22,7 +22,7 @@ from hpcpipe.config.launch import LaunchConfig
 from hpcpipe.config.lora import LoraConfig
 from hpcpipe.config.model import ModelConfig
 from hpcpipe.config.observe import ObserveConfig
-from hpcpipe.config.parallel import ParallelConfig
+from hpcpipe.config.parallel import ParallelConfig, read_deepspeed_config
 from hpcpipe.config.pipeline import PipelineConfig
 from hpcpipe.config.run import RunConfig
 from hpcpipe.config.section import Section
@@ -62,6 +62,47 @@ class JobConfig(Section):
                 f"fault.hang_timeout_s ({hang:g}) must be smaller than parallel.timeout_s ({pg:g})"
             )
         return self
+
+    @model_validator(mode="after")
+    def _deepspeed_fits_the_job(self) -> JobConfig:
+        # What DeepSpeed's engine makes impossible is refused here, not discovered mid-run.
+        if self.parallel.strategy != "deepspeed":
+            return self
+        if self.checkpoint.async_save:
+            raise ValueError(
+                "checkpoint.async is not available with parallel.strategy=deepspeed "
+                "(DeepSpeed writes its own shards synchronously); set checkpoint.async=false"
+            )
+        if self.train.compile:
+            raise ValueError(
+                "train.compile is not available with parallel.strategy=deepspeed; set train.compile=false"
+            )
+        self._deepspeed_batch_agrees()
+        if self.fault.oom_recovery:
+            raise ValueError(
+                "fault.oom_recovery cannot work under parallel.strategy=deepspeed: a ZeRO step cannot be "
+                "rolled back half-way through its partitioned gradients; set it to null or false"
+            )
+        return self
+
+    def _deepspeed_batch_agrees(self) -> None:
+        """A batch size in the DeepSpeed config that differs from the job's is an error (the
+        accumulation steps, which depend on the world size, are checked when the engine starts)."""
+        given = self.parallel.deepspeed_config
+        if given is None:
+            return
+        user = given if isinstance(given, dict) else read_deepspeed_config(given)
+        source = "the inline config" if isinstance(given, dict) else given
+        for key, ours, name in (
+            ("train_batch_size", self.train.global_batch_size, "train.global_batch_size"),
+            ("train_micro_batch_size_per_gpu", self.train.micro_batch_size, "train.micro_batch_size"),
+        ):
+            theirs = user.get(key, "auto")
+            if theirs not in ("auto", ours):
+                raise ValueError(
+                    f"parallel.deepspeed_config: {key}={theirs} in {source} differs from {name}={ours}; "
+                    'make them agree or set it to "auto"'
+                )
 
     @model_validator(mode="after")
     def _recipe_matches_model_and_data(self) -> JobConfig:

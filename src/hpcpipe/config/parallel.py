@@ -1,17 +1,45 @@
-"""The ``parallel:`` section: processes, nodes, strategy (DDP, FSDP2), process group."""
+"""The ``parallel:`` section: processes, nodes, strategy (DDP, FSDP2, DeepSpeed ZeRO), process group."""
 
 from __future__ import annotations
 
-from typing import Literal
+import json
+from pathlib import Path
+from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from hpcpipe.config.section import Section
 
 
 class ParallelConfig(Section):
-    strategy: Literal["auto", "single", "ddp", "fsdp"] = Field(
-        "auto", description="auto: single for one process, ddp for more."
+    strategy: Literal["auto", "single", "ddp", "fsdp", "deepspeed"] = Field(
+        "auto",
+        description="auto: single for one process, ddp for more; fsdp: PyTorch FSDP2; deepspeed: "
+        "DeepSpeed ZeRO (parallel.zero_stage), needs pip install 'hpcpipe[deepspeed]'.",
+    )
+    zero_stage: int | None = Field(
+        None,
+        ge=0,
+        le=3,
+        description="deepspeed: ZeRO stage. 0: replicated (DDP-like), 1: optimizer state sharded, "
+        "2: + gradients, 3: + parameters (gathered per layer in forward and backward). "
+        "null: the deepspeed_config's, else 3.",
+    )
+    offload_optimizer: Literal["none", "cpu"] | None = Field(
+        None,
+        description="deepspeed: cpu keeps the optimizer state (and its step) in host memory "
+        "(ZeRO-Offload). null: the deepspeed_config's, else none.",
+    )
+    offload_params: Literal["none", "cpu"] | None = Field(
+        None,
+        description="deepspeed, ZeRO stage 3: cpu keeps the partitioned parameters in host memory. "
+        "null: the deepspeed_config's, else none.",
+    )
+    deepspeed_config: str | dict[str, Any] | None = Field(
+        None,
+        description="deepspeed: an existing ds_config.json (a path every node can read, or the same "
+        "mapping inline). hpcpipe's train.* settings and the parallel.* keys the job sets win and "
+        "are named in the log; a different batch size is an error.",
     )
     nproc: int = Field(1, ge=1, description="Local worker processes started by `hpcpipe train`.")
     backend: Literal["auto", "gloo", "nccl"] = Field(
@@ -74,6 +102,32 @@ class ParallelConfig(Section):
         "steps do not page-fault fresh memory (5-10% of a CPU step; see train/host_memory.py).",
     )
 
+    @field_validator("deepspeed_config")
+    @classmethod
+    def _deepspeed_config_is_json(cls, value: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
+        if isinstance(value, str):
+            read_deepspeed_config(value)  # a missing file or one that is not JSON fails at load
+        return value
+
+    @model_validator(mode="after")
+    def _deepspeed_keys_need_deepspeed(self) -> ParallelConfig:
+        if self.strategy != "deepspeed":
+            return self
+        if self.offload_params == "cpu" and self.zero_stage not in (None, 3):
+            raise ValueError(
+                "parallel.offload_params needs parallel.zero_stage 3 (only ZeRO-3 partitions parameters)"
+            )
+        if not self.sync_gradients:
+            raise ValueError(
+                "parallel.sync_gradients=false is not available with parallel.strategy=deepspeed"
+            )
+        if self.node_range[0] != self.node_range[1]:
+            raise ValueError(
+                f"parallel.nnodes {self.nnodes!r}: DeepSpeed ZeRO checkpoints are tied to the data-parallel "
+                "world size, so an elastic range cannot resume after a shrink; use a fixed node count"
+            )
+        return self
+
     @model_validator(mode="after")
     def _nnodes_min_le_max(self) -> ParallelConfig:
         low, high = self.node_range
@@ -86,3 +140,19 @@ class ParallelConfig(Section):
         """``"2"`` -> (2, 2); ``"1:2"`` -> (1, 2)."""
         low, _, high = self.nnodes.partition(":")
         return int(low), int(high or low)
+
+
+def read_deepspeed_config(path: str) -> dict[str, Any]:
+    """The JSON object in ``path``; ValueError naming the file (not the key: the caller's
+    error path names it) when it is missing or not one."""
+    try:
+        text = Path(path).expanduser().read_text()
+    except OSError as exc:
+        raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        body = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path} is not JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
+    if not isinstance(body, dict):
+        raise ValueError(f"{path} holds a JSON {type(body).__name__}, not an object")
+    return body

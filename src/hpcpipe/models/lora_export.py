@@ -21,8 +21,13 @@ __all__ = ["full_adapter_state", "load_with_adapter", "save_adapter", "save_merg
 
 
 def full_adapter_state(model: nn.Module) -> dict[str, torch.Tensor]:
-    """Trainable (adapter) tensors, unsharded, on CPU; call on every rank (collective under FSDP2)."""
+    """Trainable (adapter) tensors, unsharded, on CPU; call on every rank (collective under FSDP2
+    and DeepSpeed ZeRO-3)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    trainable = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    if any(hasattr(p, "ds_id") for _, p in trainable):
+        return _gathered_zero3(trainable)
 
     options = StateDictOptions(full_state_dict=True, ignore_frozen_params=True)
     state = get_model_state_dict(model, options=options)
@@ -31,6 +36,15 @@ def full_adapter_state(model: nn.Module) -> dict[str, torch.Tensor]:
         for key, value in state.items()
         if isinstance(value, torch.Tensor)
     }
+
+
+def _gathered_zero3(params: list[tuple[str, nn.Parameter]]) -> dict[str, torch.Tensor]:
+    """ZeRO-3 keeps 1/world of each large parameter per rank (``ds_id`` marks them): gather the
+    adapters whole for the copy (every rank), then give the memory back."""
+    import deepspeed
+
+    with deepspeed.zero.GatheredParameters([p for _, p in params]):
+        return {name: p.detach().to("cpu", torch.float32, copy=True) for name, p in params}
 
 
 def peft_model_of(model: nn.Module) -> Any:

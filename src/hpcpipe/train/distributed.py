@@ -66,6 +66,10 @@ class DistContext:
 def init_distributed(cfg: ParallelConfig, env: DistEnv) -> DistContext:
     """Pick the device, set intra-op threads and join the process group (when world > 1)."""
     device = _pick_device(env.local_rank)
+    if cfg.strategy == "deepspeed" and device.type == "cpu":
+        # Before anything imports DeepSpeed (transformers and peft may): it would pick CUDA
+        # because torch was built with it. Read once, at DeepSpeed's import.
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
     threads = cfg.threads_per_rank or max(1, (os.cpu_count() or 1) // env.local_world_size)
     torch.set_num_threads(threads)
     if cfg.retain_host_memory:

@@ -1,4 +1,5 @@
-"""Parallelism applied outside the model: DDP or FSDP2 wrapping, gradient-sync control, clipping."""
+"""Parallelism applied outside the model: DDP or FSDP2 wrapping (DeepSpeed's engine: ``deepspeed.py``),
+gradient-sync control, clipping and the optimizer step for each."""
 
 from __future__ import annotations
 
@@ -16,7 +17,9 @@ from torch.nn.parallel import DistributedDataParallel
 from hpcpipe import compat
 from hpcpipe.config import ParallelConfig
 from hpcpipe.errors import ConfigError
+from hpcpipe.train.deepspeed import is_engine
 from hpcpipe.train.distributed import DistContext
+from hpcpipe.train.precision import Precision
 
 
 def resolve_strategy(strategy: str, world_size: int) -> str:
@@ -48,8 +51,8 @@ def apply_parallelism(
     every parameter of a unit in that dtype and reduce gradients in fp32: a unit mixing a bf16
     frozen base with fp32 LoRA adapters cannot be gathered in one buffer otherwise.
     """
-    if strategy == "single":
-        return model
+    if strategy in ("single", "deepspeed"):
+        return model  # deepspeed: the engine wraps model and optimizer together (deepspeed.py)
     if strategy == "ddp":
         device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
         broadcast = buffers_broadcast(cfg, recipe_broadcasts_buffers)
@@ -117,15 +120,19 @@ def sync_buffers(model: nn.Module) -> None:
     rank 0's again); under FSDP2 every rank continues from rank 0's statistics, in an
     uninterrupted run and after a resume alike.
     """
-    if not isinstance(model, DistributedDataParallel | FSDPModule):
+    if not (isinstance(model, DistributedDataParallel | FSDPModule) or is_engine(model)):
         return
     for buffer in unwrap(model).buffers():
         torch.distributed.broadcast(buffer, src=0)
 
 
 def unwrap(model: nn.Module) -> nn.Module:
-    """The user's module under a DDP wrapper (FSDP2 shards in place: nothing to unwrap)."""
-    return model.module if isinstance(model, DistributedDataParallel) else model
+    """The user's module under a DDP wrapper or DeepSpeed engine (FSDP2 shards in place)."""
+    if isinstance(model, DistributedDataParallel) or is_engine(model):
+        inner = model.module
+        assert isinstance(inner, nn.Module)
+        return inner
+    return model
 
 
 @contextlib.contextmanager
@@ -137,7 +144,26 @@ def gradient_sync(model: nn.Module, enabled: bool) -> Iterator[None]:
         return
     if isinstance(model, FSDPModule):
         model.set_requires_gradient_sync(enabled)
+    if is_engine(model):
+        # The engine reduces (and steps) at an accumulation boundary; the loop says where it is.
+        model.set_gradient_accumulation_boundary(enabled)  # type: ignore[operator]
     yield
+
+
+def optimizer_step(
+    model: nn.Module, optimizer: torch.optim.Optimizer, precision: Precision, max_norm: float, measure: bool
+) -> torch.Tensor | None:
+    """Unscale, clip to ``max_norm`` (> 0), update, zero the gradients; the gradient norm before
+    clipping when clipping or ``measure`` asked for it (the same decision on every rank)."""
+    if is_engine(model):
+        model.step()  # type: ignore[operator]  # clips (gradient_clipping), steps and zeroes
+        norm = model.get_global_grad_norm()  # type: ignore[operator]
+        return torch.tensor(float(norm)) if measure and norm is not None else None
+    precision.unscale(optimizer)
+    grad_norm = clip_grad_norm(model, max_norm) if max_norm > 0 or measure else None
+    precision.step(optimizer)
+    optimizer.zero_grad(set_to_none=True)
+    return grad_norm
 
 
 def clip_grad_norm(model: nn.Module, max_norm: float) -> torch.Tensor:

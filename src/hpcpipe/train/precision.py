@@ -1,9 +1,10 @@
-"""Mixed precision: autocast for bf16/fp16, a gradient scaler for fp16."""
+"""Mixed precision: autocast for bf16/fp16, a gradient scaler for fp16; under DeepSpeed, its engine's."""
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 
@@ -15,7 +16,7 @@ _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 class Precision:
     """Wraps autocast + loss scaling so the loop reads the same for fp32, bf16 and fp16."""
 
-    def __init__(self, precision: str, device: torch.device, sharded: bool) -> None:
+    def __init__(self, precision: str, device: torch.device, sharded: bool, engine: Any = None) -> None:
         if precision not in ("fp32", *_DTYPES):
             raise ConfigError(f"train.precision: unknown precision {precision!r}")
         if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
@@ -24,7 +25,11 @@ class Precision:
         self.device = device
         self.dtype = _DTYPES.get(precision)
         self.scaler: torch.amp.GradScaler | None = None
-        if precision == "fp16":
+        # A DeepSpeed engine casts the model to bf16/fp16 itself, keeps fp32 master weights and
+        # scales fp16 losses: no scaler here, backward through the engine. Autocast stays: it
+        # casts floating inputs (images) to the parameters' dtype at each matmul/convolution.
+        self.engine = engine
+        if precision == "fp16" and engine is None:
             if sharded:
                 # Sharded gradients need the inf/nan check all-reduced across ranks.
                 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
@@ -42,7 +47,10 @@ class Precision:
             yield
 
     def backward(self, loss: torch.Tensor) -> None:
-        if self.scaler is not None:
+        if self.engine is not None:
+            # The loop already divided the loss by the accumulation steps.
+            self.engine.backward(loss, scale_wrt_gas=False)
+        elif self.scaler is not None:
             self.scaler.scale(loss).backward()
         else:
             loss.backward()

@@ -31,6 +31,7 @@ from hpcpipe.observe.throughput import ThroughputMeter, peak_memory_bytes
 from hpcpipe.observe.watchdog import Watchdog
 from hpcpipe.recipes.base import Batch, Recipe
 from hpcpipe.track.sinks import Trackers
+from hpcpipe.train.deepspeed import deepspeed_engine
 from hpcpipe.train.distributed import DistContext
 from hpcpipe.train.environment import node_name
 from hpcpipe.train.faults import NO_FAULTS, FaultInjector
@@ -39,8 +40,8 @@ from hpcpipe.train.optim import build_optimizer
 from hpcpipe.train.parallel import (
     apply_parallelism,
     buffers_broadcast,
-    clip_grad_norm,
     gradient_sync,
+    optimizer_step,
     resolve_strategy,
     sync_buffers,
     time_gradient_sync,
@@ -101,15 +102,24 @@ class Trainer:
         time_gradient_sync(self.model, self.phases.compute_done)
         self.syncs_buffers = buffers_broadcast(job.parallel, recipe.broadcasts_buffers)
         self.optimizer = build_optimizer(self.model, self.cfg, ctx.device)
-        self.precision = Precision(self.cfg.precision, ctx.device, sharded=self.strategy == "fsdp")
+        accum = grad_accum_steps(self.cfg, ctx.world_size)
+        engine = None
+        if self.strategy == "deepspeed":  # DeepSpeed wraps model and optimizer together
+            self.model, self.optimizer, _ = deepspeed_engine(self.model, self.optimizer, job, ctx, accum)
+            engine = self.model
+        self.precision = Precision(
+            self.cfg.precision, ctx.device, sharded=self.strategy == "fsdp", engine=engine
+        )
         self.loader = recipe.train_loader(ctx.rank, ctx.world_size)
         # Dropout streams differ per rank (the data differ too); still a function of the seed.
         torch.manual_seed(job.run.seed + ctx.rank)
         self.step = 0
 
         # Fault tolerance: OOM recovery, preemption, hang detection, checkpoints.
-        accum = grad_accum_steps(self.cfg, ctx.world_size)
-        self.oom = OOMGuard(self.cfg.micro_batch_size, accum, job.fault.oom_recovery, rank=ctx.rank)
+        oom_recovery = job.fault.oom_recovery
+        if oom_recovery is None:  # a ZeRO step cannot be rolled back half-way
+            oom_recovery = self.strategy != "deepspeed"
+        self.oom = OOMGuard(self.cfg.micro_batch_size, accum, oom_recovery, rank=ctx.rank)
         self.oom.attach(self.model, units)
         self.agree_max = _agreement_all_reduce(ctx)
         self.preemption = PreemptionHandler(job.fault.preempt_grace_s, exit_code=job.fault.preempt_exit_code)
@@ -124,6 +134,7 @@ class Trainer:
             job.config_hash(),
             events=self.events.emit,
             trainable_only=recipe.checkpoint_trainable_only,
+            engine="deepspeed" if engine is not None else "dcp",
         )
         self.faults = faults  # a no-op unless a chaos job installed one (train/faults.py)
         self.store.save_point = faults.at_save
@@ -220,12 +231,9 @@ class Trainer:
             self.events.emit("oom_recovered", event)
         loss_sum, data_time = out
         self.phases.begin("optimizer")
-        self.precision.unscale(self.optimizer)
-        grad_norm = None
-        if self.cfg.grad_clip > 0 or measure_norm:  # the same decision on every rank (FSDP2 reduces)
-            grad_norm = clip_grad_norm(self.model, self.cfg.grad_clip)
-        self.precision.step(self.optimizer)
-        self.optimizer.zero_grad(set_to_none=True)
+        grad_norm = optimizer_step(
+            self.model, self.optimizer, self.precision, self.cfg.grad_clip, measure_norm
+        )
         self.phases.end_step()
         return StepOutput(loss=loss_sum, grad_norm=grad_norm, lr=lr, data_time_s=data_time)
 
