@@ -35,7 +35,11 @@ DEEPSPEED = ("parallel.strategy=deepspeed", "parallel.zero_stage=3", PARTITION_A
 
 
 def _train(tmp: Path, name: str, *sets: str, env: dict[str, str] | None = None, restarts: int = 0):  # type: ignore[no-untyped-def]
-    args = tiny_job_sets(tmp, name, "train.steps=20", "observe.progress=false", *sets)
+    # micro-batch 2 x 2 ranks x accumulation 2 = the preset's global batch of 8: the engine's
+    # accumulation boundary is the loop's, and gradient clipping is active (norms > 1).
+    args = tiny_job_sets(
+        tmp, name, "train.steps=20", "train.micro_batch_size=2", "observe.progress=false", *sets
+    )
     return run_cli(
         "train", "tiny", "--nproc", "2", "--max-restarts", str(restarts), *args, cwd=tmp, timeout=300, env=env
     )
