@@ -44,8 +44,9 @@ Top level of ``<run_dir>/`` (name: who writes it -> who reads it)
 - ``data_report.json`` (DATA_REPORT): the prepared dataset's report, copied.
   recipes.lora_fc at the start of training -> people.
 - ``lora_summary.json`` (LORA_SUMMARY): recipes.lora_fc at the end of training -> people.
-- ``profile/`` (PROFILE): torch.profiler traces ``rank<R>.steps<A>-<B>.trace.json``.
-  observe.trace -> observe.verdict.
+- ``profile/`` (PROFILE): torch.profiler traces ``rank<R>.steps<A>-<B>.trace.json``; Nsight
+  reports ``nsys/<job>.rank<R>.nsys-rep`` (with their ``nsys stats`` CSVs) and
+  ``ncu/<job>.rank<R>.ncu-rep``. observe.trace, launch.nsight -> observe.verdict, observe.nsys_stats.
 - ``tensorboard/`` (TENSORBOARD): event files. track.tensorboard -> TensorBoard.
 - ``tracking/`` (TRACKING): ``mlflow.json`` (MLFLOW_RUN, the run's MLflow run and experiment
   ids): track.mlflow_client -> track.sync/registry, pipeline; ``registry.json`` (REGISTRY, the

@@ -49,6 +49,21 @@ CASES = {
         "launch.slurm.container_binds=[/scratch, /lustre/datasets, /local/nvme]",
         "data.cache_dir=/local/nvme/hpcpipe-cache",
     ],
+    # observe.profile.tool (`launch slurm --profile`): the agents start each worker under the tool.
+    "nsys-profile": [
+        "parallel.nnodes=2",
+        "launch.slurm.gpus_per_node=4",
+        "train.global_batch_size=32",
+        "launch.slurm.container=/shared/images/hpcpipe.sif",
+        "observe.profile.tool=nsys",
+        "observe.profile.start_step=50",
+    ],
+    "ncu-profile": [
+        "launch.slurm.gpus_per_node=8",
+        "train.global_batch_size=32",
+        "observe.profile.tool=ncu",
+        "observe.profile.ncu.launch_count=5",
+    ],
 }
 
 
@@ -99,6 +114,20 @@ def test_rendered_scripts_are_shellcheck_clean_and_signal_every_task(text: str, 
     assert "scontrol requeue" in text and "SLURM_RESTART_COUNT" in text
 
 
+def test_a_profiled_run_exports_nsys_summaries_after_the_job_step(tmp_path: Path) -> None:
+    """`--profile nsys` sets observe.profile.tool; the script then runs `nsys stats` on every
+    rank's report (inside the image, like hpcpipe) before its exit-code logic; ncu has no stats."""
+    out = f"run.out_dir={tmp_path}/runs"
+    proc = run_cli("launch", "slurm", "tiny", "--set", out, "--profile", "nsys", "--dry-run", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "observe.profile.tool=nsys" in proc.stdout and "profile/nsys/*.nsys-rep; do" in proc.stdout
+    text = _render("nsys-profile")
+    stats = "apptainer exec --nv /shared/images/hpcpipe.sif nsys stats --report nvtx_sum,cuda_gpu_kern_sum"
+    assert stats in text and text.index(stats) < text.index('if [ "$code" -eq 75 ]')
+    assert "nsys stats" not in _render("ncu-profile") and "profile/ncu" in _render("ncu-profile")
+    assert "profile/" not in _render("two-nodes-8-gpus")  # no observe.profile.tool: nothing added
+
+
 def test_only_an_elastic_run_lets_the_step_survive_a_lost_node() -> None:
     assert "srun --kill-on-bad-exit=1 " in _render("two-nodes-8-gpus")
     assert "srun --kill-on-bad-exit=0 --no-kill " in _render("elastic-cpu")
@@ -114,6 +143,10 @@ def test_only_an_elastic_run_lets_the_step_survive_a_lost_node() -> None:
         # A newline in a value would add lines to the script: #SBATCH options, or commands.
         (["--set", "launch.slurm.partition=gpu\n#SBATCH --wrap=x"], "launch.slurm.partition"),
         (["--set", "run.name=job\necho pwned"], "run.name"),
+        (["--set", "observe.profile.tool=vtune"], "observe.profile.tool"),
+        (["--profile", "ncu", "--set", "observe.profile.ncu.launch_count=-1"], "ncu.launch_count"),
+        (["--profile", "nsys", "--set", "observe.profile.memory=true"], "observe.profile"),
+        (["--profile", "nsys", "--set", "observe.profile.nsys.executable=nsys\nrm -rf /"], "executable"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_and_submits_nothing(

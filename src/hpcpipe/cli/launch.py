@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -17,6 +18,14 @@ from hpcpipe.layout import RunLayout
 if TYPE_CHECKING:
     from hpcpipe.config import JobConfig
     from hpcpipe.launch.agent import AgentSpec
+
+
+class ProfileTool(StrEnum):
+    """``launch slurm --profile``: the Nsight tool every worker starts under."""
+
+    nsys = "nsys"
+    ncu = "ncu"
+
 
 app = typer.Typer(
     help="Submit jobs to a cluster scheduler (Slurm, Kubernetes), and the per-node agent they start.",
@@ -52,6 +61,14 @@ def slurm(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print the sbatch script; submit nothing.")
     ] = False,
+    profile: Annotated[
+        ProfileTool | None,
+        typer.Option(
+            help="Run every worker under Nsight Systems (nsys) or Nsight Compute (ncu) over the "
+            "observe.profile window (observe.profile.tool).",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Render an sbatch script from the job's launch.slurm section and submit it.
 
@@ -70,10 +87,14 @@ def slurm(
       hpcpipe launch slurm quickstart --nodes 1:2 --set launch.slurm.env='{GLOO_SOCKET_IFNAME: eth0}'
 
       hpcpipe launch slurm tiny -g 'train.lr=\\[1e-3,3e-3]' -g 'run.seed=\\[0,1]'   (a 4-task array)
+
+      hpcpipe launch slurm gpt-124m --nodes 2 --gpus-per-node 8 --profile nsys   (then hpcpipe profile)
     """
     from hpcpipe.launch import slurm as slurm_launch
 
     overrides = [*(sets or []), *_cli_overrides(nodes, gpus_per_node, partition, time_limit)]
+    if profile is not None:
+        overrides.append(f"observe.profile.tool={profile.value}")
     sub, points = _submission(config, overrides, grids or [], out)
     if dry_run:
         typer.echo(slurm_launch.render_sbatch(sub), nl=False)  # verbatim: no wrapping or markup
@@ -160,6 +181,7 @@ def agent(
     import os
 
     from hpcpipe.config import load_config
+    from hpcpipe.launch import nsight
     from hpcpipe.launch.agent import AgentPreempted, AgentSpec, stop_early_on_preemption
     from hpcpipe.launch.job import WORKER_PRELOAD, prestart_node_fork_server
 
@@ -170,6 +192,8 @@ def agent(
     low, _, high = nnodes.partition(":")
     if not (low.isdigit() and (high or low).isdigit()):
         raise UserError(f"--nnodes {nnodes}: give N or MIN:MAX")
+    # Under Nsight each worker starts as its own process under the tool (launch/nsight.py).
+    wrapper = nsight.worker_wrapper(job.observe.profile, job.run_dir, nsight.report_tag(job.run.name))
     spec = AgentSpec(
         nproc_per_node=nproc_per_node,
         min_nodes=int(low),
@@ -183,6 +207,7 @@ def agent(
         start_method=job.parallel.worker_start,
         preload=WORKER_PRELOAD,
         preempt_exit_code=preempted,
+        wrapper=wrapper,
     )
     try:
         code = _run_node_agent(job, config, spec)
@@ -205,10 +230,12 @@ def _run_node_agent(job: JobConfig, config: Path, spec: AgentSpec) -> int:
     from hpcpipe.config import grad_accum_steps
     from hpcpipe.launch.agent import run_agent
     from hpcpipe.launch.job import WORKER_MODULE, prepare_inputs
+    from hpcpipe.launch.nsight import make_report_dir
 
     for nodes in range(spec.min_nodes, spec.max_nodes + 1):  # workers would fail the same way, N times
         grad_accum_steps(job.train, nodes * spec.nproc_per_node)
     prepare_inputs(job)  # torch is imported already: about 1 s here, against 5 s as its own step
+    make_report_dir(job.observe.profile, job.run_dir)
     return run_agent(spec, WORKER_MODULE, [str(config)])
 
 

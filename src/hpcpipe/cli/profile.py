@@ -34,8 +34,10 @@ def profile(
     """Say whether a run is input-, communication-, host/launch- or compute-bound, with evidence.
 
     Reads the phase timers every run logs (metrics.jsonl: data wait, forward, backward, optimizer,
-    exposed communication, step time), MFU and NVML GPU utilisation where present, and the
-    profiler trace when observe.profile recorded one (GPU kernel-busy fraction, top operators).
+    exposed communication, step time), MFU and NVML GPU utilisation where present, the
+    profiler trace when observe.profile recorded one (GPU kernel-busy fraction, top operators),
+    and the `nsys stats` CSV exports of an Nsight Systems run (profile/nsys/*_nvtx_sum.csv and
+    *_cuda_gpu_kern_sum.csv: NVTX step and phase times, NCCL share of kernel time, top kernels).
     The limiter furthest over its threshold wins; none over: compute-bound. The first logged row
     (warm-up) is left out. Thresholds default to the usual targets (DataLoader idle < 5%,
     communication < 20%, GPU busy > 80%).
@@ -72,6 +74,8 @@ def profile(
     if ev.top_ops:
         ops = ", ".join(f"{escape(name)} {seconds * 1000:.1f} ms" for name, seconds in ev.top_ops[:5])
         console.print(f"top operators (traced steps): {ops}")
+    for line in ev.nsys.describe() if ev.nsys is not None else []:
+        console.print(escape(line), soft_wrap=True)
     if ev.straggler:
         console.print(f"straggler: {escape(ev.straggler)}")
     console.print(f"[bold]verdict: {verdict.kind}[/bold]: {escape(verdict.reason)}")

@@ -139,6 +139,7 @@ def run(
     from hpcpipe.pipeline import handoff
     from hpcpipe.pipeline.engine import StepContext, run_pipeline
     from hpcpipe.pipeline.steps import STEPS
+    from hpcpipe.pipeline.tracing import pipeline_trace
     from hpcpipe.train.environment import detect_environment
     from hpcpipe.train.preempt import Preempted
 
@@ -148,9 +149,11 @@ def run(
         raise UserError("--record: give --only STEP (one step's record)")
     job = load_job(config, [*(sets or []), *(handoff.params_overrides(params) if params else [])], nproc)
     handoff.check_upstream(job.run_dir, list(upstream or []))
+    trace = pipeline_trace(job)  # TRACEPARENT for the workers: before the fork server copies os.environ
     if only in (None, "train") and on == "local":
         prestart_fork_server(job, max_restarts)  # before the prepare step computes anything
     ctx = StepContext(job, job.run_dir, max_restarts, say=lambda text: console.print(text, markup=False))
+    ctx.trace = trace
     ctx.on, ctx.api = on, api
     env = detect_environment()
     if env.is_external and env.is_distributed:  # torchrun / srun started this on every rank

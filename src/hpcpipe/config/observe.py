@@ -1,6 +1,6 @@
 """The ``observe:`` config section: metrics files, the Prometheus exporter, GPU telemetry,
-rank-imbalance detection, the profiler, and the tracking sinks that outlive the run (TensorBoard,
-MLflow) (its own module: config.py holds the training side)."""
+rank-imbalance detection, the profiler, the tracking sinks that outlive the run (TensorBoard,
+MLflow) and OpenTelemetry traces (its own module: config.py holds the training side)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
 
-from hpcpipe.config.section import Section
+from hpcpipe.config.section import Section, one_line
 
 
 class PrometheusConfig(Section):
@@ -99,11 +99,87 @@ class ImbalanceConfig(Section):
     )
 
 
-class ProfileConfig(Section):
-    """A torch.profiler window: Chrome/Perfetto traces under ``<run_dir>/profile/``."""
+def _tool_words(words: list[str]) -> list[str]:
+    # Profiler options reach a command line (argv, never a shell) and the sbatch script's comments.
+    for word in words:
+        one_line(word)
+    return words
 
+
+class NsysConfig(Section):
+    """``nsys profile`` around each worker (``observe.profile.tool: nsys``): one report per rank."""
+
+    executable: str = Field(
+        "nsys", min_length=1, description="The Nsight Systems CLI: a name on the PATH or a path."
+    )
+    trace: list[str] = Field(
+        default_factory=lambda: ["cuda", "nvtx", "osrt"],
+        min_length=1,
+        description="`nsys profile --trace`: CUDA API and kernels, NVTX ranges (hpcpipe's phases, and "
+        "NCCL's own ranges: its collectives on the CPU timeline) and OS runtime calls; NCCL's "
+        "kernels come with `cuda`. Add cudnn, cublas, python-gil, ucx... as needed.",
+    )
+    sample: Literal["process-tree", "none"] = Field(
+        "none",
+        description="CPU sampling (`--sample`, with `--cpuctxsw`): off by default, it makes reports "
+        "large and adds overhead; `process-tree` for Python/host hot spots.",
+    )
+    extra_args: list[str] = Field(
+        default_factory=list,
+        description="More `nsys profile` options, one word each (e.g. --cuda-memory-usage=true).",
+    )
+
+    _one_line = field_validator("executable")(one_line)
+    _words = field_validator("trace", "extra_args")(_tool_words)
+
+
+class NcuConfig(Section):
+    """``ncu`` around each worker (``observe.profile.tool: ncu``): kernel metrics for a bounded
+    number of launches inside the window."""
+
+    executable: str = Field(
+        "ncu", min_length=1, description="The Nsight Compute CLI: a name on the PATH or a path."
+    )
+    set: str = Field(
+        "full",
+        min_length=1,
+        description="`ncu --set`: the section set measured per kernel (basic, detailed, full, roofline, ...; "
+        "`ncu --list-sets`). `full` has the roofline (FLOPs against bandwidth) and occupancy.",
+    )
+    launch_count: int = Field(
+        20,
+        ge=1,
+        description="`--launch-count`: kernels profiled per rank (each is replayed once per metric pass).",
+    )
+    launch_skip: int = Field(0, ge=0, description="`--launch-skip`: kernels inside the window skipped first.")
+    kernel_name: str | None = Field(
+        "regex:^(?!nccl)",
+        description="`--kernel-name` filter (null: every kernel). The default skips NCCL kernels: ncu "
+        "replays each profiled kernel, and a collective replayed on one rank waits for peers that "
+        "do not replay it.",
+    )
+    extra_args: list[str] = Field(default_factory=list, description="More `ncu` options, one word each.")
+
+    _one_line = field_validator("executable", "set", "kernel_name")(one_line)
+    _words = field_validator("extra_args")(_tool_words)
+
+
+class ProfileConfig(Section):
+    """A profiler window over chosen steps: torch.profiler traces under ``<run_dir>/profile/``, or
+    each rank's worker under Nsight Systems / Nsight Compute (``tool``), limited to the window's
+    steps through the CUDA profiler API."""
+
+    tool: Literal["torch", "nsys", "ncu"] = Field(
+        "torch",
+        description="torch: torch.profiler Chrome traces, rank<R>.steps<A>-<B>.trace.json. nsys / ncu: "
+        "every worker starts under `nsys profile` / `ncu` and capture runs from start_step for "
+        "`active` steps (cudaProfilerStart/Stop); one report per rank in <run_dir>/profile/nsys|ncu/, "
+        "named <job>.rank<R> (job: $SLURM_JOB_ID, else run.name).",
+    )
     start_step: int = Field(10, ge=1, description="First step of the window (its warm-up steps come first).")
-    warmup: int = Field(1, ge=0, description="Steps traced but discarded before the active ones.")
+    warmup: int = Field(
+        1, ge=0, description="Steps traced but discarded before the active ones (tool torch only)."
+    )
     active: int = Field(3, ge=1, description="Steps recorded.")
     ranks: list[int] | Literal["all"] = Field(
         default_factory=lambda: [0], description="Ranks that record a trace: a list, or `all`."
@@ -116,8 +192,20 @@ class ProfileConfig(Section):
         "snapshot (open it at pytorch.org/memory_viz), and dump one on an out-of-memory error.",
     )
 
+    nsys: NsysConfig = Field(default_factory=NsysConfig)
+    ncu: NcuConfig = Field(default_factory=NcuConfig)
+
     def records(self, rank: int) -> bool:
         return self.ranks == "all" or rank in self.ranks
+
+    @model_validator(mode="after")
+    def _torch_options(self) -> ProfileConfig:
+        # These shape a torch.profiler trace; under nsys/ncu they would silently do nothing.
+        if self.tool != "torch":
+            for key in ("record_shapes", "with_stack", "memory"):
+                if getattr(self, key):
+                    raise ValueError(f"{key} applies to tool torch only (tool is {self.tool})")
+        return self
 
 
 class MlflowConfig(Section):
@@ -151,6 +239,81 @@ class MlflowConfig(Section):
         return uri
 
 
+OTLP_TRACES_PATH = "/v1/traces"
+
+
+class OtelConfig(Section):
+    """OpenTelemetry spans of the pipeline, training steps and checkpoints, sent over OTLP (the
+    ``otel`` extra). Headers (an API key, basic auth) come only from the standard
+    OTEL_EXPORTER_OTLP_HEADERS environment variable, never from this file."""
+
+    endpoint: str | None = Field(
+        None,
+        description="Collector URL, http:// or https:// (null: no tracing, nothing imported). "
+        "http/protobuf: the base URL (http://collector:4318), /v1/traces is added unless the "
+        "path already ends with it; grpc: http://collector:4317 (http: plaintext, https: TLS).",
+    )
+    protocol: Literal["http/protobuf", "grpc"] = Field(
+        "http/protobuf", description="OTLP transport, as OTEL_EXPORTER_OTLP_PROTOCOL names it."
+    )
+    sample_every_steps: int = Field(
+        10,
+        ge=1,
+        description="Trace every Nth training step (its phases and the regions after it); "
+        "pipeline steps and checkpoint save/verify/restore are always traced.",
+    )
+    queue_size: int = Field(
+        2048,
+        ge=16,
+        description="Spans held for the background exporter; past it the oldest are dropped "
+        "(counted, reported at the end of training). Training never waits on the exporter.",
+    )
+    export_timeout_s: float = Field(
+        5.0,
+        gt=0,
+        description="Seconds one export may take (with its retries), and the most the end of "
+        "training waits for queued spans to go out.",
+    )
+    service_name: str = Field("hpcpipe", min_length=1, description="The spans' service.name.")
+
+    @field_validator("endpoint")
+    @classmethod
+    def _a_collector_url(cls, url: str | None) -> str | None:
+        if url is None:
+            return None
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("not a collector URL: give http(s)://host:port (OTLP/HTTP 4318, gRPC 4317)")
+        if parts.username is not None or parts.password is not None:
+            # config.yaml is saved with the run and logged as an artifact: no secrets in it.
+            raise ValueError("holds credentials: put them in OTEL_EXPORTER_OTLP_HEADERS instead")
+        if parts.query or parts.fragment:
+            raise ValueError("a collector URL takes no query or fragment")
+        try:
+            parts.port  # noqa: B018 - raises on a port that is not a number in range
+        except ValueError as exc:
+            raise ValueError(f"bad port: {exc}") from None
+        return url
+
+    @model_validator(mode="after")
+    def _grpc_has_no_path(self) -> OtelConfig:
+        if self.protocol == "grpc" and self.endpoint and urlsplit(self.endpoint).path not in ("", "/"):
+            raise ValueError("endpoint: a gRPC collector URL has no path (http://collector:4317)")
+        return self
+
+    @property
+    def traces_url(self) -> str | None:
+        """Where spans go: OTLP/HTTP's signal URL (``/v1/traces`` added to a base URL), or the
+        gRPC endpoint as given."""
+        if self.endpoint is None or self.protocol == "grpc":
+            return self.endpoint
+        parts = urlsplit(self.endpoint)
+        path = parts.path.rstrip("/")
+        if not path.endswith(OTLP_TRACES_PATH):
+            path += OTLP_TRACES_PATH
+        return parts._replace(path=path).geturl()
+
+
 class ObserveConfig(Section):
     log_every: int = Field(10, ge=1, description="Write a metrics row every N steps (and the last).")
     progress: bool = Field(True, description="Rich progress bar on rank 0 when on a terminal.")
@@ -168,4 +331,8 @@ class ObserveConfig(Section):
     )
     mlflow: MlflowConfig | None = Field(
         None, description="MLflow tracking (the `mlflow` extra; null: off). Rank 0 only."
+    )
+    otel: OtelConfig = Field(
+        default_factory=OtelConfig,
+        description="OpenTelemetry traces (the `otel` extra): off while otel.endpoint is null.",
     )

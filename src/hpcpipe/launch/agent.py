@@ -56,6 +56,9 @@ class AgentSpec:
     # (the module's ``forked_main``); spawn: each worker is a fresh ``python -m module`` process.
     start_method: Literal["forkserver", "spawn"] = "forkserver"
     preload: tuple[str, ...] = ()  # modules the fork server imports for every worker
+    # A profiler each worker starts under (``launch/nsight.py``): every worker is then its own
+    # ``wrapper... python -u -m module`` process, whatever ``start_method`` says.
+    wrapper: tuple[str, ...] = ()
 
 
 class AgentPreempted(BaseException):
@@ -125,6 +128,8 @@ def _entry_point(spec: AgentSpec, module: str, args: list[str]) -> tuple[Any, tu
     restarted group as fast. The workers report their exit codes through files in
     ``HPCPIPE_EXIT_DIR`` (they are the server's children, not this process's).
     """
+    if spec.wrapper:  # torch's agent runs a string entry point as a subprocess, one per worker
+        return spec.wrapper[0], (*spec.wrapper[1:], sys.executable, "-u", "-m", module, *args)
     if spec.start_method == "spawn":
         return sys.executable, ("-u", "-m", module, *args)
     import importlib

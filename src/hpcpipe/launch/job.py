@@ -27,8 +27,11 @@ def prestart_fork_server(job: JobConfig, max_restarts: int = 0) -> None:
 
 def prestart_node_fork_server(job: JobConfig) -> None:
     """``prestart_fork_server`` for a node agent (``hpcpipe launch agent``), which always starts
-    its workers through the fork server unless ``parallel.worker_start`` is spawn."""
-    if job.parallel.worker_start != "forkserver":
+    its workers through the fork server unless ``parallel.worker_start`` is spawn or each worker
+    starts under a profiler (``launch/nsight.py``)."""
+    from hpcpipe.launch.nsight import profiles_workers
+
+    if job.parallel.worker_start != "forkserver" or profiles_workers(job.observe.profile):
         return
     from hpcpipe.launch.fork_server import prestart
     from hpcpipe.recipes.catalog import recipe_spec
@@ -60,11 +63,16 @@ def run_job(job: JobConfig, max_restarts: int = 0) -> Path:
         train_worker(job, env)
         return job.run_dir
 
+    from hpcpipe.launch import nsight
+
     nproc = job.parallel.nproc
     grad_accum_steps(job.train, nproc)
-    config_path = prepare_job(job)
     run_dir = job.run_dir
-    if nproc == 1 and max_restarts == 0:
+    # Under Nsight every worker is its own process: checked before the data preparation.
+    wrapper = nsight.worker_wrapper(job.observe.profile, run_dir, nsight.report_tag(job.run.name))
+    config_path = prepare_job(job)
+    nsight.make_report_dir(job.observe.profile, run_dir)
+    if nproc == 1 and max_restarts == 0 and not wrapper:
         from hpcpipe.launch.worker import train_worker
 
         train_worker(job, env)
@@ -79,7 +87,10 @@ def run_job(job: JobConfig, max_restarts: int = 0) -> Path:
         max_restarts=max_restarts,
         start_method=job.parallel.worker_start,
         preload=WORKER_PRELOAD,
+        wrapper=wrapper,
     )
+    if wrapper and job.observe.profile is not None and job.observe.profile.tool == "nsys":
+        nsight.export_stats(run_dir, job.observe.profile.nsys)  # for `hpcpipe profile RUN_DIR`
     if code == USER_ERROR_EXIT_CODE:
         raise UserError(f"a worker rejected the job (see its message above); run dir: {run_dir}")
     if code != 0:

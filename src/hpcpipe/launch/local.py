@@ -22,11 +22,12 @@ def launch_local(
     monitor_interval_s: float = 0.5,
     start_method: Literal["forkserver", "spawn"] = "forkserver",
     preload: tuple[str, ...] = (),
+    wrapper: tuple[str, ...] = (),
 ) -> int:
     """Run ``module``'s worker on ``nproc`` local ranks with ``args``; returns the group's exit code.
 
     Exit code: 0 when every rank succeeded; otherwise the first failed rank's code (so a
-    worker's UserError exit 2 stays 2).
+    worker's UserError exit 2 stays 2). ``wrapper``: a profiler every worker starts under.
     """
     spec = AgentSpec(
         nproc_per_node=nproc,
@@ -36,5 +37,6 @@ def launch_local(
         monitor_interval_s=monitor_interval_s,
         start_method=start_method,
         preload=preload,
+        wrapper=wrapper,
     )
     return run_agent(spec, module, args)

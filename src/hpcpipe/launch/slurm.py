@@ -18,6 +18,7 @@ from hpcpipe.config.launch import SlurmConfig
 from hpcpipe.errors import UserError
 from hpcpipe.launch.job import check_node_range
 from hpcpipe.layout import RunLayout
+from hpcpipe.observe.nsys_stats import STATS_ARGS
 
 SCRIPT_NAME = RunLayout.SLURM_SCRIPT
 
@@ -80,19 +81,39 @@ def render_sbatch(sub: SlurmSubmission) -> str:
         grace_s=int(job.fault.preempt_grace_s) + 30,
         preempt_code=job.fault.preempt_exit_code,
         sweep_dir=str(sub.sweep_dir.absolute()) if sub.sweep_dir else "",
+        **_profile_vars(job),
     )
+
+
+def _profile_vars(job: JobConfig) -> dict[str, str]:
+    """An Nsight run (observe.profile.tool): the agents wrap the workers themselves; the script
+    says so and, for nsys, exports each report's summaries after the job step."""
+    profile = job.observe.profile
+    tool = profile.tool if profile is not None and profile.tool != "torch" else ""
+    nsys = profile.nsys.executable if profile is not None else "nsys"
+    slurm = job.launch.slurm
+    return {
+        "profile_tool": tool,
+        "nsys": node_command(slurm, nsys) if slurm.container else shlex.quote(nsys),
+        "nsys_stats": " ".join(STATS_ARGS),
+    }
 
 
 def hpcpipe_command(slurm: SlurmConfig) -> str:
     """hpcpipe as the nodes run it: bare, or inside the Apptainer image."""
+    return node_command(slurm, slurm.hpcpipe)
+
+
+def node_command(slurm: SlurmConfig, program: str) -> str:
+    """A program the nodes run from the job's software: bare, or inside the Apptainer image."""
     if slurm.container is None:
-        return slurm.hpcpipe
+        return program
     words = ["apptainer", "exec"]
     if slurm.gpus_per_node:
         words.append("--nv")
     if slurm.container_binds:
         words += ["--bind", ",".join(slurm.container_binds)]
-    return " ".join(shlex.quote(w) for w in [*words, slurm.container, slurm.hpcpipe])
+    return " ".join(shlex.quote(w) for w in [*words, slurm.container, program])
 
 
 def workers_per_node(job: JobConfig) -> int:

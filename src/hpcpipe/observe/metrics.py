@@ -106,18 +106,24 @@ class EventLog:
     """``events.jsonl`` of a run, written by one rank; safe to call from background threads.
 
     ``listeners`` (the Prometheus exporter) hear every event on every rank, written or not.
+    ``context`` (OpenTelemetry tracing, ``otel_steps.py``), when set, is asked once per event for
+    the fields that join its line to a trace (``trace_id``, ``span_id``); unset, lines are as
+    they always were.
     """
 
     def __init__(self, run_dir: Path, enabled: bool) -> None:
         self.run_dir = run_dir
         self.enabled = enabled
         self.listeners: list[Callable[[str, dict[str, Any]], None]] = []
+        self.context: Callable[[str, dict[str, Any]], dict[str, str]] | None = None
         self._lock = threading.Lock()
 
     def emit(self, kind: str, fields: dict[str, Any]) -> None:
         for listener in self.listeners:
             listener(kind, fields)
+        context = self.context
+        ids = context(kind, fields) if context is not None else {}
         if not self.enabled:
             return
         with self._lock:
-            append_event(self.run_dir, kind, **fields)
+            append_event(self.run_dir, kind, **fields, **ids)

@@ -22,6 +22,8 @@ from hpcpipe.config.observe import ObserveConfig
 from hpcpipe.observe.gpu import GpuCollector, GpuSampler
 from hpcpipe.observe.imbalance import ImbalanceDetector
 from hpcpipe.observe.metrics import EventLog
+from hpcpipe.observe.nvtx import nvtx_ranges
+from hpcpipe.observe.otel import step_tracer
 from hpcpipe.observe.phases import PhaseListener
 from hpcpipe.observe.prometheus import Exporter
 from hpcpipe.observe.trace import StepProfiler
@@ -56,8 +58,8 @@ class Telemetry:
         )
         self.profiler = StepProfiler(cfg.profile, who.rank, run_dir, who.device)
         # Observers of the loop's phases as they happen (observe/phases.py listeners).
-        self.nvtx: PhaseListener | None = None  # NVTX ranges: observe/nvtx.py
-        self.tracing: PhaseListener | None = None  # OpenTelemetry spans: observe/otel.py
+        self.nvtx: PhaseListener | None = nvtx_ranges()  # None unless a profiler records NVTX
+        self.tracing = step_tracer(cfg.otel, run, who.rank, who.world_size, who.node, events)  # otel.py
         self._steps_since_row = 0
         self._last_row_step = 0  # the logged row before this one: the interval starts after it
         self._last_step_end: float | None = None
@@ -135,6 +137,8 @@ class Telemetry:
             log.warning("rank %d: memory snapshot at the out-of-memory error: %s", self.who.rank, path)
 
     def close(self, summary: dict[str, float] | None = None) -> None:
+        if self.tracing is not None:  # first: its closing event still reaches the exporter
+            self.tracing.close()
         self.profiler.close()
         if self.gpu is not None:
             self.gpu.stop()

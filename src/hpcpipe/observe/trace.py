@@ -8,6 +8,12 @@ over the window and dumped next to the trace as ``rank<R>.memory.pickle`` (pytor
 memory_viz). The allocator history keeps recording until the run ends, so an out-of-memory
 error dumps one too (``rank<R>.oom-step<N>.pickle``), whenever it happens. After the window the
 profiler itself is stopped, so the rest of the run pays nothing for it.
+
+With ``tool: nsys`` or ``ncu`` the worker already runs under Nsight Systems or Nsight Compute (the
+launcher starts it so: ``launch/nsight.py``), which waits for the CUDA profiler API: here the
+window is ``cudaProfilerStart`` before step ``start_step`` and ``cudaProfilerStop`` after step
+``start_step + active - 1`` (no warm-up: the tool discards nothing). On CPU there is no CUDA
+context and nothing to capture: the calls are skipped, the window's bookkeeping is the same.
 """
 
 from __future__ import annotations
@@ -39,6 +45,8 @@ class StepProfiler:
         self._prof: Any = None
         self._left = 0  # profiler steps until the window is over
         self.trace_path: Path | None = None
+        self._next_step = 0  # nsys/ncu: the step that runs next
+        self._capturing = False
 
     def start(self, next_step: int) -> None:
         """Arm the window; ``next_step`` is the first step this process will run."""
@@ -49,6 +57,10 @@ class StepProfiler:
         last = cfg.start_step + cfg.active - 1
         if next_step > cfg.start_step:
             log.warning("observe.profile: the run resumed at step %d, after the window's start", next_step)
+            return
+        if cfg.tool != "torch":
+            self._next_step = next_step
+            self._capture_if_due()
             return
         from torch.profiler import ProfilerActivity, profile, schedule
 
@@ -73,6 +85,9 @@ class StepProfiler:
 
     def step(self) -> None:
         """After every training step: advance the schedule; stop once the window is over."""
+        if self._next_step:
+            self._next_step += 1
+            self._capture_if_due()
         if self._prof is None:
             return
         self._prof.step()
@@ -98,7 +113,38 @@ class StepProfiler:
             return None
         return path
 
+    def _capture_if_due(self) -> None:
+        """nsys/ncu: start the capture before the window's first step, stop it after its last."""
+        assert self.cfg is not None
+        first, end = self.cfg.start_step, self.cfg.start_step + self.cfg.active
+        if self._next_step == first and not self._capturing:
+            self._capturing = True
+            self._profiler_api(start=True)
+        elif self._next_step >= end:
+            self._next_step = 0  # the window is over: nothing more to count
+            self._end_capture()
+
+    def _end_capture(self) -> None:
+        if self._capturing:
+            self._capturing = False
+            self._profiler_api(start=False)
+
+    def _profiler_api(self, start: bool) -> None:
+        """cudaProfilerStart/Stop, after the queued work so the capture starts and ends at a step
+        boundary on the device too (one synchronisation at each end of the window)."""
+        if not self.cuda:
+            return
+        import torch.cuda.profiler
+
+        torch.cuda.synchronize()
+        if start:
+            torch.cuda.profiler.start()
+        else:
+            torch.cuda.profiler.stop()
+        log.info("rank %d: CUDA profiler capture %s", self.rank, "started" if start else "stopped")
+
     def stop(self) -> None:
+        self._end_capture()
         if self._prof is None:
             return
         prof, self._prof = self._prof, None

@@ -3,7 +3,10 @@
 The evidence is the phase timers every training run logs (``metrics.jsonl``: ``data_time_s``,
 ``forward_time_s``, ``backward_time_s``, ``optimizer_time_s``, ``comm_time_s`` and the step time),
 MFU where FLOPs are known, GPU utilisation from NVML (``gpu_util_ratio``), and, when a profiler
-trace exists (``observe.profile``), the GPU's kernel-busy fraction of the traced steps.
+trace exists (``observe.profile``), the GPU's kernel-busy fraction of the traced steps. With
+``observe.profile.tool: nsys`` the ``nsys stats`` exports add the NVTX step and phase times, the
+share of kernel time in NCCL and the top kernels (``observe/nsys_stats.py``), and, without a
+trace or NVML, the kernels' share of the captured steps' time as GPU busy.
 
 Each limiter has a share of step time and a documented threshold (``Thresholds``; the defaults
 are the usual targets: DataLoader idle < 5%, communication < 20%, GPU busy > 80%):
@@ -21,12 +24,13 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from hpcpipe.layout import RunLayout
 from hpcpipe.observe.metrics import read_events, read_metrics
+from hpcpipe.observe.nsys_stats import NsysEvidence, read_nsys_stats
 
 PHASE_KEYS = ("data", "forward", "backward", "optimizer", "comm")
 
@@ -46,9 +50,10 @@ class Evidence:
     shares: dict[str, float]  # data, forward, backward, optimizer, comm, other: fractions of step time
     mfu: float | None = None
     gpu_busy: float | None = None
-    gpu_busy_source: str | None = None  # "trace" or "nvml"
+    gpu_busy_source: str | None = None  # "trace", "nvml" or "nsys"
     top_ops: list[tuple[str, float]] = field(default_factory=list)  # (operator, seconds) from the trace
     straggler: str | None = None  # the last imbalance event, described
+    nsys: NsysEvidence | None = None  # the lowest rank's Nsight Systems capture (nsys stats CSVs)
 
 
 @dataclass(frozen=True)
@@ -64,7 +69,11 @@ class Verdict:
             "verdict": self.kind,
             "reason": self.reason,
             "scores": self.scores,
-            "evidence": {**self.evidence.__dict__, "top_ops": [list(op) for op in self.evidence.top_ops]},
+            "evidence": {
+                **self.evidence.__dict__,
+                "top_ops": [list(op) for op in self.evidence.top_ops],
+                "nsys": asdict(self.evidence.nsys) if self.evidence.nsys is not None else None,
+            },
             "knobs": self.knobs,
         }
 
@@ -207,10 +216,22 @@ def profile_run(run_dir: Path, limits: Thresholds) -> tuple[Verdict, Path | None
         if busy is not None:
             evidence = replace(evidence, gpu_busy=busy, gpu_busy_source="trace")
         evidence = replace(evidence, top_ops=ops)
+    evidence = _with_nsys(evidence, read_nsys_stats(run_dir))
     straggler = [e for e in read_events(run_dir) if e.get("event") == "imbalance"]
     if straggler:
         evidence = replace(evidence, straggler=_straggler(straggler[-1], len(straggler)))
     return classify(evidence, limits), trace
+
+
+def _with_nsys(evidence: Evidence, nsys: NsysEvidence | None) -> Evidence:
+    """The capture's summary; its kernels' share of step time as GPU busy when neither a torch
+    trace nor NVML said how busy the GPU was."""
+    if nsys is None:
+        return evidence
+    evidence = replace(evidence, nsys=nsys)
+    if evidence.gpu_busy is None and nsys.gpu_busy is not None:
+        evidence = replace(evidence, gpu_busy=nsys.gpu_busy, gpu_busy_source="nsys")
+    return evidence
 
 
 def _straggler(event: dict[str, Any], count: int) -> str:

@@ -24,6 +24,7 @@ import hpcpipe
 from hpcpipe.config import JobConfig
 from hpcpipe.errors import UserError
 from hpcpipe.observe.lineage import read_lineage, write_lineage
+from hpcpipe.pipeline.tracing import PipelineTrace, root_span, step_span
 
 DONE, FAILED, NOT_APPLICABLE = "done", "failed", "not-applicable"
 
@@ -48,6 +49,8 @@ class StepContext:
     # each pod stages its own node's data, so the stage step has nothing to do here).
     on: str = "local"
     api: str = "trainjob"
+    # OpenTelemetry spans of this run (pipeline/tracing.py): None when observe.otel is off.
+    trace: PipelineTrace | None = None
 
 
 @dataclass(frozen=True)
@@ -124,24 +127,25 @@ def run_pipeline(
     first = names.index(start) if start else 0
     ctx.run_dir.mkdir(parents=True, exist_ok=True)
     decisions = []
-    for index, step in enumerate(steps):
-        records = read_lineage(ctx.run_dir).get("steps") or {}
-        if (only is not None and step.name != only) or not (ctx.is_main or step.name in ctx.group_steps):
-            continue
-        if only is not None:
-            _require_upstream(step, records)
-        decision = decide(
-            step,
-            ctx,
-            records,
-            forced=only is not None or (start is not None and index >= first) or step.name in ctx.group_steps,
-        )
-        decisions.append(decision)
-        if decision.action == "skip":
-            ctx.say(f"skip {step.name}: {decision.reason}")
-            continue
-        ctx.say(f"run  {step.name}: {decision.reason}")
-        _run_step(step, ctx, step_inputs(step, ctx.job.to_dict(), records), decision.fingerprint)
+    trace = ctx.trace if ctx.is_main else None  # one rank traces the pipeline
+    with root_span(trace, names):
+        for index, step in enumerate(steps):
+            records = read_lineage(ctx.run_dir).get("steps") or {}
+            if (only is not None and step.name != only) or not (ctx.is_main or step.name in ctx.group_steps):
+                continue
+            if only is not None:
+                _require_upstream(step, records)
+            asked = only is not None or (start is not None and index >= first)
+            forced = asked or step.name in ctx.group_steps
+            decision = decide(step, ctx, records, forced=forced)
+            decisions.append(decision)
+            with step_span(trace, step.name, decision.action, decision.reason) as outcome:
+                if decision.action == "skip":
+                    ctx.say(f"skip {step.name}: {decision.reason}")
+                    continue
+                ctx.say(f"run  {step.name}: {decision.reason}")
+                inputs = step_inputs(step, ctx.job.to_dict(), records)
+                outcome(_run_step(step, ctx, inputs, decision.fingerprint))
     return decisions
 
 
@@ -155,10 +159,11 @@ def _require_upstream(step: Step, records: dict[str, Any]) -> None:
         )
 
 
-def _run_step(step: Step, ctx: StepContext, inputs: dict[str, Any], fp: str) -> None:
+def _run_step(step: Step, ctx: StepContext, inputs: dict[str, Any], fp: str) -> str:
+    """Run ``step`` and record it (rank 0); its status (DONE or NOT_APPLICABLE; raises on failure)."""
     if not ctx.is_main:
         step.run(ctx)
-        return
+        return DONE
     started = time.time()
     record: dict[str, Any] = {"inputs": inputs, "fingerprint": fp, "started": started}
     try:
@@ -168,7 +173,7 @@ def _run_step(step: Step, ctx: StepContext, inputs: dict[str, Any], fp: str) -> 
         _record(
             ctx.run_dir, step.name, record | {"status": NOT_APPLICABLE, "reason": str(why), "outputs": {}}
         )
-        return
+        return NOT_APPLICABLE
     except BaseException as exc:
         error = f"{type(exc).__name__}: {exc}"[:500]
         _record(ctx.run_dir, step.name, record | {"status": FAILED, "error": error, "outputs": None})
@@ -177,6 +182,7 @@ def _run_step(step: Step, ctx: StepContext, inputs: dict[str, Any], fp: str) -> 
     outputs = step.outputs(ctx)
     done = {"status": DONE, "outputs": outputs, "seconds": round(time.time() - started, 3)}
     _record(ctx.run_dir, step.name, record | done)
+    return DONE
 
 
 def _record(run_dir: Path, name: str, record: dict[str, Any]) -> None:

@@ -125,6 +125,14 @@ class Trainer:
         self.preemption = PreemptionHandler(job.fault.preempt_grace_s, exit_code=job.fault.preempt_exit_code)
         peers = peer_beats(ctx.rank, ctx.world_size, job.fault.hang_timeout_s)  # names a stopped peer
         self.watchdog = Watchdog(job.fault.hang_timeout_s, run_dir, ctx.rank, peers=peers)
+        # Prometheus exporter, GPU telemetry, imbalance checks, profiler window, NVTX and tracing
+        # (observe/); before the resume, whose events become trace spans.
+        who = RankInfo(ctx.rank, ctx.local_rank, ctx.world_size, ctx.device, node_name())
+        self.telemetry = Telemetry(
+            self.observe, who, run_dir, job.run.name, job.run.recipe, recipe.throughput_unit, self.events
+        )
+        self.events.listeners.append(self.telemetry.on_event)
+        self.phases.listeners.extend(self.telemetry.phase_listeners())
         self.ckpt_every = job.checkpoint.every_steps
         self.store = CheckpointStore(
             job.checkpoint,
@@ -152,13 +160,6 @@ class Trainer:
         )
         self.sink = MetricsSink(run_dir, start_step=self.step) if ctx.is_main else None
         self.progress = TrainProgress(total=self.cfg.steps, enabled=ctx.is_main and self.observe.progress)
-        # Prometheus exporter, GPU telemetry, imbalance checks, profiler window (observe/).
-        who = RankInfo(ctx.rank, ctx.local_rank, ctx.world_size, ctx.device, node_name())
-        self.telemetry = Telemetry(
-            self.observe, who, run_dir, job.run.name, job.run.recipe, recipe.throughput_unit, self.events
-        )
-        self.events.listeners.append(self.telemetry.on_event)
-        self.phases.listeners.extend(self.telemetry.phase_listeners())
         # TensorBoard and MLflow (track/), rank 0: rows and events; never block or fail training.
         self.trackers = (
             Trackers.open(self.observe, run_dir, job.run.name, job.to_dict(), self.step)
@@ -422,10 +423,10 @@ class Trainer:
     def close(self) -> None:
         """Finish a checkpoint in flight and background work; close the metrics files."""
         self.watchdog.stop()
-        self.telemetry.close({"steps": float(self.step), "finished_timestamp_seconds": time.time()})
         self.trackers.close(finished=self.step >= self.cfg.steps)
         self.loader.close()
-        self.store.close()
+        self.store.close()  # the last checkpoint's verification and durable copy emit events:
+        self.telemetry.close({"steps": float(self.step), "finished_timestamp_seconds": time.time()})
         if self.sink is not None:
             self.sink.close()
 

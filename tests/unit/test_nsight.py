@@ -1,0 +1,283 @@
+"""Nsight Systems / Nsight Compute runs (``observe.profile.tool: nsys | ncu``): the capture window
+the trainer opens through the CUDA profiler API, the command each worker starts under, the
+``nsys stats`` CSV reader and what ``hpcpipe profile`` adds from it.
+
+There is no GPU and no Nsight here. The window is tested against a fake ``torch.cuda.profiler``;
+the launch end to end against a fake ``nsys`` that records how it was called, runs the worker,
+and answers ``nsys stats`` with the checked-in sample export. That sample
+(``tests/data/nsys/gpt-h100.rank0_*.csv``) is written in the exact format of ``nsys stats
+--format csv`` (the column headers of Nsight Systems' own ``nvtx_sum`` and ``cuda_gpu_kern_sum``
+report scripts): three captured steps of a GPT-124M DDP rank on an H100.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from tests.helpers import run_cli, tiny_job_sets
+
+from hpcpipe.config import load_config
+from hpcpipe.config.observe import ProfileConfig
+from hpcpipe.errors import UserError
+from hpcpipe.launch import nsight
+from hpcpipe.launch.agent import AgentSpec, _entry_point
+from hpcpipe.observe.nsys_stats import read_nsys_stats, read_summary, report_dir
+from hpcpipe.observe.trace import StepProfiler
+
+pytestmark = pytest.mark.timeout(240)
+
+SAMPLE = Path(__file__).resolve().parents[1] / "data" / "nsys"
+
+
+# -- the capture window ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def profiler_api(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """cudaProfilerStart/Stop as the calls they would have been (no CUDA context here)."""
+    import torch.cuda.profiler
+
+    calls: list[str] = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: calls.append("sync"))
+    monkeypatch.setattr(torch.cuda.profiler, "start", lambda: calls.append("start"))
+    monkeypatch.setattr(torch.cuda.profiler, "stop", lambda: calls.append("stop"))
+    return calls
+
+
+def _run_window(cfg: ProfileConfig, device: str, first: int, last: int, tmp: Path, calls: list[str]) -> list:
+    """(step, calls so far) after each of steps first..last, as Telemetry drives the profiler."""
+    profiler = StepProfiler(cfg, 0, tmp, torch.device(device))
+    profiler.start(first)
+    seen = [(first - 1, list(calls))]
+    for step in range(first, last + 1):
+        profiler.step()  # after step `step`
+        seen.append((step, list(calls)))
+    profiler.close()
+    return seen
+
+
+def test_nsys_window_starts_before_its_first_step_and_stops_after_its_last(
+    tmp_path: Path, profiler_api: list[str]
+) -> None:
+    cfg = ProfileConfig(tool="nsys", start_step=3, active=2, warmup=1)
+    seen = dict(_run_window(cfg, "cuda", 1, 8, tmp_path, profiler_api))
+    assert seen[1] == []  # steps 1 and 2 run uncaptured (nsys discards nothing: no warm-up)
+    assert seen[2] == ["sync", "start"]  # armed after step 2, before step 3
+    assert seen[4] == ["sync", "start", "sync", "stop"]  # steps 3 and 4 captured
+    assert seen[8] == seen[4]  # the rest of the run is not
+    assert not (tmp_path / "profile").exists()  # the tool writes the report, not the trainer
+
+
+def test_window_edges(tmp_path: Path, profiler_api: list[str]) -> None:
+    at_start = ProfileConfig(tool="ncu", start_step=1, active=1)
+    seen = _run_window(at_start, "cuda", 1, 3, tmp_path, profiler_api)
+    assert seen[0][1] == ["sync", "start"] and seen[1][1] == ["sync", "start", "sync", "stop"]
+    profiler_api.clear()
+    # A run that ends inside the window stops the capture when it closes.
+    _run_window(ProfileConfig(tool="nsys", start_step=2, active=10), "cuda", 1, 4, tmp_path, profiler_api)
+    assert profiler_api == ["sync", "start", "sync", "stop"]
+    profiler_api.clear()
+    # Resumed after the window's start, on a rank not profiled, or on CPU: no calls at all.
+    _run_window(ProfileConfig(tool="nsys", start_step=2), "cuda", 5, 20, tmp_path, profiler_api)
+    _run_window(ProfileConfig(tool="nsys", ranks=[1]), "cuda", 1, 20, tmp_path, profiler_api)
+    _run_window(ProfileConfig(tool="nsys", start_step=2), "cpu", 1, 20, tmp_path, profiler_api)
+    assert profiler_api == []
+
+
+# -- the command each worker starts under ------------------------------------------------------
+
+
+def _fake_tool(directory: Path, name: str) -> Path:
+    path = directory / name
+    path.write_text("#!/bin/sh\nexit 0\n")
+    path.chmod(0o755)
+    return path
+
+
+def test_nsys_wraps_each_worker_for_the_profiler_api_window(tmp_path: Path) -> None:
+    exe = _fake_tool(tmp_path, "nsys")
+    profile = ProfileConfig(
+        tool="nsys", nsys={"executable": str(exe), "extra_args": ["--cuda-memory-usage=true"]}
+    )
+    run = tmp_path / "run"
+    wrapper = nsight.worker_wrapper(profile, run, "4242")
+    assert wrapper[:2] == (str(exe), "profile")
+    assert "--trace=cuda,nvtx,osrt" in wrapper and "--capture-range=cudaProfilerApi" in wrapper
+    assert "--capture-range-end=stop" in wrapper  # not the default stop-shutdown: training goes on
+    assert f"--output={run.absolute()}/profile/nsys/4242.rank%q{{RANK}}" in wrapper
+    assert wrapper[-1] == "--cuda-memory-usage=true"
+    assert not run.exists()  # nothing written before the inputs are prepared
+    nsight.make_report_dir(profile, run)
+    assert report_dir(run, "nsys").is_dir()
+    module_args = _entry_point(
+        AgentSpec(nproc_per_node=2, wrapper=wrapper), "hpcpipe.launch.worker", ["c.yaml"]
+    )
+    assert module_args == (
+        str(exe),
+        (*wrapper[1:], sys.executable, "-u", "-m", "hpcpipe.launch.worker", "c.yaml"),
+    )
+
+
+def test_ncu_profiles_a_bounded_number_of_kernels_from_the_window(tmp_path: Path) -> None:
+    exe = _fake_tool(tmp_path, "ncu")
+    profile = ProfileConfig(tool="ncu", ncu={"executable": str(exe), "launch_count": 5, "set": "roofline"})
+    words = list(nsight.worker_wrapper(profile, tmp_path / "run", "tiny"))
+    pairs = dict(zip(words[1::2], words[2::2], strict=False))
+    assert pairs["--set"] == "roofline" and pairs["--launch-count"] == "5"
+    assert pairs["--profile-from-start"] == "off" and "--nvtx" in words
+    assert words[words.index("--kernel-name") + 1] == "regex:^(?!nccl)"
+    assert words[words.index("--export") + 1].endswith("/profile/ncu/tiny.rank%q{RANK}")
+    assert nsight.worker_wrapper(ProfileConfig(), tmp_path, "x") == ()  # tool torch: nothing wraps
+    assert nsight.worker_wrapper(None, tmp_path, "x") == ()
+
+
+def test_reports_are_named_by_job_and_a_missing_tool_is_one_line() -> None:
+    assert nsight.report_tag("tiny", {}) == "tiny"
+    assert nsight.report_tag("tiny", {"SLURM_JOB_ID": "77"}) == "77"
+    assert nsight.report_tag("tiny", {"SLURM_JOB_ID": "77", "SLURM_RESTART_COUNT": "2"}) == "77.requeue2"
+    missing = ProfileConfig(tool="nsys", nsys={"executable": "/nonexistent/nsys"})
+    with pytest.raises(UserError) as error:
+        nsight.worker_wrapper(missing, Path("run"), "x")
+    assert "observe.profile.tool nsys: '/nonexistent/nsys' is not on the PATH" in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("override", "named"),
+    [
+        ("observe.profile.tool=vtune", "observe.profile.tool"),
+        ("observe.profile.ncu.launch_count=0", "observe.profile.ncu.launch_count"),
+        ("observe.profile.ncu.launch_skip=-1", "observe.profile.ncu.launch_skip"),
+        ("observe.profile.nsys.sample=everything", "observe.profile.nsys.sample"),
+        ("observe.profile.nsys.trace=[]", "observe.profile.nsys.trace"),
+    ],
+)
+def test_bad_profile_config_names_the_key(override: str, named: str) -> None:
+    with pytest.raises(UserError, match=named.replace(".", r"\.")):
+        load_config("tiny", [override])
+
+
+# -- the nsys stats exports and the verdict ----------------------------------------------------
+
+
+def _run_dir_with_sample(tmp_path: Path) -> Path:
+    run = tmp_path / "run"
+    run.mkdir()
+    times = {"step_time_s": 0.41, "data_time_s": 0.004, "forward_time_s": 0.09, "backward_time_s": 0.27,
+             "optimizer_time_s": 0.03, "comm_time_s": 0.001}  # fmt: skip
+    rows = [{"step": s, "loss": 3.0, **times} for s in (10, 20, 30)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    shutil.copytree(SAMPLE, report_dir(run, "nsys"))
+    return run
+
+
+def test_the_sample_export_reads_as_nvtx_phases_and_kernels(tmp_path: Path) -> None:
+    ranges = read_summary(SAMPLE / "gpt-h100.rank0_nvtx_sum.csv", "Range")
+    assert ranges[0].name == "hpcpipe:step" and ranges[0].instances == 3
+    assert ranges[0].total_s == pytest.approx(1.237812466)
+    ev = read_nsys_stats(_run_dir_with_sample(tmp_path))
+    assert ev is not None and ev.report == "gpt-h100.rank0" and ev.steps == 3
+    assert ev.step_time_s == pytest.approx(0.4126, abs=1e-4)
+    assert ev.phase_s["data"] == pytest.approx(0.012297045 / 3)
+    assert set(ev.phase_s) == {"data", "forward", "comm", "backward", "optimizer"}
+    assert ev.regions == {"all_reduce_metrics": (pytest.approx(0.00031124), 1)}  # NCCL's own ranges left out
+    assert ev.nccl_s == pytest.approx(0.20911487) and ev.kernel_s == pytest.approx(1.132137953)
+    assert ev.top_kernels[1][0].startswith("ncclDevKernel_AllReduce_Sum_f32_RING_LL")
+    assert ev.gpu_busy == pytest.approx(1.132137953 / 1.237812466)
+
+
+def test_profile_adds_the_nsys_capture_to_its_verdict(tmp_path: Path) -> None:
+    run = _run_dir_with_sample(tmp_path)
+    proc = run_cli("profile", str(run), "--json", str(tmp_path / "v.json"), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "nsys gpt-h100.rank0: 3 captured step(s) of 412.6 ms" in out
+    assert "data 1.0%, forward 23.3%, comm 0.1%, backward 67.6%, optimizer 7.0%" in out
+    assert "data wait 4.1 ms per step" in out
+    assert "GPU kernels 1132.1 ms over the capture: NCCL 18%, compute 82%" in out
+    assert "top kernels: sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n" in out
+    assert "GPU busy 91% (nsys)" in out  # no torch trace, no NVML: the kernels' share of the steps
+    assert "verdict: compute-bound" in out
+    verdict = json.loads((tmp_path / "v.json").read_text())
+    assert verdict["evidence"]["nsys"]["steps"] == 3 and verdict["evidence"]["gpu_busy_source"] == "nsys"
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        ("hello\n", 'no "Time (%)" header'),
+        ('"Time (%)","Total Time (ns)","Range"\n1,2,x\n', "'Instances' column"),
+        (
+            '"Time (%)","Total Time (ns)","Instances","Style","Range"\n5.0,lots,3,PushPop,hpcpipe:step\n',
+            "line 2",
+        ),
+    ],
+)
+def test_a_malformed_export_is_one_line_naming_the_file(tmp_path: Path, content: str, says: str) -> None:
+    run = _run_dir_with_sample(tmp_path)
+    bad = report_dir(run, "nsys") / "gpt-h100.rank0_nvtx_sum.csv"
+    bad.write_text(content)
+    proc = run_cli("profile", str(run), cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(bad) in lines[0] and says in lines[0] and "Traceback" not in proc.stderr
+
+
+# -- end to end: hpcpipe train under (a fake) nsys -----------------------------------------------
+
+FAKE_NSYS = """#!{python}
+# Stands in for Nsight Systems: `profile OPTIONS... APP...` records its call and runs APP;
+# `stats ... --output PREFIX REPORT` writes the sample exports as PREFIX_<report>.csv.
+import json, os, shutil, sys
+args = sys.argv[1:]
+if args[0] == "profile":
+    options = [a for a in args[1:] if a.startswith("--")]
+    app = args[1 + len(options):]
+    output = dict(o[2:].split("=", 1) for o in options)["output"].replace("%q{{RANK}}", os.environ["RANK"])
+    with open(output + ".nsys-rep", "w") as fh:
+        json.dump({{"options": options, "app": app}}, fh)
+    os.execv(app[0], app)
+prefix = args[args.index("--output") + 1]
+with open(prefix + ".stats-args", "w") as fh:
+    json.dump(args, fh)
+for report in ("nvtx_sum", "cuda_gpu_kern_sum"):
+    shutil.copy(os.path.join({sample!r}, "gpt-h100.rank0_" + report + ".csv"), prefix + "_" + report + ".csv")
+"""
+
+
+def test_train_starts_the_worker_under_nsys_and_exports_its_summaries(tmp_path: Path) -> None:
+    fake = tmp_path / "bin" / "nsys"
+    fake.parent.mkdir()
+    fake.write_text(FAKE_NSYS.format(python=sys.executable, sample=str(SAMPLE)))
+    fake.chmod(0o755)
+    sets = tiny_job_sets(
+        tmp_path, "nsys-run", "train.steps=3", "observe.profile.tool=nsys", "observe.profile.start_step=2",
+        f"observe.profile.nsys.executable={fake}",
+    )  # fmt: skip
+    proc = run_cli("train", "tiny", *sets, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    reports = report_dir(tmp_path / "nsys-run", "nsys")
+    call = json.loads((reports / "nsys-run.rank0.nsys-rep").read_text())  # one rank, named by run
+    assert "--capture-range=cudaProfilerApi" in call["options"]
+    assert call["app"][1:] == [
+        "-u",
+        "-m",
+        "hpcpipe.launch.worker",
+        str(tmp_path / "nsys-run" / "config.yaml"),
+    ]
+    stats = json.loads((reports / "nsys-run.rank0.stats-args").read_text())
+    assert stats[:6] == [
+        "stats",
+        "--report",
+        "nvtx_sum,cuda_gpu_kern_sum",
+        "--format",
+        "csv",
+        "--force-export=true",
+    ]
+    assert stats[-1] == str(reports / "nsys-run.rank0.nsys-rep")
+    verdict = run_cli("profile", str(tmp_path / "nsys-run"), cwd=tmp_path)
+    assert verdict.returncode == 0 and "nsys nsys-run.rank0: 3 captured step(s)" in verdict.stdout
