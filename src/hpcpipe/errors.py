@@ -6,11 +6,20 @@ import re
 
 USER_ERROR_EXIT_CODE = 2
 _USERINFO = re.compile(r"//[^/\s@'\"]+@")  # user:password@ in a URL
+# a secret's value in a query string or key=value text: ?access_token=..., X-Amz-Signature=...
+_SECRET_VALUE = re.compile(
+    r"(?i)\b([\w.-]*(?:token|secret|passw(?:or)?d|api[_-]?key|signature|credential)|sig|auth|pwd)=[^&\s'\"]+"
+)
+_BEARER = re.compile(r"(?i)\bbearer\s+[\w.~+/-]+=*")  # an Authorization header's token
 
 
 def hide_credentials(text: str) -> str:
-    """``text`` with every URL's ``user:password@`` removed: for messages, logs and artifacts."""
-    return _USERINFO.sub("//", text)
+    """``text`` with every URL's ``user:password@`` removed, and the values of secrets it names
+    (``token=``, ``password=``, ``api_key=``, a signature, ``Bearer ...``) replaced by ``***``:
+    for messages, logs, artifacts and anything sent off the machine (trace spans)."""
+    text = _USERINFO.sub("//", text)
+    text = _SECRET_VALUE.sub(r"\1=***", text)
+    return _BEARER.sub("Bearer ***", text)
 
 
 def one_line(text: str) -> str:

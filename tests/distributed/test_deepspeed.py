@@ -160,3 +160,24 @@ def test_a_dcp_checkpoint_is_refused_by_deepspeed_with_one_line(tmp: Path, runs:
     assert sorted(_losses(run_dir)) == list(range(1, 21))  # nothing trained
     after = {p.name: p.read_bytes() for p in (run_dir / "checkpoints").rglob("*") if p.is_file()}
     assert after == before  # nothing lost
+
+
+def test_zero2_resumes_and_exports(tmp: Path) -> None:
+    """ZeRO-1/2 files hold DeepSpeed's fragment addresses: resume and export read them safely."""
+    zero2 = ("parallel.strategy=deepspeed", "parallel.zero_stage=2", "checkpoint.every_steps=4")
+    proc = _train(tmp, "zero2", *zero2, "train.steps=4")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    proc = _train(tmp, "zero2", *zero2, "train.steps=6")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert [e["step"] for e in _events(tmp / "zero2", "resumed")] == [4]
+    ckpt = tmp / "zero2" / "checkpoints" / "step-00000006"
+    proc = run_cli("ckpt", "export", str(ckpt), "--format", "safetensors", "-o", str(tmp / "zero2-export"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_a_key_deepspeed_refuses_exits_2_naming_it_without_a_traceback(tmp: Path) -> None:
+    bogus = "parallel.deepspeed_config={zero_optimization: {stage: 3, no_such_knob: 1}}"
+    proc = _train(tmp, "bogus", "parallel.strategy=deepspeed", bogus)
+    assert proc.returncode == 2
+    assert "DeepSpeed's DeepSpeedZeroConfig refuses no_such_knob: Extra inputs" in proc.stderr
+    assert "Traceback" not in proc.stderr

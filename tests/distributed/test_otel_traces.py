@@ -18,7 +18,7 @@ from hpcpipe.observe.metrics import read_events
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(600)]
 
-PHASES = ["data", "forward", "comm", "backward", "optimizer"]
+PHASES = ["data", "forward", "comm", "backward", "comm", "optimizer"]
 # The regions after a step (train.steps=8): the logged row's all-reduce and a checkpoint every 4
 # steps, and the evaluation after the last.
 REGIONS_AFTER = {

@@ -80,7 +80,9 @@ def test_the_jobs_zero_keys_win_when_set(tmp_path: Path) -> None:
 
 def test_accumulation_steps_that_differ_at_this_world_size_are_an_error(tmp_path: Path) -> None:
     path = _write(tmp_path, {"gradient_accumulation_steps": 8})
-    with pytest.raises(ConfigError, match=r"gradient_accumulation_steps=8 in .*ds_config.json differs .* 2"):
+    with pytest.raises(
+        ConfigError, match=r"gradient_accumulation_steps=8 in parallel.deepspeed_config differs .* 2"
+    ):
         deepspeed_settings(_job(f"parallel.deepspeed_config={path}"), world_size=2, accum=2)
 
 
@@ -95,7 +97,10 @@ def test_an_inline_mapping_is_accepted() -> None:
         (["parallel.zero_stage=4"], "parallel.zero_stage"),
         (["parallel.deepspeed_config=bad.json"], "bad.json is not JSON"),
         (["parallel.deepspeed_config=missing.json"], "cannot read missing.json"),
-        (["parallel.deepspeed_config=batch.json"], "train_batch_size=64 in batch.json differs"),
+        (
+            ["parallel.deepspeed_config=batch.json"],
+            "train_batch_size=64 differs from train.global_batch_size=8",
+        ),
         (["parallel.offload_params=cpu", "parallel.zero_stage=2"], "parallel.offload_params needs"),
         (["checkpoint.async=true"], "checkpoint.async is not available"),
         (["fault.oom_recovery=true"], "fault.oom_recovery cannot work"),
@@ -124,8 +129,45 @@ def test_offload_that_does_not_fit_in_host_memory_is_refused(monkeypatch: pytest
 
 
 def test_oom_recovery_defaults_off_only_under_deepspeed() -> None:
+    from hpcpipe.train.trainer import oom_recovery_on
+
     assert _job().fault.oom_recovery is None
-    assert load_config("tiny", ["fault.oom_recovery=true"]).fault.oom_recovery is True
+    assert not oom_recovery_on(_job().fault.oom_recovery, "deepspeed")
+    for strategy in ("single", "ddp", "fsdp"):
+        assert oom_recovery_on(None, strategy)
+    assert load_config("tiny", ["fault.oom_recovery=false"]).fault.oom_recovery is False
+    assert not oom_recovery_on(False, "ddp")
+
+
+def test_one_process_refuses_deepspeed_rather_than_train_without_it() -> None:
+    from hpcpipe.train.parallel import resolve_strategy
+
+    with pytest.raises(ConfigError, match=r"deepspeed needs 2 or more ranks"):
+        resolve_strategy("deepspeed", 1)
+    assert resolve_strategy("deepspeed", 2) == "deepspeed" and resolve_strategy("fsdp", 1) == "single"
+
+
+def test_a_config_file_is_inlined_so_every_node_and_the_training_hash_see_it(tmp_path: Path) -> None:
+    path = _write(tmp_path, {"zero_optimization": {"stage": 2}})
+    job = _job(f"parallel.deepspeed_config={path}")
+    assert job.parallel.deepspeed_config == {"zero_optimization": {"stage": 2}}
+    Path(path).write_text(json.dumps({"zero_optimization": {"stage": 1}}))
+    assert _job(f"parallel.deepspeed_config={path}").training_hash() != job.training_hash()
+    again = load_config(_save(tmp_path, job))  # the run's config.yaml, without the file
+    Path(path).unlink()
+    assert again.parallel.deepspeed_config == {"zero_optimization": {"stage": 2}}
+
+
+def _save(tmp: Path, job) -> Path:  # type: ignore[no-untyped-def]
+    out = tmp / "config.yaml"
+    out.write_text(job.to_yaml())
+    return out
+
+
+def test_a_non_mapping_offload_block_is_one_line() -> None:
+    job = _job("parallel.deepspeed_config={zero_optimization: {offload_optimizer: cpu}}")
+    with pytest.raises(ConfigError, match=r"zero_optimization.offload_optimizer must be a mapping"):
+        deepspeed_settings(job, world_size=2, accum=1)
 
 
 def test_manifest_records_the_engine_and_dcp_manifests_stay_as_they_were() -> None:

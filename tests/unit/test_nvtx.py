@@ -23,7 +23,7 @@ from hpcpipe.observe.nvtx import nvtx_ranges
 pytestmark = pytest.mark.timeout(180)
 
 TOOL_SOURCE = Path(__file__).resolve().parents[1] / "data" / "nvtx" / "record_ranges.c"
-PHASES_OF_A_MICRO_STEP = ["data", "forward", "comm", "backward"]
+PHASES_OF_A_MICRO_STEP = ["data", "forward", "comm", "backward", "comm"]
 
 
 @pytest.fixture(scope="module")
@@ -91,6 +91,27 @@ def test_without_a_tool_there_is_no_listener() -> None:
     # This process loaded no NVTX tool: the package hands out a dummy domain, and the loop gets
     # no listener at all, so the ranges cost nothing (the cost with a tool is measured below).
     assert nvtx_ranges() is None
+
+
+def test_nvtx_disable_turns_the_ranges_off_under_a_tool_too(tmp_path: Path, nvtx_tool: Path) -> None:
+    """The nvtx package honours NVTX_DISABLE in its module-level functions only: with a tool
+    loaded, its get_domain still hands out a live domain. nvtx_ranges reads the variable itself."""
+    log = tmp_path / "ranges.log"
+    code = (
+        "import nvtx\n"
+        "from hpcpipe.observe.nvtx import DOMAIN, nvtx_ranges\n"
+        "print(type(nvtx.get_domain(DOMAIN)).__name__, type(nvtx_ranges()).__name__)\n"
+    )
+    tool = {"NVTX_INJECTION64_PATH": str(nvtx_tool), "HPCPIPE_NVTX_LOG": str(log)}
+    seen = {}
+    for disable in ("1", ""):
+        env = {**os.environ, **tool, "NVTX_DISABLE": disable}
+        proc = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env, check=False
+        )
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        seen[disable] = proc.stdout.split()[-1]
+    assert seen == {"1": "NoneType", "": "NvtxRanges"}  # an empty value is unset, as for the package
 
 
 COST = r"""

@@ -420,3 +420,92 @@ def test_tracing_on_without_the_otel_extra_is_a_config_error(monkeypatch: pytest
     monkeypatch.setattr(importlib.util, "find_spec", uninstalled)
     with pytest.raises(ConfigError, match=r"observe.otel.endpoint .* pip install 'hpcpipe\[otel\]'"):
         require_otel(OtelConfig(endpoint="http://collector:4318"))
+
+
+def test_a_user_that_is_not_the_last_leaves_a_slow_collector_sending_for_the_others() -> None:
+    # `hpcpipe run` with in-process training: the trainer releases first, the pipeline goes on.
+    with OtlpReceiver(delay_s=0.5) as receiver:
+        cfg = _cfg(receiver.endpoint, export_timeout_s=5)
+        attributes = otel_export.resource_attributes(cfg, "r", 0, "h")
+        trainer = otel_export.acquire(cfg, attributes, True)
+        pipeline = otel_export.acquire(cfg, attributes, True)
+        _end_spans(trainer, 3)
+        trainer.timeout_s = 0.2  # shorter than the collector takes: the trainer stops waiting
+        start = time.perf_counter()
+        otel_export.release(trainer)
+        assert time.perf_counter() - start < 0.45
+        pipeline.timeout_s = 5.0
+        _end_spans(pipeline, 2)  # the pipeline's spans after training still reach the collector
+        counts = otel_export.release(pipeline)
+        assert (counts.spans, counts.sent, counts.failed, counts.dropped) == (5, 5, 0, 0)
+        assert len(receiver.received()) == 5
+
+
+def test_credentials_in_error_text_never_reach_the_collector(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(TRACEPARENT_VAR, "")
+    secret = "http://alice:s3cret@registry:5000/v2?access_token=tok123&page=2 (Bearer abc.def)"
+
+    def fails(ctx: StepContext) -> None:
+        raise RuntimeError(f"cannot push to {secret}")
+
+    with OtlpReceiver() as receiver:
+        job = load_config("tiny", [f"run.out_dir={tmp_path}", f"observe.otel.endpoint={receiver.endpoint}"])
+        ctx = StepContext(job, job.run_dir, say=lambda _: None, trace=pipeline_trace(job))
+        with pytest.raises(RuntimeError):
+            run_pipeline([Step("train", (), (), fails, lambda ctx: {}, "")], ctx)
+        log = EventLog(tmp_path, enabled=True)
+        tracer = StepTracer(_cfg(receiver.endpoint), Who("r", "a", 0, "h"), log, None)
+        log.emit("checkpoint_save_failed", {"step": 3, "error": f"upload failed: {secret}", "path": secret})
+        tracer.close()
+        spans = {s.name: s for s in receiver.wait_for(3)}
+    step, save = spans["pipeline.train"], spans["checkpoint.save"]
+    sent = [step.status_message, spans["pipeline"].status_message, save.status_message]
+    sent.append(save.attributes["hpcpipe.checkpoint.path"])
+    for text in sent:
+        assert "registry:5000/v2?access_token=***&page=2" in text, text
+        assert not any(leak in text for leak in ("alice", "s3cret", "tok123", "abc.def")), text
+    assert step.status_message.startswith("RuntimeError: cannot push to http://registry:5000")
+
+
+def test_a_failing_exporter_never_raises_into_the_loop_or_the_pipeline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+
+    class Broken(SpanExporter):
+        """An SDK exporter whose every call raises (the first export after a delay)."""
+
+        delay_s = 0.0
+
+        def export(self, spans: Any) -> Any:
+            time.sleep(self.delay_s)
+            raise ConnectionError("reset by http://alice:s3cret@collector")
+
+        def shutdown(self) -> None:
+            raise RuntimeError("channel already closed")
+
+    reports: list[str] = []
+
+    def failing_report(why: str) -> None:
+        raise OSError("events.jsonl: disk full")
+
+    with OtlpReceiver() as receiver:  # something listens: the exporter itself is tried
+        monkeypatch.setattr(otel_export, "_otlp_exporter", lambda cfg, url: Broken())
+        monkeypatch.setattr(otel_export, "RETRY_AFTER_S", 0.0)  # every batch is tried
+        cfg = _cfg(receiver.endpoint)
+        tracing = otel_export.acquire(cfg, otel_export.resource_attributes(cfg, "r", 0, "h"), False)
+        tracing.exporter.on_unreachable += [failing_report, reports.append]
+        _end_spans(tracing, 4)
+        tracing.processor.force_flush()  # the export raises: a failed batch, reported once
+        assert reports and "s3cret" not in reports[0] and "ConnectionError" in reports[0]
+        with monkeypatch.context() as patch:  # the SDK's queue itself failing: the span is dropped
+            patch.setattr(BatchSpanProcessor, "on_end", lambda self, span: 1 / 0)
+            _end_spans(tracing, 1)
+        Broken.delay_s = 0.5  # the last release runs out of time: the exporter is stopped
+        tracing.timeout_s = 0.1
+        _end_spans(tracing, 2)
+        counts = otel_export.release(tracing)  # the export, shutdown and close raise: not here
+    assert counts.spans == 7 and counts.sent == 0 and counts.failed >= 4
+    assert counts.failed + counts.dropped == 7

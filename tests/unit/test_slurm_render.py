@@ -49,7 +49,7 @@ CASES = {
         "launch.slurm.container_binds=[/scratch, /lustre/datasets, /local/nvme]",
         "data.cache_dir=/local/nvme/hpcpipe-cache",
     ],
-    # observe.profile.tool (`launch slurm --profile`): the agents start each worker under the tool.
+    # observe.profile.tool (`launch slurm --profile`): the agents start the profiled ranks under the tool.
     "nsys-profile": [
         "parallel.nnodes=2",
         "launch.slurm.gpus_per_node=4",

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from hpcpipe.checkpoint.manifest import CheckpointError, FileEntry, hash_file
 from hpcpipe.checkpoint.state import refusal_reason
@@ -56,7 +57,15 @@ def save_engine(
 ) -> dict[str, FileEntry]:
     """``engine.save_checkpoint`` into ``tmp/deepspeed`` (collective), then fsync and hash the
     files this rank owns: {path relative to ``tmp``: entry}."""
-    ok = engine.save_checkpoint(str(tmp / DIR), tag=tag(step), exclude_frozen_parameters=trainable_only)
+    try:
+        ok = engine.save_checkpoint(str(tmp / DIR), tag=tag(step), exclude_frozen_parameters=trainable_only)
+    except BaseException:
+        # DeepSpeed's save ends in a barrier on the default group, where the other ranks now wait
+        # once they wrote their files: join it, so that every rank reaches the store's agreement
+        # on the outcome instead of waiting there until the collective timeout.
+        if dist.is_available() and dist.is_initialized():
+            dist.barrier()
+        raise
     if ok is False:
         raise OSError(f"DeepSpeed did not save {tmp / DIR}")
     entries: dict[str, FileEntry] = {}
@@ -112,17 +121,39 @@ def safe_torch_load(path: Path, map_location: Any = None) -> Any:
 def consolidated_state_dict(ckpt: Path, trainable_only: bool = False) -> dict[str, torch.Tensor]:
     """The full fp32 weights of a verified DeepSpeed checkpoint, on CPU, under the module's names.
 
-    Every file is first read with ``safe_torch_load`` (a refusal raises), then DeepSpeed's own
-    ``zero_to_fp32`` consolidation gathers the shards, whatever ZeRO stage and world size wrote them.
+    Only the manifest's step directory is read (never a path from the ``latest`` file), and every
+    file there is first read with ``safe_torch_load`` (a refusal raises); then DeepSpeed's own
+    ``zero_to_fp32`` consolidation gathers the shards, whatever world size wrote them. ZeRO stage
+    0 in fp32 keeps no optimizer partitions: its weights are the rank-0 model file's ``module``.
     """
-    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    from hpcpipe.checkpoint.manifest import read_manifest
 
+    try:
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    except ImportError as exc:
+        raise CheckpointError(f"{ckpt}: a DeepSpeed checkpoint needs DeepSpeed to consolidate ({exc}): "
+                              "pip install 'hpcpipe[deepspeed]'") from None  # fmt: skip
+    step_tag = tag(read_manifest(ckpt).step)
     root = ckpt / DIR
-    if not root.is_dir():
-        raise CheckpointError(f"{ckpt}: no {DIR}/ directory (not a DeepSpeed checkpoint)")
-    for path in sorted(root.rglob("*.pt")):
-        safe_torch_load(path, "cpu")
-    step_tag = (root / "latest").read_text().strip()
+    step_dir = root / step_tag
+    if not step_dir.is_dir():
+        raise CheckpointError(
+            f"{ckpt}: no {DIR}/{step_tag}/ directory (not a DeepSpeed checkpoint of its step)"
+        )
+    files = sorted(step_dir.glob("*.pt"))
+    has_partitions = any(path.name.endswith("_optim_states.pt") for path in files)
+    module: Any = None
+    for path in files:  # one at a time: an optimizer partition can be most of a node's memory
+        value = safe_torch_load(path, "cpu")
+        if not has_partitions and isinstance(value, dict) and isinstance(value.get("module"), dict):
+            module = value["module"]
+        del value
+    if not has_partitions:
+        if module is None:
+            raise CheckpointError(f"{step_dir}: no optimizer partitions and no module weights")
+        return {
+            n: t.detach().to("cpu", torch.float32) for n, t in module.items() if isinstance(t, torch.Tensor)
+        }
     quiet = io.StringIO()  # its progress bar and summary print to the terminal of an export
     with contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
         state = get_fp32_state_dict_from_zero_checkpoint(
@@ -155,14 +186,16 @@ def is_deepspeed_checkpoint(ckpt: Path) -> bool:
 
 
 def _allowed_globals() -> list[Any]:
-    """The non-plain types DeepSpeed's files hold: the ZeRO stage enum and the loss scaler's
-    state object (plain attributes; pickled in fp32 and bf16 runs too)."""
+    """The non-plain types DeepSpeed's files hold, each a container of plain attributes: the ZeRO
+    stage enum, the loss scaler's state (pickled in fp32 and bf16 runs too) and ZeRO-1/2's and the
+    bf16 optimizer's ``fragment_address`` (where each parameter's slice lies in a flat partition)."""
     try:
         from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
         from deepspeed.runtime.zero.config import ZeroStageEnum
+        from deepspeed.utils.tensor_fragment import fragment_address
     except ImportError:
         return []
-    return [ZeroStageEnum, LossScaler, DynamicLossScaler]
+    return [ZeroStageEnum, LossScaler, DynamicLossScaler, fragment_address]
 
 
 def _fsync(path: Path) -> None:

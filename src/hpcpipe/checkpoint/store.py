@@ -258,8 +258,11 @@ class CheckpointStore:
         try:
             entries = save_engine(engine, tmp, step, self.rank, self.cfg.hash, self.trainable_only)
             entries[extra_name(self.rank)] = write_extra(tmp, extra_name(self.rank), extra, self.cfg.hash)
-        except OSError as exc:
-            message = _save_error_message(step, tmp, exc)
+        except (OSError, RuntimeError) as exc:  # torch's zip writer reports a full disk as RuntimeError
+            cause = _root_os_error(exc) or _short_write(exc, tmp)
+            if cause is None:
+                raise  # not the disk: a bug, whose traceback is worth seeing
+            message = _save_error_message(step, tmp, cause)
         message = self._first_error(message)  # every rank learns of any rank's failure
         if message is not None:
             self._discard(tmp)

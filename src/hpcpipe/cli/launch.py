@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 
 class ProfileTool(StrEnum):
-    """``launch slurm --profile``: the Nsight tool every worker starts under."""
+    """``launch slurm --profile``: the Nsight tool the workers of observe.profile.ranks start under."""
 
     nsys = "nsys"
     ncu = "ncu"
@@ -64,8 +64,9 @@ def slurm(
     profile: Annotated[
         ProfileTool | None,
         typer.Option(
-            help="Run every worker under Nsight Systems (nsys) or Nsight Compute (ncu) over the "
-            "observe.profile window (observe.profile.tool).",
+            help="Run the workers of observe.profile.ranks (default rank 0; `all`: every rank) under "
+            "Nsight Systems (nsys) or Nsight Compute (ncu) over the observe.profile window "
+            "(observe.profile.tool).",
             show_default=False,
         ),
     ] = None,

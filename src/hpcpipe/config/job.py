@@ -22,7 +22,7 @@ from hpcpipe.config.launch import LaunchConfig
 from hpcpipe.config.lora import LoraConfig
 from hpcpipe.config.model import ModelConfig
 from hpcpipe.config.observe import ObserveConfig
-from hpcpipe.config.parallel import ParallelConfig, read_deepspeed_config
+from hpcpipe.config.parallel import ParallelConfig
 from hpcpipe.config.pipeline import PipelineConfig
 from hpcpipe.config.run import RunConfig
 from hpcpipe.config.section import Section
@@ -91,8 +91,7 @@ class JobConfig(Section):
         given = self.parallel.deepspeed_config
         if given is None:
             return
-        user = given if isinstance(given, dict) else read_deepspeed_config(given)
-        source = "the inline config" if isinstance(given, dict) else given
+        user = given if isinstance(given, dict) else {}  # a path was replaced by its contents
         for key, ours, name in (
             ("train_batch_size", self.train.global_batch_size, "train.global_batch_size"),
             ("train_micro_batch_size_per_gpu", self.train.micro_batch_size, "train.micro_batch_size"),
@@ -100,7 +99,7 @@ class JobConfig(Section):
             theirs = user.get(key, "auto")
             if theirs not in ("auto", ours):
                 raise ValueError(
-                    f"parallel.deepspeed_config: {key}={theirs} in {source} differs from {name}={ours}; "
+                    f"parallel.deepspeed_config: {key}={theirs} differs from {name}={ours}; "
                     'make them agree or set it to "auto"'
                 )
 

@@ -107,7 +107,8 @@ def _tool_words(words: list[str]) -> list[str]:
 
 
 class NsysConfig(Section):
-    """``nsys profile`` around each worker (``observe.profile.tool: nsys``): one report per rank."""
+    """``nsys profile`` around the workers of ``observe.profile.ranks`` (``observe.profile.tool:
+    nsys``): one report per profiled rank."""
 
     executable: str = Field(
         "nsys", min_length=1, description="The Nsight Systems CLI: a name on the PATH or a path."
@@ -172,9 +173,9 @@ class ProfileConfig(Section):
     tool: Literal["torch", "nsys", "ncu"] = Field(
         "torch",
         description="torch: torch.profiler Chrome traces, rank<R>.steps<A>-<B>.trace.json. nsys / ncu: "
-        "every worker starts under `nsys profile` / `ncu` and capture runs from start_step for "
-        "`active` steps (cudaProfilerStart/Stop); one report per rank in <run_dir>/profile/nsys|ncu/, "
-        "named <job>.rank<R> (job: $SLURM_JOB_ID, else run.name).",
+        "the workers of `ranks` start under `nsys profile` / `ncu` (the others run plain) and capture "
+        "runs from start_step for `active` steps (cudaProfilerStart/Stop); one report per profiled "
+        "rank in <run_dir>/profile/nsys|ncu/, named <job>.rank<R> (job: $SLURM_JOB_ID, else run.name).",
     )
     start_step: int = Field(10, ge=1, description="First step of the window (its warm-up steps come first).")
     warmup: int = Field(
@@ -182,7 +183,9 @@ class ProfileConfig(Section):
     )
     active: int = Field(3, ge=1, description="Steps recorded.")
     ranks: list[int] | Literal["all"] = Field(
-        default_factory=lambda: [0], description="Ranks that record a trace: a list, or `all`."
+        default_factory=lambda: [0],
+        description="Ranks that record a trace (tool nsys/ncu: the only workers started under the "
+        "tool): a list, or `all` for every rank.",
     )
     record_shapes: bool = Field(False, description="Record input shapes of every operator.")
     with_stack: bool = Field(False, description="Record Python stacks (larger traces, more overhead).")

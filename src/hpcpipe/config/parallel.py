@@ -37,9 +37,10 @@ class ParallelConfig(Section):
     )
     deepspeed_config: str | dict[str, Any] | None = Field(
         None,
-        description="deepspeed: an existing ds_config.json (a path every node can read, or the same "
-        "mapping inline). hpcpipe's train.* settings and the parallel.* keys the job sets win and "
-        "are named in the log; a different batch size is an error.",
+        description="deepspeed: an existing ds_config.json (a path, read when the job is loaded and "
+        "kept inline in the run's config.yaml; or the same mapping inline). hpcpipe's train.* "
+        "settings and the parallel.* keys the job sets win and are named in the log; a different "
+        "batch size is an error. Ignored under other strategies, so a flag can switch.",
     )
     nproc: int = Field(1, ge=1, description="Local worker processes started by `hpcpipe train`.")
     backend: Literal["auto", "gloo", "nccl"] = Field(
@@ -105,9 +106,9 @@ class ParallelConfig(Section):
     @field_validator("deepspeed_config")
     @classmethod
     def _deepspeed_config_is_json(cls, value: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
-        if isinstance(value, str):
-            read_deepspeed_config(value)  # a missing file or one that is not JSON fails at load
-        return value
+        # The file's contents replace its path: config.yaml then carries them to every node (a
+        # Kubernetes pod sees no local file), and they count in the job's training hash.
+        return read_deepspeed_config(value) if isinstance(value, str) else value
 
     @model_validator(mode="after")
     def _deepspeed_keys_need_deepspeed(self) -> ParallelConfig:

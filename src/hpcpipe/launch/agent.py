@@ -11,7 +11,9 @@ What torchrun's agent does not do, and this one does:
    tears the group down and exits with its own code, so a checkpointed preemption (workers
    exit 75) looks like a crash; on SIGUSR1 (Slurm's ``--signal=USR1@grace``) it simply dies.
    Here the handler forwards the signal to the workers, waits for them to checkpoint and exit
-   (up to ``grace_s``), and the agent exits with *their* code.
+   (up to ``grace_s``), and the agent exits with *their* code. A worker under a profiler
+   (``AgentSpec.wrapper``) is the tool's child: the signal, and the SIGKILL after the grace, go to
+   the tool's whole session, and the agent waits for the worker too, not only for the tool.
 2. **The code of the first failed worker** (a worker's UserError exit 2 stays 2), instead of 1.
 3. **A SIGSTOPped worker ends when the group is torn down** (``launch/stopped.py``), instead of
    holding the restart for the whole shutdown timeout until SIGKILL.
@@ -95,7 +97,7 @@ def run_agent(spec: AgentSpec, module: str, args: list[str]) -> int:
         local_addr=spec.local_addr,
         **_shutdown_timeout(ElasticConfig, spec.grace_s),
     )
-    forward = _forward_and_wait(spec.grace_s, spec.preempt_exit_code)
+    forward = _forward_and_wait(spec.grace_s, spec.preempt_exit_code, whole_sessions=bool(spec.wrapper))
     previous = {sig: signal.signal(sig, forward) for sig in spec.preempt_signals}
     try:
         with continuing_stopped_workers(_worker_pids):  # a SIGSTOPped rank must still end on SIGTERM
@@ -204,12 +206,20 @@ def _rdzv_configs(spec: AgentSpec) -> dict[str, object]:
     return configs
 
 
-def _forward_and_wait(grace_s: float, preempt_exit_code: int):  # type: ignore[no-untyped-def]
+def _forward_and_wait(grace_s: float, preempt_exit_code: int, whole_sessions: bool = False):  # type: ignore[no-untyped-def]
     """A signal handler: pass the signal on to the workers, reap them, end the agent's loop.
 
     It runs in the agent's main thread, between two polls of its monitoring loop, so the
     workers cannot be restarted meanwhile. The workers are this process's children (the agent
     starts them with subprocess), so ``waitpid`` gives their real exit codes.
+
+    ``whole_sessions``: each worker runs under a profiler (``AgentSpec.wrapper``), so this
+    process's child is ``nsys``/``ncu`` and the Python worker is the tool's child. torch's agent
+    starts every subprocess worker with ``start_new_session=True`` (its ``SubprocessHandler``,
+    which itself ends one with ``os.killpg(pid, ...)``): the child's pid names its process group
+    and its session, and the tool's children are in them. So the signal goes to the whole
+    session, and a worker is done only when nothing of its session runs any more (a tool that
+    exits first must not leave its worker checkpointing, or orphaned, behind the agent).
 
     While it waits, SIGTERM is noted and ignored: under ``srun --kill-on-bad-exit=1`` the first
     node whose agent exits 75 makes Slurm SIGTERM the others, which are finishing the same
@@ -220,8 +230,8 @@ def _forward_and_wait(grace_s: float, preempt_exit_code: int):  # type: ignore[n
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         workers = _worker_pids()
         for pid in workers:
-            _signal(pid, signum)
-        codes = _reap(workers, grace_s)
+            _signal(pid, signum, whole_session=whole_sessions)
+        codes = _reap(workers, grace_s, whole_sessions=whole_sessions)
         if not workers or preempt_exit_code in codes:  # none started yet, or a committed checkpoint
             raise AgentPreempted(preempt_exit_code)
         failed = [code for code in codes if code != 0]
@@ -265,23 +275,68 @@ def command_line(pid: int) -> str:
         return ""
 
 
-def _signal(pid: int, signum: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signum)
+def _signal(pid: int, signum: int, whole_session: bool = False) -> None:
+    """Signal ``pid``; with ``whole_session``, every process of the session it leads (once it is
+    gone, what is left of that session): its process group as torch does, then any member the
+    tool moved to a group of its own. A process that leads no session gets the signal alone."""
+    if not whole_session or _session_id(pid) not in (pid, None):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signum)
+        return
+    with contextlib.suppress(OSError):  # gone, or a member that is not ours to signal
+        os.killpg(pid, signum)
+    for member, group in _sessions().get(pid, []):
+        if group != pid:
+            with contextlib.suppress(OSError):
+                os.kill(member, signum)
 
 
-def _reap(pids: list[int], grace_s: float) -> list[int]:
-    """Exit codes of ``pids`` (128 + signal for a killed one); SIGKILL whoever outlives the grace."""
+def _session_id(pid: int) -> int | None:
+    try:
+        return os.getsid(pid)
+    except OSError:
+        return None
+
+
+def _sessions() -> dict[int, list[tuple[int, int]]]:
+    """Every live process on the machine (zombies left out), as session id -> [(pid, group)]
+    (``/proc/PID/stat``: the fields after the command's closing parenthesis are state, parent,
+    process group, session)."""
+    found: dict[int, list[tuple[int, int]]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as fh:
+                fields = fh.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 3 and fields[0] not in (b"Z", b"X"):
+            found.setdefault(int(fields[3]), []).append((int(name), int(fields[2])))
+    return found
+
+
+def _reap(pids: list[int], grace_s: float, whole_sessions: bool = False) -> list[int]:
+    """Exit codes of ``pids`` (128 + signal for a killed one); SIGKILL whoever outlives the grace.
+    With ``whole_sessions`` a pid's session must be empty too (the worker under a profiler that
+    exited first), and the SIGKILL goes to the whole session."""
     codes: dict[int, int] = {}
     deadline = time.monotonic() + grace_s
-    while len(codes) < len(pids):
+    lingering: list[int] = []
+    while len(codes) < len(pids) or lingering:
         for pid in pids:
             if pid not in codes and (status := _try_wait(pid)) is not None:
                 codes[pid] = status
+        if whole_sessions and deadline != float("inf"):
+            sessions = _sessions()
+            lingering = [pid for pid in codes if pid in sessions]
+        else:
+            lingering = []  # after the SIGKILL: only this process's children are waited for
         if time.monotonic() > deadline:
-            for pid in set(pids) - codes.keys():
-                _signal(pid, signal.SIGKILL)
+            for pid in (set(pids) - codes.keys()) | set(lingering):
+                _signal(pid, signal.SIGKILL, whole_session=whole_sessions)
             deadline = float("inf")  # the next rounds collect the killed ones
+            lingering = []
         time.sleep(0.05)
     return [codes[pid] for pid in pids]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 from pathlib import Path
 
@@ -9,6 +10,8 @@ from hpcpipe.config import JobConfig, grad_accum_steps
 from hpcpipe.errors import USER_ERROR_EXIT_CODE, UserError
 from hpcpipe.layout import RunLayout
 from hpcpipe.train.environment import detect_environment
+
+log = logging.getLogger("hpcpipe.launch.job")
 
 WORKER_MODULE = "hpcpipe.launch.worker"
 # What every training worker imports, once in the agent's fork server (parallel.worker_start).
@@ -57,9 +60,13 @@ def run_job(job: JobConfig, max_restarts: int = 0) -> Path:
     """
     env = detect_environment()
     if env.is_external:
+        from hpcpipe.launch.nsight import unwrapped_warning
         from hpcpipe.launch.worker import train_worker
 
         grad_accum_steps(job.train, env.world_size)
+        # observe.profile.tool nsys/ncu: no agent here to start this process under the tool.
+        if env.rank == 0 and (warning := unwrapped_warning(job.observe.profile)):
+            log.warning("%s", warning)
         train_worker(job, env)
         return job.run_dir
 

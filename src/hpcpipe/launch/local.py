@@ -27,7 +27,7 @@ def launch_local(
     """Run ``module``'s worker on ``nproc`` local ranks with ``args``; returns the group's exit code.
 
     Exit code: 0 when every rank succeeded; otherwise the first failed rank's code (so a
-    worker's UserError exit 2 stays 2). ``wrapper``: a profiler every worker starts under.
+    worker's UserError exit 2 stays 2). ``wrapper``: a profiler the workers start under.
     """
     spec = AgentSpec(
         nproc_per_node=nproc,

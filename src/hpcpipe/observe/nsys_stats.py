@@ -102,12 +102,17 @@ class NsysEvidence:
     def describe(self) -> list[str]:
         """What ``hpcpipe profile`` prints about the capture."""
         lines = []
-        if self.steps:
-            step = self.step_time_s
+        step = self.step_time_s
+        if self.steps and step > 0:
             shares = ", ".join(f"{p} {self.phase_s.get(p, 0.0) / step:.1%}" for p in PHASE_RANGES)
             lines.append(
                 f"nsys {self.report}: {self.steps} captured step(s) of {step * 1000:.1f} ms; "
                 f"NVTX phases {shares}; data wait {self.phase_s.get('data', 0.0) * 1000:.1f} ms per step"
+            )
+        elif self.steps:  # an export whose steps add up to no time: no shares to give
+            lines.append(
+                f"nsys {self.report}: {self.steps} captured step(s) with a total time of 0 in the export; "
+                "no NVTX phase shares"
             )
         if self.kernel_s:
             nccl = self.nccl_s / self.kernel_s

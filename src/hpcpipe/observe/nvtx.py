@@ -12,13 +12,16 @@ register one string per step with the tool.
 
 Free when no profiler is attached: the ``nvtx`` package then hands out a dummy domain (no tool
 loaded through ``NVTX_INJECTION64_PATH``), and ``nvtx_ranges`` returns None, so the loop has no
-listener at all. ``NVTX_DISABLE=1`` (the package's own switch) turns the ranges off under a
-profiler too. The cost with a tool attached is measured by ``benchmarks/nvtx_overhead.py``.
+listener at all. ``NVTX_DISABLE=1`` (the package's own switch, any non-empty value) turns the
+ranges off under a profiler too: ``nvtx_ranges`` reads it itself, because the package honours it
+in its module-level functions only, not in ``get_domain`` and ``Domain.push_range``. The cost
+with a tool attached is measured by ``benchmarks/nvtx_overhead.py``.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 from hpcpipe.observe.phases import PhaseListener
@@ -66,6 +69,9 @@ class NvtxRanges(PhaseListener):
 
 def nvtx_ranges() -> NvtxRanges | None:
     """The listener when a tool records NVTX in this process; None otherwise (no cost at all)."""
+    if os.environ.get("NVTX_DISABLE"):  # as the package reads it: set and non-empty
+        log.debug("NVTX ranges off: NVTX_DISABLE is set")
+        return None
     try:
         import nvtx
     except ImportError:

@@ -6,6 +6,10 @@ Imported only when ``observe.otel.endpoint`` is set (``otel.py``, ``pipeline/tra
 - **One provider per process**, shared by its users (``acquire``/``release``): ``hpcpipe run``
   with in-process training has the pipeline's spans and the trainer's in one queue. The last
   ``release`` shuts it down; every ``release`` sends what is queued, within ``export_timeout_s``.
+  Only the last may stop the exporter when that time runs out; any other stops waiting and
+  leaves it sending for the users still there.
+- **Never raises.** A collector's failure (or the SDK's) is counted and reported, never raised
+  into the loop or the pipeline: not from ending a span, an export, ``release`` or its callbacks.
 - **Never blocks the loop.** Ending a span appends it to the SDK's ``BatchSpanProcessor`` queue
   (bounded by ``queue_size``; when full the oldest span is dropped); a background thread sends
   batches. The training thread never waits on the network.
@@ -100,7 +104,10 @@ class _CountedBatches(BatchSpanProcessor):
     def on_end(self, span: ReadableSpan) -> None:
         with self._lock:  # spans end on the training thread and on background threads
             self.ended += 1
-        super().on_end(span)
+        try:  # ending a span must never fail the loop: a span not queued is counted as dropped
+            super().on_end(span)
+        except Exception as exc:
+            log.debug("tracing: a span was not queued (%s: %s)", type(exc).__name__, exc)
 
 
 class _GuardedExporter(SpanExporter):
@@ -121,14 +128,17 @@ class _GuardedExporter(SpanExporter):
         if self._closed or time.monotonic() < self._down_until:
             self.failed += len(spans)
             return SpanExportResult.FAILURE
-        why = None if self._known_good else _unreachable(self.url)
-        if why is None:
-            self.sdk_log.last = None
-            if self.inner.export(spans) is SpanExportResult.SUCCESS:
-                self.sent += len(spans)
-                self._known_good = True
-                return SpanExportResult.SUCCESS
-            why = self.sdk_log.last or "the collector did not accept the spans"
+        try:
+            why = None if self._known_good else _unreachable(self.url)
+            if why is None:
+                self.sdk_log.last = None
+                if self.inner.export(spans) is SpanExportResult.SUCCESS:
+                    self.sent += len(spans)
+                    self._known_good = True
+                    return SpanExportResult.SUCCESS
+                why = self.sdk_log.last or "the collector did not accept the spans"
+        except Exception as exc:  # the SDK's exporter, or the probe: a failed batch, not a crash
+            why = f"{type(exc).__name__}: {exc}"
         self.failed += len(spans)
         self._known_good = False
         self._down_until = time.monotonic() + RETRY_AFTER_S
@@ -147,7 +157,10 @@ class _GuardedExporter(SpanExporter):
                 why,
             )
         for callback in list(self.on_unreachable):
-            callback(why)
+            try:
+                callback(why)
+            except Exception as exc:  # one user's report (an event) failing is not the others'
+                log.debug("tracing: a failure report failed (%s: %s)", type(exc).__name__, exc)
 
     def close(self) -> None:
         """Stop sending: later batches are dropped (counted); an export retrying is interrupted."""
@@ -157,7 +170,10 @@ class _GuardedExporter(SpanExporter):
     def shutdown(self) -> None:
         if not self._inner_shut:
             self._inner_shut = True
-            self.inner.shutdown()
+            try:
+                self.inner.shutdown()
+            except Exception as exc:  # closing a session or channel to a collector in trouble
+                log.debug("tracing: the exporter's shutdown failed (%s: %s)", type(exc).__name__, exc)
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         return True
@@ -295,23 +311,36 @@ def _make(cfg: OtelConfig, attributes: dict[str, str | int], loud: bool) -> Trac
 
 def release(tracing: Tracing) -> Counts:
     """Send what is queued (within ``export_timeout_s``); the last user also shuts the provider
-    down. Returns the counts so far."""
+    down. Returns the counts so far. Never raises.
+
+    When the collector is too slow to take the queue in time, the last user stops the exporter
+    (what is still queued is counted as dropped); any other user only stops waiting: the
+    provider and its exporter are shared, and the users still there keep sending through them."""
     with _Process.lock:
         tracing.users -= 1
         last = tracing.users <= 0
         if last and _Process.tracing is tracing:
             _Process.tracing = None
     work = tracing.provider.shutdown if last else tracing.processor.force_flush
-    if not _within(tracing.timeout_s, work):
-        # A collector too slow to take the queue in time: stop waiting for it; what is still
-        # queued is counted as dropped.
+    if not _within(tracing.timeout_s, work) and last:
         tracing.exporter.close()
     return tracing.counts()
 
 
 def _within(timeout_s: float, work: Callable[[], object]) -> bool:
-    """Run ``work`` on a daemon thread; False when it did not finish within ``timeout_s``."""
-    thread = threading.Thread(target=work, name="hpcpipe-otel-flush", daemon=True)
-    thread.start()
+    """Run ``work`` on a daemon thread; False when it did not finish within ``timeout_s`` (or
+    could not run). What ``work`` raises is logged (debug), never raised."""
+
+    def guarded() -> None:
+        try:
+            work()
+        except Exception as exc:
+            log.debug("tracing: sending the queue failed (%s: %s)", type(exc).__name__, exc)
+
+    thread = threading.Thread(target=guarded, name="hpcpipe-otel-flush", daemon=True)
+    try:
+        thread.start()
+    except RuntimeError:  # no new thread (interpreter shutting down): do not wait
+        return False
     thread.join(timeout_s)
     return not thread.is_alive()

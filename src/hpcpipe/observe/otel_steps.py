@@ -38,6 +38,7 @@ from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, Status, Sta
 from opentelemetry.trace import set_span_in_context as under
 
 from hpcpipe.config.observe import OtelConfig
+from hpcpipe.errors import hide_credentials
 from hpcpipe.observe import otel_export
 from hpcpipe.observe.metrics import EventLog
 from hpcpipe.observe.otel_ids import TraceParent, Who, step_span_id, step_trace_id
@@ -186,14 +187,16 @@ class StepTracer(PhaseListener):
         parent = _context(trace_id, step_span_id(run, attempt, step, rank), False) if ours else Context()
         attributes = self._base(step)
         for key, value in fields.items():
-            if key != "step" and isinstance(value, str | bool | int | float):
-                attributes[f"hpcpipe.checkpoint.{key}"] = value[:500] if isinstance(value, str) else value
+            if key != "step" and isinstance(value, str | bool | int | float):  # sent off the machine
+                attributes[f"hpcpipe.checkpoint.{key}"] = (
+                    hide_credentials(value)[:500] if isinstance(value, str) else value
+                )
         span = self.tracing.start_span(
             spec.name, parent, attributes, trace_id=None if ours else trace_id,
             start_ns=self._start_ns(spec, step, fields, end),
         )  # fmt: skip
         if spec.error:
-            why = str(fields.get("error") or fields.get("reason") or kind)[:300]
+            why = hide_credentials(str(fields.get("error") or fields.get("reason") or kind))[:300]
             span.set_status(Status(StatusCode.ERROR, why))
         span.end(end_time=end)
         return span.get_span_context()

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from hpcpipe.config import JobConfig
+from hpcpipe.errors import hide_credentials
 from hpcpipe.observe.otel import require_otel
 from hpcpipe.observe.otel_ids import (
     TRACEPARENT_VAR,
@@ -97,7 +98,7 @@ class PipelineTrace:
             {
                 "hpcpipe.run.id": self.run,
                 "hpcpipe.pipeline.action": action,
-                "hpcpipe.pipeline.reason": reason,
+                "hpcpipe.pipeline.reason": hide_credentials(reason),
             },
             span_id=derived_span_id(self.root_id, name),
         )
@@ -113,14 +114,16 @@ class PipelineTrace:
 
 @contextlib.contextmanager
 def _failing(span: object) -> Iterator[None]:
-    """Marks ``span`` failed when the block raises (a preemption too: the step did not finish)."""
+    """Marks ``span`` failed when the block raises (a preemption too: the step did not finish).
+    The message goes to the collector: credentials in it (a URL's ``user:password@``, a token)
+    are taken out first."""
     from opentelemetry.trace import Span, Status, StatusCode
 
     assert isinstance(span, Span)
     try:
         yield
     except BaseException as exc:
-        span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"[:300]))
+        span.set_status(Status(StatusCode.ERROR, hide_credentials(f"{type(exc).__name__}: {exc}")[:300]))
         raise
 
 

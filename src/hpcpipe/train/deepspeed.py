@@ -18,7 +18,9 @@ import os
 from pathlib import Path
 from typing import Any
 
+import pydantic
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from hpcpipe.checkpoint.deepspeed_io import safe_torch_load
@@ -74,9 +76,16 @@ def deepspeed_engine(
     settings = deepspeed_settings(job, ctx.world_size, accum)
     check_offload_memory(settings, model, ctx.world_size, ctx.local_world_size)
     deepspeed = import_deepspeed(ctx.device)
-    engine, ds_optimizer, _, _ = deepspeed.initialize(
-        model=model, optimizer=optimizer, config=settings.config, dist_init_required=False
-    )
+    try:
+        engine, ds_optimizer, _, _ = deepspeed.initialize(
+            model=model, optimizer=optimizer, config=settings.config, dist_init_required=False
+        )
+    except pydantic.ValidationError as exc:  # DeepSpeed's config models refuse unknown keys
+        error = exc.errors()[0]
+        where = ".".join(str(part) for part in error.get("loc", ())) or "?"
+        raise ConfigError(
+            f"parallel.deepspeed_config: DeepSpeed's {exc.title} refuses {where}: {error.get('msg')}"
+        ) from None
     _load_checkpoints_safely(engine)
     if ctx.is_main:
         for note in settings.notes:
@@ -97,7 +106,7 @@ def check_offload_memory(
     need = OFFLOADED_OPTIMIZER_BYTES * settings.offloads_optimizer * trainable
     need += OFFLOADED_PARAM_BYTES * settings.offloads_params * params
     need_here = need * local_ranks / world_size  # this node's ranks' partitions
-    available = _host_available_bytes()
+    available = _lowest_over_ranks(_host_available_bytes())
     if available is not None and need_here > available:
         what = (
             "parallel.offload_optimizer=cpu" if settings.offloads_optimizer else "parallel.offload_params=cpu"
@@ -108,6 +117,17 @@ def check_offload_memory(
             f"({trainable:,} trainable of {params:,} parameters), only {available / 2**30:.1f} GiB is "
             "available; use more nodes, a lower offload or none"
         )
+
+
+def _lowest_over_ranks(value: int | None) -> int | None:
+    """The smallest reading of any rank, on every rank: they must all refuse, or none (a rank
+    refusing alone would leave the others waiting in ``deepspeed.initialize``'s broadcast)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return value
+    readings: list[int | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(readings, value)
+    known = [reading for reading in readings if reading is not None]
+    return min(known) if known else None
 
 
 def _host_available_bytes() -> int | None:

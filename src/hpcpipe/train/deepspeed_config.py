@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hpcpipe.config import JobConfig
-from hpcpipe.config.parallel import read_deepspeed_config
 from hpcpipe.errors import ConfigError
 
 DEFAULT_STAGE = 3
@@ -65,15 +64,8 @@ def deepspeed_settings(job: JobConfig, world_size: int, accum: int) -> DeepSpeed
 
 
 def _user_config(job: JobConfig) -> tuple[str, dict[str, Any]]:
-    given = job.parallel.deepspeed_config
-    if given is None:
-        return "", {}
-    if isinstance(given, dict):
-        return "the inline parallel.deepspeed_config", dict(given)
-    try:
-        return given, read_deepspeed_config(given)
-    except ValueError as exc:
-        raise ConfigError(f"parallel.deepspeed_config: {exc}") from None
+    given = job.parallel.deepspeed_config  # a file's contents were inlined when the job was loaded
+    return "parallel.deepspeed_config", dict(given) if isinstance(given, dict) else {}
 
 
 def _batch_sizes(
@@ -138,6 +130,8 @@ def _zero(settings: DeepSpeedSettings, job: JobConfig) -> None:
     if stage not in (0, 1, 2, 3):
         raise ConfigError(f"parallel.deepspeed_config: zero_optimization.stage={stage!r} is not 0, 1, 2 or 3")
     zero["stage"] = stage
+    for key in ("offload_optimizer", "offload_param"):
+        _offload_device(zero, key)  # a block that is not a mapping fails here, named
     for ours, theirs_key in (
         (par.offload_optimizer, "offload_optimizer"),
         (par.offload_params, "offload_param"),
@@ -157,4 +151,11 @@ def _zero(settings: DeepSpeedSettings, job: JobConfig) -> None:
 
 def _offload_device(zero: dict[str, Any], key: str) -> str:
     block = zero.get(key)
-    return str(block.get("device", "none")) if isinstance(block, dict) else "none"
+    if block is None:
+        return "none"
+    if not isinstance(block, dict):
+        raise ConfigError(
+            f"parallel.deepspeed_config: zero_optimization.{key} must be a mapping such as "
+            f'{{"device": "cpu"}}, not {block!r}'
+        )
+    return str(block.get("device", "none"))

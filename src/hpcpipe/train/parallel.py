@@ -23,7 +23,13 @@ from hpcpipe.train.precision import Precision
 
 
 def resolve_strategy(strategy: str, world_size: int) -> str:
-    """``auto`` means DDP for several ranks; a single process never wraps."""
+    """``auto`` means DDP for several ranks; a single process never wraps (DeepSpeed is refused
+    there: its engine, offload and checkpoint format would silently not be what the job asked)."""
+    if world_size == 1 and strategy == "deepspeed":
+        raise ConfigError(
+            "parallel.strategy=deepspeed needs 2 or more ranks (--nproc 2, or several nodes); "
+            "one process trains with parallel.strategy=single"
+        )
     if world_size == 1:
         return "single"
     if strategy == "auto":

@@ -116,10 +116,8 @@ class Trainer:
         self.step = 0
 
         # Fault tolerance: OOM recovery, preemption, hang detection, checkpoints.
-        oom_recovery = job.fault.oom_recovery
-        if oom_recovery is None:  # a ZeRO step cannot be rolled back half-way
-            oom_recovery = self.strategy != "deepspeed"
-        self.oom = OOMGuard(self.cfg.micro_batch_size, accum, oom_recovery, rank=ctx.rank)
+        recovers = oom_recovery_on(job.fault.oom_recovery, self.strategy)
+        self.oom = OOMGuard(self.cfg.micro_batch_size, accum, recovers, rank=ctx.rank)
         self.oom.attach(self.model, units)
         self.agree_max = _agreement_all_reduce(ctx)
         self.preemption = PreemptionHandler(job.fault.preempt_grace_s, exit_code=job.fault.preempt_exit_code)
@@ -147,7 +145,11 @@ class Trainer:
         self.faults = faults  # a no-op unless a chaos job installed one (train/faults.py)
         self.store.save_point = faults.at_save
         self.store.cleanup_temporaries()
-        self.resume()
+        try:
+            self.resume()
+        except BaseException:
+            self.telemetry.close()  # its exporter, GPU sampler and tracer would outlive the error
+            raise
 
         self.meter = ThroughputMeter(
             items_per_step=self.cfg.global_batch_size * recipe.items_per_sample,
@@ -255,7 +257,8 @@ class Trainer:
                 with self.precision.autocast():
                     loss = self.recipe.loss(self.model, batch)
                 self.faults.at("forward", self.step, micro)
-                # Until backward starts: the OOM guard's agreement all-reduce (waits for the slowest rank).
+                # Until backward: the OOM guard's agreement when the backward has collectives
+                # (DDP's last micro-step, FSDP2); train/oom.py's protocol.
                 self.phases.begin("comm")
                 return loss / accum if accum > 1 else loss
 
@@ -278,6 +281,9 @@ class Trainer:
     def _backward(self, loss: torch.Tensor) -> None:
         self.phases.begin("backward")  # split at the DDP hook's mark: backward compute, then comm
         self.precision.backward(loss)
+        # Until the next phase: the agreement when the backward has none (DDP's accumulation
+        # micro-steps, one process); exposed communication either way.
+        self.phases.begin("comm")
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
@@ -423,10 +429,12 @@ class Trainer:
     def close(self) -> None:
         """Finish a checkpoint in flight and background work; close the metrics files."""
         self.watchdog.stop()
-        self.trackers.close(finished=self.step >= self.cfg.steps)
-        self.loader.close()
-        self.store.close()  # the last checkpoint's verification and durable copy emit events:
-        self.telemetry.close({"steps": float(self.step), "finished_timestamp_seconds": time.time()})
+        try:
+            self.trackers.close(finished=self.step >= self.cfg.steps)
+            self.loader.close()
+            self.store.close()  # the last checkpoint's verification and durable copy emit events
+        finally:  # even when the store raises a failed save: flush spans, stop the GPU sampler
+            self.telemetry.close({"steps": float(self.step), "finished_timestamp_seconds": time.time()})
         if self.sink is not None:
             self.sink.close()
 
@@ -460,6 +468,12 @@ def _agreement_all_reduce(ctx: DistContext) -> AllReduceMax | None:
     group = dist.new_group(backend="gloo")
     assert isinstance(group, dist.ProcessGroup)
     return max_over_ranks(group=group)
+
+
+def oom_recovery_on(configured: bool | None, strategy: str) -> bool:
+    """``fault.oom_recovery``; null means on, except under DeepSpeed (a ZeRO step cannot be
+    rolled back half-way through its partitioned gradients)."""
+    return configured if configured is not None else strategy != "deepspeed"
 
 
 def _per_item(flops_per_sample: float | None, items_per_sample: int) -> float | None:
