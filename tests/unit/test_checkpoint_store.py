@@ -418,14 +418,14 @@ def test_a_short_write_in_torchs_zip_writer_is_named_by_the_space_left(
     # What a full disk looked like once in CI: no OSError, a RuntimeError from inline_container.cc.
     from torch.distributed.checkpoint.api import CheckpointException
 
-    from hpcpipe.checkpoint import store
+    from hpcpipe.checkpoint import save_errors
 
     short = RuntimeError("[enforce fail at inline_container.cc:671] . unexpected pos 704 vs 598")
     exc = CheckpointException("save", {1: (short, None)})
-    monkeypatch.setattr(store.os, "statvfs", _statvfs_with_free(free))
-    cause = store._short_write(exc, tmp_path / ".tmp-step-00000004")
-    assert cause is not None and store._root_os_error(exc) is None
-    message = store._save_error_message(4, tmp_path, cause)
+    monkeypatch.setattr(save_errors.os, "statvfs", _statvfs_with_free(free))
+    cause = save_errors.short_write(exc, tmp_path / ".tmp-step-00000004")
+    assert cause is not None and save_errors.root_os_error(exc) is None
+    message = save_errors.save_error_message(4, tmp_path, cause)
     assert expected in message and message.endswith("earlier checkpoints are intact")
     bug = CheckpointException("save", {0: (RuntimeError("a bug"), None)})
-    assert store._short_write(bug, tmp_path) is None
+    assert save_errors.short_write(bug, tmp_path) is None

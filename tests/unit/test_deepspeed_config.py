@@ -220,3 +220,16 @@ def test_the_qwen2_7b_zero3_twin_matches_the_fsdp_preset_and_the_seeds_layout() 
     assert (cfg["train_batch_size"], cfg["train_micro_batch_size_per_gpu"], accum) == (128, 2, 4)
     assert settings.stage == 3 and cfg["bf16"]["enabled"] and cfg["gradient_clipping"] == twin.train.grad_clip
     assert cfg["zero_optimization"]["overlap_comm"] and settings.notes == []
+
+
+def test_a_checkpoint_resumes_only_under_the_engine_and_world_size_that_wrote_it(tmp_path: Path) -> None:
+    from hpcpipe.checkpoint.deepspeed_io import check_resumable
+
+    check_resumable(tmp_path, "deepspeed", 2, "deepspeed", 2)
+    check_resumable(tmp_path, "dcp", 2, "dcp", 1)  # DCP reshards
+    with pytest.raises(CheckpointError, match=r"written by DCP .* parallel.strategy=deepspeed"):
+        check_resumable(tmp_path, "dcp", 2, "deepspeed", 2)
+    with pytest.raises(CheckpointError, match=r"written by DeepSpeed, .* parallel.strategy=ddp/fsdp/single"):
+        check_resumable(tmp_path, "deepspeed", 2, "dcp", 2)
+    with pytest.raises(CheckpointError, match=r"ZeRO state of 2 ranks cannot load into 4; resume with 2"):
+        check_resumable(tmp_path, "deepspeed", 2, "deepspeed", 4)

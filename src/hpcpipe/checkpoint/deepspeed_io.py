@@ -88,6 +88,23 @@ def write_extra(tmp: Path, name: str, data: bytes, algorithm: str) -> FileEntry:
     return hash_file(path, algorithm)
 
 
+def check_resumable(path: Path, saved_engine: str, saved_world: int, engine: str, world_size: int) -> None:
+    """CheckpointError unless this run (``engine``, ``world_size``) can resume ``path``: DeepSpeed
+    state loads only into DeepSpeed at the world size that wrote it, DCP state only into DCP."""
+    if saved_engine != engine:
+        strategy = {ENGINE: "deepspeed"}.get(engine, "ddp/fsdp/single")
+        written = "DeepSpeed" if saved_engine == ENGINE else "DCP (ddp/fsdp/single)"
+        raise CheckpointError(
+            f"{path}: written by {written}, this run uses parallel.strategy={strategy}; resume it with "
+            "the strategy that wrote it, or start elsewhere from `hpcpipe ckpt export`'s weights"
+        )
+    if engine == ENGINE and saved_world != world_size:
+        raise CheckpointError(
+            f"{path}: DeepSpeed ZeRO state of {saved_world} ranks cannot load into {world_size}; "
+            f"resume with {saved_world} ranks"
+        )
+
+
 def load_engine(engine: Any, ckpt: Path, step: int, trainable_only: bool) -> None:
     """Load weights and optimizer state into ``engine`` (collective; the files were verified)."""
     try:

@@ -63,9 +63,7 @@ rank file clearly when it is not shared).
 
 from __future__ import annotations
 
-import errno
 import logging
-import os
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -79,7 +77,7 @@ from torch import nn
 
 from hpcpipe import compat
 from hpcpipe.checkpoint.deepspeed_io import ENGINE as ENGINE_DEEPSPEED
-from hpcpipe.checkpoint.deepspeed_io import load_engine, save_engine, write_extra
+from hpcpipe.checkpoint.deepspeed_io import check_resumable, load_engine, save_engine, write_extra
 from hpcpipe.checkpoint.manifest import (
     CheckpointError,
     FileEntry,
@@ -92,6 +90,7 @@ from hpcpipe.checkpoint.manifest import (
     write_manifest,
 )
 from hpcpipe.checkpoint.safe_dcp import HashedFileSystemWriter, SafeFileSystemReader, SafeLoadPlanner
+from hpcpipe.checkpoint.save_errors import disk_cause, first_failure, save_error_message
 from hpcpipe.checkpoint.state import extra_name, load_extra, serialize_extra
 from hpcpipe.checkpoint.tiers import DurableSchedule, Tier
 from hpcpipe.config import CheckpointConfig
@@ -241,11 +240,11 @@ class CheckpointStore:
             dcp.save(state, storage_writer=writer, **self._dcp_group())
         except (CheckpointException, OSError) as exc:
             writer.hashing_fs.join_other_writers()
-            cause = _root_os_error(exc) or _short_write(exc, tmp)  # before the discard frees space
+            cause = disk_cause(exc, tmp)  # before the discard frees space
             self._discard(tmp)
             if cause is None:
                 raise  # not the disk: a bug, whose traceback is worth seeing
-            message = _save_error_message(step, tmp, cause)
+            message = save_error_message(step, tmp, cause)
             self._event("checkpoint_save_failed", {"step": step, "error": message})
             raise CheckpointError(message) from None
         self._commit_everywhere(tmp, step, writer.digests(), start, force)
@@ -259,10 +258,10 @@ class CheckpointStore:
             entries = save_engine(engine, tmp, step, self.rank, self.cfg.hash, self.trainable_only)
             entries[extra_name(self.rank)] = write_extra(tmp, extra_name(self.rank), extra, self.cfg.hash)
         except (OSError, RuntimeError) as exc:  # torch's zip writer reports a full disk as RuntimeError
-            cause = _root_os_error(exc) or _short_write(exc, tmp)
+            cause = disk_cause(exc, tmp)
             if cause is None:
                 raise  # not the disk: a bug, whose traceback is worth seeing
-            message = _save_error_message(step, tmp, cause)
+            message = save_error_message(step, tmp, cause)
         message = self._first_error(message)  # every rank learns of any rank's failure
         if message is not None:
             self._discard(tmp)
@@ -317,7 +316,7 @@ class CheckpointStore:
             )
         except OSError as exc:
             self._discard(tmp)
-            return _save_error_message(step, tmp, exc)
+            return save_error_message(step, tmp, exc)
         return step
 
     def _stage(self, state: dict[str, Any]) -> dict[str, Any]:
@@ -455,18 +454,7 @@ class CheckpointStore:
 
     def _load_deepspeed(self, path: Path, manifest: Manifest, engine: Any) -> None:
         """A DeepSpeed checkpoint into a DeepSpeed engine at the world size that wrote it."""
-        if manifest.engine != self.engine:
-            written = "DeepSpeed" if manifest.engine == ENGINE_DEEPSPEED else "DCP (ddp/fsdp/single)"
-            raise CheckpointError(
-                f"{path}: written by {written}, this run uses parallel.strategy="
-                f"{'deepspeed' if self.engine == ENGINE_DEEPSPEED else 'ddp/fsdp/single'}; resume it with "
-                "the strategy that wrote it, or start elsewhere from `hpcpipe ckpt export`'s weights"
-            )
-        if manifest.world_size != self.world_size:
-            raise CheckpointError(
-                f"{path}: DeepSpeed ZeRO state of {manifest.world_size} ranks cannot load into "
-                f"{self.world_size}; resume with {manifest.world_size} ranks"
-            )
+        check_resumable(path, manifest.engine, manifest.world_size, self.engine, self.world_size)
         message = None
         try:
             load_engine(engine, path, manifest.step, self.trainable_only)
@@ -489,7 +477,7 @@ class CheckpointStore:
         except CheckpointException as exc:
             if reader.refused is not None:
                 raise reader.refused from None
-            raise CheckpointError(f"{path}: does not load into this model ({_first_failure(exc)})") from None
+            raise CheckpointError(f"{path}: does not load into this model ({first_failure(exc)})") from None
         set_state_dict(
             model,
             optimizer,
@@ -609,62 +597,3 @@ def _layout(state: Any, prefix: str = "") -> list[tuple[str, Any]]:
     if isinstance(state, list | tuple):
         return [item for i, value in enumerate(state) for item in _layout(value, f"{prefix}[{i}]")]
     return []
-
-
-def _save_error_message(step: int, tmp: Path, exc: BaseException) -> str:
-    """One line: what failed, where (the file when known), and that older checkpoints are intact."""
-    cause = _root_os_error(exc)
-    if cause is not None:
-        where = cause.filename or tmp
-        what = f"{cause.strerror or cause}: {where}"
-    else:
-        what = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-    return f"checkpoint save of step {step} failed ({what}); earlier checkpoints are intact"
-
-
-# torch's zip writer reports a write the filesystem cut short (full, over quota, an I/O error) as
-# RuntimeError "[enforce fail at inline_container.cc] unexpected pos N vs M", not as an OSError.
-_SHORT_WRITE = "unexpected pos"
-_NEARLY_FULL_BYTES = 16 << 20  # less free than one more chunk of a shard: the disk filled
-
-
-def _short_write(exc: BaseException, tmp: Path) -> OSError | None:
-    """The OSError a short write in torch's zip writer stands for, or None if there was none."""
-    if not any(_SHORT_WRITE in str(e) for e in _chain(exc)):
-        return None
-    try:
-        stats = os.statvfs(tmp if tmp.exists() else tmp.parent)
-        free = stats.f_bavail * stats.f_frsize
-    except OSError:
-        return OSError(errno.EIO, "a checkpoint write was cut short", str(tmp))
-    if free < _NEARLY_FULL_BYTES:
-        return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp))
-    return OSError(errno.EIO, f"a checkpoint write was cut short ({free >> 20} MiB free)", str(tmp))
-
-
-def _chain(exc: BaseException) -> list[BaseException]:
-    """``exc``, every rank's failure inside a DCP CheckpointException, and their causes."""
-    found = [exc]
-    failures = getattr(exc, "failures", None)
-    if isinstance(failures, dict):
-        for _, (inner, _trace) in sorted(failures.items()):
-            found += _chain(inner)
-    cause = exc.__cause__ or exc.__context__
-    return found + (_chain(cause) if cause is not None else [])
-
-
-def _first_failure(exc: BaseException) -> str:
-    """The first line of the first rank's error inside a DCP CheckpointException."""
-    failures = getattr(exc, "failures", None)
-    if isinstance(failures, dict) and failures:
-        inner = failures[min(failures)][0]
-        if isinstance(inner, CheckpointError):
-            raise inner
-        text = str(inner).strip().splitlines()
-        return f"{type(inner).__name__}: {text[0] if text else ''}"
-    return str(exc).strip().splitlines()[0]
-
-
-def _root_os_error(exc: BaseException) -> OSError | None:
-    """The OSError behind a DCP CheckpointException (which wraps each rank's exception)."""
-    return next((e for e in _chain(exc) if isinstance(e, OSError)), None)
