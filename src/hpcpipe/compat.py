@@ -13,9 +13,15 @@ moves one fails there, by name, before a training run meets it.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
+import logging
+import os
+import socket
+import sys
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from typing import Any, cast
 
 import torch
@@ -28,15 +34,20 @@ __all__ = [
     "create_cpu_state_dict",
     "dcp_metadata_path",
     "dcp_set_element",
+    "dcp_storage_info",
     "ddp_buffer_sync_kwargs",
     "ddp_reset_reducer",
     "default_store",
     "dump_cuda_memory_snapshot",
+    "elastic_agent_step",
     "fsdp_drop_unsharded_grads",
     "fsdp_reset_iter_state",
     "gather_into_tensor_fn",
+    "loopback_tcp_store",
+    "quick_rendezvous",
     "record_cuda_memory_history",
     "reduce_scatter_tensor_fn",
+    "tcp_store_takes_listen_fd",
 ]
 
 
@@ -193,6 +204,15 @@ def dcp_metadata_path(reader: Any, rank: int | None) -> Any:
     return _require(reader, "_get_metadata_path", "read checkpoint metadata safely")(rank)
 
 
+_RAW = "write tensors as raw bytes into checkpoint files"
+
+
+def dcp_storage_info(relative_path: str, offset: int, length: int) -> Any:
+    """DCP's record of where one item lies in a file (``FileSystemReader`` metadata)."""
+    info = _require("torch.distributed.checkpoint.filesystem", "_StorageInfo", _RAW)
+    return info(relative_path, offset, length)
+
+
 _STAGE = "stage asynchronous checkpoints"
 
 
@@ -266,6 +286,93 @@ def dump_cuda_memory_snapshot(path: str) -> None:
     _require("torch.cuda.memory", "_dump_snapshot", _MEMORY)(path)
 
 
+# -- the elastic agent's metrics (launch/agent_timeline.py) ---------------------------------------
+
+_AGENT = "time the elastic agent's restarts (agent_restart events)"
+# torch's agent times these methods with ``@metrics.prof``: each call ends with a
+# ``<Class>.<method>.duration.ms`` metric in the ``torchelastic`` group. The metric names are
+# public output, but they spell private method names, so they are read here only.
+ELASTIC_AGENT_STEPS = {
+    "_monitor_workers": "poll",
+    "_stop_workers": "stop",
+    "_rendezvous": "rendezvous",
+    "_start_workers": "start",
+    "_restart_workers": "restart",
+}
+
+
+def elastic_agent_step(metric_name: str) -> str | None:
+    """The step of torch's elastic agent whose end a ``torchelastic`` metric reports ("poll",
+    "stop", "rendezvous", "start", "restart"), or None for any other metric."""
+    if not metric_name.endswith(".duration.ms"):
+        return None
+    method = metric_name.removesuffix(".duration.ms").rsplit(".", 1)[-1]
+    return ELASTIC_AGENT_STEPS.get(method)
+
+
+def _elastic_agent_probe() -> None:
+    """Each method ``elastic_agent_step`` names exists on torch's agent and is ``@prof``-timed."""
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+
+    for method in ELASTIC_AGENT_STEPS:
+        if not hasattr(_require(LocalElasticAgent, method, _AGENT), "__wrapped__"):
+            raise TorchAPIError(f"@metrics.prof on LocalElasticAgent.{method}", _AGENT)
+
+
+_RENDEZVOUS = "make torch's c10d rendezvous rounds cheaper (quick_rendezvous)"
+_DYNAMIC_RENDEZVOUS = "torch.distributed.elastic.rendezvous.dynamic_rendezvous"
+
+
+def _method_name(depth: int = 2) -> str:
+    """``dynamic_rendezvous.get_method_name``: the name of the function ``depth`` frames above."""
+    try:
+        return sys._getframe(depth).f_code.co_name
+    except ValueError:  # the stack is not that deep
+        return "no_method_name"
+
+
+def _rendezvous_probe() -> None:
+    """The two helpers ``quick_rendezvous`` replaces exist where it looks for them."""
+    for name in ("_delay", "get_method_name"):
+        _require(_DYNAMIC_RENDEZVOUS, name, _RENDEZVOUS)
+
+
+@contextlib.contextmanager
+def quick_rendezvous(one_node: bool) -> Iterator[None]:
+    """While the block runs, torch's c10d rendezvous (``dynamic_rendezvous``) skips what costs a
+    restart time and buys nothing; where torch has no such helper, that part stays as it is.
+
+    - Each step it records is named with ``get_method_name``, which builds ``inspect.stack()``
+      twice: that reads every frame's source and scans ``sys.modules`` once per frame, about
+      70 ms per round (and per 5 s heartbeat) in an agent that imported torch and the trainer.
+      The frame chain gives the same name.
+    - ``one_node``: its handler sleeps a random 0-0.3 s before it joins while its round is still 0
+      (the first start, and again the first restart: the round advances only when the next one
+      is joined), so that many nodes do not reach the store at once, and backs off a random
+      time after a lost compare-and-set. A one-node job has no other node to spread out from or
+      to race: the random (range) form of its sleep helper, ``_delay``, returns at once; fixed
+      waits (polling a round) stay.
+    """
+    module = importlib.import_module(_DYNAMIC_RENDEZVOUS)
+    replaced: dict[str, Callable[..., Any]] = {"get_method_name": _method_name}
+    original_delay = getattr(module, "_delay", None)
+    if one_node and original_delay is not None:
+
+        def delay(seconds: float | tuple[float, float]) -> None:
+            if not isinstance(seconds, tuple):
+                original_delay(seconds)
+
+        replaced["_delay"] = delay
+    originals = {name: getattr(module, name) for name in replaced if hasattr(module, name)}
+    for name in originals:
+        setattr(module, name, replaced[name])
+    try:
+        yield
+    finally:
+        for name, original in originals.items():
+            setattr(module, name, original)
+
+
 _PEERS = "share each rank's progress for hang reports"
 
 PRIVATE_APIS: dict[str, Callable[[], Any]] = {
@@ -285,6 +392,9 @@ PRIVATE_APIS: dict[str, Callable[[], Any]] = {
         "_get_metadata_path",
         purpose="read checkpoint metadata safely",
     ),
+    "checkpoint.filesystem._StorageInfo": _probe(
+        "torch.distributed.checkpoint.filesystem", "_StorageInfo", purpose=_RAW
+    ),
     "_state_dict_utils._create_cpu_state_dict": _probe(
         "torch.distributed._state_dict_utils", "_create_cpu_state_dict", purpose=_STAGE
     ),
@@ -298,6 +408,8 @@ PRIVATE_APIS: dict[str, Callable[[], Any]] = {
     "distributed_c10d._get_default_store": _probe(
         "torch.distributed.distributed_c10d", "_get_default_store", purpose=_PEERS
     ),
+    "LocalElasticAgent._monitor_workers/_stop_workers/... (@prof metrics)": _elastic_agent_probe,
+    "rendezvous.dynamic_rendezvous._delay, get_method_name": _rendezvous_probe,
 }
 """Each private name reached from this module, with a probe that raises TorchAPIError without it."""
 
@@ -310,3 +422,53 @@ def default_store() -> Any:
     import torch.distributed.distributed_c10d as c10d
 
     return _require(c10d, "_get_default_store", _PEERS)()
+
+
+def tcp_store_takes_listen_fd() -> bool:
+    """Whether this torch's ``TCPStore`` serves on a socket its caller bound (``master_listen_fd``)."""
+    import torch.distributed as dist
+
+    return "master_listen_fd" in (dist.TCPStore.__init__.__doc__ or "")
+
+
+def loopback_tcp_store(
+    host: str, port: int, world_size: int | None, timeout: timedelta, multi_tenant: bool = False
+) -> Any:
+    """A ``TCPStore`` server that listens on ``host`` alone (a loopback address); ``port`` 0 takes
+    any free port (the store's ``.port`` says which). OSError if ``host:port`` is taken.
+
+    torch's server binds every interface whatever ``host_name`` says (measured on 2.15: ``[::]``,
+    with and without libuv), and no argument names the address. Handed a socket already bound
+    and listening (``master_listen_fd``) it serves there instead, and owns the descriptor from
+    then on. A torch without that argument gets its usual server, on every interface."""
+    import torch.distributed as dist
+
+    use_libuv = os.environ.get("USE_LIBUV", "1") == "1"  # as torch reads it for env:// stores
+    if not tcp_store_takes_listen_fd():
+        logging.getLogger(__name__).warning(
+            "torch %s's TCPStore takes no listening socket: its store listens on every interface",
+            torch.__version__,
+        )
+        return dist.TCPStore(host, port, world_size, True, timeout, multi_tenant=multi_tenant)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as torch's own listener
+        sock.bind((host, port))
+        sock.listen(socket.SOMAXCONN)
+        store = dist.TCPStore(
+            host,
+            sock.getsockname()[1],
+            world_size,
+            True,
+            timeout,
+            multi_tenant=multi_tenant,
+            master_listen_fd=sock.fileno(),
+            use_libuv=use_libuv,
+        )
+    except BaseException:
+        with contextlib.suppress(OSError):
+            sock.close()
+        raise
+    sock.detach()  # the store closes it: a second close could hit a descriptor reused meanwhile
+    return store

@@ -64,6 +64,8 @@ Top level of ``<run_dir>/`` (name: who writes it -> who reads it)
 - ``pipeline.yaml`` (KFP_PIPELINE): the compiled Kubeflow pipeline. cli launch kfp -> KFP, people.
 - ``k8s_job.json`` (K8S_JOB): the submitted Kubernetes job. launch.k8s_cluster
   -> cli jobs, launch.k8s_cluster.
+- ``plan/`` (PLAN): ``goodput.json`` (GOODPUT_JSON) and ``goodput.png`` (GOODPUT_PLOT), the
+  checkpoint-interval plan from the run's measured costs. cli plan goodput (hpcpipe.plan) -> people.
 
 Anything else at the top of a run directory is not hpcpipe's (tests check a real run against
 :meth:`RunLayout.names`). This module imports only the standard library: every room may use it.
@@ -111,6 +113,7 @@ class RunLayout:
     HELM_VALUES: ClassVar[str] = "helm-values.yaml"
     KFP_PIPELINE: ClassVar[str] = "pipeline.yaml"
     K8S_JOB: ClassVar[str] = "k8s_job.json"
+    PLAN: ClassVar[str] = "plan"
     # Computed names: str.format templates (HANG_DUMP) and Slurm filename patterns (SLURM_OUTPUT).
     HANG_DUMP: ClassVar[str] = "hang-rank{rank}.txt"
     SLURM_OUTPUT: ClassVar[str] = "slurm-%j.out"
@@ -123,13 +126,15 @@ class RunLayout:
     FC_EVAL_MARKDOWN: ClassVar[str] = "eval.md"  # eval/eval.md, eval-base/eval.md
     MLFLOW_RUN: ClassVar[str] = "mlflow.json"  # tracking/mlflow.json
     REGISTRY: ClassVar[str] = "registry.json"  # tracking/registry.json
+    GOODPUT_JSON: ClassVar[str] = "goodput.json"  # plan/goodput.json
+    GOODPUT_PLOT: ClassVar[str] = "goodput.png"  # plan/goodput.png
 
     # Every fixed top-level name, and glob patterns for the computed ones.
     ENTRIES: ClassVar[tuple[str, ...]] = (
         CONFIG, LINEAGE, METRICS, METRICS_CSV, EVENTS, CHECKPOINTS, EXPORT, EVAL, FC_EVAL,
         FC_EVAL_BASE, REPORT, SUMMARY, LOSS_CURVE, SAMPLE, DATA_REPORT, LORA_SUMMARY, PROFILE,
         TENSORBOARD, TRACKING, TRAIN_LOG, SWEEP_POINT, SLURM_SCRIPT, SLURM_JOB, K8S_MANIFEST, HELM_VALUES,
-        KFP_PIPELINE, K8S_JOB,
+        KFP_PIPELINE, K8S_JOB, PLAN,
     )  # fmt: skip
     PATTERNS: ClassVar[tuple[str, ...]] = ("hang-rank*.txt", "slurm-*.out")
     # The names inside each folder, for the folders whose contents the layout names.
@@ -139,6 +144,7 @@ class RunLayout:
         FC_EVAL: (FC_EVAL_JSON, FC_EVAL_MARKDOWN),
         FC_EVAL_BASE: (FC_EVAL_JSON, FC_EVAL_MARKDOWN),
         TRACKING: (MLFLOW_RUN, REGISTRY),
+        PLAN: (GOODPUT_JSON, GOODPUT_PLOT),
     }
 
     @classmethod
@@ -278,3 +284,7 @@ class RunLayout:
     @property
     def registry(self) -> Path:
         return self.tracking / self.REGISTRY
+
+    @property
+    def plan(self) -> Path:
+        return self.root / self.PLAN

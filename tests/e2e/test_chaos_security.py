@@ -227,10 +227,11 @@ def test_a_secret_in_a_log_file_or_an_auth_header_is_found(tmp_path: Path) -> No
 
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_every_server_hpcpipe_starts_is_on_loopback(tmp_path: Path) -> None:
+def test_every_socket_a_local_run_listens_on_is_on_loopback(tmp_path: Path) -> None:
     result = security.loopback_only(_ctx(tmp_path, "loopback_only", nproc=2))
     assert _passed(result)
     assert "hpcpipe prometheus exporter 127.0.0.1:" in result.detail
+    assert "torch c10d rendezvous store (agent) 127.0.0.1:" in result.detail  # torch's, found: checked
     base = result.placement["port_base"]
     assert f"127.0.0.1:{base}" in result.detail and f"127.0.0.1:{base + 1}" in result.detail
 
@@ -259,15 +260,15 @@ def test_a_server_bound_beyond_loopback_is_caught(family: socket.AddressFamily, 
 
 def test_listeners_are_attributed_to_torch_by_process_and_port() -> None:
     listeners = [
-        Listener(10, "::", 29400),  # the launcher: the agent's rendezvous store
-        Listener(11, "::", 40000),  # rank 0 on MASTER_PORT
+        Listener(10, "::", 29400),  # the launcher: the agent's rendezvous store, as torch binds it
+        Listener(11, "127.0.0.1", 40000),  # rank 0 on MASTER_PORT
         Listener(11, "127.0.0.1", 40001),  # gloo
         Listener(11, "127.0.0.1", 9100),  # the exporter
-        Listener(12, "0.0.0.0", 5555),  # neither launcher nor rank: unknown, so it must be loopback
+        Listener(12, "0.0.0.0", 5555),  # neither launcher nor rank: unknown
     ]
     owned = classify(listeners, exporters={9100}, launcher=10, ranks={11: 40000})
     assert [s.owner for s in owned] == ["torch", "torch", "torch", "hpcpipe", "unknown"]
-    assert [s.port for s in violations(owned)] == [5555]
+    assert [s.port for s in violations(owned)] == [29400, 5555]  # torch's own count: a local run
 
 
 def test_a_forked_workers_listeners_are_torchs_without_its_port() -> None:
@@ -279,7 +280,7 @@ def test_a_forked_workers_listeners_are_torchs_without_its_port() -> None:
         ("hpcpipe", "prometheus exporter"),
         ("unknown", "pid 22"),
     ]
-    assert [s.port for s in violations(owned)] == [7]
+    assert [s.port for s in violations(owned)] == [40000, 7]
 
 
 def test_proc_net_addresses_decode() -> None:

@@ -118,8 +118,8 @@ def test_markdown_table_and_header(tmp_path: Path) -> None:
     assert markdown.startswith("# Chaos report\n")
     assert "torch 2.9.0+cpu · 2 cores · seed 7 · 2023-11-14 22:13 UTC" in markdown
     assert "| scenario | kind | trials | recovered | lost data | median TTR (s) | max TTR (s) |" in markdown
-    assert "| kill ✗ | kill-rank | 4 | 3/4 | 0 | 2.0 | 4.0 |" in markdown
-    assert "| hang ✗ | hang | 2/3 | 2/2 | 3 | 4.0 | 5.0 |" in markdown  # lost data marks it too
+    assert "| kill ✗ | kill-rank | 4 | 3/4 | 0 | 2.00 | 4.00 |" in markdown
+    assert "| hang ✗ | hang | 2/3 | 2/2 | 3 | 4.00 | 5.00 |" in markdown  # lost data marks it too
     assert "| extra | oom | 1 | 1/1 | 0 | — | — |" in markdown
     assert "**FAIL**" in markdown
 

@@ -67,7 +67,7 @@ def test_verify_ok_then_mismatch_then_missing(cli, run_dir: Path, tmp_path: Path
     extra.write_bytes(bytes(data))
     bad = cli("ckpt", "verify", str(copy / "checkpoints" / "step-00000003"))
     assert bad.returncode == 1
-    assert "FAIL" in bad.stderr and "extra/rank-00000.pt: SHA-256 mismatch (expected" in bad.stderr
+    assert "FAIL" in bad.stderr and "extra/rank-00000.pt: BLAKE3 mismatch (expected" in bad.stderr
     assert "Traceback" not in bad.stderr
 
     missing = cli("ckpt", "verify", str(tmp_path / "nope"))

@@ -3,7 +3,6 @@ are refused without running them, even when the manifest's hashes have been forg
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import pickle
@@ -15,6 +14,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from hpcpipe.checkpoint import CheckpointError, CheckpointStore
+from hpcpipe.checkpoint.manifest import hash_file
 from hpcpipe.checkpoint.safe_dcp import SafeFileSystemReader, SafeLoadPlanner, safe_load_metadata
 from hpcpipe.checkpoint.state import load_extra
 from hpcpipe.config import CheckpointConfig, ModelConfig
@@ -40,7 +40,8 @@ def _forge(ckpt: Path, name: str, data: bytes) -> None:
     """Replace a file and rewrite the manifest to match: the attacker controls the directory."""
     (ckpt / name).write_bytes(data)
     manifest = json.loads((ckpt / "manifest.json").read_text())
-    manifest["files"][name] = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+    algorithm = manifest["hash"]
+    manifest["files"][name] = {algorithm: hash_file(ckpt / name, algorithm).digest, "size": len(data)}
     (ckpt / "manifest.json").write_text(json.dumps(manifest))
 
 

@@ -24,7 +24,7 @@ from hpcpipe.checkpoint import (
     restore_rng_state,
     safe_dcp,
 )
-from hpcpipe.checkpoint.manifest import verify_dir
+from hpcpipe.checkpoint.manifest import hash_file, verify_dir
 from hpcpipe.config import CheckpointConfig, ModelConfig
 from hpcpipe.models.gpt import GPT
 
@@ -106,9 +106,13 @@ def test_commit_layout_and_manifest(tmp_path: Path) -> None:
     assert set(manifest["files"]) == on_disk
     assert {".metadata", "extra/rank-00000.pt"} <= on_disk
     assert any(name.endswith(".distcp") for name in on_disk)
+    algorithm = manifest["hash"]
+    assert algorithm == CheckpointConfig().hash
     for name, entry in manifest["files"].items():
-        data = (ckpt / name).read_bytes()
-        assert entry == {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+        assert entry == {
+            "size": (ckpt / name).stat().st_size,
+            algorithm: hash_file(ckpt / name, algorithm).digest,
+        }
 
 
 @pytest.mark.parametrize("async_save", [False, True])
@@ -378,19 +382,26 @@ def test_rejects_extra_that_weights_only_cannot_load(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
-# -- checkpoint.hash=blake3 -------------------------------------------------------------------------
+# -- checkpoint.hash: blake3 (the default) and sha256 ---------------------------------------------
 
 
-def test_blake3_checkpoints_commit_verify_and_restore(tmp_path: Path) -> None:
-    import blake3
-
-    states = save_steps(tmp_path, [1, 2], hash="blake3")
+@pytest.mark.parametrize(
+    ("algorithm", "label", "digest"),
+    [
+        ("blake3", "BLAKE3", lambda data: __import__("blake3").blake3(data).hexdigest()),
+        ("sha256", "SHA-256", lambda data: hashlib.sha256(data).hexdigest()),
+    ],
+)
+def test_each_hash_commits_verifies_and_restores(
+    tmp_path: Path, algorithm: str, label: str, digest: Any
+) -> None:
+    states = save_steps(tmp_path, [1, 2], hash=algorithm)
     ckpt = tmp_path / "step-00000002"
     manifest = json.loads((ckpt / "manifest.json").read_text())
-    assert manifest["hash"] == "blake3"
+    assert manifest["hash"] == algorithm
     for name, entry in manifest["files"].items():
         data = (ckpt / name).read_bytes()
-        assert entry == {"size": len(data), "blake3": blake3.blake3(data).hexdigest()}
+        assert entry == {"size": len(data), algorithm: digest(data)}
     shard = next(ckpt.glob("*.distcp"))
     (ckpt / shard.name).write_bytes(b"\0" + shard.read_bytes()[1:])  # one byte changed
     events: list[tuple[str, dict[str, Any]]] = []
@@ -398,7 +409,7 @@ def test_blake3_checkpoints_commit_verify_and_restore(tmp_path: Path) -> None:
     assert extra == {"step": 1}  # fell back past the damaged step 2
     assert_same(restored, states[1])
     fallback = next(fields for kind, fields in events if kind == "checkpoint_fallback")
-    assert fallback["file"] == shard.name and fallback["reason"] == "BLAKE3 mismatch"
+    assert fallback["file"] == shard.name and fallback["reason"] == f"{label} mismatch"
 
 
 def test_blake3_without_the_package_names_the_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -92,5 +92,5 @@ def test_a_copy_that_does_not_verify_never_becomes_visible(
     store.close()
     assert _names(tmp_path / "durable") == []  # neither step-* nor a leftover .tmp-*
     failed = [f for k, f in events if k == "checkpoint_durable_failed"]
-    assert failed and ".distcp" in failed[0]["error"] and "SHA-256 mismatch" in failed[0]["error"]
+    assert failed and ".distcp" in failed[0]["error"] and "BLAKE3 mismatch" in failed[0]["error"]
     assert _names(tmp_path / "fast") == ["step-00000001"]

@@ -32,6 +32,10 @@ def test_help_lists_the_verbs(cli) -> None:  # type: ignore[no-untyped-def]
         (["train", "tiny", "--set", "train.stepz=3"], "unknown config key 'train.stepz'"),
         (["train", "tiny", "--set", "train.steps=abc"], "train.steps"),
         (["train", "tiny", "--nproc", "3"], "train.global_batch_size (8) must be a multiple"),
+        (
+            ["train", "tiny", "--nproc", "2", "--set", "checkpoint.memory_limit_gb=1e6"],
+            "checkpoint.memory_limit_gb=1e+06 is larger than /dev/shm",
+        ),
         (["train", "does/not/exist.yaml"], "config file not found: does/not/exist.yaml"),
         (["train", "nopreset"], "unknown preset 'nopreset'"),
         (["data", "prepare", "tiny", "--set", "data.sources=[/no/such/dir]"], "/no/such/dir"),

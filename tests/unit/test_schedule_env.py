@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from hpcpipe.config import TrainConfig
-from hpcpipe.train.environment import _parse_first_host, detect_environment
+from hpcpipe.train.environment import DistEnv, _parse_first_host, detect_environment
 
 
 def test_warmup_then_cosine_to_floor() -> None:
@@ -57,6 +57,7 @@ def test_torchrun_environment() -> None:
         2,
     )
     assert env.master_addr == "n0" and env.master_port == 29400
+    assert not env.on_one_host  # two nodes: rank 0's store binds where the other node reaches it
 
 
 def test_kubeflow_pytorchjob_environment() -> None:
@@ -64,6 +65,7 @@ def test_kubeflow_pytorchjob_environment() -> None:
         {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "job-master-0", "MASTER_PORT": "23456"}
     )
     assert env.kind == "kubernetes" and env.local_rank == 0 and env.local_world_size == 1
+    assert not env.on_one_host
 
 
 def test_slurm_step_environment() -> None:
@@ -82,6 +84,24 @@ def test_slurm_step_environment() -> None:
     assert (env.kind, env.rank, env.local_rank, env.world_size, env.local_world_size) == ("slurm", 5, 1, 8, 4)
     assert env.master_port == 20000 + 1234
     assert env.master_addr in {"gpu007"}  # scontrol absent here, or it expands the same way
+    assert not env.on_one_host
+
+
+def test_a_group_on_one_host_meets_on_loopback_and_a_multi_node_one_where_peers_reach_it() -> None:
+    from hpcpipe.launch.rendezvous import LOOPBACK_BACKEND, node_address, rendezvous_backend
+
+    def env(world: int, local: int, master: str) -> DistEnv:
+        return DistEnv("torchrun", 0, 0, world, local, master, 29500)
+
+    assert env(2, 2, "node7").on_one_host  # hpcpipe train --nproc 2, one-node torchrun or srun
+    assert env(2, 1, "127.0.0.1").on_one_host  # two local "nodes" of one elastic job
+    assert not env(4, 2, "node7").on_one_host and not env(2, 1, "10.0.0.7").on_one_host
+    for local in ("127.0.0.1:0", "localhost:29400", "[::1]:29400", "127.0.0.2"):
+        assert rendezvous_backend(local) == LOOPBACK_BACKEND
+    assert rendezvous_backend("head:29400") == rendezvous_backend("10.0.0.1:29400") == "c10d"
+    assert node_address("127.0.0.1:0", None) == node_address("localhost:1", None) == "127.0.0.1"
+    assert node_address("[::1]:29400", None) == "::1"
+    assert node_address("head:29400", None) is None and node_address("head:1", "n2") == "n2"
 
 
 def test_slurm_batch_script_is_not_a_worker() -> None:

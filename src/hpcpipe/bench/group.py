@@ -27,7 +27,7 @@ from typing import Any
 
 from hpcpipe.config import ParallelConfig
 from hpcpipe.netutil import free_port
-from hpcpipe.train.distributed import DistContext, init_distributed, shutdown_distributed
+from hpcpipe.train.distributed import DistContext, group_store, init_distributed, shutdown_distributed
 from hpcpipe.train.environment import DistEnv
 
 # Set once this process was a rank of a multi-rank group (an Event: a flag without `global`).
@@ -70,7 +70,7 @@ def _store(env: DistEnv, timeout: timedelta) -> Any:
     if env.world_size == 1:
         return dist.HashStore()
     env.export()
-    store, _, _ = next(dist.rendezvous("env://", rank=env.rank, world_size=env.world_size, timeout=timeout))
+    store = group_store(env, timeout)  # env://'s store, on loopback when every rank runs here
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")  # torchrun's store outlives restarts
     return dist.PrefixStore(f"hpcpipe-bench/{attempt}", store)
 

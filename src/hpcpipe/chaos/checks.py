@@ -26,9 +26,14 @@ class Checks:
         return self.check(proc.returncode == want, why)
 
     def result(
-        self, passed: str, placement: dict[str, Any], lost: int = 0, ttr_s: float | None = None
+        self,
+        passed: str,
+        placement: dict[str, Any],
+        lost: int = 0,
+        ttr_s: float | None = None,
+        phases: dict[str, float] | None = None,
     ) -> TrialResult:
         if lost and not self.failures:
             self.failures.append(f"{lost} step(s) lost or not reproduced")
         detail = self.failures[0] if self.failures else passed
-        return TrialResult(not self.failures, detail, placement, lost, ttr_s)
+        return TrialResult(not self.failures, detail, placement, lost, ttr_s, phases)

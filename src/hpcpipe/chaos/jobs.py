@@ -185,6 +185,15 @@ def time_to_recover(run_dir: Path, since: float | None) -> float | None:
     return min(after) - since if after else None
 
 
+def recovery_phases(run_dir: Path, since: float | None) -> dict[str, float] | None:
+    """``time_to_recover`` split into phases (``chaos/phases.py``); None where it is None."""
+    from hpcpipe.chaos.phases import milestones, split
+
+    if since is None:
+        return None
+    return split(milestones(read_events(run_dir), read_metrics(run_dir), since), since)
+
+
 def lost_steps(reference: dict[int, float], got: dict[int, float], rel: float = 0.0) -> list[int]:
     """Reference steps missing from ``got`` or differing (bitwise when ``rel`` is 0)."""
     bad = []

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hpcpipe.chaos.phases import LABELS, OTHER, PHASES
 from hpcpipe.errors import UserError, one_line
 from hpcpipe.fsutil import read_json_object
 
@@ -61,6 +62,10 @@ class ScenarioRow:
     duration_median_s: float | None
     failures: list[Failure] = field(default_factory=list)
     ttrs_s: list[float] = field(default_factory=list)  # every measured TTR, for the plot
+    # The TTR's phases (chaos/phases.py), over the trials that measured each: median and max.
+    phase_trials: int = 0  # trials whose row has phases
+    phase_median_s: dict[str, float] = field(default_factory=dict)
+    phase_max_s: dict[str, float] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -155,6 +160,12 @@ def _scenario_row(name: str, plan: dict[str, Any], trials: list[dict[str, Any]])
     failed = [t for t in trials if t.get("recovered") is not True]
     kinds = [t["kind"] for t in trials if isinstance(t.get("kind"), str)]
     planned = plan.get("trials")
+    phased = [t["phases"] for t in trials if isinstance(t.get("phases"), dict)]
+    by_phase = {
+        name: values
+        for name in (*PHASES, OTHER)
+        if (values := [x for x in (_number(p.get(name)) for p in phased) if x is not None])
+    }
     return ScenarioRow(
         name=name,
         kind=str(plan.get("kind") or (kinds[0] if kinds else "?")),
@@ -169,6 +180,9 @@ def _scenario_row(name: str, plan: dict[str, Any], trials: list[dict[str, Any]])
         duration_median_s=_rounded(statistics.median(durations)) if durations else None,
         failures=[_failure(t) for t in failed],
         ttrs_s=ttrs,
+        phase_trials=len(phased),
+        phase_median_s={name: _rounded(statistics.median(v)) for name, v in by_phase.items()},
+        phase_max_s={name: _rounded(max(v)) for name, v in by_phase.items()},
     )
 
 
@@ -233,6 +247,7 @@ def render_markdown(
     lines = ["# Chaos report", "", _environment_line(run, trials), "", TABLE_HEADER]
     lines += [_table_row(r) for r in rows]
     lines += ["", _summary_line(total)]
+    lines += _phase_table([r for r in rows if r.phase_trials])
     if total["unreadable_lines"]:
         lines.append(
             f"\n{total['unreadable_lines']} unreadable line(s) of trials.jsonl skipped "
@@ -277,6 +292,40 @@ def _table_row(row: ScenarioRow) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
+PHASE_NOTE = (
+    "Phases (`hpcpipe/chaos/phases.py`), from the run's own timestamps: detection (fault → the "
+    "agent sees a failed worker), teardown (→ every old worker gone), spawn + import (→ the new "
+    "workers run trainer code), rendezvous (the agent's round and `init_process_group`), setup "
+    "(recipe, barriers, model, DDP, optimizer, loader), restore (choose, verify, load the "
+    "checkpoint), first step (→ the first step logged). other: time across milestones that were "
+    "not recorded (a recovery by a new `hpcpipe train`, or a restart with no checkpoint to restore). "
+    "Per trial the phases add up to its TTR; medians do not add up."
+)
+
+
+def _phase_table(rows: list[ScenarioRow]) -> list[str]:
+    """The TTR by phase: median / max per phase, one row per scenario that measured phases."""
+    if not rows:
+        return []
+    names = (*PHASES, OTHER)
+    lines = [
+        "",
+        "## Time to recover by phase",
+        "",
+        "Seconds, median / max over the trials that measured each phase.",
+        "",
+        "| scenario | trials | " + " | ".join(LABELS[n] for n in names) + " |",
+        "|---|---:|" + "---:|" * len(names),
+    ]
+    for row in rows:
+        cells = [escape_cell(row.name), str(row.phase_trials)]
+        for name in names:
+            median, top = row.phase_median_s.get(name), row.phase_max_s.get(name)
+            cells.append(NONE_MARK if median is None or top is None else f"{median:.2f} / {top:.2f}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return [*lines, "", PHASE_NOTE]
+
+
 def _summary_line(total: dict[str, int]) -> str:
     verdict = "PASS" if total["failed"] == 0 and total["lost"] == 0 else "FAIL"
     return (
@@ -300,7 +349,7 @@ def escape_cell(text: str) -> str:
 
 
 def _seconds(value: float | None) -> str:
-    return NONE_MARK if value is None else f"{value:.1f}"
+    return NONE_MARK if value is None else f"{value:.2f}"  # restarts take well under a second
 
 
 # --- plot ----------------------------------------------------------------------------------------
@@ -315,11 +364,14 @@ def _plot_or_reason(rows: list[ScenarioRow], path: Path) -> tuple[Path | None, s
 
 
 def plot_ttr(rows: list[ScenarioRow], path: Path) -> Path:
-    """Every trial's TTR as a dot, one row per scenario: range as a line, median as a tick; x in s."""
+    """Every trial's TTR as a dot, one row per scenario: range as a line, median as a tick; x in s.
+    Beside it, where trials measured phases, each scenario's median phases as a stacked bar."""
     from hpcpipe.report.plots_bench import _figure, _save
 
-    fig, (ax,) = _figure()
-    fig.set_size_inches(7.5, 1.5 + 0.5 * len(rows))
+    phased = [r for r in rows if r.phase_trials]
+    fig, axes = _figure(ncols=2 if phased else 1)
+    ax = axes[0]
+    fig.set_size_inches(7.5 * len(axes), 1.5 + 0.5 * len(rows) + (0.8 if phased else 0.0))
     values = [r.ttrs_s for r in rows]
     positions = list(range(len(rows), 0, -1))  # first scenario on top, as in the table
     jitter = random.Random(0)  # fixed: the same run draws the same picture
@@ -335,4 +387,22 @@ def plot_ttr(rows: list[ScenarioRow], path: Path) -> Path:
     ax.set_xlabel("time to recover (s)")
     ax.set_title("chaos: time to recover per trial")
     ax.grid(alpha=0.3, axis="x", which="both")
+    if phased:
+        _plot_phases(axes[1], phased)
     return _save(fig, path)
+
+
+def _plot_phases(ax: Any, rows: list[ScenarioRow]) -> None:
+    """Each scenario's median phases, stacked left to right in the order they happen."""
+    positions = list(range(len(rows), 0, -1))
+    left = [0.0] * len(rows)
+    for name in (*PHASES, OTHER):
+        widths = [r.phase_median_s.get(name, 0.0) for r in rows]
+        if any(widths):
+            ax.barh(positions, widths, left=left, height=0.5, label=LABELS[name])
+            left = [a + b for a, b in zip(left, widths, strict=True)]
+    ax.set_yticks(positions, [r.name for r in rows])
+    ax.set_xlabel("median seconds per phase")
+    ax.set_title("time to recover by phase (medians)")
+    ax.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=4, frameon=False)
+    ax.grid(alpha=0.3, axis="x")

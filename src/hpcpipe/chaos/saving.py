@@ -48,13 +48,17 @@ def _save_steps(ctx: TrialContext) -> tuple[int, int]:
     return job.checkpoint.every_steps, job.train.steps
 
 
-def _resume_and_compare(ctx: TrialContext, checks: Checks, since: float | None) -> tuple[int, float | None]:
-    """Start the run again; (steps lost against the reference, time to recover from ``since``)."""
+def _resume_and_compare(
+    ctx: TrialContext, checks: Checks, since: float | None
+) -> tuple[int, float | None, dict[str, float] | None]:
+    """Start the run again; (steps lost against the reference, time to recover from ``since``,
+    its phases: no agent restarted anything, so the new launch's start up is ``other``)."""
     reference = jobs.reference_losses(ctx)
     again = jobs.train(ctx, "run")
     checks.exit_code(again, 0, "the resumed run")
     run = ctx.work / "run"
-    return len(jobs.lost_steps(reference, jobs.losses(run))), jobs.time_to_recover(run, since)
+    lost = len(jobs.lost_steps(reference, jobs.losses(run)))
+    return lost, jobs.time_to_recover(run, since), jobs.recovery_phases(run, since)
 
 
 def _train_with_save_fault(
@@ -79,9 +83,9 @@ def kill_during_save(ctx: TrialContext) -> TrialResult:
     visible = [s for s, _ in _visible(ckpts)]
     checks.check(step not in visible, f"the interrupted save of step {step} is visible: {visible}")
     checks.check(not _unverified(ckpts), f"a visible checkpoint does not verify: {_unverified(ckpts)}")
-    lost, ttr = _resume_and_compare(ctx, checks, jobs.fault_time(ctx.work / "markers"))
+    lost, ttr, phases = _resume_and_compare(ctx, checks, jobs.fault_time(ctx.work / "markers"))
     return checks.result(
-        f"killed rank {rank} in the save of step {step} at {point}; resumed bitwise", place, lost, ttr
+        f"killed rank {rank} in the save of step {step} at {point}; resumed bitwise", place, lost, ttr, phases
     )
 
 
@@ -96,9 +100,13 @@ def sigterm_during_save(ctx: TrialContext) -> TrialResult:
     checks.check(bool(visible) and visible[0] >= step, f"newest checkpoint {visible[:1]}, expected >= {step}")
     checks.check(not _unverified(ckpts), f"does not verify: {_unverified(ckpts)}")
     checks.check(bool(jobs.events(run, "preempted")), "no preempted event")
-    lost, ttr = _resume_and_compare(ctx, checks, jobs.fault_time(ctx.work / "markers"))
+    lost, ttr, phases = _resume_and_compare(ctx, checks, jobs.fault_time(ctx.work / "markers"))
     return checks.result(
-        f"SIGTERM to rank {rank} in the save of step {step} at {point}; exit 75, resumed", place, lost, ttr
+        f"SIGTERM to rank {rank} in the save of step {step} at {point}; exit 75, resumed",
+        place,
+        lost,
+        ttr,
+        phases,
     )
 
 
@@ -118,14 +126,14 @@ def corrupt_checkpoint(ctx: TrialContext) -> TrialResult:
     mode = ctx.rng.choice(CORRUPTIONS)
     place = {"stop": stop, "rank": rank, "mode": mode, **_corrupt(path, mode, ctx)}
     damaged_at = time.time()
-    lost, ttr = _resume_and_compare(ctx, checks, damaged_at)
+    lost, ttr, phases = _resume_and_compare(ctx, checks, damaged_at)
     run = ctx.work / "run"
     fallbacks = [e.get("step") for e in jobs.events(run, "checkpoint_fallback")]
     checks.check(newest in fallbacks, f"no checkpoint_fallback event for step {newest} ({fallbacks})")
     resumed = [e.get("step") for e in jobs.events(run, "resumed")]
     checks.check(resumed[-1:] == [previous], f"resumed from {resumed[-1:]}, expected [{previous}]")
     return checks.result(
-        f"{mode} on step {newest}: fell back to {previous}, resumed bitwise", place, lost, ttr
+        f"{mode} on step {newest}: fell back to {previous}, resumed bitwise", place, lost, ttr, phases
     )
 
 

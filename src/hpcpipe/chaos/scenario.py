@@ -119,12 +119,15 @@ class TrialResult:
     placement: dict[str, Any] = field(default_factory=dict)  # where/when the fault landed
     lost: int = 0  # training steps (or committed checkpoints, files) lost or not reproduced
     ttr_s: float | None = None  # time to recover: from the fault to the first step after resume
+    # ttr_s split into phases (chaos/phases.py: detection, teardown, ..., other), where measured
+    phases: dict[str, float] | None = None
 
     def as_row(self) -> dict[str, Any]:
-        return {
+        row = {
             "recovered": self.recovered,
             "detail": self.detail,
             "placement": self.placement,
             "lost": self.lost,
             "ttr_s": self.ttr_s,
         }
+        return row if self.phases is None else {**row, "phases": self.phases}

@@ -2,8 +2,9 @@
 
 Each kind drives the real CLI a user would run and checks what reached the user and the disk:
 exit 0 or one ``error:`` line with exit 2 (never a traceback), nothing executed from a payload,
-nothing written outside the sandbox, no secret in any output or file, every server hpcpipe
-starts on loopback only. All randomness comes from ``ctx.rng``, so a trial replays from its seed.
+nothing written outside the sandbox, no secret in any output or file, every socket a local run
+listens on (hpcpipe's exporters, torch's stores and gloo's pairs) on loopback only. All
+randomness comes from ``ctx.rng``, so a trial replays from its seed.
 """
 
 from __future__ import annotations
@@ -375,7 +376,8 @@ def _files_holding(root: Path, forms: list[str]) -> list[str]:
 
 
 def loopback_only(ctx: TrialContext) -> TrialResult:
-    """A real multi-rank run with exporters: every server hpcpipe starts listens on loopback."""
+    """A real multi-rank run with exporters: every socket it listens on, hpcpipe's or torch's, is
+    on loopback (its exporters, the agent's rendezvous store, rank 0's store, gloo's pairs)."""
     ctx = _absolute(ctx)
     ranks = ctx.scenario.nproc
     base, attempts = free_port_base(ctx.rng, ranks)
@@ -390,7 +392,7 @@ def loopback_only(ctx: TrialContext) -> TrialResult:
     found = {s.port for s in listeners if s.owner == "hpcpipe"}
     checks.check(exporters <= found, f"exporter ports {sorted(exporters - found)} are not listening")
     bad = violations(listeners)
-    checks.check(not bad, f"hpcpipe listens beyond loopback: {describe(bad)} (all: {describe(listeners)})")
+    checks.check(not bad, f"the run listens beyond loopback: {describe(bad)} (all: {describe(listeners)})")
     return checks.result(describe(listeners), placement, lost=len(bad))
 
 

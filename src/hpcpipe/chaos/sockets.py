@@ -3,7 +3,8 @@
 hpcpipe's only server is the Prometheus exporter (``observe/prometheus.py``), one per rank on
 ``observe.prometheus.port + local_rank``. Everything else a training run listens on belongs to
 torch.distributed: the elastic agent's c10d rendezvous store (in the launcher), the workers'
-TCPStore on MASTER_PORT (in rank 0) and gloo's pair listeners (in every worker).
+TCPStore on MASTER_PORT (in rank 0) and gloo's pair listeners (in every worker). hpcpipe binds
+them all to loopback in a run on one host, so a local run's every listener must be there.
 """
 
 from __future__ import annotations
@@ -160,8 +161,10 @@ def classify(
 
 
 def violations(listeners: list[Listener]) -> list[Listener]:
-    """hpcpipe's (or unattributed) listeners that accept connections from beyond loopback."""
-    return [s for s in listeners if s.owner != "torch" and not s.loopback]
+    """The listeners of a local run that accept connections from beyond loopback, whoever owns
+    them: torch's too (its rendezvous store, rank 0's TCPStore, gloo's pairs), which a
+    single-host run binds to loopback as well (``launch/rendezvous.py``, ``group_store``)."""
+    return [s for s in listeners if not s.loopback]
 
 
 def describe(listeners: list[Listener]) -> str:

@@ -31,8 +31,10 @@ def kill_rank(ctx: TrialContext) -> TrialResult:
     checks.check(bool(jobs.events(run, "restart")), "no restart event")
     _check_resumed(ctx, checks, run, step)
     lost = jobs.lost_steps(reference, jobs.losses(run))
-    ttr = jobs.time_to_recover(run, jobs.fault_time(ctx.work / "markers"))
-    return checks.result(f"killed rank {rank} at step {step}; resumed bitwise", place, len(lost), ttr)
+    fault = jobs.fault_time(ctx.work / "markers")
+    _check_memory_restore(checks, run, fault)
+    ttr, phases = jobs.time_to_recover(run, fault), jobs.recovery_phases(run, fault)
+    return checks.result(f"killed rank {rank} at step {step}; resumed bitwise", place, len(lost), ttr, phases)
 
 
 def _check_resumed(ctx: TrialContext, checks: Checks, run: Path, fault_step: int) -> None:
@@ -42,6 +44,19 @@ def _check_resumed(ctx: TrialContext, checks: Checks, run: Path, fault_step: int
     resumed = [e.get("step") for e in jobs.events(run, "resumed")]
     if want > 0:
         checks.check(resumed[-1:] == [want], f"resumed from {resumed[-1:]}, expected step {want}")
+
+
+def _check_memory_restore(checks: Checks, run: Path, fault: float | None) -> None:
+    """When rank 0's copy of the resumed step was in the node's memory tier before the fault, the
+    restart read it from there (the bitwise check above covers what it read)."""
+    restored = jobs.events(run, "checkpoint_restored")
+    if not restored or fault is None:
+        return
+    step = restored[-1].get("step")
+    kept = [e for e in jobs.events(run, "checkpoint_memory_kept") if e.get("step") == step]
+    if kept and float(kept[0]["time"]) < fault:
+        files = restored[-1].get("memory_files", 0)
+        checks.check(files > 0, f"step {step} was in the memory tier, but the restart read none of it there")
 
 
 def always_fail(ctx: TrialContext) -> TrialResult:
@@ -109,10 +124,10 @@ def stall(ctx: TrialContext) -> TrialResult:
     checks.check(bool(jobs.events(run, "restart")), "no restart event")
     _check_resumed(ctx, checks, run, step)
     lost = jobs.lost_steps(reference, jobs.losses(run))
-    ttr = jobs.time_to_recover(run, fault)
+    ttr, phases = jobs.time_to_recover(run, fault), jobs.recovery_phases(run, fault)
     how_text = "SIGSTOPped" if how == "stop" else "stuck"
     passed = f"rank {rank} {how_text} at step {step}; named after {detected or 0:.1f} s, restarted, bitwise"
-    return checks.result(passed, {**place, "detected_s": detected}, len(lost), ttr)
+    return checks.result(passed, {**place, "detected_s": detected}, len(lost), ttr, phases)
 
 
 def _names_rank(event: dict[str, object], rank: int, how: str) -> bool:
@@ -186,7 +201,7 @@ def lost_node(ctx: TrialContext) -> TrialResult:
     checks.check(last.get("step") == steps, f"last step {last.get('step')}, expected {steps}")
     checks.check(last.get("world_size") == world // 2, f"finished at world size {last.get('world_size')}")
     lost = jobs.lost_steps(reference, jobs.losses(run), rel=ctx.param("rel_tolerance", 1e-3))
-    ttr = jobs.time_to_recover(run, killed_at)
+    ttr, phases = jobs.time_to_recover(run, killed_at), jobs.recovery_phases(run, killed_at)
     return checks.result(
-        f"node 1 lost at step {step}; finished on 1 node, same losses", place, len(lost), ttr
+        f"node 1 lost at step {step}; finished on 1 node, same losses", place, len(lost), ttr, phases
     )

@@ -31,6 +31,7 @@ HASH_LABELS = {"sha256": "SHA-256", "blake3": "BLAKE3"}
 MANIFEST_NAME = "manifest.json"
 FORMAT = "hpcpipe-checkpoint/1"
 ENGINES = ("dcp", "deepspeed")
+TENSOR_FORMATS = ("torch_save", "raw")
 STEP_DIR_RE = re.compile(r"^step-(\d{8})$")
 _CHUNK = 8 << 20
 
@@ -79,6 +80,9 @@ class Manifest:
     format: str = FORMAT
     hash: str = "sha256"
     engine: str = "dcp"  # whose files hold model and optimizer: "dcp" or "deepspeed" (deepspeed_io.py)
+    # How DCP shard files hold tensors: "raw" (raw_format.py) or DCP's own "torch_save"
+    # (checkpoints written before the raw layout; their manifests have no such field).
+    tensor_format: str = "torch_save"
 
     @property
     def total_bytes(self) -> int:
@@ -96,6 +100,8 @@ class Manifest:
         }
         if self.engine != "dcp":  # DCP manifests stay as they were written before the field
             body["engine"] = self.engine
+        if self.tensor_format != "torch_save":
+            body["tensor_format"] = self.tensor_format
         return json.dumps(body, indent=1, sort_keys=True) + "\n"
 
     @classmethod
@@ -120,7 +126,14 @@ class Manifest:
             created_unix=float(body["created_unix"]),
             hash=algorithm,
             engine=_engine(body.get("engine", "dcp")),
+            tensor_format=_tensor_format(body.get("tensor_format", "torch_save")),
         )
+
+
+def _tensor_format(value: Any) -> str:
+    if value not in TENSOR_FORMATS:
+        raise ValueError(f"unknown tensor_format {value!r}")
+    return str(value)
 
 
 def _engine(value: Any) -> str:
@@ -144,6 +157,17 @@ class Problem:
 
     def to_dict(self) -> dict[str, str | None]:
         return {"file": self.file, "reason": self.reason, "expected": self.expected, "actual": self.actual}
+
+
+class FileMismatch(CheckpointError):
+    """A file read during a restore does not match its manifest entry (``problem`` says how)."""
+
+    def __init__(self, message: str, problem: Problem) -> None:
+        super().__init__(message)
+        self.problem = problem
+
+    def __reduce__(self) -> tuple[Any, ...]:  # DCP gathers every rank's exceptions with pickle
+        return (FileMismatch, (str(self), self.problem))
 
 
 def step_dir_name(step: int) -> str:
@@ -185,31 +209,41 @@ def _manifest_or_problem(ckpt_dir: Path) -> Manifest | Problem:
         return Problem(MANIFEST_NAME, f"malformed manifest ({exc})")
 
 
-def write_manifest(ckpt_dir: Path, manifest: Manifest) -> None:
-    """Write manifest.json durably (tmp file, fsync, rename, fsync of the directory)."""
+def write_manifest(ckpt_dir: Path, manifest: Manifest, sync_dir: bool = True) -> None:
+    """Write manifest.json durably (tmp file, fsync, rename, fsync of the directory unless the
+    caller fsyncs it next anyway: ``sync_dir=False``)."""
     tmp = ckpt_dir / f".{MANIFEST_NAME}.tmp"
     with tmp.open("w") as handle:
         handle.write(manifest.to_json())
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(tmp, ckpt_dir / MANIFEST_NAME)
-    fsync_dir(ckpt_dir)
+    if sync_dir:
+        fsync_dir(ckpt_dir)
 
 
-def verify_dir(ckpt_dir: Path, threads: int = 4) -> tuple[Manifest | None, list[Problem]]:
-    """Check every file of ``ckpt_dir`` against its manifest; (manifest, problems), [] when good."""
+def verify_dir(
+    ckpt_dir: Path, threads: int = 4, content: bool = True
+) -> tuple[Manifest | None, list[Problem]]:
+    """Check every file of ``ckpt_dir`` against its manifest; (manifest, problems), [] when good.
+
+    ``content=False`` checks everything but the hashes (names, sizes, no links, nothing
+    unlisted): what the store checks before a restore, whose reader hashes while it loads.
+    """
     manifest = _manifest_or_problem(ckpt_dir)
     if isinstance(manifest, Problem):
         return None, [manifest]
     problems = [Problem(name, "not listed in the manifest") for name in _unlisted(ckpt_dir, manifest)]
     names = sorted(manifest.files)
     with ThreadPoolExecutor(max_workers=max(1, min(threads, len(names) or 1))) as pool:
-        found = list(pool.map(lambda n: _check_file(ckpt_dir, n, manifest.files[n], manifest.hash), names))
+        found = list(
+            pool.map(lambda n: _check_file(ckpt_dir, n, manifest.files[n], manifest.hash, content), names)
+        )
     problems += [p for p in found if p is not None]
     return manifest, sorted(problems, key=lambda p: p.file)
 
 
-def _check_file(ckpt_dir: Path, name: str, want: FileEntry, algorithm: str) -> Problem | None:
+def _check_file(ckpt_dir: Path, name: str, want: FileEntry, algorithm: str, content: bool) -> Problem | None:
     path = ckpt_dir / name
     if path.is_symlink():  # we never write links; one could point anywhere
         return Problem(name, "is a symbolic link")
@@ -217,16 +251,34 @@ def _check_file(ckpt_dir: Path, name: str, want: FileEntry, algorithm: str) -> P
         size = path.stat().st_size
         if size != want.size:
             return Problem(name, "wrong size", f"{want.size} bytes", f"{size} bytes")
+        if not content:
+            return None
         got = hash_file(path, algorithm)
     except FileNotFoundError:
         return Problem(name, "missing")
     except OSError as exc:
         return Problem(name, f"unreadable ({exc.strerror or exc})")
-    if got.size != want.size:  # changed while we read it
+    return entry_problem(name, want, got, algorithm)
+
+
+def entry_problem(name: str, want: FileEntry, got: FileEntry, algorithm: str) -> Problem | None:
+    """How a file read as ``got`` differs from its manifest entry ``want``; None when it does not."""
+    if got.size != want.size:  # (after a stat that matched: changed while we read it)
         return Problem(name, "wrong size", f"{want.size} bytes", f"{got.size} bytes")
     if got.digest != want.digest:
         return Problem(name, f"{HASH_LABELS[algorithm]} mismatch", want.digest, got.digest)
     return None
+
+
+def check_bytes(name: str, data: bytes, want: FileEntry | None, algorithm: str) -> None:
+    """FileMismatch naming ``name`` when ``data`` (a whole file, read once) is not ``want``."""
+    if want is None:
+        return
+    hasher = new_hasher(algorithm)
+    hasher.update(data)
+    problem = entry_problem(name, want, FileEntry(hasher.hexdigest(), len(data)), algorithm)
+    if problem is not None:
+        raise FileMismatch(f"{name}: {problem}", problem)
 
 
 def _unlisted(ckpt_dir: Path, manifest: Manifest) -> Iterable[str]:

@@ -1,17 +1,20 @@
 """Our adapters around ``torch.distributed.checkpoint`` (DCP) storage: safe reading, hashed writing.
 
-Reading. Stock DCP ``FileSystemReader.read_metadata`` calls ``pickle.load`` on ``.metadata`` and
-``DefaultLoadPlanner.load_bytes`` calls ``torch.load(weights_only=False)`` on every non-tensor
-item: a crafted checkpoint would run code on load. ``SafeFileSystemReader`` unpickles the
-metadata with an allow-list (DCP's metadata dataclasses, ``torch.Size``, dtypes, layouts, paths,
-nothing else) and ``SafeLoadPlanner`` loads bytes with ``weights_only=True``. Tensor items are
-already read by DCP with ``weights_only=True``. The store still verifies the manifest's hash
-of every file before any of these run; this layer is the second wall, for ``hpcpipe ckpt``
-users who point it at a directory of unknown origin.
+Reading. ``SafeFileSystemReader`` reads each file once, verifying it against the manifest as
+it goes (``file_reader.py``); it reads the raw layout and DCP's own ``torch.save`` layout of
+older checkpoints (the manifest says which). Stock DCP ``FileSystemReader.read_metadata`` calls
+``pickle.load`` on ``.metadata`` and ``DefaultLoadPlanner.load_bytes`` calls
+``torch.load(weights_only=False)`` on every non-tensor item: a crafted checkpoint would run code
+on load. ``SafeFileSystemReader`` unpickles the metadata with an allow-list (DCP's metadata
+dataclasses, ``torch.Size``, dtypes, layouts, paths, nothing else), only after its hash
+matched, and ``SafeLoadPlanner`` loads bytes with ``weights_only=True``, only after their
+file's hash matched; ``torch.save``-layout tensors load with ``weights_only=True``. Without a
+manifest (``hpcpipe ckpt`` tools reading a directory's metadata) the allow-lists are the wall.
 
-Writing. ``HashedFileSystemWriter`` is DCP's ``FileSystemWriter`` whose streams hash what they
-write, so the manifest costs no second pass over the data (hashlib releases the GIL, and with
-two writer threads the hashing overlaps the other file's I/O). It also writes this rank's
+Writing. ``HashedFileSystemWriter`` is DCP's ``FileSystemWriter`` (its planning and
+``.metadata``) writing tensors as raw bytes (``raw_format.py``), one file per writer thread,
+and hashing while it writes, so the manifest costs no second pass over the data (hashlib
+releases the GIL: two writer threads hash on two cores). It also writes this rank's
 trainer state (``extra/rank-NNNNN.pt``, already serialised) inside DCP's write phase, so a
 failure there (a full disk) is reported to every rank by DCP's own error gathering instead of
 leaving the other ranks waiting in a collective.
@@ -27,7 +30,8 @@ import os
 import pickle
 import threading
 import warnings
-from collections.abc import Generator
+from collections.abc import Generator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import IO, Any
 
@@ -39,7 +43,18 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import ReadItem
 
 from hpcpipe import compat
-from hpcpipe.checkpoint.manifest import CheckpointError, FileEntry, new_hasher
+from hpcpipe.checkpoint.file_reader import Deferred, chunk_of, read_file
+from hpcpipe.checkpoint.manifest import (
+    CheckpointError,
+    FileEntry,
+    FileMismatch,
+    Manifest,
+    Problem,
+    check_bytes,
+    new_hasher,
+    read_manifest,
+)
+from hpcpipe.checkpoint.raw_format import FILE_SUFFIX, TENSOR_FORMAT, split_by_size, write_items
 from hpcpipe.checkpoint.state import refusal_reason
 
 # dcp.save/load warn on every single-process call (store without a process group, export):
@@ -55,6 +70,7 @@ def _not_a_refusal(record: logging.LogRecord) -> bool:
 # with "metadata is None"; our callers re-raise the reader's refusal as the one line the user
 # sees, so the logged copies (a traceback for bad input) are dropped.
 logging.getLogger().addFilter(_not_a_refusal)
+log = logging.getLogger("hpcpipe.checkpoint")
 
 __all__ = [
     "HashedFileSystemWriter",
@@ -106,35 +122,143 @@ def safe_load_metadata(stream: IO[bytes], origin: str) -> Metadata:
 
 
 class SafeFileSystemReader(FileSystemReader):
-    """DCP's file reader with the metadata unpickled through the allow-list.
+    """DCP's file reader with the metadata unpickled through the allow-list, reading each file once.
 
-    ``refused`` keeps the refusal: torch 2.11's ``dcp.load`` swallows exceptions from
+    ``manifest``: verify every file read against it while reading (``file_reader.py``); without
+    one (tools that verified the directory first) files are read unchecked. ``sources``: other
+    directories holding copies of the same files, tried first (the memory tier); a copy whose
+    size or hash differs from the manifest is passed over for the next source, and listed in
+    ``rejected``. ``refused`` keeps a refusal: torch 2.11's ``dcp.load`` swallows exceptions from
     ``read_metadata`` and fails later with "metadata is None", so the caller re-raises this.
     """
 
     refused: CheckpointError | None = None
 
+    def __init__(
+        self, path: Path, manifest: Manifest | None = None, sources: Sequence[Path] = (), threads: int = 2
+    ) -> None:
+        super().__init__(path)
+        self.manifest = manifest
+        self.sources = [Path(s) for s in sources] + [Path(path)]
+        self.threads = threads
+        self.rejected: list[tuple[Path, Problem]] = []  # (copy passed over, why)
+        self.read_from: dict[str, Path] = {}  # file -> the directory it was read from
+        self._metadata: Metadata | None = None
+
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         if self.refused is not None:  # DCP retries with per-rank metadata: refused all the same
             raise self.refused
-        path = compat.dcp_metadata_path(self, kwargs.get("rank"))
-        with self.fs.create_stream(path, "rb") as stream:
-            try:
-                metadata = safe_load_metadata(stream, str(path))  # type: ignore[arg-type]
-            except CheckpointError as exc:
-                self.refused = exc
-                raise
+        name = Path(compat.dcp_metadata_path(self, kwargs.get("rank"))).name
+        try:
+            data = self._read_whole(name)
+            metadata = safe_load_metadata(
+                io.BytesIO(data), str(self.read_from.get(name, self.sources[-1]) / name)
+            )
+        except CheckpointError as exc:
+            self.refused = exc
+            raise
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id  # type: ignore[union-attr]
         return metadata
+
+    def set_up_storage_reader(
+        self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any
+    ) -> None:
+        super().set_up_storage_reader(metadata, is_coordinator, *args, **kwargs)
+        self._metadata = metadata
 
     def read_data(self, plan: Any, planner: Any) -> Any:
         if isinstance(planner, SafeLoadPlanner):  # so that its refusals name the file
             planner.files = {
                 index: Path(self.path) / info.relative_path for index, info in self.storage_data.items()
             }
-        return super().read_data(plan, planner)
+        per_file: dict[str, list[ReadItem]] = {}
+        for item in plan.items:
+            per_file.setdefault(self.storage_data[item.storage_index].relative_path, []).append(item)
+        workers = max(1, min(self.threads, len(per_file)))
+        with ThreadPoolExecutor(workers, "hpcpipe-ckpt-read") as pool:
+            futures = [pool.submit(self._read_file, name, items, planner) for name, items in per_file.items()]
+            deferred = [d for future in futures for d in future.result()]
+        assert self._metadata is not None
+        metadata = self._metadata
+        for item in deferred:  # the planner's bookkeeping is not thread-safe: one thread applies
+            item.apply(planner, lambda index: chunk_of(metadata, index))
+        done: torch.futures.Future[None] = torch.futures.Future()
+        done.set_result(None)
+        return done
+
+    def _read_file(self, name: str, items: list[ReadItem], planner: Any) -> list[Deferred]:
+        assert self._metadata is not None
+        expected = self._expected(name)
+        for source in self._sources_of(name):
+            try:
+                deferred = read_file(
+                    source / name,
+                    name,
+                    items,
+                    self._locate,
+                    planner,
+                    self._metadata,
+                    expected,
+                    self._algorithm(),
+                    self._raw(),
+                )
+            except FileMismatch as exc:
+                if source == self.sources[-1]:
+                    raise
+                self._reject(source, exc.problem)
+                continue
+            self.read_from[name] = source
+            return deferred
+        raise AssertionError("unreachable: the checkpoint directory is the last source")
+
+    def _read_whole(self, name: str) -> bytes:
+        """A small file (``.metadata``), read and verified from the first source that has it right."""
+        for source in self._sources_of(name):
+            data = (source / name).read_bytes()
+            try:
+                check_bytes(name, data, self._expected(name), self._algorithm())
+            except FileMismatch as exc:
+                if source == self.sources[-1]:
+                    raise FileMismatch(f"{source / name}: {exc.problem}", exc.problem) from None
+                self._reject(source, exc.problem)
+                continue
+            self.read_from[name] = source
+            return data
+        raise AssertionError("unreachable: the checkpoint directory is the last source")
+
+    def _sources_of(self, name: str) -> list[Path]:
+        """The directories to read ``name`` from, in order: copies of the right size, then the checkpoint."""
+        expected = self._expected(name)
+        if expected is None:
+            return [self.sources[-1]]
+        found = [s for s in self.sources[:-1] if _size_or_none(s / name) == expected.size]
+        return [*found, self.sources[-1]]
+
+    def _reject(self, source: Path, problem: Problem) -> None:
+        log.warning("checkpoint copy %s passed over: %s; reading the checkpoint's own file", source, problem)
+        self.rejected.append((source, problem))
+
+    def _expected(self, name: str) -> FileEntry | None:
+        return self.manifest.files.get(name) if self.manifest is not None else None
+
+    def _raw(self) -> bool:
+        return self.manifest is not None and self.manifest.tensor_format == TENSOR_FORMAT
+
+    def _algorithm(self) -> str:
+        return self.manifest.hash if self.manifest is not None else "sha256"
+
+    def _locate(self, index: Any) -> tuple[int, int]:
+        info = self.storage_data[index]
+        return info.offset, info.length
+
+
+def _size_or_none(path: Path) -> int | None:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return None
 
 
 class SafeLoadPlanner(DefaultLoadPlanner):
@@ -298,37 +422,6 @@ class _HashingFileSystem(FileSystem):
                 self.entries[Path(new_path)] = entry
 
 
-class _NoCloseWriter(io.IOBase):
-    """What DCP wraps each item's stream in (torch.save closes its file; ours must stay open)."""
-
-    def __init__(self, raw: Any) -> None:
-        self.raw = raw
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, data: Any) -> int:
-        return int(self.raw.write(data))
-
-    def close(self) -> None:
-        """Flush, but leave the file open: the next item goes into the same file."""
-        if not self.closed:
-            self.raw.flush()
-            super().close()
-
-
-class _PlainTransforms:
-    """DCP's per-item stream transforms when there are none (we never configure extensions).
-
-    DCP defines its wrapper class inside the function, i.e. a new class per item, so the
-    ``isinstance(f, os.PathLike)`` in every ``torch.save`` misses the ABC cache: about half a
-    millisecond per tensor, a quarter of a 100 MB save. One module-level class avoids that.
-    """
-
-    def transform_save_stream(self, write_item: Any, raw_stream: Any) -> tuple[IO[bytes], list[str]]:
-        return _NoCloseWriter(raw_stream), []  # type: ignore[return-value]
-
-
 class HashedFileSystemWriter(FileSystemWriter):
     """DCP ``FileSystemWriter`` (fsync on) that hashes while writing and writes ``extra`` bytes.
 
@@ -342,24 +435,47 @@ class HashedFileSystemWriter(FileSystemWriter):
         super().__init__(path, thread_count=thread_count, sync_files=True)
         self.hashing_fs = _HashingFileSystem(algorithm)
         self.fs = self.hashing_fs
-        self.transforms = _PlainTransforms()  # type: ignore[assignment]
         self._root = Path(path)
         self._extra_name = extra_name
         self._extra_bytes = extra_bytes
 
     def write_data(self, plan: Any, planner: Any) -> Any:
-        """Extra file, then DCP's writer; an error in any writer thread fails the save."""
+        """The shard files (``raw_format.py``), one per writer thread, and the extra file beside
+        them (its fsync overlaps theirs).
+
+        An error in any writer thread fails the save (DCP's own writer threads drop theirs).
+        """
         fs = self.fs
         assert isinstance(fs, _HashingFileSystem)
         fs.owner = threading.current_thread()  # its own errors (.metadata too) raise at once
-        self._write_extra()
-        future = super().write_data(plan, planner)
+        buckets = split_by_size(self.thread_count, plan.items)
+        names = [f"{plan.storage_data.prefix}{n}{FILE_SUFFIX}" for n in range(len(buckets))]
+        with ThreadPoolExecutor(len(buckets) + 1, "hpcpipe-ckpt-write") as pool:
+            extra = pool.submit(self._write_extra)
+            futures = [
+                pool.submit(self._write_file, n, b, planner) for n, b in zip(names, buckets, strict=True)
+            ]
+            results = [r for future in futures for r in future.result()]
+            extra.result()
         if fs.errors:
             raise fs.errors[0]
-        written = len(future.value())
-        if written != len(plan.items):
-            raise RuntimeError(f"{self._root}: DCP wrote {written} of {len(plan.items)} items")
-        return future
+        if len(results) != len(plan.items):
+            raise RuntimeError(f"{self._root}: wrote {len(results)} of {len(plan.items)} checkpoint items")
+        done: torch.futures.Future[list[Any]] = torch.futures.Future()
+        done.set_result(results)
+        return done
+
+    def _write_file(self, name: str, items: list[Any], planner: Any) -> list[Any]:
+        path = self._root / name
+        results: list[Any] = []  # stays empty when an I/O error ends the file (fs.errors has it)
+        with self.fs.create_stream(path, "wb") as stream:
+            results = write_items(stream, name, items, planner)
+            stream.flush()
+            try:
+                os.fsync(stream.fileno())
+            except OSError as exc:
+                raise _with_path(exc, path) from None
+        return results
 
     def _write_extra(self) -> None:
         target = self._root / self._extra_name
@@ -384,12 +500,14 @@ class HashedFileSystemWriter(FileSystemWriter):
 def load_state_safely(ckpt: Path, state: dict[str, Any], misfit: str) -> None:
     """Load ``state`` in place from one checkpoint on one process, through the safe reader.
 
-    A checkpoint that does not fit ``state`` raises CheckpointError "<ckpt>: <misfit> (<cause>)".
+    A checkpoint that does not fit ``state`` raises CheckpointError "<ckpt>: <misfit> (<cause>)";
+    one whose files differ from its manifest, FileMismatch naming the file.
     """
     import torch.distributed.checkpoint as dcp
 
+    reader = SafeFileSystemReader(ckpt, read_manifest(ckpt))
     try:
-        dcp.load(state, storage_reader=SafeFileSystemReader(ckpt), planner=SafeLoadPlanner(), no_dist=True)
+        dcp.load(state, storage_reader=reader, planner=SafeLoadPlanner(), no_dist=True)
     except BaseException as exc:  # DCP's CheckpointException is a BaseException
         if not _is_dcp_error(exc):
             raise

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hpcpipe.checkpoint.manifest import CheckpointError
+from hpcpipe.checkpoint.manifest import CheckpointError, FileEntry, check_bytes
 
 __all__ = [
     "capture_rng_state",
@@ -106,12 +106,19 @@ def serialize_extra(extra: dict[str, Any]) -> bytes:
     return buffer.getvalue()
 
 
-def load_extra(path: Path) -> dict[str, Any]:
-    """Read an extra file with ``weights_only=True``; CheckpointError naming it otherwise."""
+def load_extra(path: Path, want: FileEntry | None = None, algorithm: str = "sha256") -> dict[str, Any]:
+    """Read an extra file with ``weights_only=True``; CheckpointError naming it otherwise.
+
+    ``want``: its manifest entry, checked on the bytes read before they are parsed
+    (FileMismatch naming ``<checkpoint>/extra/rank-N.pt`` relative to the checkpoint).
+    """
     try:
-        value = torch.load(path, map_location="cpu", weights_only=True)
+        data = path.read_bytes()
     except FileNotFoundError:
         raise CheckpointError(f"{path}: missing") from None
+    check_bytes(f"{path.parent.name}/{path.name}", data, want, algorithm)
+    try:
+        value = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as exc:  # weights_only refusals surface as several exception types
         raise CheckpointError(f"{path}: unsafe or corrupt trainer state ({refusal_reason(exc)})") from None
     if not isinstance(value, dict):

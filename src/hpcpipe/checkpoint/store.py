@@ -11,9 +11,10 @@ a gloo process group when the default group is initialized)::
     ...
     store.close()                          # finishes a save in flight, then background work
 
-**Layout.** ``<root>/step-00000040/`` holds DCP's files (``.metadata``, ``__<rank>_<n>.distcp``),
-``extra/rank-NNNNN.pt`` (each rank's trainer state, see ``state.py``) and ``manifest.json``
-(SHA-256 and size of every other file, step, world size, config hash).
+**Layout.** ``<root>/step-00000040/`` holds DCP's files (``.metadata``, ``__<rank>_<n>.distcp``
+with tensors as raw bytes, ``raw_format.py``), ``extra/rank-NNNNN.pt`` (each rank's trainer
+state, see ``state.py``) and ``manifest.json`` (hash and size of every other file, step, world
+size, config hash, ``tensor_format``).
 
 **Save and commit.** Every rank writes into ``<root>/.tmp-step-00000040-<session>-<n>`` through
 DCP (model and optimizer from ``get_state_dict``: plain, DDP and FSDP2 modules alike; sharded
@@ -33,18 +34,20 @@ commits only after both. ``save`` first waits for the previous save (one in flig
 ``wait()`` / ``close()`` finish it. An error of a background save is raised, on every rank, by
 the next ``save``/``wait``/``close``.
 
-**After a commit** (rank 0, a second background thread, one job at a time): re-read and verify
-the new checkpoint, then (only if it verified) prune older ones beyond ``keep_last`` except
-multiples of ``keep_every``, the one training resumed from and the new one; then copy it to the
-durable tier when due (``tiers.py``).
+**After a commit** rank 0 verifies, prunes and copies to the durable tier in the background
+(``after_commit.py``); every rank copies its files into the node's memory tier, when an agent
+made one (``memory_tier.py``).
 
 **Resume.** Rank 0 lists committed checkpoints of both tiers, newest first (fast before durable
-for the same step), verifies each against its manifest before anything in it is read, emits a
-``checkpoint_fallback`` event naming each bad file, and settles on the first that verifies; the
-choice is broadcast, so all ranks load the same step. DCP reshards on load, so a checkpoint
-written at one world size (or strategy) loads at another. Rank ``r`` gets ``extra`` of rank
-``r`` when the checkpoint has it, else rank 0's (after a world-size change only the rank-
-independent parts of it are meaningful; ``store.restored`` says which rank's it was).
+for the same step), and settles on the first whose manifest and file sizes check; the choice is
+broadcast. Every rank then loads it, reading each file once and checking its hash as it reads
+(``dcp_load.py``, ``file_reader.py``; copies in the node's memory tier first). A file that
+differs on any rank is a ``checkpoint_fallback`` event naming it, and all ranks move on to the
+next candidate together (with ``scratch_if_none_verify`` rank 0 hashes before anything loads).
+DCP reshards on load, so a checkpoint written at one world size (or strategy) loads at another.
+Rank ``r`` gets ``extra`` of rank ``r`` when the checkpoint has it, else rank 0's (after a
+world-size change only the rank-independent parts of it are meaningful; ``store.restored`` says
+which rank's it was).
 
 **Events** (rank 0 only, ``events(kind, fields)``, possibly from a background thread, so the
 callback must be thread-safe, e.g. one ``append_event`` line per call): ``checkpoint_staged``
@@ -53,7 +56,8 @@ callback must be thread-safe, e.g. one ``append_event`` line per call): ``checkp
 and ``checkpoint_fallback`` (step, path, tier, file, reason, expected, actual),
 ``checkpoint_pruned`` (tier, steps), ``checkpoint_durable_copied`` (step, path, copy_s),
 ``checkpoint_durable_failed`` / ``checkpoint_prune_failed`` (error), ``checkpoint_none_verify``,
-``checkpoint_restored`` (step, path, tier, saved_world_size, load_s, same_config),
+``checkpoint_restored`` (step, path, tier, saved_world_size, load_s, same_config, memory_files),
+``checkpoint_memory_kept`` (step, bytes, copy_s) / ``checkpoint_memory_skipped`` (step, reason),
 ``checkpoint_temporaries_removed`` (names).
 
 **Limit.** Rank 0 must see every rank's files: ``checkpoint.dir`` must be one directory shared by
@@ -76,11 +80,14 @@ import torch.distributed as dist
 from torch import nn
 
 from hpcpipe import compat
+from hpcpipe.checkpoint.after_commit import AfterCommit, problem_events
+from hpcpipe.checkpoint.dcp_load import CorruptCheckpoint, load_verified
 from hpcpipe.checkpoint.deepspeed_io import ENGINE as ENGINE_DEEPSPEED
 from hpcpipe.checkpoint.deepspeed_io import check_resumable, load_engine, save_engine, write_extra
 from hpcpipe.checkpoint.manifest import (
     CheckpointError,
     FileEntry,
+    FileMismatch,
     Manifest,
     Problem,
     new_hasher,
@@ -89,10 +96,12 @@ from hpcpipe.checkpoint.manifest import (
     verify_dir,
     write_manifest,
 )
-from hpcpipe.checkpoint.safe_dcp import HashedFileSystemWriter, SafeFileSystemReader, SafeLoadPlanner
-from hpcpipe.checkpoint.save_errors import disk_cause, first_failure, save_error_message
+from hpcpipe.checkpoint.memory_tier import MemoryTier
+from hpcpipe.checkpoint.raw_format import TENSOR_FORMAT
+from hpcpipe.checkpoint.safe_dcp import HashedFileSystemWriter
+from hpcpipe.checkpoint.save_errors import disk_cause, save_error_message
 from hpcpipe.checkpoint.state import extra_name, load_extra, serialize_extra
-from hpcpipe.checkpoint.tiers import DurableSchedule, Tier
+from hpcpipe.checkpoint.tiers import Tier
 from hpcpipe.config import CheckpointConfig
 
 __all__ = ["CheckpointStore", "EventFn", "RestoreInfo"]
@@ -142,14 +151,17 @@ class CheckpointStore:
         self.restored: RestoreInfo | None = None
         self.last_committed: int | None = None
         self._events = events
-        self._schedule = DurableSchedule(cfg.durable_every_steps, cfg.durable_every_s)
         self._pg = _checkpoint_group(world_size)  # collective: all ranks construct together
         self._token = str(self._broadcast(_session_token() if rank == 0 else None))
         self._count = 0
         self._writer = ThreadPoolExecutor(1, "hpcpipe-ckpt-write") if cfg.async_save else None
         self._inflight: Future[None] | None = None
-        self._background = ThreadPoolExecutor(1, "hpcpipe-ckpt-after") if rank == 0 else None
-        self._after: list[Future[None]] = []
+        self._after = (
+            AfterCommit(cfg, self.fast, self.durable, self._token, self._event, self._resumed_step)
+            if rank == 0
+            else None
+        )
+        self.memory = MemoryTier.of_agent(Path(root), cfg.memory_limit_gb) if cfg.memory_tier else None
         # Called as save_point(point, step) at "shards" (this rank's files are written, nothing
         # gathered) and "manifest" (rank 0: manifest written, not yet renamed into place): where
         # the chaos suite kills or preempts a save (the trainer sets it; the store knows no faults).
@@ -223,11 +235,15 @@ class CheckpointStore:
             self.wait()
         finally:
             try:
-                self._drain_background()
+                if self._after is not None:
+                    self._after.drain()
             finally:
-                for pool in (self._writer, self._background):
-                    if pool is not None:
-                        pool.shutdown(wait=True)
+                if self._writer is not None:
+                    self._writer.shutdown(wait=True)
+                if self._after is not None:
+                    self._after.shutdown()
+                if self.memory is not None:
+                    self.memory.close()
 
     def _write_and_commit(
         self, state: dict[str, Any], writer: HashedFileSystemWriter, tmp: Path, step: int, force: bool
@@ -281,6 +297,10 @@ class CheckpointStore:
         if isinstance(outcome, str):
             raise CheckpointError(outcome)
         self.last_committed = step
+        if self.memory is not None:  # this rank's files, copied into the node's memory tier
+            self.memory.keep_in_background(
+                step, self.fast.root / step_dir_name(step), list(written), self._event
+            )
         if self.rank == 0:
             self._event(
                 "checkpoint_committed",
@@ -292,7 +312,8 @@ class CheckpointStore:
                     "write_s": time.perf_counter() - start,
                 },
             )
-            self._queue_after_commit(step, force)
+            assert self._after is not None
+            self._after.queue(step, force)
 
     def _commit(self, tmp: Path, step: int, entries: dict[str, FileEntry]) -> str | int:
         """Rank 0: manifest, fsync, rename. The step, or an error message for every rank."""
@@ -302,9 +323,15 @@ class CheckpointStore:
                 if size != entry.size:
                     return f"checkpoint step {step}: {tmp / name} has {size} bytes, written {entry.size}"
             manifest = Manifest(
-                step, self.world_size, self.config_hash, entries, hash=self.cfg.hash, engine=self.engine
+                step,
+                self.world_size,
+                self.config_hash,
+                entries,
+                hash=self.cfg.hash,
+                engine=self.engine,
+                tensor_format=TENSOR_FORMAT if self.engine != ENGINE_DEEPSPEED else "torch_save",
             )
-            write_manifest(tmp, manifest)
+            write_manifest(tmp, manifest, sync_dir=False)  # the commit fsyncs the directory
             if self.save_point is not None:
                 self.save_point("manifest", step)
             self.fast.commit(tmp, step)
@@ -331,59 +358,6 @@ class CheckpointStore:
         if self.rank == 0:
             self.fast.remove(tmp)
 
-    # -- after a commit (rank 0, background) -------------------------------------------------
-
-    def _queue_after_commit(self, step: int, force_durable: bool) -> None:
-        assert self._background is not None
-        self._after = [f for f in self._after if not f.done()]
-        self._after.append(self._background.submit(self._after_commit, step, force_durable))
-
-    def _after_commit(self, step: int, force_durable: bool) -> None:
-        """Verify the new checkpoint; only then prune; then copy it to the durable tier if due."""
-        path = self.fast.root / step_dir_name(step)
-        _, problems = verify_dir(path)
-        if problems:
-            self._problem_events("checkpoint_verify_failed", step, path, "fast", problems)
-            return
-        self._event("checkpoint_verified", {"step": step, "path": str(path)})
-        protected = {step} | ({self.restored.step} if self.restored else set())
-        self._prune(self.fast, protected)
-        if self.durable is not None and self._schedule.due(step, force_durable):
-            self._copy_durable(path, step)
-
-    def _copy_durable(self, path: Path, step: int) -> None:
-        assert self.durable is not None
-        start = time.perf_counter()
-        try:
-            final = self.durable.copy_in(path, step, self._token)
-        except (CheckpointError, OSError) as exc:
-            self._event("checkpoint_durable_failed", {"step": step, "error": str(exc)})
-            return
-        self._schedule.copied()
-        self._event(
-            "checkpoint_durable_copied",
-            {
-                "step": step,
-                "path": str(final),
-                "copy_s": time.perf_counter() - start,
-            },
-        )
-        self._prune(self.durable, {step})
-
-    def _prune(self, tier: Tier, protected: set[int]) -> None:
-        try:
-            deleted = tier.prune(self.cfg.keep_last, self.cfg.keep_every, protected)
-        except OSError as exc:
-            self._event("checkpoint_prune_failed", {"tier": tier.name, "error": str(exc)})
-            return
-        if deleted:
-            self._event("checkpoint_pruned", {"tier": tier.name, "steps": deleted})
-
-    def _drain_background(self) -> None:
-        after, self._after = self._after, []
-        for future in after:
-            future.result()
-
     # -- resuming ----------------------------------------------------------------------------
 
     def restore(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any] | None:
@@ -392,27 +366,43 @@ class CheckpointStore:
         None when ``checkpoint.resume=never``, when there is no checkpoint, or when none
         verifies and ``checkpoint.scratch_if_none_verify`` is set. CheckpointError (exit 2)
         when checkpoints exist but none verifies, or ``resume=required`` finds nothing.
+        Every rank verifies the files it reads while it loads them; a file that does not match
+        on any rank makes all ranks fall back to the next candidate together.
         """
         self.wait()
         if self.cfg.resume == "never":
             return None
-        choice = self._broadcast(self._choose_or_error() if self.rank == 0 else None)
-        assert isinstance(choice, dict)
-        if choice["action"] == "error":
-            raise CheckpointError(choice["message"])
-        if choice["action"] != "load":
-            return None
-        return self._load(Path(choice["path"]), choice["tier"], model, optimizer)
+        failed: dict[str, str] = {}  # rank 0: candidates whose load found a bad file -> first problem
+        while True:
+            choice = self._broadcast(self._choose_or_error(failed) if self.rank == 0 else None)
+            assert isinstance(choice, dict)
+            if choice["action"] == "error":
+                raise CheckpointError(choice["message"])
+            if choice["action"] != "load":
+                return None
+            path = Path(choice["path"])
+            try:
+                return self._load(path, choice["tier"], model, optimizer)
+            except CorruptCheckpoint as exc:  # raised on every rank together
+                self._problem_events(
+                    "checkpoint_fallback", choice["step"], path, choice["tier"], exc.problems
+                )
+                failed[str(path)] = f"{path}/{exc.problems[0]}"
 
-    def _choose_or_error(self) -> dict[str, Any]:
+    def _choose_or_error(self, failed: dict[str, str]) -> dict[str, Any]:
         """``_choose``, with an unexpected I/O error turned into an answer every rank receives."""
         try:
-            return self._choose()
+            return self._choose(failed)
         except OSError as exc:
             return {"action": "error", "message": f"cannot read checkpoints: {exc}"}
 
-    def _choose(self) -> dict[str, Any]:
-        """Rank 0: the first candidate, newest first, whose files match its manifest."""
+    def _choose(self, failed: dict[str, str]) -> dict[str, Any]:
+        """Rank 0: the newest candidate whose manifest and files check, skipping ``failed`` loads.
+
+        The hashes are checked while loading, by the ranks that read each file; only where a
+        half-loaded model could not be overwritten by an older checkpoint (scratch instead) or
+        DeepSpeed's loader reads the files are they checked here, before anything is loaded.
+        """
         candidates = self._candidates()
         if not candidates:
             if self.cfg.resume == "required":
@@ -422,11 +412,14 @@ class CheckpointStore:
                     f"{self._where()} holds no committed checkpoint",
                 }
             return {"action": "fresh"}
-        first_problem: str | None = None
+        content = self.cfg.scratch_if_none_verify or self.engine == ENGINE_DEEPSPEED
+        first_problem: str | None = next(iter(failed.values()), None)
         for step, tier, path in candidates:
-            _, problems = verify_dir(path)
+            if str(path) in failed:
+                continue
+            _, problems = verify_dir(path, content=content)
             if not problems:
-                return {"action": "load", "path": str(path), "tier": tier}
+                return {"action": "load", "path": str(path), "tier": tier, "step": step}
             self._problem_events("checkpoint_fallback", step, path, tier, problems)
             first_problem = first_problem or f"{path}/{problems[0]}"
         summary = f"no checkpoint in {self._where()} verifies (newest: {first_problem})"
@@ -446,11 +439,12 @@ class CheckpointStore:
     ) -> dict[str, Any]:
         start = time.perf_counter()
         manifest = read_manifest(path)
+        from_memory = 0
         if ENGINE_DEEPSPEED in (manifest.engine, self.engine):
             self._load_deepspeed(path, manifest, model)
         else:
-            self._load_dcp(path, model, optimizer)
-        return self._restored_extra(path, manifest, tier, start)
+            from_memory = self._load_dcp(path, manifest, model, optimizer)
+        return self._restored_extra(path, manifest, tier, start, from_memory)
 
     def _load_deepspeed(self, path: Path, manifest: Manifest, engine: Any) -> None:
         """A DeepSpeed checkpoint into a DeepSpeed engine at the world size that wrote it."""
@@ -464,31 +458,29 @@ class CheckpointStore:
         if message is not None:
             raise CheckpointError(message)
 
-    def _load_dcp(self, path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.api import CheckpointException
-        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-
-        model_sd, optim_sd = get_state_dict(model, optimizer, options=self._sd_options())
-        state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
-        reader = SafeFileSystemReader(path)
-        try:
-            dcp.load(state, storage_reader=reader, planner=SafeLoadPlanner(), **self._dcp_group())
-        except CheckpointException as exc:
-            if reader.refused is not None:
-                raise reader.refused from None
-            raise CheckpointError(f"{path}: does not load into this model ({first_failure(exc)})") from None
-        set_state_dict(
+    def _load_dcp(
+        self, path: Path, manifest: Manifest, model: nn.Module, optimizer: torch.optim.Optimizer
+    ) -> int:
+        """Load through the verifying reader (memory-tier copies first); files read from memory."""
+        copy = self.memory.step_dir(manifest.step) if self.memory is not None else None
+        sources = [copy] if copy is not None else []
+        reader = load_verified(
+            path,
+            manifest,
             model,
             optimizer,
-            model_state_dict=state["model"],
-            optim_state_dict=state["optim"],
-            options=self._sd_options(),
+            self._sd_options(),
+            self._dcp_group(),
+            sources,
+            self.cfg.io_threads,
         )
+        return sum(1 for source in reader.read_from.values() if source in sources)
 
-    def _restored_extra(self, path: Path, manifest: Manifest, tier: str, start: float) -> dict[str, Any]:
+    def _restored_extra(
+        self, path: Path, manifest: Manifest, tier: str, start: float, from_memory: int
+    ) -> dict[str, Any]:
         extra_rank = self.rank if (path / extra_name(self.rank)).is_file() else 0
-        extra = self._load_extra_everywhere(path / extra_name(extra_rank))
+        extra = self._load_extra_everywhere(path, extra_name(extra_rank), manifest)
         self.restored = RestoreInfo(manifest.step, path, tier, manifest.world_size, extra_rank)
         self._event(
             "checkpoint_restored",
@@ -499,6 +491,7 @@ class CheckpointStore:
                 "saved_world_size": manifest.world_size,
                 "load_s": time.perf_counter() - start,
                 "same_config": manifest.config_hash == self.config_hash,
+                "memory_files": from_memory,  # rank 0's files read from the node's memory tier
             },
         )
         return extra
@@ -523,32 +516,45 @@ class CheckpointStore:
             self._events(kind, fields)
 
     def _problem_events(self, kind: str, step: int, path: Path, tier: str, problems: list[Problem]) -> None:
-        for problem in problems:
-            log.warning("%s: checkpoint %s: %s", kind, path, problem)
-            self._event(kind, {"step": step, "path": str(path), "tier": tier, **problem.to_dict()})
+        problem_events(self._event, kind, step, path, tier, problems)
+
+    def _resumed_step(self) -> int | None:
+        return self.restored.step if self.restored else None
 
     def _dcp_group(self) -> dict[str, Any]:
         return {"process_group": self._pg} if self._pg is not None else {"no_dist": True}
 
-    def _load_extra_everywhere(self, path: Path) -> dict[str, Any]:
+    def _load_extra_everywhere(self, ckpt: Path, name: str, manifest: Manifest) -> dict[str, Any]:
         """This rank's trainer state; a refusal on any rank is raised on every rank (collective):
-        the others would otherwise train on into a collective their peer never joins."""
+        the others would otherwise train on into a collective their peer never joins. A file
+        that differs from the manifest on any rank is CorruptCheckpoint everywhere (fall back)."""
+        extra: dict[str, Any] = {}
+        refused: tuple[str, Problem | None] | None = None
         try:
-            extra, refused = load_extra(path), None
+            extra = load_extra(ckpt / name, manifest.files.get(name), manifest.hash)
+        except FileMismatch as exc:
+            refused = (str(exc), exc.problem)
         except CheckpointError as exc:
-            extra, refused = {}, str(exc)
-        refused = self._first_error(refused)
-        if refused:
-            raise CheckpointError(refused)
+            refused = (str(exc), None)
+        found = self._all_gather(refused)
+        problems = [problem for _, problem in filter(None, found) if problem is not None]
+        if problems:
+            raise CorruptCheckpoint(ckpt, problems)
+        message = next((text for text, _ in filter(None, found)), None)
+        if message:
+            raise CheckpointError(message)
         return extra
+
+    def _all_gather(self, value: Any) -> list[Any]:
+        if self._pg is None:
+            return [value]
+        found: list[Any] = [None] * self.world_size
+        dist.all_gather_object(found, value, group=self._pg)
+        return found
 
     def _first_error(self, message: str | None) -> str | None:
         """Any rank's error message (the lowest rank's), on every rank (collective)."""
-        if self._pg is None:
-            return message
-        found: list[Any] = [None] * self.world_size
-        dist.all_gather_object(found, message, group=self._pg)
-        return next((text for text in found if text), None)
+        return next((text for text in self._all_gather(message) if text), None)
 
     def _broadcast(self, value: Any) -> Any:
         if self._pg is None:

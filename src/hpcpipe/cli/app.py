@@ -18,6 +18,7 @@ from hpcpipe.cli import hpo as hpo_cli
 from hpcpipe.cli import jobs as jobs_cli
 from hpcpipe.cli import launch as launch_cli
 from hpcpipe.cli import lineage as lineage_cli
+from hpcpipe.cli import plan as plan_cli
 from hpcpipe.cli import presets as presets_cli
 from hpcpipe.cli import profile as profile_cli
 from hpcpipe.cli import report as report_cli
@@ -77,6 +78,7 @@ app.add_typer(hpo_cli.app, name="hpo")
 app.add_typer(chaos_cli.app, name="chaos")
 app.add_typer(launch_cli.app, name="launch")
 app.add_typer(jobs_cli.app, name="jobs")
+app.add_typer(plan_cli.app, name="plan")
 
 
 def main() -> None:

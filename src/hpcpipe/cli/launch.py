@@ -184,7 +184,7 @@ def agent(
     from hpcpipe.config import load_config
     from hpcpipe.launch import nsight
     from hpcpipe.launch.agent import AgentPreempted, AgentSpec, stop_early_on_preemption
-    from hpcpipe.launch.job import WORKER_PRELOAD, prestart_node_fork_server
+    from hpcpipe.launch.job import prestart_node_fork_server, worker_preload
 
     job = load_config(config)  # bad config: one line, before anything starts
     preempted = job.fault.preempt_exit_code
@@ -205,10 +205,12 @@ def agent(
         local_addr=local_addr or os.environ.get("SLURMD_NODENAME"),
         grace_s=grace,
         last_call_s=job.parallel.rdzv_last_call_s,
+        keep_alive_s=job.parallel.rdzv_keep_alive_s,
         start_method=job.parallel.worker_start,
-        preload=WORKER_PRELOAD,
+        preload=worker_preload(job),
         preempt_exit_code=preempted,
         wrapper=wrapper,
+        events_dir=str(job.run_dir),
     )
     try:
         code = _run_node_agent(job, config, spec)
@@ -230,14 +232,15 @@ def _run_node_agent(job: JobConfig, config: Path, spec: AgentSpec) -> int:
     """Check every world size splits the batch, prepare the inputs, run the workers."""
     from hpcpipe.config import grad_accum_steps
     from hpcpipe.launch.agent import run_agent
-    from hpcpipe.launch.job import WORKER_MODULE, prepare_inputs
+    from hpcpipe.launch.job import WORKER_MODULE, node_memory_tier, prepare_inputs
     from hpcpipe.launch.nsight import make_report_dir
 
     for nodes in range(spec.min_nodes, spec.max_nodes + 1):  # workers would fail the same way, N times
         grad_accum_steps(job.train, nodes * spec.nproc_per_node)
     prepare_inputs(job)  # torch is imported already: about 1 s here, against 5 s as its own step
     make_report_dir(job.observe.profile, job.run_dir)
-    return run_agent(spec, WORKER_MODULE, [str(config)])
+    with node_memory_tier(job):
+        return run_agent(spec, WORKER_MODULE, [str(config)])
 
 
 @app.command("finished")

@@ -34,7 +34,7 @@ from hpcpipe.recipes.catalog import RECIPES
 # one reference run per value of them.
 TRAINING_KEYS = ("run.recipe", "run.seed", "model", "data", "train", "lora", "parallel")
 # Keys under TRAINING_KEYS that only decide how long the launcher waits, never what is trained.
-WAITING_KEYS = ("parallel.timeout_s", "parallel.rdzv_last_call_s")
+WAITING_KEYS = ("parallel.timeout_s", "parallel.rdzv_last_call_s", "parallel.rdzv_keep_alive_s")
 
 
 class JobConfig(Section):

@@ -90,6 +90,15 @@ class ParallelConfig(Section):
         "long for more before training starts. Every shrink or growth waits it out once: "
         "shorter recovers sooner, longer lets slow-starting nodes join the first round.",
     )
+    rdzv_keep_alive_s: int | None = Field(
+        None,
+        ge=1,
+        le=600,
+        description="Elastic runs: seconds between each node agent's rendezvous heartbeats; three "
+        "missed ones declare a node lost, and the survivors' next round waits for that. null: 2 "
+        "for agents on one host (a loopback endpoint), torch's 5 between hosts, where a busy "
+        "node's late heartbeat must not count as a lost node.",
+    )
     worker_start: Literal["forkserver", "spawn"] = Field(
         "forkserver",
         description="How hpcpipe's own agent (hpcpipe train --nproc N, hpcpipe launch agent) starts "

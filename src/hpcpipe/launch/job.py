@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 from pathlib import Path
@@ -14,8 +15,29 @@ from hpcpipe.train.environment import detect_environment
 log = logging.getLogger("hpcpipe.launch.job")
 
 WORKER_MODULE = "hpcpipe.launch.worker"
-# What every training worker imports, once in the agent's fork server (parallel.worker_start).
-WORKER_PRELOAD = ("hpcpipe.train.trainer", "torch._dynamo")
+# What every training worker imports, once in the agent's fork server (parallel.worker_start):
+# the trainer, and what a worker imports after it on its way to the first step (fault injection,
+# lineage, DDP's hooks, DCP's state dicts, NVTX); the recipe's own in ``worker_preload``.
+WORKER_PRELOAD = (
+    "hpcpipe.train.trainer",
+    "torch._dynamo",
+    "hpcpipe.train.fault_injection",
+    "hpcpipe.observe.lineage",
+    "torch.distributed.algorithms.ddp_comm_hooks",
+    "torch.distributed.checkpoint.state_dict",
+    "nvtx",  # optional (the nvtx extra): the server skips a module it cannot import
+)
+
+
+def worker_preload(job: JobConfig) -> tuple[str, ...]:
+    """What the fork server imports for ``job``'s workers: ``WORKER_PRELOAD``, the recipe's
+    modules (``recipes.WORKER_MODULES``) and its heavy libraries (the catalog's
+    ``worker_imports``)."""
+    from hpcpipe.recipes import WORKER_MODULES
+    from hpcpipe.recipes.catalog import recipe_spec
+
+    recipe = job.run.recipe
+    return (*WORKER_PRELOAD, *WORKER_MODULES.get(recipe, ()), *recipe_spec(recipe).worker_imports)
 
 
 def prestart_fork_server(job: JobConfig, max_restarts: int = 0) -> None:
@@ -37,9 +59,8 @@ def prestart_node_fork_server(job: JobConfig) -> None:
     if job.parallel.worker_start != "forkserver" or profiles_workers(job.observe.profile):
         return
     from hpcpipe.launch.fork_server import prestart
-    from hpcpipe.recipes.catalog import recipe_spec
 
-    prestart((WORKER_MODULE, *WORKER_PRELOAD, *recipe_spec(job.run.recipe).worker_imports))
+    prestart((WORKER_MODULE, *worker_preload(job)))
 
 
 class WorkerFailure(RuntimeError):
@@ -77,6 +98,7 @@ def run_job(job: JobConfig, max_restarts: int = 0) -> Path:
     run_dir = job.run_dir
     # Under Nsight every worker is its own process: checked before the data preparation.
     wrapper = nsight.worker_wrapper(job.observe.profile, run_dir, nsight.report_tag(job.run.name))
+    check_memory_limit(job)  # before the data preparation, as every other check of the input
     config_path = prepare_job(job)
     nsight.make_report_dir(job.observe.profile, run_dir)
     if nproc == 1 and max_restarts == 0 and not wrapper:
@@ -87,15 +109,17 @@ def run_job(job: JobConfig, max_restarts: int = 0) -> Path:
 
     from hpcpipe.launch.local import launch_local
 
-    code = launch_local(
-        WORKER_MODULE,
-        [str(config_path)],
-        nproc=nproc,
-        max_restarts=max_restarts,
-        start_method=job.parallel.worker_start,
-        preload=WORKER_PRELOAD,
-        wrapper=wrapper,
-    )
+    with node_memory_tier(job):  # this process is the node's agent: the tier lives as long as it
+        code = launch_local(
+            WORKER_MODULE,
+            [str(config_path)],
+            nproc=nproc,
+            max_restarts=max_restarts,
+            start_method=job.parallel.worker_start,
+            preload=worker_preload(job),
+            wrapper=wrapper,
+            events_dir=str(run_dir),
+        )
     if wrapper and job.observe.profile is not None and job.observe.profile.tool == "nsys":
         nsight.export_stats(run_dir, job.observe.profile.nsys)  # for `hpcpipe profile RUN_DIR`
     if code == USER_ERROR_EXIT_CODE:
@@ -103,6 +127,26 @@ def run_job(job: JobConfig, max_restarts: int = 0) -> Path:
     if code != 0:
         raise WorkerFailure(code)
     return run_dir
+
+
+def node_memory_tier(job: JobConfig) -> contextlib.AbstractContextManager[Path | None]:
+    """The node's checkpoint memory tier (``checkpoint/memory_tier.py``), owned by the calling
+    agent process for the ``with`` block; UserError when ``checkpoint.memory_limit_gb`` exceeds
+    ``/dev/shm``. A no-op when the job does not checkpoint or turned the tier off."""
+    if not job.checkpoint.memory_tier or job.checkpoint.every_steps == 0:
+        return contextlib.nullcontext()
+    from hpcpipe.checkpoint.memory_tier import owned
+    from hpcpipe.checkpoint.tiers import fast_root
+
+    return owned(fast_root(job.checkpoint.dir, job.run_dir), job.checkpoint.memory_limit_gb)
+
+
+def check_memory_limit(job: JobConfig) -> None:
+    """UserError when ``checkpoint.memory_limit_gb`` is larger than this node's ``/dev/shm``."""
+    from hpcpipe.checkpoint.memory_tier import SHM_ROOT, limit_bytes
+
+    if job.checkpoint.memory_tier and job.checkpoint.memory_limit_gb is not None and SHM_ROOT.is_dir():
+        limit_bytes(job.checkpoint.memory_limit_gb)
 
 
 def prepare_inputs(job: JobConfig) -> None:

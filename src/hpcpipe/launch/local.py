@@ -19,15 +19,17 @@ def launch_local(
     nproc: int,
     max_restarts: int = 0,
     run_id: str | None = None,
-    monitor_interval_s: float = 0.5,
+    monitor_interval_s: float = 0.1,
     start_method: Literal["forkserver", "spawn"] = "forkserver",
     preload: tuple[str, ...] = (),
     wrapper: tuple[str, ...] = (),
+    events_dir: str | None = None,
 ) -> int:
     """Run ``module``'s worker on ``nproc`` local ranks with ``args``; returns the group's exit code.
 
     Exit code: 0 when every rank succeeded; otherwise the first failed rank's code (so a
     worker's UserError exit 2 stays 2). ``wrapper``: a profiler the workers start under.
+    ``events_dir``: the run directory whose events.jsonl records each restart's milestones.
     """
     spec = AgentSpec(
         nproc_per_node=nproc,
@@ -38,5 +40,6 @@ def launch_local(
         start_method=start_method,
         preload=preload,
         wrapper=wrapper,
+        events_dir=events_dir,
     )
     return run_agent(spec, module, args)

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
+from typing import cast
 
 from hpcpipe.config import JobConfig, load_config
 from hpcpipe.errors import USER_ERROR_EXIT_CODE, UserError
@@ -34,7 +36,10 @@ def train_worker(job: JobConfig, env: DistEnv) -> None:
     from hpcpipe.train.fault_injection import installed
     from hpcpipe.train.trainer import Trainer
 
+    running = time.time()  # trainer code runs: imported (free in a forked worker)
     ctx = init_distributed(job.parallel, env)
+    # (process start, code running, process group up) of this rank: group_start carries the latest.
+    timing = (process_start_time(), running, time.time())
     try:
         recipe = build_recipe(job)
         # One preparer per node (idempotent, keyed by the inputs' hash); the rest reuse it.
@@ -42,18 +47,19 @@ def train_worker(job: JobConfig, env: DistEnv) -> None:
             recipe.prepare(progress=False)
         ctx.barrier()
         run_dir = job.run_dir
-        hosts: list[str] = [node_name()]
+        ranks: list[tuple[str, float | None, float, float]] = [(node_name(), *timing)]
         if ctx.is_distributed:
             gathered: list[object] = [None] * ctx.world_size
-            dist.all_gather_object(gathered, node_name())
-            hosts = [str(h) for h in gathered]
+            dist.all_gather_object(gathered, ranks[0])
+            ranks = cast("list[tuple[str, float | None, float, float]]", gathered)
+        hosts = [str(r[0]) for r in ranks]
         if ctx.is_main:
             run_dir.mkdir(parents=True, exist_ok=True)
             RunLayout(run_dir).config.write_text(job.to_yaml())
             lineage = build_lineage(job.config_hash(), recipe.dataset_hash(), hosts, ctx.world_size)
             write_lineage(run_dir, lineage)
             recipe.on_train_start(run_dir)
-            _record_group_start(run_dir, ctx.world_size, hosts)
+            _record_group_start(run_dir, ctx.world_size, hosts, _latest(ranks))
         targets = job.observe.prometheus, node_name()
         if ctx.local_rank == 0:  # this node's exporter endpoints, for Prometheus file discovery
             write_sd_targets(Path(job.run.out_dir), *targets, ctx.local_world_size, job.run.name)
@@ -75,10 +81,35 @@ def train_worker(job: JobConfig, env: DistEnv) -> None:
         shutdown_distributed()
 
 
-def _record_group_start(run_dir: Path, world_size: int, hosts: list[str]) -> None:
+def process_start_time() -> float | None:
+    """When this process started, wall clock (Linux ``/proc``, to 10 ms; None elsewhere)."""
+    try:
+        with open("/proc/self/stat", "rb") as fh:
+            started_ticks = int(fh.read().rsplit(b")", 1)[1].split()[19])  # field 22: starttime
+        with open("/proc/uptime") as fh:
+            uptime = float(fh.read().split()[0])
+        return time.time() - (uptime - started_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _latest(ranks: list[tuple[str, float | None, float, float]]) -> dict[str, float | None]:
+    """The group's start milestones: each the latest over the ranks (the group waits for it)."""
+    starts = [r[1] for r in ranks if r[1] is not None]
+    return {
+        "worker_start": max(starts) if starts else None,  # the last worker process started
+        "worker_running": max(r[2] for r in ranks),  # ... and runs trainer code
+        "pg_up": max(r[3] for r in ranks),  # init_process_group returned everywhere
+    }
+
+
+def _record_group_start(
+    run_dir: Path, world_size: int, hosts: list[str], timing: dict[str, float | None] | None = None
+) -> None:
     """Log each (re)start of the worker group: the elastic agent's restart count, and a
     ``membership_change`` when the world size differs from the previous start's (a node was
-    lost, or one joined)."""
+    lost, or one joined). ``timing``: when the workers started, ran trainer code and had
+    their process group (wall clock, the latest rank's), for the chaos suite's phases."""
     from hpcpipe.observe.metrics import append_event, read_events
 
     count = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
@@ -89,7 +120,9 @@ def _record_group_start(run_dir: Path, world_size: int, hosts: list[str]) -> Non
     if starts and starts[-1].get("world_size") != world_size:
         old = starts[-1].get("world_size")
         append_event(run_dir, "membership_change", old_world_size=old, new_world_size=world_size, nodes=nodes)
-    append_event(run_dir, "group_start", world_size=world_size, nodes=nodes, restart_count=count)
+    append_event(
+        run_dir, "group_start", world_size=world_size, nodes=nodes, restart_count=count, **(timing or {})
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

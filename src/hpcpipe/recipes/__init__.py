@@ -44,6 +44,17 @@ FACTORIES: dict[str, Callable[[JobConfig], Recipe]] = {
 }
 
 
+# What a recipe's workers import beyond the trainer: its module, its data pipeline, its model. The
+# agent's fork server imports them once (``launch/job.py worker_preload``), so a started or
+# restarted worker does not (with the trainer's own helpers, ``launch/job.py WORKER_PRELOAD``:
+# a killed rank of the tiny GPT recovers in 0.33 s median instead of 0.47 s, 10 trials each).
+WORKER_MODULES: dict[str, tuple[str, ...]] = {
+    "gpt": ("hpcpipe.recipes.gpt", "hpcpipe.data.tokens.loader", "hpcpipe.models.gpt"),
+    "resnet-cifar": ("hpcpipe.recipes.resnet", "hpcpipe.data.images.loader", "hpcpipe.models.resnet"),
+    "lora-function-calling": ("hpcpipe.recipes.lora_fc", "hpcpipe.data.function_calling.loader"),
+}
+
+
 def build_recipe(job: JobConfig) -> Recipe:
     try:
         factory = FACTORIES[job.run.recipe]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 from dataclasses import dataclass
 from datetime import timedelta
@@ -9,7 +10,9 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from hpcpipe.compat import loopback_tcp_store
 from hpcpipe.config import ParallelConfig
+from hpcpipe.netutil import loopback_bind_address, loopback_interface
 from hpcpipe.train.environment import DistEnv
 from hpcpipe.train.host_memory import retain_freed_host_memory
 
@@ -79,12 +82,13 @@ def init_distributed(cfg: ParallelConfig, env: DistEnv) -> DistContext:
         _joined.append(True)
         backend = _pick_backend(cfg, device)
         env.export()
+        timeout = timedelta(seconds=cfg.timeout_s)
         dist.init_process_group(
             backend=backend,
-            init_method="env://",
+            store=dist.PrefixStore("default_pg", group_store(env, timeout)),  # as env:// prefixes it
             rank=env.rank,
             world_size=env.world_size,
-            timeout=timedelta(seconds=cfg.timeout_s),
+            timeout=timeout,
             device_id=device if device.type == "cuda" else None,
         )
     return DistContext(
@@ -95,6 +99,43 @@ def init_distributed(cfg: ParallelConfig, env: DistEnv) -> DistContext:
         device=device,
         backend=backend,
     )
+
+
+def group_store(env: DistEnv, timeout: timedelta) -> dist.Store:
+    """The key-value store a group of ``env.world_size`` ranks meets in, as ``env://`` finds it
+    (``env.export()`` first): rank 0 hosts it at MASTER_ADDR:MASTER_PORT, unless torch's agent
+    hosts it for the whole job (torchrun's default; ``TORCHELASTIC_USE_AGENT_STORE``).
+
+    A group whose ranks all run here (``env.on_one_host``) listens on loopback only: rank 0's
+    store binds the loopback address (torch's own binds every interface) and the others connect
+    there, and gloo and NCCL open their sockets on the loopback interface. Otherwise torch
+    decides, and binds where the other nodes reach it."""
+    if env.on_one_host:
+        _sockets_on_loopback()
+        if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != str(True):
+            host = loopback_bind_address(env.master_addr)
+            if env.rank != 0:
+                return dist.TCPStore(host, env.master_port, env.world_size, False, timeout)
+            try:
+                return loopback_tcp_store(host, env.master_port, env.world_size, timeout, multi_tenant=True)
+            except OSError as exc:
+                if exc.errno != errno.EADDRINUSE:
+                    raise
+                # The port is taken, maybe by a store this process still serves (an earlier group
+                # in it): torch's multi-tenant store hands that one out, and fails as before if not.
+    store, _, _ = next(dist.rendezvous("env://", rank=env.rank, world_size=env.world_size, timeout=timeout))
+    store.set_timeout(timeout)
+    return store
+
+
+def _sockets_on_loopback() -> None:
+    """gloo's and NCCL's own sockets (gloo's pair listeners; NCCL's bootstrap and proxy) on the
+    loopback interface; a value the user set is replaced too. By default each takes the address
+    the host name resolves to, or the first non-loopback interface."""
+    interface = loopback_interface()
+    if interface is not None:
+        os.environ["GLOO_SOCKET_IFNAME"] = interface
+        os.environ["NCCL_SOCKET_IFNAME"] = interface
 
 
 def shutdown_distributed() -> None:

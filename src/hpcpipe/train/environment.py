@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from hpcpipe.errors import UserError
+from hpcpipe.netutil import is_loopback
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,13 @@ class DistEnv:
     @property
     def is_distributed(self) -> bool:
         return self.world_size > 1
+
+    @property
+    def on_one_host(self) -> bool:
+        """Every rank of this group runs on this machine, so the group can meet on loopback: all
+        its ranks are this node's, or their MASTER_ADDR is a loopback address (local "nodes" of
+        one elastic job), which no other machine could reach. Each elastic round is a new group."""
+        return self.world_size == self.local_world_size or is_loopback(self.master_addr)
 
     @property
     def is_external(self) -> bool:

@@ -336,6 +336,7 @@ class Trainer:
 
     def resume(self) -> None:
         """Load the newest verified checkpoint, if any (all ranks load the same step)."""
+        started = time.perf_counter()
         with self.watchdog.pause():
             extra = self.store.restore(self.model, self.optimizer)
         if extra is None:
@@ -358,6 +359,7 @@ class Trainer:
                 "checkpoint": str(restored.path) if restored else None,
                 "saved_world_size": int(extra["world_size"]),
                 "world_size": self.ctx.world_size,
+                "restore_s": time.perf_counter() - started,  # choosing, verifying, loading
             },
         )
 

@@ -1,0 +1,103 @@
+"""Rank 0's work after each commit, one job at a time in a background thread.
+
+Re-read and verify the new checkpoint; only if it verified, prune older ones beyond
+``keep_last`` (except multiples of ``keep_every``, the one training resumed from and the new
+one); then copy it to the durable tier when due (``tiers.py``). Events go through ``event``
+(thread-safe, see ``store.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from hpcpipe.checkpoint.manifest import CheckpointError, Problem, step_dir_name, verify_dir
+from hpcpipe.checkpoint.tiers import DurableSchedule, Tier
+from hpcpipe.config import CheckpointConfig
+
+__all__ = ["AfterCommit", "problem_events"]
+
+EventFn = Callable[[str, dict[str, Any]], None]
+log = logging.getLogger("hpcpipe.checkpoint")
+
+
+def problem_events(
+    event: EventFn, kind: str, step: int, path: Path, tier: str, problems: list[Problem]
+) -> None:
+    """One ``kind`` event (and warning) per problem of the checkpoint ``path``."""
+    for problem in problems:
+        log.warning("%s: checkpoint %s: %s", kind, path, problem)
+        event(kind, {"step": step, "path": str(path), "tier": tier, **problem.to_dict()})
+
+
+class AfterCommit:
+    """Verify, prune and copy to the durable tier, in order, behind the training loop."""
+
+    def __init__(
+        self,
+        cfg: CheckpointConfig,
+        fast: Tier,
+        durable: Tier | None,
+        token: str,
+        event: EventFn,
+        resumed_step: Callable[[], int | None],
+    ) -> None:
+        self.cfg, self.fast, self.durable, self._token = cfg, fast, durable, token
+        self._event = event
+        self._resumed_step = resumed_step  # never pruned: the run's own starting point
+        self._schedule = DurableSchedule(cfg.durable_every_steps, cfg.durable_every_s)
+        self._pool = ThreadPoolExecutor(1, "hpcpipe-ckpt-after")
+        self._jobs: list[Future[None]] = []
+
+    def queue(self, step: int, force_durable: bool) -> None:
+        self._jobs = [f for f in self._jobs if not f.done()]
+        self._jobs.append(self._pool.submit(self._after_commit, step, force_durable))
+
+    def drain(self) -> None:
+        """Finish the queued jobs (raising the first one's error)."""
+        jobs, self._jobs = self._jobs, []
+        for future in jobs:
+            future.result()
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=True)
+
+    def _after_commit(self, step: int, force_durable: bool) -> None:
+        path = self.fast.root / step_dir_name(step)
+        _, problems = verify_dir(path)
+        if problems:
+            problem_events(self._event, "checkpoint_verify_failed", step, path, "fast", problems)
+            return
+        self._event("checkpoint_verified", {"step": step, "path": str(path)})
+        resumed = self._resumed_step()
+        self._prune(self.fast, {step} | ({resumed} if resumed is not None else set()))
+        if self.durable is not None and self._schedule.due(step, force_durable):
+            self._copy_durable(path, step)
+
+    def _copy_durable(self, path: Path, step: int) -> None:
+        assert self.durable is not None
+        start = time.perf_counter()
+        try:
+            final = self.durable.copy_in(path, step, self._token)
+        except (CheckpointError, OSError) as exc:
+            self._event("checkpoint_durable_failed", {"step": step, "error": str(exc)})
+            return
+        self._schedule.copied()
+        self._event(
+            "checkpoint_durable_copied",
+            {"step": step, "path": str(final), "copy_s": time.perf_counter() - start},
+        )
+        self._prune(self.durable, {step})
+
+    def _prune(self, tier: Tier, protected: set[int]) -> None:
+        try:
+            deleted = tier.prune(self.cfg.keep_last, self.cfg.keep_every, protected)
+        except OSError as exc:
+            self._event("checkpoint_prune_failed", {"tier": tier.name, "error": str(exc)})
+            return
+        if deleted:
+            self._event("checkpoint_pruned", {"tier": tier.name, "steps": deleted})

@@ -1,0 +1,91 @@
+"""The c10d rendezvous of agents that all run on this machine, served on loopback alone.
+
+torch's ``c10d`` rendezvous backend hosts its store with a ``TCPStore`` server, which listens on
+every interface (``[::]``) whatever the endpoint says. When the endpoint is a loopback address
+(``hpcpipe train --nproc N``: 127.0.0.1:0; two local "nodes" of one elastic job), every agent
+that can join runs on this machine, so ``hpcpipe-loopback`` serves the same store on that address
+alone (``compat.loopback_tcp_store``). The rest is torch's own c10d rendezvous, through its public
+extension point: ``C10dRendezvousBackend`` on that store, ``create_handler``, the handler registry.
+
+Any other endpoint (Slurm's head node, a Kubernetes service) keeps torch's ``c10d`` backend: the
+other nodes must reach the store there.
+"""
+
+from __future__ import annotations
+
+import errno
+from datetime import timedelta
+from typing import Any
+
+from hpcpipe.netutil import is_loopback, loopback_bind_address
+
+LOOPBACK_BACKEND = "hpcpipe-loopback"
+DEFAULT_PORT = 29400  # torch's, for an endpoint without a port
+
+
+def rendezvous_backend(endpoint: str) -> str:
+    """The rendezvous backend for ``endpoint`` (``host:port``): ``hpcpipe-loopback`` (registered
+    with torch on the way) for a loopback host, else torch's ``c10d``."""
+    if not is_loopback(_split(endpoint)[0]):
+        return "c10d"
+    from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
+
+    rendezvous_handler_registry.register(LOOPBACK_BACKEND, _create_handler)  # again: a no-op
+    return LOOPBACK_BACKEND
+
+
+def node_address(endpoint: str, local_addr: str | None) -> str | None:
+    """This node's address as the agent tells its peers and workers (MASTER_ADDR on the node
+    that ends up rank 0): the one given, else the loopback address for a loopback endpoint (torch
+    would take the machine's name, which may resolve to any interface), else torch's choice."""
+    host = _split(endpoint)[0]
+    return local_addr or (loopback_bind_address(host) if is_loopback(host) else None)
+
+
+def _split(endpoint: str) -> tuple[str, int]:
+    """``host:port``, ``[v6]:port`` or a bare host -> (host, port)."""
+    host, colon, port = endpoint.strip().rpartition(":")
+    if not colon or (":" in host and not host.endswith("]")):  # a bare host, IPv6 included
+        return endpoint.strip().strip("[]"), DEFAULT_PORT
+    return host.strip("[]"), int(port) if port else DEFAULT_PORT
+
+
+def _create_handler(params: Any) -> Any:
+    """torch's c10d rendezvous handler, on a store that listens on the endpoint's address only."""
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
+
+    class LoopbackBackend(C10dRendezvousBackend):
+        @property
+        def name(self) -> str:  # the handler reports it; torch checks it is the one registered
+            return LOOPBACK_BACKEND
+
+    store = _store(params)
+    return create_handler(store, LoopbackBackend(store, params.run_id), params)
+
+
+def _store(params: Any) -> Any:
+    """Host the store on the endpoint's loopback address or, as torch does when the port is taken
+    (another local agent of the job hosts it), connect to it. ``is_host`` in the rendezvous
+    configs decides instead when given (``AgentSpec.local_addr``)."""
+    import torch.distributed as dist
+    from torch.distributed.elastic.rendezvous import RendezvousConnectionError
+
+    from hpcpipe.compat import loopback_tcp_store
+
+    host, port = _split(params.endpoint)
+    host = loopback_bind_address(host)
+    timeout = timedelta(seconds=params.get_as_int("read_timeout", 60))
+    is_host = params.get_as_bool("is_host")
+    try:
+        if is_host is not False:
+            try:
+                return loopback_tcp_store(host, port, None, timeout, multi_tenant=True)
+            except OSError as exc:
+                if is_host or port == 0 or exc.errno != errno.EADDRINUSE:
+                    raise
+        return dist.TCPStore(host, port, None, False, timeout)
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise RendezvousConnectionError(
+            f"the c10d store at {host}:{port} could not be hosted or reached: {exc}"
+        ) from exc
