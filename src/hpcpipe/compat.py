@@ -32,6 +32,7 @@ __all__ = [
     "TorchAPIError",
     "copy_state_dict",
     "create_cpu_state_dict",
+    "dcp_file_prefix",
     "dcp_metadata_path",
     "dcp_set_element",
     "dcp_storage_info",
@@ -205,6 +206,12 @@ def dcp_metadata_path(reader: Any, rank: int | None) -> Any:
 
 
 _RAW = "write tensors as raw bytes into checkpoint files"
+
+
+def dcp_file_prefix(plan: Any) -> str:
+    """The file-name prefix (``__<rank>_``) ``FileSystemWriter.prepare_global_plan`` gave this
+    rank's save plan (a private ``_StoragePrefix`` in its ``storage_data``)."""
+    return str(_require(plan.storage_data, "prefix", _RAW))
 
 
 def dcp_storage_info(relative_path: str, offset: int, length: int) -> Any:
@@ -394,6 +401,9 @@ PRIVATE_APIS: dict[str, Callable[[], Any]] = {
     ),
     "checkpoint.filesystem._StorageInfo": _probe(
         "torch.distributed.checkpoint.filesystem", "_StorageInfo", purpose=_RAW
+    ),
+    "checkpoint.filesystem._StoragePrefix.prefix": _probe(
+        "torch.distributed.checkpoint.filesystem", "_StoragePrefix", "__dataclass_fields__", purpose=_RAW
     ),
     "_state_dict_utils._create_cpu_state_dict": _probe(
         "torch.distributed._state_dict_utils", "_create_cpu_state_dict", purpose=_STAGE

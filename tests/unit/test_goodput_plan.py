@@ -214,6 +214,8 @@ def test_help_teaches(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFix
         (["--run", "no/such/run"], "no/such/run"),
         (["--run", "EMPTY"], "events.jsonl"),
         (["--save-s", "-2"], "--save-s"),
+        (["--save-s", "1", "--restart-s", "nan"], "--restart-s"),
+        (["--save-s", "1", "--days", "inf"], "--days"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(

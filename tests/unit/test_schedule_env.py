@@ -90,12 +90,14 @@ def test_slurm_step_environment() -> None:
 def test_a_group_on_one_host_meets_on_loopback_and_a_multi_node_one_where_peers_reach_it() -> None:
     from hpcpipe.launch.rendezvous import LOOPBACK_BACKEND, node_address, rendezvous_backend
 
-    def env(world: int, local: int, master: str) -> DistEnv:
-        return DistEnv("torchrun", 0, 0, world, local, master, 29500)
+    def env(world: int, local: int, master: str, nodes: int | None = None) -> DistEnv:
+        return DistEnv("torchrun", 0, 0, world, local, master, 29500, nodes)
 
-    assert env(2, 2, "node7").on_one_host  # hpcpipe train --nproc 2, one-node torchrun or srun
+    assert env(2, 2, "127.0.0.1").on_one_host  # hpcpipe train --nproc 2 (the agent's loopback)
+    assert env(2, 2, "node7", nodes=1).on_one_host  # one-node torchrun (GROUP_WORLD_SIZE) or srun
     assert env(2, 1, "127.0.0.1").on_one_host  # two local "nodes" of one elastic job
-    assert not env(4, 2, "node7").on_one_host and not env(2, 1, "10.0.0.7").on_one_host
+    assert not env(4, 2, "node7", nodes=2).on_one_host and not env(2, 1, "10.0.0.7").on_one_host
+    assert not env(2, 2, "node7").on_one_host  # no word on the node count: never assume one
     for local in ("127.0.0.1:0", "localhost:29400", "[::1]:29400", "127.0.0.2"):
         assert rendezvous_backend(local) == LOOPBACK_BACKEND
     assert rendezvous_backend("head:29400") == rendezvous_backend("10.0.0.1:29400") == "c10d"

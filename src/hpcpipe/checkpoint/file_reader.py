@@ -122,8 +122,12 @@ def read_file(
                 raise _mismatch(path, name, "overlapping items in the checkpoint metadata")
             _skip(handle, span.offset - position, hasher, path, name)
             target = _direct_target(span, planner, metadata) if raw else None
-            if target is not None:
+            if target is not None and target.device.type == "cpu":
                 _fill(handle, tensor_bytes(target), hasher, path, name)  # its own memory
+            elif target is not None:  # on an accelerator: through this item's host buffer, at once
+                buffer = bytearray(span.length)
+                _fill(handle, memoryview(buffer), hasher, path, name)
+                target.copy_(torch.frombuffer(buffer, dtype=target.dtype).view(target.shape))
             else:
                 buffer = bytearray(span.length)
                 _fill(handle, memoryview(buffer), hasher, path, name)
@@ -145,14 +149,19 @@ class _HashBehind:
         self._hasher = hasher
         self._views: queue.Queue[memoryview | None] = queue.Queue(maxsize=_AHEAD)
         self._thread = threading.Thread(target=self._run, name="hpcpipe-ckpt-hash", daemon=True)
-        self._thread.start()
         self._digest: str | None = None
+        self._error: Exception | None = None
+        self._thread.start()
 
     def update(self, view: memoryview) -> None:
+        if self._error is not None:
+            raise self._error
         self._views.put(view)
 
     def hexdigest(self) -> str:
         self.finish()
+        if self._error is not None:
+            raise self._error
         assert self._digest is not None
         return self._digest
 
@@ -162,9 +171,15 @@ class _HashBehind:
             self._thread.join()
 
     def _run(self) -> None:
+        # On an error keep taking views (the reader must never block on a full queue), then stop.
         while (view := self._views.get()) is not None:
-            self._hasher.update(view)
-        self._digest = self._hasher.hexdigest()
+            if self._error is None:
+                try:
+                    self._hasher.update(view)
+                except Exception as exc:
+                    self._error = exc
+        if self._error is None:
+            self._digest = self._hasher.hexdigest()
 
 
 @contextlib.contextmanager
@@ -186,7 +201,8 @@ def _spans(requests: list[ReadItem], locate: Callable[[MetadataIndex], tuple[int
 
 
 def _direct_target(span: _Span, planner: LoadPlanner, metadata: Metadata) -> torch.Tensor | None:
-    """The destination tensor when the stored chunk is exactly it, in CPU memory; else None."""
+    """The destination tensor when the stored chunk is exactly it (same dtype, shape, contiguous);
+    its bytes may be written before the file verified (module doc). Else None: deferred."""
     if len(span.requests) != 1 or span.requests[0].type == LoadItemType.BYTE_IO:
         return None
     request = span.requests[0]
@@ -195,8 +211,7 @@ def _direct_target(span: _Span, planner: LoadPlanner, metadata: Metadata) -> tor
         return None
     target = planner.resolve_tensor(request).detach()
     fits = (
-        target.device.type == "cpu"
-        and target.dtype == dtype
+        target.dtype == dtype
         and target.is_contiguous()
         and target.numel() * target.element_size() == span.length
         and target.numel() > 0

@@ -6,11 +6,11 @@ checkpoint back from shared memory skips the disk (DLRover's flash checkpoint do
 - **Owned by the node's agent.** ``owned(...)`` (the process that runs the agent, around the
   workers' whole life) creates ``/dev/shm/hpcpipe-ckpt-<uid>-<hash of the checkpoint dir>/``
   (mode 0700; a name that exists as anything but this user's private directory turns the tier
-  off rather than being used) and
-  removes it when the last agent using it exits, so a worker that crashes leaves the copy to
-  its successor, and nothing outlives the job (an agent killed with SIGKILL leaves the directory
-  to the next agent of the same checkpoint dir, or to a reboot). Workers only use a directory an
-  agent made: one process without an agent has none.
+  off rather than being used) and holds a shared ``flock`` on its ``.lock`` file; the last agent
+  to let go removes the directory, so a worker that crashes leaves the copy to its successor and
+  nothing outlives the job (an agent killed with SIGKILL drops its lock with its life and leaves
+  the directory to the next agent of the same checkpoint dir, or to a reboot). Workers use the
+  directory only while some agent holds the lock: one process without an agent has none.
 - **Written by the save path, behind the durable tiers.** After a checkpoint committed on disk,
   each rank copies the files it wrote into ``<root>/step-NNNNNNNN/`` (in the background: the
   save does not wait), then removes older steps. The disk checkpoint stays the source of truth.
@@ -26,6 +26,7 @@ checkpoint back from shared memory skips the disk (DLRover's flash checkpoint do
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import logging
 import os
@@ -45,7 +46,7 @@ __all__ = ["SHM_ROOT", "MemoryTier", "owned", "tier_root"]
 
 Report = Callable[[str, dict[str, Any]], None]
 SHM_ROOT = Path("/dev/shm")
-_OWNERS = ".owners"  # one empty file per live agent using the directory, named by its pid
+_LOCK = ".lock"  # every agent using the tier holds a shared flock on it while it runs
 log = logging.getLogger("hpcpipe.checkpoint")
 
 
@@ -67,10 +68,13 @@ def _ours(root: Path) -> bool:
 
 
 def limit_bytes(limit_gb: float | None, shm: Path = SHM_ROOT) -> int:
-    """``checkpoint.memory_limit_gb`` in bytes (None: half of ``shm``); UserError when larger than ``shm``."""
+    """``checkpoint.memory_limit_gb`` in bytes; UserError when larger than ``shm``. None: half of
+    ``shm``, and at most a quarter of this job's cgroup memory limit (tmpfs pages count against
+    it under Slurm's and Kubernetes' cgroups: a full tier must not get the job killed)."""
     capacity = _capacity(shm)
     if limit_gb is None:
-        return capacity // 2
+        cgroup = _cgroup_memory_limit()
+        return min(capacity // 2, cgroup // 4) if cgroup else capacity // 2
     wanted = int(limit_gb * 1e9)
     if wanted > capacity:
         raise UserError(
@@ -92,32 +96,55 @@ def owned(fast_dir: Path, limit_gb: float | None, shm: Path = SHM_ROOT) -> Itera
         return
     limit_bytes(limit_gb, shm)
     root = tier_root(fast_dir, shm)
-    with contextlib.suppress(FileExistsError):
-        root.mkdir(mode=0o700)
-    if not _ours(root):
+    lock = _hold_shared(root)
+    if lock is None:
         log.warning("memory tier off: %s exists and is not a private directory of this user", root)
         yield None
         return
-    token = root / _OWNERS / str(os.getpid())
-    token.parent.mkdir(exist_ok=True)
-    token.touch()
     try:
         yield root
     finally:
-        token.unlink(missing_ok=True)
-        if not _live_owners(root):
+        fcntl.flock(lock, fcntl.LOCK_UN)
+        try:  # the last owner (no other agent holds the lock) removes the tier
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
             shutil.rmtree(root, ignore_errors=True)
+        except BlockingIOError:
+            pass
+        finally:
+            os.close(lock)
 
 
-def _live_owners(root: Path) -> list[int]:
-    live = []
-    for entry in (root / _OWNERS).glob("*"):
-        pid = int(entry.name) if entry.name.isdigit() else -1
-        if pid > 0 and Path(f"/proc/{pid}").exists():
-            live.append(pid)
-        else:
-            entry.unlink(missing_ok=True)  # an agent that died without cleaning up
-    return live
+def _hold_shared(root: Path) -> int | None:
+    """Make ``root`` (mode 0700) and hold a shared lock on its lock file for the agent's life;
+    the descriptor, or None when ``root`` is not this user's private directory. A lock file that
+    the last owner removed while this one waited is made again."""
+    for _ in range(3):
+        with contextlib.suppress(FileExistsError):
+            root.mkdir(mode=0o700)
+        if not _ours(root):
+            return None
+        fd = os.open(root / _LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        with contextlib.suppress(FileNotFoundError):
+            if os.fstat(fd).st_ino == (root / _LOCK).stat().st_ino:
+                return fd
+        os.close(fd)
+    return None
+
+
+def _has_owner(root: Path) -> bool:
+    """Some agent holds the tier's lock (an agent that died holds nothing: its tier is unused)."""
+    try:
+        fd = os.open(root / _LOCK, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
 
 
 class MemoryTier:
@@ -133,7 +160,7 @@ class MemoryTier:
     def of_agent(cls, fast_dir: Path, limit_gb: float | None, shm: Path = SHM_ROOT) -> MemoryTier | None:
         """The tier an agent made for ``fast_dir`` on this node; None without one."""
         root = tier_root(fast_dir, shm)
-        if not _ours(root) or not (root / _OWNERS).is_dir():
+        if not _ours(root) or not _has_owner(root):
             return None
         return cls(root, limit_bytes(limit_gb, shm))
 
@@ -170,13 +197,19 @@ class MemoryTier:
         )
 
     def keep(self, step: int, ckpt: Path, names: list[str]) -> str | None:
-        """Copy ``names`` (relative to the committed ``ckpt``) in; None, or why they were not kept."""
+        """Copy ``names`` (relative to the committed ``ckpt``) in; None, or why they were not kept.
+
+        The budget is the node's: what the tier holds already (other local ranks' files of this
+        step included) plus these files. Only steps older than ``step`` are removed: a rank whose
+        copy lags must not delete a newer step the others have written.
+        """
         need = sum((ckpt / name).stat().st_size for name in names)
-        older = [p for p in self._steps() if parse_step(p.name) != step]
-        held = sum(_bytes_under(p) for p in older)
-        if need > self.limit:
+        older = [p for p in self._steps() if (parse_step(p.name) or 0) < step]
+        freeable = sum(_bytes_under(p) for p in older)
+        held = _bytes_under(self.root)
+        if need + held - freeable > self.limit:
             return f"{need / 1e9:.2f} GB of files > checkpoint.memory_limit_gb ({self.limit / 1e9:.2f} GB)"
-        if need > _free(self.root) + held:
+        if need > _free(self.root) + freeable:
             return f"{need / 1e9:.2f} GB of files > free space in {self.root.parent}"
         if need + held > self.limit or need > _free(self.root):
             self._remove(older)  # make room first: the disk copy of the older step remains
@@ -214,6 +247,17 @@ def _bytes_under(path: Path) -> int:
         with contextlib.suppress(FileNotFoundError):
             total += file.stat().st_size
     return total
+
+
+def _cgroup_memory_limit() -> int | None:
+    """This process's cgroup v2 ``memory.max`` in bytes; None when unlimited or not readable."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+        relative = next(line.split(":", 2)[2] for line in lines if line.startswith("0::"))
+        value = (Path("/sys/fs/cgroup") / relative.lstrip("/") / "memory.max").read_text().strip()
+    except (OSError, StopIteration, IndexError):
+        return None
+    return int(value) if value.isdigit() else None
 
 
 def _capacity(path: Path) -> int:

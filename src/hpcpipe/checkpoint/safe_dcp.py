@@ -43,7 +43,7 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import ReadItem
 
 from hpcpipe import compat
-from hpcpipe.checkpoint.file_reader import Deferred, chunk_of, read_file
+from hpcpipe.checkpoint.file_reader import chunk_of, read_file
 from hpcpipe.checkpoint.manifest import (
     CheckpointError,
     FileEntry,
@@ -144,6 +144,7 @@ class SafeFileSystemReader(FileSystemReader):
         self.rejected: list[tuple[Path, Problem]] = []  # (copy passed over, why)
         self.read_from: dict[str, Path] = {}  # file -> the directory it was read from
         self._metadata: Metadata | None = None
+        self._planner_lock = threading.Lock()
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         if self.refused is not None:  # DCP retries with per-rank metadata: refused all the same
@@ -179,18 +180,20 @@ class SafeFileSystemReader(FileSystemReader):
         workers = max(1, min(self.threads, len(per_file)))
         with ThreadPoolExecutor(workers, "hpcpipe-ckpt-read") as pool:
             futures = [pool.submit(self._read_file, name, items, planner) for name, items in per_file.items()]
-            deferred = [d for future in futures for d in future.result()]
-        assert self._metadata is not None
-        metadata = self._metadata
-        for item in deferred:  # the planner's bookkeeping is not thread-safe: one thread applies
-            item.apply(planner, lambda index: chunk_of(metadata, index))
+            for future in futures:
+                future.result()
         done: torch.futures.Future[None] = torch.futures.Future()
         done.set_result(None)
         return done
 
-    def _read_file(self, name: str, items: list[ReadItem], planner: Any) -> list[Deferred]:
-        assert self._metadata is not None
-        expected = self._expected(name)
+    def _read_file(self, name: str, items: list[ReadItem], planner: Any) -> None:
+        """Read ``name`` from its first good source, then hand its buffered items to the planner
+        (at once, so a rank holds at most the files in flight, not its whole checkpoint)."""
+        metadata = self._metadata
+        assert metadata is not None
+        if self.manifest is not None and name not in self.manifest.files:
+            problem = Problem(name, "named by .metadata but not listed in the manifest")
+            raise FileMismatch(f"{self.sources[-1] / name}: {problem}", problem)
         for source in self._sources_of(name):
             try:
                 deferred = read_file(
@@ -199,8 +202,8 @@ class SafeFileSystemReader(FileSystemReader):
                     items,
                     self._locate,
                     planner,
-                    self._metadata,
-                    expected,
+                    metadata,
+                    self._expected(name),
                     self._algorithm(),
                     self._raw(),
                 )
@@ -209,24 +212,37 @@ class SafeFileSystemReader(FileSystemReader):
                     raise
                 self._reject(source, exc.problem)
                 continue
+            except OSError as exc:
+                problem = Problem(name, f"unreadable ({exc.strerror or exc})")
+                if source == self.sources[-1]:
+                    raise FileMismatch(f"{source / name}: {problem}", problem) from None
+                self._reject(source, problem)  # a memory copy that went away: read the disk's
+                continue
             self.read_from[name] = source
-            return deferred
+            with self._planner_lock:  # the planner's bookkeeping is not thread-safe
+                for item in deferred:
+                    item.apply(planner, lambda index: chunk_of(metadata, index))
+            return
         raise AssertionError("unreachable: the checkpoint directory is the last source")
 
     def _read_whole(self, name: str) -> bytes:
-        """A small file (``.metadata``), read and verified from the first source that has it right."""
-        for source in self._sources_of(name):
+        """``.metadata``, read and verified from the checkpoint itself, never a memory copy: every
+        rank then reads the same bytes and reaches the same verdict (``dcp.load`` handles a
+        refusal here differently across torch versions)."""
+        source = self.sources[-1]
+        try:
             data = (source / name).read_bytes()
-            try:
-                check_bytes(name, data, self._expected(name), self._algorithm())
-            except FileMismatch as exc:
-                if source == self.sources[-1]:
-                    raise FileMismatch(f"{source / name}: {exc.problem}", exc.problem) from None
-                self._reject(source, exc.problem)
-                continue
-            self.read_from[name] = source
-            return data
-        raise AssertionError("unreachable: the checkpoint directory is the last source")
+        except OSError as exc:
+            problem = Problem(
+                name, "missing" if isinstance(exc, FileNotFoundError) else f"unreadable ({exc})"
+            )
+            raise FileMismatch(f"{source / name}: {problem}", problem) from None
+        try:
+            check_bytes(name, data, self._expected(name), self._algorithm())
+        except FileMismatch as exc:
+            raise FileMismatch(f"{source / name}: {exc.problem}", exc.problem) from None
+        self.read_from[name] = source
+        return data
 
     def _sources_of(self, name: str) -> list[Path]:
         """The directories to read ``name`` from, in order: copies of the right size, then the checkpoint."""
@@ -449,7 +465,7 @@ class HashedFileSystemWriter(FileSystemWriter):
         assert isinstance(fs, _HashingFileSystem)
         fs.owner = threading.current_thread()  # its own errors (.metadata too) raise at once
         buckets = split_by_size(self.thread_count, plan.items)
-        names = [f"{plan.storage_data.prefix}{n}{FILE_SUFFIX}" for n in range(len(buckets))]
+        names = [f"{compat.dcp_file_prefix(plan)}{n}{FILE_SUFFIX}" for n in range(len(buckets))]
         with ThreadPoolExecutor(len(buckets) + 1, "hpcpipe-ckpt-write") as pool:
             extra = pool.submit(self._write_extra)
             futures = [

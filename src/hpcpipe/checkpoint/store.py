@@ -424,6 +424,12 @@ class CheckpointStore:
             first_problem = first_problem or f"{path}/{problems[0]}"
         summary = f"no checkpoint in {self._where()} verifies (newest: {first_problem})"
         if self.cfg.scratch_if_none_verify and self.cfg.resume != "required":
+            if failed:  # a load failed part-way: this process's model is no longer as built
+                return {
+                    "action": "error",
+                    "message": f"{summary}; a load failed part-way and left the model partly loaded: "
+                    "run again to start from scratch",
+                }
             self._event("checkpoint_none_verify", {"action": "start from scratch", "detail": summary})
             return {"action": "fresh"}
         hint = "set checkpoint.scratch_if_none_verify=true to start from scratch"

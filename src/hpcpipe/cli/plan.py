@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -131,10 +132,10 @@ def _cluster_sizes(text: str) -> tuple[int, ...]:
 
 
 def _check_settings(settings: PlanSettings) -> None:
-    if not settings.gpu_mtbf_hours > 0:
-        raise UserError(f"--gpu-mtbf-hours must be > 0 (got {settings.gpu_mtbf_hours:g})")
-    if not settings.horizon_days > 0:
-        raise UserError(f"--days must be > 0 (got {settings.horizon_days:g})")
+    if not (math.isfinite(settings.gpu_mtbf_hours) and settings.gpu_mtbf_hours > 0):
+        raise UserError(f"--gpu-mtbf-hours must be a number > 0 (got {settings.gpu_mtbf_hours:g})")
+    if not (math.isfinite(settings.horizon_days) and settings.horizon_days > 0):
+        raise UserError(f"--days must be a number > 0 (got {settings.horizon_days:g})")
     if settings.replicas < 2:
         raise UserError(f"--replicas must be 2 or more (got {settings.replicas})")
 

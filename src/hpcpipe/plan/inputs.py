@@ -8,6 +8,7 @@ every failure (a node-local fast tier does not survive the loss of its node).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,6 +74,7 @@ def resolve_inputs(given: GivenTimes, run: RunTimes | None) -> PlanInputs:
     restart = _pick(given.restart_s, "--restart-s", measured.restart) or Timing(
         DEFAULT_RESTART_S, f"default: {DEFAULT_RESTART_S:g} s (no restart measured; give --restart-s)"
     )
+    _check_measured(tiers, restart)
     return PlanInputs(tuple(tiers), restart, run)
 
 
@@ -88,14 +90,25 @@ def _pick(value: float | None, option: str, measured: Timing | None) -> Timing |
 
 
 def _check_given(given: GivenTimes) -> None:
-    if given.save_s is not None and given.save_s <= 0:
-        raise UserError(f"--save-s must be > 0 seconds (got {given.save_s:g})")
-    if given.durable_save_s is not None and given.durable_save_s <= 0:
-        raise UserError(f"--durable-save-s must be > 0 seconds (got {given.durable_save_s:g})")
+    for option, value in (("--save-s", given.save_s), ("--durable-save-s", given.durable_save_s)):
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise UserError(f"{option} must be a number of seconds > 0 (got {value:g})")
     for option, value in (
         ("--restore-s", given.restore_s),
         ("--restart-s", given.restart_s),
         ("--durable-restore-s", given.durable_restore_s),
     ):
-        if value is not None and value < 0:
-            raise UserError(f"{option} must be >= 0 seconds (got {value:g})")
+        if value is not None and not (math.isfinite(value) and value >= 0):
+            raise UserError(f"{option} must be a number of seconds >= 0 (got {value:g})")
+
+
+def _check_measured(tiers: list[TierCosts], restart: Timing) -> None:
+    """A run's events can hold a 0 s save (a clock's resolution) or worse: the plan divides by it."""
+    for tier in tiers:
+        if not (math.isfinite(tier.save.seconds) and tier.save.seconds > 0):
+            raise UserError(
+                f"{tier.tier} save time {tier.save.seconds:g} s ({tier.save.source}): give --save-s"
+            )
+    for timing in [t.restore for t in tiers] + [restart]:
+        if not (math.isfinite(timing.seconds) and timing.seconds >= 0):
+            raise UserError(f"time {timing.seconds:g} s ({timing.source}) is not a duration: give it instead")

@@ -30,6 +30,7 @@ class DistEnv:
     local_world_size: int
     master_addr: str = "127.0.0.1"
     master_port: int = 29500
+    nodes: int | None = None  # hosts the launcher says the group spans; None: it does not say
 
     @property
     def is_distributed(self) -> bool:
@@ -37,10 +38,15 @@ class DistEnv:
 
     @property
     def on_one_host(self) -> bool:
-        """Every rank of this group runs on this machine, so the group can meet on loopback: all
-        its ranks are this node's, or their MASTER_ADDR is a loopback address (local "nodes" of
-        one elastic job), which no other machine could reach. Each elastic round is a new group."""
-        return self.world_size == self.local_world_size or is_loopback(self.master_addr)
+        """Every rank of this group runs on this machine, so the group can meet on loopback: their
+        MASTER_ADDR is a loopback address (hpcpipe's agent, or local "nodes" of one elastic job),
+        which no other machine could reach, or the launcher says the group spans one node and
+        all its ranks are this node's. Only positive evidence counts: a launcher that leaves the
+        local world size out must not make a multi-node group listen on loopback. Each elastic
+        round is a new group."""
+        if is_loopback(self.master_addr):
+            return True
+        return self.nodes == 1 and self.world_size == self.local_world_size
 
     @property
     def is_external(self) -> bool:
@@ -85,6 +91,8 @@ def _torchrun(env: Mapping[str, str]) -> DistEnv | None:
         local_world_size=int(env.get("LOCAL_WORLD_SIZE", "1" if kind == "kubernetes" else str(world))),
         master_addr=env["MASTER_ADDR"],
         master_port=int(env["MASTER_PORT"]),
+        # torch's elastic agent tells its workers how many agents (nodes) joined the round.
+        nodes=int(env["GROUP_WORLD_SIZE"]) if env.get("GROUP_WORLD_SIZE", "").isdigit() else None,
     )
 
 
@@ -112,6 +120,7 @@ def _trainjob(env: Mapping[str, str]) -> DistEnv | None:
         local_world_size=1,
         master_addr=env["PET_MASTER_ADDR"],
         master_port=int(env["PET_MASTER_PORT"]),
+        nodes=int(env["PET_NNODES"]),  # one worker per pod, one pod per node
     )
 
 
@@ -133,7 +142,16 @@ def _slurm(env: Mapping[str, str]) -> DistEnv | None:
         master_addr=env.get("MASTER_ADDR", first_host(nodelist)),
         # A port derived from the job id keeps concurrent jobs on one node apart.
         master_port=int(env.get("MASTER_PORT", str(20000 + job_id % 20000))),
+        nodes=_slurm_nodes(env),
     )
+
+
+def _slurm_nodes(env: Mapping[str, str]) -> int | None:
+    """The step's node count (a step never spans more nodes than its job has)."""
+    for key in ("SLURM_STEP_NUM_NODES", "SLURM_JOB_NUM_NODES", "SLURM_NNODES"):
+        if env.get(key, "").isdigit():
+            return int(env[key])
+    return None
 
 
 def _tasks_on_this_node(env: Mapping[str, str], world: int) -> int:
