@@ -33,7 +33,8 @@ Top level of ``<run_dir>/`` (name: who writes it -> who reads it)
   -> report.series, track.registry, tracking artifacts.
 - ``eval/``, ``eval-base/`` (FC_EVAL, FC_EVAL_BASE; fc_eval_dir): function-calling evaluation of
   the adapter, or of the base model, each holding ``eval.json`` and ``eval.md``
-  (FC_EVAL_JSON, FC_EVAL_MARKDOWN). cli eval function-calling (evaluate.function_calling) -> people.
+  (FC_EVAL_JSON, FC_EVAL_MARKDOWN). cli eval function-calling (evaluate.function_calling)
+  -> cli eval compare (evaluate.compare), people.
 - ``report/`` (REPORT): ``report.md`` (REPORT_MARKDOWN), ``report.html`` (REPORT_HTML), plots
   and ``series.csv``. report.run_report (pipeline report step, ``hpcpipe report``)
   -> pipeline (report outputs), track.artifacts.

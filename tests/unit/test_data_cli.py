@@ -1,4 +1,5 @@
-"""`hpcpipe data prepare|verify` through typer's test runner, and torch kept off its import path."""
+"""`hpcpipe data prepare|verify` through typer's test runner (function-calling jobs through the real CLI:
+their preparation imports torch and transformers), and torch kept off the module's import path."""
 
 from __future__ import annotations
 
@@ -56,6 +57,48 @@ def test_verify_reports_ok_and_names_damage(tiny_corpus: Path, tmp_path: Path) -
 def test_bad_source_is_a_data_error(tmp_path: Path) -> None:
     result = runner.invoke(app, ["prepare", "tiny", "--set", f"data.sources=[{tmp_path}/nope]"])
     assert isinstance(result.exception, DataError) and "nope" in str(result.exception)
+
+
+def _fc_args(prepared: Path, *sets: str) -> list[str]:
+    # The random-weight tiny Llama builds in a second (the pre-trained one takes minutes once).
+    overrides = [f"data.prepared_dir={prepared}", "model.name_or_path=@tiny-llama-random", *sets]
+    return ["data", "prepare", "lora-fc-tiny", *(arg for kv in overrides for arg in ("--set", kv))]
+
+
+def test_prepare_function_calling_then_reuse_and_verify(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    first = cli(*_fc_args(tmp_path, "data.synthetic_rows=60"), "--json", "-", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    result = json.loads(first.stdout)  # standard output carries the JSON alone (no library notes)
+    path = Path(result["path"])
+    assert result["reused"] is False and path == tmp_path / f"fc-{result['fingerprint']}"
+    assert result["rows"] == 60 and result["encoded"]["train"] > 0 and result["sequences"]["train"] > 0
+    assert sorted(result["files"]) == ["eval.npz", "heldout.jsonl", "train.npz"]
+    assert all((path / name).is_file() for name in result["files"])
+
+    second = cli(*_fc_args(tmp_path, "data.synthetic_rows=60"), cwd=tmp_path)
+    assert second.returncode == 0, second.stderr
+    assert second.stdout.startswith(f"reused {path} in ") and "heldout" in second.stdout
+
+    bad = cli(*_fc_args(tmp_path, f"data.sources=[{tmp_path}/nope.jsonl]"), cwd=tmp_path)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "nope.jsonl" in bad.stderr
+
+    ok = runner.invoke(app, ["verify", str(path)])
+    assert ok.exit_code == 0 and ok.output.startswith(f"ok {path} "), ok.output
+    with (path / "heldout.jsonl").open("a") as fh:
+        fh.write("\n")
+    damaged = runner.invoke(app, ["verify", str(path)])
+    assert isinstance(damaged.exception, DataError) and "heldout.jsonl" in str(damaged.exception)
+    report = json.loads((path / "data_report.json").read_text())
+    del report["files"]  # prepared before the hashes were recorded
+    (path / "data_report.json").write_text(json.dumps(report))
+    old = runner.invoke(app, ["verify", str(path)])
+    assert isinstance(old.exception, DataError) and "hpcpipe data prepare" in str(old.exception)
+
+
+def test_verify_names_both_kinds_of_prepared_directory(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["verify", str(tmp_path)])
+    assert isinstance(result.exception, DataError)
+    assert "manifest.json" in str(result.exception) and "data_report.json" in str(result.exception)
 
 
 def test_cli_module_does_not_import_torch() -> None:

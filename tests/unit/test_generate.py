@@ -23,6 +23,11 @@ def test_generation_uses_the_kv_cache_and_replies_as_without_it(tiny) -> None:  
 
     model, tokenizer = tiny
     assert model.config.use_cache is False
+    # generate() takes its default from generation_config, which this transformers leaves at
+    # use_cache=True whatever the training config says; older ones built it from the model config
+    # (use_cache=False included), and a model saved that way carries it. Off here too, so only
+    # generate_replies' own use_cache=True brings the cache back: without it this test fails.
+    model.generation_config.use_cache = False
     lengths: list[int] = []
     hook = model.register_forward_pre_hook(
         lambda _m, args, kwargs: lengths.append(kwargs["input_ids"].shape[1]), with_kwargs=True

@@ -1,7 +1,12 @@
-"""`hpcpipe data prepare|verify|stage`: build, reuse, check and stage datasets. No torch on this path."""
+"""`hpcpipe data prepare|verify|stage`: build, reuse, check and stage datasets.
+
+No torch on the token and image paths; function-calling jobs are prepared by their recipe (it reads
+the model's tokenizer and config), imported only then."""
 
 from __future__ import annotations
 
+import contextlib
+import sys
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -10,13 +15,20 @@ import typer
 from rich.table import Table
 
 from hpcpipe.cli.common import ConfigArg, JsonOption, SetOption, console, load_job, write_json
-from hpcpipe.config import DataConfig, data_kind
-from hpcpipe.data.tokens.shards import SPLITS, PreparedDataset, prepare_dataset, verify_dataset
-from hpcpipe.errors import UserError
+from hpcpipe.config import DataConfig, JobConfig, data_kind
+from hpcpipe.data.tokens.shards import (
+    MANIFEST_FILE,
+    SPLITS,
+    PreparedDataset,
+    prepare_dataset,
+    verify_dataset,
+)
+from hpcpipe.errors import DataError, UserError
 
 app = typer.Typer(
-    help="Prepare token datasets (corpus -> tokenizer -> shards + manifest) or check image datasets "
-    "against their hash manifest; verify them; generate small image datasets in every format.",
+    help="Prepare token datasets (corpus -> tokenizer -> shards + manifest) and function-calling "
+    "conversations (rendered, masked, packed), or check image datasets against their hash manifest; "
+    "verify them; generate small image datasets in every format.",
     no_args_is_help=True,
 )
 
@@ -24,15 +36,19 @@ app = typer.Typer(
 @app.command("prepare")
 def prepare(config: ConfigArg, sets: SetOption = None, json_out: JsonOption = None) -> None:
     """Token jobs: tokenize the data sources into hash-named shards (reused when already prepared).
-    Image jobs: read the dataset, record its file hashes on first read, verify them afterwards."""
+    Image jobs: read the dataset, record its file hashes on first read, verify them afterwards.
+    Function-calling jobs: check the model source and LoRA target modules, then render, mask and
+    pack the conversations into data.prepared_dir/fc-<hash>/ (reused when already prepared): the
+    same preparation as `hpcpipe run JOB --only prepare`.
+
+    Example: hpcpipe data prepare lora-fc-tiny --json prepared.json
+    """
     job = load_job(config, sets)
     quiet = json_out == "-"  # standard output carries the JSON alone
     kind = data_kind(job.data.format)
     if kind == "function-calling":
-        raise UserError(
-            f"data.format={job.data.format}: `data prepare` handles token and image datasets; "
-            f"prepare conversations with `hpcpipe run {config} --only prepare`"
-        )
+        _prepare_conversations(job, quiet, json_out)
+        return
     if kind == "images":
         _prepare_images(job.data, quiet, json_out)
         return
@@ -49,10 +65,27 @@ def prepare(config: ConfigArg, sets: SetOption = None, json_out: JsonOption = No
 
 @app.command("verify")
 def verify(
-    path: Annotated[Path, typer.Argument(help="A prepared dataset directory.", show_default=False)],
+    path: Annotated[
+        Path,
+        typer.Argument(
+            help="A prepared dataset directory: tokens (manifest.json) or conversations (fc-<hash>).",
+            show_default=False,
+        ),
+    ],
     json_out: JsonOption = None,
 ) -> None:
-    """Check the tokenizer and every shard against the SHA-256 sums in manifest.json."""
+    """Check the tokenizer and every shard against the SHA-256 sums in manifest.json, or a
+    function-calling directory's train.npz, eval.npz and heldout.jsonl against data_report.json."""
+    from hpcpipe.data.function_calling.prepare import REPORT_FILE, verify_prepared
+
+    if (path / REPORT_FILE).is_file():
+        report = verify_prepared(path)  # DataError (exit 2) names the first bad file
+        if json_out != "-":
+            console.print(f"ok [bold]{path}[/] ({len(report['files'])} files, sha256 in {REPORT_FILE})")
+        write_json({"path": str(path), "files": report["files"], "ok": True}, json_out)
+        return
+    if not (path / MANIFEST_FILE).is_file():
+        raise DataError(f"{path}: not a prepared dataset (no {MANIFEST_FILE} or {REPORT_FILE})")
     dataset = verify_dataset(path)  # DataError (exit 2) names the first bad file
     if json_out != "-":
         console.print(f"ok [bold]{dataset.path}[/] (manifest sha256 {dataset.manifest_sha256[:16]})")
@@ -203,6 +236,49 @@ def _prepare_images(cfg: DataConfig, quiet: bool, json_out: str | None) -> None:
             f"{tuple(info.shape)}, {len(info.classes)} classes, mean {info.mean}, std {info.std}"
         )
     write_json(result, json_out)
+
+
+def _prepare_conversations(job: JobConfig, quiet: bool, json_out: str | None) -> None:
+    from hpcpipe.data.function_calling.prepare import REPORT_FILE, prepared_path, read_report
+    from hpcpipe.recipes import build_recipe
+
+    started = time.perf_counter()
+    # Libraries that print on import (DeepSpeed, imported by transformers) write to stderr:
+    # standard output carries the summary, or the JSON alone.
+    with contextlib.redirect_stdout(sys.stderr):
+        recipe = build_recipe(job)
+        key = recipe.dataset_hash()  # the inputs' fingerprint (sources, tokenizer, settings)
+        if key is None:
+            raise UserError(f"run.recipe={job.run.recipe}: it does not prepare function-calling data")
+        path = prepared_path(job.data.prepared_dir, key)
+        reused = (path / REPORT_FILE).is_file()
+        recipe.prepare(progress=console.is_terminal and not quiet)  # as `hpcpipe run --only prepare`
+    seconds = time.perf_counter() - started
+    report = read_report(path)
+    result = {"path": str(path), "fingerprint": key, "reused": reused, "seconds": round(seconds, 3)}
+    if not quiet:
+        console.print(f"{'reused' if reused else 'prepared'} [bold]{path}[/] in {seconds:.1f} s")
+        console.print(_conversations_table(report))
+    write_json(result | report, json_out)
+
+
+def _conversations_table(report: dict[str, Any]) -> Table:
+    lost = {**report["malformed"], **report["dropped"]}
+    skipped = ", ".join(f"{k} {v}" for k, v in lost.items()) or "none"
+    title = (
+        f"{report['rows']:,} rows, skipped: {skipped}; "
+        f"{report['tokens']['train_supervised']:,} of {report['tokens']['train']:,} training tokens "
+        f"supervised, packing fill {report['packing']['fill']:.0%}"
+    )
+    table = Table("split", "conversations", "encoded", "sequences", title=title)
+    for split, packed in (("train", "train"), ("heldout", "eval")):
+        table.add_row(
+            split,
+            f"{report['conversations'][split]:,}",
+            f"{report['encoded'][split]:,}",
+            f"{report['sequences'][packed]:,}",
+        )
+    return table
 
 
 def _summary(dataset: PreparedDataset) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""`hpcpipe eval function-calling`: generate and score tool calls (held-out data and BFCL files)."""
+"""`hpcpipe eval function-calling`: generate and score tool calls (held-out data and BFCL files);
+`hpcpipe eval compare`: two such evaluations, before and after, with their intervals."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from hpcpipe.cli.common import JsonOption, console, write_json
+from hpcpipe.cli.common import JsonOption, console, print_table, write_json
 from hpcpipe.errors import UserError
 from hpcpipe.layout import RunLayout
 
@@ -63,6 +64,9 @@ def function_calling(
     accuracy, function-name accuracy, AST accuracy per category and strict exact match, with
     error types counted. Writes eval.json and eval.md.
 
+    Each AST accuracy comes with its Wilson 95% interval (ast_ci95); `hpcpipe eval compare`
+    reads two evaluations, before and after.
+
     Examples:
 
       hpcpipe eval function-calling runs/lora-fc-smollm2 --base     # before fine-tuning
@@ -90,6 +94,89 @@ def function_calling(
     write_json(
         {"meta": result["meta"], "overall": result["overall"], "categories": result["categories"]}, json_out
     )
+
+
+@app.command("compare")
+def compare(
+    base: Annotated[
+        Path,
+        typer.Argument(
+            metavar="BASE",
+            help="The 'before': an eval.json of `hpcpipe eval function-calling`, or its directory "
+            "(RUN/eval-base).",
+            show_default=False,
+        ),
+    ],
+    after: Annotated[
+        Path,
+        typer.Argument(
+            metavar="AFTER", help="The 'after', scored on the same cases (RUN/eval).", show_default=False
+        ),
+    ],
+    max_cases: Annotated[
+        int, typer.Option(min=0, help="Case ids listed per direction of change (--json lists all).")
+    ] = 20,
+    json_out: JsonOption = None,
+) -> None:
+    """Compare two function-calling evaluations of the same cases: what changed, beyond noise.
+
+    Per category and overall: the cases, the AST accuracy before and after with its Wilson 95%
+    interval, the change in points and a verdict: "real" when the two intervals do not overlap,
+    "within noise" when they do (a conservative test: at 20 cases a category's interval is up to
+    40 points wide). Then the cases whose AST check flipped, passed -> failed and failed ->
+    passed, by id.
+
+    Both evaluations must cover the same categories and cases: run them with the same
+    --categories, --limit and --heldout-limit.
+
+    Examples:
+
+      hpcpipe eval function-calling runs/lora-fc-smollm2 --base    # writes RUN/eval-base
+      hpcpipe eval function-calling runs/lora-fc-smollm2           # writes RUN/eval
+      hpcpipe eval compare runs/lora-fc-smollm2/eval-base runs/lora-fc-smollm2/eval
+      hpcpipe eval compare before/eval.json after/eval.json --max-cases 0 --json compare.json
+    """
+    from rich.markup import escape
+
+    from hpcpipe.evaluate.compare import compare_evals, read_eval
+
+    result = compare_evals(read_eval(base), read_eval(after))
+    if json_out != "-":
+        console.print(f"before: {escape(result['base'])}\nafter:  {escape(result['after'])}", highlight=False)
+        rows = [[name, *_compare_cells(row)] for name, row in result["categories"].items()]
+        rows.append(["overall", *_compare_cells(result["overall"])])
+        headers = ["category", "cases", "before", "after", "change (pts)", "verdict"]
+        print_table(headers, rows, typed=("category",), title="AST accuracy [Wilson 95% interval]")
+        changed = result["changed"]
+        total = sum(len(ids) for ids in changed.values())
+        console.print(f"AST check changed in {total} of {result['overall']['cases']} cases", highlight=False)
+        for key, label in (
+            ("passed_to_failed", "passed -> failed"),
+            ("failed_to_passed", "failed -> passed"),
+        ):
+            ids = changed[key]
+            shown = ", ".join(ids[:max_cases])
+            more = f"{', ' if shown else ''}and {len(ids) - max_cases} more" if len(ids) > max_cases else ""
+            console.print(f"  {label} ({len(ids)}): {escape(shown + more) or '-'}", highlight=False)
+    write_json(result, json_out)
+
+
+def _compare_cells(row: dict[str, Any]) -> list[str]:
+    """cases, before, after, change, verdict of one compare row (rich markup on the verdict)."""
+
+    def rate(side: dict[str, Any]) -> str:
+        low, high = side["ci95"]
+        return f"{100 * side['acc']:.1f}% [{100 * low:.0f}, {100 * high:.0f}]"
+
+    diff = 100 * row["diff"]
+    colour = "dim" if row["verdict"] != "real" else ("green" if diff > 0 else "red")
+    return [
+        str(row["cases"]),
+        rate(row["before"]),
+        rate(row["after"]),
+        f"{diff:+.1f}",
+        f"[{colour}]{row['verdict']}[/]",
+    ]
 
 
 def _load_target(target: Path, base: bool) -> tuple[Any, Any, list[Any], dict[str, Any], Path]:

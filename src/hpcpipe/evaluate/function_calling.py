@@ -9,7 +9,9 @@ Metrics per category and overall:
 - ``parse_rate``: replies whose attempted calls all parse (a reply without a call parses);
 - ``decision_acc``: call / no-call decided as expected;
 - ``name_acc``: among cases expecting calls, the called function names equal the expected ones;
-- ``ast_acc``: BFCL's AST check passes (``hpcpipe.evaluate.ast_checker``);
+- ``ast_acc``: BFCL's AST check passes (``hpcpipe.evaluate.ast_checker``), with ``ast_ci95``, its
+  Wilson 95% interval (``hpcpipe.evaluate.intervals``): at 20 cases a category's accuracy is known to
+  within about 20 points either way;
 - ``exact``: strict exact match (every argument equals the first allowed value).
 Errors are counted by type (wrong name, missing required, unexpected parameter, type error,
 value error, wrong count, unexpected call, no call, invalid call).
@@ -25,6 +27,7 @@ from typing import Any
 
 from hpcpipe.data.function_calling.conversation import Conversation, Message
 from hpcpipe.evaluate.calls import parse_reply
+from hpcpipe.evaluate.intervals import wilson
 from hpcpipe.layout import RunLayout
 
 _BFCL_TYPES = {"object": "dict", "number": "float"}  # JSON schema -> BFCL's python-ish names
@@ -142,12 +145,14 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
 def _metrics(rows: list[dict[str, Any]]) -> dict[str, Any]:
     n = max(len(rows), 1)
     named = [r for r in rows if r["name"] is not None]
+    passed = sum(bool(r["ast"]) for r in rows)
     return {
         "cases": len(rows),
         "parse_rate": sum(r["parsed"] for r in rows) / n,
         "decision_acc": sum(r["decision"] for r in rows) / n,
         "name_acc": (sum(bool(r["name"]) for r in named) / len(named)) if named else None,
-        "ast_acc": sum(r["ast"] for r in rows) / n,
+        "ast_acc": passed / n,
+        "ast_ci95": [round(bound, 6) for bound in wilson(passed, len(rows))],
         "exact": sum(r["exact"] for r in rows) / n,
         "errors": dict(sorted(Counter(r["error"] for r in rows if r["error"]).items())),
     }
@@ -167,10 +172,14 @@ def markdown_table(summary: dict[str, Any], meta: dict[str, Any]) -> str:
     def pct(value: float | None) -> str:
         return "-" if value is None else f"{100 * value:.1f}%"
 
+    def interval(m: dict[str, Any]) -> str:
+        low, high = m["ast_ci95"]
+        return f"{pct(m['ast_acc'])} [{100 * low:.0f}, {100 * high:.0f}]"
+
     lines = [
         f"# Function-calling evaluation: {meta.get('model', '')}",
         "",
-        "| category | cases | parse | call/no-call | name | AST | exact | errors |",
+        "| category | cases | parse | call/no-call | name | AST (95% CI) | exact | errors |",
         "|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     rows = [*summary["categories"].items(), ("**overall**", summary["overall"])]
@@ -178,6 +187,6 @@ def markdown_table(summary: dict[str, Any], meta: dict[str, Any]) -> str:
         errors = ", ".join(f"{k} {v}" for k, v in m["errors"].items()) or "-"
         lines.append(
             f"| {cat} | {m['cases']} | {pct(m['parse_rate'])} | {pct(m['decision_acc'])} | "
-            f"{pct(m['name_acc'])} | {pct(m['ast_acc'])} | {pct(m['exact'])} | {errors} |"
+            f"{pct(m['name_acc'])} | {interval(m)} | {pct(m['exact'])} | {errors} |"
         )
     return "\n".join(lines) + "\n"

@@ -115,10 +115,10 @@ class LoraFCRecipe:
 
     @cached_property
     def data_dir(self) -> Path:
-        from hpcpipe.data.function_calling.prepare import fingerprint
+        from hpcpipe.data.function_calling.prepare import fingerprint, prepared_path
 
         key = fingerprint(self.data_cfg, self.model_cfg.seq_len, self._tokenizer_key(), self.seed)
-        return Path(self.data_cfg.prepared_dir) / f"fc-{key}"
+        return prepared_path(self.data_cfg.prepared_dir, key)
 
     def prepare(self, progress: bool) -> None:
         from hpcpipe.data.function_calling.prepare import prepare, read_split

@@ -8,7 +8,8 @@ reason, never fatal; conversations longer than ``model.seq_len`` tokens are coun
 
 The result lives in ``<data.prepared_dir>/fc-<fingerprint>/``: ``train.npz`` and ``eval.npz``
 (packed token rows, plain arrays), ``heldout.jsonl`` (the held-out conversations, normalised, for
-generation-based evaluation) and ``data_report.json`` (counts by reason, tokens, packing fill).
+generation-based evaluation) and ``data_report.json`` (counts by reason, tokens, packing fill, and
+the SHA-256 of the three data files, which ``verify_prepared`` checks: ``hpcpipe data verify``).
 The fingerprint covers the sources' bytes, the tokenizer and every setting that changes the rows,
 so a changed input prepares again and an unchanged one is reused.
 """
@@ -32,6 +33,8 @@ from hpcpipe.fsutil import atomic_replace_dir
 
 SYNTHETIC = "@synthetic"
 _VERSION = 1
+REPORT_FILE = "data_report.json"
+DATA_FILES = ("train.npz", "eval.npz", "heldout.jsonl")  # hashed in the report's "files"
 
 
 @dataclass(frozen=True)
@@ -165,16 +168,60 @@ def build(cfg: DataConfig, data: Conversations, fmt: ChatFormat, seq_len: int, o
         "packing": {"enabled": cfg.packing, "fill": round(packed_train.fill, 4)},
         "template": "own (ChatML)" if fmt.own_template else "tokenizer",
         "tools_rendering": "template" if fmt.native_tools else "hpcpipe <tools>/<tool_call>",
+        "files": {name: _sha256(out / name) for name in DATA_FILES},
     }
-    (out / "data_report.json").write_text(json.dumps(report, indent=2) + "\n")
+    (out / REPORT_FILE).write_text(json.dumps(report, indent=2) + "\n")
+
+
+def prepared_path(prepared_dir: str | Path, key: str) -> Path:
+    """The directory of the prepared data whose ``fingerprint`` is ``key``."""
+    return Path(prepared_dir) / f"fc-{key}"
 
 
 def prepare(cfg: DataConfig, data: Conversations, fmt: ChatFormat, seq_len: int, root: Path) -> Path:
     """``root`` (named by the fingerprint) complete on disk; built unless already there."""
-    if not (root / "data_report.json").is_file():
+    if not (root / REPORT_FILE).is_file():
         with atomic_replace_dir(root) as tmp:
             build(cfg, data, fmt, seq_len, tmp)
     return root
+
+
+def read_report(root: Path) -> dict[str, Any]:
+    """A prepared directory's ``data_report.json``; DataError when it is missing or not JSON."""
+    path = Path(root) / REPORT_FILE
+    try:
+        report = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise DataError(f"{root}: not a prepared function-calling dataset (no {REPORT_FILE})") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DataError(f"{path}: cannot read ({exc})") from None
+    if not isinstance(report, dict):
+        raise DataError(f"{path}: not a data report (a JSON object)")
+    return report
+
+
+def verify_prepared(root: Path) -> dict[str, Any]:
+    """The report, after checking every data file against its SHA-256 in it; DataError names the
+    first missing or changed file, or says how to prepare again when no hashes were recorded."""
+    report = read_report(root)
+    files = report.get("files")
+    if not isinstance(files, dict) or set(files) != set(DATA_FILES):
+        raise DataError(
+            f"{root}: {REPORT_FILE} records no file hashes (prepared by an older hpcpipe); delete the "
+            "directory and run `hpcpipe data prepare JOB` to prepare it again"
+        )
+    for name in DATA_FILES:
+        path = Path(root) / name
+        if not path.is_file():
+            raise DataError(f"{path}: missing")
+        if _sha256(path) != files[name]:
+            raise DataError(f"{path}: corrupted (SHA-256 does not match {REPORT_FILE})")
+    return report
+
+
+def _sha256(path: Path) -> str:
+    with path.open("rb") as fh:
+        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 def conversation_to_json(conv: Conversation) -> dict[str, Any]:
