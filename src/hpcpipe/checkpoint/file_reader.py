@@ -4,10 +4,11 @@ A restore used to read every byte twice (verify the manifest's hashes, then DCP'
 unpickle one ``torch.save`` archive per tensor. Here each file is read front to back exactly
 once. Every byte read is hashed (padding and items this rank does not need included: the hash
 is the whole file's, as in the manifest), and each tensor that maps one-to-one onto a
-destination tensor (same dtype and shape, contiguous, on the CPU: the common case of resuming at
-the same world size) is read straight into that tensor's memory. Everything else (a chunk to be
-resharded, a GPU destination, DCP's own ``.distcp`` archives, pickled non-tensor items) is read
-into a buffer and handed to DCP's planner only after the whole file verified.
+destination tensor (same dtype and shape, contiguous: the common case of resuming at the same
+world size) lands at once: read straight into its memory on the CPU, or through that one item's
+host buffer on an accelerator. Everything else (a chunk to be resharded, tensors in DCP's own
+``torch.save`` layout, pickled non-tensor items) is read into a buffer and handed to DCP's
+planner only after the whole file verified.
 
 What may be touched before a file verified: the bytes of destination tensors, never anything
 that is parsed. A file that fails raises ``FileMismatch`` naming it; the store then restores an

@@ -93,11 +93,11 @@ from hpcpipe.checkpoint.manifest import (
     new_hasher,
     read_manifest,
     step_dir_name,
-    verify_dir,
     write_manifest,
 )
 from hpcpipe.checkpoint.memory_tier import MemoryTier
 from hpcpipe.checkpoint.raw_format import TENSOR_FORMAT
+from hpcpipe.checkpoint.resume_choice import choose_checkpoint
 from hpcpipe.checkpoint.safe_dcp import HashedFileSystemWriter
 from hpcpipe.checkpoint.save_errors import disk_cause, save_error_message
 from hpcpipe.checkpoint.state import extra_name, load_extra, serialize_extra
@@ -390,55 +390,13 @@ class CheckpointStore:
                 failed[str(path)] = f"{path}/{exc.problems[0]}"
 
     def _choose_or_error(self, failed: dict[str, str]) -> dict[str, Any]:
-        """``_choose``, with an unexpected I/O error turned into an answer every rank receives."""
+        """Rank 0's choice (``resume_choice.py``), an unexpected I/O error made an answer for every rank."""
         try:
-            return self._choose(failed)
+            tiers = [self.fast] + ([self.durable] if self.durable is not None else [])
+            content = self.cfg.scratch_if_none_verify or self.engine == ENGINE_DEEPSPEED
+            return choose_checkpoint(self.cfg, tiers, failed, content, self._event)
         except OSError as exc:
             return {"action": "error", "message": f"cannot read checkpoints: {exc}"}
-
-    def _choose(self, failed: dict[str, str]) -> dict[str, Any]:
-        """Rank 0: the newest candidate whose manifest and files check, skipping ``failed`` loads.
-
-        The hashes are checked while loading, by the ranks that read each file; only where a
-        half-loaded model could not be overwritten by an older checkpoint (scratch instead) or
-        DeepSpeed's loader reads the files are they checked here, before anything is loaded.
-        """
-        candidates = self._candidates()
-        if not candidates:
-            if self.cfg.resume == "required":
-                return {
-                    "action": "error",
-                    "message": f"checkpoint.resume=required but "
-                    f"{self._where()} holds no committed checkpoint",
-                }
-            return {"action": "fresh"}
-        content = self.cfg.scratch_if_none_verify or self.engine == ENGINE_DEEPSPEED
-        first_problem: str | None = next(iter(failed.values()), None)
-        for step, tier, path in candidates:
-            if str(path) in failed:
-                continue
-            _, problems = verify_dir(path, content=content)
-            if not problems:
-                return {"action": "load", "path": str(path), "tier": tier, "step": step}
-            self._problem_events("checkpoint_fallback", step, path, tier, problems)
-            first_problem = first_problem or f"{path}/{problems[0]}"
-        summary = f"no checkpoint in {self._where()} verifies (newest: {first_problem})"
-        if self.cfg.scratch_if_none_verify and self.cfg.resume != "required":
-            if failed:  # a load failed part-way: this process's model is no longer as built
-                return {
-                    "action": "error",
-                    "message": f"{summary}; a load failed part-way and left the model partly loaded: "
-                    "run again to start from scratch",
-                }
-            self._event("checkpoint_none_verify", {"action": "start from scratch", "detail": summary})
-            return {"action": "fresh"}
-        hint = "set checkpoint.scratch_if_none_verify=true to start from scratch"
-        return {"action": "error", "message": f"{summary}; {hint}"}
-
-    def _candidates(self) -> list[tuple[int, str, Path]]:
-        tiers = [self.fast] + ([self.durable] if self.durable is not None else [])
-        found = [(step, tier.name, path) for tier in tiers for step, path in tier.committed()]
-        return sorted(found, key=lambda c: (-c[0], c[1] != "fast"))
 
     def _load(
         self, path: Path, tier: str, model: nn.Module, optimizer: torch.optim.Optimizer
@@ -509,9 +467,6 @@ class CheckpointStore:
 
         # strict=False when trainable-only: the frozen keys are absent from the checkpoint.
         return StateDictOptions(ignore_frozen_params=self.trainable_only, strict=not self.trainable_only)
-
-    def _where(self) -> str:
-        return str(self.fast.root) + (f" or {self.durable.root}" if self.durable else "")
 
     def _event(self, kind: str, fields: dict[str, Any]) -> None:
         """Events come from rank 0 only; ``events`` may be called from a background thread."""
