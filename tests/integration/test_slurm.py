@@ -76,8 +76,10 @@ def _finish(cluster: SlurmCluster, job: str, timeout_s: float = 300) -> str:
 
 
 def _logs(cluster: SlurmCluster, job: str) -> str:
-    proc = run_cli("jobs", "logs", job, "--tail", "60", env={"SLURM_CONF": str(cluster.conf)})
-    return proc.stdout[-6000:] + proc.stderr[-2000:]
+    # The whole log of a requeued job: torch's exit-barrier tracebacks of the second start can push
+    # the first start's lines out of a short tail.
+    proc = run_cli("jobs", "logs", job, "--tail", "400", env={"SLURM_CONF": str(cluster.conf)})
+    return proc.stdout + proc.stderr[-2000:]
 
 
 def _losses(run: Path) -> dict[int, float]:
