@@ -28,7 +28,7 @@ MIN_GAIN = 0.10  # over the base model, on both
 
 
 def _eval(run: Path, *extra: str) -> dict[str, Any]:
-    args = ["--categories", "", "--heldout-limit", "100", "--json", "-", *extra]
+    args = ["--categories", "", "--heldout-limit", "100", "--max-new-tokens", "128", "--json", "-", *extra]
     proc = run_cli("eval", "function-calling", str(run), *args, cwd=run.parent, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     overall: dict[str, Any] = json.loads(proc.stdout)["overall"]

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from hpcpipe.config.synthetic import SyntheticMix
 from hpcpipe.data.function_calling.conversation import Conversation, Message, ToolCall
 from hpcpipe.data.function_calling.formats import (
     GLAIVE_NO_FUNCTIONS,
@@ -454,12 +455,13 @@ def test_generated_rows_all_parse_back_exactly(tmp_path: Path) -> None:
 
 
 def test_generated_rows_cover_every_shape() -> None:
-    convs = generate_conversations(2000, seed=0)
+    # The classic mix weighs every shape it has; tests/unit/test_synthetic_mix.py checks the others.
+    convs = generate_conversations(2000, seed=0, mix=SyntheticMix.classic())
     seen = Counter(flag for c in convs for flag in _shape_flags(c))
     for flag in ("call", "parallel", "multi_turn", "clarify", "refusal", "no_access"):
         assert seen[flag] >= 50, (flag, seen)
     assert {len(c.tools) for c in convs} == {0, 1, 2, 3, 4}
-    rows = generate_glaive_rows(2000, seed=0)
+    rows = generate_glaive_rows(2000, seed=0, mix=SyntheticMix.classic())
     parallel = [r for r in rows if "\n<functioncall>" in r["chat"]]
     assert parallel, "parallel calls are two <functioncall> lines in one assistant turn"
     assert sum('"arguments": {' in r["chat"] for r in rows) > 50  # plain-object arguments, sometimes

@@ -48,3 +48,14 @@ def test_generation_uses_the_kv_cache_and_replies_as_without_it(tiny) -> None:  
         )  # fmt: skip
     uncached = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
     assert replies == uncached
+
+
+def test_replies_come_back_in_the_prompts_order(tiny) -> None:  # type: ignore[no-untyped-def]
+    from hpcpipe.evaluate.generate import generate_replies
+
+    model, tokenizer = tiny
+    # Longest first: generation runs them shortest first (batches of similar lengths).
+    prompts = ["def f(x): return x + 1\ndef g(y):", "def f(x):", "return"]
+    one_by_one = [generate_replies(model, tokenizer, [p], max_new_tokens=6, batch_size=1)[0] for p in prompts]
+    assert generate_replies(model, tokenizer, prompts, max_new_tokens=6, batch_size=1) == one_by_one
+    assert len(set(one_by_one)) > 1  # distinct replies: a reordering would show

@@ -51,7 +51,9 @@ def function_calling(
     heldout_limit: Annotated[
         int, typer.Option(min=0, help="Held-out conversations of the run's data to score.")
     ] = 100,
-    max_new_tokens: Annotated[int, typer.Option(min=1, help="Longest reply generated.")] = 128,
+    max_new_tokens: Annotated[
+        int, typer.Option(min=1, help="Longest reply generated (4 calls take about 200 tokens).")
+    ] = 256,
     batch_size: Annotated[int, typer.Option(min=1, help="Prompts generated together.")] = 8,
     out: Annotated[
         Path | None,

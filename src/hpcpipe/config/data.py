@@ -7,6 +7,7 @@ from typing import Literal, get_args
 from pydantic import Field, model_validator
 
 from hpcpipe.config.section import Section
+from hpcpipe.config.synthetic import SyntheticMix
 
 # The one list of data formats, by kind of data; a recipe names the formats it reads
 # (hpcpipe.recipes.catalog) and each data package dispatches on its own kind's formats.
@@ -52,6 +53,11 @@ class DataConfig(Section):
         ge=1,
         description="Function calling: rows the '@synthetic' source generates (realistic "
         "Glaive v2 rows, deterministic from run.seed).",
+    )
+    synthetic_mix: SyntheticMix = Field(
+        default_factory=SyntheticMix,
+        description="Function calling: what the '@synthetic' rows hold: relative weights of each "
+        "conversation shape and the generator's knobs (README: the training mix).",
     )
     packing: bool = Field(
         True,

@@ -18,13 +18,17 @@ def generate_replies(
     batch_size: int,
     on_batch: Callable[[int], None] | None = None,
 ) -> list[str]:
-    """The decoded continuation of every prompt (special tokens removed)."""
+    """The decoded continuation of every prompt (special tokens removed), in the prompts' order."""
     model.eval()
     tokenizer.padding_side = "left"  # generation continues at the right edge of every row
     device = next(model.parameters()).device
-    replies: list[str] = []
-    for start in range(0, len(prompts), batch_size):
-        chunk = list(prompts[start : start + batch_size])
+    # Batches of similar lengths: BFCL's prompts run from ~200 to several thousand tokens, and
+    # every row of a batch is padded to its longest.
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    replies: dict[int, str] = {}
+    for start in range(0, len(order), batch_size):
+        index = order[start : start + batch_size]
+        chunk = [prompts[i] for i in index]
         enc = tokenizer(chunk, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
         out = model.generate(  # type: ignore[operator]
             **enc,
@@ -37,7 +41,7 @@ def generate_replies(
             pad_token_id=tokenizer.pad_token_id,
         )
         new = out[:, enc["input_ids"].shape[1] :]  # (B, <= max_new_tokens)
-        replies += tokenizer.batch_decode(new, skip_special_tokens=True)
+        replies.update(zip(index, tokenizer.batch_decode(new, skip_special_tokens=True), strict=True))
         if on_batch is not None:
             on_batch(len(chunk))
-    return replies
+    return [replies[i] for i in range(len(prompts))]

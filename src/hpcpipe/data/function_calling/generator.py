@@ -7,11 +7,15 @@ this package and validated on load (its format is in ``schemas.py``, how argumen
 in ``draws.py``, what the functions return in ``results.py``).
 
 Conversation shapes, mixed by seed: a single call (call -> ``FUNCTION RESPONSE`` -> an answer that
-uses the result), parallel calls, two requests in one chat, a clarifying question before the call,
-a polite refusal when no listed function fits, and general chat under the "no access to external
-functions" system prompt. Each row lists 1-4 functions, the right one(s) among distractors from
-other domains (so exactly one function fits each request). User requests state every argument
-value in words, through several templates per function, so a model can learn to extract them.
+uses the result), parallel calls (one function on several values, or two functions), parallel
+calls of several functions, two requests in one chat, a clarifying question before the call, a
+polite refusal when no listed function fits, a general question while functions are listed, and
+general chat under the "no access to external functions" system prompt. Each row lists 1-4
+functions, the right one(s) among distractors from other domains (so exactly one function fits
+each request). User requests state every argument value in words, through several templates per
+function, so a model can learn to extract them. How often each shape comes, and the other knobs
+(made-up values to copy, conversations that end at the call, namespaced names...), are
+``data.synthetic_mix`` (``hpcpipe.config.synthetic.SyntheticMix``).
 
 Parallel calls: Glaive v2 has one call per assistant turn, so hpcpipe writes two ``<functioncall>``
 lines in one assistant turn, followed by one ``FUNCTION RESPONSE`` turn per call, in call order;
@@ -23,10 +27,11 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from hpcpipe.config.synthetic import SHAPE_FIELDS, SyntheticMix
 from hpcpipe.data.function_calling.conversation import Conversation, Message, ToolCall
 from hpcpipe.data.function_calling.formats import (
     GLAIVE_CALL,
@@ -38,8 +43,8 @@ from hpcpipe.data.function_calling.library import Param, Spec, build_library
 from hpcpipe.data.function_calling.results import join_words
 from hpcpipe.data.function_calling.schemas import load_catalogue
 
-SHAPES = ("single", "parallel", "multi_turn", "clarify", "refusal", "no_access")
-_SHAPE_WEIGHTS = (30, 12, 14, 10, 17, 17)
+SHAPES = SHAPE_FIELDS
+CALL_SHAPES = ("single", "parallel", "parallel_multiple")  # the first assistant turn calls
 
 LIBRARY: tuple[Spec, ...] = build_library(load_catalogue())
 
@@ -118,6 +123,15 @@ _WELCOME = (
     "Happy to help! Anything else?",
     "My pleasure — just ask if you need anything else.",
 )
+# Made-up names are 2-3 of these (copy_values).
+_SYLLABLES: tuple[str, ...] = ("ka", "lo", "mer", "vi", "dun", "sa", "tor", "el", "qui", "ban", "ro")
+_SYLLABLES += ("zen", "fa", "li", "mo", "ther")
+_SAME_FOR = (
+    "Do the same for {values}.",
+    "Then repeat that for {values}.",
+    "And the same for {values}, please.",
+    "Please also do it for {values}.",
+)
 _CONNECTORS = ("Also, ", "And ", "In addition, ", "Oh, and ")
 _ASK_OPENERS = (
     "Can you help me {cap}?",
@@ -152,13 +166,37 @@ class _Draft:
     system: str = GLAIVE_WITH_FUNCTIONS
 
 
-def _sample_args(spec: Spec, r: random.Random) -> dict[str, Any]:
-    """Every required argument, and each optional one half the time (omitted ones teach defaults)."""
+@dataclass(frozen=True)
+class _Gen:
+    """One generator's random stream and mix: every shape draws from both."""
+
+    r: random.Random
+    mix: SyntheticMix
+
+
+def _sample_args(spec: Spec, g: _Gen) -> dict[str, Any]:
+    """Every required argument, and optional ones at ``mix.optional_args`` (omitted ones teach defaults)."""
+    r, mix = g.r, g.mix
     args: dict[str, Any] = {}
     for p in spec.params:
-        if p.required or r.random() < 0.5:
-            args[p.name] = p.gen(r, args)
+        if p.required or r.random() < mix.optional_args:
+            args[p.name] = _draw(p, g, args)
     return args
+
+
+def _draw(param: Param, g: _Gen, args: dict[str, Any]) -> Any:
+    """One value of ``param``; a free-text one is made up at ``mix.copy_values``."""
+    r, value = g.r, param.gen(g.r, args)
+    if g.mix.copy_values and param.free_text and r.random() < g.mix.copy_values:
+        value = [_made_up(r, v) for v in value] if isinstance(value, list) else _made_up(r, value)
+    return value
+
+
+def _made_up(r: random.Random, like: str) -> str:
+    """A made-up name with as many words as ``like`` (at most 3), capitalised as it is."""
+    words = ["".join(r.choice(_SYLLABLES) for _ in range(r.randint(2, 3))) for _ in like.split()[:3]]
+    text = " ".join(words) or "".join(r.choice(_SYLLABLES) for _ in range(3))
+    return text.title() if like[:1].isupper() else text
 
 
 def _request(spec: Spec, args: dict[str, Any], r: random.Random) -> str:
@@ -188,9 +226,10 @@ def _combine(first: str, second: str, r: random.Random) -> str:
     return f"{first} {r.choice(_CONNECTORS)}{second}"
 
 
-def _call_turns(spec: Spec, r: random.Random, user: str | None = None) -> list[Message]:
+def _call_turns(spec: Spec, g: _Gen, user: str | None = None) -> list[Message]:
     """request -> call -> FUNCTION RESPONSE -> answer; ``user`` replaces the drawn request text."""
-    args = _sample_args(spec, r)
+    r = g.r
+    args = _sample_args(spec, g)
     result = spec.result(args, r)
     preamble = r.choice(_PREAMBLES) if r.random() < 0.2 else ""
     return [
@@ -201,11 +240,11 @@ def _call_turns(spec: Spec, r: random.Random, user: str | None = None) -> list[M
     ]
 
 
-def _pick(r: random.Random, count: int, exclude: Collection[str] = ()) -> list[Spec]:
+def _pick(g: _Gen, count: int, exclude: Collection[str] = ()) -> list[Spec]:
     """``count`` functions from different domains, none in ``exclude``."""
     chosen: list[Spec] = []
     domains = set(exclude)
-    for spec in r.sample(LIBRARY, len(LIBRARY)):
+    for spec in _shuffled(g):
         if len(chosen) == count:
             break
         if spec.domain not in domains:
@@ -214,63 +253,138 @@ def _pick(r: random.Random, count: int, exclude: Collection[str] = ()) -> list[S
     return chosen
 
 
-def _with_distractors(needed: list[Spec], r: random.Random, most: int = 4) -> list[Spec]:
+def _shuffled(g: _Gen) -> list[Spec]:
+    """The library in random order; functions with enum or nested arguments come first
+    ``mix.enum_nested`` times as often (a weighted shuffle: sort by u ** (1 / weight))."""
+    if g.mix.enum_nested == 1:
+        return g.r.sample(LIBRARY, len(LIBRARY))
+    weights = [g.mix.enum_nested if spec.rich else 1.0 for spec in LIBRARY]
+    keys = [g.r.random() ** (1 / w) for w in weights]
+    return [spec for _, spec in sorted(zip(keys, LIBRARY, strict=True), key=lambda kv: -kv[0])]
+
+
+def _with_distractors(needed: list[Spec], g: _Gen, most: int = 4) -> list[Spec]:
     """``needed`` plus distractors from other domains, 1-``most`` functions in all, shuffled."""
     unique = list(dict.fromkeys(needed))
-    total = r.randint(len(unique), max(len(unique), most))
-    listed = unique + _pick(r, total - len(unique), {s.domain for s in unique})
-    r.shuffle(listed)
+    total = g.r.randint(len(unique), max(len(unique), most))
+    listed = unique + _pick(g, total - len(unique), {s.domain for s in unique})
+    g.r.shuffle(listed)
     return listed
 
 
-def _single(r: random.Random) -> _Draft:
-    (spec,) = _pick(r, 1)
-    return _Draft(_with_distractors([spec], r), _call_turns(spec, r))
+def _single(g: _Gen) -> _Draft:
+    (spec,) = _pick(g, 1)
+    return _Draft(_with_distractors([spec], g), _call_turns(spec, g))
 
 
-def _parallel(r: random.Random) -> _Draft:
-    """Two calls in one assistant turn: the same function twice (two cities) or two functions."""
-    first = _pick(r, 1)[0]
-    second = first if r.random() < 0.4 else _pick(r, 1, {first.domain})[0]
-    args1 = _sample_args(first, r)
-    args2 = _sample_args(second, r)
-    for _ in range(10):  # the same function twice must be asked two different things
-        if second is not first or args2 != args1:
+def _distinct_args(spec: Spec, g: _Gen, taken: list[dict[str, Any]]) -> dict[str, Any]:
+    """Arguments for another call of ``spec``: a second call must ask something else."""
+    args = _sample_args(spec, g)
+    for _ in range(10):
+        if args not in taken:
             break
-        args2 = _sample_args(second, r)
-    res1, res2 = first.result(args1, r), second.result(args2, r)
-    calls = (ToolCall(first.name, args1), ToolCall(second.name, args2))
-    messages = [
-        Message("user", _combine(_request(first, args1, r), _request(second, args2, r), r)),
-        Message("assistant", r.choice(_PREAMBLES) if r.random() < 0.2 else "", calls),
-        Message("tool", _result_text(res1)),
-        Message("tool", _result_text(res2)),
-        Message("assistant", f"{_answer(first, args1, res1, r)} {_answer(second, args2, res2, r)}"),
+        args = _sample_args(spec, g)
+    return args
+
+
+def _calls_turns(specs: list[Spec], g: _Gen) -> list[Message]:
+    """One request per call in one message -> the calls in one turn -> a response each -> one answer."""
+    r = g.r
+    args: list[dict[str, Any]] = []
+    for i, spec in enumerate(specs):
+        taken = [a for s, a in zip(specs[:i], args, strict=True) if s is spec]
+        args.append(_distinct_args(spec, g, taken) if taken else _sample_args(spec, g))
+    results = [spec.result(a, r) for spec, a in zip(specs, args, strict=True)]
+    user = _request(specs[0], args[0], r)
+    for spec, a in zip(specs[1:], args[1:], strict=True):
+        user = _combine(user, _request(spec, a, r), r)
+    return _turns_of_calls(specs, args, results, user, r)
+
+
+def _compact_turns(spec: Spec, count: int, g: _Gen) -> list[Message] | None:
+    """``count`` calls of ``spec`` that differ in one required value, asked in few words: the
+    first request in full, then "Do the same for B and C." None when no value can vary."""
+    r = g.r
+    first = _sample_args(spec, g)
+    said_alone = (str, int, float)  # a list, an object or a yes/no does not read alone
+    for param in (p for p in spec.params if p.required and type(first[p.name]) in said_alone):
+        values = [first[param.name]]
+        for _ in range(10 * count):
+            if len(values) == count:
+                break
+            if (value := _draw(param, g, first)) not in values:
+                values.append(value)
+        if len(values) < count:
+            continue
+        args = [{**first, param.name: value} for value in values]
+        results = [spec.result(a, r) for a in args]
+        said = join_words([str(_display(v)) for v in values[1:]])
+        user = f"{_request(spec, first, r)} {r.choice(_SAME_FOR).format(values=said)}"
+        return _turns_of_calls([spec] * count, args, results, user, r)
+    return None
+
+
+def _turns_of_calls(
+    specs: list[Spec], args: list[dict[str, Any]], results: list[dict[str, Any]], user: str, r: random.Random
+) -> list[Message]:
+    calls = tuple(ToolCall(spec.name, a) for spec, a in zip(specs, args, strict=True))
+    preamble = r.choice(_PREAMBLES) if r.random() < 0.2 else ""
+    answers = [_answer(spec, a, res, r) for spec, a, res in zip(specs, args, results, strict=True)]
+    return [
+        Message("user", user),
+        Message("assistant", preamble, calls),
+        *(Message("tool", _result_text(res)) for res in results),
+        Message("assistant", " ".join(answers)),
     ]
-    return _Draft(_with_distractors([first, second], r), messages)
 
 
-def _multi_turn(r: random.Random) -> _Draft:
+def _parallel(g: _Gen) -> _Draft:
+    """Calls in one assistant turn: one function on 2..max_parallel_calls values, or two functions."""
+    r, mix = g.r, g.mix
+    first = _pick(g, 1)[0]
+    if r.random() < mix.same_function_parallel:
+        count = 2 if mix.max_parallel_calls == 2 else r.randint(2, mix.max_parallel_calls)
+        specs = [first] * count
+        wanted = bool(mix.compact_parallel) and r.random() < mix.compact_parallel  # no draw at 0
+        compact = _compact_turns(first, count, g) if wanted else None
+        if compact is not None:
+            return _Draft(_with_distractors(specs, g), compact)
+    else:
+        specs = [first, _pick(g, 1, {first.domain})[0]]
+    messages = _calls_turns(specs, g)
+    return _Draft(_with_distractors(specs, g), messages)
+
+
+def _parallel_multiple(g: _Gen) -> _Draft:
+    """Two or three different functions in one turn, the first of them called twice."""
+    specs = _pick(g, g.r.randint(2, 3))
+    messages = _calls_turns([specs[0], *specs], g)
+    return _Draft(_with_distractors(specs, g), messages)
+
+
+def _multi_turn(g: _Gen) -> _Draft:
     """Two requests in turn: two calls (same or another listed function), or a call then a refusal."""
-    first = _pick(r, 1)[0]
+    r = g.r
+    first = _pick(g, 1)[0]
     if r.random() < 0.2:
-        listed = _with_distractors([first], r, most=3)
-        out = _pick(r, 1, {s.domain for s in listed})[0]
-        return _Draft(listed, _call_turns(first, r) + _refusal_turns(out, listed, r))
-    second = first if r.random() < 0.4 else _pick(r, 1, {first.domain})[0]
-    return _Draft(_with_distractors([first, second], r), _call_turns(first, r) + _call_turns(second, r))
+        listed = _with_distractors([first], g, most=3)
+        out = _pick(g, 1, {s.domain for s in listed})[0]
+        return _Draft(listed, _call_turns(first, g) + _refusal_turns(out, listed, g))
+    second = first if r.random() < 0.4 else _pick(g, 1, {first.domain})[0]
+    return _Draft(_with_distractors([first, second], g), _call_turns(first, g) + _call_turns(second, g))
 
 
-def _clarify(r: random.Random) -> _Draft:
+def _clarify(g: _Gen) -> _Draft:
     """The user asks without details; the assistant asks for the required values, then calls."""
-    spec = _pick(r, 1)[0]
+    r = g.r
+    spec = _pick(g, 1)[0]
     needs = join_words([_ask(p) for p in spec.params if p.required])
     messages = [
         Message("user", r.choice(_ASK_OPENERS).format(cap=spec.capability)),
         Message("assistant", r.choice(_ASKS).format(needs=needs)),
-        *_call_turns(spec, r),
+        *_call_turns(spec, g),
     ]
-    return _Draft(_with_distractors([spec], r), messages)
+    return _Draft(_with_distractors([spec], g), messages)
 
 
 def _ask(param: Param) -> str:
@@ -278,62 +392,93 @@ def _ask(param: Param) -> str:
     return desc[0].lower() + desc[1:] if desc.startswith("The ") else desc
 
 
-def _refusal_turns(out: Spec, listed: list[Spec], r: random.Random) -> list[Message]:
+def _refusal_turns(out: Spec, listed: list[Spec], g: _Gen) -> list[Message]:
+    r = g.r
     listed_caps = join_words([s.capability for s in listed], "or")
     return [
-        Message("user", _request(out, _sample_args(out, r), r)),
+        Message("user", _request(out, _sample_args(out, g), r)),
         Message("assistant", r.choice(_REFUSALS).format(cap=out.capability, listed=listed_caps)),
     ]
 
 
-def _refusal(r: random.Random) -> _Draft:
+def _refusal(g: _Gen) -> _Draft:
     """A request no listed function can serve: a polite no, naming what the functions can do."""
-    listed = _pick(r, r.randint(1, 3))
-    out = _pick(r, 1, {s.domain for s in listed})[0]
-    return _Draft(listed, _refusal_turns(out, listed, r))
+    listed = _pick(g, g.r.randint(1, 3))
+    out = _pick(g, 1, {s.domain for s in listed})[0]
+    return _Draft(listed, _refusal_turns(out, listed, g))
 
 
-def _no_access(r: random.Random) -> _Draft:
+def _chat(r: random.Random) -> list[Message]:
+    """One or two general questions and their answers."""
+    pairs = r.sample(_QA, 2 if r.random() < 0.3 else 1)
+    return [m for q, a in pairs for m in (Message("user", r.choice(_GREETINGS) + q), Message("assistant", a))]
+
+
+def _irrelevant(g: _Gen) -> _Draft:
+    """Functions are listed, but the user asks a general question: a plain answer, no call."""
+    return _Draft(_pick(g, g.r.randint(1, 4)), _chat(g.r))
+
+
+def _no_access(g: _Gen) -> _Draft:
     """The "no access to external functions" prompt: general chat, or declining an action."""
+    r = g.r
     if r.random() < 0.35:
         spec = r.choice(LIBRARY)
         messages = [
-            Message("user", _request(spec, _sample_args(spec, r), r)),
+            Message("user", _request(spec, _sample_args(spec, g), r)),
             Message("assistant", r.choice(_NO_ACCESS_REFUSALS).format(cap=spec.capability)),
         ]
     else:
-        pairs = r.sample(_QA, 2 if r.random() < 0.3 else 1)
-        messages = [
-            m for q, a in pairs for m in (Message("user", r.choice(_GREETINGS) + q), Message("assistant", a))
-        ]
+        messages = _chat(r)
     return _Draft([], messages, GLAIVE_NO_FUNCTIONS)
 
 
-_BUILDERS: dict[str, Callable[[random.Random], _Draft]] = {
+_BUILDERS: dict[str, Callable[[_Gen], _Draft]] = {
     "single": _single,
     "parallel": _parallel,
     "multi_turn": _multi_turn,
     "clarify": _clarify,
     "refusal": _refusal,
     "no_access": _no_access,
+    "parallel_multiple": _parallel_multiple,
+    "irrelevant": _irrelevant,
 }
 
 
-def _conversation(r: random.Random) -> Conversation:
-    draft = _BUILDERS[r.choices(SHAPES, weights=_SHAPE_WEIGHTS)[0]](r)
-    if draft.listed and draft.messages[-1].role == "assistant" and r.random() < 0.2:
+def _conversation(g: _Gen) -> Conversation:
+    r, mix = g.r, g.mix
+    shape = r.choices(SHAPES, weights=mix.shape_weights())[0]
+    draft = _BUILDERS[shape](g)
+    if shape in CALL_SHAPES and mix.call_only and r.random() < mix.call_only:
+        del draft.messages[2:]  # end at the call: [user, assistant with its calls]
+    elif draft.listed and draft.messages[-1].role == "assistant" and r.random() < 0.2:
         draft.messages += [Message("user", r.choice(_THANKS)), Message("assistant", r.choice(_WELCOME))]
     messages = (Message("system", draft.system), *draft.messages)
-    return Conversation(messages, tuple(s.schema() for s in draft.listed))
+    tools = tuple(s.schema() for s in draft.listed)
+    if draft.listed and mix.dotted_names and r.random() < mix.dotted_names:
+        names = {s.name: f"{s.domain}.{s.name}" for s in draft.listed}
+        return _namespaced(Conversation(messages, tools), names)
+    return Conversation(messages, tools)
+
+
+def _namespaced(conv: Conversation, names: Mapping[str, str]) -> Conversation:
+    """The same conversation with its functions renamed (schemas and calls alike)."""
+    tools = tuple({**t, "name": names[t["name"]]} for t in conv.tools)
+    messages = tuple(
+        replace(m, tool_calls=tuple(replace(c, name=names[c.name]) for c in m.tool_calls))
+        for m in conv.messages
+    )
+    return Conversation(messages, tools)
 
 
 # ---------------------------------------------------------------------------------------------- public API
 
 
-def generate_conversations(n: int, seed: int) -> list[Conversation]:
-    """``n`` conversations; the same ``seed`` gives the same list, and a longer list extends a shorter one."""
-    r = random.Random(seed)
-    return [_conversation(r) for _ in range(n)]
+def generate_conversations(n: int, seed: int, mix: SyntheticMix | None = None) -> list[Conversation]:
+    """``n`` conversations of ``mix`` (default: ``SyntheticMix()``); the same ``seed`` and mix give
+    the same list, and a longer list extends a shorter one."""
+    g = _Gen(random.Random(seed), mix or SyntheticMix())
+    return [_conversation(g) for _ in range(n)]
 
 
 def to_glaive(conv: Conversation, rng: random.Random | None = None) -> dict[str, str]:
@@ -366,14 +511,14 @@ def _glaive_call(call: ToolCall, rng: random.Random | None) -> str:
     return f'{{"name": {json.dumps(call.name, ensure_ascii=False)}, "arguments": {quoted}}}'
 
 
-def generate_glaive_rows(n: int, seed: int) -> list[dict[str, str]]:
+def generate_glaive_rows(n: int, seed: int, mix: SyntheticMix | None = None) -> list[dict[str, str]]:
     """``n`` Glaive v2 rows (``{"system", "chat"}``).
 
-    ``parse_glaive(rows[i]) == generate_conversations(n, seed)[i]``: the rows add only the Glaive
+    ``parse_glaive(rows[i]) == generate_conversations(n, seed, mix)[i]``: the rows add only the Glaive
     spelling of calls (a separate random stream picks quoted or object arguments).
     """
     style = random.Random(f"glaive-style:{seed}")  # how calls are quoted: apart from what is said
-    return [to_glaive(conv, style) for conv in generate_conversations(n, seed)]
+    return [to_glaive(conv, style) for conv in generate_conversations(n, seed, mix)]
 
 
 def write_jsonl(rows: Sequence[Mapping[str, Any]], path: Path) -> None:

@@ -27,6 +27,9 @@ class Param:
     required: bool = True
     # How a request states an optional value: a template, or one sentence per value (keyed by phrase_key).
     phrase: str | Mapping[str, str] = ""
+    # A name, title or item drawn from a list pool that no result looks up: a made-up word may
+    # replace it (``data.synthetic_mix.copy_values``), so the model must copy it from the request.
+    free_text: bool = False
 
     def phrase_for(self, value: Any) -> str:
         return self.phrase if isinstance(self.phrase, str) else self.phrase[phrase_key(value)]
@@ -42,6 +45,11 @@ class Spec:
     requests: tuple[str, ...]  # every template names every required parameter
     result: BoundResult
     answers: tuple[str | AnswerFn, ...]
+
+    @property
+    def rich(self) -> bool:
+        """Has an enum or a nested-object argument (``data.synthetic_mix.enum_nested``)."""
+        return any(_rich(p.schema) for p in self.params)
 
     def schema(self) -> dict[str, Any]:
         return {
@@ -78,5 +86,32 @@ def _spec(entry: SpecEntry, pools: Pools) -> Spec:
 
 def _param(entry: ParamEntry, pools: Pools) -> Param:
     return Param(
-        entry.name, entry.json_schema, draw_function(entry.draw, pools), entry.required, entry.phrase
+        entry.name,
+        entry.json_schema,
+        draw_function(entry.draw, pools),
+        entry.required,
+        entry.phrase,
+        _free_text(entry, pools),
     )
+
+
+def _free_text(entry: ParamEntry, pools: Pools) -> bool:
+    """Words picked from a list pool (mapping pools are the ones results look values up in)."""
+    schema = entry.json_schema
+    item = (schema.get("items") or {}) if schema.get("type") == "array" else schema
+    pool = entry.draw.pick if isinstance(entry.draw.pick, str) else (entry.draw.several or (None,))[0]
+    return (
+        isinstance(pool, str)
+        and isinstance(pools.get(pool), list)
+        and item.get("type") == "string"
+        and "enum" not in item
+        # words, not codes: no e-mail addresses, links or flight numbers ("LX 17")
+        and all(isinstance(v, str) and not any(c in v for c in "@:/0123456789") for v in pools[pool])
+    )
+
+
+def _rich(schema: Mapping[str, Any]) -> bool:
+    if "enum" in schema or schema.get("type") == "object":
+        return True
+    items = schema.get("items")
+    return isinstance(items, Mapping) and _rich(items)

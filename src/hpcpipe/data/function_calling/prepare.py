@@ -74,7 +74,7 @@ def read_split(cfg: DataConfig, seed: int) -> Conversations:
     if SYNTHETIC in cfg.sources:
         from hpcpipe.data.function_calling.generator import generate_glaive_rows
 
-        for i, row in enumerate(generate_glaive_rows(cfg.synthetic_rows, seed)):
+        for i, row in enumerate(generate_glaive_rows(cfg.synthetic_rows, seed, cfg.synthetic_mix)):
             conv = parse_glaive(row)
             convs.append(Conversation(conv.messages, conv.tools, source=f"{SYNTHETIC}:{i + 1}"))
         rows += cfg.synthetic_rows
@@ -99,6 +99,7 @@ def fingerprint(cfg: DataConfig, seq_len: int, tokenizer_key: str, seed: int) ->
         "version": _VERSION,
         "format": cfg.format,
         "synthetic": cfg.synthetic_rows if SYNTHETIC in cfg.sources else 0,
+        "mix": cfg.synthetic_mix.model_dump() if SYNTHETIC in cfg.sources else None,
         "seq_len": seq_len,
         "packing": cfg.packing,
         "val_fraction": cfg.val_fraction,

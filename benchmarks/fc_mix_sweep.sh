@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# One point of the training-mix sweep (README: "The training mix"; benchmarks/README.md: "The
+# training-mix sweep"): fine-tune the lora-fc-smollm2 preset with the given overrides as runs/NAME,
+# then score it on 30 BFCL cases of each default category (240 cases, no held-out ones, so
+# "overall" is BFCL's). Prints the training and evaluation seconds; the tables are in
+# runs/NAME/eval/eval.md, and `hpcpipe eval compare BASE runs/NAME/eval` sets them against the base.
+#
+#   make fc-assets
+#   hpcpipe eval function-calling data/external/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf \
+#       --limit 30 --heldout-limit 0 --out runs/fc-base-eval                 # the base, once
+#   benchmarks/fc_mix_sweep.sh fc-default                                     # the preset as shipped
+#   benchmarks/fc_mix_sweep.sh fc-classic $(benchmarks/fc_mix_sweep.sh --classic)
+#   benchmarks/fc_mix_sweep.sh fc-refusals --set data.synthetic_mix.refusal=40
+set -euo pipefail
+
+CLASSIC=(single=30 parallel=12 multi_turn=14 clarify=10 refusal=17 no_access=17 parallel_multiple=0
+    irrelevant=0 max_parallel_calls=2 same_function_parallel=0.4 compact_parallel=0 optional_args=0.5
+    copy_values=0 call_only=0 enum_nested=1 dotted_names=0)
+if [[ "${1:-}" == "--classic" ]]; then  # the overrides that give SyntheticMix.classic()
+    for knob in "${CLASSIC[@]}"; do printf -- '--set data.synthetic_mix.%s ' "$knob"; done
+    echo
+    exit 0
+fi
+if [[ $# -lt 1 || "$1" == -* ]]; then
+    echo "usage: $0 NAME [--set KEY=VALUE ...]   (or: $0 --classic)" >&2
+    exit 2
+fi
+name=$1
+shift
+hpcpipe=${HPCPIPE:-hpcpipe}
+start=$(date +%s)
+"$hpcpipe" train lora-fc-smollm2 --set "run.name=$name" --set observe.progress=false "$@"
+trained=$(date +%s)
+"$hpcpipe" eval function-calling "runs/$name" --limit 30 --heldout-limit 0
+echo "{\"name\": \"$name\", \"train_s\": $((trained - start)), \"eval_s\": $(($(date +%s) - trained))}"

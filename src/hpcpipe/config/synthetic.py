@@ -1,0 +1,118 @@
+"""``data.synthetic_mix``: what the ``@synthetic`` function-calling generator writes, and how often.
+
+The defaults were chosen by a measured sweep on SmolLM2-135M against BFCL (README, "The training
+mix"; benchmarks/README.md, "The training-mix sweep"). ``SyntheticMix.classic()`` is the mix the
+generator wrote before these knobs existed: the same draws, so the same rows but for the sixteen
+functions renamed because BFCL uses their names.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from hpcpipe.config.section import Section
+
+# Conversation shapes, in the order the generator draws them (weights are relative, not shares).
+SHAPE_FIELDS = (
+    "single",
+    "parallel",
+    "multi_turn",
+    "clarify",
+    "refusal",
+    "no_access",
+    "parallel_multiple",
+    "irrelevant",
+)
+NO_CALL_SHAPES = ("refusal", "no_access", "irrelevant")  # the first assistant turn makes no call
+
+
+def _weight(default: float, what: str) -> float:
+    return Field(default, ge=0, description=f"Relative weight of {what}.")
+
+
+def _share(default: float, description: str) -> float:
+    return Field(default, ge=0, le=1, description=description)
+
+
+class SyntheticMix(Section):
+    single: float = _weight(20, "one request -> one call (-> result -> answer)")
+    parallel: float = _weight(
+        10, "one turn of 2..max_parallel_calls calls (one function on several values, or two functions)"
+    )
+    multi_turn: float = _weight(2, "two requests in turn: two calls, or a call then a refusal")
+    clarify: float = _weight(2, "a vague request -> a question for the missing values -> the call")
+    refusal: float = _weight(
+        40, "a request no listed function can serve -> a polite no, naming what they can do"
+    )
+    no_access: float = _weight(8, "the 'no access to external functions' prompt: chat or declining")
+    parallel_multiple: float = _weight(
+        6, "one turn calling two or three different functions, the first of them twice"
+    )
+    irrelevant: float = _weight(
+        12, "functions listed, but the user asks a general question -> a plain answer, no call"
+    )
+    max_parallel_calls: int = Field(
+        4, ge=2, le=6, description="Most calls of one function in a parallel turn (2 to this, uniformly)."
+    )
+    same_function_parallel: float = _share(
+        0.6, "Share of parallel turns that call one function on several values."
+    )
+    compact_parallel: float = _share(
+        0.5,
+        "Share of those whose request states the first call in full and the other values in "
+        "a few words ('... in Paris? Do the same for Lima and Oslo.'); the calls differ in that one value.",
+    )
+    optional_args: float = _share(0.5, "Chance that a request states each optional argument (else omitted).")
+    copy_values: float = _share(
+        0.3,
+        "Share of free-text values (names, titles, items) replaced by made-up words, which a "
+        "model can only get right by copying them from the user's words.",
+    )
+    call_only: float = _share(
+        1.0,
+        "Share of call conversations that end at the assistant's call, as BFCL's cases do "
+        "(no function response and answer): more calls per trained token.",
+    )
+    enum_nested: float = Field(
+        2.0,
+        ge=0.1,
+        le=10,
+        description="How much more often functions with enum or nested-object arguments are drawn "
+        "(1: as often as the others).",
+    )
+    dotted_names: float = _share(
+        0.3,
+        "Share of conversations whose function names carry a dotted namespace "
+        "('weather.current_weather_report'), as many real APIs name them.",
+    )
+
+    @model_validator(mode="after")
+    def _some_shape(self) -> SyntheticMix:
+        if not any(self.shape_weights()):
+            raise ValueError(f"every shape weight is 0: give one of {', '.join(SHAPE_FIELDS)} a weight")
+        return self
+
+    def shape_weights(self) -> tuple[float, ...]:
+        return tuple(float(getattr(self, name)) for name in SHAPE_FIELDS)
+
+    @classmethod
+    def classic(cls) -> SyntheticMix:
+        """The generator's mix before the knobs (the same draws, so the same rows but for names)."""
+        return cls(
+            single=30,
+            parallel=12,
+            multi_turn=14,
+            clarify=10,
+            refusal=17,
+            no_access=17,
+            parallel_multiple=0,
+            irrelevant=0,
+            max_parallel_calls=2,
+            same_function_parallel=0.4,
+            compact_parallel=0,
+            optional_args=0.5,
+            copy_values=0,
+            call_only=0,
+            enum_nested=1,
+            dotted_names=0,
+        )
