@@ -70,8 +70,8 @@ class SyntheticMix(Section):
     )
     call_only: float = _share(
         1.0,
-        "Share of call conversations that end at the assistant's call, as BFCL's cases do "
-        "(no function response and answer): more calls per trained token.",
+        "Share of single, parallel and parallel_multiple conversations that end at the assistant's "
+        "call, as BFCL's cases do (no function response and answer): more calls per trained token.",
     )
     enum_nested: float = Field(
         2.0,

@@ -17,8 +17,8 @@ function, so a model can learn to extract them. How often each shape comes, and 
 (made-up values to copy, conversations that end at the call, namespaced names...), are
 ``data.synthetic_mix`` (``hpcpipe.config.synthetic.SyntheticMix``).
 
-Parallel calls: Glaive v2 has one call per assistant turn, so hpcpipe writes two ``<functioncall>``
-lines in one assistant turn, followed by one ``FUNCTION RESPONSE`` turn per call, in call order;
+Parallel calls: Glaive v2 has one call per assistant turn, so hpcpipe writes one ``<functioncall>``
+line per call in one assistant turn, followed by one ``FUNCTION RESPONSE`` turn per call, in call order;
 ``parse_glaive`` returns them as the ``tool_calls`` of one message.
 """
 
@@ -307,7 +307,10 @@ def _compact_turns(spec: Spec, count: int, g: _Gen) -> list[Message] | None:
     r = g.r
     first = _sample_args(spec, g)
     said_alone = (str, int, float)  # a list, an object or a yes/no does not read alone
-    for param in (p for p in spec.params if p.required and type(first[p.name]) in said_alone):
+    varies = [
+        p for p in spec.params if p.required and not p.has_dependents and type(first[p.name]) in said_alone
+    ]
+    for param in varies:
         values = [first[param.name]]
         for _ in range(10 * count):
             if len(values) == count:

@@ -30,6 +30,9 @@ class Param:
     # A name, title or item drawn from a list pool that no result looks up: a made-up word may
     # replace it (``data.synthetic_mix.copy_values``), so the model must copy it from the request.
     free_text: bool = False
+    # Another parameter's draw reads this one (an "other" or a "derive"): changing this value
+    # alone would leave that one inconsistent (a flight to where it starts, a book's old author).
+    has_dependents: bool = False
 
     def phrase_for(self, value: Any) -> str:
         return self.phrase if isinstance(self.phrase, str) else self.phrase[phrase_key(value)]
@@ -72,19 +75,20 @@ def _spec(entry: SpecEntry, pools: Pools) -> Spec:
     answers: tuple[str | AnswerFn, ...] = (
         (ANSWERS[entry.answer],) if entry.answer is not None else tuple(entry.answers)
     )
+    read_by_others = {name for p in entry.params for name in p.draw.earlier_params()}
     return Spec(
         entry.name,
         entry.description,
         entry.domain,
         entry.capability,
-        tuple(_param(p, pools) for p in entry.params),
+        tuple(_param(p, pools, p.name in read_by_others) for p in entry.params),
         tuple(entry.requests),
         lambda args, r: result(args, r, pools),
         answers,
     )
 
 
-def _param(entry: ParamEntry, pools: Pools) -> Param:
+def _param(entry: ParamEntry, pools: Pools, has_dependents: bool) -> Param:
     return Param(
         entry.name,
         entry.json_schema,
@@ -92,6 +96,7 @@ def _param(entry: ParamEntry, pools: Pools) -> Param:
         entry.required,
         entry.phrase,
         _free_text(entry, pools),
+        has_dependents,
     )
 
 
