@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from hpcpipe.config.synthetic import SyntheticMix
-from hpcpipe.data.function_calling.generator import LIBRARY, generate_glaive_rows
+from hpcpipe.data.function_calling.generator import LIBRARY, SCIENCE_LIBRARY, generate_glaive_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 BFCL = ROOT / "data" / "external" / "bfcl"
@@ -115,8 +115,14 @@ def checked_forms(name: str) -> Iterator[str]:
 
 @cache
 def generated_text() -> str:
-    """The text of the default mix's and the classic mix's rows, each turn once, whitespace normalised."""
-    rows = generate_glaive_rows(3000, 0) + generate_glaive_rows(2000, 0, SyntheticMix.classic())
+    """The text of the default mix's, the classic mix's and a science-heavy mix's rows, each turn
+    once, whitespace normalised."""
+    science = SyntheticMix(science=5, inline_lists=0.5, call_only=0.5)
+    rows = (
+        generate_glaive_rows(3000, 0)
+        + generate_glaive_rows(2000, 0, SyntheticMix.classic())
+        + generate_glaive_rows(1500, 0, science)
+    )
     turns = {row["system"] for row in rows} | {turn for row in rows for turn in row["chat"].split("\n\n\n")}
     return "\n".join(" ".join(turn.split()) for turn in sorted(turns))
 
@@ -141,7 +147,8 @@ def test_bfcl_was_read() -> None:
 
 def test_no_bfcl_function_name_is_a_library_function_or_in_the_rows() -> None:
     names, _, _ = bfcl()
-    library = {spec.name for spec in LIBRARY} | {f"{spec.domain}.{spec.name}" for spec in LIBRARY}
+    specs = LIBRARY + SCIENCE_LIBRARY
+    library = {spec.name for spec in specs} | {f"{spec.domain}.{spec.name}" for spec in specs}
     # The rows' identifiers hold a dotted name and each run of its components.
     assert {"OpenWeatherMap.get_current_weather", "get_current_weather"} <= identifiers(
         "call 'OpenWeatherMap.get_current_weather' now."

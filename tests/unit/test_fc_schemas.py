@@ -1,5 +1,5 @@
-"""schemas.json, the synthetic generator's function library: it loads, bad files are refused with
-one line naming the spec and the key, and the generator's output is pinned."""
+"""schemas.json and science.json, the synthetic generator's function libraries: they load, bad
+files are refused with one line naming the spec and the key, and the generator's output is pinned."""
 
 from __future__ import annotations
 
@@ -13,10 +13,13 @@ from typing import Any
 
 import pytest
 
+from hpcpipe.config import DataConfig
 from hpcpipe.config.synthetic import SyntheticMix
+from hpcpipe.data.function_calling import schemas
 from hpcpipe.data.function_calling.generator import LIBRARY, generate_glaive_rows
 from hpcpipe.data.function_calling.library import build_library
-from hpcpipe.data.function_calling.schemas import load_catalogue, phrase_key
+from hpcpipe.data.function_calling.prepare import fingerprint
+from hpcpipe.data.function_calling.schemas import SCIENCE, load_catalogue, phrase_key
 from hpcpipe.errors import DataError
 
 # SHA-256 of json.dumps(generate_glaive_rows(200, 0, SyntheticMix.classic()), ensure_ascii=False). The
@@ -154,3 +157,19 @@ def test_the_generated_rows_are_the_ones_pinned() -> None:
     rows = generate_glaive_rows(200, 0, SyntheticMix.classic())
     digest = hashlib.sha256(json.dumps(rows, ensure_ascii=False).encode()).hexdigest()
     assert digest == ROWS_200_SEED_0
+
+
+def test_the_science_library_loads_and_prepared_rows_are_keyed_by_both_libraries(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    science = [spec.name for spec in load_catalogue(shipped=SCIENCE).specs]
+    assert len(science) >= 20 and len(set(science)) == len(science)
+    assert not set(science) & {spec.name for spec in load_catalogue().specs}
+    cfg = DataConfig(format="glaive", sources=["@synthetic"])
+    before = fingerprint(cfg, 512, "tok", 0)
+    shipped_text = schemas._shipped_text
+    monkeypatch.setattr(
+        schemas, "_shipped_text", lambda name: shipped_text(name) + (" " if name == SCIENCE else "")
+    )
+    # An edited library is other rows: the data is prepared again, not read from a stale directory.
+    assert fingerprint(cfg, 512, "tok", 0) != before

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from hpcpipe.data.function_calling.conversation import Conversation, Message, ToolCall
 from hpcpipe.data.function_calling.pack import PAD_DOC, bins_first_fit, pack
@@ -146,3 +147,22 @@ def test_packed_logits_equal_separate_logits(tokenizer_dir: Path) -> None:
         packed = model(torch.cat([a, b], 1), attention_mask=mask, position_ids=positions).logits
         alone = model(b).logits
     torch.testing.assert_close(packed[:, 5:], alone, rtol=1e-4, atol=1e-4)
+
+
+def test_the_decision_weight_weighs_the_tokens_that_open_a_reply() -> None:
+    from hpcpipe.recipes.lora_fc import opening_targets, supervised_loss
+
+    turns = torch.tensor([[IGNORE, 3, 4, IGNORE, IGNORE, 5], [7, 8, IGNORE, 9, IGNORE, IGNORE]])
+    assert opening_targets(turns).tolist() == [[0, 1, 0, 0, 0, 1], [1, 0, 0, 1, 0, 0]]
+    torch.manual_seed(0)
+    logits = torch.randn(2, 5, 7)  # (B, K, V)
+    targets = torch.tensor([[3, 1, IGNORE, 4, 2], [IGNORE, 5, 6, 0, IGNORE]])
+    opens = torch.tensor([[True, False, False, True, False], [False, True, False, False, False]])
+    per_token = F.cross_entropy(
+        logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE, reduction="none"
+    )
+    valid = targets.flatten() != IGNORE
+    plain = supervised_loss(logits, targets, opens, 1.0)
+    torch.testing.assert_close(plain, per_token[valid].mean())
+    weights = torch.tensor([4.0, 1, 0, 4, 1, 0, 4, 1, 1, 0])  # 4 on the three opening tokens
+    torch.testing.assert_close(supervised_loss(logits, targets, opens, 4.0), (per_token * weights).sum() / 16)

@@ -25,12 +25,17 @@ from hpcpipe.config import load_config
 from hpcpipe.config.synthetic import NO_CALL_SHAPES, SHAPE_FIELDS, SyntheticMix
 from hpcpipe.data.function_calling.conversation import Conversation, Message, ToolCall
 from hpcpipe.data.function_calling.formats import GLAIVE_NO_FUNCTIONS, parse_glaive
-from hpcpipe.data.function_calling.generator import LIBRARY, generate_conversations, generate_glaive_rows
+from hpcpipe.data.function_calling.generator import (
+    LIBRARY,
+    SCIENCE_LIBRARY,
+    generate_conversations,
+    generate_glaive_rows,
+)
 from hpcpipe.data.function_calling.library import Spec
 from hpcpipe.data.function_calling.schemas import load_catalogue
 from hpcpipe.errors import ConfigError
 
-SPECS: dict[str, Spec] = {spec.name: spec for spec in LIBRARY}
+SPECS: dict[str, Spec] = {spec.name: spec for spec in LIBRARY + SCIENCE_LIBRARY}
 
 
 def only(**knobs: float) -> SyntheticMix:
@@ -182,7 +187,14 @@ def test_same_function_parallel_is_the_share_of_parallel_turns_calling_one_funct
 
 
 def test_compact_parallel_calls_differ_in_one_value_that_the_request_states() -> None:
-    mix = only(parallel=1, same_function_parallel=1, compact_parallel=1, max_parallel_calls=4)
+    mix = only(
+        parallel=1,
+        same_function_parallel=1,
+        compact_parallel=1,
+        max_parallel_calls=4,
+        inline_lists=0,
+        written_numbers=0,
+    )
     convs = rows(mix, 400)
     compact = [conv for conv in convs if COMPACT.search(first_request(conv))]
     # A function without a required value that reads alone (a name, a number) and that no other
@@ -196,10 +208,41 @@ def test_compact_parallel_calls_differ_in_one_value_that_the_request_states() ->
         # Never a value another one is drawn from (a flight's origin: its destination differs from it).
         assert not next(p for p in spec_of(calls[0].name).params if p.name == key).has_dependents
         assert all(str(call.arguments[key]) in user for call in calls), (calls, user)
-    plain = rows(only(parallel=1, same_function_parallel=1, compact_parallel=0, max_parallel_calls=4), 300)
+    plain = rows(
+        only(parallel=1, same_function_parallel=1, compact_parallel=0, max_parallel_calls=4, inline_lists=0),
+        300,
+    )
     assert not any(COMPACT.search(first_request(conv)) for conv in plain)
 
 
+def test_inline_lists_name_every_value_in_the_one_request() -> None:
+    knobs = {"parallel": 1, "same_function_parallel": 1, "compact_parallel": 1, "max_parallel_calls": 4}
+    inline = rows(only(**knobs, inline_lists=1), 400)
+    # Functions without a value that can vary alone fall back to one full request per call, joined.
+    varied = [c for c in inline if one_value_varies(first_calls(c)) and not JOINED.search(first_request(c))]
+    assert len(varied) / len(inline) > 0.7
+    for conv in varied:
+        calls, user = first_calls(conv), first_request(conv)
+        assert not COMPACT.search(user), user
+        first = calls[0].arguments
+        (key,) = {k for call in calls[1:] for k, v in call.arguments.items() if first[k] != v}
+        assert all(str(call.arguments[key]) in user for call in calls), (calls, user)
+    # inline_lists is the share of compact requests that name the values inline.
+    compact = [
+        sum(bool(COMPACT.search(first_request(c))) for c in rows(only(**knobs, inline_lists=p), 600))
+        for p in (0.0, 0.5)
+    ]
+    assert_share(compact[1], 600, compact[0] / 600 * 0.5, "compact requests left at inline_lists=0.5")
+
+
+def one_value_varies(calls: tuple[ToolCall, ...]) -> bool:
+    """Two or more calls of one function whose arguments differ in exactly one key."""
+    first = calls[0].arguments
+    keys = {k for call in calls[1:] for k, v in call.arguments.items() if first.get(k) != v}
+    return len(calls) >= 2 and len({c.name for c in calls}) == 1 and len(keys) == 1
+
+
+JOINED = re.compile(r"(Also, |And |In addition, |Oh, and )[a-zI]")
 COMPACT = re.compile(r"(Do the same for|Then repeat that for|And the same for|Please also do it for) ")
 
 
@@ -246,7 +289,7 @@ DOTTED = re.compile(r"^([a-z_]+)\.([a-z_]+)$")
 
 
 def test_dotted_names_namespace_every_listed_function_and_every_call_names_a_listed_one() -> None:
-    for conv in rows(SyntheticMix(dotted_names=1), 1000):
+    for conv in rows(SyntheticMix(dotted_names=1, api_namespaces=0), 1000):
         names = listed(conv)
         for name in names:
             match = DOTTED.match(name)
@@ -259,6 +302,53 @@ def test_dotted_names_namespace_every_listed_function_and_every_call_names_a_lis
     with_tools = [conv for conv in rows(SyntheticMix(dotted_names=0.3), 2000) if conv.tools]
     dotted = sum("." in listed(conv)[0] for conv in with_tools)
     assert_share(dotted, len(with_tools), 0.3, "conversations with dotted names")
+
+
+def test_api_namespaces_give_every_listed_function_one_made_up_namespace() -> None:
+    domains = {spec.domain for spec in SPECS.values()}
+    shared = 0
+    convs = [conv for conv in rows(SyntheticMix(dotted_names=1, api_namespaces=0.5), 1000) if conv.tools]
+    for conv in convs:
+        names = listed(conv)
+        prefixes = {name.rsplit(".", 1)[0] for name in names}
+        suffixes = [name.rsplit(".", 1)[1] for name in names]
+        assert all(suffix in SPECS for suffix in suffixes)
+        assert all(call.name in names for call, _ in calls_with_request(conv))
+        if prefixes & domains:  # the domain of each function
+            assert all(name == f"{spec_of(name).domain}.{spec_of(name).name}" for name in names)
+        else:  # one made-up API name for all
+            (api,) = prefixes
+            assert re.fullmatch(r"[A-Z][a-z]+([A-Z][a-z]+)?|[A-Z]+(_[A-Z]+)?", api), api
+            shared += 1
+    assert_share(shared, len(convs), 0.5, "conversations with a made-up API namespace")
+
+
+# ------------------------------------------------------------------------------------------ written_numbers
+
+SIGNED = re.compile(r"[$€£]\d")
+
+
+def test_written_numbers_state_large_numbers_with_separators_and_money_with_a_sign() -> None:
+    signed = separated = 0
+    for conv in rows(only(single=1, science=1, written_numbers=1), 1500):
+        for call, user in calls_with_request(conv):
+            spec = spec_of(call.name)
+            for param in spec.params:
+                value = call.arguments.get(param.name)
+                if isinstance(value, bool) or not isinstance(value, int | float):
+                    continue
+                assert not isinstance(value, str)  # the call holds the plain number
+                if abs(value) >= 1000:
+                    assert f"{value:,}" in user or f"{value:,.2f}" in user, (value, user)
+                    separated += 1
+                if param.money and not any("currency" in p.name for p in spec.params):
+                    assert re.search(
+                        rf"[$€£]{re.escape(f'{value:,}')}|[$€£]{re.escape(f'{value:,.2f}')}", user
+                    )
+                    signed += 1
+    assert signed > 50 and separated > 50
+    plain = rows(only(single=1, science=1, written_numbers=0), 500)
+    assert not any(SIGNED.search(user) for conv in plain for _, user in calls_with_request(conv))
 
 
 # ---------------------------------------------------------------------------------------------- copy_values
@@ -293,14 +383,16 @@ def free_text_values(mix: SyntheticMix, n: int) -> Iterator[tuple[list[str], str
 
 def test_copy_values_replaces_every_free_text_value_by_a_made_up_word_stated_in_the_request() -> None:
     seen = 0
-    for values, user in free_text_values(only(**CALLING_SHAPES, copy_values=1, optional_args=1), 600):
+    for values, user in free_text_values(
+        only(**CALLING_SHAPES, copy_values=1, optional_args=1, science=0), 600
+    ):
         for value in values:
             assert value not in POOL_STRINGS and MADE_UP.match(value), value
             assert value in user, (value, user)
             seen += 1
     assert seen > 200
     seen = 0
-    for values, _ in free_text_values(only(**CALLING_SHAPES, copy_values=0, optional_args=1), 600):
+    for values, _ in free_text_values(only(**CALLING_SHAPES, copy_values=0, optional_args=1, science=0), 600):
         assert all(value in POOL_STRINGS for value in values), values
         seen += 1
     assert seen > 200
@@ -320,7 +412,7 @@ def test_enum_nested_draws_functions_with_enum_or_nested_arguments_that_much_mor
     assert 0 < rich < len(LIBRARY)
     shares = {}
     for weight in (1.0, 10.0):
-        convs = rows(only(single=1, enum_nested=weight), 2000)
+        convs = rows(only(single=1, enum_nested=weight, science=0), 2000)
         drawn = sum(spec_of(first_calls(conv)[0].name).rich for conv in convs)
         # A weighted shuffle draws a function first with probability weight / total weight.
         p = weight * rich / (weight * rich + len(LIBRARY) - rich)
@@ -328,6 +420,18 @@ def test_enum_nested_draws_functions_with_enum_or_nested_arguments_that_much_mor
         shares[weight] = drawn / len(convs)
     assert shares[1.0] == pytest.approx(rich / len(LIBRARY), abs=0.05)
     assert shares[10.0] > shares[1.0] + 0.3
+
+
+def test_science_draws_the_math_and_science_functions_that_much_as_often_and_never_at_0() -> None:
+    science = {spec.name for spec in SCIENCE_LIBRARY}
+    assert len(science) >= 20 and not science & {spec.name for spec in LIBRARY}
+    everyday = rows(only(single=1, refusal=1, no_access=1, enum_nested=1, science=0), 600)
+    assert not any(spec_of(name).name in science for conv in everyday for name in listed(conv))
+    weight = 2.0
+    convs = rows(only(single=1, enum_nested=1, science=weight), 1500)
+    drawn = sum(spec_of(first_calls(conv)[0].name).name in science for conv in convs)
+    p = weight * len(science) / (weight * len(science) + len(LIBRARY))
+    assert_share(drawn, len(convs), p, f"single calls of math and science functions at science={weight}")
 
 
 # --------------------------------------------------------------------------------------------- optional_args
@@ -370,6 +474,7 @@ MIXES = {
         dotted_names=1,
     ),
     "bare": SyntheticMix(optional_args=0, copy_values=0, call_only=1, enum_nested=10, dotted_names=0),
+    "science": SyntheticMix(science=3, inline_lists=1, call_only=0),
 }
 
 

@@ -21,6 +21,13 @@ class LoraConfig(Section):
         description="Names of the Linear modules that get adapters (suffixes of module names, as peft "
         "matches them); every name must match at least one module of the model.",
     )
+    decision_weight: float = Field(
+        1.0,
+        ge=1,
+        le=100,
+        description="Loss weight of the first token of each assistant turn, where the model decides "
+        "between a call and a text reply, relative to the other supervised tokens (1: a plain mean).",
+    )
     adapter_dtype: Literal["fp32", "bf16"] = Field(
         "fp32",
         description="Dtype of the trainable adapter weights (and their optimizer state): fp32 "

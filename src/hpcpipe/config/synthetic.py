@@ -42,7 +42,7 @@ class SyntheticMix(Section):
     multi_turn: float = _weight(2, "two requests in turn: two calls, or a call then a refusal")
     clarify: float = _weight(2, "a vague request -> a question for the missing values -> the call")
     refusal: float = _weight(
-        40, "a request no listed function can serve -> a polite no, naming what they can do"
+        45, "a request no listed function can serve -> a polite no, naming what they can do"
     )
     no_access: float = _weight(8, "the 'no access to external functions' prompt: chat or declining")
     parallel_multiple: float = _weight(
@@ -62,7 +62,17 @@ class SyntheticMix(Section):
         "Share of those whose request states the first call in full and the other values in "
         "a few words ('... in Paris? Do the same for Lima and Oslo.'); the calls differ in that one value.",
     )
+    inline_lists: float = _share(
+        0.5,
+        "Share of those compact requests that name every value in the one sentence instead "
+        "('What's the weather in Paris, Lima and Oslo?').",
+    )
     optional_args: float = _share(0.5, "Chance that a request states each optional argument (else omitted).")
+    written_numbers: float = _share(
+        0.3,
+        "Share of numbers a request writes as people type them: thousands separators "
+        "('125,000') and a currency sign on amounts of money ('$89.90'); the call holds the plain number.",
+    )
     copy_values: float = _share(
         0.3,
         "Share of free-text values (names, titles, items) replaced by made-up words, which a "
@@ -80,10 +90,23 @@ class SyntheticMix(Section):
         description="How much more often functions with enum or nested-object arguments are drawn "
         "(1: as often as the others).",
     )
+    science: float = Field(
+        1.5,
+        ge=0,
+        le=10,
+        description="How often each math and science function (science.json: geometry, physics, "
+        "finance and statistics formulas) is drawn, relative to an everyday one; 0 leaves them out.",
+    )
     dotted_names: float = _share(
         0.3,
         "Share of conversations whose function names carry a dotted namespace "
         "('weather.current_weather_report'), as many real APIs name them.",
+    )
+    api_namespaces: float = _share(
+        0.5,
+        "Share of those whose functions share one made-up API namespace instead "
+        "('KaloMer.current_weather_report', 'KaloMer.search_flights'): the model must tell them "
+        "apart by the rest of the name.",
     )
 
     @model_validator(mode="after")
@@ -110,9 +133,13 @@ class SyntheticMix(Section):
             max_parallel_calls=2,
             same_function_parallel=0.4,
             compact_parallel=0,
+            inline_lists=0,
             optional_args=0.5,
+            written_numbers=0,
             copy_values=0,
             call_only=0,
             enum_nested=1,
+            science=0,
             dotted_names=0,
+            api_namespaces=0,
         )

@@ -61,6 +61,28 @@ def packed_attention(doc_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     return mask[:, None], index - first
 
 
+def opening_targets(targets: torch.Tensor) -> torch.Tensor:
+    """(B, T) bool: the supervised targets that follow an unsupervised one, the first token of
+    each assistant turn."""
+    supervised = targets != IGNORE
+    return supervised & F.pad(~supervised[:, :-1], (1, 0), value=True)
+
+
+def supervised_loss(
+    logits: torch.Tensor, targets: torch.Tensor, opens: torch.Tensor, decision_weight: float
+) -> torch.Tensor:
+    """Mean cross-entropy over the supervised targets (B, K) of ``logits`` (B, K, V); with
+    ``decision_weight`` != 1, the tokens that open an assistant turn (``opens``, B, K) weigh that
+    much in a weighted mean: one token in ~40 of a reply decides call or no call."""
+    flat, labels = logits.flatten(0, 1).float(), targets.flatten()
+    if decision_weight == 1:
+        supervised = (labels != IGNORE).sum()
+        return F.cross_entropy(flat, labels, ignore_index=IGNORE, reduction="sum") / supervised.clamp(min=1)
+    per_token = F.cross_entropy(flat, labels, ignore_index=IGNORE, reduction="none")  # (B*K,), 0 if ignored
+    weights = torch.where(opens.flatten(), decision_weight, 1.0) * (labels != IGNORE)
+    return (per_token * weights).sum() / weights.sum().clamp(min=1)
+
+
 @dataclass
 class LoraFCRecipe:
     model_cfg: ModelConfig
@@ -180,29 +202,29 @@ class LoraFCRecipe:
 
         return decoder_layers(model)
 
-    def _logits(self, model: nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        """Logits (B, K, V) at the K positions that predict a supervised token; their targets (B, K)."""
+    def _logits(self, model: nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Logits (B, K, V) at the K positions that predict a supervised token; their targets (B, K);
+        and which of those targets open an assistant turn (B, K): where the model decides between
+        a call and text."""
         input_ids, labels, doc_ids = batch  # (B, T) each
         mask, positions = packed_attention(doc_ids)
         targets = labels[:, 1:]  # (B, T-1): position t predicts token t+1
+        opens = opening_targets(targets)  # (B, T-1)
         keep = (targets != IGNORE).any(dim=0).nonzero().squeeze(1)  # (K,)
         if keep.numel() == 0:  # an all-padding batch: one position keeps the graph alive
             keep = torch.zeros(1, dtype=torch.long, device=input_ids.device)
         out = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, logits_to_keep=keep)
-        return out.logits, targets[:, keep]
+        return out.logits, targets[:, keep], opens[:, keep]
 
     def loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:
-        logits, targets = self._logits(model, batch)
+        logits, targets, opens = self._logits(model, batch)
         supervised = (targets != IGNORE).sum()
         self._count("real_tokens", (batch[2] >= 0).sum())
         self._count("supervised_tokens", supervised)
-        loss_sum = F.cross_entropy(
-            logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE, reduction="sum"
-        )
-        return loss_sum / supervised.clamp(min=1)
+        return supervised_loss(logits, targets, opens, self.lora_cfg.decision_weight)
 
     def eval_sums(self, model: nn.Module, batch: Batch) -> dict[str, torch.Tensor]:
-        logits, targets = self._logits(model, batch)
+        logits, targets, _ = self._logits(model, batch)
         valid = targets != IGNORE
         flat = logits.flatten(0, 1).float()
         return {

@@ -2,9 +2,11 @@
 
 Offline runs and tests need function-calling data without downloading a data set. This writes rows
 in the exact Glaive v2 format that ``function_calling.parse_glaive`` reads (so the real data set can
-replace them), from a library of function schemas in many domains: ``schemas.json``, shipped in
-this package and validated on load (its format is in ``schemas.py``, how argument values are drawn
-in ``draws.py``, what the functions return in ``results.py``).
+replace them), from libraries of function schemas in many domains: ``schemas.json`` (everyday
+functions) and ``science.json`` (math, science, finance and statistics ones, drawn at
+``data.synthetic_mix.science``), shipped in this package and validated on load (their format is in
+``schemas.py``, how argument values are drawn in ``draws.py``, what the functions return in
+``results.py`` and ``science_results.py``).
 
 Conversation shapes, mixed by seed: a single call (call -> ``FUNCTION RESPONSE`` -> an answer that
 uses the result), parallel calls (one function on several values, or two functions), parallel
@@ -41,12 +43,13 @@ from hpcpipe.data.function_calling.formats import (
 )
 from hpcpipe.data.function_calling.library import Param, Spec, build_library
 from hpcpipe.data.function_calling.results import join_words
-from hpcpipe.data.function_calling.schemas import load_catalogue
+from hpcpipe.data.function_calling.schemas import SCIENCE, load_catalogue
 
 SHAPES = SHAPE_FIELDS
 CALL_SHAPES = ("single", "parallel", "parallel_multiple")  # the first assistant turn calls
 
 LIBRARY: tuple[Spec, ...] = build_library(load_catalogue())
+SCIENCE_LIBRARY: tuple[Spec, ...] = build_library(load_catalogue(shipped=SCIENCE))
 
 
 def _display(value: Any) -> Any:
@@ -199,14 +202,32 @@ def _made_up(r: random.Random, like: str) -> str:
     return text.title() if like[:1].isupper() else text
 
 
-def _request(spec: Spec, args: dict[str, Any], r: random.Random) -> str:
-    """A user request stating every argument value: a template plus one sentence per optional value."""
+def _request(spec: Spec, args: dict[str, Any], g: _Gen, said: Mapping[str, str] | None = None) -> str:
+    """A user request stating every argument value: a template plus one sentence per optional value.
+    ``said`` replaces how some values are worded ("Lima, Oslo and Cairo" for one city)."""
+    r = g.r
     ctx = {k: _display(v) for k, v in args.items()}
+    if g.mix.written_numbers:  # no draw at 0: older mixes keep their rows
+        ctx |= {p.name: _written(args[p.name], p, spec, g) for p in spec.params if p.name in args}
+    ctx |= dict(said or {})
     parts = [r.choice(spec.requests).format(**ctx)]
     for p in spec.params:
         if not p.required and p.name in args:
             parts.append(p.phrase_for(args[p.name]).format(**ctx))
     return " ".join(parts)
+
+
+def _written(value: Any, param: Param, spec: Spec, g: _Gen) -> Any:
+    """A number as people type it, at ``mix.written_numbers``: 125,000; $89.90 for an amount of
+    money when the function takes no currency. The call keeps the plain number."""
+    r = g.r
+    if isinstance(value, bool) or not isinstance(value, int | float) or r.random() >= g.mix.written_numbers:
+        return _display(value)
+    text = f"{value:,}" if abs(value) >= 1000 else str(value)
+    if param.money and not any("currency" in p.name for p in spec.params):
+        cents = isinstance(value, float) and not value.is_integer()
+        text = r.choice("$€£") + (f"{value:,.2f}" if cents else text)
+    return text
 
 
 def _answer(spec: Spec, args: dict[str, Any], result: dict[str, Any], r: random.Random) -> str:
@@ -233,7 +254,7 @@ def _call_turns(spec: Spec, g: _Gen, user: str | None = None) -> list[Message]:
     result = spec.result(args, r)
     preamble = r.choice(_PREAMBLES) if r.random() < 0.2 else ""
     return [
-        Message("user", user if user is not None else _request(spec, args, r)),
+        Message("user", user if user is not None else _request(spec, args, g)),
         Message("assistant", preamble, (ToolCall(spec.name, args),)),
         Message("tool", _result_text(result)),
         Message("assistant", _answer(spec, args, result, r)),
@@ -253,14 +274,22 @@ def _pick(g: _Gen, count: int, exclude: Collection[str] = ()) -> list[Spec]:
     return chosen
 
 
+def _library(g: _Gen) -> tuple[Spec, ...]:
+    """The functions drawn from: the everyday ones, and the math and science ones at ``mix.science``."""
+    return LIBRARY + SCIENCE_LIBRARY if g.mix.science else LIBRARY
+
+
 def _shuffled(g: _Gen) -> list[Spec]:
     """The library in random order; functions with enum or nested arguments come first
-    ``mix.enum_nested`` times as often (a weighted shuffle: sort by u ** (1 / weight))."""
-    if g.mix.enum_nested == 1:
-        return g.r.sample(LIBRARY, len(LIBRARY))
-    weights = [g.mix.enum_nested if spec.rich else 1.0 for spec in LIBRARY]
+    ``mix.enum_nested`` times as often, math and science ones ``mix.science`` times as often
+    (a weighted shuffle: sort by u ** (1 / weight))."""
+    library, mix = _library(g), g.mix
+    if mix.enum_nested == 1 and not mix.science:
+        return g.r.sample(library, len(library))
+    science = set(SCIENCE_LIBRARY)
+    weights = [(mix.enum_nested if s.rich else 1.0) * (mix.science if s in science else 1.0) for s in library]
     keys = [g.r.random() ** (1 / w) for w in weights]
-    return [spec for _, spec in sorted(zip(keys, LIBRARY, strict=True), key=lambda kv: -kv[0])]
+    return [spec for _, spec in sorted(zip(keys, library, strict=True), key=lambda kv: -kv[0])]
 
 
 def _with_distractors(needed: list[Spec], g: _Gen, most: int = 4) -> list[Spec]:
@@ -295,16 +324,17 @@ def _calls_turns(specs: list[Spec], g: _Gen) -> list[Message]:
         taken = [a for s, a in zip(specs[:i], args, strict=True) if s is spec]
         args.append(_distinct_args(spec, g, taken) if taken else _sample_args(spec, g))
     results = [spec.result(a, r) for spec, a in zip(specs, args, strict=True)]
-    user = _request(specs[0], args[0], r)
+    user = _request(specs[0], args[0], g)
     for spec, a in zip(specs[1:], args[1:], strict=True):
-        user = _combine(user, _request(spec, a, r), r)
+        user = _combine(user, _request(spec, a, g), r)
     return _turns_of_calls(specs, args, results, user, r)
 
 
 def _compact_turns(spec: Spec, count: int, g: _Gen) -> list[Message] | None:
     """``count`` calls of ``spec`` that differ in one required value, asked in few words: the
-    first request in full, then "Do the same for B and C." None when no value can vary."""
-    r = g.r
+    first request in full, then "Do the same for B and C.", or (at ``mix.inline_lists``) one
+    request naming every value ("What's the weather in A, B and C?"). None when no value can vary."""
+    r, mix = g.r, g.mix
     first = _sample_args(spec, g)
     said_alone = (str, int, float)  # a list, an object or a yes/no does not read alone
     varies = [
@@ -321,8 +351,11 @@ def _compact_turns(spec: Spec, count: int, g: _Gen) -> list[Message] | None:
             continue
         args = [{**first, param.name: value} for value in values]
         results = [spec.result(a, r) for a in args]
-        said = join_words([str(_display(v)) for v in values[1:]])
-        user = f"{_request(spec, first, r)} {r.choice(_SAME_FOR).format(values=said)}"
+        if mix.inline_lists and r.random() < mix.inline_lists:  # no draw at 0: older mixes keep their rows
+            user = _request(spec, first, g, {param.name: join_words([str(_display(v)) for v in values])})
+        else:
+            said = join_words([str(_display(v)) for v in values[1:]])
+            user = f"{_request(spec, first, g)} {r.choice(_SAME_FOR).format(values=said)}"
         return _turns_of_calls([spec] * count, args, results, user, r)
     return None
 
@@ -399,7 +432,7 @@ def _refusal_turns(out: Spec, listed: list[Spec], g: _Gen) -> list[Message]:
     r = g.r
     listed_caps = join_words([s.capability for s in listed], "or")
     return [
-        Message("user", _request(out, _sample_args(out, g), r)),
+        Message("user", _request(out, _sample_args(out, g), g)),
         Message("assistant", r.choice(_REFUSALS).format(cap=out.capability, listed=listed_caps)),
     ]
 
@@ -426,9 +459,9 @@ def _no_access(g: _Gen) -> _Draft:
     """The "no access to external functions" prompt: general chat, or declining an action."""
     r = g.r
     if r.random() < 0.35:
-        spec = r.choice(LIBRARY)
+        spec = r.choice(_library(g))
         messages = [
-            Message("user", _request(spec, _sample_args(spec, g), r)),
+            Message("user", _request(spec, _sample_args(spec, g), g)),
             Message("assistant", r.choice(_NO_ACCESS_REFUSALS).format(cap=spec.capability)),
         ]
     else:
@@ -459,9 +492,19 @@ def _conversation(g: _Gen) -> Conversation:
     messages = (Message("system", draft.system), *draft.messages)
     tools = tuple(s.schema() for s in draft.listed)
     if draft.listed and mix.dotted_names and r.random() < mix.dotted_names:
-        names = {s.name: f"{s.domain}.{s.name}" for s in draft.listed}
-        return _namespaced(Conversation(messages, tools), names)
+        return _namespaced(Conversation(messages, tools), _dotted(draft.listed, g))
     return Conversation(messages, tools)
+
+
+def _dotted(listed: list[Spec], g: _Gen) -> dict[str, str]:
+    """Each function's dotted name: its domain ("weather.current_weather_report"), or at
+    ``mix.api_namespaces`` one made-up API name for them all ("KaloMer.current_weather_report")."""
+    r, mix = g.r, g.mix
+    if mix.api_namespaces and r.random() < mix.api_namespaces:  # no draw at 0: older mixes keep their rows
+        words = [_made_up(r, "Api") for _ in range(r.randint(1, 2))]
+        api = "_".join(w.upper() for w in words) if r.random() < 0.3 else "".join(words)
+        return {s.name: f"{api}.{s.name}" for s in listed}
+    return {s.name: f"{s.domain}.{s.name}" for s in listed}
 
 
 def _namespaced(conv: Conversation, names: Mapping[str, str]) -> Conversation:

@@ -33,6 +33,8 @@ class Param:
     # Another parameter's draw reads this one (an "other" or a "derive"): changing this value
     # alone would leave that one inconsistent (a flight to where it starts, a book's old author).
     has_dependents: bool = False
+    # Drawn as an amount of money (a "money" draw): a request may write it with a currency sign.
+    money: bool = False
 
     def phrase_for(self, value: Any) -> str:
         return self.phrase if isinstance(self.phrase, str) else self.phrase[phrase_key(value)]
@@ -97,6 +99,7 @@ def _param(entry: ParamEntry, pools: Pools, has_dependents: bool) -> Param:
         entry.phrase,
         _free_text(entry, pools),
         has_dependents,
+        entry.draw.money is not None,
     )
 
 

@@ -27,6 +27,7 @@ from typing import Any
 from hpcpipe.config import DataConfig
 from hpcpipe.data.function_calling.conversation import Conversation, Message, ToolCall
 from hpcpipe.data.function_calling.pack import pack
+from hpcpipe.data.function_calling.schemas import shipped_digest
 from hpcpipe.data.function_calling.tokens import ChatFormat, Encoded, RenderError
 from hpcpipe.errors import DataError
 from hpcpipe.fsutil import atomic_replace_dir
@@ -100,6 +101,7 @@ def fingerprint(cfg: DataConfig, seq_len: int, tokenizer_key: str, seed: int) ->
         "format": cfg.format,
         "synthetic": cfg.synthetic_rows if SYNTHETIC in cfg.sources else 0,
         "mix": cfg.synthetic_mix.model_dump() if SYNTHETIC in cfg.sources else None,
+        "library": shipped_digest() if SYNTHETIC in cfg.sources else None,
         "seq_len": seq_len,
         "packing": cfg.packing,
         "val_fraction": cfg.val_fraction,

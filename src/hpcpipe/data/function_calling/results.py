@@ -5,6 +5,7 @@ generator and the pools, it returns the ``FUNCTION RESPONSE`` object. Most answe
 in the file, filled from the arguments and the result; a spec whose answer needs a loop or a
 choice names an answer function here instead (``"answer": "forecast"``), which gets the same
 fields. Each result function declares the pools it reads, so a file without them is refused on load.
+The math and science functions of ``science.json`` register theirs from ``science_results.py``.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ RESULTS: dict[str, Result] = {}
 ANSWERS: dict[str, AnswerFn] = {}
 
 
-def _result(name: str, *reads: str) -> Callable[[ResultFn], ResultFn]:
+def result_function(name: str, *reads: str) -> Callable[[ResultFn], ResultFn]:
     def register(function: ResultFn) -> ResultFn:
         RESULTS[name] = Result(function, reads)
         return function
@@ -41,7 +42,7 @@ def _result(name: str, *reads: str) -> Callable[[ResultFn], ResultFn]:
     return register
 
 
-def _answer(name: str) -> Callable[[AnswerFn], AnswerFn]:
+def answer_function(name: str) -> Callable[[AnswerFn], AnswerFn]:
     def register(function: AnswerFn) -> AnswerFn:
         ANSWERS[name] = function
         return function
@@ -63,7 +64,7 @@ def _id(r: random.Random, prefix: str) -> str:
 # ------------------------------------------------------------------------------------ travel and weather
 
 
-@_result("weather", "conditions")
+@result_function("weather", "conditions")
 def _weather(a: Args, r: random.Random, pools: Pools) -> dict[str, Any]:
     units = a.get("units", "celsius")
     celsius = r.randint(-5, 34)
@@ -77,7 +78,7 @@ def _weather(a: Args, r: random.Random, pools: Pools) -> dict[str, Any]:
     }
 
 
-@_result("forecast", "conditions")
+@result_function("forecast", "conditions")
 def _forecast(a: Args, r: random.Random, pools: Pools) -> dict[str, Any]:
     days = []
     for i in range(a["days"]):
@@ -94,7 +95,7 @@ def _forecast(a: Args, r: random.Random, pools: Pools) -> dict[str, Any]:
     return out
 
 
-@_answer("forecast")
+@answer_function("forecast")
 def _forecast_answer(c: dict[str, Any]) -> str:
     days = c["forecast"]
     highs = [d["high"] for d in days]
@@ -106,7 +107,7 @@ def _forecast_answer(c: dict[str, Any]) -> str:
     )
 
 
-@_result("flights", "airlines")
+@result_function("flights", "airlines")
 def _flights(a: Args, r: random.Random, pools: Pools) -> dict[str, Any]:
     flights = []
     for airline, code in r.sample(list(pools["airlines"].items()), r.randint(2, 3)):
@@ -121,7 +122,7 @@ def _flights(a: Args, r: random.Random, pools: Pools) -> dict[str, Any]:
     return {"origin": a["origin"], "destination": a["destination"], "flights": flights}
 
 
-@_answer("flights")
+@answer_function("flights")
 def _flights_answer(c: dict[str, Any]) -> str:
     cheapest = min(c["flights"], key=lambda f: f["price"])
     return (
@@ -131,7 +132,7 @@ def _flights_answer(c: dict[str, Any]) -> str:
     )
 
 
-@_result("flight_status")
+@result_function("flight_status")
 def _flight_status(a: Args, r: random.Random, _pools: Pools) -> dict[str, Any]:
     return {
         "flight_number": a["flight_number"],
@@ -141,7 +142,7 @@ def _flight_status(a: Args, r: random.Random, _pools: Pools) -> dict[str, Any]:
     }
 
 
-@_result("distance", "cities")
+@result_function("distance", "cities")
 def _distance(a: Args, _r: random.Random, pools: Pools) -> dict[str, Any]:
     """Great-circle distance between the two cities' coordinates."""
     start, end = pools["cities"][a["origin"]], pools["cities"][a["destination"]]
@@ -152,7 +153,7 @@ def _distance(a: Args, _r: random.Random, pools: Pools) -> dict[str, Any]:
     return {"distance_km": km, "distance_miles": round(km * 0.621371, 1), "mode": a.get("mode", "driving")}
 
 
-@_result("timezone_conversion", "timezones")
+@result_function("timezone_conversion", "timezones")
 def _timezone(a: Args, _r: random.Random, pools: Pools) -> dict[str, Any]:
     hours, minutes = (int(x) for x in a["time"].split(":"))
     shift = pools["timezones"][a["to_timezone"]] - pools["timezones"][a["from_timezone"]]
@@ -162,7 +163,7 @@ def _timezone(a: Args, _r: random.Random, pools: Pools) -> dict[str, Any]:
     return {"converted_time": f"{total // 60:02d}:{total % 60:02d}", "day": day}
 
 
-@_result("hotel_booking", "hotels")
+@result_function("hotel_booking", "hotels")
 def _hotel(a: Args, r: random.Random, pools: Pools) -> dict[str, Any]:
     cap = a.get("max_price_per_night", 400)
     return {
@@ -173,7 +174,7 @@ def _hotel(a: Args, r: random.Random, pools: Pools) -> dict[str, Any]:
     }
 
 
-@_result("taxi_booking", "drivers")
+@result_function("taxi_booking", "drivers")
 def _taxi(_a: Args, r: random.Random, pools: Pools) -> dict[str, Any]:
     return {
         "status": "confirmed",
@@ -186,7 +187,7 @@ def _taxi(_a: Args, r: random.Random, pools: Pools) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------- money and numbers
 
 
-@_result("currency_conversion", "exchange_rates")
+@result_function("currency_conversion", "exchange_rates")
 def _convert(a: Args, _r: random.Random, pools: Pools) -> dict[str, Any]:
     rates = pools["exchange_rates"]
     rate = rates[a["to_currency"]] / rates[a["from_currency"]]
@@ -198,13 +199,13 @@ def _convert(a: Args, _r: random.Random, pools: Pools) -> dict[str, Any]:
     }
 
 
-@_result("unit_conversion", "units")
+@result_function("unit_conversion", "units")
 def _units(a: Args, _r: random.Random, pools: Pools) -> dict[str, Any]:
     factor = pools["units"][a["from_unit"]][a["to_unit"]]
     return {"converted_value": round(a["value"] * factor, 3), "unit": a["to_unit"]}
 
 
-@_result("stock_quote", "stocks")
+@result_function("stock_quote", "stocks")
 def _stock(a: Args, r: random.Random, pools: Pools) -> dict[str, Any]:
     stock = pools["stocks"][a["symbol"]]
     return {
@@ -216,7 +217,7 @@ def _stock(a: Args, r: random.Random, pools: Pools) -> dict[str, Any]:
     }
 
 
-@_result("crypto_quote", "coins", "exchange_rates")
+@result_function("crypto_quote", "coins", "exchange_rates")
 def _crypto(a: Args, r: random.Random, pools: Pools) -> dict[str, Any]:
     currency = a.get("currency", "USD")
     price = pools["coins"][a["coin"]] * pools["exchange_rates"][currency] * r.uniform(0.95, 1.05)
@@ -234,21 +235,21 @@ def _payment(principal: float, annual_rate: float, years: int) -> float:
     return principal / n if i == 0 else principal * i / (1 - (1 + i) ** -n)
 
 
-@_result("loan_payment")
+@result_function("loan_payment")
 def _loan(a: Args, _r: random.Random, _pools: Pools) -> dict[str, Any]:
     monthly = _payment(a["principal"], a["annual_interest_rate"], a["loan_term_years"])
     total = monthly * a["loan_term_years"] * 12
     return {"monthly_payment": round(monthly, 2), "total_interest": round(total - a["principal"], 2)}
 
 
-@_result("mortgage_payment")
+@result_function("mortgage_payment")
 def _mortgage(a: Args, _r: random.Random, _pools: Pools) -> dict[str, Any]:
     loan = a["home_price"] - a["down_payment"]
     monthly = _payment(loan, a["interest_rate"], a["term_years"])
     return {"loan_amount": loan, "monthly_payment": round(monthly, 2)}
 
 
-@_result("tip")
+@result_function("tip")
 def _tip(a: Args, _r: random.Random, _pools: Pools) -> dict[str, Any]:
     tip = round(a["bill_amount"] * a["tip_percentage"] / 100, 2)
     total = round(a["bill_amount"] + tip, 2)
@@ -258,7 +259,7 @@ def _tip(a: Args, _r: random.Random, _pools: Pools) -> dict[str, Any]:
     return out
 
 
-@_answer("tip")
+@answer_function("tip")
 def _tip_answer(c: dict[str, Any]) -> str:
     text = (
         f"A {c['tip_percentage']}% tip on {c['bill_amount']} is {c['tip_amount']:.2f}, "
@@ -269,18 +270,18 @@ def _tip_answer(c: dict[str, Any]) -> str:
     return text
 
 
-@_result("discount")
+@result_function("discount")
 def _discount(a: Args, _r: random.Random, _pools: Pools) -> dict[str, Any]:
     savings = round(a["original_price"] * a["discount_percent"] / 100, 2)
     return {"discounted_price": round(a["original_price"] - savings, 2), "savings": savings}
 
 
-@_result("average")
+@result_function("average")
 def _average(a: Args, _r: random.Random, _pools: Pools) -> dict[str, Any]:
     return {"average": round(sum(a["numbers"]) / len(a["numbers"]), 2)}
 
 
-@_result("bmi")
+@result_function("bmi")
 def _bmi(a: Args, _r: random.Random, _pools: Pools) -> dict[str, Any]:
     bmi = round(a["weight_kg"] / a["height_m"] ** 2, 1)
     category = (
@@ -295,7 +296,7 @@ def _bmi(a: Args, _r: random.Random, _pools: Pools) -> dict[str, Any]:
     return {"bmi": bmi, "category": category}
 
 
-@_result("age")
+@result_function("age")
 def _age(a: Args, _r: random.Random, _pools: Pools) -> dict[str, Any]:
     born = dt.date.fromisoformat(a["birth_date"])
     return {"age": TODAY.year - born.year - ((TODAY.month, TODAY.day) < (born.month, born.day))}
@@ -304,17 +305,17 @@ def _age(a: Args, _r: random.Random, _pools: Pools) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------- looking things up
 
 
-@_result("translation", "translations")
+@result_function("translation", "translations")
 def _translation(a: Args, _r: random.Random, pools: Pools) -> dict[str, Any]:
     return {"translated_text": pools["translations"][a["text"]][a["target_language"]]}
 
 
-@_result("definition", "words")
+@result_function("definition", "words")
 def _definition(a: Args, _r: random.Random, pools: Pools) -> dict[str, Any]:
     return {"word": a["word"], "definition": pools["words"][a["word"]]}
 
 
-@_result("recipes")
+@result_function("recipes")
 def _recipes(a: Args, r: random.Random, _pools: Pools) -> dict[str, Any]:
     style = a.get("cuisine") or r.choice(("Easy", "One-pot", "Weeknight", "15-minute"))
     main = a["ingredients"]
@@ -327,7 +328,7 @@ def _recipes(a: Args, r: random.Random, _pools: Pools) -> dict[str, Any]:
     return {"recipes": recipes}
 
 
-@_answer("recipes")
+@answer_function("recipes")
 def _recipes_answer(c: dict[str, Any]) -> str:
     first, second = c["recipes"][:2]
     return (
@@ -336,7 +337,7 @@ def _recipes_answer(c: dict[str, Any]) -> str:
     )
 
 
-@_result("nutrition", "foods")
+@result_function("nutrition", "foods")
 def _nutrition(a: Args, _r: random.Random, pools: Pools) -> dict[str, Any]:
     """The pool gives each food's figures per 100 g."""
     grams = a.get("serving_grams", 100)
@@ -352,7 +353,7 @@ def _nutrition(a: Args, _r: random.Random, pools: Pools) -> dict[str, Any]:
     }
 
 
-@_result("movie_details", "movies")
+@result_function("movie_details", "movies")
 def _movie(a: Args, _r: random.Random, pools: Pools) -> dict[str, Any]:
     movie = pools["movies"][a["title"]]
     return {
@@ -364,19 +365,19 @@ def _movie(a: Args, _r: random.Random, pools: Pools) -> dict[str, Any]:
     }
 
 
-@_result("movie_recommendations", "genres")
+@result_function("movie_recommendations", "genres")
 def _recommendations(a: Args, r: random.Random, pools: Pools) -> dict[str, Any]:
     titles = list(pools["genres"][a["genre"]])
     r.shuffle(titles)
     return {"movies": titles[: a.get("max_results", 3)]}
 
 
-@_answer("movie_recommendations")
+@answer_function("movie_recommendations")
 def _recommendations_answer(c: dict[str, Any]) -> str:
     return f"Here are some {c['genre']} movies you might enjoy: {join_words(c['movies'])}."
 
 
-@_result("book_availability", "books")
+@result_function("book_availability", "books")
 def _book(a: Args, r: random.Random, pools: Pools) -> dict[str, Any]:
     book = pools["books"][a["query"]]
     return {
@@ -387,38 +388,38 @@ def _book(a: Args, r: random.Random, pools: Pools) -> dict[str, Any]:
     }
 
 
-@_answer("book_availability")
+@answer_function("book_availability")
 def _book_answer(c: dict[str, Any]) -> str:
     found = f"I found '{c['title']}' by {c['author']} ({c['year']}). "
     return found + ("It's available to borrow." if c["available"] else "All copies are currently on loan.")
 
 
-@_result("headlines", "news")
+@result_function("headlines", "news")
 def _news(a: Args, r: random.Random, pools: Pools) -> dict[str, Any]:
     headlines = list(pools["news"][a["category"]])
     r.shuffle(headlines)
     return {"category": a["category"], "headlines": headlines[: a.get("max_results", 3)]}
 
 
-@_answer("headlines")
+@answer_function("headlines")
 def _news_answer(c: dict[str, Any]) -> str:
     lines = "\n".join(f"{i}. {h}" for i, h in enumerate(c["headlines"], start=1))
     return f"Here are the latest {c['category']} headlines:\n{lines}"
 
 
-@_result("restaurants", "restaurants")
+@result_function("restaurants", "restaurants")
 def _restaurants(_a: Args, r: random.Random, pools: Pools) -> dict[str, Any]:
     names = r.sample(pools["restaurants"], 3)
     return {"restaurants": [{"name": n, "rating": round(r.uniform(3.8, 4.9), 1)} for n in names]}
 
 
-@_answer("restaurants")
+@answer_function("restaurants")
 def _restaurants_answer(c: dict[str, Any]) -> str:
     options = join_words([f"{x['name']} (rated {x['rating']})" for x in c["restaurants"]])
     return f"Here are a few places to eat in {c['location']}: {options}. Enjoy your meal!"
 
 
-@_result("last_game", "teams")
+@result_function("last_game", "teams")
 def _score(a: Args, r: random.Random, pools: Pools) -> dict[str, Any]:
     ours, theirs = r.randint(0, 4), r.randint(0, 4)
     outcome = "won" if ours > theirs else "lost" if ours < theirs else "drew"
@@ -429,27 +430,27 @@ def _score(a: Args, r: random.Random, pools: Pools) -> dict[str, Any]:
 # ------------------------------------------------------------------------------- actions that confirm
 
 
-@_result("confirmation")
+@result_function("confirmation")
 def _confirmation(_a: Args, r: random.Random, _pools: Pools) -> dict[str, Any]:
     return {"status": "success", "id": _id(r, "")}
 
 
-@_result("email_sent")
+@result_function("email_sent")
 def _email_sent(_a: Args, r: random.Random, _pools: Pools) -> dict[str, Any]:
     return {"status": "sent", "message_id": _id(r, "msg-")}
 
 
-@_result("playlist_created")
+@result_function("playlist_created")
 def _playlist(a: Args, r: random.Random, _pools: Pools) -> dict[str, Any]:
     return {"playlist_id": _id(r, "pl_"), "name": a["name"], "track_count": len(a["songs"])}
 
 
-@_result("song_playing", "songs")
+@result_function("song_playing", "songs")
 def _song(a: Args, _r: random.Random, pools: Pools) -> dict[str, Any]:
     return {"status": "playing", "title": a["title"], "artist": pools["songs"][a["title"]]}
 
 
-@_result("cart_update", "products")
+@result_function("cart_update", "products")
 def _cart(a: Args, r: random.Random, pools: Pools) -> dict[str, Any]:
     item = a["item"]
     price = pools["products"][item["product_name"]]
@@ -457,12 +458,12 @@ def _cart(a: Args, r: random.Random, pools: Pools) -> dict[str, Any]:
     return {"status": "added", "cart_items": item["quantity"] + r.randint(0, 3), "cart_subtotal": subtotal}
 
 
-@_result("delivery_window")
+@result_function("delivery_window")
 def _delivery(_a: Args, r: random.Random, _pools: Pools) -> dict[str, Any]:
     return {"status": "scheduled", "window": r.choice(("08:00-12:00", "12:00-16:00", "16:00-20:00"))}
 
 
-@_result("password")
+@result_function("password")
 def _password(a: Args, r: random.Random, _pools: Pools) -> dict[str, Any]:
     chars = "abcdefghijkmnopqrstuvwxyzABCDEFGHJKLMNPQRSTUVWXYZ"
     chars += "23456789" if a.get("include_numbers", True) else ""
@@ -470,11 +471,11 @@ def _password(a: Args, r: random.Random, _pools: Pools) -> dict[str, Any]:
     return {"password": "".join(r.choice(chars) for _ in range(a["length"]))}
 
 
-@_result("qr_code")
+@result_function("qr_code")
 def _qr_code(_a: Args, r: random.Random, _pools: Pools) -> dict[str, Any]:
     return {"qr_code_url": f"https://qr.example.com/{_id(r, '')}.png"}
 
 
-@_result("workout_logged")
+@result_function("workout_logged")
 def _workout(a: Args, r: random.Random, _pools: Pools) -> dict[str, Any]:
     return {"status": "logged", "weekly_total_minutes": a["duration_minutes"] + r.randrange(0, 300, 5)}

@@ -1,10 +1,13 @@
-"""``schemas.json``, the generator's function library: its format, and loading it once, validated.
+"""``schemas.json`` and ``science.json``, the generator's function libraries: their format, and
+loading each once, validated. ``schemas.json`` holds 40 everyday functions (weather, flights,
+e-mail...); ``science.json`` 24 math, science, finance and statistics ones, drawn only at
+``data.synthetic_mix.science`` > 0.
 
-The file is one object::
+Each file is one object::
 
     {"about": "...",                        # optional: a note for readers of the file
      "pools": {"cities": {...}, "people": [...], ...},   # named lists, or mappings (keys are drawn)
-     "specs": [{                             # one per function, 40 shipped
+     "specs": [{                             # one per function
         "name": "get_current_weather", "description": "...",
         "domain": "weather",                 # distractors and refusals come from other domains
         "capability": "check the weather",   # "I can help you <capability>" / "I can't <capability>"
@@ -35,6 +38,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import hashlib
 import json
 import string
 from collections.abc import Iterable
@@ -45,11 +49,13 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationError, model_validator
 from pydantic_core import ErrorDetails
 
+from hpcpipe.data.function_calling import science_results  # noqa: F401  (registers science.json's results)
 from hpcpipe.data.function_calling.draws import Draw
 from hpcpipe.data.function_calling.results import ANSWERS, RESULTS
 from hpcpipe.errors import DataError, one_line
 
 SHIPPED = "schemas.json"
+SCIENCE = "science.json"  # math and science functions, drawn at data.synthetic_mix.science
 
 
 def phrase_key(value: Any) -> str:
@@ -201,10 +207,11 @@ def _close(name: str, known: Iterable[str]) -> str:
 # -------------------------------------------------------------------------------------------- loading
 
 
-def load_catalogue(path: Path | None = None) -> Catalogue:
-    """The validated library at ``path``; without one, the shipped ``schemas.json`` (read once)."""
+def load_catalogue(path: Path | None = None, shipped: str = SHIPPED) -> Catalogue:
+    """The validated library at ``path``; without one, the shipped file ``shipped`` (read once):
+    ``schemas.json`` (everyday functions) or ``science.json`` (math and science ones)."""
     if path is None:
-        return _shipped()
+        return _shipped(shipped)
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
@@ -212,11 +219,23 @@ def load_catalogue(path: Path | None = None) -> Catalogue:
     return parse_catalogue(text, str(path))
 
 
-@functools.lru_cache(maxsize=1)
-def _shipped() -> Catalogue:
+@functools.cache
+def _shipped(name: str) -> Catalogue:
+    return parse_catalogue(_shipped_text(name), str(resources.files(__package__).joinpath(name)))
+
+
+@functools.cache
+def _shipped_text(name: str) -> str:
     # importlib.resources, not __file__: the file is package data, also inside a wheel or a zip.
-    resource = resources.files(__package__).joinpath(SHIPPED)
-    return parse_catalogue(resource.read_text(encoding="utf-8"), str(resource))
+    return resources.files(__package__).joinpath(name).read_text(encoding="utf-8")
+
+
+def shipped_digest() -> str:
+    """SHA-256 of the shipped libraries' text: prepared rows depend on it (their fingerprint)."""
+    digest = hashlib.sha256()
+    for name in (SHIPPED, SCIENCE):
+        digest.update(_shipped_text(name).encode())
+    return digest.hexdigest()
 
 
 def parse_catalogue(text: str, source: str) -> Catalogue:
