@@ -460,6 +460,63 @@ def test_optional_args_is_the_chance_each_optional_argument_is_stated() -> None:
     assert_share(stated, slots, 0.5, "optional arguments stated")
 
 
+# ------------------------------------------------------------------------------------------------------ twins
+
+
+def test_twins_repeat_a_single_request_with_the_matching_function_swapped_for_one_of_its_library() -> None:
+    convs = rows(only(single=1, twins=1), 600)
+    for conv, twin in zip(convs[::2], convs[1::2], strict=True):
+        (call,) = first_calls(conv)
+        wanted = spec_of(call.name)
+        assert first_request(twin) == first_request(conv)
+        assert not first_calls(twin) and declines_naming_the_listed_functions(first_assistant(twin), twin)
+        assert wanted.capability in first_assistant(twin).content
+        swapped = [spec_of(name) for name in listed(twin) if spec_of(name) not in map(spec_of, listed(conv))]
+        (sibling,) = swapped
+        assert (sibling in SCIENCE_LIBRARY) == (wanted in SCIENCE_LIBRARY)
+        assert sibling.domain not in {spec_of(name).domain for name in listed(conv)}
+        assert len(listed(twin)) == len(listed(conv))
+
+
+def test_twins_is_the_share_of_single_conversations_followed_by_a_twin() -> None:
+    convs = rows(only(single=1, twins=0.5), 1500)
+    singles = sum(bool(first_calls(conv)) for conv in convs)
+    twins = len(convs) - singles
+    assert_share(twins, singles, 0.5, "single conversations with a twin")
+
+
+# ---------------------------------------------------------------------------------------------------- restate
+
+RESTATED = re.compile(r"^You'd like to (.+)\. The functions? here can (.+?)\.(?: (.+))?$")
+
+
+def test_restate_says_what_is_wanted_and_what_the_listed_functions_do_before_calling_or_declining() -> None:
+    called = declined = 0
+    for conv in rows(only(single=1, parallel=1, refusal=2, restate=1), 600):
+        message = first_assistant(conv)
+        match = RESTATED.match(message.content)
+        assert match, message.content
+        need, can, rest = match.groups()
+        assert can.startswith(spec_of(listed(conv)[0]).capability)
+        assert all(spec_of(name).capability in can for name in listed(conv))
+        if message.tool_calls:  # what is wanted is what the called functions do, and nothing follows
+            called += 1
+            assert rest is None
+            assert all(spec_of(call.name).capability in need for call in message.tool_calls)
+        else:  # what is wanted is none of the listed functions' capabilities
+            declined += 1
+            assert rest and all(spec_of(name).capability != need for name in listed(conv))
+    assert_share(called, called + declined, 0.5, "restated replies that call")
+
+
+def test_restate_is_the_share_of_conversations_whose_replies_restate_and_never_at_0() -> None:
+    convs = rows(only(single=1, refusal=1, restate=0.3), 1500)
+    restated = sum(bool(RESTATED.match(first_assistant(conv).content)) for conv in convs)
+    assert_share(restated, len(convs), 0.3, "restated conversations")
+    plain = rows(only(single=1, refusal=1), 500)
+    assert not any(RESTATED.match(first_assistant(conv).content) for conv in plain)
+
+
 # ------------------------------------------------------------------------------------------ calls are valid
 
 MIXES = {

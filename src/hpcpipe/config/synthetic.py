@@ -109,6 +109,20 @@ class SyntheticMix(Section):
         "apart by the rest of the name.",
     )
 
+    twins: float = _share(
+        0,
+        "Share of single conversations followed by their twin: the same request, with the matching "
+        "function swapped for another of its library (everyday or science) from another domain, "
+        "and a reply that declines. Only whether the matching function is listed tells the pair apart.",
+    )
+    restate: float = _share(
+        0,
+        "Share of conversations whose replies to a request first say what the user wants and what "
+        "the listed functions can do ('You'd like to check the weather. The functions here can "
+        "search for flights or check the weather.'), then call or decline: the call/no-call "
+        "decision comes after both are written out, not at the reply's first token.",
+    )
+
     @model_validator(mode="after")
     def _some_shape(self) -> SyntheticMix:
         if not any(self.shape_weights()):
@@ -142,4 +156,6 @@ class SyntheticMix(Section):
             science=0,
             dotted_names=0,
             api_namespaces=0,
+            restate=0,
+            twins=0,
         )

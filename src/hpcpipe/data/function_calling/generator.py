@@ -50,6 +50,7 @@ CALL_SHAPES = ("single", "parallel", "parallel_multiple")  # the first assistant
 
 LIBRARY: tuple[Spec, ...] = build_library(load_catalogue())
 SCIENCE_LIBRARY: tuple[Spec, ...] = build_library(load_catalogue(shipped=SCIENCE))
+_BY_NAME: dict[str, Spec] = {s.name: s for s in LIBRARY + SCIENCE_LIBRARY}
 
 
 def _display(value: Any) -> Any:
@@ -149,6 +150,12 @@ _REFUSALS = (
     "Unfortunately I'm not able to {cap}. My available functions only let me {listed}.",
     "I'm afraid I don't have a function to {cap}. I can, however, {listed}.",
 )
+# mix.restate: the reply first says what is wanted and what the listed functions do, then decides.
+_RESTATEMENT = "You'd like to {need}. The function{s} here can {listed}."
+_RESTATED_REFUSALS = (
+    "That isn't one of them, so I can't help with it here.",
+    "So I'm afraid I can't do that here.",
+)
 _NO_ACCESS_REFUSALS = (
     "I'm sorry, but I can't {cap} because I don't have access to external functions or services. I'm happy "
     "to help with general questions, though.",
@@ -167,14 +174,16 @@ class _Draft:
     listed: list[Spec]
     messages: list[Message]
     system: str = GLAIVE_WITH_FUNCTIONS
+    twin: _Draft | None = None  # mix.twins: the same request where no listed function fits
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Gen:
     """One generator's random stream and mix: every shape draws from both."""
 
     r: random.Random
     mix: SyntheticMix
+    restate: bool = False  # this conversation's replies restate the request first (mix.restate)
 
 
 def _sample_args(spec: Spec, g: _Gen) -> dict[str, Any]:
@@ -303,7 +312,22 @@ def _with_distractors(needed: list[Spec], g: _Gen, most: int = 4) -> list[Spec]:
 
 def _single(g: _Gen) -> _Draft:
     (spec,) = _pick(g, 1)
-    return _Draft(_with_distractors([spec], g), _call_turns(spec, g))
+    draft = _Draft(_with_distractors([spec], g), _call_turns(spec, g))
+    if g.mix.twins and g.r.random() < g.mix.twins:  # no draw at 0: older mixes keep their rows
+        draft.twin = _twin(spec, draft, g)
+    return draft
+
+
+def _twin(spec: Spec, draft: _Draft, g: _Gen) -> _Draft:
+    """The same request with ``spec`` swapped for a function of its own library (everyday or
+    science) from another domain: now nothing listed fits, and the reply declines. Only whether
+    the matching function is listed tells the pair apart."""
+    r = g.r
+    domains = {s.domain for s in draft.listed}
+    own = SCIENCE_LIBRARY if spec in SCIENCE_LIBRARY else LIBRARY
+    sibling = r.choice([s for s in own if s.domain not in domains])
+    listed = [sibling if s is spec else s for s in draft.listed]
+    return _Draft(listed, [draft.messages[0], _refusal_reply(spec, listed, g)])
 
 
 def _distinct_args(spec: Spec, g: _Gen, taken: list[dict[str, Any]]) -> dict[str, Any]:
@@ -429,11 +453,32 @@ def _ask(param: Param) -> str:
 
 
 def _refusal_turns(out: Spec, listed: list[Spec], g: _Gen) -> list[Message]:
+    return [Message("user", _request(out, _sample_args(out, g), g)), _refusal_reply(out, listed, g)]
+
+
+def _refusal_reply(out: Spec, listed: list[Spec], g: _Gen) -> Message:
+    """Declining a request for ``out``: what was asked and what the listed functions can do."""
     r = g.r
+    if g.restate:
+        return Message("assistant", f"{_restatement([out], listed)} {r.choice(_RESTATED_REFUSALS)}")
     listed_caps = join_words([s.capability for s in listed], "or")
+    return Message("assistant", r.choice(_REFUSALS).format(cap=out.capability, listed=listed_caps))
+
+
+def _restatement(wanted: Sequence[Spec], listed: Sequence[Spec]) -> str:
+    """What the user wants and what the listed functions can do, before the reply decides."""
+    need = join_words(list(dict.fromkeys(s.capability for s in wanted)))
+    can = join_words([s.capability for s in listed], "or")
+    return _RESTATEMENT.format(need=need, s="s" if len(listed) > 1 else "", listed=can)
+
+
+def _restated_calls(messages: list[Message], listed: Sequence[Spec]) -> list[Message]:
+    """Each reply that calls functions opens with the restatement instead of a preamble."""
     return [
-        Message("user", _request(out, _sample_args(out, g), g)),
-        Message("assistant", r.choice(_REFUSALS).format(cap=out.capability, listed=listed_caps)),
+        replace(m, content=_restatement([_BY_NAME[c.name] for c in m.tool_calls], listed))
+        if m.tool_calls
+        else m
+        for m in messages
     ]
 
 
@@ -481,10 +526,21 @@ _BUILDERS: dict[str, Callable[[_Gen], _Draft]] = {
 }
 
 
-def _conversation(g: _Gen) -> Conversation:
+def _conversations(g: _Gen) -> list[Conversation]:
+    """One drawn conversation, followed by its twin when it has one."""
     r, mix = g.r, g.mix
     shape = r.choices(SHAPES, weights=mix.shape_weights())[0]
+    g.restate = bool(mix.restate) and r.random() < mix.restate  # no draw at 0: older mixes keep their rows
     draft = _BUILDERS[shape](g)
+    if g.restate and draft.listed:
+        draft.messages = _restated_calls(draft.messages, draft.listed)
+    first = _finish(draft, shape, g)
+    return [first] if draft.twin is None else [first, _finish(draft.twin, "refusal", g)]
+
+
+def _finish(draft: _Draft, shape: str, g: _Gen) -> Conversation:
+    """A draft as a conversation: cut at the call (call_only), a closing thanks, namespaced names."""
+    r, mix = g.r, g.mix
     if shape in CALL_SHAPES and mix.call_only and r.random() < mix.call_only:
         del draft.messages[2:]  # end at the call: [user, assistant with its calls]
     elif draft.listed and draft.messages[-1].role == "assistant" and r.random() < 0.2:
@@ -524,7 +580,10 @@ def generate_conversations(n: int, seed: int, mix: SyntheticMix | None = None) -
     """``n`` conversations of ``mix`` (default: ``SyntheticMix()``); the same ``seed`` and mix give
     the same list, and a longer list extends a shorter one."""
     g = _Gen(random.Random(seed), mix or SyntheticMix())
-    return [_conversation(g) for _ in range(n)]
+    out: list[Conversation] = []
+    while len(out) < n:
+        out += _conversations(g)
+    return out[:n]
 
 
 def to_glaive(conv: Conversation, rng: random.Random | None = None) -> dict[str, str]:
