@@ -21,7 +21,8 @@ from typing import Any
 import pytest
 
 from hpcpipe.config.synthetic import SyntheticMix
-from hpcpipe.data.function_calling.generator import LIBRARY, SCIENCE_LIBRARY, generate_glaive_rows
+from hpcpipe.data.function_calling.generator import LIBRARY, SCIENCE_LIBRARY
+from hpcpipe.data.function_calling.glaive_rows import generate_glaive_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 BFCL = ROOT / "data" / "external" / "bfcl"

@@ -16,7 +16,8 @@ import pytest
 from hpcpipe.config import DataConfig
 from hpcpipe.config.synthetic import SyntheticMix
 from hpcpipe.data.function_calling import schemas
-from hpcpipe.data.function_calling.generator import LIBRARY, generate_glaive_rows
+from hpcpipe.data.function_calling.generator import LIBRARY
+from hpcpipe.data.function_calling.glaive_rows import generate_glaive_rows
 from hpcpipe.data.function_calling.library import build_library
 from hpcpipe.data.function_calling.prepare import fingerprint
 from hpcpipe.data.function_calling.schemas import SCIENCE, load_catalogue, phrase_key

@@ -26,13 +26,8 @@ from hpcpipe.data.function_calling.formats import (
     read_conversations,
     write_malformed_report,
 )
-from hpcpipe.data.function_calling.generator import (
-    LIBRARY,
-    generate_conversations,
-    generate_glaive_rows,
-    to_glaive,
-    write_jsonl,
-)
+from hpcpipe.data.function_calling.generator import LIBRARY, generate_conversations
+from hpcpipe.data.function_calling.glaive_rows import generate_glaive_rows, to_glaive, write_jsonl
 from hpcpipe.errors import DataError
 
 SONG_TOOL = {

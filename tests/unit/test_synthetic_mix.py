@@ -25,12 +25,8 @@ from hpcpipe.config import load_config
 from hpcpipe.config.synthetic import NO_CALL_SHAPES, SHAPE_FIELDS, SyntheticMix
 from hpcpipe.data.function_calling.conversation import Conversation, Message, ToolCall
 from hpcpipe.data.function_calling.formats import GLAIVE_NO_FUNCTIONS, parse_glaive
-from hpcpipe.data.function_calling.generator import (
-    LIBRARY,
-    SCIENCE_LIBRARY,
-    generate_conversations,
-    generate_glaive_rows,
-)
+from hpcpipe.data.function_calling.generator import LIBRARY, SCIENCE_LIBRARY, generate_conversations
+from hpcpipe.data.function_calling.glaive_rows import generate_glaive_rows
 from hpcpipe.data.function_calling.library import Spec
 from hpcpipe.data.function_calling.schemas import load_catalogue
 from hpcpipe.errors import ConfigError

@@ -41,7 +41,7 @@ _PRETRAIN_STEPS, _PRETRAIN_BATCH, _PRETRAIN_LEN, _PRETRAIN_LR = 200, 16, 512, 3e
 
 def _glaive_texts(n: int, seed: int) -> list[str]:
     from hpcpipe.config.synthetic import SyntheticMix
-    from hpcpipe.data.function_calling.generator import generate_glaive_rows
+    from hpcpipe.data.function_calling.glaive_rows import generate_glaive_rows
 
     # The classic mix: the pre-training text does not move with data.synthetic_mix's defaults.
     rows = generate_glaive_rows(n, seed, SyntheticMix.classic())

@@ -73,7 +73,7 @@ def read_split(cfg: DataConfig, seed: int) -> Conversations:
     malformed: Counter[str] = Counter()
     rows = 0
     if SYNTHETIC in cfg.sources:
-        from hpcpipe.data.function_calling.generator import generate_glaive_rows
+        from hpcpipe.data.function_calling.glaive_rows import generate_glaive_rows
 
         for i, row in enumerate(generate_glaive_rows(cfg.synthetic_rows, seed, cfg.synthetic_mix)):
             conv = parse_glaive(row)
