@@ -166,3 +166,41 @@ def test_the_decision_weight_weighs_the_tokens_that_open_a_reply() -> None:
     torch.testing.assert_close(plain, per_token[valid].mean())
     weights = torch.tensor([4.0, 1, 0, 4, 1, 0, 4, 1, 1, 0])  # 4 on the three opening tokens
     torch.testing.assert_close(supervised_loss(logits, targets, opens, 4.0), (per_token * weights).sum() / 16)
+
+
+def test_the_no_call_weight_weighs_the_openings_of_turns_without_a_call() -> None:
+    from hpcpipe.recipes.lora_fc import opening_targets, supervised_loss, text_openings
+
+    call = [8, 9]  # "<tool_call>" as two token ids
+    targets = torch.tensor(
+        [
+            # a call turn, a text turn, a call after a preamble (5 then 8, 9)
+            [IGNORE, 8, 9, 4, IGNORE, 3, 4, IGNORE, 5, 8, 9, IGNORE],
+            # a text turn holding 8 and 9 apart, then a text turn ending the row on 8
+            [1, 8, 2, 9, IGNORE, IGNORE, IGNORE, IGNORE, IGNORE, IGNORE, 2, 8],
+        ]
+    )
+    opens = opening_targets(targets)
+    assert opens.long().tolist() == [
+        [0, 1, 0, 0, 0, 1, 0, 0, 1, 0, 0, 0],
+        [1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0],
+    ]
+    text = text_openings(targets, opens, call)
+    assert text.long().tolist() == [
+        [0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0],
+        [1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0],
+    ]
+
+    torch.manual_seed(0)
+    logits = torch.randn(2, 12, 10)  # (B, K, V)
+    per_token = F.cross_entropy(
+        logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE, reduction="none"
+    )
+    weights = torch.where(opens, 2.0, 1.0) * torch.where(text, 3.0, 1.0) * (targets != IGNORE)
+    expected = (per_token * weights.flatten()).sum() / weights.sum()
+    assert weights.sum() == 14 + 2 + 5 * 3  # 14 supervised; 2 call openings at 2; 3 text ones at 6
+    torch.testing.assert_close(supervised_loss(logits, targets, opens, 2.0, text, 3.0), expected)
+    # at 1 the text openings weigh as the call openings do
+    torch.testing.assert_close(
+        supervised_loss(logits, targets, opens, 2.0, text, 1.0), supervised_loss(logits, targets, opens, 2.0)
+    )

@@ -513,6 +513,64 @@ def test_restate_is_the_share_of_conversations_whose_replies_restate_and_never_a
     assert not any(RESTATED.match(first_assistant(conv).content) for conv in plain)
 
 
+# ------------------------------------------------------------------------------------------------- follow-ups
+
+
+def replies_to_requests(conv: Conversation) -> list[Message]:
+    """The assistant turns that answer a request: a call, or a refusal naming the listed
+    functions (not answers to function results, nor "you're welcome" to a thanks)."""
+    replies = []
+    for before, message in zip(conv.messages, conv.messages[1:], strict=False):
+        answers = message.tool_calls or declines_naming_the_listed_functions(message, conv)
+        if before.role == "user" and answers:
+            replies.append(message)
+    return replies
+
+
+def test_follow_ups_ask_one_to_three_more_requests_against_the_same_functions() -> None:
+    lengths: Counter[int] = Counter()
+    for conv in rows(only(single=1, refusal=1, follow_ups=1), 600):
+        replies = replies_to_requests(conv)
+        lengths[len(replies)] += 1
+        for call, _ in calls_with_request(conv):
+            assert call.name in listed(conv)
+        for reply in replies:
+            if not reply.tool_calls:  # declines a request that no listed function serves
+                wanted = [spec for spec in SPECS.values() if f" {spec.capability}" in reply.content]
+                assert any(spec not in map(spec_of, listed(conv)) for spec in wanted), reply.content
+    assert set(lengths) == {2, 3, 4}, lengths
+    for extra in (1, 2, 3):
+        assert_share(lengths[extra + 1], 600, 1 / 3, f"conversations with {extra} follow-ups")
+
+
+def test_follow_ups_call_as_often_as_single_weighs_against_refusal() -> None:
+    calls = requests = 0
+    for conv in rows(only(single=1, refusal=3, follow_ups=1), 800):
+        later = replies_to_requests(conv)[1:]
+        calls += sum(bool(reply.tool_calls) for reply in later)
+        requests += len(later)
+    assert_share(calls, requests, 0.25, "follow-up requests answered by a call")
+
+
+def test_follow_ups_is_the_share_of_single_and_refusal_conversations_that_go_on_and_never_at_0() -> None:
+    convs = rows(only(single=1, refusal=1, parallel=1, follow_ups=0.5), 1500)
+    eligible = [conv for conv in convs if len(first_calls(conv)) <= 1]  # single and refusal
+    going_on = sum(len(replies_to_requests(conv)) > 1 for conv in eligible)
+    assert_share(going_on, len(eligible), 0.5, "single and refusal conversations with follow-ups")
+    assert all(len(replies_to_requests(conv)) == 1 for conv in convs if len(first_calls(conv)) > 1)
+    assert all(len(replies_to_requests(conv)) == 1 for conv in rows(only(single=1, refusal=1), 500))
+
+
+def test_call_only_ends_a_conversation_with_follow_ups_at_its_last_call() -> None:
+    ended_at_a_call = 0
+    for conv in rows(only(single=1, refusal=1, follow_ups=1, call_only=1), 600):
+        last_request = max(i for i, m in enumerate(conv.messages) if m.role == "user")
+        if conv.messages[last_request + 1].tool_calls:
+            ended_at_a_call += 1
+            assert len(conv.messages) == last_request + 2
+    assert ended_at_a_call > 100
+
+
 # ------------------------------------------------------------------------------------------ calls are valid
 
 MIXES = {
@@ -525,6 +583,7 @@ MIXES = {
         copy_values=1,
         call_only=0,
         dotted_names=1,
+        follow_ups=1,
     ),
     "bare": SyntheticMix(optional_args=0, copy_values=0, call_only=1, enum_nested=10, dotted_names=0),
     "science": SyntheticMix(science=3, inline_lists=1, call_only=0),

@@ -28,6 +28,15 @@ class LoraConfig(Section):
         description="Loss weight of the first token of each assistant turn, where the model decides "
         "between a call and a text reply, relative to the other supervised tokens (1: a plain mean).",
     )
+    no_call_weight: float = Field(
+        1.0,
+        gt=0,
+        le=100,
+        description="Further factor on the first token of an assistant turn that makes no call (a "
+        "refusal, an answer, a question), over decision_weight: a class weight on the decision. Above "
+        "1 moves the call/no-call boundary toward declining, below 1 toward calling, with the "
+        "training rows unchanged.",
+    )
     adapter_dtype: Literal["fp32", "bf16"] = Field(
         "fp32",
         description="Dtype of the trainable adapter weights (and their optimizer state): fp32 "

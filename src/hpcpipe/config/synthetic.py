@@ -122,6 +122,13 @@ class SyntheticMix(Section):
         "search for flights or check the weather.'), then call or decline: the call/no-call "
         "decision comes after both are written out, not at the reply's first token.",
     )
+    follow_ups: float = _share(
+        0,
+        "Share of single and refusal conversations that go on with one to three more requests "
+        "against the same listed functions, each served by one of them (a call) or by none (a "
+        "refusal), as often as single is weighed against refusal: more call/no-call decisions per "
+        "trained token, and both answers beside the same functions.",
+    )
 
     @model_validator(mode="after")
     def _some_shape(self) -> SyntheticMix:
@@ -158,4 +165,5 @@ class SyntheticMix(Section):
             api_namespaces=0,
             restate=0,
             twins=0,
+            follow_ups=0,
         )

@@ -68,18 +68,40 @@ def opening_targets(targets: torch.Tensor) -> torch.Tensor:
     return supervised & F.pad(~supervised[:, :-1], (1, 0), value=True)
 
 
+def text_openings(targets: torch.Tensor, opens: torch.Tensor, call_open: Sequence[int]) -> torch.Tensor:
+    """(B, T) bool: the ``opens`` of assistant turns that make no call, the turns (supervised runs
+    of ``targets``, B, T) in which the token ids of ``call_open`` ("<tool_call>") never follow
+    one another. A call after a preamble ("Sure, one moment.") still makes its turn a call."""
+    supervised = targets != IGNORE
+    turn = torch.cumsum(opens.long(), dim=1) * supervised  # (B, T): 1, 2, ... per turn; 0 between
+    starts = supervised.clone()  # positions t with targets[t + i] == call_open[i] for every i
+    for i, token in enumerate(call_open):
+        starts &= F.pad(targets[:, i:], (0, i), value=IGNORE) == token
+    calls = torch.zeros(turn.shape[0], turn.shape[1] + 1, dtype=torch.long, device=targets.device)
+    calls.scatter_add_(1, turn, starts.long())  # (B, T + 1): call openers per turn id
+    return opens & (calls.gather(1, turn) == 0)
+
+
 def supervised_loss(
-    logits: torch.Tensor, targets: torch.Tensor, opens: torch.Tensor, decision_weight: float
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    opens: torch.Tensor,
+    decision_weight: float,
+    text_opens: torch.Tensor | None = None,
+    no_call_weight: float = 1.0,
 ) -> torch.Tensor:
     """Mean cross-entropy over the supervised targets (B, K) of ``logits`` (B, K, V); with
     ``decision_weight`` != 1, the tokens that open an assistant turn (``opens``, B, K) weigh that
-    much in a weighted mean: one token in ~40 of a reply decides call or no call."""
+    much in a weighted mean: one token in ~40 of a reply decides call or no call. Those that open
+    a turn without a call (``text_opens``, B, K) weigh ``no_call_weight`` times more again."""
     flat, labels = logits.flatten(0, 1).float(), targets.flatten()
-    if decision_weight == 1:
+    if decision_weight == 1 and (text_opens is None or no_call_weight == 1):
         supervised = (labels != IGNORE).sum()
         return F.cross_entropy(flat, labels, ignore_index=IGNORE, reduction="sum") / supervised.clamp(min=1)
     per_token = F.cross_entropy(flat, labels, ignore_index=IGNORE, reduction="none")  # (B*K,), 0 if ignored
     weights = torch.where(opens.flatten(), decision_weight, 1.0) * (labels != IGNORE)
+    if text_opens is not None:
+        weights = torch.where(text_opens.flatten(), weights * no_call_weight, weights)
     return (per_token * weights).sum() / weights.sum().clamp(min=1)
 
 
@@ -202,29 +224,40 @@ class LoraFCRecipe:
 
         return decoder_layers(model)
 
-    def _logits(self, model: nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    @cached_property
+    def call_open(self) -> list[int]:
+        """The token ids of "<tool_call>", which opens every call an assistant turn writes."""
+        from hpcpipe.data.function_calling.tokens import CALL_OPEN
+
+        return list(self.chat.tokenizer(CALL_OPEN, add_special_tokens=False)["input_ids"])
+
+    def _logits(
+        self, model: nn.Module, batch: Batch
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Logits (B, K, V) at the K positions that predict a supervised token; their targets (B, K);
-        and which of those targets open an assistant turn (B, K): where the model decides between
-        a call and text."""
+        which of those targets open an assistant turn (B, K), where the model decides between a
+        call and text; and which open a turn that makes no call (B, K)."""
         input_ids, labels, doc_ids = batch  # (B, T) each
         mask, positions = packed_attention(doc_ids)
         targets = labels[:, 1:]  # (B, T-1): position t predicts token t+1
         opens = opening_targets(targets)  # (B, T-1)
+        text_opens = text_openings(targets, opens, self.call_open)  # (B, T-1)
         keep = (targets != IGNORE).any(dim=0).nonzero().squeeze(1)  # (K,)
         if keep.numel() == 0:  # an all-padding batch: one position keeps the graph alive
             keep = torch.zeros(1, dtype=torch.long, device=input_ids.device)
         out = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, logits_to_keep=keep)
-        return out.logits, targets[:, keep], opens[:, keep]
+        return out.logits, targets[:, keep], opens[:, keep], text_opens[:, keep]
 
     def loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:
-        logits, targets, opens = self._logits(model, batch)
+        logits, targets, opens, text_opens = self._logits(model, batch)
         supervised = (targets != IGNORE).sum()
         self._count("real_tokens", (batch[2] >= 0).sum())
         self._count("supervised_tokens", supervised)
-        return supervised_loss(logits, targets, opens, self.lora_cfg.decision_weight)
+        cfg = self.lora_cfg
+        return supervised_loss(logits, targets, opens, cfg.decision_weight, text_opens, cfg.no_call_weight)
 
     def eval_sums(self, model: nn.Module, batch: Batch) -> dict[str, torch.Tensor]:
-        logits, targets, _ = self._logits(model, batch)
+        logits, targets, _, _ = self._logits(model, batch)
         valid = targets != IGNORE
         flat = logits.flatten(0, 1).float()
         return {

@@ -167,6 +167,7 @@ class _Draft:
     messages: list[Message]
     system: str = GLAIVE_WITH_FUNCTIONS
     twin: _Draft | None = None  # mix.twins: the same request where no listed function fits
+    follow_ups: bool = False  # mix.follow_ups: more requests against the same functions follow
 
 
 @dataclass
@@ -474,6 +475,24 @@ def _restated_calls(messages: list[Message], listed: Sequence[Spec]) -> list[Mes
     ]
 
 
+FOLLOW_UP_SHAPES = ("single", "refusal")  # one request, one decision: more can follow
+
+
+def _follow_ups(listed: list[Spec], g: _Gen) -> list[Message]:
+    """One to three more requests against ``listed``: each served by one of them (a call, its
+    result and the answer) or by none (a refusal), in the mix's proportion of single to refusal."""
+    r, mix = g.r, g.mix
+    calls = mix.single / (mix.single + mix.refusal)  # > 0: a follow-up shape has a weight
+    messages: list[Message] = []
+    for _ in range(r.randint(1, 3)):
+        if r.random() < calls:
+            messages += _call_turns(r.choice(listed), g)
+        else:
+            out = _pick(g, 1, {s.domain for s in listed})[0]
+            messages += _refusal_turns(out, listed, g)
+    return messages
+
+
 def _refusal(g: _Gen) -> _Draft:
     """A request no listed function can serve: a polite no, naming what the functions can do."""
     listed = _pick(g, g.r.randint(1, 3))
@@ -524,6 +543,9 @@ def _conversations(g: _Gen) -> list[Conversation]:
     shape = r.choices(SHAPES, weights=mix.shape_weights())[0]
     g.restate = bool(mix.restate) and r.random() < mix.restate  # no draw at 0: older mixes keep their rows
     draft = _BUILDERS[shape](g)
+    if shape in FOLLOW_UP_SHAPES and mix.follow_ups and r.random() < mix.follow_ups:  # no draw at 0
+        draft.messages += _follow_ups(draft.listed, g)
+        draft.follow_ups = True
     if g.restate and draft.listed:
         draft.messages = _restated_calls(draft.messages, draft.listed)
     first = _finish(draft, shape, g)
@@ -533,8 +555,11 @@ def _conversations(g: _Gen) -> list[Conversation]:
 def _finish(draft: _Draft, shape: str, g: _Gen) -> Conversation:
     """A draft as a conversation: cut at the call (call_only), a closing thanks, namespaced names."""
     r, mix = g.r, g.mix
-    if shape in CALL_SHAPES and mix.call_only and r.random() < mix.call_only:
-        del draft.messages[2:]  # end at the call: [user, assistant with its calls]
+    calls_last = shape in CALL_SHAPES or (draft.follow_ups and _last_reply_calls(draft.messages))
+    if calls_last and mix.call_only and r.random() < mix.call_only:
+        # end at the last request's call: without follow-ups, [user, assistant with its calls]
+        last_user = max(i for i, m in enumerate(draft.messages) if m.role == "user")
+        del draft.messages[last_user + 2 :]
     elif draft.listed and draft.messages[-1].role == "assistant" and r.random() < 0.2:
         draft.messages += [Message("user", r.choice(_THANKS)), Message("assistant", r.choice(_WELCOME))]
     messages = (Message("system", draft.system), *draft.messages)
@@ -542,6 +567,11 @@ def _finish(draft: _Draft, shape: str, g: _Gen) -> Conversation:
     if draft.listed and mix.dotted_names and r.random() < mix.dotted_names:
         return _namespaced(Conversation(messages, tools), _dotted(draft.listed, g))
     return Conversation(messages, tools)
+
+
+def _last_reply_calls(messages: list[Message]) -> bool:
+    last_user = max(i for i, m in enumerate(messages) if m.role == "user")
+    return bool(messages[last_user + 1].tool_calls)
 
 
 def _dotted(listed: list[Spec], g: _Gen) -> dict[str, str]:

@@ -55,8 +55,11 @@ class Encoded:
         return int((self.labels != IGNORE).sum())
 
 
+CALL_OPEN = "<tool_call>"  # opens every call block an assistant turn writes
+
+
 def format_call(call: ToolCall) -> str:
-    return "<tool_call>\n" + json.dumps(call.to_json(), ensure_ascii=False) + "\n</tool_call>"
+    return f"{CALL_OPEN}\n" + json.dumps(call.to_json(), ensure_ascii=False) + "\n</tool_call>"
 
 
 class ChatFormat:
