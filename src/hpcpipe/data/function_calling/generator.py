@@ -570,6 +570,7 @@ def _finish(draft: _Draft, shape: str, g: _Gen) -> Conversation:
 
 
 def _last_reply_calls(messages: list[Message]) -> bool:
+    """Whether the reply to the last request calls functions (rather than declining)."""
     last_user = max(i for i, m in enumerate(messages) if m.role == "user")
     return bool(messages[last_user + 1].tool_calls)
 
