@@ -10,7 +10,6 @@ run is deterministic; the margin only keeps a reseed from failing by chance).
 
 from __future__ import annotations
 
-import math
 import re
 import subprocess
 from collections import Counter
@@ -20,71 +19,28 @@ from typing import Any
 
 import pytest
 from pydantic import ValidationError
+from tests.fc_mix_rows import (
+    SPECS,
+    assert_share,
+    calls_with_request,
+    declines_naming_the_listed_functions,
+    first_calls,
+    first_request,
+    listed,
+    only,
+    rows,
+    spec_of,
+)
 
 from hpcpipe.config import load_config
 from hpcpipe.config.synthetic import NO_CALL_SHAPES, SHAPE_FIELDS, SyntheticMix
-from hpcpipe.data.function_calling.conversation import Conversation, Message, ToolCall
+from hpcpipe.data.function_calling.conversation import Conversation, ToolCall
 from hpcpipe.data.function_calling.formats import GLAIVE_NO_FUNCTIONS, parse_glaive
 from hpcpipe.data.function_calling.generator import LIBRARY, SCIENCE_LIBRARY, generate_conversations
 from hpcpipe.data.function_calling.glaive_rows import generate_glaive_rows
 from hpcpipe.data.function_calling.library import Spec
 from hpcpipe.data.function_calling.schemas import load_catalogue
 from hpcpipe.errors import ConfigError
-
-SPECS: dict[str, Spec] = {spec.name: spec for spec in LIBRARY + SCIENCE_LIBRARY}
-
-
-def only(**knobs: float) -> SyntheticMix:
-    """A mix of the shapes named in ``knobs`` (every other shape weighs 0) and the other knobs given."""
-    shapes = {name: knobs.pop(name, 0) for name in SHAPE_FIELDS}
-    return SyntheticMix(**shapes, **knobs)
-
-
-def rows(mix: SyntheticMix, n: int, seed: int = 0) -> list[Conversation]:
-    """``n`` generated Glaive rows, parsed back as a trainer reads them."""
-    return [parse_glaive(row) for row in generate_glaive_rows(n, seed, mix)]
-
-
-def assert_share(count: int, n: int, p: float, what: str) -> None:
-    """``count`` of ``n`` is within 4 binomial standard deviations of the share ``p``."""
-    margin = 4 * math.sqrt(p * (1 - p) / n)
-    assert abs(count / n - p) <= margin, (
-        f"{what}: {count}/{n} = {count / n:.3f}, expected {p:.3f} ± {margin:.3f}"
-    )
-
-
-def first_assistant(conv: Conversation) -> Message:
-    return next(m for m in conv.messages if m.role == "assistant")
-
-
-def first_calls(conv: Conversation) -> tuple[ToolCall, ...]:
-    return first_assistant(conv).tool_calls
-
-
-def listed(conv: Conversation) -> list[str]:
-    return [tool["name"] for tool in conv.tools]
-
-
-def spec_of(name: str) -> Spec:
-    """The library function a call or tool names, with or without its dotted namespace."""
-    return SPECS[name.rsplit(".", 1)[-1]]
-
-
-def calls_with_request(conv: Conversation) -> Iterator[tuple[ToolCall, str]]:
-    """Every call of ``conv`` and the user message it answers (the last one before it)."""
-    user = ""
-    for message in conv.messages:
-        if message.role == "user":
-            user = message.content
-        for call in message.tool_calls:
-            yield call, user
-
-
-def declines_naming_the_listed_functions(message: Message, conv: Conversation) -> bool:
-    """A refusal says what the listed functions can do instead: every one's capability."""
-    return not message.tool_calls and all(
-        spec_of(name).capability in message.content for name in listed(conv)
-    )
 
 
 def shape_of(conv: Conversation) -> str:
@@ -240,10 +196,6 @@ def one_value_varies(calls: tuple[ToolCall, ...]) -> bool:
 
 JOINED = re.compile(r"(Also, |And |In addition, |Oh, and )[a-zI]")
 COMPACT = re.compile(r"(Do the same for|Then repeat that for|And the same for|Please also do it for) ")
-
-
-def first_request(conv: Conversation) -> str:
-    return next(m.content for m in conv.messages if m.role == "user")
 
 
 def test_parallel_multiple_calls_two_or_three_functions_one_of_them_twice() -> None:
@@ -454,121 +406,6 @@ def test_optional_args_is_the_chance_each_optional_argument_is_stated() -> None:
         stated += len(optional & set(call.arguments))
         slots += len(optional)
     assert_share(stated, slots, 0.5, "optional arguments stated")
-
-
-# ------------------------------------------------------------------------------------------------------ twins
-
-
-def test_twins_repeat_a_single_request_with_the_matching_function_swapped_for_one_of_its_library() -> None:
-    convs = rows(only(single=1, twins=1), 600)
-    for conv, twin in zip(convs[::2], convs[1::2], strict=True):
-        (call,) = first_calls(conv)
-        wanted = spec_of(call.name)
-        assert first_request(twin) == first_request(conv)
-        assert not first_calls(twin) and declines_naming_the_listed_functions(first_assistant(twin), twin)
-        assert wanted.capability in first_assistant(twin).content
-        swapped = [spec_of(name) for name in listed(twin) if spec_of(name) not in map(spec_of, listed(conv))]
-        (sibling,) = swapped
-        assert (sibling in SCIENCE_LIBRARY) == (wanted in SCIENCE_LIBRARY)
-        assert sibling.domain not in {spec_of(name).domain for name in listed(conv)}
-        assert len(listed(twin)) == len(listed(conv))
-
-
-def test_twins_is_the_share_of_single_conversations_followed_by_a_twin() -> None:
-    convs = rows(only(single=1, twins=0.5), 1500)
-    singles = sum(bool(first_calls(conv)) for conv in convs)
-    twins = len(convs) - singles
-    assert_share(twins, singles, 0.5, "single conversations with a twin")
-
-
-# ---------------------------------------------------------------------------------------------------- restate
-
-RESTATED = re.compile(r"^You'd like to (.+)\. The functions? here can (.+?)\.(?: (.+))?$")
-
-
-def test_restate_says_what_is_wanted_and_what_the_listed_functions_do_before_calling_or_declining() -> None:
-    called = declined = 0
-    for conv in rows(only(single=1, parallel=1, refusal=2, restate=1), 600):
-        message = first_assistant(conv)
-        match = RESTATED.match(message.content)
-        assert match, message.content
-        need, can, rest = match.groups()
-        assert can.startswith(spec_of(listed(conv)[0]).capability)
-        assert all(spec_of(name).capability in can for name in listed(conv))
-        if message.tool_calls:  # what is wanted is what the called functions do, and nothing follows
-            called += 1
-            assert rest is None
-            assert all(spec_of(call.name).capability in need for call in message.tool_calls)
-        else:  # what is wanted is none of the listed functions' capabilities
-            declined += 1
-            assert rest and all(spec_of(name).capability != need for name in listed(conv))
-    assert_share(called, called + declined, 0.5, "restated replies that call")
-
-
-def test_restate_is_the_share_of_conversations_whose_replies_restate_and_never_at_0() -> None:
-    convs = rows(only(single=1, refusal=1, restate=0.3), 1500)
-    restated = sum(bool(RESTATED.match(first_assistant(conv).content)) for conv in convs)
-    assert_share(restated, len(convs), 0.3, "restated conversations")
-    plain = rows(only(single=1, refusal=1), 500)
-    assert not any(RESTATED.match(first_assistant(conv).content) for conv in plain)
-
-
-# ------------------------------------------------------------------------------------------------- follow-ups
-
-
-def replies_to_requests(conv: Conversation) -> list[Message]:
-    """The assistant turns that answer a request: a call, or a refusal naming the listed
-    functions (not answers to function results, nor "you're welcome" to a thanks)."""
-    replies = []
-    for before, message in zip(conv.messages, conv.messages[1:], strict=False):
-        answers = message.tool_calls or declines_naming_the_listed_functions(message, conv)
-        if before.role == "user" and answers:
-            replies.append(message)
-    return replies
-
-
-def test_follow_ups_ask_one_to_three_more_requests_against_the_same_functions() -> None:
-    lengths: Counter[int] = Counter()
-    for conv in rows(only(single=1, refusal=1, follow_ups=1), 600):
-        replies = replies_to_requests(conv)
-        lengths[len(replies)] += 1
-        for call, _ in calls_with_request(conv):
-            assert call.name in listed(conv)
-        for reply in replies:
-            if not reply.tool_calls:  # declines a request that no listed function serves
-                wanted = [spec for spec in SPECS.values() if f" {spec.capability}" in reply.content]
-                assert any(spec not in map(spec_of, listed(conv)) for spec in wanted), reply.content
-    assert set(lengths) == {2, 3, 4}, lengths
-    for extra in (1, 2, 3):
-        assert_share(lengths[extra + 1], 600, 1 / 3, f"conversations with {extra} follow-ups")
-
-
-def test_follow_ups_call_as_often_as_single_weighs_against_refusal() -> None:
-    calls = requests = 0
-    for conv in rows(only(single=1, refusal=3, follow_ups=1), 800):
-        later = replies_to_requests(conv)[1:]
-        calls += sum(bool(reply.tool_calls) for reply in later)
-        requests += len(later)
-    assert_share(calls, requests, 0.25, "follow-up requests answered by a call")
-
-
-def test_follow_ups_is_the_share_of_single_and_refusal_conversations_that_go_on_and_never_at_0() -> None:
-    convs = rows(only(single=1, refusal=1, parallel=1, follow_ups=0.5), 1500)
-    eligible = [conv for conv in convs if len(first_calls(conv)) <= 1]  # single and refusal
-    going_on = sum(len(replies_to_requests(conv)) > 1 for conv in eligible)
-    assert_share(going_on, len(eligible), 0.5, "single and refusal conversations with follow-ups")
-    assert all(len(replies_to_requests(conv)) == 1 for conv in convs if len(first_calls(conv)) > 1)
-    assert all(len(replies_to_requests(conv)) == 1 for conv in rows(only(single=1, refusal=1), 500))
-
-
-def test_call_only_ends_a_conversation_with_follow_ups_at_its_last_call() -> None:
-    ended_at_a_call = 0
-    for conv in rows(only(single=1, refusal=1, follow_ups=1, call_only=1), 600):
-        last_request = max(i for i, m in enumerate(conv.messages) if m.role == "user")
-        if conv.messages[last_request + 1].tool_calls:
-            ended_at_a_call += 1
-            assert len(conv.messages) == last_request + 2
-    assert ended_at_a_call > 100
 
 
 # ------------------------------------------------------------------------------------------ calls are valid

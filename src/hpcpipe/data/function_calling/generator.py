@@ -19,7 +19,8 @@ function, so a model can learn to extract them. How often each shape comes, and 
 (made-up values to copy, conversations that end at the call, namespaced names...), are
 ``data.synthetic_mix`` (``hpcpipe.config.synthetic.SyntheticMix``).
 
-Glaive v2 rows of these conversations: ``glaive_rows.py``.
+Glaive v2 rows of these conversations: ``glaive_rows.py``; what they say besides requests and calls
+(answers, refusals, thanks): ``phrases.py``.
 """
 
 from __future__ import annotations
@@ -34,6 +35,21 @@ from hpcpipe.config.synthetic import SHAPE_FIELDS, SyntheticMix
 from hpcpipe.data.function_calling.conversation import Conversation, Message, ToolCall
 from hpcpipe.data.function_calling.formats import GLAIVE_NO_FUNCTIONS, GLAIVE_WITH_FUNCTIONS
 from hpcpipe.data.function_calling.library import Param, Spec, build_library
+from hpcpipe.data.function_calling.phrases import (
+    ASK_OPENERS,
+    ASKS,
+    CONNECTORS,
+    GREETINGS,
+    NO_ACCESS_REFUSALS,
+    PREAMBLES,
+    QA,
+    REFUSALS,
+    RESTATED_REFUSALS,
+    RESTATEMENT,
+    SAME_FOR,
+    THANKS,
+    WELCOME,
+)
 from hpcpipe.data.function_calling.results import join_words
 from hpcpipe.data.function_calling.schemas import SCIENCE, load_catalogue
 
@@ -50,110 +66,6 @@ def _display(value: Any) -> Any:
     if isinstance(value, list):
         return join_words([str(v) for v in value])
     return value
-
-
-# ------------------------------------------------------------------------------------ chat without functions
-
-_QA = (
-    (
-        "What's the capital of Switzerland?",
-        "The capital of Switzerland is Bern, although Zürich is its largest city.",
-    ),
-    (
-        "Can you explain what photosynthesis is?",
-        "Photosynthesis is how plants turn sunlight, water and carbon dioxide into glucose and oxygen. It "
-        "happens mostly in the chloroplasts of leaf cells.",
-    ),
-    (
-        "Who wrote 'One Hundred Years of Solitude'?",
-        "'One Hundred Years of Solitude' was written by Gabriel García Márquez and published in 1967.",
-    ),
-    (
-        "How do you say 'thank you' in Japanese?",
-        "'Thank you' in Japanese is ありがとう (arigatō). A more polite form is ありがとうございます.",
-    ),
-    (
-        "What does 'déjà vu' mean?",
-        "'Déjà vu' is French for 'already seen': the feeling that you've lived the present moment before.",
-    ),
-    (
-        "How many continents are there?",
-        "There are seven: Africa, Antarctica, Asia, Australia, Europe, North America and South America.",
-    ),
-    (
-        "Why is the sky blue?",
-        "Sunlight scatters off air molecules, and blue light scatters much more than red (Rayleigh "
-        "scattering), so the sky looks blue.",
-    ),
-    (
-        "Who painted the Mona Lisa?",
-        "Leonardo da Vinci painted the Mona Lisa in the early 1500s. It hangs in the Louvre in Paris.",
-    ),
-    ("What's the square root of 144?", "The square root of 144 is 12."),
-    ("What's the tallest mountain in the world?", "Mount Everest, at 8,849 metres above sea level."),
-    (
-        "What's the plural of 'cactus'?",
-        "Both 'cacti' and 'cactuses' are correct; 'cacti' is more common in writing.",
-    ),
-    (
-        "Can you suggest a name for my new puppy?",
-        "How about Biscuit, Luna, Miso or Pepper? Pick one that suits your puppy's personality!",
-    ),
-    ("How long does sunlight take to reach Earth?", "About 8 minutes and 20 seconds."),
-    (
-        "What's the difference between weather and climate?",
-        "Weather is what the atmosphere does on a given day; climate is the average of that weather over "
-        "decades.",
-    ),
-    ("Give me a synonym for 'happy'.", "Some synonyms for 'happy' are cheerful, joyful, content and glad."),
-    (
-        "Can you write a haiku about autumn?",
-        "Crisp leaves drift and fall,\nthe maple's last red whisper —\nwind carries it home.",
-    ),
-)
-_PREAMBLES = ("Sure, one moment.", "Sure! Let me do that.", "On it.", "Okay, just a second.")
-_GREETINGS = ("", "", "Hi! ", "Hey, ", "Quick question: ", "Hello! ")
-_THANKS = ("Thanks!", "Thank you, that's really helpful.", "Great, thanks a lot!", "Perfect, merci!")
-_WELCOME = (
-    "You're welcome! Let me know if there's anything else I can do.",
-    "Happy to help! Anything else?",
-    "My pleasure — just ask if you need anything else.",
-)
-# Made-up names are 2-3 of these (copy_values).
-_SYLLABLES: tuple[str, ...] = ("ka", "lo", "mer", "vi", "dun", "sa", "tor", "el", "qui", "ban", "ro")
-_SYLLABLES += ("zen", "fa", "li", "mo", "ther")
-_SAME_FOR = (
-    "Do the same for {values}.",
-    "Then repeat that for {values}.",
-    "And the same for {values}, please.",
-    "Please also do it for {values}.",
-)
-_CONNECTORS = ("Also, ", "And ", "In addition, ", "Oh, and ")
-_ASK_OPENERS = (
-    "Can you help me {cap}?",
-    "I need to {cap}.",
-    "Hi, I'd like to {cap}.",
-    "Could you {cap} for me?",
-)
-_ASKS = ("Of course! Could you tell me {needs}?", "Sure, I can help with that. Please give me {needs}.")
-_REFUSALS = (
-    "I'm sorry, but I can't {cap} — that's outside the functions I have. I can help you {listed} if you'd "
-    "like.",
-    "Unfortunately I'm not able to {cap}. My available functions only let me {listed}.",
-    "I'm afraid I don't have a function to {cap}. I can, however, {listed}.",
-)
-# mix.restate: the reply first says what is wanted and what the listed functions do, then decides.
-_RESTATEMENT = "You'd like to {need}. The function{s} here can {listed}."
-_RESTATED_REFUSALS = (
-    "That isn't one of them, so I can't help with it here.",
-    "So I'm afraid I can't do that here.",
-)
-_NO_ACCESS_REFUSALS = (
-    "I'm sorry, but I can't {cap} because I don't have access to external functions or services. I'm happy "
-    "to help with general questions, though.",
-    "Unfortunately, I'm not able to {cap} — I have no access to external tools. Is there anything else I "
-    "can help you with?",
-)
 
 
 # --------------------------------------------------------------------------------------- conversation shapes
@@ -195,6 +107,11 @@ def _draw(param: Param, g: _Gen, args: dict[str, Any]) -> Any:
     if g.mix.copy_values and param.free_text and r.random() < g.mix.copy_values:
         value = [_made_up(r, v) for v in value] if isinstance(value, list) else _made_up(r, value)
     return value
+
+
+# Made-up names are 2-3 of these (copy_values).
+_SYLLABLES: tuple[str, ...] = ("ka", "lo", "mer", "vi", "dun", "sa", "tor", "el", "qui", "ban", "ro")
+_SYLLABLES += ("zen", "fa", "li", "mo", "ther")
 
 
 def _made_up(r: random.Random, like: str) -> str:
@@ -246,7 +163,7 @@ def _combine(first: str, second: str, r: random.Random) -> str:
     """Two requests in one message; the second starts lower-case unless it starts with "I"."""
     if not (second.startswith("I ") or second.startswith("I'")):
         second = second[0].lower() + second[1:]
-    return f"{first} {r.choice(_CONNECTORS)}{second}"
+    return f"{first} {r.choice(CONNECTORS)}{second}"
 
 
 def _call_turns(spec: Spec, g: _Gen, user: str | None = None) -> list[Message]:
@@ -254,7 +171,7 @@ def _call_turns(spec: Spec, g: _Gen, user: str | None = None) -> list[Message]:
     r = g.r
     args = _sample_args(spec, g)
     result = spec.result(args, r)
-    preamble = r.choice(_PREAMBLES) if r.random() < 0.2 else ""
+    preamble = r.choice(PREAMBLES) if r.random() < 0.2 else ""
     return [
         Message("user", user if user is not None else _request(spec, args, g)),
         Message("assistant", preamble, (ToolCall(spec.name, args),)),
@@ -372,7 +289,7 @@ def _compact_turns(spec: Spec, count: int, g: _Gen) -> list[Message] | None:
             user = _request(spec, first, g, {param.name: join_words([str(_display(v)) for v in values])})
         else:
             said = join_words([str(_display(v)) for v in values[1:]])
-            user = f"{_request(spec, first, g)} {r.choice(_SAME_FOR).format(values=said)}"
+            user = f"{_request(spec, first, g)} {r.choice(SAME_FOR).format(values=said)}"
         return _turns_of_calls([spec] * count, args, results, user, r)
     return None
 
@@ -381,7 +298,7 @@ def _turns_of_calls(
     specs: list[Spec], args: list[dict[str, Any]], results: list[dict[str, Any]], user: str, r: random.Random
 ) -> list[Message]:
     calls = tuple(ToolCall(spec.name, a) for spec, a in zip(specs, args, strict=True))
-    preamble = r.choice(_PREAMBLES) if r.random() < 0.2 else ""
+    preamble = r.choice(PREAMBLES) if r.random() < 0.2 else ""
     answers = [_answer(spec, a, res, r) for spec, a, res in zip(specs, args, results, strict=True)]
     return [
         Message("user", user),
@@ -433,8 +350,8 @@ def _clarify(g: _Gen) -> _Draft:
     spec = _pick(g, 1)[0]
     needs = join_words([_ask(p) for p in spec.params if p.required])
     messages = [
-        Message("user", r.choice(_ASK_OPENERS).format(cap=spec.capability)),
-        Message("assistant", r.choice(_ASKS).format(needs=needs)),
+        Message("user", r.choice(ASK_OPENERS).format(cap=spec.capability)),
+        Message("assistant", r.choice(ASKS).format(needs=needs)),
         *_call_turns(spec, g),
     ]
     return _Draft(_with_distractors([spec], g), messages)
@@ -453,16 +370,16 @@ def _refusal_reply(out: Spec, listed: list[Spec], g: _Gen) -> Message:
     """Declining a request for ``out``: what was asked and what the listed functions can do."""
     r = g.r
     if g.restate:
-        return Message("assistant", f"{_restatement([out], listed)} {r.choice(_RESTATED_REFUSALS)}")
+        return Message("assistant", f"{_restatement([out], listed)} {r.choice(RESTATED_REFUSALS)}")
     listed_caps = join_words([s.capability for s in listed], "or")
-    return Message("assistant", r.choice(_REFUSALS).format(cap=out.capability, listed=listed_caps))
+    return Message("assistant", r.choice(REFUSALS).format(cap=out.capability, listed=listed_caps))
 
 
 def _restatement(wanted: Sequence[Spec], listed: Sequence[Spec]) -> str:
     """What the user wants and what the listed functions can do, before the reply decides."""
     need = join_words(list(dict.fromkeys(s.capability for s in wanted)))
     can = join_words([s.capability for s in listed], "or")
-    return _RESTATEMENT.format(need=need, s="s" if len(listed) > 1 else "", listed=can)
+    return RESTATEMENT.format(need=need, s="s" if len(listed) > 1 else "", listed=can)
 
 
 def _restated_calls(messages: list[Message], listed: Sequence[Spec]) -> list[Message]:
@@ -502,8 +419,8 @@ def _refusal(g: _Gen) -> _Draft:
 
 def _chat(r: random.Random) -> list[Message]:
     """One or two general questions and their answers."""
-    pairs = r.sample(_QA, 2 if r.random() < 0.3 else 1)
-    return [m for q, a in pairs for m in (Message("user", r.choice(_GREETINGS) + q), Message("assistant", a))]
+    pairs = r.sample(QA, 2 if r.random() < 0.3 else 1)
+    return [m for q, a in pairs for m in (Message("user", r.choice(GREETINGS) + q), Message("assistant", a))]
 
 
 def _irrelevant(g: _Gen) -> _Draft:
@@ -518,7 +435,7 @@ def _no_access(g: _Gen) -> _Draft:
         spec = r.choice(_library(g))
         messages = [
             Message("user", _request(spec, _sample_args(spec, g), g)),
-            Message("assistant", r.choice(_NO_ACCESS_REFUSALS).format(cap=spec.capability)),
+            Message("assistant", r.choice(NO_ACCESS_REFUSALS).format(cap=spec.capability)),
         ]
     else:
         messages = _chat(r)
@@ -561,7 +478,7 @@ def _finish(draft: _Draft, shape: str, g: _Gen) -> Conversation:
         last_user = max(i for i, m in enumerate(draft.messages) if m.role == "user")
         del draft.messages[last_user + 2 :]
     elif draft.listed and draft.messages[-1].role == "assistant" and r.random() < 0.2:
-        draft.messages += [Message("user", r.choice(_THANKS)), Message("assistant", r.choice(_WELCOME))]
+        draft.messages += [Message("user", r.choice(THANKS)), Message("assistant", r.choice(WELCOME))]
     messages = (Message("system", draft.system), *draft.messages)
     tools = tuple(s.schema() for s in draft.listed)
     if draft.listed and mix.dotted_names and r.random() < mix.dotted_names:
