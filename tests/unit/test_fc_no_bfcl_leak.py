@@ -23,6 +23,7 @@ import pytest
 from hpcpipe.config.synthetic import SyntheticMix
 from hpcpipe.data.function_calling.generator import LIBRARY, SCIENCE_LIBRARY
 from hpcpipe.data.function_calling.glaive_rows import generate_glaive_rows
+from hpcpipe.data.function_calling.places import PLACES
 
 ROOT = Path(__file__).resolve().parents[2]
 BFCL = ROOT / "data" / "external" / "bfcl"
@@ -116,9 +117,9 @@ def checked_forms(name: str) -> Iterator[str]:
 
 @cache
 def generated_text() -> str:
-    """The text of the default mix's, the classic mix's and a science-heavy mix's rows, each turn
-    once, whitespace normalised."""
-    science = SyntheticMix(science=5, inline_lists=0.5, call_only=0.5)
+    """The text of the default mix's, the classic mix's and a science-heavy mix's rows (with
+    places in "City, Region" form), each turn once, whitespace normalised."""
+    science = SyntheticMix(science=5, inline_lists=0.5, call_only=0.5, place_formats=1, place_functions=3)
     rows = (
         generate_glaive_rows(3000, 0)
         + generate_glaive_rows(2000, 0, SyntheticMix.classic())
@@ -204,3 +205,21 @@ def test_no_bfcl_question_or_description_is_in_the_rows() -> None:
     assert not leaks, f"{len(leaks)} BFCL question(s) or description(s) in the rows: " + "; ".join(
         f"{texts[text]}: {text[:80]!r}" for text in sorted(leaks)
     )
+
+
+SWEEP_CATEGORIES = ("simple_python", "multiple", "parallel", "parallel_multiple", "irrelevance")
+SWEEP_CATEGORIES += ("live_simple", "live_multiple", "live_irrelevance")
+SWEEP_CASES = 30  # per category: the training-mix sweep's sample (benchmarks/README.md)
+
+
+def test_no_place_of_the_generator_is_named_in_the_sweeps_cases() -> None:
+    """``places.PLACES`` teaches the "City, Region" form on cities BFCL's sampled cases do not name,
+    so what the sweep measures there is the form, not memorised cities."""
+    named: dict[str, str] = {}
+    for category in SWEEP_CATEGORIES:
+        for entry in list(_entries(BFCL / f"BFCL_v4_{category}.json"))[:SWEEP_CASES]:
+            text = " ".join(_user_texts(entry["question"]))
+            named |= {
+                city: entry["id"] for city, _, _ in PLACES if re.search(rf"\b{re.escape(city)}\b", text)
+            }
+    assert not named, f"places named in the sweep's BFCL cases: {named}"

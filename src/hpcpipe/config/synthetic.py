@@ -97,6 +97,13 @@ class SyntheticMix(Section):
         description="How often each math and science function (science.json: geometry, physics, "
         "finance and statistics formulas) is drawn, relative to an everyday one; 0 leaves them out.",
     )
+    place_functions: float = Field(
+        1.0,
+        ge=0.1,
+        le=10,
+        description="How much more often functions that take a city (weather, forecast, hotels, "
+        "restaurants) are drawn (1: as often as the others); see place_formats.",
+    )
     dotted_names: float = _share(
         0.3,
         "Share of conversations whose function names carry a dotted namespace "
@@ -128,6 +135,12 @@ class SyntheticMix(Section):
         "against the same listed functions, each served by one of them (a call) or by none (a "
         "refusal), as often as single is weighed against refusal: more call/no-call decisions per "
         "trained token, and both answers beside the same functions.",
+    )
+    place_formats: float = _share(
+        0,
+        "Share of conversations calling a function that takes a city (weather, forecast, hotels, "
+        "restaurants) whose city parameter asks for 'City, ST' in the US and 'City, Country' elsewhere: "
+        "the call writes it so whether the user did, wrote the state out, or named the city alone.",
     )
 
     @model_validator(mode="after")
@@ -166,4 +179,6 @@ class SyntheticMix(Section):
             restate=0,
             twins=0,
             follow_ups=0,
+            place_formats=0,
+            place_functions=1,
         )

@@ -50,6 +50,7 @@ from hpcpipe.data.function_calling.phrases import (
     THANKS,
     WELCOME,
 )
+from hpcpipe.data.function_calling.places import PLACE_PARAMS, calls_a_place, with_places
 from hpcpipe.data.function_calling.results import join_words
 from hpcpipe.data.function_calling.schemas import SCIENCE, load_catalogue
 
@@ -200,13 +201,19 @@ def _library(g: _Gen) -> tuple[Spec, ...]:
 
 def _shuffled(g: _Gen) -> list[Spec]:
     """The library in random order; functions with enum or nested arguments come first
-    ``mix.enum_nested`` times as often, math and science ones ``mix.science`` times as often
-    (a weighted shuffle: sort by u ** (1 / weight))."""
+    ``mix.enum_nested`` times as often, math and science ones ``mix.science`` times as often,
+    functions taking a city ``mix.place_functions`` times as often (a weighted shuffle: sort by
+    u ** (1 / weight))."""
     library, mix = _library(g), g.mix
-    if mix.enum_nested == 1 and not mix.science:
+    if mix.enum_nested == 1 and not mix.science and mix.place_functions == 1:
         return g.r.sample(library, len(library))
     science = set(SCIENCE_LIBRARY)
-    weights = [(mix.enum_nested if s.rich else 1.0) * (mix.science if s in science else 1.0) for s in library]
+    weights = [
+        (mix.enum_nested if s.rich else 1.0)
+        * (mix.science if s in science else 1.0)
+        * (mix.place_functions if s.name in PLACE_PARAMS else 1.0)
+        for s in library
+    ]
     keys = [g.r.random() ** (1 / w) for w in weights]
     return [spec for _, spec in sorted(zip(keys, library, strict=True), key=lambda kv: -kv[0])]
 
@@ -470,7 +477,8 @@ def _conversations(g: _Gen) -> list[Conversation]:
 
 
 def _finish(draft: _Draft, shape: str, g: _Gen) -> Conversation:
-    """A draft as a conversation: cut at the call (call_only), a closing thanks, namespaced names."""
+    """A draft as a conversation: cut at the call (call_only), a closing thanks, places in
+    "City, Region" form (place_formats), namespaced names."""
     r, mix = g.r, g.mix
     calls_last = shape in CALL_SHAPES or (draft.follow_ups and _last_reply_calls(draft.messages))
     if calls_last and mix.call_only and r.random() < mix.call_only:
@@ -480,10 +488,12 @@ def _finish(draft: _Draft, shape: str, g: _Gen) -> Conversation:
     elif draft.listed and draft.messages[-1].role == "assistant" and r.random() < 0.2:
         draft.messages += [Message("user", r.choice(THANKS)), Message("assistant", r.choice(WELCOME))]
     messages = (Message("system", draft.system), *draft.messages)
-    tools = tuple(s.schema() for s in draft.listed)
+    conv = Conversation(messages, tuple(s.schema() for s in draft.listed))
+    if mix.place_formats and calls_a_place(conv) and r.random() < mix.place_formats:  # no draw at 0
+        conv = with_places(conv, r)
     if draft.listed and mix.dotted_names and r.random() < mix.dotted_names:
-        return _namespaced(Conversation(messages, tools), _dotted(draft.listed, g))
-    return Conversation(messages, tools)
+        return _namespaced(conv, _dotted(draft.listed, g))
+    return conv
 
 
 def _last_reply_calls(messages: list[Message]) -> bool:
