@@ -20,7 +20,8 @@ function, so a model can learn to extract them. How often each shape comes, and 
 ``data.synthetic_mix`` (``hpcpipe.config.synthetic.SyntheticMix``).
 
 Glaive v2 rows of these conversations: ``glaive_rows.py``; what they say besides requests and calls
-(answers, refusals, thanks): ``phrases.py``.
+(answers, refusals, thanks): ``phrases.py``; cities in the "City, ST" form a description asks for
+(``mix.place_formats``): ``places.py``.
 """
 
 from __future__ import annotations

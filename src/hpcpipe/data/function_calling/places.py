@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from hpcpipe.data.function_calling.conversation import Conversation, Message
+from hpcpipe.data.function_calling.conversation import Conversation, Message, ToolCall
 from hpcpipe.data.function_calling.results import RESULTS
 from hpcpipe.data.function_calling.schemas import load_catalogue
 
@@ -217,23 +217,21 @@ def _message(m: Message, places: Mapping[str, tuple[str, str, str]], said: Mappi
         return replace(m, content=_swap(m.content, said))
     if m.role == "tool":
         return replace(m, content=_swap(m.content, {c: written(p) for c, p in places.items()}))
-    calls = tuple(
-        replace(
-            c,
-            arguments={
-                **c.arguments,
-                PLACE_PARAMS[c.name]: written(places[c.arguments[PLACE_PARAMS[c.name]]]),
-            },
-        )
-        if c.name in PLACE_PARAMS
-        else c
-        for c in m.tool_calls
-    )
+    calls = tuple(_placed_call(c, places) for c in m.tool_calls)
     return replace(m, content=_swap(m.content, {c: p[0] for c, p in places.items()}), tool_calls=calls)
+
+
+def _placed_call(call: ToolCall, places: Mapping[str, tuple[str, str, str]]) -> ToolCall:
+    param = PLACE_PARAMS.get(call.name)
+    if param is None:
+        return call
+    return replace(call, arguments={**call.arguments, param: written(places[call.arguments[param]])})
 
 
 def _swap(text: str, names: Mapping[str, str]) -> str:
     """Each city name in ``text`` (as a whole word) replaced by its new name, in one pass (a new
     name may hold an old one: "Buffalo, New York")."""
+    if not names:
+        return text
     pattern = "|".join(re.escape(old) for old in sorted(names, key=len, reverse=True))
     return re.sub(rf"(?<!\w)(?:{pattern})(?!\w)", lambda m: names[m.group()], text)
