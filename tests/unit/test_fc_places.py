@@ -16,9 +16,10 @@ from hpcpipe.data.function_calling.places import (
     with_places,
     written,
 )
+from hpcpipe.data.function_calling.schemas import load_catalogue
 
 WRITTEN = {written(p): p for p in PLACES}
-POOL_CITIES = {"New York", "London", "Paris", "Chicago", "Madrid", "Berlin", "Sydney", "Cairo"}
+POOL_CITIES = set(load_catalogue().pools["cities"])  # the bare names the generator draws
 
 
 def _place_calls(conv: Conversation) -> list[tuple[ToolCall, str]]:
@@ -30,7 +31,7 @@ def _value(call: ToolCall) -> str:
 
 
 def _asks_for_the_form(conv: Conversation) -> bool:
-    """Every listed function taking a city describes the "City, Region" form (and only those)."""
+    """Every listed function taking a city describes the "City, Region" form."""
     for tool in conv.tools:
         param = PLACE_PARAMS.get(spec_of(tool["name"]).name)
         if (
