@@ -61,6 +61,18 @@ def test_only_lora_parameters_are_trainable(run: Path) -> None:
     assert targets == set(load_config(run / "config.yaml").lora.target_modules)
 
 
+def test_top_layers_adapts_only_the_last_decoder_layers(run: Path) -> None:
+    from hpcpipe.recipes.lora_fc import LoraFCRecipe
+
+    job = load_config(run / "config.yaml")  # the tiny model: 2 decoder layers
+    lora = job.lora.model_copy(update={"top_layers": 1})
+    model = LoraFCRecipe(job.model, lora, job.data, job.train, job.run.seed).build_model()
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    adapted = {n.split(".layers.")[1].split(".")[0] for n in trainable if ".layers." in n}
+    assert adapted == {"1"}  # and lm_head (a target here), above every layer, keeps its adapter
+    assert any("lm_head" in n for n in trainable)
+
+
 def test_the_run_directory_reports_data_throughput_and_params(run: Path) -> None:
     report = json.loads((run / "data_report.json").read_text())
     assert report["encoded"]["train"] > 0 and report["encoded"]["heldout"] > 0
@@ -145,8 +157,9 @@ def test_eval_cli_scores_a_run_on_heldout_and_bfcl_files(run: Path, tmp: Path) -
     assert printed["overall"] == written["overall"]
     assert {"simple", "multiple", "irrelevance"} <= set(written["categories"])
     assert sum(c["cases"] for c in written["categories"].values()) == written["overall"]["cases"] == 12
-    for key in ("parse_rate", "decision_acc", "ast_acc", "exact"):
+    for key in ("parse_rate", "decision_acc", "ast_acc", "exact", "call_auc"):
         assert 0.0 <= written["overall"][key] <= 1.0
+    assert all(0.0 <= case["p_call"] <= 1.0 for case in written["cases"])
     assert "| category |" in (out / "eval.md").read_text()
 
 
@@ -155,6 +168,7 @@ def test_eval_cli_scores_a_run_on_heldout_and_bfcl_files(run: Path, tmp: Path) -
     [
         (["model.name_or_path=/no/such/model"], "model.name_or_path"),
         (["lora.target_modules=[q_proj,qkv_fused]"], "lora.target_modules"),
+        (["lora.top_layers=3"], "lora.top_layers"),
     ],
 )
 def test_bad_model_input_is_one_line_and_exit_2(tmp: Path, sets: list[str], names: str) -> None:

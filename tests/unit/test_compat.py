@@ -34,6 +34,7 @@ TORCH_PRIVATE_ATTRS = {
     "_training_state",
     "_all_gather_result",
     "_post_forward_indices",
+    "_is_mkldnn_bf16_supported",
 }
 
 

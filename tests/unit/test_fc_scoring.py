@@ -94,3 +94,22 @@ def test_summary_and_table_count_errors_per_category() -> None:
     assert summary["overall"]["cases"] == 3 and abs(summary["overall"]["ast_acc"] - 2 / 3) < 1e-9
     table = markdown_table(summary, {"model": "m"})
     assert "| simple | 2 |" in table and "no_call 1" in table and "**overall**" in table
+    assert summary["overall"]["call_auc"] is None  # no p_call recorded: nothing to rank
+
+
+def test_call_auc_ranks_the_cases_that_want_a_call_above_the_others() -> None:
+    from hpcpipe.evaluate.function_calling import call_auc
+
+    def row(expects: bool, p: float) -> dict[str, object]:
+        return {"expects_call": expects, "p_call": p}
+
+    # Pairs (want, avoid): 0.9>0.7, 0.9>0.1, 0.6<0.7, 0.6>0.1: three of four ranked right.
+    rows = [row(True, 0.9), row(True, 0.6), row(False, 0.7), row(False, 0.1)]
+    assert call_auc(rows) == 0.75
+    assert call_auc([row(True, 0.5), row(False, 0.5)]) == 0.5  # a tie counts one half
+    assert call_auc([row(True, 0.2), row(False, 0.1)]) == 1.0
+    assert call_auc([row(True, 0.2)]) is None  # one kind only
+    summary = summarize([{**r, "category": "c", "parsed": True, "decision": True, "name": None,
+                          "ast": True, "exact": True, "error": None} for r in rows])  # fmt: skip
+    table = markdown_table(summary, {"model": "m", "call_threshold": 0.7})
+    assert "ROC AUC 0.750" in table and "P(call) >= 0.7" in table

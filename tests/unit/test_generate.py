@@ -59,3 +59,29 @@ def test_replies_come_back_in_the_prompts_order(tiny) -> None:  # type: ignore[n
     one_by_one = [generate_replies(model, tokenizer, [p], max_new_tokens=6, batch_size=1)[0] for p in prompts]
     assert generate_replies(model, tokenizer, prompts, max_new_tokens=6, batch_size=1) == one_by_one
     assert len(set(one_by_one)) > 1  # distinct replies: a reordering would show
+
+
+def test_the_decision_records_p_call_and_its_threshold_decides(tiny) -> None:  # type: ignore[no-untyped-def]
+    from hpcpipe.evaluate.generate import CallDecision, generate_replies
+
+    model, tokenizer = tiny
+    prompts = ["def f(x):", "return x", "def g(y): return"]
+    opener = tokenizer("def", add_special_tokens=False)["input_ids"][0]  # stands in for "<tool_call>"
+    greedy = CallDecision(opener)
+    plain = generate_replies(model, tokenizer, prompts, max_new_tokens=4, batch_size=2)
+    assert (
+        generate_replies(model, tokenizer, prompts, 4, 2, decision=greedy) == plain
+    )  # reading changes nothing
+    for i, prompt in enumerate(prompts):  # P(opener) at the first token, as one forward pass gives it
+        ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=False)["input_ids"]
+        with torch.no_grad():
+            p = model(ids).logits[0, -1].softmax(-1)[opener].item()
+        assert abs(greedy.p_call[i] - p) < 1e-5
+    first_tokens = []
+    for threshold in (0.0, 1.0):  # everything reaches 0: all open with it; nothing below 1 does: none
+        decided = CallDecision(opener, threshold)
+        replies = generate_replies(model, tokenizer, prompts, 4, 2, decision=decided)
+        first_tokens.append(
+            [tokenizer(r, add_special_tokens=False)["input_ids"][:1] == [opener] for r in replies]
+        )
+    assert first_tokens == [[True] * 3, [False] * 3]

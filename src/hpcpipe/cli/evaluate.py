@@ -55,6 +55,15 @@ def function_calling(
         int, typer.Option(min=1, help="Longest reply generated (4 calls take about 200 tokens).")
     ] = 256,
     batch_size: Annotated[int, typer.Option(min=1, help="Prompts generated together.")] = 8,
+    call_threshold: Annotated[
+        str,
+        typer.Option(
+            help="How a reply decides between a call and text, at its first token: 'auto' (the "
+            "threshold the run's training calibrated, call_threshold.json beside the adapter, "
+            "else greedy), 'greedy' (the likeliest token decides), or a number P: call when "
+            "P(call) >= P. eval.json records each case's P(call) either way.",
+        ),
+    ] = "auto",
     out: Annotated[
         Path | None,
         typer.Option(help="Output directory (default: RUN/eval or RUN/eval-base; ./eval otherwise)."),
@@ -79,6 +88,10 @@ def function_calling(
 
     chosen = [c.strip() for c in categories.split(",") if c.strip()]
     model, chat, heldout, meta, default_out = _load_target(target, base)
+    threshold = _call_threshold(call_threshold, meta.get("adapter"))
+    meta["call_decision"] = (
+        "greedy" if threshold is None else ("calibrated" if call_threshold == "auto" else "given")
+    )
     if chosen and not bfcl_dir.is_dir():
         raise UserError(
             f"--bfcl-dir: {bfcl_dir} does not exist (run `make fc-assets`, or pass --categories '')"
@@ -87,7 +100,15 @@ def function_calling(
     if not cases:
         raise UserError("nothing to evaluate: no held-out conversations and no BFCL categories")
     result = evaluate_cases(
-        model, chat, cases, out or default_out, meta, max_new_tokens, batch_size, progress=json_out != "-"
+        model,
+        chat,
+        cases,
+        out or default_out,
+        meta,
+        max_new_tokens,
+        batch_size,
+        progress=json_out != "-",
+        call_threshold=threshold,
     )
     if json_out != "-":
         written = out or default_out
@@ -161,6 +182,24 @@ def compare(
             more = f"{', ' if shown else ''}and {len(ids) - max_cases} more" if len(ids) > max_cases else ""
             console.print(f"  {label} ({len(ids)}): {escape(shown + more) or '-'}", highlight=False)
     write_json(result, json_out)
+
+
+def _call_threshold(option: str, adapter: str | None) -> float | None:
+    """``--call-threshold`` as a threshold (None: greedy); ``auto`` reads the adapter's calibration."""
+    from hpcpipe.evaluate.calibrate import read_calibration
+
+    if option == "greedy":
+        return None
+    if option == "auto":
+        calibration = read_calibration(Path(adapter)) if adapter else None
+        return calibration.threshold if calibration else None
+    try:
+        value = float(option)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value <= 1.0:
+        raise UserError(f"--call-threshold: {option!r} is not auto, greedy or a number from 0 to 1")
+    return value
 
 
 def _compare_cells(row: dict[str, Any]) -> list[str]:

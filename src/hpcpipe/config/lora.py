@@ -21,6 +21,13 @@ class LoraConfig(Section):
         description="Names of the Linear modules that get adapters (suffixes of module names, as peft "
         "matches them); every name must match at least one module of the model.",
     )
+    top_layers: int | None = Field(
+        None,
+        ge=1,
+        description="Adapt only the last N decoder layers (null: every layer). Backward then stops "
+        "below them, since nothing beneath needs a gradient: on SmolLM2 (30 layers) on 2 CPU "
+        "cores, 20 layers train ~1.4x the tokens/s of 30.",
+    )
     decision_weight: float = Field(
         1.0,
         ge=1,
@@ -36,6 +43,22 @@ class LoraConfig(Section):
         "refusal, an answer, a question), over decision_weight: a class weight on the decision. Above "
         "1 moves the call/no-call boundary toward declining, below 1 toward calling, with the "
         "training rows unchanged.",
+    )
+    calibration_cases: int = Field(
+        0,
+        ge=0,
+        le=5000,
+        description="After training, score this many generated near-miss requests (a single "
+        "request whose matching function is swapped out, evaluate/calibrate.py) and save the call "
+        "threshold at which calibration_target of them decline beside the adapter "
+        "(call_threshold.json); `hpcpipe eval function-calling` then decides call or no call by "
+        "it. 0: no calibration, greedy decoding decides. Nothing of a benchmark is used.",
+    )
+    calibration_target: float = Field(
+        0.95,
+        gt=0,
+        le=1,
+        description="The share of the calibration's near misses that must decline at the threshold.",
     )
     adapter_dtype: Literal["fp32", "bf16"] = Field(
         "fp32",

@@ -34,10 +34,12 @@ class ModelConfig(Section):
         description="hf-causal-lm: a GGUF file name inside model.name_or_path (or a path to "
         "one); transformers de-quantises it (needs the gguf and accelerate packages: the lora extra).",
     )
-    base_dtype: Literal["fp32", "bf16"] = Field(
+    base_dtype: Literal["auto", "fp32", "bf16"] = Field(
         "fp32",
         description="hf-causal-lm: dtype of the frozen base weights (bf16 halves their memory; "
-        "LoRA adapters follow lora.adapter_dtype).",
+        "LoRA adapters follow lora.adapter_dtype). auto: bf16 where the device multiplies bf16 "
+        "in hardware (a CUDA GPU that supports it; a CPU with AVX512-BF16 or AMX), fp32 "
+        "elsewhere: an AVX2-only CPU runs bf16 matmuls ~80x slower than fp32.",
     )
     gradient_checkpointing: bool = Field(
         False,

@@ -18,7 +18,7 @@ from hpcpipe.evaluate.function_calling import (
     summarize,
     write_report,
 )
-from hpcpipe.evaluate.generate import generate_replies
+from hpcpipe.evaluate.generate import CallDecision, generate_replies
 
 
 def build_cases(
@@ -46,11 +46,17 @@ def evaluate_cases(
     max_new_tokens: int,
     batch_size: int,
     progress: bool,
+    call_threshold: float | None = None,
 ) -> dict[str, Any]:
-    """Generate every case's assistant turn, score it, write ``eval.json`` + ``eval.md``."""
+    """Generate every case's assistant turn, score it, write ``eval.json`` + ``eval.md``.
+    ``call_threshold``: a reply calls exactly when P(call) at its first token reaches it."""
     from rich.progress import Progress
 
+    from hpcpipe.data.function_calling.tokens import CALL_OPEN
+
     prompts = [chat.prompt(case.conversation, len(case.conversation.messages)) for case in cases]
+    opener = chat.tokenizer(CALL_OPEN, add_special_tokens=False)["input_ids"][0]
+    decision = CallDecision(opener, call_threshold)
     start = time.perf_counter()
     with Progress(disable=not progress, transient=True) as bar:
         task = bar.add_task("generating", total=len(prompts))
@@ -61,14 +67,19 @@ def evaluate_cases(
             max_new_tokens,
             batch_size,
             on_batch=lambda n: bar.advance(task, n),
+            decision=decision,
         )
-    results = [score(case, reply) for case, reply in zip(cases, replies, strict=True)]
+    results = [
+        {**score(case, reply), "p_call": round(decision.p_call[i], 6)}
+        for i, (case, reply) in enumerate(zip(cases, replies, strict=True))
+    ]
     summary = summarize(results)
     meta = {
         **meta,
         "cases": len(cases),
         "generate_s": round(time.perf_counter() - start, 1),
         "max_new_tokens": max_new_tokens,
+        "call_threshold": call_threshold,
     }
     write_report(summary, results, meta, out)
     return {"meta": meta, **summary}

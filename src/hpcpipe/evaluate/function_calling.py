@@ -12,7 +12,9 @@ Metrics per category and overall:
 - ``ast_acc``: BFCL's AST check passes (``hpcpipe.evaluate.ast_checker``), with ``ast_ci95``, its
   Wilson 95% interval (``hpcpipe.evaluate.intervals``): at 20 cases a category's accuracy is known to
   within about 20 points either way;
-- ``exact``: strict exact match (every argument equals the first allowed value).
+- ``exact``: strict exact match (every argument equals the first allowed value);
+- ``call_auc`` (overall): how well P(call) at the first token ranks the cases that want a call
+  above those that want none (ROC AUC), whatever the threshold greedy decoding puts between them.
 Errors are counted by type (wrong name, missing required, unexpected parameter, type error,
 value error, wrong count, unexpected call, no call, invalid call).
 """
@@ -108,6 +110,7 @@ def score(case: Case, reply: str) -> dict[str, Any]:
     result: dict[str, Any] = {
         "id": case.id,
         "category": case.category,
+        "expects_call": expects,
         "parsed": parsed.valid,
         "decision": parsed.makes_call == expects,
         "name": None,
@@ -139,7 +142,22 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
     for r in results:
         groups[r["category"]].append(r)
     table = {cat: _metrics(rows) for cat, rows in sorted(groups.items())}
-    return {"categories": table, "overall": _metrics(results)}
+    return {"categories": table, "overall": {**_metrics(results), "call_auc": call_auc(results)}}
+
+
+def call_auc(results: list[dict[str, Any]]) -> float | None:
+    """ROC AUC of P(call) at the reply's first token (``p_call``), cases that want a call against
+    cases that want none: the chance that a random one of the first is surer to call than a random
+    one of the second (1.0: some threshold separates them all). None without both kinds."""
+    scored = [r for r in results if r.get("p_call") is not None]
+    want = [r["p_call"] for r in scored if r["expects_call"]]
+    avoid = [r["p_call"] for r in scored if not r["expects_call"]]
+    if not want or not avoid:
+        return None
+    from scipy.stats import mannwhitneyu
+
+    u = mannwhitneyu(want, avoid, alternative="two-sided").statistic  # ties count one half
+    return round(float(u) / (len(want) * len(avoid)), 6)
 
 
 def _metrics(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -189,4 +207,14 @@ def markdown_table(summary: dict[str, Any], meta: dict[str, Any]) -> str:
             f"| {cat} | {m['cases']} | {pct(m['parse_rate'])} | {pct(m['decision_acc'])} | "
             f"{pct(m['name_acc'])} | {interval(m)} | {pct(m['exact'])} | {errors} |"
         )
+    auc = summary["overall"].get("call_auc")
+    if auc is not None:
+        lines += ["", f"Call/no-call separation: ROC AUC {auc:.3f} (P(call) at each reply's first token)."]
+    if meta.get("call_threshold") is not None:
+        how = "calibrated after training" if meta.get("call_decision") == "calibrated" else "given"
+        lines += [
+            "",
+            f"Call or no call decided by a threshold ({how}): "
+            f"a reply calls when P(call) >= {meta['call_threshold']}.",
+        ]
     return "\n".join(lines) + "\n"

@@ -1,12 +1,47 @@
-"""Greedy generation of assistant turns, batched with left padding, stopping at end of turn."""
+"""Greedy generation of assistant turns, batched with left padding, stopping at end of turn.
+
+A reply's first token decides between a call and text: every call opens with the same token (the
+first of ``<tool_call>``). ``CallDecision`` reads the probability of that token there for every
+prompt, which says how sure the model was (``p_call`` in eval.json), and with a threshold makes
+the decision by it: the opener where P >= threshold, any other token where P < threshold.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
+
+
+@dataclass
+class CallDecision:
+    """The call/no-call decision at the first token of each reply: read, and set by a threshold."""
+
+    token: int  # the id of the token that opens every call
+    threshold: float | None = None  # None: greedy decides (the argmax token)
+    p_call: dict[int, float] = field(default_factory=dict)  # prompt index -> P(opener at token 1)
+
+    def processor(self, index: Sequence[int], prompt_length: int) -> Callable[..., torch.Tensor]:
+        """A logits processor for one batch of ``generate`` (prompts ``index``, left-padded to
+        ``prompt_length``): acts on the first generated position only."""
+
+        def process(input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+            if input_ids.shape[1] != prompt_length:
+                return scores
+            p = scores.float().softmax(dim=-1)[:, self.token]  # (B,)
+            self.p_call.update(zip(index, p.tolist(), strict=True))
+            if self.threshold is None:
+                return scores
+            call = p >= self.threshold  # (B,)
+            opener = torch.zeros_like(scores, dtype=torch.bool)
+            opener[:, self.token] = True
+            banned = torch.where(call[:, None], ~opener, opener)  # (B, V)
+            return scores.masked_fill(banned, float("-inf"))
+
+        return process
 
 
 @torch.no_grad()
@@ -17,8 +52,12 @@ def generate_replies(
     max_new_tokens: int,
     batch_size: int,
     on_batch: Callable[[int], None] | None = None,
+    decision: CallDecision | None = None,
 ) -> list[str]:
-    """The decoded continuation of every prompt (special tokens removed), in the prompts' order."""
+    """The decoded continuation of every prompt (special tokens removed), in the prompts' order;
+    ``decision`` collects each prompt's P(call) at the first token (and applies its threshold)."""
+    from transformers import LogitsProcessorList
+
     model.eval()
     tokenizer.padding_side = "left"  # generation continues at the right edge of every row
     device = next(model.parameters()).device
@@ -30,6 +69,8 @@ def generate_replies(
         index = order[start : start + batch_size]
         chunk = [prompts[i] for i in index]
         enc = tokenizer(chunk, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
+        length = enc["input_ids"].shape[1]
+        processors = [decision.processor(index, length)] if decision is not None else []
         out = model.generate(  # type: ignore[operator]
             **enc,
             max_new_tokens=max_new_tokens,
@@ -39,8 +80,9 @@ def generate_replies(
             use_cache=True,
             eos_token_id=tokenizer.eos_token_id,
             pad_token_id=tokenizer.pad_token_id,
+            logits_processor=LogitsProcessorList(processors),
         )
-        new = out[:, enc["input_ids"].shape[1] :]  # (B, <= max_new_tokens)
+        new = out[:, length:]  # (B, <= max_new_tokens)
         replies.update(zip(index, tokenizer.batch_decode(new, skip_special_tokens=True), strict=True))
         if on_batch is not None:
             on_batch(len(chunk))

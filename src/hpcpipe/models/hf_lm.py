@@ -89,10 +89,26 @@ def load_tokenizer(source: ModelSource) -> Any:
     return tokenizer
 
 
+def resolve_base_dtype(base_dtype: str) -> str:
+    """``model.base_dtype`` as loaded: ``auto`` becomes bf16 where the device the workers will
+    use (CUDA when present, else the CPU) multiplies bf16 natively, fp32 elsewhere."""
+    if base_dtype != "auto":
+        return base_dtype
+    from hpcpipe.compat import cpu_has_native_bf16
+
+    if torch.cuda.is_available():
+        native = torch.cuda.is_bf16_supported(including_emulation=False)
+    else:
+        native = cpu_has_native_bf16()
+    return "bf16" if native else "fp32"
+
+
 def load_base_model(source: ModelSource, base_dtype: str) -> nn.Module:
-    """The frozen base as ``AutoModelForCausalLM`` in ``base_dtype``, attention through SDPA."""
+    """The frozen base as ``AutoModelForCausalLM`` in ``base_dtype`` (``auto``: see
+    ``resolve_base_dtype``), attention through SDPA."""
     from transformers import AutoModelForCausalLM
 
+    base_dtype = resolve_base_dtype(base_dtype)
     if source.random_weights:
         return _random_model(source, base_dtype)
 
@@ -169,8 +185,21 @@ def require_peft() -> Any:
     return peft
 
 
+def adapted_layers(model: nn.Module, cfg: LoraConfig) -> list[int] | None:
+    """The indices of the decoder layers that get adapters: the last ``lora.top_layers``, or
+    None for every layer; ConfigError when the model has fewer layers than that."""
+    if cfg.top_layers is None:
+        return None
+    n = len(decoder_layers(model))
+    if cfg.top_layers > n:
+        raise ConfigError(f"lora.top_layers: {cfg.top_layers} is more than the model's {n} decoder layers")
+    return list(range(n - cfg.top_layers, n))
+
+
 def check_target_modules(model: nn.Module, cfg: LoraConfig) -> None:
-    """ConfigError unless every ``lora.target_modules`` name is a module of ``model``."""
+    """ConfigError unless every ``lora.target_modules`` name is a module of ``model`` and
+    ``lora.top_layers`` fits its decoder layers."""
+    adapted_layers(model, cfg)
     names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
     unknown = [t for t in cfg.target_modules if t not in names]
     if unknown:
@@ -212,6 +241,7 @@ def apply_lora(model: nn.Module, cfg: LoraConfig) -> nn.Module:
         lora_alpha=cfg.alpha,
         lora_dropout=cfg.dropout,
         target_modules=list(cfg.target_modules),
+        layers_to_transform=adapted_layers(model, cfg),
         bias="none",
         task_type="CAUSAL_LM",
     )

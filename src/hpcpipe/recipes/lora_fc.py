@@ -5,7 +5,8 @@
   applied here, before the trainer wraps the model in DDP or FSDP2 (decoder layers are the units).
 - Data: conversations in Glaive v2, OpenAI or Hermes form (or ``@synthetic``), rendered with the
   model's chat template, loss on assistant turns only, packed with per-conversation boundaries
-  (``hpcpipe.data.function_calling.prepare``). Batches are ``(input_ids, labels, doc_ids)`` (B, T).
+  (``hpcpipe.data.function_calling.prepare``). Batches are ``(input_ids, labels, doc_ids)`` (B, T);
+  attention runs on each conversation's span of a row alone (``hpcpipe.models.packed_attention``).
 - Loss: logits are computed only at positions whose next token is supervised (``logits_to_keep``):
   with a 150k vocabulary, full (B, T, V) logits would dominate memory.
 - Throughput: all tokens per step (``tokens_per_s``) and, separately, the real (non-padding) and
@@ -43,22 +44,22 @@ ADAPTER_DIR = f"{RunLayout.EXPORT}/{RunLayout.ADAPTER}"  # relative to the run d
 
 
 def packed_attention(doc_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """doc_ids (B, T) -> a boolean mask (B, 1, T, T) and positions (B, T).
+    """doc_ids (B, T) -> a boolean mask (B, 1, T, T) and positions (B, T), for a model that
+    attends with a mask (the raw loop of benchmarks/lora_overhead.py); the recipe itself runs
+    each conversation's span alone (``models/packed_attention.py``).
 
     Token i may attend to token j when both belong to the same conversation and j <= i; padding
     (doc -1) attends to itself only, so no row of the mask is empty (SDPA returns NaN for those).
     Positions restart at 0 at every conversation.
     """
+    from hpcpipe.models.packed_attention import packed_positions
+
     t = doc_ids.shape[1]
     causal = torch.ones(t, t, dtype=torch.bool, device=doc_ids.device).tril()
     same = doc_ids[:, :, None] == doc_ids[:, None, :]  # (B, T, T)
     eye = torch.eye(t, dtype=torch.bool, device=doc_ids.device)
     mask = (same & causal & (doc_ids[:, :, None] >= 0)) | eye
-    starts = torch.ones_like(doc_ids, dtype=torch.bool)
-    starts[:, 1:] = doc_ids[:, 1:] != doc_ids[:, :-1]
-    index = torch.arange(t, device=doc_ids.device).expand_as(doc_ids)
-    first = torch.cummax(torch.where(starts, index, torch.zeros_like(index)), dim=1).values
-    return mask[:, None], index - first
+    return mask[:, None], packed_positions(doc_ids)
 
 
 def opening_targets(targets: torch.Tensor) -> torch.Tensor:
@@ -131,7 +132,9 @@ class LoraFCRecipe:
     def fsdp_param_dtype(self) -> torch.dtype | None:
         """FSDP2 gathers a unit's parameters in one dtype: with a bf16 base the fp32 adapters are
         gathered in bf16 too (their fp32 shards stay the optimizer's master copy)."""
-        return torch.bfloat16 if self.model_cfg.base_dtype == "bf16" else None
+        from hpcpipe.models.hf_lm import resolve_base_dtype
+
+        return torch.bfloat16 if resolve_base_dtype(self.model_cfg.base_dtype) == "bf16" else None
 
     # -- model source and tokenizer ------------------------------------------------------------
 
@@ -209,8 +212,10 @@ class LoraFCRecipe:
             load_base_model,
             param_counts,
         )
+        from hpcpipe.models.packed_attention import use_packed_attention
 
         base = load_base_model(self.source, self.model_cfg.base_dtype)
+        use_packed_attention(base)  # _logits passes each row's conversation spans
         for param in base.parameters():
             param.requires_grad_(False)
         model = apply_lora(base, self.lora_cfg)
@@ -237,15 +242,21 @@ class LoraFCRecipe:
         """Logits (B, K, V) at the K positions that predict a supervised token; their targets (B, K);
         which of those targets open an assistant turn (B, K), where the model decides between a
         call and text; and which open a turn that makes no call (B, K)."""
+        from hpcpipe.models.packed_attention import document_spans, packed_positions
+
         input_ids, labels, doc_ids = batch  # (B, T) each
-        mask, positions = packed_attention(doc_ids)
         targets = labels[:, 1:]  # (B, T-1): position t predicts token t+1
         opens = opening_targets(targets)  # (B, T-1)
         text_opens = text_openings(targets, opens, self.call_open)  # (B, T-1)
         keep = (targets != IGNORE).any(dim=0).nonzero().squeeze(1)  # (K,)
         if keep.numel() == 0:  # an all-padding batch: one position keeps the graph alive
             keep = torch.zeros(1, dtype=torch.long, device=input_ids.device)
-        out = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, logits_to_keep=keep)
+        out = model(
+            input_ids=input_ids,
+            position_ids=packed_positions(doc_ids),
+            spans=document_spans(doc_ids),  # each conversation attends within its own span
+            logits_to_keep=keep,
+        )
         return out.logits, targets[:, keep], opens[:, keep], text_opens[:, keep]
 
     def loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:
@@ -293,12 +304,14 @@ class LoraFCRecipe:
 
     def on_train_end(self, model: nn.Module, is_main: bool, run_dir: Path) -> None:
         """Adapter export (every rank gathers; the main rank writes) and the run's summary files."""
+        from hpcpipe.models.hf_lm import resolve_base_dtype
         from hpcpipe.models.lora_export import full_adapter_state, save_adapter
 
         state = full_adapter_state(model)  # collective under FSDP2
         if not is_main:
             return
-        save_adapter(model, state, RunLayout(run_dir).adapter, tokenizer=self.chat.tokenizer)
+        adapter = save_adapter(model, state, RunLayout(run_dir).adapter, tokenizer=self.chat.tokenizer)
+        calibration = self._calibrate(adapter, run_dir) if self.lora_cfg.calibration_cases else None
         counts = self.counts or ParamCounts(0, 0)
         summary = {
             "model": self.model_cfg.name_or_path,
@@ -310,5 +323,32 @@ class LoraFCRecipe:
             else "4N frozen + 6N adapters",
             "adapter": ADAPTER_DIR,
             "dataset": self.data_dir.name,
+            "base_dtype": resolve_base_dtype(self.model_cfg.base_dtype),
+            "call_threshold": calibration.threshold if calibration else None,
         }
         RunLayout(run_dir).lora_summary.write_text(json.dumps(summary, indent=2) + "\n")
+
+    def _calibrate(self, adapter: Path, run_dir: Path) -> Any:  # evaluate.calibrate.Calibration
+        """The call threshold, from the exported adapter loaded as evaluation loads it (fp32,
+        SDPA), saved beside it (``lora.calibration_cases``; evaluate/calibrate.py)."""
+        from hpcpipe.evaluate.calibrate import calibrate
+        from hpcpipe.models.lora_export import load_with_adapter
+        from hpcpipe.observe.metrics import append_event
+
+        cfg = self.lora_cfg
+        model = load_with_adapter(self.source, adapter)
+        if torch.cuda.is_available():  # the main rank's GPU; evaluation's own device otherwise
+            model.to(torch.device("cuda", torch.cuda.current_device()))
+        found = calibrate(
+            model,
+            self.chat,
+            self.data_cfg.synthetic_mix,
+            self.seed,
+            cfg.calibration_cases,
+            cfg.calibration_target,
+        )
+        found.save(adapter)
+        append_event(
+            run_dir, "calls_calibrated", threshold=found.threshold, cases=found.cases, target=found.target
+        )
+        return found

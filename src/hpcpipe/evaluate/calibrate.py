@@ -1,0 +1,99 @@
+"""The call threshold an adapter ships with, chosen on generated near-miss requests.
+
+Greedy decoding calls when the call opener is the likeliest first token of the reply. Where that
+boundary falls after a short fine-tune depends on the training mix and on luck: two seeds of one
+mix differ by up to 13 points in BFCL irrelevance (benchmarks/README.md, p11 and p17), and
+reweighting the mix moves call quality as much as the boundary. Calibration sets the boundary
+after training instead, from data the generator makes, never from a benchmark:
+
+- **Near misses.** Twin requests (``SyntheticMix.twins``): a single request whose matching
+  function is swapped for a function of another domain of its own library, so that nothing listed
+  fits while the request reads like one that a listed function served in training. Math and
+  science functions each have a domain of their own ("integrals", "derivatives"), so their twins
+  are as close as BFCL's irrelevance cases (a derivative asked, an integral listed). A seed that
+  no training row was drawn from.
+- **The threshold.** P(call) at the first token of each twin's reply (one forward pass each), and
+  the smallest threshold at which ``target`` of the twins decline. ``CallDecision`` then decides
+  by it: call when P(call) >= threshold.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from hpcpipe.config.synthetic import SHAPE_FIELDS, SyntheticMix
+from hpcpipe.data.function_calling.conversation import Conversation
+
+CALIBRATION_FILE = "call_threshold.json"  # beside the exported adapter
+SEED_OFFSET = 104_729  # calibration draws from seed + this: rows the training seed never drew
+
+
+@dataclass(frozen=True)
+class Calibration:
+    threshold: float  # call when P(call) >= this
+    target: float  # the share of near misses that decline at the threshold
+    cases: int  # near-miss requests scored
+    seed: int  # the generator seed they were drawn from
+    p_call_quantiles: dict[str, float]  # P(call) over the near misses: their 10th..90th percentiles
+
+    def save(self, directory: Path) -> Path:
+        path = directory / CALIBRATION_FILE
+        path.write_text(json.dumps(asdict(self), indent=2) + "\n")
+        return path
+
+
+def near_misses(n: int, seed: int, mix: SyntheticMix) -> list[Conversation]:
+    """``n`` twin requests of ``mix``'s functions (science, names, places as it draws them), each
+    cut before its reply: the system prompt, the listed functions and one user request."""
+    only_singles = {shape: 0.0 for shape in SHAPE_FIELDS} | {"single": 1.0}
+    twin_mix = mix.model_copy(update={**only_singles, "twins": 1.0, "follow_ups": 0.0, "restate": 0.0})
+    from hpcpipe.data.function_calling.generator import generate_conversations
+
+    drawn = generate_conversations(2 * n, seed, twin_mix)  # each single is followed by its twin
+    twins = [conv for conv in drawn[1::2] if not any(m.tool_calls for m in conv.messages)]
+    return [Conversation(c.messages[:2], c.tools, source="calibration") for c in twins[:n]]
+
+
+def threshold_for(p_call: Sequence[float], target: float) -> float:
+    """The smallest threshold at which at least ``target`` of ``p_call`` fall below it (decline)."""
+    if not p_call or not 0 < target <= 1:
+        raise ValueError(f"threshold_for: need scores and 0 < target <= 1, got {len(p_call)}, {target}")
+    ranked = sorted(p_call)
+    declining = math.ceil(target * len(ranked))  # this many must lie strictly below the threshold
+    if declining >= len(ranked):
+        return min(1.0, math.nextafter(ranked[-1], math.inf))
+    return ranked[declining]
+
+
+def calibrate(
+    model: nn.Module, chat: Any, mix: SyntheticMix, seed: int, cases: int, target: float, batch_size: int = 8
+) -> Calibration:
+    """Score ``cases`` near misses (``near_misses``) and choose the threshold for ``target``."""
+    from hpcpipe.data.function_calling.tokens import CALL_OPEN
+    from hpcpipe.evaluate.generate import CallDecision, generate_replies
+
+    convs = near_misses(cases, seed + SEED_OFFSET, mix)
+    prompts = [chat.prompt(conv, len(conv.messages)) for conv in convs]
+    decision = CallDecision(chat.tokenizer(CALL_OPEN, add_special_tokens=False)["input_ids"][0])
+    generate_replies(
+        model, chat.tokenizer, prompts, max_new_tokens=1, batch_size=batch_size, decision=decision
+    )
+    p = [decision.p_call[i] for i in range(len(prompts))]
+    ranked = sorted(p)
+    quantiles = {f"p{q}": round(ranked[min(len(p) - 1, q * len(p) // 100)], 6) for q in (10, 25, 50, 75, 90)}
+    return Calibration(round(threshold_for(p, target), 6), target, len(p), seed + SEED_OFFSET, quantiles)
+
+
+def read_calibration(adapter_dir: Path) -> Calibration | None:
+    """The calibration saved beside an adapter, or None."""
+    path = adapter_dir / CALIBRATION_FILE
+    if not path.is_file():
+        return None
+    return Calibration(**json.loads(path.read_text()))

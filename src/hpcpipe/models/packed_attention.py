@@ -1,0 +1,101 @@
+"""Attention over packed rows one conversation at a time, with no (T, T) mask.
+
+A packed row holds several conversations (``data/function_calling/pack.py``). A block-diagonal
+mask keeps them apart, but a mask sends SDPA to its masked kernels, which score every (query,
+key) pair of the row, across conversations too, and then discard most of them. Here SDPA runs
+causally on each conversation's span of the row (its flash kernel, on CPU and CUDA) and the
+spans are concatenated back: the same outputs (``tests/unit/test_lora_tokens.py``), and only the
+spans' squares are scored instead of the row's. On this project's 2-core CPU a SmolLM2 training
+step on 1280-token rows ran 1.14x faster (benchmarks/README.md, "LoRA function calling").
+
+Registered with transformers' public ``AttentionInterface`` as ``PACKED``; a model switched to it
+(``model.set_attn_implementation(PACKED)``) takes ``spans=document_spans(doc_ids)`` in its
+forward, which transformers hands to every attention layer. A forward without ``spans``
+(generation, a caller with a mask of its own) runs transformers' SDPA path unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+PACKED = "hpcpipe_packed"
+
+Spans = list[list[tuple[int, int]]]  # per row: (start, end) of each conversation, covering the row
+
+
+def document_spans(doc_ids: torch.Tensor) -> Spans:
+    """doc_ids (B, T) -> for each row, the (start, end) of every run of one id (padding, -1, is
+    one more run at the end of a row). One host sync per batch."""
+    t = doc_ids.shape[1]
+    changes = (doc_ids[:, 1:] != doc_ids[:, :-1]).nonzero().tolist()  # [(row, t - 1), ...]
+    cuts: list[list[int]] = [[0] for _ in range(doc_ids.shape[0])]
+    for row, at in changes:
+        cuts[row].append(at + 1)
+    return [list(zip(c, [*c[1:], t], strict=True)) for c in cuts]
+
+
+def packed_positions(doc_ids: torch.Tensor) -> torch.Tensor:
+    """doc_ids (B, T) -> positions (B, T) that restart at 0 where each conversation starts."""
+    starts = torch.ones_like(doc_ids, dtype=torch.bool)
+    starts[:, 1:] = doc_ids[:, 1:] != doc_ids[:, :-1]
+    index = torch.arange(doc_ids.shape[1], device=doc_ids.device).expand_as(doc_ids)
+    first = torch.cummax(torch.where(starts, index, torch.zeros_like(index)), dim=1).values
+    return index - first
+
+
+def packed_attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    spans: Spans | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """query (B, H, T, D), key and value (B, H_kv, T, D) -> (B, T, H, D), as transformers'
+    attention functions return it. Causal within each span of ``spans``; no span sees another."""
+    from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
+
+    if spans is None:
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
+    groups = query.shape[1] // key.shape[1]  # grouped-query attention: heads per key/value head
+    key, value = repeat_kv(key, groups), repeat_kv(value, groups)
+    rows = []
+    for b, row in enumerate(spans):
+        parts = [
+            F.scaled_dot_product_attention(
+                query[b : b + 1, :, s:e],
+                key[b : b + 1, :, s:e],
+                value[b : b + 1, :, s:e],
+                dropout_p=dropout,
+                is_causal=True,
+                scale=scaling,
+            )
+            for s, e in row
+        ]
+        rows.append(torch.cat(parts, dim=2))
+    return torch.cat(rows, dim=0).transpose(1, 2).contiguous(), None
+
+
+def register() -> None:
+    """Make ``PACKED`` a transformers attention implementation (idempotent). Its mask function is
+    SDPA's, for forwards without ``spans``; with them the mask is ignored."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(PACKED, packed_attention_forward)
+    AttentionMaskInterface.register(PACKED, sdpa_mask)
+
+
+def use_packed_attention(model: nn.Module) -> None:
+    """Switch a transformers model to ``PACKED`` attention (forwards then take ``spans=``)."""
+    register()
+    model.set_attn_implementation(PACKED)  # type: ignore[operator]
