@@ -4,6 +4,7 @@ preempted FSDP2 run resumes to the uninterrupted run's losses exactly."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -107,6 +108,19 @@ def test_ddp_and_fsdp_agree(runs: dict[str, Path]) -> None:
     torch.testing.assert_close(
         torch.tensor(losses["ddp"]), torch.tensor(losses["fsdp"]), rtol=2e-3, atol=2e-3
     )
+
+
+def test_fsdp_with_frozen_context_runs_the_same_forward(tmp: Path, runs: dict[str, Path]) -> None:
+    """lora.frozen_context: the system prompts run first under no_grad (FSDP2 gathers and frees
+    each unit twice per micro-step). The first step, before any update, has the same loss; the
+    rest train on another gradient (the prompts' keys and values held constant)."""
+    proc = _train(tmp, "frozen", "parallel.strategy=fsdp", "lora.frozen_context=true")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    frozen = [r["loss"] for r in read_metrics(tmp / "frozen") if "loss" in r]
+    plain = [r["loss"] for r in read_metrics(runs["fsdp"]) if "loss" in r]
+    assert len(frozen) == 6 and all(math.isfinite(loss) for loss in frozen)  # finite, every step
+    assert abs(frozen[0] - plain[0]) < 1e-4
+    assert _adapter_tensors(tmp / "frozen" / "export" / "adapter")
 
 
 def test_a_preempted_fsdp_run_resumes_exactly(tmp: Path, runs: dict[str, Path]) -> None:

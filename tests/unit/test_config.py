@@ -84,6 +84,9 @@ def test_bad_overrides_name_the_key(overrides: list[str], needle: str) -> None:
         (["model.name_or_path="], "model.name_or_path is required"),
         (["lora.r=0"], "lora.r"),
         (["model.base_dtype=fp16"], "model.base_dtype"),
+        (["lora.top_layers=0"], "lora.top_layers"),
+        (["lora.calibration_target=1.5"], "lora.calibration_target"),
+        (["lora.frozen_context=true", "model.gradient_checkpointing=true"], "lora.frozen_context needs"),
     ],
 )
 def test_lora_recipe_config_errors_name_the_key(overrides: list[str], needle: str) -> None:

@@ -85,6 +85,18 @@ def test_own_template_supervises_exactly_the_assistant_turns_and_their_end_token
     assert '<tool_response>\n{"temp": 21}\n</tool_response>' in text
 
 
+@pytest.mark.parametrize("template", [None, NATIVE_TEMPLATE])
+def test_the_context_is_the_system_prompt_with_the_tools(tokenizer_dir: Path, template: str | None) -> None:
+    tok = _tokenizer(tokenizer_dir, template)
+    enc = ChatFormat(tok).encode(CONV)
+    context, rest = (
+        tok.decode(enc.input_ids[: enc.context].tolist()),
+        tok.decode(enc.input_ids[enc.context :].tolist()),
+    )
+    assert "get_weather" in context and "O'Hare" not in context  # the schemas, not the request
+    assert rest.startswith("<|im_start|>user") and (enc.labels[: enc.context] == IGNORE).all()
+
+
 def test_native_tools_template_receives_tools_and_tool_calls(tokenizer_dir: Path) -> None:
     tok = _tokenizer(tokenizer_dir, NATIVE_TEMPLATE)
     fmt = ChatFormat(tok)
@@ -112,10 +124,13 @@ def test_first_fit_places_everything_within_capacity() -> None:
 def test_pack_keeps_documents_whole_and_marks_padding() -> None:
     def enc(n: int, start: int) -> Encoded:
         ids = np.arange(start, start + n, dtype=np.int32)
-        return Encoded(ids, ids.copy())
+        return Encoded(ids, ids.copy(), context=2)
 
     packed = pack([enc(5, 10), enc(3, 20), enc(4, 30)], seq_len=8, packing=True, pad_id=0)
     assert len(packed) == 2
+    starts = packed.input_ids % 10 == 0  # each conversation's first token: 10, 20, 30
+    context = starts | np.pad(starts[:, :-1], ((0, 0), (1, 0)))  # and the token after it
+    assert (packed.context == (context & (packed.doc_ids != PAD_DOC))).all()
     for row in range(len(packed)):
         docs = packed.doc_ids[row]
         for doc in set(docs.tolist()) - {PAD_DOC}:

@@ -74,10 +74,13 @@ def two_agents(ctx: TrialContext, hang_second_at: int) -> Iterator[TwoAgents]:
     argv += ["--rdzv-id", f"chaos-{ctx.scenario.name}-{ctx.trial}", "--max-restarts", "3"]
     markers = ctx.work / "markers"
     hang = {"HPCPIPE_CHAOS_HANG": f"step={hang_second_at}", "HPCPIPE_CHAOS_DIR": str(markers)}
+    # The first round may form before a late second agent joins: the first node then takes no
+    # step until a group with both nodes has started (else a loaded host can see the job finish).
+    hold = {"HPCPIPE_CHAOS_HOLD": f"world={2 * ctx.scenario.nproc}", "HPCPIPE_CHAOS_DIR": str(markers)}
     procs: list[subprocess.Popen[Any]] = []
     logs: list[IO[bytes]] = []
     try:
-        for index, env in enumerate(({}, hang)):
+        for index, env in enumerate((hold, hang)):
             logs.append((ctx.work / f"agent-{index}.log").open("wb"))
             procs.append(_start(argv, ctx.work, env, logs[-1]))
             if index == 0:  # the first agent must own the store before the second looks for it

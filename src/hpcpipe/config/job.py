@@ -104,6 +104,17 @@ class JobConfig(Section):
                 )
 
     @model_validator(mode="after")
+    def _frozen_context_keeps_its_cache(self) -> JobConfig:
+        # transformers drops the KV cache under gradient checkpointing, and the cache is what
+        # carries the frozen system prompts to the second pass.
+        if self.lora.frozen_context and self.model.gradient_checkpointing:
+            raise ValueError(
+                "lora.frozen_context needs model.gradient_checkpointing=false (the frozen pass keeps "
+                "no activations anyway; checkpointing would drop the prompts' KV cache)"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _recipe_matches_model_and_data(self) -> JobConfig:
         spec = RECIPES[self.run.recipe]  # the recipe declares what fits it (recipes/catalog.py)
         if self.model.variant not in spec.model_variants:

@@ -28,6 +28,14 @@ class LoraConfig(Section):
         "below them, since nothing beneath needs a gradient: on SmolLM2 (30 layers) on 2 CPU "
         "cores, 20 layers train ~1.4x the tokens/s of 30.",
     )
+    frozen_context: bool = Field(
+        False,
+        description="Run each conversation's system prompt (with the tool schemas: ~64% of the "
+        "tokens of generated conversations) forward without gradients first, then the rest "
+        "attending to its cached keys and values (models/context_split.py): the same forward, "
+        "backward over the rest only. The adapters then learn to read the schemas, not to encode "
+        "them.",
+    )
     decision_weight: float = Field(
         1.0,
         ge=1,

@@ -33,7 +33,7 @@ def train_worker(job: JobConfig, env: DistEnv) -> None:
     from hpcpipe.observe.prometheus import remove_sd_targets, write_sd_targets
     from hpcpipe.recipes import build_recipe
     from hpcpipe.train.distributed import init_distributed, shutdown_distributed
-    from hpcpipe.train.fault_injection import installed
+    from hpcpipe.train.fault_injection import hold_until_world, installed
     from hpcpipe.train.trainer import Trainer
 
     running = time.time()  # trainer code runs: imported (free in a forked worker)
@@ -64,6 +64,7 @@ def train_worker(job: JobConfig, env: DistEnv) -> None:
         if ctx.local_rank == 0:  # this node's exporter endpoints, for Prometheus file discovery
             write_sd_targets(Path(job.run.out_dir), *targets, ctx.local_world_size, job.run.name)
         ctx.barrier()
+        hold_until_world(ctx.world_size)  # chaos only (HPCPIPE_CHAOS_HOLD): no step before the late node
         trainer = Trainer(job, recipe, ctx, run_dir, faults=installed(ctx.rank))
         try:
             trainer.fit()

@@ -10,8 +10,10 @@ step on 1280-token rows ran 1.14x faster (benchmarks/README.md, "LoRA function c
 
 Registered with transformers' public ``AttentionInterface`` as ``PACKED``; a model switched to it
 (``model.set_attn_implementation(PACKED)``) takes ``spans=document_spans(doc_ids)`` in its
-forward, which transformers hands to every attention layer. A forward without ``spans``
-(generation, a caller with a mask of its own) runs transformers' SDPA path unchanged.
+forward, which transformers hands to every attention layer. A forward with a KV cache of the
+conversations' system prompts takes ``context_spans`` instead (``models/context_split.py``): each
+conversation's tokens attend to its own cached prompt and causally to each other. A forward with
+neither (generation, a caller with a mask of its own) runs transformers' SDPA path unchanged.
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ from torch import nn
 PACKED = "hpcpipe_packed"
 
 Spans = list[list[tuple[int, int]]]  # per row: (start, end) of each conversation, covering the row
+# Per row, for each conversation: (start, end) of its system prompt among the cached keys, and
+# (start, end) of its other tokens among the queries; (0, 0) for a conversation without a prompt.
+ContextSpans = list[list[tuple[int, int, int, int]]]
 
 
 def document_spans(doc_ids: torch.Tensor) -> Spans:
@@ -56,18 +61,23 @@ def packed_attention_forward(
     dropout: float = 0.0,
     scaling: float | None = None,
     spans: Spans | None = None,
+    context_spans: ContextSpans | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """query (B, H, T, D), key and value (B, H_kv, T, D) -> (B, T, H, D), as transformers'
-    attention functions return it. Causal within each span of ``spans``; no span sees another."""
+    attention functions return it. Causal within each span of ``spans``; no span sees another.
+    With ``context_spans`` key and value are (B, H_kv, P + T, D): the P cached prompt tokens first."""
     from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 
-    if spans is None:
+    if spans is None and context_spans is None:
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
     groups = query.shape[1] // key.shape[1]  # grouped-query attention: heads per key/value head
     key, value = repeat_kv(key, groups), repeat_kv(value, groups)
+    if context_spans is not None:
+        return _context_attention(query, key, value, context_spans, dropout, scaling), None
+    assert spans is not None
     rows = []
     for b, row in enumerate(spans):
         parts = [
@@ -83,6 +93,33 @@ def packed_attention_forward(
         ]
         rows.append(torch.cat(parts, dim=2))
     return torch.cat(rows, dim=0).transpose(1, 2).contiguous(), None
+
+
+def _context_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    context_spans: ContextSpans,
+    dropout: float,
+    scaling: float | None,
+) -> torch.Tensor:
+    """query (B, H, S, D) and key, value (B, H, P + S, D), the P cached prompt tokens first ->
+    (B, S, H, D): each conversation's queries see its whole prompt and, causally, themselves."""
+    cached = key.shape[2] - query.shape[2]
+    rows = []
+    for b, row in enumerate(context_spans):
+        parts = []
+        for c0, c1, s0, s1 in row:
+            q = query[b : b + 1, :, s0:s1]
+            k = torch.cat([key[b : b + 1, :, c0:c1], key[b : b + 1, :, cached + s0 : cached + s1]], dim=2)
+            v = torch.cat([value[b : b + 1, :, c0:c1], value[b : b + 1, :, cached + s0 : cached + s1]], dim=2)
+            # (S_c, P_c + S_c): the prompt in full, then causal; lower-right aligned
+            mask = torch.ones(s1 - s0, c1 - c0 + s1 - s0, dtype=torch.bool, device=q.device).tril(c1 - c0)
+            parts.append(
+                F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=scaling)
+            )
+        rows.append(torch.cat(parts, dim=2))
+    return torch.cat(rows, dim=0).transpose(1, 2).contiguous()
 
 
 def register() -> None:

@@ -106,6 +106,13 @@ def supervised_loss(
     return (per_token * weights).sum() / weights.sum().clamp(min=1)
 
 
+def _kept(targets: torch.Tensor) -> torch.Tensor:
+    """(K,) the positions whose target is supervised in some row of targets (B, T); one position
+    for an all-padding batch, which keeps the graph alive."""
+    keep = (targets != IGNORE).any(dim=0).nonzero().squeeze(1)
+    return keep if keep.numel() else torch.zeros(1, dtype=torch.long, device=targets.device)
+
+
 @dataclass
 class LoraFCRecipe:
     model_cfg: ModelConfig
@@ -244,17 +251,61 @@ class LoraFCRecipe:
         call and text; and which open a turn that makes no call (B, K)."""
         from hpcpipe.models.packed_attention import document_spans, packed_positions
 
-        input_ids, labels, doc_ids = batch  # (B, T) each
-        targets = labels[:, 1:]  # (B, T-1): position t predicts token t+1
-        opens = opening_targets(targets)  # (B, T-1)
-        text_opens = text_openings(targets, opens, self.call_open)  # (B, T-1)
-        keep = (targets != IGNORE).any(dim=0).nonzero().squeeze(1)  # (K,)
-        if keep.numel() == 0:  # an all-padding batch: one position keeps the graph alive
-            keep = torch.zeros(1, dtype=torch.long, device=input_ids.device)
+        input_ids, labels, doc_ids, context = batch  # (B, T) each
+        targets = F.pad(labels[:, 1:], (0, 1), value=IGNORE)  # (B, T): position t predicts token t+1
+        opens = opening_targets(targets)  # (B, T)
+        text_opens = text_openings(targets, opens, self.call_open)  # (B, T)
+        if self.lora_cfg.frozen_context and context.any():
+            return self._logits_after_context(model, batch, targets, opens, text_opens)
+        keep = _kept(targets)  # (K,)
         out = model(
             input_ids=input_ids,
             position_ids=packed_positions(doc_ids),
             spans=document_spans(doc_ids),  # each conversation attends within its own span
+            logits_to_keep=keep,
+        )
+        return out.logits, targets[:, keep], opens[:, keep], text_opens[:, keep]
+
+    def _logits_after_context(
+        self,
+        model: nn.Module,
+        batch: Batch,
+        targets: torch.Tensor,
+        opens: torch.Tensor,
+        text_opens: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``_logits`` with the system prompts run first without gradients (``lora.frozen_context``,
+        models/context_split.py); targets, opens and text_opens (B, T) in the row's order."""
+        from hpcpipe.models.context_split import split_context
+
+        input_ids, _, doc_ids, context = batch
+        split = split_context(input_ids, doc_ids, context, int(self.chat.tokenizer.pad_token_id))
+        with torch.no_grad():
+            cache = model(
+                input_ids=split.prefix_ids,
+                position_ids=split.prefix_positions,
+                spans=split.prefix_spans,
+                use_cache=True,
+                logits_to_keep=1,
+            ).past_key_values
+        if cache is None:  # config/job.py refuses what drops it (gradient checkpointing)
+            raise RuntimeError("lora.frozen_context: the model returned no KV cache for the system prompts")
+
+        def in_suffix(x: torch.Tensor, fill: int | bool) -> torch.Tensor:  # (B, T) -> (B, S), suffix order
+            padded = torch.cat([x, torch.full_like(x[:, :1], fill)], dim=1)  # index T: padding
+            return padded.gather(1, split.suffix_index)
+
+        targets, opens, text_opens = (
+            in_suffix(targets, IGNORE),
+            in_suffix(opens, False),
+            in_suffix(text_opens, False),
+        )
+        keep = _kept(targets)
+        out = model(
+            input_ids=split.suffix_ids,
+            position_ids=split.suffix_positions,
+            past_key_values=cache,
+            context_spans=split.suffix_spans,
             logits_to_keep=keep,
         )
         return out.logits, targets[:, keep], opens[:, keep], text_opens[:, keep]

@@ -26,6 +26,12 @@ variable holds ``key=value`` pairs separated by commas:
     SIGKILL (or ``signal=TERM``: preempt) this process inside the checkpoint save of ``step``,
     at ``point``: ``shards`` (this rank's files are written, nothing is gathered yet) or
     ``manifest`` (rank 0 wrote the manifest and has not renamed the checkpoint into place).
+``HPCPIPE_CHAOS_HOLD="world=2"`` (requires ``HPCPIPE_CHAOS_DIR``)
+    hold every rank before its first step while the group is smaller than ``world``, until a
+    group of that size has started once. An elastic job's first round forms once its minimum
+    number of nodes joined and the last call passed; on a loaded host a node that starts late
+    could find a tiny job already finished. Held, the smaller group takes no step and the
+    agent admits the late node; later, smaller groups (after a lost node) are not held.
 ``HPCPIPE_CHAOS_DIR=/path``
     marker directory: a fault fires at most once per directory, so it does not fire again after
     the elastic agent restarts the workers (which inherit the same environment).
@@ -56,6 +62,7 @@ ENV_PREFIX = "HPCPIPE_CHAOS_"
 KINDS = ("OOM", "HANG", "STOP", "KILL", "SIGTERM", "FAIL", "SAVE")
 SAVE_POINTS = ("shards", "manifest")
 SLOW_VAR = "HPCPIPE_CHAOS_SLOW"
+HOLD_VAR = "HPCPIPE_CHAOS_HOLD"
 SLOW_SITES = ("data", "forward")
 DIR_VAR = "HPCPIPE_CHAOS_DIR"
 SITES = ("forward", "backward")
@@ -107,6 +114,7 @@ class Delay:
 _FAULTS: tuple[Fault, ...] = ()
 _DELAYS: tuple[Delay, ...] = ()
 _MARKER_DIR: Path | None = None
+_HOLD_WORLD: int | None = None
 _FIRED: set[tuple[Fault, int]] = set()  # (fault, rank) that fired in this process
 
 
@@ -219,14 +227,47 @@ def parse_delay(value: str) -> Delay:
     )
 
 
+def parse_hold(value: str, marker_dir: Path | None) -> int:
+    """``HPCPIPE_CHAOS_HOLD``'s world size (raises ChaosConfigError)."""
+    key, sep, text = value.partition("=")
+    if key.strip() != "world" or not sep:
+        raise ChaosConfigError(f"{HOLD_VAR}: expected 'world=N', got {value!r}")
+    world = _int(HOLD_VAR, "world", text.strip())
+    if world < 2:
+        raise ChaosConfigError(f"{HOLD_VAR}: world={world} must be >= 2")
+    if marker_dir is None:
+        raise ChaosConfigError(f"{HOLD_VAR} needs {DIR_VAR} (a marker so later, smaller groups go on)")
+    return world
+
+
 def configure(env: Mapping[str, str] | None = None) -> None:
     """(Re)read the faults from ``env`` (default: ``os.environ``); forgets which ones fired."""
-    global _FAULTS, _MARKER_DIR, _DELAYS  # noqa: PLW0603 (read once per process, swapped by tests)
+    global _FAULTS, _MARKER_DIR, _DELAYS, _HOLD_WORLD  # noqa: PLW0603 (read once per process, swapped by tests)
     env = os.environ if env is None else env
     _FAULTS, _MARKER_DIR = parse_faults(env)
     slow = env.get(SLOW_VAR, "").strip()
     _DELAYS = (parse_delay(slow),) if slow else ()
+    hold = env.get(HOLD_VAR, "").strip()
+    _HOLD_WORLD = parse_hold(hold, _MARKER_DIR) if hold else None
     _FIRED.clear()
+
+
+def hold_until_world(world_size: int, poll_s: float = 0.2) -> None:
+    """With ``HPCPIPE_CHAOS_HOLD`` set: return once a group of that size has started; a smaller
+    group before then waits here for its agent to restart it with the late node."""
+    if _HOLD_WORLD is None or _MARKER_DIR is None:
+        return
+    released = _MARKER_DIR / f"hold-world{_HOLD_WORLD}.released"
+    if world_size >= _HOLD_WORLD:
+        _MARKER_DIR.mkdir(parents=True, exist_ok=True)
+        released.touch()
+        return
+    if released.exists():
+        return
+    message = f"chaos: a group of {world_size} waits for {_HOLD_WORLD} ranks ({HOLD_VAR})"
+    print(message, file=sys.stderr, flush=True)
+    while not released.exists():
+        time.sleep(poll_s)
 
 
 def maybe_delay(step: int, rank: int, where: str) -> None:

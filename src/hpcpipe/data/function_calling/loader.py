@@ -1,8 +1,10 @@
 """Packed token rows for training (shuffled, rank-sharded, resumable) and evaluation (all rows).
 
-A batch is ``(input_ids, labels, doc_ids)``, each int64 (B, T); the recipe turns ``doc_ids`` into
-the attention mask and positions on the device. The order is ``SampleOrder``'s: a pure function
-of (seed, step, rank), so a resumed run continues with exactly the rows it would have seen.
+A batch is ``(input_ids, labels, doc_ids, context)``, each (B, T): int64, and bool for
+``context`` (each conversation's system prompt); the recipe turns ``doc_ids`` into each
+conversation's span of the row and its positions on the device. The order is ``SampleOrder``'s:
+a pure function of (seed, step, rank), so a resumed run continues with exactly the rows it would
+have seen.
 """
 
 from __future__ import annotations
@@ -17,15 +19,16 @@ from hpcpipe.data.function_calling.pack import PAD_DOC, Packed
 from hpcpipe.data.function_calling.tokens import IGNORE
 from hpcpipe.data.order import SampleOrder
 
-FCBatch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+FCBatch = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 def _batch(rows: Packed, items: np.ndarray) -> FCBatch:
-    """int64 (B, T) tensors of rows ``items``."""
+    """(B, T) tensors of rows ``items``: int64, and bool for the context marks."""
     return (
         torch.from_numpy(rows.input_ids[items].astype(np.int64)),
         torch.from_numpy(rows.labels[items].astype(np.int64)),
         torch.from_numpy(rows.doc_ids[items].astype(np.int64)),
+        torch.from_numpy(rows.context[items]),
     )
 
 
@@ -87,6 +90,7 @@ class PackedEvalBatches:
                     torch.zeros((1, seq_len), dtype=torch.int64),
                     torch.full((1, seq_len), IGNORE, dtype=torch.int64),
                     torch.full((1, seq_len), PAD_DOC, dtype=torch.int64),
+                    torch.zeros((1, seq_len), dtype=torch.bool),
                 )
                 continue
             yield _batch(self.rows, items)

@@ -24,6 +24,7 @@ class Packed:
     input_ids: np.ndarray  # (N, T) int32
     labels: np.ndarray  # (N, T) int32, IGNORE where not supervised
     doc_ids: np.ndarray  # (N, T) int32, PAD_DOC on padding
+    context: np.ndarray  # (N, T) bool: each conversation's leading system prompt (Encoded.context)
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
@@ -34,12 +35,14 @@ class Packed:
         return float((self.doc_ids != PAD_DOC).mean()) if len(self) else 0.0
 
     def save(self, path: Path) -> None:
-        np.savez(path, input_ids=self.input_ids, labels=self.labels, doc_ids=self.doc_ids)
+        np.savez(
+            path, input_ids=self.input_ids, labels=self.labels, doc_ids=self.doc_ids, context=self.context
+        )
 
     @classmethod
     def load(cls, path: Path) -> Packed:
         with np.load(path, allow_pickle=False) as data:  # plain arrays only: no pickled objects
-            return cls(data["input_ids"], data["labels"], data["doc_ids"])
+            return cls(data["input_ids"], data["labels"], data["doc_ids"], data["context"])
 
 
 def bins_first_fit(lengths: Sequence[int], capacity: int) -> list[list[int]]:
@@ -68,6 +71,7 @@ def pack(examples: Sequence[Encoded], seq_len: int, packing: bool, pad_id: int) 
     input_ids = np.full((n, seq_len), pad_id, dtype=np.int32)
     labels = np.full((n, seq_len), IGNORE, dtype=np.int32)
     doc_ids = np.full((n, seq_len), PAD_DOC, dtype=np.int32)
+    context = np.zeros((n, seq_len), dtype=bool)
     for row, group in enumerate(groups):
         at = 0
         for doc, i in enumerate(group):
@@ -75,5 +79,6 @@ def pack(examples: Sequence[Encoded], seq_len: int, packing: bool, pad_id: int) 
             input_ids[row, at:end] = examples[i].input_ids
             labels[row, at:end] = examples[i].labels
             doc_ids[row, at:end] = doc
+            context[row, at : at + examples[i].context] = True
             at = end
-    return Packed(input_ids, labels, doc_ids)
+    return Packed(input_ids, labels, doc_ids, context)

@@ -33,7 +33,7 @@ from hpcpipe.errors import DataError
 from hpcpipe.fsutil import atomic_replace_dir
 
 SYNTHETIC = "@synthetic"
-_VERSION = 1
+_VERSION = 2  # 2: the packed rows mark each conversation's system prompt (Packed.context)
 REPORT_FILE = "data_report.json"
 DATA_FILES = ("train.npz", "eval.npz", "heldout.jsonl")  # hashed in the report's "files"
 

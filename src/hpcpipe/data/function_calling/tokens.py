@@ -49,6 +49,7 @@ class RenderError(ValueError):
 class Encoded:
     input_ids: np.ndarray  # (T,) int32
     labels: np.ndarray  # (T,) int32, IGNORE outside assistant turns
+    context: int = 0  # leading tokens before the first user turn: the system prompt with the tools
 
     @property
     def supervised(self) -> int:
@@ -126,7 +127,18 @@ class ChatFormat:
         supervised = np.zeros(len(ids), dtype=bool)
         for lo, hi in spans:
             supervised |= (starts >= lo) & (starts < hi)
-        return Encoded(ids, np.where(supervised, ids, IGNORE).astype(np.int32))
+        context = int(np.searchsorted(starts, self._context_chars(conv, full)))
+        return Encoded(ids, np.where(supervised, ids, IGNORE).astype(np.int32), context)
+
+    def _context_chars(self, conv: Conversation, full: str) -> int:
+        """Characters of ``full`` before the first turn that is not the system prompt: the system
+        prompt with the tool schemas as the template renders them (0 when it renders no prefix)."""
+        first = next((i for i, m in enumerate(conv.messages) if m.role != "system"), len(conv.messages))
+        try:
+            text = self.render(*self.messages(conv, first), generation=False)
+        except RenderError:  # a template that renders no conversation without a user turn
+            return 0
+        return len(text) if full.startswith(text) else 0
 
 
 def _native_message(message: Message) -> dict[str, Any]:
