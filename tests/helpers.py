@@ -152,3 +152,27 @@ def run_shipped_chaos(out: Path, *scenarios: str, timeout: float) -> list[dict[s
     assert proc.returncode == 0 and not failed, "\n".join(failed) + proc.stderr[-2000:]
     assert sorted(str(r["scenario"]) for r in rows) == sorted(scenarios)
     return rows
+
+
+def tiny_llama(packed: bool = True, train: bool = False):  # type: ignore[no-untyped-def]
+    """A 2-layer Llama with grouped-query attention (4 heads, 2 key/value heads, 64 tokens, 32
+    wide), seeded weights; ``packed``: attention per conversation span (models/packed_attention.py)."""
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from hpcpipe.models.packed_attention import use_packed_attention
+
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").train(train)
+    if packed:
+        use_packed_attention(model)
+    return model

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig
+from tests.helpers import tiny_llama
 
 from hpcpipe.data.function_calling.pack import PAD_DOC
-from hpcpipe.models.context_split import split_context
-from hpcpipe.models.packed_attention import document_spans, packed_positions, use_packed_attention
+from hpcpipe.models.context_split import context_cache, split_context
+from hpcpipe.models.packed_attention import document_spans, packed_positions
 
 # Two rows: conversations with prompts of 3, 2 and 0 tokens; padding at the end of the first.
 DOCS = torch.tensor([[0, 0, 0, 0, 0, 1, 1, 1, 1, PAD_DOC], [0, 0, 0, 0, 1, 1, 1, 1, 1, 1]])
@@ -20,31 +20,13 @@ REAL = DOCS != PAD_DOC
 
 
 def _model() -> torch.nn.Module:
-    config = LlamaConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").train()
-    use_packed_attention(model)
-    return model
+    return tiny_llama(packed=True, train=True)
 
 
 def _two_passes(model: torch.nn.Module) -> torch.Tensor:
     """Logits (B, T, V) in the row's order, the prompts run first without gradients."""
     split = split_context(IDS, DOCS, CONTEXT, pad_id=0)
-    with torch.no_grad():
-        cache = model(
-            input_ids=split.prefix_ids,
-            position_ids=split.prefix_positions,
-            spans=split.prefix_spans,
-            use_cache=True,
-        ).past_key_values
+    cache = context_cache(model, split)
     suffix = model(
         input_ids=split.suffix_ids,
         position_ids=split.suffix_positions,

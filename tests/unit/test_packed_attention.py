@@ -4,30 +4,15 @@ within its own span, with the outputs and gradients of the block-diagonal mask i
 from __future__ import annotations
 
 import torch
+from tests.helpers import tiny_llama
 
 from hpcpipe.data.function_calling.pack import PAD_DOC
-from hpcpipe.models.packed_attention import PACKED, document_spans, packed_positions, use_packed_attention
+from hpcpipe.models.packed_attention import PACKED, document_spans, packed_positions
 from hpcpipe.recipes.lora_fc import packed_attention
 
 
 def _model(implementation: str) -> torch.nn.Module:
-    """A 2-layer Llama with grouped-query attention (4 heads, 2 key/value heads), seeded weights."""
-    from transformers import AutoModelForCausalLM, LlamaConfig
-
-    config = LlamaConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
-    if implementation == PACKED:
-        use_packed_attention(model)
-    return model
+    return tiny_llama(packed=implementation == PACKED)
 
 
 DOCS = torch.tensor([[0, 0, 0, 1, 1, 1, 1, 2, PAD_DOC, PAD_DOC], [0, 0, 0, 0, 0, 1, 1, 1, 1, 1]])

@@ -94,3 +94,19 @@ def split_context(
         suffix_spans=suffix_spans,
         suffix_index=_padded(suffix_at, width_s, t),
     )
+
+
+def context_cache(model: torch.nn.Module, split: ContextSplit) -> object:
+    """Pass 1: the system prompts forward without gradients; their keys and values (a transformers
+    ``Cache``) for the rest of the row to attend to."""
+    with torch.no_grad():
+        cache = model(
+            input_ids=split.prefix_ids,
+            position_ids=split.prefix_positions,
+            spans=split.prefix_spans,
+            use_cache=True,
+            logits_to_keep=1,  # the prompts' logits are not needed
+        ).past_key_values
+    if cache is None:  # config/job.py refuses what drops it (gradient checkpointing)
+        raise RuntimeError("lora.frozen_context: the model returned no KV cache for the system prompts")
+    return cache

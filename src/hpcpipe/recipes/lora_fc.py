@@ -276,20 +276,11 @@ class LoraFCRecipe:
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """``_logits`` with the system prompts run first without gradients (``lora.frozen_context``,
         models/context_split.py); targets, opens and text_opens (B, T) in the row's order."""
-        from hpcpipe.models.context_split import split_context
+        from hpcpipe.models.context_split import context_cache, split_context
 
         input_ids, _, doc_ids, context = batch
         split = split_context(input_ids, doc_ids, context, int(self.chat.tokenizer.pad_token_id))
-        with torch.no_grad():
-            cache = model(
-                input_ids=split.prefix_ids,
-                position_ids=split.prefix_positions,
-                spans=split.prefix_spans,
-                use_cache=True,
-                logits_to_keep=1,
-            ).past_key_values
-        if cache is None:  # config/job.py refuses what drops it (gradient checkpointing)
-            raise RuntimeError("lora.frozen_context: the model returned no KV cache for the system prompts")
+        cache = context_cache(model, split)
 
         def in_suffix(x: torch.Tensor, fill: int | bool) -> torch.Tensor:  # (B, T) -> (B, S), suffix order
             padded = torch.cat([x, torch.full_like(x[:, :1], fill)], dim=1)  # index T: padding
