@@ -11,6 +11,8 @@
 #   benchmarks/fc_mix_sweep.sh fc-default                                     # the preset as shipped
 #   benchmarks/fc_mix_sweep.sh fc-classic $(benchmarks/fc_mix_sweep.sh --classic)
 #   benchmarks/fc_mix_sweep.sh fc-refusals --set data.synthetic_mix.refusal=40
+#   FC_CONSTRAIN=1 benchmarks/fc_mix_sweep.sh fc-default   # also scored with --constrain
+#                                                          # (runs/NAME/eval-constrained)
 set -euo pipefail
 
 CLASSIC=(single=30 parallel=12 multi_turn=14 clarify=10 refusal=17 no_access=17 parallel_multiple=0
@@ -33,4 +35,10 @@ start=$(date +%s)
 "$hpcpipe" train lora-fc-smollm2 --set "run.name=$name" --set observe.progress=false "$@"
 trained=$(date +%s)
 "$hpcpipe" eval function-calling "runs/$name" --limit 30 --heldout-limit 0
-echo "{\"name\": \"$name\", \"train_s\": $((trained - start)), \"eval_s\": $(($(date +%s) - trained))}"
+evaluated=$(date +%s)
+constrained_s=null
+if [[ "${FC_CONSTRAIN:-0}" == 1 ]]; then
+    "$hpcpipe" eval function-calling "runs/$name" --limit 30 --heldout-limit 0 --constrain
+    constrained_s=$(($(date +%s) - evaluated))
+fi
+echo "{\"name\": \"$name\", \"train_s\": $((trained - start)), \"eval_s\": $((evaluated - trained)), \"eval_constrained_s\": $constrained_s}"

@@ -32,7 +32,8 @@ Top level of ``<run_dir>/`` (name: who writes it -> who reads it)
 - ``eval.json`` (EVAL): the final held-out metrics. pipeline evaluate step
   -> report.series, track.registry, tracking artifacts.
 - ``eval/``, ``eval-base/`` (FC_EVAL, FC_EVAL_BASE; fc_eval_dir): function-calling evaluation of
-  the adapter, or of the base model, each holding ``eval.json`` and ``eval.md``
+  the adapter, or of the base model (``eval-constrained/``, ``eval-base-constrained/`` with
+  ``--constrain``: FC_EVAL_CONSTRAINED, FC_EVAL_BASE_CONSTRAINED), each holding ``eval.json`` and ``eval.md``
   (FC_EVAL_JSON, FC_EVAL_MARKDOWN). cli eval function-calling (evaluate.function_calling)
   -> cli eval compare (evaluate.compare), people.
 - ``report/`` (REPORT): ``report.md`` (REPORT_MARKDOWN), ``report.html`` (REPORT_HTML), plots
@@ -97,6 +98,8 @@ class RunLayout:
     EVAL: ClassVar[str] = "eval.json"
     FC_EVAL: ClassVar[str] = "eval"
     FC_EVAL_BASE: ClassVar[str] = "eval-base"
+    FC_EVAL_CONSTRAINED: ClassVar[str] = "eval-constrained"  # --constrain, beside the free one
+    FC_EVAL_BASE_CONSTRAINED: ClassVar[str] = "eval-base-constrained"
     REPORT: ClassVar[str] = "report"
     SUMMARY: ClassVar[str] = "summary.md"
     LOSS_CURVE: ClassVar[str] = "loss_curve.png"
@@ -133,7 +136,8 @@ class RunLayout:
     # Every fixed top-level name, and glob patterns for the computed ones.
     ENTRIES: ClassVar[tuple[str, ...]] = (
         CONFIG, LINEAGE, METRICS, METRICS_CSV, EVENTS, CHECKPOINTS, EXPORT, EVAL, FC_EVAL,
-        FC_EVAL_BASE, REPORT, SUMMARY, LOSS_CURVE, SAMPLE, DATA_REPORT, LORA_SUMMARY, PROFILE,
+        FC_EVAL_BASE, FC_EVAL_CONSTRAINED, FC_EVAL_BASE_CONSTRAINED, REPORT, SUMMARY, LOSS_CURVE,
+        SAMPLE, DATA_REPORT, LORA_SUMMARY, PROFILE,
         TENSORBOARD, TRACKING, TRAIN_LOG, SWEEP_POINT, SLURM_SCRIPT, SLURM_JOB, K8S_MANIFEST, HELM_VALUES,
         KFP_PIPELINE, K8S_JOB, PLAN,
     )  # fmt: skip
@@ -144,6 +148,8 @@ class RunLayout:
         REPORT: (REPORT_MARKDOWN, REPORT_HTML),
         FC_EVAL: (FC_EVAL_JSON, FC_EVAL_MARKDOWN),
         FC_EVAL_BASE: (FC_EVAL_JSON, FC_EVAL_MARKDOWN),
+        FC_EVAL_CONSTRAINED: (FC_EVAL_JSON, FC_EVAL_MARKDOWN),
+        FC_EVAL_BASE_CONSTRAINED: (FC_EVAL_JSON, FC_EVAL_MARKDOWN),
         TRACKING: (MLFLOW_RUN, REGISTRY),
         PLAN: (GOODPUT_JSON, GOODPUT_PLOT),
     }
@@ -250,8 +256,11 @@ class RunLayout:
         """``export/<checkpoint>-<format>``: one checkpoint exported in one format."""
         return self.export / f"{checkpoint_name}-{fmt}"
 
-    def fc_eval_dir(self, base: bool) -> Path:
-        """Function-calling evaluation of the base model (``eval-base``) or with the adapter (``eval``)."""
+    def fc_eval_dir(self, base: bool, constrained: bool = False) -> Path:
+        """Function-calling evaluation of the base model (``eval-base``) or with the adapter
+        (``eval``); decoded with ``--constrain``: ``eval-base-constrained``, ``eval-constrained``."""
+        if constrained:
+            return self.root / (self.FC_EVAL_BASE_CONSTRAINED if base else self.FC_EVAL_CONSTRAINED)
         return self.root / (self.FC_EVAL_BASE if base else self.FC_EVAL)
 
     @property

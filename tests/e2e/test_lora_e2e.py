@@ -163,6 +163,17 @@ def test_eval_cli_scores_a_run_on_heldout_and_bfcl_files(run: Path, tmp: Path) -
     assert "| category |" in (out / "eval.md").read_text()
 
 
+def test_eval_cli_constrain_writes_beside_the_free_evaluation(run: Path, tmp: Path) -> None:
+    args = ["--bfcl-dir", str(BFCL_SAMPLES), "--categories", "multiple", "--limit", "2"]
+    args += ["--heldout-limit", "2", "--max-new-tokens", "24", "--constrain", "--json", "-"]
+    proc = run_cli("eval", "function-calling", str(run), *args, cwd=tmp)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    written = json.loads((run / "eval-constrained" / "eval.json").read_text())
+    assert written["meta"]["constrained"] is True and written["meta"]["unconstrained_cases"] == 0
+    assert written["overall"]["cases"] == 4 == json.loads(proc.stdout)["overall"]["cases"]
+    assert "--constrain" in (run / "eval-constrained" / "eval.md").read_text()
+
+
 @pytest.mark.parametrize(
     ("sets", "names"),
     [

@@ -72,11 +72,11 @@ def _row(case_id: str, category: str, ast: bool) -> dict[str, Any]:
     }
 
 
-def _write_eval(out: Path, passing: dict[str, int], sizes: dict[str, int]) -> Path:
+def _write_eval(out: Path, passing: dict[str, int], sizes: dict[str, int], constrained: bool = False) -> Path:
     """An eval directory as `hpcpipe eval function-calling` writes it: the first passing[cat] cases of
     each category pass."""
     rows = [_row(f"{cat}_{i}", cat, i < passing.get(cat, 0)) for cat, n in sizes.items() for i in range(n)]
-    write_report(summarize(rows), rows, {"model": "m", "adapter": None}, out)
+    write_report(summarize(rows), rows, {"model": "m", "adapter": None, "constrained": constrained}, out)
     return out
 
 
@@ -123,6 +123,18 @@ def test_compare_cli_prints_the_table_and_caps_the_case_lists(tmp_path: Path) ->
     assert "  failed -> passed (14): simple_2, simple_3, simple_4, and 11 more" in lines
     printed = CliRunner().invoke(app, ["eval", "compare", str(base), str(after), "--json", "-"])
     assert json.loads(printed.output)["overall"]["verdict"] == "within noise"  # 22/50 -> 33/50
+    assert "decoding differs" not in shown.output
+
+
+def test_compare_says_when_the_two_sides_decoded_differently(tmp_path: Path) -> None:
+    base = _write_eval(tmp_path / "base", {"simple": 2}, SIZES)
+    after = _write_eval(tmp_path / "after", {"simple": 9}, SIZES, constrained=True)
+    assert compare_evals(read_eval(base), read_eval(after))["decoding"] == {
+        "base": "free",
+        "after": "constrained",
+    }
+    shown = CliRunner().invoke(app, ["eval", "compare", str(base), str(after)])
+    assert shown.exit_code == 0 and "decoding differs: before free, after constrained" in shown.output
 
 
 @pytest.mark.parametrize(

@@ -25,6 +25,8 @@ def _paths(layout: RunLayout) -> dict[str, Path]:
     found["export_dir"] = layout.export_dir("step-00000002", "hf")
     found["fc_eval_dir(base)"] = layout.fc_eval_dir(base=True)
     found["fc_eval_dir"] = layout.fc_eval_dir(base=False)
+    found["fc_eval_dir(base, constrained)"] = layout.fc_eval_dir(base=True, constrained=True)
+    found["fc_eval_dir(constrained)"] = layout.fc_eval_dir(base=False, constrained=True)
     found["hang_dump"] = layout.hang_dump(3)
     return found
 
@@ -59,6 +61,8 @@ def test_every_path_is_under_the_root(tmp_path: Path) -> None:
     assert layout.adapter == layout.root / "export" / "adapter"
     assert layout.export_dir("step-00000002", "hf") == layout.root / "export" / "step-00000002-hf"
     assert layout.fc_eval_dir(base=True).name == "eval-base" and layout.fc_eval_dir(False).name == "eval"
+    assert layout.fc_eval_dir(False, constrained=True).name == "eval-constrained"
+    assert layout.fc_eval_dir(True, constrained=True).name == "eval-base-constrained"
     assert layout.hang_dump(3).name == "hang-rank3.txt"
 
 

@@ -64,9 +64,22 @@ def function_calling(
             "P(call) >= P. eval.json records each case's P(call) either way.",
         ),
     ] = "auto",
+    constrain: Annotated[
+        bool,
+        typer.Option(
+            "--constrain/--free",
+            help="--constrain: once a reply opens a <tool_call>, it can only call an offered "
+            "function with arguments that follow its JSON schema (required keys, types, enums; "
+            "XGrammar, as vLLM and SGLang serve tool calls). Whether to call, which function, how "
+            "many calls and the values stay the model's. --free: plain greedy decoding.",
+        ),
+    ] = False,
     out: Annotated[
         Path | None,
-        typer.Option(help="Output directory (default: RUN/eval or RUN/eval-base; ./eval otherwise)."),
+        typer.Option(
+            help="Output directory (default: RUN/eval or RUN/eval-base; ./eval otherwise; "
+            "with --constrain, the same name + '-constrained')."
+        ),
     ] = None,
     json_out: JsonOption = None,
 ) -> None:
@@ -82,12 +95,13 @@ def function_calling(
 
       hpcpipe eval function-calling runs/lora-fc-smollm2 --base     # before fine-tuning
       hpcpipe eval function-calling runs/lora-fc-smollm2            # after
+      hpcpipe eval function-calling runs/lora-fc-smollm2 --constrain  # writes RUN/eval-constrained
       hpcpipe eval function-calling data/external/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf --limit 5
     """
     from hpcpipe.evaluate.fc_run import build_cases, evaluate_cases
 
     chosen = [c.strip() for c in categories.split(",") if c.strip()]
-    model, chat, heldout, meta, default_out = _load_target(target, base)
+    model, chat, heldout, meta, default_out = _load_target(target, base, constrain)
     threshold = _call_threshold(call_threshold, meta.get("adapter"))
     meta["call_decision"] = (
         "greedy" if threshold is None else ("calibrated" if call_threshold == "auto" else "given")
@@ -109,6 +123,7 @@ def function_calling(
         batch_size,
         progress=json_out != "-",
         call_threshold=threshold,
+        constrain=constrain,
     )
     if json_out != "-":
         written = out or default_out
@@ -166,6 +181,12 @@ def compare(
     result = compare_evals(read_eval(base), read_eval(after))
     if json_out != "-":
         console.print(f"before: {escape(result['base'])}\nafter:  {escape(result['after'])}", highlight=False)
+        modes = result["decoding"]
+        if modes["base"] != modes["after"]:
+            console.print(
+                f"[yellow]decoding differs: before {modes['base']}, after {modes['after']} "
+                "(the change measures both the model and --constrain)[/]"
+            )
         rows = [[name, *_compare_cells(row)] for name, row in result["categories"].items()]
         rows.append(["overall", *_compare_cells(result["overall"])])
         headers = ["category", "cases", "before", "after", "change (pts)", "verdict"]
@@ -220,13 +241,16 @@ def _compare_cells(row: dict[str, Any]) -> list[str]:
     ]
 
 
-def _load_target(target: Path, base: bool) -> tuple[Any, Any, list[Any], dict[str, Any], Path]:
-    """(model, chat format, held-out conversations, meta, default output dir) for TARGET."""
+def _load_target(
+    target: Path, base: bool, constrain: bool = False
+) -> tuple[Any, Any, list[Any], dict[str, Any], Path]:
+    """(model, chat format, held-out conversations, meta, default output dir) for TARGET; the
+    output dir of a ``--constrain`` evaluation sits beside the free one's."""
     from hpcpipe.data.function_calling.tokens import ChatFormat
     from hpcpipe.models.hf_lm import ModelSource, load_base_model, load_tokenizer
 
     if RunLayout(target).config.is_file():
-        return _load_run(target, base)
+        return _load_run(target, base, constrain)
     if target.suffix == ".gguf":
         if not target.is_file():
             raise UserError(f"{target}: no such GGUF file")
@@ -239,10 +263,11 @@ def _load_target(target: Path, base: bool) -> tuple[Any, Any, list[Any], dict[st
         )
     chat = ChatFormat(load_tokenizer(source))
     meta = {"model": str(target), "adapter": None}
-    return load_base_model(source, "fp32"), chat, [], meta, Path(RunLayout.FC_EVAL)  # ./eval
+    out = Path(RunLayout.FC_EVAL_CONSTRAINED if constrain else RunLayout.FC_EVAL)  # ./eval
+    return load_base_model(source, "fp32"), chat, [], meta, out
 
 
-def _load_run(run_dir: Path, base: bool) -> tuple[Any, Any, list[Any], dict[str, Any], Path]:
+def _load_run(run_dir: Path, base: bool, constrain: bool) -> tuple[Any, Any, list[Any], dict[str, Any], Path]:
     from hpcpipe.config import load_config
     from hpcpipe.data.function_calling.prepare import read_heldout
     from hpcpipe.models.lora_export import load_with_adapter
@@ -267,4 +292,4 @@ def _load_run(run_dir: Path, base: bool) -> tuple[Any, Any, list[Any], dict[str,
     else:
         model = load_with_adapter(recipe.source, adapter)
     meta = {"model": job.model.name_or_path, "run": str(run_dir), "adapter": None if base else str(adapter)}
-    return model, recipe.chat, heldout, meta, layout.fc_eval_dir(base)
+    return model, recipe.chat, heldout, meta, layout.fc_eval_dir(base, constrain)

@@ -8,6 +8,8 @@ before and after with Wilson 95% intervals (``hpcpipe.evaluate.intervals``), the
 verdict: ``real`` when the two intervals do not overlap, ``within noise`` when they do. Both runs
 score the same cases, so non-overlap is a conservative test: a change it calls real is one; a
 change within noise may still be real on more cases. Then every case whose AST check flipped.
+Each side's decoding (free, or ``--constrain``) is reported: a comparison across the two measures
+the decoding as well as the model.
 """
 
 from __future__ import annotations
@@ -87,7 +89,14 @@ def compare_evals(base: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]
         "categories": categories,
         "overall": _row([b for b, _ in pairs.values()], [a for _, a in pairs.values()]),
         "changed": flipped,
+        "decoding": {"base": decoding(base), "after": decoding(after)},
     }
+
+
+def decoding(data: dict[str, Any]) -> str:
+    """How an evaluation decoded its replies: "constrained" (``--constrain``) or "free"."""
+    meta = data.get("meta")
+    return "constrained" if isinstance(meta, dict) and meta.get("constrained") else "free"
 
 
 def _outcomes(data: dict[str, Any]) -> dict[str, dict[str, bool]]:

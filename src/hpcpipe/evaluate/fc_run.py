@@ -47,9 +47,11 @@ def evaluate_cases(
     batch_size: int,
     progress: bool,
     call_threshold: float | None = None,
+    constrain: bool = False,
 ) -> dict[str, Any]:
     """Generate every case's assistant turn, score it, write ``eval.json`` + ``eval.md``.
-    ``call_threshold``: a reply calls exactly when P(call) at its first token reaches it."""
+    ``call_threshold``: a reply calls exactly when P(call) at its first token reaches it;
+    ``constrain``: calls follow the offered functions' schemas (``hpcpipe.evaluate.constrain``)."""
     from rich.progress import Progress
 
     from hpcpipe.data.function_calling.tokens import CALL_OPEN
@@ -58,6 +60,7 @@ def evaluate_cases(
     opener = chat.tokenizer(CALL_OPEN, add_special_tokens=False)["input_ids"][0]
     decision = CallDecision(opener, call_threshold)
     start = time.perf_counter()
+    grammars = _CaseGrammars(model, chat, cases) if constrain else None
     with Progress(disable=not progress, transient=True) as bar:
         task = bar.add_task("generating", total=len(prompts))
         replies = generate_replies(
@@ -68,6 +71,7 @@ def evaluate_cases(
             batch_size,
             on_batch=lambda n: bar.advance(task, n),
             decision=decision,
+            constraint=None if grammars is None else grammars.processor,
         )
     results = [
         {**score(case, reply), "p_call": round(decision.p_call[i], 6)}
@@ -80,6 +84,33 @@ def evaluate_cases(
         "generate_s": round(time.perf_counter() - start, 1),
         "max_new_tokens": max_new_tokens,
         "call_threshold": call_threshold,
+        "constrained": constrain,
     }
+    if grammars is not None:
+        meta["unconstrained_cases"] = grammars.unconstrained
     write_report(summary, results, meta, out)
     return {"meta": meta, **summary}
+
+
+class _CaseGrammars:
+    """Every case's compiled call grammar, by prompt index, and a batch's logits processor."""
+
+    def __init__(self, model: nn.Module, chat: Any, cases: Sequence[Case]) -> None:
+        from hpcpipe.evaluate.constrain import CallGrammars, check_template
+
+        check_template(chat)
+        self.compiler = CallGrammars(chat.tokenizer, _vocab_size(model, chat.tokenizer))
+        self.by_case = [self.compiler.compile(case.conversation.tools) for case in cases]
+
+    @property
+    def unconstrained(self) -> int:
+        return self.compiler.unconstrained
+
+    def processor(self, index: Sequence[int]) -> Any:
+        return self.compiler.processor([self.by_case[i] for i in index])
+
+
+def _vocab_size(model: nn.Module, tokenizer: Any) -> int:
+    """The logits' width: the model's embedding rows (padded past the tokenizer's vocabulary)."""
+    config = getattr(model, "config", None)
+    return int(getattr(config, "vocab_size", None) or len(tokenizer))

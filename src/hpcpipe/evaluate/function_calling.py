@@ -210,6 +210,12 @@ def markdown_table(summary: dict[str, Any], meta: dict[str, Any]) -> str:
     auc = summary["overall"].get("call_auc")
     if auc is not None:
         lines += ["", f"Call/no-call separation: ROC AUC {auc:.3f} (P(call) at each reply's first token)."]
+    if meta.get("constrained"):
+        lines += [
+            "",
+            "Calls decoded under each case's function schemas (--constrain, XGrammar): names on "
+            "offer, required keys, types and enums; whether to call and the values are the model's.",
+        ]
     if meta.get("call_threshold") is not None:
         how = "calibrated after training" if meta.get("call_decision") == "calibrated" else "given"
         lines += [

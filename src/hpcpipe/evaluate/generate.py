@@ -53,9 +53,12 @@ def generate_replies(
     batch_size: int,
     on_batch: Callable[[int], None] | None = None,
     decision: CallDecision | None = None,
+    constraint: Callable[[Sequence[int]], Callable[..., torch.Tensor]] | None = None,
 ) -> list[str]:
     """The decoded continuation of every prompt (special tokens removed), in the prompts' order;
-    ``decision`` collects each prompt's P(call) at the first token (and applies its threshold)."""
+    ``decision`` collects each prompt's P(call) at the first token (and applies its threshold);
+    ``constraint`` gives a batch's prompt indices a logits processor that masks what they may not
+    write (``hpcpipe.evaluate.constrain``), applied after ``decision`` has read the scores."""
     from transformers import LogitsProcessorList
 
     model.eval()
@@ -71,6 +74,8 @@ def generate_replies(
         enc = tokenizer(chunk, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
         length = enc["input_ids"].shape[1]
         processors = [decision.processor(index, length)] if decision is not None else []
+        if constraint is not None:
+            processors.append(constraint(index))
         out = model.generate(  # type: ignore[operator]
             **enc,
             max_new_tokens=max_new_tokens,
