@@ -1,0 +1,170 @@
+"""How far declining after the call is written could lift an adapter's BFCL AST: a ceiling.
+
+Greedy decoding decides call or text at the reply's first token (``p_call`` in eval.json). A rule
+that writes the call first and then declines when the model was unsure of it could use more: the
+call's own log-probability, which should drop where the listed function does not fit and the
+model has to make its arguments up. This script measures that before anyone builds it:
+
+- every reply of an evaluation that makes a call is scored under the same model (one forward pass
+  over prompt + reply, raw logits: what the model wanted, not what a grammar let through);
+- scores: ``p_call`` (log), the call's mean token log-probability, and their sum with the mean
+  weighted ``--weights``;
+- for each score, the threshold that maximises overall AST when replies below it decline, chosen
+  with BFCL's own answers (an oracle: no shipped setting has them), alone and with irrelevance and
+  live_irrelevance both kept at ``--keep`` or more. A declined reply passes exactly where no call
+  was wanted; every other case keeps its outcome.
+
+So the figures are upper bounds for a rule calibrated on generated data. Prints a table and a
+JSON line (with the torch version and core count).
+
+  python benchmarks/fc_abstention_ceiling.py runs/p20 runs/p20/eval-constrained
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from run_context import run_context
+
+IRRELEVANCE = ("irrelevance", "live_irrelevance")
+
+
+def load_run(run_dir: Path) -> tuple[Any, Any]:
+    """(model with the run's adapter, its chat format)."""
+    from hpcpipe.config import load_config
+    from hpcpipe.layout import RunLayout
+    from hpcpipe.models.lora_export import load_with_adapter
+    from hpcpipe.recipes import build_recipe
+
+    layout = RunLayout(run_dir)
+    recipe: Any = build_recipe(load_config(layout.config))
+    return load_with_adapter(recipe.source, layout.adapter).eval(), recipe.chat
+
+
+@torch.no_grad()
+def call_log_probs(model: Any, chat: Any, prompt: str, reply: str) -> list[float]:
+    """log P(token) of every token of ``reply`` after ``prompt``, from the model's raw logits."""
+    tokenizer = chat.tokenizer
+    head = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    tail = tokenizer(reply, add_special_tokens=False)["input_ids"]
+    logits = model(input_ids=torch.tensor([head + tail]), use_cache=False).logits[0]  # (T, V)
+    logp = logits[len(head) - 1 : -1].float().log_softmax(dim=-1)  # (len(tail), V)
+    return logp[torch.arange(len(tail)), torch.tensor(tail)].tolist()
+
+
+Results = list[dict[str, Any]]  # eval.json's "cases"
+
+
+def replay(results: Results, score: dict[str, float], threshold: float) -> tuple[int, dict[str, int]]:
+    """Cases passed when every reply whose score is below ``threshold`` declines, and the passes
+    per irrelevance category."""
+    passed, kept = 0, dict.fromkeys(IRRELEVANCE, 0)
+    for r in results:
+        declines = r["id"] in score and score[r["id"]] < threshold
+        ok = (not r["expects_call"]) if declines else bool(r["ast"])
+        passed += ok
+        if r["category"] in kept:
+            kept[r["category"]] += ok
+    return passed, kept
+
+
+def ceiling(results: Results, score: dict[str, float], keep: float) -> dict[str, Any]:
+    """The best threshold for overall AST ("all"), the best with both irrelevance categories at
+    ``keep`` or more ("kept"), and the score's ROC AUC among replies that call."""
+    sizes = {c: max(1, sum(r["category"] == c for r in results)) for c in IRRELEVANCE}
+    best: dict[str, Any] = {}
+    for t in [*sorted(set(score.values())), math.inf]:
+        passed, kept = replay(results, score, t)
+        row: dict[str, Any] = {"threshold": None if math.isinf(t) else t, "ast": passed / len(results)}
+        row |= {c: kept[c] / sizes[c] for c in IRRELEVANCE}
+        if row["ast"] > best.get("all", {}).get("ast", -1):
+            best["all"] = row
+        if all(row[c] >= keep for c in IRRELEVANCE) and row["ast"] > best.get("kept", {}).get("ast", -1):
+            best["kept"] = row
+    # Passing calls against calls where none was wanted: does the score rank them apart?
+    outcome = {r["id"]: r for r in results}
+    passing = [s for i, s in score.items() if outcome[i]["ast"]]
+    wrong = [s for i, s in score.items() if not outcome[i]["expects_call"]]
+    pairs = max(1, len(passing) * len(wrong))
+    best["auc"] = sum((p > n) + 0.5 * (p == n) for p in passing for n in wrong) / pairs
+    return best
+
+
+def scores_of(
+    run: Path, results: Results, bfcl_dir: Path, weights: list[float]
+) -> dict[str, dict[str, float]]:
+    """Every score above, by reply id, for the replies that call."""
+    from hpcpipe.evaluate.fc_run import build_cases
+
+    categories = sorted({r["category"] for r in results})
+    limit = max(sum(r["category"] == c for r in results) for c in categories)
+    cases = {c.id: c for c in build_cases([], 0, bfcl_dir, categories, limit)}
+    model, chat = load_run(run)
+    calling = [r for r in results if r["reply"].lstrip().startswith("<tool_call>")]
+    mean = {}
+    for r in calling:
+        conv = cases[r["id"]].conversation
+        prompt = chat.prompt(conv, len(conv.messages))
+        mean[r["id"]] = statistics.fmean(call_log_probs(model, chat, prompt, r["reply"]))
+    log_p_call = {r["id"]: math.log(max(r["p_call"], 1e-9)) for r in calling}
+    scores = {"p_call": log_p_call, "call mean log-prob": mean}
+    for w in weights:
+        scores[f"log p_call + {w:g} x mean"] = {i: log_p_call[i] + w * mean[i] for i in mean}
+    return scores
+
+
+def print_row(name: str, c: dict[str, Any]) -> None:
+    cells = [f"{c['auc']:.3f}"]
+    for side in ("all", "kept"):
+        row = c.get(side)
+        cells += (
+            [f"{row['ast']:.1%}", f"{row['irrelevance']:.0%}", f"{row['live_irrelevance']:.0%}"]
+            if row
+            else ["-"] * 3
+        )
+    print(f"{name:<28}" + "".join(f"{x:>9}" for x in cells))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("run", type=Path, help="the lora-function-calling run whose adapter scores")
+    parser.add_argument("eval_dir", type=Path, help="an evaluation of that adapter (its eval.json)")
+    parser.add_argument(
+        "--bfcl-dir", type=Path, default=Path("data/external/bfcl"), help="BFCL's files (make fc-assets)"
+    )
+    parser.add_argument("--keep", type=float, default=0.9, help="irrelevance kept at least at this share")
+    parser.add_argument("--weights", default="1,2,4,8", help="weights of the mean log-prob in the sum")
+    args = parser.parse_args()
+    for path in (args.eval_dir / "eval.json", args.run / "config.yaml", args.bfcl_dir):
+        if not path.exists():
+            parser.error(f"{path}: not found")
+
+    results: Results = json.loads((args.eval_dir / "eval.json").read_text())["cases"]
+    start = time.perf_counter()
+    scores = scores_of(args.run, results, args.bfcl_dir, [float(w) for w in args.weights.split(",")])
+    scored_s = round(time.perf_counter() - start, 1)
+    decoded = sum(bool(r["ast"]) for r in results) / len(results)
+    print(f"{len(results)} cases, {len(scores['p_call'])} replies call; AST as decoded {decoded:.1%}")
+    print(
+        f"{'score':<28}{'AUC':>9}{'best AST':>9}{'irrel':>9}{'live':>9}{'kept AST':>9}{'irrel':>9}{'live':>9}"
+    )
+    rows = {name: ceiling(results, score, args.keep) for name, score in scores.items()}
+    for name, row in rows.items():
+        print_row(name, row)
+    line = {"benchmark": "fc_abstention_ceiling", "eval": str(args.eval_dir), "cases": len(results)}
+    line |= {"ast_as_decoded": decoded, "keep": args.keep, "scored_s": scored_s, "scores": rows}
+    print(json.dumps(line | run_context()))
+
+
+if __name__ == "__main__":
+    main()
