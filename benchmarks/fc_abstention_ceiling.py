@@ -53,7 +53,8 @@ def load_run(run_dir: Path) -> tuple[Any, Any]:
 
 @torch.no_grad()
 def call_log_probs(model: Any, chat: Any, prompt: str, reply: str) -> list[float]:
-    """log P(token) of every token of ``reply`` after ``prompt``, from the model's raw logits."""
+    """log P(token) of every token of ``reply`` after ``prompt``, from the model's raw logits (the
+    reply's text tokenized again: the generated ids where BPE splits it the same way)."""
     tokenizer = chat.tokenizer
     head = tokenizer(prompt, add_special_tokens=False)["input_ids"]
     tail = tokenizer(reply, add_special_tokens=False)["input_ids"]
