@@ -150,7 +150,14 @@ def main() -> None:
         if not path.exists():
             parser.error(f"{path}: not found")
 
-    results: Results = json.loads((args.eval_dir / "eval.json").read_text())["cases"]
+    # BFCL's cases only: held-out conversations (heldout_*) have no BFCL file to rebuild them from
+    try:
+        cases = json.loads((args.eval_dir / "eval.json").read_text())["cases"]
+    except (json.JSONDecodeError, KeyError, TypeError):
+        parser.error(f"{args.eval_dir / 'eval.json'}: not an evaluation's eval.json (no 'cases')")
+    results: Results = [r for r in cases if not r["category"].startswith("heldout_")]
+    if not results:
+        parser.error(f"{args.eval_dir / 'eval.json'}: no BFCL cases (evaluate with --categories)")
     start = time.perf_counter()
     scores = scores_of(args.run, results, args.bfcl_dir, [float(w) for w in args.weights.split(",")])
     scored_s = round(time.perf_counter() - start, 1)

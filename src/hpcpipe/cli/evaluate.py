@@ -263,7 +263,7 @@ def _load_target(
         )
     chat = ChatFormat(load_tokenizer(source))
     meta = {"model": str(target), "adapter": None}
-    out = Path(RunLayout.FC_EVAL_CONSTRAINED if constrain else RunLayout.FC_EVAL)  # ./eval
+    out = Path(RunLayout.FC_EVAL_CONSTRAINED if constrain else RunLayout.FC_EVAL)  # ./eval(-constrained)
     return load_base_model(source, "fp32"), chat, [], meta, out
 
 
