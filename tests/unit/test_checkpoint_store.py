@@ -286,6 +286,34 @@ def test_retention_under_many_quick_saves(tmp_path: Path, async_save: bool) -> N
     assert not [kind for kind, _ in events if kind.endswith("_failed")]
 
 
+def test_a_lagging_verifier_never_prunes_what_it_has_yet_to_verify(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Saves outrun the after-commit thread (CI saw it with async saves): the job for step 1
+    runs when steps 2-5 are committed; keep_last=2 must not delete 2 and 3 before their own
+    jobs verify them (that was a spurious checkpoint_verify_failed)."""
+    from hpcpipe.checkpoint import after_commit
+
+    release = threading.Event()
+    real_verify = after_commit.verify_dir
+
+    def verify_after_release(path: Path) -> Any:
+        assert release.wait(timeout=30), "the test never released the verifier"
+        return real_verify(path)
+
+    monkeypatch.setattr(after_commit, "verify_dir", verify_after_release)
+    events: list[tuple[str, dict[str, Any]]] = []
+    model, optimizer = make_model()
+    store = store_for(tmp_path, events, keep_last=2)
+    for step in range(1, 6):
+        store.save(step, model, optimizer, {"step": step})
+    release.set()
+    store.close()
+    assert [kind for kind, _ in events if kind.endswith("_failed")] == []
+    assert [f["step"] for kind, f in events if kind == "checkpoint_verified"] == [1, 2, 3, 4, 5]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000004", "step-00000005"]
+
+
 def test_the_checkpoint_resumed_from_is_never_pruned(tmp_path: Path) -> None:
     save_steps(tmp_path, [5])
     model, optimizer = make_model()

@@ -1,14 +1,16 @@
 """Rank 0's work after each commit, one job at a time in a background thread.
 
 Re-read and verify the new checkpoint; only if it verified, prune older ones beyond
-``keep_last`` (except multiples of ``keep_every``, the one training resumed from and the new
-one); then copy it to the durable tier when due (``tiers.py``). Events go through ``event``
-(thread-safe, see ``store.py``).
+``keep_last`` (except multiples of ``keep_every``, the one training resumed from, the new one
+and any committed step whose own job is still queued: when saves outrun this thread, a job
+must not delete a checkpoint that a later job has yet to verify); then copy it to the durable
+tier when due (``tiers.py``). Events go through ``event`` (thread-safe, see ``store.py``).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -52,10 +54,14 @@ class AfterCommit:
         self._schedule = DurableSchedule(cfg.durable_every_steps, cfg.durable_every_s)
         self._pool = ThreadPoolExecutor(1, "hpcpipe-ckpt-after")
         self._jobs: list[Future[None]] = []
+        self._queued: set[int] = set()  # committed steps whose job has not finished
+        self._queued_lock = threading.Lock()
 
     def queue(self, step: int, force_durable: bool) -> None:
         self._jobs = [f for f in self._jobs if not f.done()]
-        self._jobs.append(self._pool.submit(self._after_commit, step, force_durable))
+        with self._queued_lock:
+            self._queued.add(step)
+        self._jobs.append(self._pool.submit(self._after_commit_then_release, step, force_durable))
 
     def drain(self) -> None:
         """Finish the queued jobs (raising the first one's error)."""
@@ -66,6 +72,13 @@ class AfterCommit:
     def shutdown(self) -> None:
         self._pool.shutdown(wait=True)
 
+    def _after_commit_then_release(self, step: int, force_durable: bool) -> None:
+        try:
+            self._after_commit(step, force_durable)
+        finally:
+            with self._queued_lock:
+                self._queued.discard(step)
+
     def _after_commit(self, step: int, force_durable: bool) -> None:
         path = self.fast.root / step_dir_name(step)
         _, problems = verify_dir(path)
@@ -74,7 +87,9 @@ class AfterCommit:
             return
         self._event("checkpoint_verified", {"step": step, "path": str(path)})
         resumed = self._resumed_step()
-        self._prune(self.fast, {step} | ({resumed} if resumed is not None else set()))
+        with self._queued_lock:
+            protected = {step} | self._queued | ({resumed} if resumed is not None else set())
+        self._prune(self.fast, protected)
         if self.durable is not None and self._schedule.due(step, force_durable):
             self._copy_durable(path, step)
 
