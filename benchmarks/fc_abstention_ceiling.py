@@ -158,8 +158,12 @@ def main() -> None:
     results: Results = [r for r in cases if not r["category"].startswith("heldout_")]
     if not results:
         parser.error(f"{args.eval_dir / 'eval.json'}: no BFCL cases (evaluate with --categories)")
+    try:
+        weights = [float(w) for w in args.weights.split(",")]
+    except ValueError:
+        parser.error(f"--weights: {args.weights!r} is not comma-separated numbers (e.g. 1,2,4,8)")
     start = time.perf_counter()
-    scores = scores_of(args.run, results, args.bfcl_dir, [float(w) for w in args.weights.split(",")])
+    scores = scores_of(args.run, results, args.bfcl_dir, weights)
     scored_s = round(time.perf_counter() - start, 1)
     decoded = sum(bool(r["ast"]) for r in results) / len(results)
     print(f"{len(results)} cases, {len(scores['p_call'])} replies call; AST as decoded {decoded:.1%}")
