@@ -31,8 +31,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from run_context import run_context
 
@@ -49,18 +47,6 @@ def load_run(run_dir: Path) -> tuple[Any, Any]:
     layout = RunLayout(run_dir)
     recipe: Any = build_recipe(load_config(layout.config))
     return load_with_adapter(recipe.source, layout.adapter).eval(), recipe.chat
-
-
-@torch.no_grad()
-def call_log_probs(model: Any, chat: Any, prompt: str, reply: str) -> list[float]:
-    """log P(token) of every token of ``reply`` after ``prompt``, from the model's raw logits (the
-    reply's text tokenized again: the generated ids where BPE splits it the same way)."""
-    tokenizer = chat.tokenizer
-    head = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-    tail = tokenizer(reply, add_special_tokens=False)["input_ids"]
-    logits = model(input_ids=torch.tensor([head + tail]), use_cache=False).logits[0]  # (T, V)
-    logp = logits[len(head) - 1 : -1].float().log_softmax(dim=-1)  # (len(tail), V)
-    return logp[torch.arange(len(tail)), torch.tensor(tail)].tolist()
 
 
 Results = list[dict[str, Any]]  # eval.json's "cases"
@@ -105,6 +91,7 @@ def scores_of(
     run: Path, results: Results, bfcl_dir: Path, weights: list[float]
 ) -> dict[str, dict[str, float]]:
     """Every score above, by reply id, for the replies that call."""
+    from hpcpipe.evaluate.decline import call_log_probs
     from hpcpipe.evaluate.fc_run import build_cases
 
     categories = sorted({r["category"] for r in results})
@@ -116,7 +103,7 @@ def scores_of(
     for r in calling:
         conv = cases[r["id"]].conversation
         prompt = chat.prompt(conv, len(conv.messages))
-        mean[r["id"]] = statistics.fmean(call_log_probs(model, chat, prompt, r["reply"]))
+        mean[r["id"]] = statistics.fmean(call_log_probs(model, chat.tokenizer, prompt, r["reply"]))
     log_p_call = {r["id"]: math.log(max(r["p_call"], 1e-9)) for r in calling}
     scores = {"p_call": log_p_call, "call mean log-prob": mean}
     for w in weights:

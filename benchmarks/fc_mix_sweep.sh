@@ -18,7 +18,8 @@ set -euo pipefail
 CLASSIC=(single=30 parallel=12 multi_turn=14 clarify=10 refusal=17 no_access=17 parallel_multiple=0
     irrelevant=0 max_parallel_calls=2 same_function_parallel=0.4 compact_parallel=0 inline_lists=0
     optional_args=0.5 written_numbers=0 copy_values=0 call_only=0 enum_nested=1 science=0 dotted_names=0
-    api_namespaces=0 twins=0 restate=0 follow_ups=0 place_formats=0 place_functions=1)
+    api_namespaces=0 twins=0 restate=0 follow_ups=0 place_formats=0 place_functions=1 near_misses=0
+    close_distractors=0)
 if [[ "${1:-}" == "--classic" ]]; then  # the overrides that give SyntheticMix.classic()
     for knob in "${CLASSIC[@]}"; do printf -- '--set data.synthetic_mix.%s ' "$knob"; done
     echo

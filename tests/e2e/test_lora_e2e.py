@@ -174,6 +174,42 @@ def test_eval_cli_constrain_writes_beside_the_free_evaluation(run: Path, tmp: Pa
     assert "--constrain" in (run / "eval-constrained" / "eval.md").read_text()
 
 
+def test_eval_decline_withdraws_calls_below_a_threshold_set_on_near_misses(run: Path, tmp: Path) -> None:
+    evaluated, judged = tmp / "eval-to-judge", tmp / "eval-judged"
+    args = ["--bfcl-dir", str(BFCL_SAMPLES), "--categories", "simple,irrelevance", "--limit", "2"]
+    args += ["--heldout-limit", "4", "--max-new-tokens", "24", "--constrain", "--out", str(evaluated)]
+    assert run_cli("eval", "function-calling", str(run), *args, cwd=tmp).returncode == 0
+    decline = ["eval", "decline", str(run), "--eval-dir", str(evaluated), "--bfcl-dir", str(BFCL_SAMPLES)]
+    decline += ["--cases", "12", "--target", "0.9", "--out", str(judged), "--json", "-"]
+    proc = run_cli(*decline, cwd=tmp)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rule = json.loads((run / "export" / "adapter" / "decline.json").read_text())
+    assert rule["cases"] == 12 and rule["target"] == 0.9 and rule["weight"] == 4.0
+    before = json.loads((evaluated / "eval.json").read_text())["cases"]
+    written = json.loads((judged / "eval.json").read_text())
+    assert written["meta"]["decline"]["threshold"] == rule["threshold"]
+    assert [c["id"] for c in written["cases"]] == [c["id"] for c in before]
+    for old, new in zip(before, written["cases"], strict=True):
+        calls = old["reply"].lstrip().startswith("<tool_call>")
+        assert ("decline_score" in new) == calls
+        if "declined_call" in new:  # withdrawn: no call now, and below the threshold
+            assert new["declined_call"] == old["reply"] and new["decline_score"] < rule["threshold"]
+            assert not new["reply"].startswith("<tool_call>") and new["ast"] == (not new["expects_call"])
+        else:
+            assert new["ast"] == old["ast"]
+    assert written["meta"]["decline"]["declined"] == sum("declined_call" in c for c in written["cases"])
+    assert json.loads(proc.stdout)["overall"] == written["overall"]
+    assert "declined after they were written" in (judged / "eval.md").read_text()
+
+
+def test_eval_decline_without_an_evaluation_is_one_line_and_exit_2(run: Path, tmp: Path) -> None:
+    for target, named in ((tmp / "nowhere", "nowhere"), (run, "eval")):
+        proc = run_cli("eval", "decline", str(target), "--eval-dir", str(tmp / "no-eval"), cwd=tmp)
+        assert proc.returncode == 2, proc.stderr[-3000:]
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and named in lines[0] and "Traceback" not in proc.stderr, proc.stderr
+
+
 @pytest.mark.parametrize(
     ("sets", "names"),
     [

@@ -118,8 +118,17 @@ def checked_forms(name: str) -> Iterator[str]:
 @cache
 def generated_text() -> str:
     """The text of the default mix's, the classic mix's and a science-heavy mix's rows (with
-    places in "City, Region" form), each turn once, whitespace normalised."""
-    science = SyntheticMix(science=5, inline_lists=0.5, call_only=0.5, place_formats=1, place_functions=3)
+    places in "City, Region" form, near misses and close distractors), each turn once, whitespace
+    normalised."""
+    science = SyntheticMix(
+        science=5,
+        inline_lists=0.5,
+        call_only=0.5,
+        place_formats=1,
+        place_functions=3,
+        near_misses=0.5,
+        close_distractors=0.5,
+    )
     rows = (
         generate_glaive_rows(3000, 0)
         + generate_glaive_rows(2000, 0, SyntheticMix.classic())

@@ -9,6 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from hpcpipe.cli.common import JsonOption, console, print_table, write_json
+from hpcpipe.cli.evaluate_decline import decline
 from hpcpipe.errors import UserError
 from hpcpipe.layout import RunLayout
 
@@ -203,6 +204,9 @@ def compare(
             more = f"{', ' if shown else ''}and {len(ids) - max_cases} more" if len(ids) > max_cases else ""
             console.print(f"  {label} ({len(ids)}): {escape(shown + more) or '-'}", highlight=False)
     write_json(result, json_out)
+
+
+app.command("decline")(decline)
 
 
 def _call_threshold(option: str, adapter: str | None) -> float | None:

@@ -136,6 +136,17 @@ class SyntheticMix(Section):
         "refusal), as often as single is weighed against refusal: more call/no-call decisions per "
         "trained token, and both answers beside the same functions.",
     )
+    near_misses: float = _share(
+        0,
+        "Share of refusals whose request asks for a function of the same field as a listed one "
+        "(a derivative asked, an integral listed; data/function_calling/fields.py) instead of "
+        "one from an unrelated domain: declining then takes reading what the function computes.",
+    )
+    close_distractors: float = _share(
+        0,
+        "Share of conversations that call functions whose distractors include one of a called "
+        "function's field (an integral beside the derivative called), where the field has one.",
+    )
     place_formats: float = _share(
         0,
         "Share of conversations calling a function that takes a city (weather, forecast, hotels, "
@@ -181,4 +192,6 @@ class SyntheticMix(Section):
             follow_ups=0,
             place_formats=0,
             place_functions=1,
+            near_misses=0,
+            close_distractors=0,
         )

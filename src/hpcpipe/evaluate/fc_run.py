@@ -60,7 +60,7 @@ def evaluate_cases(
     opener = chat.tokenizer(CALL_OPEN, add_special_tokens=False)["input_ids"][0]
     decision = CallDecision(opener, call_threshold)
     start = time.perf_counter()
-    grammars = _CaseGrammars(model, chat, cases) if constrain else None
+    grammars = CaseGrammars(model, chat, cases) if constrain else None
     with Progress(disable=not progress, transient=True) as bar:
         task = bar.add_task("generating", total=len(prompts))
         replies = generate_replies(
@@ -92,7 +92,7 @@ def evaluate_cases(
     return {"meta": meta, **summary}
 
 
-class _CaseGrammars:
+class CaseGrammars:
     """Every case's compiled call grammar, by prompt index, and a batch's logits processor."""
 
     def __init__(self, model: nn.Module, chat: Any, cases: Sequence[Case]) -> None:

@@ -216,6 +216,13 @@ def markdown_table(summary: dict[str, Any], meta: dict[str, Any]) -> str:
             "Calls decoded under each case's function schemas (--constrain, XGrammar): names on "
             "offer, required keys, types and enums; whether to call and the values are the model's.",
         ]
+    if rule := meta.get("decline"):
+        lines += [
+            "",
+            f"Calls declined after they were written ({rule['declined']}): log P(call) + "
+            f"{rule['weight']:g} x the call's mean token log-prob below {rule['threshold']}, the threshold "
+            f"at which {rule['target']:g} of {rule['cases']} generated near misses decline.",
+        ]
     if meta.get("call_threshold") is not None:
         how = "calibrated after training" if meta.get("call_decision") == "calibrated" else "given"
         lines += [

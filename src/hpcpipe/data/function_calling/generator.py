@@ -34,6 +34,7 @@ from typing import Any
 
 from hpcpipe.config.synthetic import SHAPE_FIELDS, SyntheticMix
 from hpcpipe.data.function_calling.conversation import Conversation, Message, ToolCall
+from hpcpipe.data.function_calling.fields import siblings
 from hpcpipe.data.function_calling.formats import GLAIVE_NO_FUNCTIONS, GLAIVE_WITH_FUNCTIONS
 from hpcpipe.data.function_calling.library import Param, Spec, build_library
 from hpcpipe.data.function_calling.phrases import (
@@ -220,11 +221,19 @@ def _shuffled(g: _Gen) -> list[Spec]:
 
 
 def _with_distractors(needed: list[Spec], g: _Gen, most: int = 4) -> list[Spec]:
-    """``needed`` plus distractors from other domains, 1-``most`` functions in all, shuffled."""
+    """``needed`` plus distractors from other domains, 1-``most`` functions in all, shuffled; at
+    ``mix.close_distractors`` one of them is of a needed function's field."""
+    r, mix = g.r, g.mix
     unique = list(dict.fromkeys(needed))
-    total = g.r.randint(len(unique), max(len(unique), most))
+    total = r.randint(len(unique), max(len(unique), most))
+    if mix.close_distractors and r.random() < mix.close_distractors:  # no draw at 0
+        domains = {s.domain for s in unique}
+        kin = [s for spec in unique for s in siblings(spec, _library(g)) if s.domain not in domains]
+        if kin:
+            unique.append(r.choice(kin))
+            total = max(total, len(unique))
     listed = unique + _pick(g, total - len(unique), {s.domain for s in unique})
-    g.r.shuffle(listed)
+    r.shuffle(listed)
     return listed
 
 
@@ -413,7 +422,7 @@ def _follow_ups(listed: list[Spec], g: _Gen) -> list[Message]:
         if r.random() < calls:
             messages += _call_turns(r.choice(listed), g)
         else:
-            out = _pick(g, 1, {s.domain for s in listed})[0]
+            out = _near_miss(listed, g, swap=False) or _pick(g, 1, {s.domain for s in listed})[0]
             messages += _refusal_turns(out, listed, g)
     return messages
 
@@ -421,8 +430,26 @@ def _follow_ups(listed: list[Spec], g: _Gen) -> list[Message]:
 def _refusal(g: _Gen) -> _Draft:
     """A request no listed function can serve: a polite no, naming what the functions can do."""
     listed = _pick(g, g.r.randint(1, 3))
-    out = _pick(g, 1, {s.domain for s in listed})[0]
+    out = _near_miss(listed, g) or _pick(g, 1, {s.domain for s in listed})[0]
     return _Draft(listed, _refusal_turns(out, listed, g))
+
+
+def _near_miss(listed: list[Spec], g: _Gen, swap: bool = True) -> Spec | None:
+    """At ``mix.near_misses``, a request to decline beside ``listed``: a function of a listed one's
+    field, from a domain none of them has. When no listed function has a field, ``swap`` replaces
+    one by a function that has (only before any turn used ``listed``)."""
+    r, mix = g.r, g.mix
+    if not mix.near_misses or r.random() >= mix.near_misses:  # no draw at 0
+        return None
+    library = _library(g)
+    if swap and not any(siblings(s, library) for s in listed):
+        taken = {s.domain for s in listed}
+        close = next((s for s in _shuffled(g) if s.domain not in taken and siblings(s, library)), None)
+        if close is not None:
+            listed[r.randrange(len(listed))] = close
+    domains = {s.domain for s in listed}
+    kin = [k for s in listed for k in siblings(s, library) if k.domain not in domains]
+    return r.choice(kin) if kin else None
 
 
 def _chat(r: random.Random) -> list[Message]:

@@ -1,0 +1,127 @@
+"""`hpcpipe eval decline`: withdraw the calls of an evaluation that the adapter was unsure of, by a
+threshold calibrated on generated near misses (hpcpipe.evaluate.decline)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from hpcpipe.cli.common import JsonOption, console, write_json
+from hpcpipe.errors import UserError
+from hpcpipe.layout import RunLayout
+
+BFCL_DEFAULT = Path("data/external/bfcl")
+
+
+def decline(
+    run: Annotated[
+        Path, typer.Argument(help="A lora-function-calling run directory (its adapter).", show_default=False)
+    ],
+    eval_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="The evaluation whose replies are judged (default: RUN/eval-constrained, else RUN/eval)."
+        ),
+    ] = None,
+    cases: Annotated[int, typer.Option(min=10, help="Generated near misses the threshold is set on.")] = 100,
+    target: Annotated[
+        float, typer.Option(min=0.5, max=1.0, help="The share of near misses that must decline.")
+    ] = 0.95,
+    weight: Annotated[
+        float, typer.Option(min=0.0, help="Weight of the call's mean token log-prob in the score.")
+    ] = 4.0,
+    recalibrate: Annotated[
+        bool, typer.Option("--recalibrate", help="Set the threshold again even when decline.json exists.")
+    ] = False,
+    bfcl_dir: Annotated[Path, typer.Option(help="The BFCL files the evaluation read.")] = BFCL_DEFAULT,
+    out: Annotated[Path | None, typer.Option(help="Output directory (default: EVAL_DIR-declined).")] = None,
+    json_out: JsonOption = None,
+) -> None:
+    """Decline the calls an adapter was unsure of, after they are written, and score again.
+
+    Every reply of the evaluation that calls is scored in one forward pass: log P(call) at its
+    first token + WEIGHT x the mean log-probability of its tokens. A call scoring below the
+    threshold becomes a decline. The threshold is set on generated near misses (a request beside
+    a listed function of its field that cannot serve it; data.synthetic_mix.near_misses, a seed
+    no training row was drawn from), decoded as the evaluation was (--constrain or not): the one
+    at which TARGET of them decline. It is saved beside the adapter (decline.json) and reused;
+    nothing of a benchmark sets it. Writes eval.json and eval.md; `hpcpipe eval compare` reads them.
+
+    Examples:
+
+      hpcpipe eval function-calling runs/lora-fc-smollm2 --constrain   # RUN/eval-constrained
+      hpcpipe eval decline runs/lora-fc-smollm2                         # RUN/eval-constrained-declined
+      hpcpipe eval compare runs/base/eval-constrained runs/lora-fc-smollm2/eval-constrained-declined
+    """
+    from hpcpipe.cli.evaluate import _load_run
+    from hpcpipe.config import load_config
+    from hpcpipe.evaluate.compare import read_eval
+    from hpcpipe.evaluate.decline import apply_decline, calibrate_decline, read_decline
+    from hpcpipe.evaluate.function_calling import summarize, write_report
+
+    layout = RunLayout(run)
+    if not layout.config.is_file():
+        raise UserError(f"{run}: not a run directory (no config.yaml)")
+    source = eval_dir or _default_eval(layout)
+    source = source.parent if source.is_file() else source
+    evaluation = read_eval(source)
+    constrained = bool(evaluation["meta"].get("constrained"))
+    model, chat, heldout, meta, _ = _load_run(run, False, constrained)
+    adapter = Path(meta["adapter"])
+    start = time.perf_counter()
+    rule = None if recalibrate else read_decline(adapter)
+    if rule is None or (rule.cases, rule.target, rule.weight) != (cases, target, weight):
+        job = load_config(layout.config)
+        rule = calibrate_decline(
+            model, chat, job.data.synthetic_mix, job.run.seed, cases, target, weight, constrained
+        )
+        rule.save(adapter)
+    calibrate_s = round(time.perf_counter() - start, 1)
+    results = evaluation["cases"]
+    judged = apply_decline(model, chat, _cases_of(results, heldout, bfcl_dir), results, rule)
+    declined = [r for r in judged if "declined_call" in r]
+    meta = {
+        **evaluation["meta"],
+        "decline": {**rule.__dict__, "declined": len(declined), "calibrate_s": calibrate_s},
+        "decline_s": round(time.perf_counter() - start, 1),
+    }
+    summary = summarize(judged)
+    written = out or source.with_name(source.name + "-declined")
+    write_report(summary, judged, meta, written)
+    if json_out != "-":
+        typer.echo((written / RunLayout.FC_EVAL_MARKDOWN).read_text())
+        wanted = sum(r["expects_call"] for r in declined)
+        console.print(
+            f"threshold {rule.threshold} ({rule.calling} of {rule.cases} near misses called); "
+            f"declined {len(declined)} calls, {wanted} of them where a call was wanted",
+            highlight=False,
+        )
+        console.print(f"wrote {written / RunLayout.FC_EVAL_JSON}", highlight=False)
+    write_json({"meta": meta, "overall": summary["overall"], "categories": summary["categories"]}, json_out)
+
+
+def _default_eval(layout: RunLayout) -> Path:
+    for constrained in (True, False):
+        path = layout.fc_eval_dir(False, constrained)
+        if (path / RunLayout.FC_EVAL_JSON).is_file():
+            return path
+    raise UserError(f"{layout.root}: no evaluation to judge (run `hpcpipe eval function-calling` first)")
+
+
+def _cases_of(results: list[dict[str, Any]], heldout: list[Any], bfcl_dir: Path) -> list[Any]:
+    """The evaluation's cases rebuilt, in its order (held-out conversations and BFCL files)."""
+    from hpcpipe.evaluate.fc_run import build_cases
+
+    categories = sorted({r["category"] for r in results if not r["id"].startswith("heldout_")})
+    limit = max((sum(r["category"] == c for r in results) for c in categories), default=None)
+    held = [int(r["id"].removeprefix("heldout_")) for r in results if r["id"].startswith("heldout_")]
+    if categories and not bfcl_dir.is_dir():
+        raise UserError(f"--bfcl-dir: {bfcl_dir} does not exist (the evaluation read BFCL's files)")
+    built = {c.id: c for c in build_cases(heldout, max(held, default=-1) + 1, bfcl_dir, categories, limit)}
+    missing = [r["id"] for r in results if r["id"] not in built]
+    if missing:
+        raise UserError(f"{missing[0]}: not a case of this run and {bfcl_dir} (evaluated elsewhere?)")
+    return [built[r["id"]] for r in results]

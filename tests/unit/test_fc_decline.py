@@ -1,0 +1,119 @@
+"""hpcpipe.evaluate.decline: the threshold, the near misses it is set on, the score of a call, and
+calls withdrawn below the threshold (scored again)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from hpcpipe.config.synthetic import SHAPE_FIELDS, SyntheticMix
+from hpcpipe.data.function_calling.conversation import Conversation, Message
+from hpcpipe.data.function_calling.generator import generate_conversations
+from hpcpipe.evaluate import decline
+from hpcpipe.evaluate.decline import DeclineRule, apply_decline, field_near_misses, read_decline, threshold_at
+from hpcpipe.evaluate.function_calling import Case, score
+
+
+def test_the_threshold_makes_the_target_share_of_all_near_misses_decline() -> None:
+    calls = [-3.0, -2.0, -1.0, 0.0]  # 4 of 10 near misses called; 6 declined at the first token
+    # 0.8: 8 of 10 must decline, 2 of the calls: those below -1.0.
+    assert threshold_at(calls, 6, 0.8) == -1.0
+    assert threshold_at(calls, 6, 0.6) is None  # the first token already declines 6 of 10
+    above_all = threshold_at(calls, 6, 1.0)
+    assert above_all is not None and 0.0 < above_all < 1e-300  # every call declines
+    with pytest.raises(ValueError):
+        threshold_at(calls, 6, 0.0)
+
+
+def test_a_rule_declines_below_its_threshold_and_is_read_back(tmp_path: Path) -> None:
+    rule = DeclineRule(-1.5, 4.0, 0.95, 100, 16, 104_729)
+    assert rule.declines(-1.6) and not rule.declines(-1.5)
+    assert not DeclineRule(None, 4.0, 0.5, 100, 3, 1).declines(-1e9)
+    assert read_decline(tmp_path) is None
+    rule.save(tmp_path)
+    assert read_decline(tmp_path) == rule
+
+
+def test_near_misses_are_generated_refusals_cut_before_the_reply() -> None:
+    mix = SyntheticMix()
+    near = field_near_misses(30, 5, mix)
+    refusals = {s: 0.0 for s in SHAPE_FIELDS} | {"refusal": 1.0, "near_misses": 1.0}
+    full = generate_conversations(30, 5, mix.model_copy(update=refusals))
+    assert [c.messages for c in near] == [c.messages[:2] for c in full]
+    assert [c.tools for c in near] == [c.tools for c in full]
+    assert all(not any(m.tool_calls for m in c.messages) and c.tools for c in full)
+    assert [m.role for m in near[0].messages] == ["system", "user"]
+    assert field_near_misses(30, 6, mix) != near  # seeded
+
+
+def test_the_score_is_log_p_call_plus_the_weighted_mean_token_log_prob() -> None:
+    assert decline.decline_score(0.5, [-1.0, -3.0], 4.0) == pytest.approx(math.log(0.5) - 8.0)
+    assert decline.decline_score(0.0, [0.0], 1.0) == pytest.approx(math.log(1e-9))
+
+
+def test_call_log_probs_are_the_model_s_own_token_log_probs(tmp_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    from hpcpipe.models.hf_lm import ModelSource, load_base_model
+    from hpcpipe.models.tiny_lm import tiny_llama_dir
+
+    path = tiny_llama_dir(tmp_path, ["def f(x): return x + 1"] * 40, seed=0)
+    model = load_base_model(ModelSource(str(path), None), "fp32")
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    prompt, reply = "def f(x):", " return x + 1"
+    got = decline.call_log_probs(model, tokenizer, prompt, reply)
+    ids = tokenizer(prompt + reply, add_special_tokens=False, return_tensors="pt")["input_ids"]
+    head_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    tail_ids = tokenizer(reply, add_special_tokens=False)["input_ids"]
+    assert ids[0].tolist() == head_ids + tail_ids  # the reply's tokens are the same either way
+    n_reply = len(tail_ids)
+    with torch.no_grad():
+        loss = model(input_ids=ids, labels=ids).loss  # mean over every predicted token
+    full = -loss.item() * (ids.shape[1] - 1)
+    head = ids[:, : ids.shape[1] - n_reply]
+    with torch.no_grad():
+        head_loss = model(input_ids=head, labels=head).loss.item() * (head.shape[1] - 1)
+    assert len(got) == n_reply and sum(got) == pytest.approx(full + head_loss, abs=1e-3)
+
+
+class _Chat:
+    tokenizer = None
+
+    def prompt(self, conv: Conversation, upto: int) -> str:
+        return conv.messages[-1].content
+
+
+CALL = '<tool_call>\n{"name": "area", "arguments": {"r": 2}}\n</tool_call>'
+PARAMETERS = {"type": "dict", "properties": {"r": {"type": "integer"}}, "required": ["r"]}
+FUNCS = [{"name": "area", "description": "", "parameters": PARAMETERS}]
+
+
+def _case(id_: str, category: str, truth: Any) -> Case:
+    conv = Conversation((Message("user", id_),), ())
+    return Case(id_, category, category.removeprefix("live_"), conv, FUNCS, truth)
+
+
+def test_calls_below_the_threshold_become_declines_scored_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the mean token log-prob of each case's call, keyed by its prompt (the case id)
+    means = {"sure": -0.1, "unsure": -2.0, "irrelevant": -2.0}
+    monkeypatch.setattr(decline, "call_log_probs", lambda _m, _t, prompt, _r: [means[prompt]])
+    cases = [
+        _case("sure", "simple", [{"area": {"r": [2]}}]),
+        _case("unsure", "simple", [{"area": {"r": [2]}}]),
+        _case("irrelevant", "irrelevance", None),
+        _case("prose", "irrelevance", None),
+    ]
+    replies = [CALL, CALL, CALL, "I can't help with that."]
+    results = [{**score(c, r), "p_call": 0.5} for c, r in zip(cases, replies, strict=True)]
+    assert [r["ast"] for r in results] == [True, True, False, True]
+    rule = DeclineRule(math.log(0.5) + 4 * -1.0, 4.0, 0.95, 100, 10, 1)  # declines a mean below -1
+    judged = apply_decline(None, _Chat(), cases, results, rule)  # type: ignore[arg-type]
+    assert [r["ast"] for r in judged] == [True, False, True, True]
+    assert [("declined_call" in r) for r in judged] == [False, True, True, False]
+    assert judged[1]["error"] == "no_call" and judged[1]["declined_call"] == CALL
+    assert judged[0]["decline_score"] == pytest.approx(math.log(0.5) - 0.4)
+    assert judged[3] == results[3]  # prose is not scored
