@@ -184,7 +184,7 @@ def test_eval_decline_withdraws_calls_below_a_threshold_set_on_near_misses(run: 
     proc = run_cli(*decline, cwd=tmp)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rule = json.loads((run / "export" / "adapter" / "decline.json").read_text())
-    assert rule["cases"] == 12 and rule["target"] == 0.9 and rule["weight"] == 4.0
+    assert rule["cases"] == 12 and rule["target"] == 0.9 and rule["weight"] == 4.0 and rule["constrained"]
     before = json.loads((evaluated / "eval.json").read_text())["cases"]
     written = json.loads((judged / "eval.json").read_text())
     assert written["meta"]["decline"]["threshold"] == rule["threshold"]

@@ -36,6 +36,12 @@ def test_a_rule_declines_below_its_threshold_and_is_read_back(tmp_path: Path) ->
     assert read_decline(tmp_path) is None
     rule.save(tmp_path)
     assert read_decline(tmp_path) == rule
+    # A rule saved before `constrained` was recorded reads as constrained (they all were).
+    (tmp_path / "decline.json").write_text(
+        '{"threshold": -1.0, "weight": 4.0, "target": 0.95, "cases": 100, "calling": 16, "seed": 104729}'
+    )
+    old = read_decline(tmp_path)
+    assert old is not None and old.constrained
 
 
 def test_near_misses_are_generated_refusals_cut_before_the_reply() -> None:

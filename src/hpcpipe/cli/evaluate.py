@@ -10,6 +10,7 @@ import typer
 
 from hpcpipe.cli.common import JsonOption, console, print_table, write_json
 from hpcpipe.cli.evaluate_decline import decline
+from hpcpipe.cli.fc_target import load_target
 from hpcpipe.errors import UserError
 from hpcpipe.layout import RunLayout
 
@@ -102,7 +103,7 @@ def function_calling(
     from hpcpipe.evaluate.fc_run import build_cases, evaluate_cases
 
     chosen = [c.strip() for c in categories.split(",") if c.strip()]
-    model, chat, heldout, meta, default_out = _load_target(target, base, constrain)
+    model, chat, heldout, meta, default_out = load_target(target, base, constrain)
     threshold = _call_threshold(call_threshold, meta.get("adapter"))
     meta["call_decision"] = (
         "greedy" if threshold is None else ("calibrated" if call_threshold == "auto" else "given")
@@ -243,57 +244,3 @@ def _compare_cells(row: dict[str, Any]) -> list[str]:
         f"{diff:+.1f}",
         f"[{colour}]{row['verdict']}[/]",
     ]
-
-
-def _load_target(
-    target: Path, base: bool, constrain: bool = False
-) -> tuple[Any, Any, list[Any], dict[str, Any], Path]:
-    """(model, chat format, held-out conversations, meta, default output dir) for TARGET; the
-    output dir of a ``--constrain`` evaluation sits beside the free one's."""
-    from hpcpipe.data.function_calling.tokens import ChatFormat
-    from hpcpipe.models.hf_lm import ModelSource, load_base_model, load_tokenizer
-
-    if RunLayout(target).config.is_file():
-        return _load_run(target, base, constrain)
-    if target.suffix == ".gguf":
-        if not target.is_file():
-            raise UserError(f"{target}: no such GGUF file")
-        source = ModelSource(str(target.parent), target.name)
-    elif (target / "config.json").is_file():
-        source = ModelSource(str(target), None)
-    else:
-        raise UserError(
-            f"{target}: not a run directory (config.yaml), a model directory (config.json) or a .gguf file"
-        )
-    chat = ChatFormat(load_tokenizer(source))
-    meta = {"model": str(target), "adapter": None}
-    out = Path(RunLayout.FC_EVAL_CONSTRAINED if constrain else RunLayout.FC_EVAL)  # ./eval(-constrained)
-    return load_base_model(source, "fp32"), chat, [], meta, out
-
-
-def _load_run(run_dir: Path, base: bool, constrain: bool) -> tuple[Any, Any, list[Any], dict[str, Any], Path]:
-    from hpcpipe.config import load_config
-    from hpcpipe.data.function_calling.prepare import read_heldout
-    from hpcpipe.models.lora_export import load_with_adapter
-    from hpcpipe.recipes import build_recipe
-    from hpcpipe.recipes.catalog import RECIPES, recipes_with
-
-    layout = RunLayout(run_dir)
-    job = load_config(layout.config)
-    if "function-calling" not in RECIPES[job.run.recipe].evaluations:
-        supported = " or ".join(recipes_with("function-calling"))
-        raise UserError(f"{run_dir}: run.recipe is {job.run.recipe!r}, not {supported}")
-    recipe: Any = build_recipe(job)
-    recipe.prepare(progress=False)  # the held-out split (reused when already prepared)
-    heldout = read_heldout(recipe.data_dir / "heldout.jsonl")
-    adapter = layout.adapter
-    if base:
-        from hpcpipe.models.hf_lm import load_base_model
-
-        model = load_base_model(recipe.source, "fp32")
-    elif not (adapter / "adapter_config.json").is_file():
-        raise UserError(f"{adapter}: no adapter (train the run to the end, or pass --base)")
-    else:
-        model = load_with_adapter(recipe.source, adapter)
-    meta = {"model": job.model.name_or_path, "run": str(run_dir), "adapter": None if base else str(adapter)}
-    return model, recipe.chat, heldout, meta, layout.fc_eval_dir(base, constrain)

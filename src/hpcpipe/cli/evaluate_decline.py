@@ -56,7 +56,7 @@ def decline(
       hpcpipe eval decline runs/lora-fc-smollm2                         # RUN/eval-constrained-declined
       hpcpipe eval compare runs/base/eval-constrained runs/lora-fc-smollm2/eval-constrained-declined
     """
-    from hpcpipe.cli.evaluate import _load_run
+    from hpcpipe.cli.fc_target import load_run
     from hpcpipe.config import load_config
     from hpcpipe.evaluate.compare import read_eval
     from hpcpipe.evaluate.decline import apply_decline, calibrate_decline, read_decline
@@ -69,11 +69,12 @@ def decline(
     source = source.parent if source.is_file() else source
     evaluation = read_eval(source)
     constrained = bool(evaluation["meta"].get("constrained"))
-    model, chat, heldout, meta, _ = _load_run(run, False, constrained)
+    model, chat, heldout, meta, _ = load_run(run, False, constrained)
     adapter = Path(meta["adapter"])
     start = time.perf_counter()
     rule = None if recalibrate else read_decline(adapter)
-    if rule is None or (rule.cases, rule.target, rule.weight) != (cases, target, weight):
+    settings = (cases, target, weight, constrained)
+    if rule is None or (rule.cases, rule.target, rule.weight, rule.constrained) != settings:
         job = load_config(layout.config)
         rule = calibrate_decline(
             model, chat, job.data.synthetic_mix, job.run.seed, cases, target, weight, constrained

@@ -48,6 +48,7 @@ class DeclineRule:
     cases: int  # near misses decoded
     calling: int  # of them, those whose reply opened a call
     seed: int  # the generator seed they were drawn from
+    constrained: bool = True  # decoded under the call grammar (--constrain), as the evaluation was
 
     def declines(self, value: float) -> bool:
         return self.threshold is not None and value < self.threshold
@@ -148,7 +149,7 @@ def calibrate_decline(
     ]
     threshold = threshold_at(scores, cases - len(scores), target)
     rounded = None if threshold is None else round(threshold, 6)
-    return DeclineRule(rounded, weight, target, cases, len(scores), seed + SEED_OFFSET)
+    return DeclineRule(rounded, weight, target, cases, len(scores), seed + SEED_OFFSET, constrain)
 
 
 def apply_decline(
