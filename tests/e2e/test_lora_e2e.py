@@ -200,6 +200,15 @@ def test_eval_decline_withdraws_calls_below_a_threshold_set_on_near_misses(run: 
     assert written["meta"]["decline"]["declined"] == sum("declined_call" in c for c in written["cases"])
     assert json.loads(proc.stdout)["overall"] == written["overall"]
     assert "declined after they were written" in (judged / "eval.md").read_text()
+    # An evaluation without P(call) per case (older hpcpipe) is refused before any model loads.
+    stale = tmp / "eval-stale"
+    stale.mkdir()
+    old_eval = json.loads((evaluated / "eval.json").read_text())
+    old_eval["cases"] = [{k: v for k, v in c.items() if k != "p_call"} for c in old_eval["cases"]]
+    (stale / "eval.json").write_text(json.dumps(old_eval))
+    proc = run_cli("eval", "decline", str(run), "--eval-dir", str(stale), cwd=tmp)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and "p_call" in lines[0], proc.stderr[-2000:]
 
 
 def test_eval_decline_without_an_evaluation_is_one_line_and_exit_2(run: Path, tmp: Path) -> None:

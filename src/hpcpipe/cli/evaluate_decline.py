@@ -4,6 +4,7 @@ threshold calibrated on generated near misses (hpcpipe.evaluate.decline)."""
 from __future__ import annotations
 
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -68,7 +69,12 @@ def decline(
     source = eval_dir or _default_eval(layout)
     source = source.parent if source.is_file() else source
     evaluation = read_eval(source)
-    constrained = bool(evaluation["meta"].get("constrained"))
+    unscored = next(
+        (r["id"] for r in evaluation["cases"] if not isinstance(r.get("p_call"), float | int)), None
+    )
+    if unscored is not None:
+        raise UserError(f"{source}: case {unscored} has no p_call (evaluate again with this hpcpipe)")
+    constrained = bool((evaluation.get("meta") or {}).get("constrained"))
     model, chat, heldout, meta, _ = load_run(run, False, constrained)
     adapter = Path(meta["adapter"])
     start = time.perf_counter()
@@ -85,8 +91,8 @@ def decline(
     judged = apply_decline(model, chat, _cases_of(results, heldout, bfcl_dir), results, rule)
     declined = [r for r in judged if "declined_call" in r]
     meta = {
-        **evaluation["meta"],
-        "decline": {**rule.__dict__, "declined": len(declined), "calibrate_s": calibrate_s},
+        **(evaluation.get("meta") or {}),
+        "decline": {**asdict(rule), "declined": len(declined), "calibrate_s": calibrate_s},
         "decline_s": round(time.perf_counter() - start, 1),
     }
     summary = summarize(judged)
@@ -96,12 +102,16 @@ def decline(
         typer.echo((written / RunLayout.FC_EVAL_MARKDOWN).read_text())
         wanted = sum(r["expects_call"] for r in declined)
         console.print(
-            f"threshold {rule.threshold} ({rule.calling} of {rule.cases} near misses called); "
+            f"threshold {_shown(rule.threshold)} ({rule.calling} of {rule.cases} near misses called); "
             f"declined {len(declined)} calls, {wanted} of them where a call was wanted",
             highlight=False,
         )
         console.print(f"wrote {written / RunLayout.FC_EVAL_JSON}", highlight=False)
     write_json({"meta": meta, "overall": summary["overall"], "categories": summary["categories"]}, json_out)
+
+
+def _shown(threshold: float | None) -> str:
+    return "none (the first token declined enough)" if threshold is None else f"{threshold:.6f}"
 
 
 def _default_eval(layout: RunLayout) -> Path:

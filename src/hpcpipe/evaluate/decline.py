@@ -147,9 +147,8 @@ def calibrate_decline(
         for i, reply in zip(opening, replies, strict=True)
         if makes_call(reply)
     ]
-    threshold = threshold_at(scores, cases - len(scores), target)
-    rounded = None if threshold is None else round(threshold, 6)
-    return DeclineRule(rounded, weight, target, cases, len(scores), seed + SEED_OFFSET, constrain)
+    threshold = threshold_at(scores, cases - len(scores), target)  # exact: rounding could let a call through
+    return DeclineRule(threshold, weight, target, cases, len(scores), seed + SEED_OFFSET, constrain)
 
 
 def apply_decline(
@@ -164,10 +163,11 @@ def apply_decline(
             continue
         prompt = chat.prompt(case.conversation, len(case.conversation.messages))
         log_probs = call_log_probs(model, chat.tokenizer, prompt, result["reply"])
-        value = round(decline_score(result["p_call"], log_probs, rule.weight), 6)
+        value = decline_score(result["p_call"], log_probs, rule.weight)
+        shown = round(value, 6)
         if rule.declines(value):
-            withdrawn = {"p_call": result["p_call"], "decline_score": value, "declined_call": result["reply"]}
+            withdrawn = {"p_call": result["p_call"], "decline_score": shown, "declined_call": result["reply"]}
             out.append({**score(case, DECLINED_REPLY), **withdrawn})
         else:
-            out.append({**result, "decline_score": value})
+            out.append({**result, "decline_score": shown})
     return out

@@ -217,10 +217,12 @@ def markdown_table(summary: dict[str, Any], meta: dict[str, Any]) -> str:
             "offer, required keys, types and enums; whether to call and the values are the model's.",
         ]
     if rule := meta.get("decline"):
+        threshold = rule["threshold"]
+        below = "none (the first token declined enough)" if threshold is None else f"{threshold:.6f}"
         lines += [
             "",
             f"Calls declined after they were written ({rule['declined']}): log P(call) + "
-            f"{rule['weight']:g} x the call's mean token log-prob below {rule['threshold']}, the threshold "
+            f"{rule['weight']:g} x the call's mean token log-prob below {below}, the threshold "
             f"at which {rule['target']:g} of {rule['cases']} generated near misses decline.",
         ]
     if meta.get("call_threshold") is not None:
