@@ -32,7 +32,7 @@ import torch
 
 from hpcpipe.config import JobConfig, load_config
 from hpcpipe.recipes import build_recipe
-from hpcpipe.recipes.lora_fc import packed_attention
+from hpcpipe.recipes.lora_fc_loss import packed_attention
 from hpcpipe.train.distributed import init_distributed
 from hpcpipe.train.environment import DistEnv
 from hpcpipe.train.schedule import lr_at

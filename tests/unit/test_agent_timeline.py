@@ -16,7 +16,7 @@ from hpcpipe.config import load_config
 from hpcpipe.launch.agent_timeline import RestartTimeline, recording_restarts
 from hpcpipe.launch.job import worker_preload
 from hpcpipe.observe.metrics import read_events
-from hpcpipe.recipes import FACTORIES, WORKER_MODULES
+from hpcpipe.recipes.registry import recipe_class, registry
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -96,9 +96,10 @@ def test_quick_rendezvous_names_steps_as_torch_does_and_drops_only_random_waits(
 
 
 def test_every_recipe_names_worker_modules_that_import() -> None:
-    assert set(WORKER_MODULES) == set(FACTORIES)
-    for modules in WORKER_MODULES.values():
-        for name in modules:
-            importlib.import_module(name)  # the fork server would skip a typo silently
+    names = list(registry().recipes)
+    assert {"gpt", "resnet-cifar", "lora-function-calling"} <= set(names)
+    for name in names:
+        for module in recipe_class(name).worker_imports:
+            importlib.import_module(module)  # the fork server would skip a typo silently
     preload = worker_preload(load_config("tiny"))
     assert preload[0] == "hpcpipe.train.trainer" and "hpcpipe.recipes.gpt" in preload

@@ -11,7 +11,7 @@ from safetensors import safe_open
 from safetensors.torch import load_model
 
 from hpcpipe.checkpoint import CheckpointError, CheckpointStore
-from hpcpipe.checkpoint.export import export_checkpoint
+from hpcpipe.recipes.export import export_checkpoint
 from hpcpipe.config import JobConfig, load_config
 from hpcpipe.models.gpt import GPT
 

@@ -8,15 +8,9 @@ from torch import nn
 
 from hpcpipe.config import ModelConfig
 from hpcpipe.models.gpt import GPT
+from hpcpipe.models.gpt_flops import matmul_params, training_flops_per_token
 from hpcpipe.observe import flops
-from hpcpipe.observe.flops import (
-    device_peak_flops,
-    matmul_params,
-    mfu,
-    peak_flops_for_name,
-    peak_precision,
-    training_flops_per_token,
-)
+from hpcpipe.observe.flops import device_peak_flops, mfu, peak_flops_for_name, peak_precision
 
 VOCAB = 100
 

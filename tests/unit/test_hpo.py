@@ -17,7 +17,7 @@ from hpcpipe.config import load_config
 from hpcpipe.errors import ConfigError, UserError
 from hpcpipe.hpo.liveness import HEARTBEAT_ATTR, fail_stale_trials, retried_from
 from hpcpipe.hpo.results import best_config
-from hpcpipe.hpo.space import check_space, grid_space, suggest
+from hpcpipe.hpo.space import check_space, grid_space, maximize, suggest
 from hpcpipe.hpo.study import build_sampler, open_study, plan_study, warn_if_parallel_sqlite, write_record
 from hpcpipe.hpo.worker import RUN_DIR_ATTR, SURPLUS_ATTR, _budget_spent, _is_surplus, _tell
 from hpcpipe.train.preempt import PREEMPT_EXIT_CODE
@@ -273,7 +273,7 @@ def test_how_a_trial_process_ended_decides_its_state_and_retry(tmp_path: Path) -
 def test_the_tiny_hpo_preset_is_a_valid_study() -> None:
     job = load_config("tiny-hpo")
     check_space(job)
-    assert job.hpo.space["train.momentum"].when == {"train.optimizer": "sgd"} and not job.hpo.maximize
+    assert job.hpo.space["train.momentum"].when == {"train.optimizer": "sgd"} and not maximize(job)
 
 
 def test_workers_seed_their_samplers_apart(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from hpcpipe.data.function_calling.conversation import Conversation, Message, ToolCall
 from hpcpipe.data.function_calling.pack import PAD_DOC, bins_first_fit, pack
 from hpcpipe.data.function_calling.tokens import IGNORE, ChatFormat, Encoded
-from hpcpipe.recipes.lora_fc import packed_attention
+from hpcpipe.recipes.lora_fc_loss import packed_attention
 
 TOOL = {
     "name": "get_weather",
@@ -165,7 +165,7 @@ def test_packed_logits_equal_separate_logits(tokenizer_dir: Path) -> None:
 
 
 def test_the_decision_weight_weighs_the_tokens_that_open_a_reply() -> None:
-    from hpcpipe.recipes.lora_fc import opening_targets, supervised_loss
+    from hpcpipe.recipes.lora_fc_loss import opening_targets, supervised_loss
 
     turns = torch.tensor([[IGNORE, 3, 4, IGNORE, IGNORE, 5], [7, 8, IGNORE, 9, IGNORE, IGNORE]])
     assert opening_targets(turns).tolist() == [[0, 1, 0, 0, 0, 1], [1, 0, 0, 1, 0, 0]]
@@ -184,7 +184,7 @@ def test_the_decision_weight_weighs_the_tokens_that_open_a_reply() -> None:
 
 
 def test_the_no_call_weight_weighs_the_openings_of_turns_without_a_call() -> None:
-    from hpcpipe.recipes.lora_fc import opening_targets, supervised_loss, text_openings
+    from hpcpipe.recipes.lora_fc_loss import opening_targets, supervised_loss, text_openings
 
     call = [8, 9]  # "<tool_call>" as two token ids
     targets = torch.tensor(

@@ -8,7 +8,7 @@ from tests.helpers import tiny_llama
 
 from hpcpipe.data.function_calling.pack import PAD_DOC
 from hpcpipe.models.packed_attention import PACKED, document_spans, packed_positions
-from hpcpipe.recipes.lora_fc import packed_attention
+from hpcpipe.recipes.lora_fc_loss import packed_attention
 
 
 def _model(implementation: str) -> torch.nn.Module:

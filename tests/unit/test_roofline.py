@@ -11,7 +11,7 @@ import pytest
 from hpcpipe.bench.roofline import Ceilings, Op, ceilings_from_compute, classify, matmul, model_ops, roofline
 from hpcpipe.config import load_config
 from hpcpipe.errors import UserError
-from hpcpipe.observe.flops import matmul_params
+from hpcpipe.models.gpt_flops import matmul_params
 
 ROOFS = Ceilings(peak_flops=100e12, bandwidth=1e12, source="test")  # ridge at 100 FLOP/byte
 

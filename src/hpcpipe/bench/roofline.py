@@ -28,7 +28,7 @@ from typing import Any
 
 from hpcpipe.config import JobConfig, ModelConfig
 from hpcpipe.errors import UserError
-from hpcpipe.recipes.catalog import RECIPES
+from hpcpipe.recipes.registry import names_where, recipe_class
 
 BYTES_PER_ELEMENT = {"fp32": 4, "bf16": 2, "fp16": 2}
 # FLOPs per output element of the element-wise operations, counting each add, multiply,
@@ -160,8 +160,8 @@ def vocab_size_of(job: JobConfig) -> int:
 
 def roofline(job: JobConfig, ceilings: Ceilings) -> dict[str, Any]:
     """The roofline analysis of ``job``: ceilings, ridge point and every classified op."""
-    if not RECIPES[job.run.recipe].own_transformer:
-        known = ", ".join(name for name, spec in RECIPES.items() if spec.own_transformer)
+    if not recipe_class(job.run.recipe).own_transformer:
+        known = ", ".join(names_where(lambda cls: cls.own_transformer))
         raise UserError(f"roofline: recipe {job.run.recipe!r} has no operation model (supported: {known})")
     ops = model_ops(job.model, job.train.micro_batch_size, vocab_size_of(job), job.train.precision)
     return {

@@ -87,15 +87,16 @@ def newest_step(run_dir: PathArg) -> None:
 def export(
     path: Annotated[Path, typer.Argument(show_default=False, help="One checkpoint (step-NNNNNNNN).")],
     fmt: Annotated[
-        Literal["safetensors", "hf", "adapter", "merged"],
+        str | None,
         typer.Option(
             "--format",
             "-f",
-            help="gpt runs: safetensors (hpcpipe's state dict) or hf (a Hugging Face model "
-            "directory). lora-function-calling runs: adapter (peft) or merged (adapter folded "
-            "into the base).",
+            help="One of the run's recipe's export formats (`hpcpipe recipes show NAME`); default: "
+            "its first. gpt: hf (a Hugging Face model directory) or safetensors (hpcpipe's state "
+            "dict); lora-function-calling: adapter (peft) or merged (adapter folded into the base).",
+            show_default=False,
         ),
-    ] = "safetensors",
+    ] = None,
     dtype: Annotated[
         Literal["fp32", "bf16"],
         typer.Option("--dtype", help="merged: dtype of the written weights (the merge itself runs in fp32)."),
@@ -128,11 +129,14 @@ def export(
 
       python -c "from transformers import AutoModelForCausalLM as M; M.from_pretrained('DIR')"
     """
-    from hpcpipe.checkpoint.export import export_checkpoint
+    from hpcpipe.checkpoint.export import find_job_config
     from hpcpipe.checkpoint.manifest import MANIFEST_NAME
+    from hpcpipe.config import load_config
+    from hpcpipe.recipes.export import default_export, export_checkpoint
 
     if not (path / MANIFEST_NAME).is_file():
         raise UserError(f"{path}: not a committed checkpoint (no {MANIFEST_NAME})")
+    fmt = fmt or default_export(load_config(config or find_job_config(path)))
     target = out or RunLayout(path.resolve().parent.parent).export_dir(path.name, fmt)
     written = export_checkpoint(path, fmt, target, config, dtype)
     console.print(f"[green]exported[/] {path} -> {written} ({fmt})")

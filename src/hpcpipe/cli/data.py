@@ -1,7 +1,8 @@
 """`hpcpipe data prepare|verify|stage`: build, reuse, check and stage datasets.
 
-No torch on the token and image paths; function-calling jobs are prepared by their recipe (it reads
-the model's tokenizer and config), imported only then."""
+Every job's data are prepared by its recipe (``Recipe.prepare``, which reports a ``DataSummary``)
+and staged by it (``Recipe.stage_source``); this module only prints. No torch on the token and
+image paths: the recipes' modules import it inside the methods that need it."""
 
 from __future__ import annotations
 
@@ -9,21 +10,16 @@ import contextlib
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.table import Table
 
 from hpcpipe.cli.common import ConfigArg, JsonOption, SetOption, console, load_job, write_json
-from hpcpipe.config import DataConfig, JobConfig, data_kind
-from hpcpipe.data.tokens.shards import (
-    MANIFEST_FILE,
-    SPLITS,
-    PreparedDataset,
-    prepare_dataset,
-    verify_dataset,
-)
+from hpcpipe.data.tokens.shards import MANIFEST_FILE, verify_dataset
+from hpcpipe.data.tokens.summary import dataset_details
 from hpcpipe.errors import DataError, UserError
+from hpcpipe.recipes.base import DataSummary
 
 app = typer.Typer(
     help="Prepare token datasets (corpus -> tokenizer -> shards + manifest) and function-calling "
@@ -43,24 +39,26 @@ def prepare(config: ConfigArg, sets: SetOption = None, json_out: JsonOption = No
 
     Example: hpcpipe data prepare lora-fc-tiny --json prepared.json
     """
+    from hpcpipe.recipes import build_recipe
+
     job = load_job(config, sets)
     quiet = json_out == "-"  # standard output carries the JSON alone
-    kind = data_kind(job.data.format)
-    if kind == "function-calling":
-        _prepare_conversations(job, quiet, json_out)
-        return
-    if kind == "images":
-        _prepare_images(job.data, quiet, json_out)
-        return
     started = time.perf_counter()
-    dataset = prepare_dataset(job.data, progress=console.is_terminal and not quiet)
+    # Libraries that print on import (DeepSpeed, imported by transformers) write to stderr:
+    # standard output carries the summary, or the JSON alone.
+    with contextlib.redirect_stdout(sys.stderr):
+        summary = build_recipe(job).prepare(progress=console.is_terminal and not quiet)
     seconds = time.perf_counter() - started
-    result = _summary(dataset) | {"reused": dataset.reused, "seconds": round(seconds, 3)}
+    if summary is None:
+        summary = DataSummary(headline=f"run.recipe {job.run.recipe}: no data to prepare")
     if not quiet:
-        verb = "reused" if dataset.reused else "prepared"
-        console.print(f"{verb} [bold]{dataset.path}[/] in {seconds:.1f} s")
-        console.print(_table(dataset))
-    write_json(result, json_out)
+        console.print(f"{summary.headline} in {seconds:.1f} s", soft_wrap=True)
+        if summary.columns:
+            table = Table(*summary.columns, title=summary.title or None)
+            for row in summary.rows:
+                table.add_row(*row)
+            console.print(table)
+    write_json({**summary.details, "seconds": round(seconds, 3)}, json_out)
 
 
 @app.command("verify")
@@ -89,7 +87,7 @@ def verify(
     dataset = verify_dataset(path)  # DataError (exit 2) names the first bad file
     if json_out != "-":
         console.print(f"ok [bold]{dataset.path}[/] (manifest sha256 {dataset.manifest_sha256[:16]})")
-    write_json(_summary(dataset) | {"ok": True}, json_out)
+    write_json(dataset_details(dataset) | {"ok": True}, json_out)
 
 
 @app.command("stage")
@@ -142,7 +140,9 @@ def stage(
 
       hpcpipe data stage --job job.yaml --set data.cache_dir=/mnt/nvme/hpcpipe-cache
     """
-    from hpcpipe.data.stage import collect_garbage, job_source, stage, token_dataset_source
+    from hpcpipe.data.stage import collect_garbage, stage, token_dataset_source
+    from hpcpipe.launch.job import stage_source
+    from hpcpipe.recipes import build_recipe
 
     if job_config is not None:
         job = load_job(job_config, sets)
@@ -153,7 +153,9 @@ def stage(
         if cache_root is None and job.data.cache_dir is None:
             raise UserError("data stage --job: give CACHE_ROOT or set data.cache_dir")
         root = Path(cache_root or str(job.data.cache_dir))
-        src = job_source(job.data, progress=console.is_terminal and json_out != "-")
+        with contextlib.redirect_stdout(sys.stderr):  # prepared first, with a progress bar
+            build_recipe(job).prepare(progress=console.is_terminal and json_out != "-")
+        src = stage_source(job)
     elif source is None or cache_root is None:
         raise UserError("data stage: give SOURCE and CACHE_ROOT, or --job CONFIG [CACHE_ROOT]")
     else:
@@ -208,107 +210,3 @@ def make_images(
     console.print(
         f"wrote {fmt} ({train} train, {test} test images) to [bold]{out}[/]; use --set data.root={out}"
     )
-
-
-def _prepare_images(cfg: DataConfig, quiet: bool, json_out: str | None) -> None:
-    from hpcpipe.data.images.manifest import verify_or_record
-
-    started = time.perf_counter()
-    info = verify_or_record(cfg)  # DataError (exit 2) names a changed, missing or corrupt file
-    existed = not info.recorded_now
-    result = {
-        "format": cfg.format,
-        "root": str(info.root),
-        "manifest": str(info.manifest_path),
-        "manifest_sha256": info.manifest_sha256,
-        "classes": list(info.classes),
-        "train_samples": info.train_samples,
-        "shape": list(info.shape),
-        "mean": list(info.mean),
-        "std": list(info.std),
-        "verified": existed,
-        "seconds": round(time.perf_counter() - started, 3),
-    }
-    if not quiet:
-        verb = "verified against" if existed else "recorded"
-        console.print(
-            f"{verb} [bold]{info.manifest_path}[/]: {info.train_samples:,} training images "
-            f"{tuple(info.shape)}, {len(info.classes)} classes, mean {info.mean}, std {info.std}"
-        )
-    write_json(result, json_out)
-
-
-def _prepare_conversations(job: JobConfig, quiet: bool, json_out: str | None) -> None:
-    from hpcpipe.data.function_calling.prepare import REPORT_FILE, prepared_path, read_report
-    from hpcpipe.recipes import build_recipe
-
-    started = time.perf_counter()
-    # Libraries that print on import (DeepSpeed, imported by transformers) write to stderr:
-    # standard output carries the summary, or the JSON alone.
-    with contextlib.redirect_stdout(sys.stderr):
-        recipe = build_recipe(job)
-        key = recipe.dataset_hash()  # the inputs' fingerprint (sources, tokenizer, settings)
-        if key is None:
-            raise UserError(f"run.recipe={job.run.recipe}: it does not prepare function-calling data")
-        path = prepared_path(job.data.prepared_dir, key)
-        reused = (path / REPORT_FILE).is_file()
-        recipe.prepare(progress=console.is_terminal and not quiet)  # as `hpcpipe run --only prepare`
-    seconds = time.perf_counter() - started
-    report = read_report(path)
-    result = {"path": str(path), "fingerprint": key, "reused": reused, "seconds": round(seconds, 3)}
-    if not quiet:
-        console.print(f"{'reused' if reused else 'prepared'} [bold]{path}[/] in {seconds:.1f} s")
-        console.print(_conversations_table(report))
-    write_json(result | report, json_out)
-
-
-def _conversations_table(report: dict[str, Any]) -> Table:
-    lost = {**report["malformed"], **report["dropped"]}
-    skipped = ", ".join(f"{k} {v}" for k, v in lost.items()) or "none"
-    title = (
-        f"{report['rows']:,} rows, skipped: {skipped}; "
-        f"{report['tokens']['train_supervised']:,} of {report['tokens']['train']:,} training tokens "
-        f"supervised, packing fill {report['packing']['fill']:.0%}"
-    )
-    table = Table("split", "conversations", "encoded", "sequences", title=title)
-    for split, packed in (("train", "train"), ("heldout", "eval")):
-        table.add_row(
-            split,
-            f"{report['conversations'][split]:,}",
-            f"{report['encoded'][split]:,}",
-            f"{report['sequences'][packed]:,}",
-        )
-    return table
-
-
-def _summary(dataset: PreparedDataset) -> dict[str, Any]:
-    manifest = dataset.manifest
-    return {
-        "path": str(dataset.path),
-        "fingerprint": dataset.fingerprint,
-        "manifest_sha256": dataset.manifest_sha256,
-        "dtype": manifest["dtype"],
-        "tokenizer": {key: manifest["tokenizer"][key] for key in ("kind", "name", "vocab_size", "eos_id")},
-        "splits": {
-            split: {
-                "documents": dataset.documents(split),
-                "tokens": dataset.tokens(split),
-                "shards": len(dataset.shards(split)),
-            }
-            for split in SPLITS
-        },
-    }
-
-
-def _table(dataset: PreparedDataset) -> Table:
-    tok = dataset.manifest["tokenizer"]
-    title = f"tokenizer {tok['name']} (EOS {tok['eos_id']})"
-    table = Table("split", "documents", "tokens", "shards", title=title)
-    for split in SPLITS:
-        table.add_row(
-            split,
-            f"{dataset.documents(split):,}",
-            f"{dataset.tokens(split):,}",
-            str(len(dataset.shards(split))),
-        )
-    return table

@@ -41,12 +41,12 @@ def load_run(run_dir: Path, base: bool, constrain: bool) -> tuple[Any, Any, list
     from hpcpipe.data.function_calling.prepare import read_heldout
     from hpcpipe.models.lora_export import load_with_adapter
     from hpcpipe.recipes import build_recipe
-    from hpcpipe.recipes.catalog import RECIPES, recipes_with
+    from hpcpipe.recipes.registry import names_where, recipe_class
 
     layout = RunLayout(run_dir)
     job = load_config(layout.config)
-    if "function-calling" not in RECIPES[job.run.recipe].evaluations:
-        supported = " or ".join(recipes_with("function-calling"))
+    if "function-calling" not in recipe_class(job.run.recipe).evaluations:
+        supported = " or ".join(names_where(lambda cls: "function-calling" in cls.evaluations))
         raise UserError(f"{run_dir}: run.recipe is {job.run.recipe!r}, not {supported}")
     recipe: Any = build_recipe(job)
     recipe.prepare(progress=False)  # the held-out split (reused when already prepared)

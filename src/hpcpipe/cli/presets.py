@@ -9,7 +9,7 @@ import typer
 from hpcpipe.cli.common import console, print_table
 from hpcpipe.config import load_config
 from hpcpipe.presets import preset_names, preset_path
-from hpcpipe.recipes.catalog import RECIPES
+from hpcpipe.recipes.registry import recipe_class
 
 app = typer.Typer(help="List and show the shipped job presets.", no_args_is_help=True)
 
@@ -37,14 +37,10 @@ def list_presets(
 def _row(name: str) -> tuple[str, ...]:
     cfg = load_config(name)
     first_line = preset_path(name).read_text().splitlines()[0].lstrip("# ")
-    m, t = cfg.model, cfg.train
-    if RECIPES[cfg.run.recipe].own_transformer:
-        model = f"{m.variant} L{m.n_layers} d{m.d_model} T{m.seq_len}"
-    else:
-        model = " ".join(part for part in (m.variant, m.name_or_path) if part)
+    t = cfg.train
     return (
         name,
-        model,
+        recipe_class(cfg.run.recipe).describe_model(cfg),
         str(t.global_batch_size),
         str(t.steps),
         f"{cfg.parallel.strategy} x{cfg.parallel.nproc}",

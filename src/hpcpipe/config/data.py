@@ -9,8 +9,9 @@ from pydantic import Field, model_validator
 from hpcpipe.config.section import Section
 from hpcpipe.config.synthetic import SyntheticMix
 
-# The one list of data formats, by kind of data; a recipe names the formats it reads
-# (hpcpipe.recipes.catalog) and each data package dispatches on its own kind's formats.
+# The one list of the data formats hpcpipe's data packages read, by kind of data; a recipe
+# declares the formats it reads (its data_formats) and each data package dispatches on its own
+# kind's formats.
 TokenFormat = Literal["tokens"]
 ImageFormat = Literal[
     "cifar10", "cifar100", "cifar10-binary", "cifar100-binary", "idx", "fashion-mnist", "imagefolder"

@@ -13,12 +13,9 @@ from urllib.parse import urlsplit
 from pydantic import Field, field_validator, model_validator
 
 from hpcpipe.config.section import Section, one_line
-from hpcpipe.recipes.catalog import RECIPES
 
 SamplerName = Literal["tpe", "random", "cmaes", "gp", "grid"]
 PrunerName = Literal["median", "hyperband", "successive_halving", "none"]
-# Metrics that grow as the model improves; any other metric is minimised unless hpo.direction says.
-MAXIMIZED_METRICS = ("val_acc", "val_token_acc")
 
 
 class ParamSpec(Section):
@@ -102,12 +99,12 @@ class HpoConfig(Section):
         "val_loss",
         min_length=1,
         description="The objective, reported at every evaluation and taken at the last one: a key "
-        "of the recipe's evaluation rows ("
-        + "; ".join(f"{name}: {', '.join(spec.eval_metrics)}" for name, spec in RECIPES.items())
-        + ").",
+        "of the recipe's evaluation rows (its metric_goals: `hpcpipe recipes show NAME`).",
     )
     direction: Literal["minimize", "maximize"] | None = Field(
-        None, description="null: maximize for accuracy metrics, minimize otherwise."
+        None,
+        description="null: the recipe's goal for hpo.metric (maximize accuracy, minimize a loss; "
+        "its metric_goals).",
     )
     n_trials: int = Field(20, ge=1, description="Trials the study ends with (all workers together).")
     timeout_s: float | None = Field(
@@ -147,9 +144,3 @@ class HpoConfig(Section):
                 "a live trial would be failed between two heartbeats"
             )
         return self
-
-    @property
-    def maximize(self) -> bool:
-        if self.direction is not None:
-            return self.direction == "maximize"
-        return self.metric in MAXIMIZED_METRICS

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from hpcpipe.config.checkpoint import CheckpointConfig
 from hpcpipe.config.data import DataConfig
@@ -27,12 +27,11 @@ from hpcpipe.config.pipeline import PipelineConfig
 from hpcpipe.config.run import RunConfig
 from hpcpipe.config.section import Section
 from hpcpipe.config.train import TrainConfig
-from hpcpipe.recipes.catalog import RECIPES
 
 # The keys that change what is trained (the losses step by step); observe, checkpoint, fault,
 # launch, pipeline and hpo do not. `hpcpipe run` re-trains when they change; chaos trials share
 # one reference run per value of them.
-TRAINING_KEYS = ("run.recipe", "run.seed", "model", "data", "train", "lora", "parallel")
+TRAINING_KEYS = ("run.recipe", "run.seed", "recipe", "model", "data", "train", "lora", "parallel")
 # Keys under TRAINING_KEYS that only decide how long the launcher waits, never what is trained.
 WAITING_KEYS = ("parallel.timeout_s", "parallel.rdzv_last_call_s", "parallel.rdzv_keep_alive_s")
 
@@ -41,6 +40,12 @@ class JobConfig(Section):
     """The whole job. Saved as ``config.yaml`` in the run directory."""
 
     run: RunConfig = Field(default_factory=RunConfig)
+    recipe: dict[str, Any] = Field(
+        default_factory=dict,
+        description="The recipe's own settings: their keys, types and defaults are declared by "
+        "the class run.recipe names (its Args; `hpcpipe recipes show NAME`). Checked when the job "
+        "loads; saved with every default filled in.",
+    )
     model: ModelConfig = Field(default_factory=ModelConfig)
     data: DataConfig = Field(default_factory=DataConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
@@ -52,6 +57,18 @@ class JobConfig(Section):
     launch: LaunchConfig = Field(default_factory=LaunchConfig)
     pipeline: PipelineConfig = Field(default_factory=PipelineConfig)
     hpo: HpoConfig = Field(default_factory=HpoConfig)
+
+    @field_validator("recipe", mode="after")
+    @classmethod
+    def _recipe_args(cls, value: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        run = info.data.get("run")
+        if run is None:  # run: failed already, and its error is the one to show
+            return value
+        from hpcpipe.recipes.args import validate_args
+        from hpcpipe.recipes.registry import recipe_class
+
+        recipe = recipe_class(run.recipe)
+        return validate_args(recipe.Args, value, recipe.name)  # ConfigError naming recipe.<key>
 
     @model_validator(mode="after")
     def _watchdog_fires_before_collectives_time_out(self) -> JobConfig:
@@ -116,16 +133,20 @@ class JobConfig(Section):
 
     @model_validator(mode="after")
     def _recipe_matches_model_and_data(self) -> JobConfig:
-        spec = RECIPES[self.run.recipe]  # the recipe declares what fits it (recipes/catalog.py)
-        if self.model.variant not in spec.model_variants:
+        # The recipe declares what fits it (its model_variants, data_formats, needs_model_source).
+        from hpcpipe.recipes.registry import recipe_class
+
+        spec = recipe_class(self.run.recipe)
+        variants, formats = spec.model_variants, spec.data_formats
+        if variants is not None and self.model.variant not in variants:
             raise ValueError(
                 f"model.variant {self.model.variant!r} does not fit run.recipe {spec.name!r} "
-                f"(use {' or '.join(spec.model_variants)})"
+                f"(use {' or '.join(variants)})"
             )
-        if self.data.format not in spec.data_formats:
+        if formats is not None and self.data.format not in formats:
             raise ValueError(
                 f"data.format {self.data.format!r} does not fit run.recipe {spec.name!r} "
-                f"(use {', '.join(spec.data_formats)})"
+                f"(use {', '.join(formats)})"
             )
         if spec.needs_model_source and not self.model.name_or_path:
             raise ValueError(f"model.name_or_path is required for run.recipe {spec.name!r}")

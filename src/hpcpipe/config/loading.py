@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from hpcpipe.config.job import JobConfig
+from hpcpipe.config.run import RunConfig
 from hpcpipe.errors import ConfigError, hide_credentials
 
 
@@ -38,7 +39,7 @@ def apply_values(job: JobConfig, values: dict[str, Any]) -> JobConfig:
     """``job`` with typed values set by dotted key (an unknown key or a bad value: ConfigError)."""
     raw = job.to_dict()
     for key, value in values.items():
-        _field_annotation(key)  # names the key when JobConfig has no such key
+        _field_annotation(key, raw)  # names the key when JobConfig has no such key
         node = raw
         for part in key.split(".")[:-1]:
             if node.get(part) is None:  # an optional section that was off (null) comes on
@@ -53,6 +54,8 @@ def validate_config(raw: dict[str, Any], origin: str = "config") -> JobConfig:
         return JobConfig.model_validate(raw)
     except ValidationError as exc:
         raise ConfigError(f"{origin}: {first_error(exc)}") from None
+    except ConfigError as exc:  # the recipe's checks (run.recipe, recipe.<key>) name their key
+        raise ConfigError(f"{origin}: {exc}") from None
 
 
 def _read_source(source: str | Path) -> dict[str, Any]:
@@ -84,7 +87,7 @@ def _apply_override(raw: dict[str, Any], item: str) -> None:
     key = key.strip()
     if not sep or not key:
         raise ConfigError(f"--set {item!r}: expected section.key=value")
-    annotation = _field_annotation(key)
+    annotation = _field_annotation(key, raw)
     parts = key.split(".")
     node = raw
     for part in parts[:-1]:
@@ -107,8 +110,12 @@ def _optional_section(annotation: Any) -> Any:
     return annotation
 
 
-def _field_annotation(key: str) -> Any:
-    """The annotation of a dotted key; a ConfigError for a key JobConfig does not have."""
+def _field_annotation(key: str, raw: dict[str, Any]) -> Any:
+    """The annotation of a dotted key; a ConfigError for a key JobConfig does not have. Keys of
+    the ``recipe:`` section are the recipe's (its ``Args``; the recipe ``raw`` names)."""
+    section, _, rest = key.partition(".")
+    if section == "recipe" and rest:
+        return _recipe_annotation(rest, raw)
     model: type[BaseModel] = JobConfig
     parts = key.split(".")
     for depth, part in enumerate(parts):
@@ -125,6 +132,18 @@ def _field_annotation(key: str) -> Any:
             raise ConfigError(f"unknown config key {key!r}: {'.'.join(parts[: depth + 1])} is a value")
         model = annotation
     raise AssertionError("unreachable")
+
+
+def _recipe_annotation(key: str, raw: dict[str, Any]) -> Any:
+    from hpcpipe.recipes.args import args_annotation
+    from hpcpipe.recipes.registry import recipe_class
+
+    ref = (raw.get("run") or {}).get("recipe", RunConfig.model_fields["recipe"].default)
+    try:
+        recipe = recipe_class(str(ref))
+    except ConfigError:
+        return Any  # validation names the bad run.recipe
+    return args_annotation(recipe.Args, key, recipe.name)
 
 
 def _field_named(model: type[BaseModel], key: str) -> Any:

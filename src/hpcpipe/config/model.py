@@ -10,15 +10,16 @@ from hpcpipe.config.section import Section
 
 
 class ModelConfig(Section):
-    variant: Literal["gpt2", "llama", "resnet18", "resnet18-imagenet", "hf-causal-lm"] = Field(
+    variant: str = Field(
         "gpt2",
-        description="gpt2: LayerNorm + learned positions + GELU MLP; "
-        "llama: RMSNorm + RoPE + SwiGLU, no biases (both for recipe gpt). "
-        "resnet18: torchvision ResNet-18 with a small-image stem (3x3 conv, stride 1, no max-pool); "
-        "resnet18-imagenet: the original 7x7 stride-2 stem + max-pool, 16x fewer FLOPs on small "
-        "images (both for recipe resnet-cifar). "
-        "hf-causal-lm: a Hugging Face AutoModelForCausalLM from model.name_or_path (recipe "
-        "lora-function-calling; n_layers, n_heads and d_model are then the checkpoint's own).",
+        min_length=1,
+        description="Which model the recipe builds, for recipes that read it (each declares its "
+        "variants: `hpcpipe recipes show NAME`). gpt: gpt2 (LayerNorm + learned positions + GELU "
+        "MLP) or llama (RMSNorm + RoPE + SwiGLU, no biases). resnet-cifar: resnet18 (torchvision "
+        "ResNet-18 with a small-image stem: 3x3 conv, stride 1, no max-pool) or resnet18-imagenet "
+        "(the original 7x7 stride-2 stem + max-pool, 16x fewer FLOPs on small images). "
+        "lora-function-calling and hf-causal-lm: hf-causal-lm, a Hugging Face AutoModelForCausalLM "
+        "from model.name_or_path (n_layers, n_heads and d_model are then the checkpoint's own).",
     )
     name_or_path: str | None = Field(
         None,

@@ -3,20 +3,18 @@ report). Its own module so the steps downstream of training can be fingerprinted
 
 from __future__ import annotations
 
-from typing import Literal
-
 from pydantic import Field
 
 from hpcpipe.config.section import Section
 
-ExportFormat = Literal["auto", "safetensors", "hf", "adapter", "merged"]
-
 
 class PipelineConfig(Section):
-    export_format: ExportFormat = Field(
+    export_format: str = Field(
         "auto",
-        description="Format of the export step: auto (hf for gpt, adapter for LoRA; vision runs "
-        "have no export), or one of `hpcpipe ckpt export --format`.",
+        min_length=1,
+        description="Format of the export step: auto (the first of the recipe's export formats: hf "
+        "for gpt, adapter for LoRA; the step is skipped for a recipe with none), or one of them "
+        "(`hpcpipe recipes show NAME`, `hpcpipe ckpt export --format`).",
     )
     register_as: str | None = Field(
         None,

@@ -5,21 +5,30 @@ from __future__ import annotations
 from pydantic import Field, field_validator, model_validator
 
 from hpcpipe.config.section import Section, one_line
-from hpcpipe.recipes.catalog import RECIPES, RecipeName
 
 
 class RunConfig(Section):
     name: str = Field("run", min_length=1, description="Run name; the run directory is <out_dir>/<name>.")
     out_dir: str = Field("runs", description="Parent directory of run directories.")
     seed: int = Field(0, ge=0, description="Seed for model init, data order and dropout.")
-    recipe: RecipeName = Field(
+    recipe: str = Field(
         "gpt",
-        description="Workload recipe (registry name): "
-        + "; ".join(f"{spec.name} ({spec.summary})" for spec in RECIPES.values())
-        + ".",
+        min_length=1,
+        description="Workload recipe: a name registered in the entry-point group hpcpipe.recipes "
+        "(hpcpipe's built-ins and those of installed packages: `hpcpipe recipes list`) or an import "
+        "path package.module:Class. Its own settings go in the recipe: section "
+        "(`hpcpipe recipes show NAME`).",
     )
 
-    _one_line = field_validator("name", "out_dir")(one_line)
+    _one_line = field_validator("name", "out_dir", "recipe")(one_line)
+
+    @field_validator("recipe")
+    @classmethod
+    def _recipe_resolves(cls, ref: str) -> str:
+        from hpcpipe.recipes.registry import recipe_class
+
+        recipe_class(ref)  # ConfigError naming run.recipe: unknown, not importable, not a recipe
+        return ref
 
     @model_validator(mode="after")
     def _name_is_a_plain_directory_name(self) -> RunConfig:

@@ -34,7 +34,6 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import IO, Any, Literal
 
-from hpcpipe.config import DataConfig, data_kind
 from hpcpipe.errors import DataError
 from hpcpipe.fsutil import fsync_dir
 
@@ -86,23 +85,6 @@ def image_dataset_source(root: Path, manifest_path: Path) -> StageSource:
     raw = manifest_path.read_bytes()
     files = {rel: str(entry["sha256"]) for rel, entry in json.loads(raw)["files"].items()}
     return StageSource(root=root, files=files, key=hashlib.sha256(raw).hexdigest())
-
-
-def job_source(cfg: DataConfig, progress: bool = False) -> StageSource:
-    """The dataset a job reads, prepared (tokens) or verified (images), as a stage source."""
-    kind = data_kind(cfg.format)
-    if kind == "tokens":
-        from hpcpipe.data.tokens.shards import prepare_dataset
-
-        return token_dataset_source(prepare_dataset(cfg, progress=progress).path)
-    if kind == "images":
-        from hpcpipe.data.images.manifest import verify_or_record
-
-        info = verify_or_record(cfg)
-        return image_dataset_source(info.root, info.manifest_path)
-    raise DataError(
-        f"data.format {cfg.format}: only token and image datasets have a file manifest to stage by"
-    )
 
 
 def stage(

@@ -25,7 +25,7 @@ from typing import Any
 from hpcpipe.config import JobConfig, apply_values
 from hpcpipe.config.hpo import HpoConfig, ParamSpec
 from hpcpipe.errors import ConfigError, UserError
-from hpcpipe.hpo.space import check_space, grid_size
+from hpcpipe.hpo.space import check_space, grid_size, maximize
 from hpcpipe.launch.k8s_pod import CONFIG_FILE, processes_per_node
 from hpcpipe.launch.k8s_validate import validate_manifest
 from hpcpipe.launch.kubernetes import PYTORCHJOB_CONTAINER, dns_label, render_k8s
@@ -135,7 +135,7 @@ def _trial_command(job: JobConfig, names: dict[str, str]) -> list[str]:
 
 def _spec(job: JobConfig, names: dict[str, str], parallel_trials: int) -> dict[str, Any]:
     hpo = job.hpo
-    best = "max" if hpo.maximize else "min"
+    best = "max" if maximize(job) else "min"
     spec: dict[str, Any] = {
         "objective": {
             "type": f"{best}imize",

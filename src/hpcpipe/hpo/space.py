@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from hpcpipe.config import JobConfig, apply_values
 from hpcpipe.config.hpo import ParamSpec
 from hpcpipe.errors import ConfigError, UserError
-from hpcpipe.recipes.catalog import RECIPES
+from hpcpipe.recipes.registry import recipe_class
 
 if TYPE_CHECKING:
     import optuna
@@ -42,13 +42,21 @@ def _active(spec: ParamSpec, values: dict[str, Any]) -> bool:
     return all(values.get(key) == wanted for key, wanted in spec.when.items())
 
 
+def maximize(job: JobConfig) -> bool:
+    """Whether the study maximises ``hpo.metric``: ``hpo.direction``, or else the recipe's goal for
+    the metric (its ``metric_goals``; a metric it does not declare is minimised)."""
+    if job.hpo.direction is not None:
+        return job.hpo.direction == "maximize"
+    return recipe_class(job.run.recipe).metric_goals.get(job.hpo.metric) == "max"
+
+
 def check_space(job: JobConfig) -> None:
     """Every key exists in the job and takes the space's extremes; ``when`` keys come earlier;
     the metric is one the recipe evaluates. One line naming the key otherwise."""
     hpo = job.hpo
     if not hpo.space:
         raise UserError("hpo.space is empty: give at least one section.key: {type: ..., ...}")
-    metrics = RECIPES[job.run.recipe].eval_metrics
+    metrics = recipe_class(job.run.recipe).metric_goals
     if hpo.metric not in metrics:
         raise UserError(
             f"hpo.metric {hpo.metric!r}: run.recipe {job.run.recipe!r} evaluates {', '.join(metrics)}"

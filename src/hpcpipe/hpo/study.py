@@ -17,7 +17,7 @@ from hpcpipe.config import JobConfig, load_config
 from hpcpipe.config.hpo import HpoConfig
 from hpcpipe.errors import UserError, hide_credentials
 from hpcpipe.fsutil import read_json_object
-from hpcpipe.hpo.space import grid_space
+from hpcpipe.hpo.space import grid_space, maximize
 from hpcpipe.train.trial import build_pruner, open_storage
 
 if TYPE_CHECKING:
@@ -171,7 +171,7 @@ def open_study(
             "pruner": build_pruner(plan.hpo.pruner),
         }
         if create:
-            direction: Literal["minimize", "maximize"] = "maximize" if plan.hpo.maximize else "minimize"
+            direction: Literal["minimize", "maximize"] = "maximize" if maximize(plan.base) else "minimize"
             study = optuna.create_study(
                 storage=storage, study_name=plan.name, direction=direction, load_if_exists=True, **kwargs
             )
@@ -188,7 +188,7 @@ def open_study(
             str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         )
         raise UserError(f"hpo.storage {plan.storage_shown}: cannot open the study ({reason})") from None
-    if create and study.direction.name.lower() != ("maximize" if plan.hpo.maximize else "minimize"):
+    if create and study.direction.name.lower() != ("maximize" if maximize(plan.base) else "minimize"):
         raise UserError(
             f"study {plan.name!r} exists with direction {study.direction.name.lower()}; hpo.direction differs"
         )

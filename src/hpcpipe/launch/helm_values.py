@@ -14,6 +14,7 @@ from typing import Any
 
 from hpcpipe.config import JobConfig
 from hpcpipe.launch.kubernetes import HPCPIPE_RUNTIME, Api, job_name, render_k8s
+from hpcpipe.recipes.registry import recipe_label
 
 CHART_DIR = "deploy/helm/hpcpipe"  # in a clone; `make chart` packages it as dist/hpcpipe-<version>.tgz
 _DEFAULT_CACHE_HOST_PATH = "/mnt/nvme/hpcpipe-cache"
@@ -30,7 +31,7 @@ def helm_values(
     return {
         "nameOverride": job_name(job),
         "config": job.to_yaml(),
-        "recipe": job.run.recipe,
+        "recipe": recipe_label(job.run.recipe),
         "api": api,
         "runtime": {"name": HPCPIPE_RUNTIME if with_runtime else cfg.runtime, "install": with_runtime},
         "nodes": {"min": low, "max": high},

@@ -6,11 +6,15 @@ import contextlib
 import logging
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 from hpcpipe.config import JobConfig, grad_accum_steps
-from hpcpipe.errors import USER_ERROR_EXIT_CODE, UserError
+from hpcpipe.errors import USER_ERROR_EXIT_CODE, DataError, UserError
 from hpcpipe.layout import RunLayout
 from hpcpipe.train.environment import detect_environment
+
+if TYPE_CHECKING:
+    from hpcpipe.data.stage import StageSource
 
 log = logging.getLogger("hpcpipe.launch.job")
 
@@ -30,14 +34,13 @@ WORKER_PRELOAD = (
 
 
 def worker_preload(job: JobConfig) -> tuple[str, ...]:
-    """What the fork server imports for ``job``'s workers: ``WORKER_PRELOAD``, the recipe's
-    modules (``recipes.WORKER_MODULES``) and its heavy libraries (the catalog's
-    ``worker_imports``)."""
-    from hpcpipe.recipes import WORKER_MODULES
-    from hpcpipe.recipes.catalog import recipe_spec
+    """What the fork server imports for ``job``'s workers: ``WORKER_PRELOAD``, the recipe's own
+    module and what it declares its workers import (``worker_imports``: its data pipeline, its
+    model, heavy libraries)."""
+    from hpcpipe.recipes.registry import recipe_class
 
-    recipe = job.run.recipe
-    return (*WORKER_PRELOAD, *WORKER_MODULES.get(recipe, ()), *recipe_spec(recipe).worker_imports)
+    recipe = recipe_class(job.run.recipe)
+    return (*WORKER_PRELOAD, recipe.__module__, *recipe.worker_imports)
 
 
 def prestart_fork_server(job: JobConfig, max_restarts: int = 0) -> None:
@@ -155,6 +158,17 @@ def prepare_inputs(job: JobConfig) -> None:
     from hpcpipe.recipes import build_recipe
 
     build_recipe(job).prepare(progress=sys.stderr.isatty())  # no progress frames in CI logs
+
+
+def stage_source(job: JobConfig) -> StageSource:
+    """The files of the dataset ``job`` reads (prepared or verified first), as its recipe stages
+    them to ``data.cache_dir``; DataError when its data have no file manifest to stage by."""
+    from hpcpipe.recipes import build_recipe
+
+    source = build_recipe(job).stage_source()
+    if source is None:
+        raise DataError(f"run.recipe {job.run.recipe}: its data have no file manifest to stage by")
+    return cast("StageSource", source)
 
 
 def prepare_job(job: JobConfig) -> Path:

@@ -36,6 +36,7 @@ from hpcpipe.launch.k8s_pod import (
     processes_per_node,
 )
 from hpcpipe.launch.k8s_validate import validate_manifest
+from hpcpipe.recipes.registry import recipe_label
 
 Api = Literal["trainjob", "pytorchjob"]
 APIS: tuple[str, ...] = ("trainjob", "pytorchjob")
@@ -178,7 +179,7 @@ def _labels(job: JobConfig, name: str) -> dict[str, str]:
     labels = {
         "app.kubernetes.io/name": "hpcpipe",
         "app.kubernetes.io/instance": name,
-        "hpcpipe.dev/recipe": job.run.recipe,
+        "hpcpipe.dev/recipe": recipe_label(job.run.recipe),  # a label value: the recipe's name
     }
     if cfg.queue:
         labels["kueue.x-k8s.io/queue-name"] = cfg.queue

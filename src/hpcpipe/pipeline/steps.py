@@ -34,24 +34,24 @@ def prepare_outputs(ctx: StepContext) -> dict[str, str]:
 
 
 def stage(ctx: StepContext) -> None:
-    from hpcpipe.data.stage import job_source
     from hpcpipe.data.stage import stage as stage_dataset
+    from hpcpipe.launch.job import stage_source
 
     if ctx.job.data.cache_dir is None:
         raise NotApplicable("data.cache_dir is null: the data are read where they are")
     if ctx.on == "k8s":
         raise NotApplicable("each training pod stages its own node's disk (its stage init step)")
-    staged = stage_dataset(job_source(ctx.job.data), Path(ctx.job.data.cache_dir))
+    staged = stage_dataset(stage_source(ctx.job), Path(ctx.job.data.cache_dir))
     staged.release()
     ctx.say(f"     staged {staged.path} ({staged.size_bytes / 1e6:.1f} MB, copied: {staged.copied})")
 
 
 def stage_outputs(ctx: StepContext) -> dict[str, str]:
-    from hpcpipe.data.stage import job_source
+    from hpcpipe.launch.job import stage_source
 
     if ctx.job.data.cache_dir is None:
         return {}
-    key = job_source(ctx.job.data).key  # the dataset manifest's hash names the cache entry
+    key = stage_source(ctx.job).key  # the dataset manifest's hash names the cache entry
     return {"staged": key} if (Path(ctx.job.data.cache_dir) / key).is_dir() else {}
 
 
@@ -115,15 +115,13 @@ def evaluate_outputs(ctx: StepContext) -> dict[str, str]:
 
 
 def export_format(ctx: StepContext) -> str:
-    fmt = ctx.job.pipeline.export_format
-    if fmt != "auto":
-        return fmt
-    from hpcpipe.recipes.catalog import RECIPES
+    from hpcpipe.recipes.registry import recipe_class
 
-    default = RECIPES[ctx.job.run.recipe].default_export
-    if default is None:
+    fmt = ctx.job.pipeline.export_format
+    formats = recipe_class(ctx.job.run.recipe).export_formats
+    if fmt == "auto" and not formats:
         raise NotApplicable(f"recipe {ctx.job.run.recipe!r} has no export format")
-    return default
+    return formats[0] if fmt == "auto" else fmt
 
 
 def export_dir(ctx: StepContext, ckpt: Path, fmt: str) -> Path:
@@ -131,13 +129,13 @@ def export_dir(ctx: StepContext, ckpt: Path, fmt: str) -> Path:
 
 
 def export(ctx: StepContext) -> None:
-    from hpcpipe.checkpoint.export import export_checkpoint
+    from hpcpipe.recipes.export import export_checkpoint
 
     fmt = export_format(ctx)
     ckpt = newest_checkpoint(ctx)
     if ckpt is None:
         raise NotApplicable("no committed checkpoint (set checkpoint.every_steps)")
-    written = export_checkpoint(ckpt, fmt, export_dir(ctx, ckpt, fmt))  # type: ignore[arg-type]
+    written = export_checkpoint(ckpt, fmt, export_dir(ctx, ckpt, fmt))
     ctx.say(f"     exported {ckpt.name} -> {written}")
 
 
@@ -219,7 +217,7 @@ def report_outputs(ctx: StepContext) -> dict[str, str]:
 
 
 STEPS = [
-    Step("prepare", ("run.recipe", "data", "model", "lora"), (), prepare, prepare_outputs,
+    Step("prepare", ("run.recipe", "recipe", "data", "model", "lora"), (), prepare, prepare_outputs,
          "dataset preparation (tokens, images, conversations), keyed by its inputs"),
     Step("stage", ("data.cache_dir",), ("prepare",), stage, stage_outputs,
          "a verified copy on the node-local cache (data.cache_dir)"),

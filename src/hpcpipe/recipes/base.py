@@ -1,15 +1,48 @@
-"""The Recipe protocol: everything workload-specific the trainer must not know about."""
+"""``hpcpipe.Recipe``: everything workload-specific the trainer must not know about.
+
+A recipe is one class. Its **declaration** (class attributes: ``name``, ``Args``, ``metric_goals``,
+...) is read from the class before anything is built: the config validates a job against it, HPO
+reads the direction of its metric, the launcher's fork server preloads its modules, ``hpcpipe
+recipes show`` lists its arguments. Its **methods** build the model, the data and the loss for
+one rank, and say how it prepares, stages and exports its data and checkpoints.
+
+Subclass ``hpcpipe.DatasetRecipe`` (``recipes/dataset.py``) to bring a model, map-style datasets
+and a loss, with hpcpipe's loader; subclass this class directly for a recipe with a loader of its
+own (the token shards of ``gpt``, the packed conversations of ``lora-function-calling``).
+
+This module is imported while a job's config is validated: it needs nothing heavier than the
+standard library at import time (torch only for type checking), and so should a recipe's module
+(import torch, data and model code inside the methods), or every command that reads its config
+pays for torch.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, NamedTuple, Protocol, Self, TypeAlias
 
-import torch
-from torch import nn
+from hpcpipe.errors import UserError
+from hpcpipe.recipes.args import parse_args
 
-Batch = tuple[torch.Tensor, ...]
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from hpcpipe.config import DataConfig, JobConfig, TrainConfig
+
+API_VERSION = 1  # Recipe.recipe_api: the registry refuses a recipe written for another version
+Batch: TypeAlias = "tuple[torch.Tensor, ...]"
+Goal = Literal["min", "max"]
+
+
+class PaddingBatch(NamedTuple):
+    """An evaluation batch run only so that every rank takes part in every forward (FSDP2
+    gathers parameters there); the trainer discards its figures."""
+
+    batch: Batch
 
 
 class TrainLoader(Protocol):
@@ -27,65 +60,178 @@ class TrainLoader(Protocol):
         """Release worker processes or files (called once when training ends)."""
 
 
-class Recipe(Protocol):
-    """A workload: model, data, loss, evaluation and its FLOPs, for one rank."""
+@dataclass(frozen=True)
+class RecipeContext:
+    """What a recipe gets from the job besides its own arguments: the seed, the batch settings
+    (``train:``) and the loader settings (``data.num_workers``, ``pin_memory``, ...)."""
 
-    name: str
-    throughput_unit: str  # "tokens" or "samples": names the metrics key <unit>_per_s
-    # DDP broadcasts rank 0's buffers at every forward when True (BatchNorm running statistics);
+    seed: int
+    train: TrainConfig
+    data: DataConfig
+
+    @classmethod
+    def from_job(cls, job: JobConfig) -> RecipeContext:
+        return cls(seed=job.run.seed, train=job.train, data=job.data)
+
+
+@dataclass(frozen=True)
+class DataSummary:
+    """What ``prepare`` made ready, for ``hpcpipe data prepare``: a headline, a table, and the
+    fields of its ``--json`` output."""
+
+    headline: str  # rich markup: "prepared [bold]data/prepared/ab12[/]"
+    columns: tuple[str, ...] = ()
+    rows: tuple[tuple[str, ...], ...] = ()
+    title: str = ""
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ExportRequest:
+    """``hpcpipe ckpt export`` / the pipeline's export step: write ``checkpoint`` (verified, of
+    the run in ``run_dir``) to ``out`` in format ``fmt`` (one of the recipe's ``export_formats``)."""
+
+    checkpoint: Path
+    fmt: str
+    out: Path
+    run_dir: Path
+    dtype: str = "fp32"
+
+
+class Recipe(ABC):
+    """A workload: its declaration, and model, data, loss and evaluation for one rank.
+
+    Public API (``hpcpipe.Recipe``). hpcpipe calls ``from_job`` on every rank, then the methods
+    below; the trainer supplies the process group, DDP/FSDP2/DeepSpeed, AMP, accumulation,
+    clipping, checkpoints, OOM recovery, metrics and everything around them.
+    """
+
+    recipe_api: ClassVar[int] = API_VERSION
+
+    # -- declaration: class attributes, read before anything is built ---------------------------
+    name: ClassVar[str]  # run.recipe's name (an entry point's name must equal it)
+    summary: ClassVar[str] = ""  # one line for `hpcpipe recipes list` and --help
+    Args: ClassVar[type | None] = None  # the `recipe:` section: a pydantic model or a dataclass
+    # Each evaluation metric and whether it improves downwards ("min") or upwards ("max"): the
+    # keys of the evaluation rows (hpo.metric), and HPO's default direction.
+    metric_goals: ClassVar[Mapping[str, Goal]] = {"val_loss": "min"}
+    # Shared sections the recipe reads (None: it does not read the key, which is then not checked).
+    model_variants: ClassVar[tuple[str, ...] | None] = None  # model.variant values it builds
+    data_formats: ClassVar[tuple[str, ...] | None] = None  # data.format values it reads
+    needs_model_source: ClassVar[bool] = False  # model.name_or_path is required
+    export_formats: ClassVar[tuple[str, ...]] = ()  # `ckpt export --format`; the first: the pipeline's
+    evaluations: ClassVar[tuple[str, ...]] = ()  # `hpcpipe eval <kind>` it supports
+    # Modules and libraries its workers import beyond the trainer (its own module is implied):
+    # the agent's fork server imports them once for every rank and every restart.
+    worker_imports: ClassVar[tuple[str, ...]] = ()
+    # The model is hpcpipe's own transformer (model.n_layers, d_model, seq_len): `hpcpipe
+    # roofline` models its operations.
+    own_transformer: ClassVar[bool] = False
+    sample_noun: ClassVar[str] = "samples"  # what one sample is, in summaries ("sequences", "images")
+
+    # -- how it trains: instance attributes a subclass may set per job --------------------------
+    throughput_unit: str = "samples"  # "tokens" or "samples": the metrics key <unit>_per_s
+    # DDP broadcasts rank 0's buffers at every forward (BatchNorm statistics);
     # parallel.broadcast_buffers overrides it.
-    broadcasts_buffers: bool
-    # Checkpoints hold only parameters that require grad (and their optimizer state): a LoRA run
-    # rebuilds its frozen base from the model source instead of writing it at every save.
-    checkpoint_trainable_only: bool
+    broadcasts_buffers: bool = False
+    # Checkpoints hold only the parameters that require grad (a LoRA run rebuilds its frozen base).
+    checkpoint_trainable_only: bool = False
+
+    def __init__(self, args: Any = None, ctx: RecipeContext | None = None) -> None:
+        self.args = args  # the typed `recipe:` section (an instance of Args), or None
+        self.ctx = ctx
+
+    @classmethod
+    def from_job(cls, job: JobConfig) -> Self:
+        """The recipe for ``job``, on every rank: by default ``cls(args, context)``. A recipe that
+        reads shared sections (``model:``, ``data:``, ``lora:``) picks them here."""
+        return cls(parse_args(cls.Args, job.recipe), RecipeContext.from_job(job))
+
+    @classmethod
+    def describe_model(cls, job: JobConfig) -> str:
+        """The model in a few words (``hpcpipe presets list``, summary.md)."""
+        return cls.name
 
     @property
     def fsdp_param_dtype(self) -> torch.dtype | None:
         """The dtype FSDP2 gathers parameters in (one per unit); None keeps each parameter's own."""
+        return None
 
     @property
     def items_per_sample(self) -> int:
         """Throughput items in one sample: tokens per sequence, or 1 when counting samples."""
+        return 1
 
-    def prepare(self, progress: bool) -> None:
-        """Make data ready on disk (idempotent; runs once per node before workers train)."""
+    # -- data --------------------------------------------------------------------------------
+
+    def prepare(self, progress: bool) -> DataSummary | None:
+        """Make data ready on disk: idempotent, run once per node before the workers train and by
+        ``hpcpipe data prepare``. Bad input raises ``hpcpipe.DataError`` naming the file."""
+        return None
 
     def dataset_hash(self) -> str | None:
         """Hash of the prepared dataset's manifest, for lineage."""
+        return None
 
-    def build_model(self) -> nn.Module: ...
+    def stage_source(self) -> Any:
+        """The files ``data.cache_dir`` staging copies (``hpcpipe.data.stage.StageSource``);
+        None: the recipe's data have no file manifest to stage by."""
+        return None
 
-    def shard_units(self, model: nn.Module) -> Sequence[nn.Module]:
-        """Sub-modules FSDP2 shards one by one (transformer blocks, ResNet stages)."""
-
+    @abstractmethod
     def train_loader(self, rank: int, world_size: int) -> TrainLoader: ...
 
     def samples_per_epoch(self) -> int | None:
         """Training samples in one epoch (for train.epochs and time/epoch); None when unbounded."""
+        return None
 
-    def eval_batches(self, rank: int, world_size: int) -> Iterable[Batch]:
-        """The same validation micro-batches at every evaluation."""
+    @abstractmethod
+    def eval_batches(self, rank: int, world_size: int) -> Iterable[Batch | PaddingBatch]:
+        """The same validation micro-batches at every evaluation; every rank the same count."""
 
+    # -- model -------------------------------------------------------------------------------
+
+    @abstractmethod
+    def build_model(self) -> nn.Module:
+        """The model on the CPU, from the seed the trainer set (the same on every rank)."""
+
+    def shard_units(self, model: nn.Module) -> Sequence[nn.Module]:
+        """Sub-modules FSDP2 shards one by one (transformer blocks); [] shards the model as one."""
+        return []
+
+    @abstractmethod
     def loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:
         """Mean loss over the micro-batch (a scalar that backward() is called on)."""
 
+    @abstractmethod
     def eval_sums(self, model: nn.Module, batch: Batch) -> dict[str, torch.Tensor]:
         """Summed evaluation figures of one batch, including ``count``; summed over ranks after."""
 
+    @abstractmethod
     def eval_metrics(self, totals: dict[str, float]) -> dict[str, float]:
         """The all-reduced sums of every batch -> named metrics; ``val_loss`` is required."""
 
     def interval_counts(self) -> dict[str, torch.Tensor]:
         """Items counted since the last call on this rank (e.g. supervised tokens); reset on read.
-
-        The trainer sums them over ranks and logs ``<key>_per_s_per_device`` next to throughput.
-        """
+        The trainer sums them over ranks and logs ``<key>_per_s_per_device`` next to throughput."""
+        return {}
 
     def flops_per_sample(self) -> float | None:
         """Training FLOPs (forward + backward) per sample, for MFU; None when unknown."""
+        return None
 
-    def on_train_start(self, run_dir: Path) -> None:
+    # -- artifacts ---------------------------------------------------------------------------
+
+    def on_train_start(self, run_dir: Path) -> None:  # noqa: B027  (optional: most recipes write nothing)
         """Files for the run directory before training (main rank only), e.g. a data report."""
 
-    def on_train_end(self, model: nn.Module, is_main: bool, run_dir: Path) -> None:
+    def on_train_end(self, model: nn.Module, is_main: bool, run_dir: Path) -> None:  # noqa: B027
         """Artifacts after training (every rank calls it; only the main rank writes)."""
+
+    def export(self, request: ExportRequest) -> Path:
+        """Write ``request.checkpoint`` as ``request.fmt`` into ``request.out``; returns it."""
+        raise UserError(f"recipe {self.name!r} exports nothing (it declares no export_formats)")
+
+    def load_export(self, fmt: str, path: Path) -> Any:
+        """Load an export back as its consumers would (``hpcpipe recipe check`` calls it)."""
+        raise NotImplementedError(f"recipe {self.name!r} does not say how its {fmt!r} export loads")

@@ -1,4 +1,7 @@
-"""The `gpt` recipe: decoder-only LM pretraining on prepared token shards."""
+"""The `gpt` recipe: decoder-only LM pretraining of hpcpipe's own GPT on prepared token shards.
+
+Its module imports nothing heavy: the config reads the recipe's declaration without torch.
+"""
 
 from __future__ import annotations
 
@@ -7,36 +10,50 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Literal
-
-import torch
-import torch.nn.functional as F
-from torch import nn
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from hpcpipe.config import DataConfig, JobConfig, ModelConfig, TrainConfig
+from hpcpipe.config.data import TOKEN_FORMATS
 from hpcpipe.errors import ConfigError
 from hpcpipe.layout import RunLayout
-from hpcpipe.recipes.base import Batch, TrainLoader
+from hpcpipe.recipes.base import Batch, DataSummary, ExportRequest, Goal, Recipe, TrainLoader
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
 
 SAMPLE_PROMPT = "def "
 SAMPLE_TOKENS = 200
 
 
 @dataclass
-class GPTRecipe:
+class GPTRecipe(Recipe):
+    name = "gpt"
+    summary = "LM pretraining of hpcpipe's own GPT/Llama-style model on token shards"
+    metric_goals: ClassVar[dict[str, Goal]] = {"val_loss": "min", "val_ppl": "min"}
+    model_variants = ("gpt2", "llama")
+    data_formats = TOKEN_FORMATS
+    export_formats = ("hf", "safetensors")
+    worker_imports = ("hpcpipe.data.tokens.loader", "hpcpipe.models.gpt")
+    own_transformer = True
+    sample_noun = "sequences"
+
     model_cfg: ModelConfig
     data_cfg: DataConfig
     train_cfg: TrainConfig
     seed: int
-    name: str = "gpt"
     throughput_unit: str = "tokens"
-    checkpoint_trainable_only: bool = False
-    fsdp_param_dtype: torch.dtype | None = None
     broadcasts_buffers: bool = False  # RoPE tables are identical on every rank by construction
 
     @classmethod
     def from_job(cls, job: JobConfig) -> GPTRecipe:
         return cls(model_cfg=job.model, data_cfg=job.data, train_cfg=job.train, seed=job.run.seed)
+
+    @classmethod
+    def describe_model(cls, job: JobConfig) -> str:
+        m = job.model
+        shape = f"{m.n_layers} layers, {m.n_heads} heads, width {m.d_model}, context {m.seq_len}"
+        return f"{m.variant}, {shape}"
 
     @property
     def items_per_sample(self) -> int:
@@ -44,14 +61,22 @@ class GPTRecipe:
 
     # -- data --------------------------------------------------------------------------------
 
-    def prepare(self, progress: bool) -> None:
+    def prepare(self, progress: bool) -> DataSummary:
         from hpcpipe.data.tokens.shards import prepare_dataset
+        from hpcpipe.data.tokens.summary import dataset_summary
 
         # Fill the cached property: the dataset is hashed once, not again on first use. The
         # node's preparer verifies every staged hash; the other ranks then check sizes only.
         dataset = prepare_dataset(self.data_cfg, progress=progress)
         self.__dict__["dataset"] = self._staged(dataset, verify="full")
         _ = self.vocab_size  # model.vocab_size vs the tokenizer: fail before any worker starts
+        return dataset_summary(dataset)
+
+    def stage_source(self) -> Any:
+        from hpcpipe.data.stage import token_dataset_source
+        from hpcpipe.data.tokens.shards import prepare_dataset
+
+        return token_dataset_source(prepare_dataset(self.data_cfg).path)
 
     @cached_property
     def dataset(self):  # type: ignore[no-untyped-def]  # PreparedDataset
@@ -126,6 +151,8 @@ class GPTRecipe:
         return list(model.blocks)  # type: ignore[arg-type]
 
     def loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:
+        import torch.nn.functional as F
+
         x, y = batch  # (B, T) int64 each; y is x shifted left by one token
         logits = model(x)  # (B, T, V)
         return F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
@@ -138,21 +165,17 @@ class GPTRecipe:
         val_loss = totals["loss"] / totals["count"]
         return {"val_loss": val_loss, "val_ppl": math.exp(min(val_loss, 50.0))}
 
-    def interval_counts(self) -> dict[str, torch.Tensor]:
-        return {}
-
     def flops_per_sample(self) -> float | None:
-        from hpcpipe.observe.flops import training_flops_per_token
+        from hpcpipe.models.gpt_flops import training_flops_per_token
 
         return training_flops_per_token(self.model_cfg, self.vocab_size) * self.model_cfg.seq_len
 
     # -- artifacts ---------------------------------------------------------------------------
 
-    def on_train_start(self, run_dir: Path) -> None:
-        """Nothing: the shards' manifest is recorded in lineage.json."""
-
     def on_train_end(self, model: nn.Module, is_main: bool, run_dir: Path) -> None:
         """Write a text sample; every rank generates (FSDP2 needs all ranks in each forward)."""
+        import torch
+
         from hpcpipe.data.tokens.shards import load_tokenizer
 
         tokenizer = load_tokenizer(self.dataset.path)
@@ -167,3 +190,26 @@ class GPTRecipe:
         if is_main:
             text = tokenizer.decode(out[0].tolist())
             RunLayout(run_dir).sample.write_text(text + "\n")
+
+    def export(self, request: ExportRequest) -> Path:
+        from hpcpipe.models.gpt_export import export_gpt
+
+        r = request  # the run's tokenizer (data.prepared_dir) goes into an hf export
+        return export_gpt(r.checkpoint, r.fmt, r.out, self.model_cfg, self.data_cfg.prepared_dir, r.run_dir)
+
+    def load_export(self, fmt: str, path: Path) -> Any:
+        if fmt == "hf":
+            from transformers import AutoModelForCausalLM
+
+            return AutoModelForCausalLM.from_pretrained(path)
+        from safetensors import safe_open
+        from safetensors.torch import load_model
+
+        from hpcpipe.models.gpt import GPT
+
+        file = str(path / "model.safetensors")
+        with safe_open(file, "pt") as f:
+            vocab_size = int(f.metadata()["hpcpipe.vocab_size"])
+        model = GPT(self.model_cfg, vocab_size)
+        load_model(model, file)
+        return model

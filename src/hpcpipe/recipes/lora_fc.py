@@ -28,99 +28,45 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any
-
-import torch
-import torch.nn.functional as F
-from torch import nn
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from hpcpipe.config import DataConfig, JobConfig, LoraConfig, ModelConfig, TrainConfig
-from hpcpipe.data.function_calling.tokens import IGNORE
+from hpcpipe.config.data import FUNCTION_CALLING_FORMATS
 from hpcpipe.layout import RunLayout
-from hpcpipe.models.hf_lm import ModelSource, ParamCounts
-from hpcpipe.recipes.base import Batch, TrainLoader
+from hpcpipe.recipes.base import Batch, DataSummary, ExportRequest, Goal, Recipe, TrainLoader
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from hpcpipe.models.hf_lm import ModelSource, ParamCounts
 
 ADAPTER_DIR = f"{RunLayout.EXPORT}/{RunLayout.ADAPTER}"  # relative to the run directory
 
 
-def packed_attention(doc_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """doc_ids (B, T) -> a boolean mask (B, 1, T, T) and positions (B, T), for a model that
-    attends with a mask (the raw loop of benchmarks/lora_overhead.py); the recipe itself runs
-    each conversation's span alone (``models/packed_attention.py``).
-
-    Token i may attend to token j when both belong to the same conversation and j <= i; padding
-    (doc -1) attends to itself only, so no row of the mask is empty (SDPA returns NaN for those).
-    Positions restart at 0 at every conversation.
-    """
-    from hpcpipe.models.packed_attention import packed_positions
-
-    t = doc_ids.shape[1]
-    causal = torch.ones(t, t, dtype=torch.bool, device=doc_ids.device).tril()
-    same = doc_ids[:, :, None] == doc_ids[:, None, :]  # (B, T, T)
-    eye = torch.eye(t, dtype=torch.bool, device=doc_ids.device)
-    mask = (same & causal & (doc_ids[:, :, None] >= 0)) | eye
-    return mask[:, None], packed_positions(doc_ids)
-
-
-def opening_targets(targets: torch.Tensor) -> torch.Tensor:
-    """(B, T) bool: the supervised targets that follow an unsupervised one, the first token of
-    each assistant turn."""
-    supervised = targets != IGNORE
-    return supervised & F.pad(~supervised[:, :-1], (1, 0), value=True)
-
-
-def text_openings(targets: torch.Tensor, opens: torch.Tensor, call_open: Sequence[int]) -> torch.Tensor:
-    """(B, T) bool: the ``opens`` of assistant turns that make no call, the turns (supervised runs
-    of ``targets``, B, T) in which the token ids of ``call_open`` ("<tool_call>") never follow
-    one another. A call after a preamble ("Sure, one moment.") still makes its turn a call."""
-    supervised = targets != IGNORE
-    turn = torch.cumsum(opens.long(), dim=1) * supervised  # (B, T): 1, 2, ... per turn; 0 between
-    starts = supervised.clone()  # positions t with targets[t + i] == call_open[i] for every i
-    for i, token in enumerate(call_open):
-        starts &= F.pad(targets[:, i:], (0, i), value=IGNORE) == token
-    calls = torch.zeros(turn.shape[0], turn.shape[1] + 1, dtype=torch.long, device=targets.device)
-    calls.scatter_add_(1, turn, starts.long())  # (B, T + 1): call openers per turn id
-    return opens & (calls.gather(1, turn) == 0)
-
-
-def supervised_loss(
-    logits: torch.Tensor,
-    targets: torch.Tensor,
-    opens: torch.Tensor,
-    decision_weight: float,
-    text_opens: torch.Tensor | None = None,
-    no_call_weight: float = 1.0,
-) -> torch.Tensor:
-    """Mean cross-entropy over the supervised targets (B, K) of ``logits`` (B, K, V); with
-    ``decision_weight`` != 1, the tokens that open an assistant turn (``opens``, B, K) weigh that
-    much in a weighted mean: one token in ~40 of a reply decides call or no call. Those that open
-    a turn without a call (``text_opens``, B, K) weigh ``no_call_weight`` times more again."""
-    flat, labels = logits.flatten(0, 1).float(), targets.flatten()
-    if decision_weight == 1 and (text_opens is None or no_call_weight == 1):
-        supervised = (labels != IGNORE).sum()
-        return F.cross_entropy(flat, labels, ignore_index=IGNORE, reduction="sum") / supervised.clamp(min=1)
-    per_token = F.cross_entropy(flat, labels, ignore_index=IGNORE, reduction="none")  # (B*K,), 0 if ignored
-    weights = torch.where(opens.flatten(), decision_weight, 1.0) * (labels != IGNORE)
-    if text_opens is not None:
-        weights = torch.where(text_opens.flatten(), weights * no_call_weight, weights)
-    return (per_token * weights).sum() / weights.sum().clamp(min=1)
-
-
-def _kept(targets: torch.Tensor) -> torch.Tensor:
-    """(K,) the positions whose target is supervised in some row of targets (B, T); one position
-    for an all-padding batch, which keeps the graph alive."""
-    keep = (targets != IGNORE).any(dim=0).nonzero().squeeze(1)
-    return keep if keep.numel() else torch.zeros(1, dtype=torch.long, device=targets.device)
-
-
 @dataclass
-class LoraFCRecipe:
+class LoraFCRecipe(Recipe):
+    name = "lora-function-calling"
+    summary = "LoRA fine-tuning of a Hugging Face causal LM on function-calling conversations"
+    metric_goals: ClassVar[dict[str, Goal]] = {"val_loss": "min", "val_token_acc": "max"}
+    model_variants = ("hf-causal-lm",)
+    data_formats = FUNCTION_CALLING_FORMATS
+    needs_model_source = True
+    export_formats = ("adapter", "merged")
+    evaluations = ("function-calling",)
+    worker_imports = (
+        "hpcpipe.data.function_calling.loader",
+        "hpcpipe.recipes.lora_fc_loss",
+        "transformers",
+        "peft",
+    )
+    sample_noun = "sequences"
+
     model_cfg: ModelConfig
     lora_cfg: LoraConfig
     data_cfg: DataConfig
     train_cfg: TrainConfig
     seed: int
-    name: str = "lora-function-calling"
     throughput_unit: str = "tokens"
     broadcasts_buffers: bool = False  # rotary tables only: identical on every rank
     checkpoint_trainable_only: bool = True
@@ -131,6 +77,10 @@ class LoraFCRecipe:
     def from_job(cls, job: JobConfig) -> LoraFCRecipe:
         return cls(job.model, job.lora, job.data, job.train, job.run.seed)
 
+    @classmethod
+    def describe_model(cls, job: JobConfig) -> str:
+        return f"LoRA r{job.lora.r} on {job.model.name_or_path}"
+
     @property
     def items_per_sample(self) -> int:
         return self.model_cfg.seq_len
@@ -139,6 +89,8 @@ class LoraFCRecipe:
     def fsdp_param_dtype(self) -> torch.dtype | None:
         """FSDP2 gathers a unit's parameters in one dtype: with a bf16 base the fp32 adapters are
         gathered in bf16 too (their fp32 shards stay the optimizer's master copy)."""
+        import torch
+
         from hpcpipe.models.hf_lm import resolve_base_dtype
 
         return torch.bfloat16 if resolve_base_dtype(self.model_cfg.base_dtype) == "bf16" else None
@@ -174,15 +126,16 @@ class LoraFCRecipe:
         key = fingerprint(self.data_cfg, self.model_cfg.seq_len, self._tokenizer_key(), self.seed)
         return prepared_path(self.data_cfg.prepared_dir, key)
 
-    def prepare(self, progress: bool) -> None:
-        from hpcpipe.data.function_calling.prepare import prepare, read_split
+    def prepare(self, progress: bool) -> DataSummary:
+        from hpcpipe.data.function_calling.prepare import REPORT_FILE, prepare, prepared_summary, read_split
         from hpcpipe.models.hf_lm import check_source
 
         check_source(self.source, self.lora_cfg)
-
-        if not (self.data_dir / "data_report.json").is_file():
+        reused = (self.data_dir / REPORT_FILE).is_file()
+        if not reused:
             data = read_split(self.data_cfg, self.seed)
             prepare(self.data_cfg, data, self.chat, self.model_cfg.seq_len, self.data_dir)
+        return prepared_summary(self.data_dir, reused, self.dataset_hash() or "")
 
     @cached_property
     def rows(self) -> dict[str, Any]:
@@ -246,62 +199,17 @@ class LoraFCRecipe:
     def _logits(
         self, model: nn.Module, batch: Batch
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Logits (B, K, V) at the K positions that predict a supervised token; their targets (B, K);
-        which of those targets open an assistant turn (B, K), where the model decides between a
-        call and text; and which open a turn that makes no call (B, K)."""
-        from hpcpipe.models.packed_attention import document_spans, packed_positions
+        """Logits (B, K, V) at the K positions that predict a supervised token, their targets, and
+        which of those open an assistant turn / a turn without a call (B, K each)."""
+        from hpcpipe.recipes.lora_fc_loss import supervised_logits
 
-        input_ids, labels, doc_ids, context = batch  # (B, T) each
-        targets = F.pad(labels[:, 1:], (0, 1), value=IGNORE)  # (B, T): position t predicts token t+1
-        opens = opening_targets(targets)  # (B, T)
-        text_opens = text_openings(targets, opens, self.call_open)  # (B, T)
-        if self.lora_cfg.frozen_context and context.any():
-            return self._logits_after_context(model, batch, targets, opens, text_opens)
-        keep = _kept(targets)  # (K,)
-        out = model(
-            input_ids=input_ids,
-            position_ids=packed_positions(doc_ids),
-            spans=document_spans(doc_ids),  # each conversation attends within its own span
-            logits_to_keep=keep,
-        )
-        return out.logits, targets[:, keep], opens[:, keep], text_opens[:, keep]
-
-    def _logits_after_context(
-        self,
-        model: nn.Module,
-        batch: Batch,
-        targets: torch.Tensor,
-        opens: torch.Tensor,
-        text_opens: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``_logits`` with the system prompts run first without gradients (``lora.frozen_context``,
-        models/context_split.py); targets, opens and text_opens (B, T) in the row's order."""
-        from hpcpipe.models.context_split import context_cache, split_context
-
-        input_ids, _, doc_ids, context = batch
-        split = split_context(input_ids, doc_ids, context, int(self.chat.tokenizer.pad_token_id))
-        cache = context_cache(model, split)
-
-        def in_suffix(x: torch.Tensor, fill: int | bool) -> torch.Tensor:  # (B, T) -> (B, S), suffix order
-            padded = torch.cat([x, torch.full_like(x[:, :1], fill)], dim=1)  # index T: padding
-            return padded.gather(1, split.suffix_index)
-
-        targets, opens, text_opens = (
-            in_suffix(targets, IGNORE),
-            in_suffix(opens, False),
-            in_suffix(text_opens, False),
-        )
-        keep = _kept(targets)
-        out = model(
-            input_ids=split.suffix_ids,
-            position_ids=split.suffix_positions,
-            past_key_values=cache,
-            context_spans=split.suffix_spans,
-            logits_to_keep=keep,
-        )
-        return out.logits, targets[:, keep], opens[:, keep], text_opens[:, keep]
+        pad_id = int(self.chat.tokenizer.pad_token_id)
+        return supervised_logits(model, batch, self.call_open, self.lora_cfg.frozen_context, pad_id)
 
     def loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:
+        from hpcpipe.data.function_calling.tokens import IGNORE
+        from hpcpipe.recipes.lora_fc_loss import supervised_loss
+
         logits, targets, opens, text_opens = self._logits(model, batch)
         supervised = (targets != IGNORE).sum()
         self._count("real_tokens", (batch[2] >= 0).sum())
@@ -310,6 +218,10 @@ class LoraFCRecipe:
         return supervised_loss(logits, targets, opens, cfg.decision_weight, text_opens, cfg.no_call_weight)
 
     def eval_sums(self, model: nn.Module, batch: Batch) -> dict[str, torch.Tensor]:
+        import torch.nn.functional as F
+
+        from hpcpipe.data.function_calling.tokens import IGNORE
+
         logits, targets, _, _ = self._logits(model, batch)
         valid = targets != IGNORE
         flat = logits.flatten(0, 1).float()
@@ -346,7 +258,7 @@ class LoraFCRecipe:
 
     def on_train_end(self, model: nn.Module, is_main: bool, run_dir: Path) -> None:
         """Adapter export (every rank gathers; the main rank writes) and the run's summary files."""
-        from hpcpipe.models.hf_lm import resolve_base_dtype
+        from hpcpipe.models.hf_lm import ParamCounts, resolve_base_dtype
         from hpcpipe.models.lora_export import full_adapter_state, save_adapter
 
         state = full_adapter_state(model)  # collective under FSDP2
@@ -373,6 +285,8 @@ class LoraFCRecipe:
     def _calibrate(self, adapter: Path, run_dir: Path) -> Any:  # evaluate.calibrate.Calibration
         """The call threshold, from the exported adapter loaded as evaluation loads it (fp32,
         SDPA), saved beside it (``lora.calibration_cases``; evaluate/calibrate.py)."""
+        import torch
+
         from hpcpipe.evaluate.calibrate import calibrate
         from hpcpipe.models.lora_export import load_with_adapter
         from hpcpipe.observe.metrics import append_event
@@ -394,3 +308,27 @@ class LoraFCRecipe:
             run_dir, "calls_calibrated", threshold=found.threshold, cases=found.cases, target=found.target
         )
         return found
+
+    def export(self, request: ExportRequest) -> Path:
+        """The adapters of the checkpoint on a base rebuilt from the model source (fp32): a peft
+        adapter directory, or a merged transformers model in ``request.dtype``."""
+        from hpcpipe.checkpoint.export import load_weights
+        from hpcpipe.models.hf_lm import apply_lora, load_base_model, load_tokenizer
+        from hpcpipe.models.lora_export import save_adapter, save_merged
+
+        model = apply_lora(load_base_model(self.source, "fp32"), self.lora_cfg)
+        load_weights(request.checkpoint, model, trainable_only=True)
+        tokenizer = load_tokenizer(self.source)
+        if request.fmt == "adapter":
+            state = {name: p.data for name, p in model.named_parameters() if p.requires_grad}
+            return save_adapter(model, state, request.out, tokenizer)
+        return save_merged(model, request.out, request.dtype, tokenizer)
+
+    def load_export(self, fmt: str, path: Path) -> Any:
+        from hpcpipe.models.lora_export import load_with_adapter
+
+        if fmt == "adapter":
+            return load_with_adapter(self.source, path)
+        from transformers import AutoModelForCausalLM
+
+        return AutoModelForCausalLM.from_pretrained(path)

@@ -14,44 +14,58 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Literal
-
-import torch
-import torch.nn.functional as F
-from torch import nn
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from hpcpipe.config import DataConfig, JobConfig, ModelConfig, TrainConfig
-from hpcpipe.recipes.base import Batch, TrainLoader
+from hpcpipe.config.data import IMAGE_FORMATS
+from hpcpipe.recipes.base import Batch, DataSummary, Goal, Recipe, TrainLoader
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
 
 
 @dataclass
-class ResNetRecipe:
+class ResNetRecipe(Recipe):
+    name = "resnet-cifar"
+    summary = "torchvision ResNet-18 image classification (CIFAR, MNIST-style IDX, ImageFolder)"
+    metric_goals: ClassVar[dict[str, Goal]] = {"val_loss": "min", "val_acc": "max"}
+    model_variants = ("resnet18", "resnet18-imagenet")
+    data_formats = IMAGE_FORMATS
+    worker_imports = ("hpcpipe.data.images.loader", "hpcpipe.models.resnet", "torchvision")
+    sample_noun = "images"
+
     model_cfg: ModelConfig
     data_cfg: DataConfig
     train_cfg: TrainConfig
     seed: int
-    name: str = "resnet-cifar"
-    throughput_unit: str = "samples"
-    checkpoint_trainable_only: bool = False
-    fsdp_param_dtype: torch.dtype | None = None
     broadcasts_buffers: bool = True
 
     @classmethod
     def from_job(cls, job: JobConfig) -> ResNetRecipe:
         return cls(model_cfg=job.model, data_cfg=job.data, train_cfg=job.train, seed=job.run.seed)
 
-    @property
-    def items_per_sample(self) -> int:
-        return 1
+    @classmethod
+    def describe_model(cls, job: JobConfig) -> str:
+        root = job.data.root or "default root"
+        return f"torchvision {job.model.variant} on {job.data.format} images ({root})"
 
     # -- data --------------------------------------------------------------------------------
 
-    def prepare(self, progress: bool) -> None:
-        from hpcpipe.data.images.manifest import verify_or_record
+    def prepare(self, progress: bool) -> DataSummary:
+        from hpcpipe.data.images.manifest import info_summary, verify_or_record
 
         self.__dict__["info"] = verify_or_record(self.data_cfg)
         # The node's preparer verifies every staged hash; the other ranks then check sizes only.
         self.__dict__["image_dir"] = self._staged(verify="full")
+        return info_summary(self.data_cfg.format, self.info)
+
+    def stage_source(self) -> Any:
+        from hpcpipe.data.images.manifest import verify_or_record
+        from hpcpipe.data.stage import image_dataset_source
+
+        info = verify_or_record(self.data_cfg)
+        return image_dataset_source(info.root, info.manifest_path)
 
     @cached_property
     def image_dir(self) -> Path:
@@ -111,6 +125,8 @@ class ResNetRecipe:
     # -- model -------------------------------------------------------------------------------
 
     def build_model(self) -> nn.Module:
+        import torch
+
         from hpcpipe.models.resnet import build_resnet18
 
         channels = int(self.info.shape[0])
@@ -126,17 +142,23 @@ class ResNetRecipe:
 
     def normalize(self, images: torch.Tensor) -> torch.Tensor:
         """uint8 (B, C, H, W) -> float (B, C, H, W), standardised per channel."""
+        import torch
+
         mean = torch.tensor(self.info.mean, device=images.device).view(1, -1, 1, 1)
         std = torch.tensor(self.info.std, device=images.device).view(1, -1, 1, 1)
         x = (images.float() / 255.0 - mean) / std
         return x.contiguous(memory_format=torch.channels_last) if self.train_cfg.channels_last else x
 
     def loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:
+        import torch.nn.functional as F
+
         images, labels = batch  # (B, C, H, W) uint8, (B,) int64
         logits = model(self.normalize(images))  # (B, classes)
         return F.cross_entropy(logits.float(), labels, label_smoothing=self.train_cfg.label_smoothing)
 
     def eval_sums(self, model: nn.Module, batch: Batch) -> dict[str, torch.Tensor]:
+        import torch.nn.functional as F
+
         from hpcpipe.data.images.loader import IGNORE_LABEL
 
         images, labels = batch
@@ -152,11 +174,9 @@ class ResNetRecipe:
         count = max(totals["count"], 1.0)
         return {"val_loss": totals["loss"] / count, "val_acc": totals["correct"] / count}
 
-    def interval_counts(self) -> dict[str, torch.Tensor]:
-        return {}
-
     def flops_per_sample(self) -> float | None:
         """Training FLOPs per image: 3x the forward pass, counted by torch on the meta device."""
+        import torch
         from torch.utils.flop_counter import FlopCounterMode
 
         from hpcpipe.models.resnet import build_resnet18
@@ -167,11 +187,3 @@ class ResNetRecipe:
             with FlopCounterMode(display=False) as counter:
                 model(images)
         return 3.0 * counter.get_total_flops() / 2
-
-    # -- artifacts ---------------------------------------------------------------------------
-
-    def on_train_start(self, run_dir: Path) -> None:
-        """Nothing: the dataset's file hashes are in its manifest, named in lineage.json."""
-
-    def on_train_end(self, model: nn.Module, is_main: bool, run_dir: Path) -> None:
-        """Nothing beyond the metrics: the final evaluation row holds ``val_acc``."""

@@ -9,8 +9,11 @@ from typing import Any
 
 import yaml
 
+from hpcpipe.config import validate_config
+from hpcpipe.errors import UserError
 from hpcpipe.layout import RunLayout
 from hpcpipe.observe.metrics import read_metrics
+from hpcpipe.recipes.registry import recipe_class
 
 
 def run_summary(run_dir: Path) -> dict[str, Any]:
@@ -41,19 +44,21 @@ def run_summary(run_dir: Path) -> dict[str, Any]:
     }
 
 
+def _model_and_unit(config: dict[str, Any]) -> tuple[str, str]:
+    """The recipe's words for the model and for one sample; the recipe's name alone when the run's
+    config no longer validates here (its recipe's package is not installed)."""
+    try:
+        job = validate_config(config)
+        recipe = recipe_class(job.run.recipe)
+    except UserError:
+        return str(config.get("run", {}).get("recipe")), "samples"
+    return recipe.describe_model(job), recipe.sample_noun
+
+
 def write_summary(run_dir: Path, wall_time_s: float | None = None) -> Path:
     s = run_summary(run_dir)
-    m, t, p = s["config"]["model"], s["config"]["train"], s["config"]["parallel"]
-    data = s["config"]["data"]
-    if data.get("format", "tokens") == "tokens":
-        model = f"{m['variant']}, {m['n_layers']} layers, {m['n_heads']} heads, width {m['d_model']}"
-        model += f", context {m['seq_len']}"
-        unit = "sequences"
-    else:
-        model, unit = (
-            f"torchvision {m['variant']} on {data['format']} images ({data.get('root') or 'default root'})",
-            "images",
-        )
+    t, p = s["config"]["train"], s["config"]["parallel"]
+    model, unit = _model_and_unit(s["config"])
     lines = [
         f"# Run `{run_dir.name}`",
         "",

@@ -29,7 +29,7 @@ from hpcpipe.observe.progress import TrainProgress
 from hpcpipe.observe.telemetry import RankInfo, Telemetry
 from hpcpipe.observe.throughput import ThroughputMeter, peak_memory_bytes
 from hpcpipe.observe.watchdog import Watchdog
-from hpcpipe.recipes.base import Batch, Recipe
+from hpcpipe.recipes.base import Batch, PaddingBatch, Recipe
 from hpcpipe.track.sinks import Trackers
 from hpcpipe.train.deepspeed import deepspeed_engine
 from hpcpipe.train.distributed import DistContext
@@ -127,7 +127,7 @@ class Trainer:
         # (observe/); before the resume, whose events become trace spans.
         who = RankInfo(ctx.rank, ctx.local_rank, ctx.world_size, ctx.device, node_name())
         self.telemetry = Telemetry(
-            self.observe, who, run_dir, job.run.name, job.run.recipe, recipe.throughput_unit, self.events
+            self.observe, who, run_dir, job.run.name, recipe.name, recipe.throughput_unit, self.events
         )
         self.events.listeners.append(self.telemetry.on_event)
         self.phases.listeners.extend(self.telemetry.phase_listeners())
@@ -294,9 +294,12 @@ class Trainer:
         model = unwrap(self.model)
         model.eval()
         sums: dict[str, torch.Tensor] = {}
-        for batch in self.recipe.eval_batches(self.ctx.rank, self.ctx.world_size):
+        for item in self.recipe.eval_batches(self.ctx.rank, self.ctx.world_size):
+            batch = item.batch if isinstance(item, PaddingBatch) else item
             with self.precision.autocast():
                 batch_sums = self.recipe.eval_sums(model, self._to_device(batch))
+            if isinstance(item, PaddingBatch):  # run for FSDP2's collectives only: not counted
+                continue
             for key, value in batch_sums.items():
                 sums[key] = sums[key] + value.double() if key in sums else value.double()
         model.train()

@@ -31,6 +31,7 @@ from hpcpipe.data.function_calling.schemas import shipped_digest
 from hpcpipe.data.function_calling.tokens import ChatFormat, Encoded, RenderError
 from hpcpipe.errors import DataError
 from hpcpipe.fsutil import atomic_replace_dir
+from hpcpipe.recipes.base import DataSummary
 
 SYNTHETIC = "@synthetic"
 _VERSION = 2  # 2: the packed rows mark each conversation's system prompt (Packed.context)
@@ -249,3 +250,32 @@ def conversation_from_json(row: dict[str, Any]) -> Conversation:
 def read_heldout(path: Path) -> list[Conversation]:
     with path.open(encoding="utf-8") as fh:
         return [conversation_from_json(json.loads(line)) for line in fh if line.strip()]
+
+
+def prepared_summary(root: Path, reused: bool, key: str) -> DataSummary:
+    """``hpcpipe data prepare``'s account of prepared conversations: rows kept and skipped,
+    supervised tokens, packing, and conversations and sequences per split."""
+    report = read_report(root)
+    lost = {**report["malformed"], **report["dropped"]}
+    skipped = ", ".join(f"{k} {v}" for k, v in lost.items()) or "none"
+    title = (
+        f"{report['rows']:,} rows, skipped: {skipped}; "
+        f"{report['tokens']['train_supervised']:,} of {report['tokens']['train']:,} training tokens "
+        f"supervised, packing fill {report['packing']['fill']:.0%}"
+    )
+    rows = tuple(
+        (
+            split,
+            f"{report['conversations'][split]:,}",
+            f"{report['encoded'][split]:,}",
+            f"{report['sequences'][packed]:,}",
+        )
+        for split, packed in (("train", "train"), ("heldout", "eval"))
+    )
+    return DataSummary(
+        headline=f"{'reused' if reused else 'prepared'} [bold]{root}[/]",
+        columns=("split", "conversations", "encoded", "sequences"),
+        rows=rows,
+        title=title,
+        details={"path": str(root), "fingerprint": key, "reused": reused} | report,
+    )

@@ -22,6 +22,7 @@ import numpy as np
 from hpcpipe.config import DataConfig
 from hpcpipe.data.images.formats import ImageSplit, dataset_files, image_root, read_splits
 from hpcpipe.errors import DataError
+from hpcpipe.recipes.base import DataSummary
 
 MANIFEST_VERSION = 1
 STATS_SAMPLE = 2048  # images whose pixels estimate the normalisation of a folder on disk
@@ -158,3 +159,24 @@ def _write_atomically(path: Path, manifest: dict[str, Any]) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(manifest, indent=1) + "\n")
     os.replace(tmp, path)
+
+
+def info_summary(fmt: str, info: ImageDatasetInfo) -> DataSummary:
+    """``hpcpipe data prepare``'s account of an image dataset: verified, or recorded now."""
+    verb = "recorded" if info.recorded_now else "verified against"
+    return DataSummary(
+        headline=f"{verb} [bold]{info.manifest_path}[/]: {info.train_samples:,} training images "
+        f"{tuple(info.shape)}, {len(info.classes)} classes, mean {info.mean}, std {info.std}",
+        details={
+            "format": fmt,
+            "root": str(info.root),
+            "manifest": str(info.manifest_path),
+            "manifest_sha256": info.manifest_sha256,
+            "classes": list(info.classes),
+            "train_samples": info.train_samples,
+            "shape": list(info.shape),
+            "mean": list(info.mean),
+            "std": list(info.std),
+            "verified": not info.recorded_now,
+        },
+    )

@@ -1,0 +1,132 @@
+"""A recipe's own section: ``recipe:`` in the job, checked against the recipe's ``Args`` schema.
+
+``Args`` is a pydantic model or a dataclass (validated through pydantic's ``TypeAdapter``). The
+section is checked when the job loads, like every other section: an unknown key or a value of
+the wrong type is one ConfigError naming ``recipe.<key>``. The checked section, with every default
+filled in and as JSON values, is what ``config.yaml``, the training hash, lineage, ``--set`` and
+HPO see; the recipe gets the typed instance (``parse_args``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import types
+import typing
+from collections.abc import Mapping
+from typing import Any
+
+from hpcpipe.errors import ConfigError, hide_credentials
+
+REQUIRED = dataclasses.MISSING  # the default of a key that has none
+
+
+def is_schema(schema: Any) -> bool:
+    """A pydantic model class or a dataclass type: what ``Args`` may be."""
+    from pydantic import BaseModel
+
+    return isinstance(schema, type) and (issubclass(schema, BaseModel) or dataclasses.is_dataclass(schema))
+
+
+def validate_args(schema: type | None, raw: Mapping[str, Any] | None, recipe: str) -> dict[str, Any]:
+    """``raw`` checked against ``schema`` and filled with its defaults, as JSON-able values; a
+    ConfigError naming ``recipe.<key>`` otherwise. ``recipe`` names the recipe in messages."""
+    raw = dict(raw or {})
+    if schema is None:
+        if raw:
+            key = next(iter(raw))
+            raise ConfigError(f"unknown config key 'recipe.{key}' (recipe {recipe!r} takes no arguments)")
+        return {}
+    known = args_fields(schema)
+    for key in raw:
+        if key not in known:
+            keys = ", ".join(known)
+            raise ConfigError(f"unknown config key 'recipe.{key}' (keys in recipe ({recipe}): {keys})")
+    from pydantic import ValidationError
+
+    adapter = _adapter(schema)
+    try:
+        value = adapter.validate_python(raw)
+    except ValidationError as exc:
+        raise ConfigError(_first_error(exc)) from None
+    dumped: dict[str, Any] = adapter.dump_python(value, mode="json")
+    return dumped
+
+
+def parse_args(schema: type | None, raw: Mapping[str, Any] | None) -> Any:
+    """The typed instance of a checked ``recipe:`` section (None without a schema)."""
+    return None if schema is None else _adapter(schema).validate_python(dict(raw or {}))
+
+
+def args_fields(schema: type) -> dict[str, tuple[Any, Any, str]]:
+    """``{key: (annotation, default, description)}`` of a pydantic model or a dataclass, in
+    declared order; a default of ``REQUIRED`` means the key has none. A dataclass field's
+    description is ``field(metadata={"description": ...})``."""
+    from pydantic import BaseModel
+
+    if issubclass(schema, BaseModel):
+        return {
+            field.alias or name: (
+                field.annotation,
+                REQUIRED if field.is_required() else field.get_default(call_default_factory=True),
+                field.description or "",
+            )
+            for name, field in schema.model_fields.items()
+        }
+    hints = typing.get_type_hints(schema)
+    out: dict[str, tuple[Any, Any, str]] = {}
+    for f in dataclasses.fields(schema):  # type: ignore[arg-type]  # a dataclass: is_schema
+        if f.default is not dataclasses.MISSING:
+            default: Any = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        else:
+            default = REQUIRED
+        out[f.name] = (hints.get(f.name, Any), default, str(f.metadata.get("description", "")))
+    return out
+
+
+def args_annotation(schema: type | None, key: str, recipe: str) -> Any:
+    """The annotation of ``recipe.<key>`` (dotted into nested models, for ``--set``); a
+    ConfigError for a key the recipe does not have."""
+    if schema is None:
+        raise ConfigError(f"unknown config key 'recipe.{key}' (recipe {recipe!r} takes no arguments)")
+    node: Any = schema
+    parts = key.split(".")
+    for depth, part in enumerate(parts):
+        fields = args_fields(node) if is_schema(node) else {}
+        if part not in fields:
+            where = ".".join(["recipe", *parts[:depth]])
+            known = ", ".join(fields) or "none"
+            raise ConfigError(f"unknown config key 'recipe.{key}' (keys in {where} ({recipe}): {known})")
+        annotation = fields[part][0]
+        if depth == len(parts) - 1:
+            return annotation
+        node = _optional_inner(annotation)
+    raise AssertionError("unreachable")
+
+
+def _optional_inner(annotation: Any) -> Any:
+    """``Model | None`` -> ``Model``."""
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType) and len(args) == 1:
+        return args[0]
+    return annotation
+
+
+@functools.cache
+def _adapter(schema: type) -> Any:
+    from pydantic import TypeAdapter
+
+    return TypeAdapter(schema)
+
+
+def _first_error(exc: Any) -> str:
+    err = exc.errors()[0]
+    loc = ".".join(["recipe", *(str(part) for part in err["loc"])])
+    message = str(err["msg"]).removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden":
+        return f"unknown config key {loc!r}"
+    if "input" in err and err["type"] != "missing" and not isinstance(err["input"], dict):
+        return f"{loc}: {message} (got {hide_credentials(repr(err['input']))})"
+    return f"{loc}: {message}"

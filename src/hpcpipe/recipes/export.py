@@ -1,0 +1,41 @@
+"""``hpcpipe ckpt export`` and the pipeline's export step: a verified checkpoint handed to the
+recipe of the run that wrote it, which writes it in one of its ``export_formats``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hpcpipe.checkpoint.export import find_job_config, verify_for_export
+from hpcpipe.checkpoint.manifest import CheckpointError
+from hpcpipe.config import JobConfig, load_config
+from hpcpipe.recipes.base import ExportRequest
+from hpcpipe.recipes.registry import recipe_class
+
+__all__ = ["default_export", "export_checkpoint"]
+
+
+def default_export(job: JobConfig) -> str:
+    """``pipeline.export_format``, or for ``auto`` the first of the recipe's ``export_formats``;
+    CheckpointError when the recipe exports nothing."""
+    if job.pipeline.export_format != "auto":
+        return job.pipeline.export_format
+    formats = recipe_class(job.run.recipe).export_formats
+    if not formats:
+        raise CheckpointError(f"run.recipe {job.run.recipe!r} exports nothing (no export_formats)")
+    return formats[0]
+
+
+def export_checkpoint(
+    ckpt: Path, fmt: str, out: Path, config_path: Path | None = None, dtype: str = "fp32"
+) -> Path:
+    """Verify ``ckpt``, then let its run's recipe write it to ``out`` in ``fmt``; returns ``out``.
+    ``config_path`` defaults to the run's ``config.yaml`` (the checkpoint's parent's parent)."""
+    verify_for_export(ckpt)
+    config_path = config_path or find_job_config(ckpt)
+    job = load_config(config_path)
+    formats = recipe_class(job.run.recipe).export_formats
+    if fmt not in formats:
+        wanted = f"use {' or '.join(formats)}" if formats else "it exports nothing"
+        raise CheckpointError(f"--format {fmt} does not fit run.recipe {job.run.recipe!r} ({wanted})")
+    recipe = recipe_class(job.run.recipe).from_job(job)
+    return recipe.export(ExportRequest(ckpt, fmt, out, config_path.parent, dtype))

@@ -1,0 +1,229 @@
+"""Which class ``run.recipe`` names, and the recipe's own ``recipe:`` section.
+
+``run.recipe`` is either
+
+- a **name** registered in the entry-point group ``hpcpipe.recipes``: a package declares
+  ``[project.entry-points."hpcpipe.recipes"] my-recipe = "mypkg.recipes:MyRecipe"`` in its
+  pyproject.toml. hpcpipe's built-in recipes are registered exactly so, in hpcpipe's own
+  pyproject.toml: the built-ins have no back door;
+- or an **import path** ``package.module:Class`` (the current directory is searched last, as
+  ``python -m`` would).
+
+The class must derive from ``hpcpipe.Recipe`` (``recipes/base.py``; its ``recipe_api`` says which
+version of the API it was written for), implement every abstract method, declare its
+``name`` (for an entry point, the entry point's name) and ``val_loss`` among its ``metric_goals``,
+and may declare ``Args``: a pydantic model or a dataclass, the schema of the job's ``recipe:``
+section.
+
+This module sits in the bottom room (ARCHITECTURE.md): the config validates a job against the class
+it names, and every tool above asks it about a recipe, so none of them spells a recipe's name.
+It imports no recipe code but the class ``run.recipe`` names, and the config only for type
+checking (the config imports this module, lazily, while it validates a job).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.metadata
+import os
+import re
+import sys
+import types
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from hpcpipe.errors import ConfigError
+from hpcpipe.recipes.args import is_schema
+from hpcpipe.recipes.base import API_VERSION, Recipe
+
+if TYPE_CHECKING:
+    from hpcpipe.config import JobConfig
+
+ENTRY_POINT_GROUP = "hpcpipe.recipes"
+BUILTIN_PACKAGE = "hpcpipe"
+GOALS = ("min", "max")
+NAME = re.compile(r"[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?")  # a Kubernetes label value, lower case
+
+
+@dataclass(frozen=True)
+class Registered:
+    """One recipe name in the entry-point group."""
+
+    name: str
+    target: str  # "module:Class"
+    package: str  # the distribution that registers it
+    version: str
+
+    @property
+    def builtin(self) -> bool:
+        return self.package == BUILTIN_PACKAGE
+
+
+@dataclass(frozen=True)
+class Registry:
+    """Every registered name, and the names two packages claim (unusable until one renames)."""
+
+    recipes: dict[str, Registered]
+    collisions: dict[str, tuple[Registered, ...]]
+
+
+@functools.cache
+def registry() -> Registry:
+    """The entry-point group, read once per process (``refresh()`` after installing a package)."""
+    found: dict[str, list[Registered]] = {}
+    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        dist = ep.dist
+        package = dist.metadata["Name"] if dist is not None else "?"
+        entry = Registered(ep.name, ep.value, package, dist.version if dist is not None else "?")
+        same = found.setdefault(ep.name, [])
+        if all(other.package != entry.package for other in same):
+            same.append(entry)
+    recipes = {name: entries[0] for name, entries in found.items() if len(entries) == 1}
+    collisions = {name: tuple(entries) for name, entries in found.items() if len(entries) > 1}
+    return Registry(dict(sorted(recipes.items())), collisions)
+
+
+def refresh() -> None:
+    """Forget what was read and imported: a package was installed or removed since."""
+    registry.cache_clear()
+    recipe_class.cache_clear()
+    importlib.invalidate_caches()
+
+
+def is_import_path(ref: str) -> bool:
+    return ":" in ref
+
+
+@functools.cache
+def recipe_class(ref: str) -> type[Recipe]:
+    """The recipe class ``ref`` (a registered name or ``module:Class``) names, checked; a
+    ConfigError naming ``run.recipe`` when it names none, cannot be imported or is not a recipe.
+    An exception raised by the recipe's own module propagates: its author needs the traceback."""
+    if is_import_path(ref):
+        cls = _import(ref, f"run.recipe {ref!r}")
+        return _checked(cls, f"run.recipe {ref!r}")
+    reg = registry()
+    if ref in reg.collisions:
+        raise ConfigError(f"run.recipe {ref!r}: {collision_message(ref, reg.collisions[ref])}")
+    entry = reg.recipes.get(ref)
+    if entry is None:
+        raise ConfigError(f"run.recipe: unknown recipe {ref!r} ({_known(reg)})")
+    where = f"run.recipe {ref!r} (entry point of {entry.package})"
+    cls = _checked(_import(entry.target, where), where)
+    if cls.name != ref:
+        raise ConfigError(
+            f"{where}: {entry.target} is named {cls.name!r}; the entry point's name and the class's "
+            "`name` must be the same"
+        )
+    return cls
+
+
+def collision_message(name: str, entries: tuple[Registered, ...]) -> str:
+    packages = " and ".join(entry.package for entry in entries)
+    builtin = next((e for e in entries if e.builtin), None)
+    if builtin is not None:
+        other = ", ".join(e.package for e in entries if not e.builtin)
+        return (
+            f"the name is registered by {packages}: {other} reuses the name of hpcpipe's built-in "
+            f"recipe; rename its entry point in the [project.entry-points.\"{ENTRY_POINT_GROUP}\"] "
+            "table of its pyproject.toml"
+        )
+    return f"the name is registered by {packages}; rename one of the entry points, or use module:Class"
+
+
+def _known(reg: Registry) -> str:
+    names = ", ".join(reg.recipes) or "none"
+    return f"registered: {names}; or give an import path package.module:Class"
+
+
+def _import(target: str, where: str) -> Any:
+    module_name, _, attr = target.partition(":")
+    if not module_name or not attr:
+        raise ConfigError(f"{where}: an import path is package.module:Class")
+    try:
+        module = _import_module(module_name)
+    except ModuleNotFoundError as exc:
+        missing = exc.name or ""
+        if module_name == missing or module_name.startswith(missing + "."):
+            raise ConfigError(f"{where}: cannot import {module_name!r} (no module {missing!r})") from None
+        raise  # the recipe's module imports something missing: its author needs the traceback
+    obj: Any = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ConfigError(f"{where}: module {module_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    return obj
+
+
+def _import_module(name: str) -> types.ModuleType:
+    """``importlib.import_module``, finding a module of the current directory too (last)."""
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.append(cwd)
+    return importlib.import_module(name)
+
+
+def _checked(obj: Any, where: str) -> type[Recipe]:
+    if not isinstance(obj, type):
+        raise ConfigError(f"{where}: {obj!r} is not a class")
+    label = f"{obj.__module__}.{obj.__qualname__}"
+    if not issubclass(obj, Recipe):
+        raise ConfigError(
+            f"{where}: {label} is not a recipe: derive it from hpcpipe.Recipe or hpcpipe.DatasetRecipe"
+        )
+    if obj.recipe_api != API_VERSION:
+        raise ConfigError(
+            f"{where}: {label} was written for recipe API {obj.recipe_api}; this hpcpipe has {API_VERSION}"
+        )
+    missing = sorted(getattr(obj, "__abstractmethods__", ()))
+    if missing:
+        raise ConfigError(f"{where}: {label} does not implement {', '.join(missing)}")
+    name = getattr(obj, "name", None)
+    if not isinstance(name, str) or not NAME.fullmatch(name):
+        raise ConfigError(
+            f"{where}: {label}.name must be a class attribute of 1-63 lower-case letters, digits, '-', "
+            f"'_' or '.', first and last a letter or digit (it labels metrics and pods); got {name!r}"
+        )
+    goals = getattr(obj, "metric_goals", None)
+    if not isinstance(goals, Mapping) or "val_loss" not in goals or set(goals.values()) - set(GOALS):
+        raise ConfigError(
+            f"{where}: {label}.metric_goals must map each evaluation metric to 'min' or 'max', "
+            "val_loss included"
+        )
+    if obj.Args is not None and not is_schema(obj.Args):
+        raise ConfigError(f"{where}: {label}.Args must be a pydantic model or a dataclass (or None)")
+    return obj
+
+
+def build_recipe(job: JobConfig) -> Recipe:
+    """The recipe of ``job`` for this rank: ``from_job`` of the class ``run.recipe`` names."""
+    return recipe_class(job.run.recipe).from_job(job)
+
+
+def names_where(predicate: Callable[[type[Recipe]], bool]) -> list[str]:
+    """The registered recipes whose class satisfies ``predicate`` (for messages: "supported: ...";
+    a recipe that cannot be imported is left out)."""
+    found = []
+    for name in registry().recipes:
+        try:
+            cls = recipe_class(name)
+        except ConfigError:
+            continue
+        if predicate(cls):
+            found.append(name)
+    return found
+
+
+def recipe_label(ref: str) -> str:
+    """The recipe's own name (for a metric label, a Kubernetes label, a tag): ``ref`` itself for
+    a registered name, the class's ``name`` for an import path."""
+    return recipe_class(ref).name if is_import_path(ref) else ref
+
+
+def package_of(cls: type) -> str | None:
+    """The installed distribution a recipe class comes from (None: not installed, a path)."""
+    top = cls.__module__.partition(".")[0]
+    names = importlib.metadata.packages_distributions().get(top)
+    return names[0] if names else None
