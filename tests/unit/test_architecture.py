@@ -27,7 +27,21 @@ ROOMS: dict[str, int] = {
     "recipes": 2,
     "train": 3,
     **dict.fromkeys(
-        ["accept", "bench", "doctor", "hpo", "sweep", "pipeline", "chaos", "report", "launch", "plan"], 4
+        [
+            "accept",
+            "bench",
+            "doctor",
+            "hpo",
+            "sweep",
+            "pipeline",
+            "chaos",
+            "report",
+            "launch",
+            "plan",
+            "recipecheck",
+            "testing",
+        ],
+        4,
     ),
     **dict.fromkeys(["cli", "__main__"], 5),
 }

@@ -11,9 +11,9 @@ from safetensors import safe_open
 from safetensors.torch import load_model
 
 from hpcpipe.checkpoint import CheckpointError, CheckpointStore
-from hpcpipe.recipes.export import export_checkpoint
 from hpcpipe.config import JobConfig, load_config
 from hpcpipe.models.gpt import GPT
+from hpcpipe.recipes.export import export_checkpoint
 
 VOCAB = 67  # deliberately not a "nice" number: the export must take it from the checkpoint
 

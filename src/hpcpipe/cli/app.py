@@ -21,6 +21,7 @@ from hpcpipe.cli import lineage as lineage_cli
 from hpcpipe.cli import plan as plan_cli
 from hpcpipe.cli import presets as presets_cli
 from hpcpipe.cli import profile as profile_cli
+from hpcpipe.cli import recipes as recipes_cli
 from hpcpipe.cli import report as report_cli
 from hpcpipe.cli import sweep as sweep_cli
 from hpcpipe.cli import track as track_cli
@@ -57,6 +58,8 @@ def _root(
 
 
 app.add_typer(presets_cli.app, name="presets")
+app.add_typer(recipes_cli.app, name="recipes")
+app.add_typer(recipes_cli.app, name="recipe", hidden=True)  # `hpcpipe recipe check NAME` reads well too
 app.add_typer(data_cli.app, name="data")
 app.add_typer(ckpt_cli.app, name="ckpt")
 app.command("train")(train_cli.train)

@@ -4,8 +4,9 @@
 - ``images/``: CIFAR / IDX / ImageFolder readers, hash manifest, loader, generator (resnet-cifar).
 - ``function_calling/``: conversation formats, chat tokens, packing, prepare, loader, generator
   (lora-function-calling).
-- ``order.py``: the deterministic, resumable sample order every loader uses; ``stage.py``: the
-  node-local cache (``hpcpipe data stage``).
+- ``order.py``: the deterministic, resumable sample order every loader uses; ``map_style.py``: the
+  loader over any map-style ``torch.utils.data.Dataset`` (``hpcpipe.DatasetRecipe``, images);
+  ``stage.py``: the node-local cache (``hpcpipe data stage``).
 
 This module re-exports the token pipeline's public names (``prepare_dataset``, ``TokenWindowLoader``
 ...). The loaders import torch, so they are imported lazily here: the CLI's ``data prepare`` path

@@ -128,6 +128,11 @@ class Recipe(ABC):
     # roofline` models its operations.
     own_transformer: ClassVar[bool] = False
     sample_noun: ClassVar[str] = "samples"  # what one sample is, in summaries ("sequences", "images")
+    # `hpcpipe recipe check`: the preset (or YAML) it starts from (None: the defaults), shrunk
+    # further by check_overrides; and whether the data order is the same at any world size (the
+    # global batch of a step at 1 and 2 ranks is then compared).
+    check_preset: ClassVar[str | None] = None
+    world_size_invariant_order: ClassVar[bool] = True
 
     # -- how it trains: instance attributes a subclass may set per job --------------------------
     throughput_unit: str = "samples"  # "tokens" or "samples": the metrics key <unit>_per_s
@@ -146,6 +151,12 @@ class Recipe(ABC):
         """The recipe for ``job``, on every rank: by default ``cls(args, context)``. A recipe that
         reads shared sections (``model:``, ``data:``, ``lora:``) picks them here."""
         return cls(parse_args(cls.Args, job.recipe), RecipeContext.from_job(job))
+
+    @classmethod
+    def check_overrides(cls, work: Path) -> dict[str, Any]:
+        """Config values (dotted keys) that make the recipe test-sized for ``hpcpipe recipe check``
+        (a few CPU-seconds a step); it may write test data under ``work`` and point at them."""
+        return {}
 
     @classmethod
     def describe_model(cls, job: JobConfig) -> str:

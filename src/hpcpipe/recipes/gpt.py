@@ -37,6 +37,7 @@ class GPTRecipe(Recipe):
     worker_imports = ("hpcpipe.data.tokens.loader", "hpcpipe.models.gpt")
     own_transformer = True
     sample_noun = "sequences"
+    check_preset = "tiny"
 
     model_cfg: ModelConfig
     data_cfg: DataConfig

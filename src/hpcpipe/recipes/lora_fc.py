@@ -61,6 +61,7 @@ class LoraFCRecipe(Recipe):
         "peft",
     )
     sample_noun = "sequences"
+    check_preset = "lora-fc-tiny"
 
     model_cfg: ModelConfig
     lora_cfg: LoraConfig
@@ -76,6 +77,19 @@ class LoraFCRecipe(Recipe):
     @classmethod
     def from_job(cls, job: JobConfig) -> LoraFCRecipe:
         return cls(job.model, job.lora, job.data, job.train, job.run.seed)
+
+    @classmethod
+    def check_overrides(cls, work: Path) -> dict[str, Any]:
+        """The tiny Llama with random weights on a few generated conversations."""
+        return {
+            "model.name_or_path": "@tiny-llama-random",
+            "model.seq_len": 256,
+            "data.synthetic_rows": 48,
+            "train.micro_batch_size": 2,
+            "train.global_batch_size": 4,
+            "train.eval_batches": 2,
+            "data.prepared_dir": str(work / "prepared"),
+        }
 
     @classmethod
     def describe_model(cls, job: JobConfig) -> str:

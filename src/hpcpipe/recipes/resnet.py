@@ -34,6 +34,7 @@ class ResNetRecipe(Recipe):
     data_formats = IMAGE_FORMATS
     worker_imports = ("hpcpipe.data.images.loader", "hpcpipe.models.resnet", "torchvision")
     sample_noun = "images"
+    check_preset = "resnet-tiny"
 
     model_cfg: ModelConfig
     data_cfg: DataConfig
@@ -44,6 +45,15 @@ class ResNetRecipe(Recipe):
     @classmethod
     def from_job(cls, job: JobConfig) -> ResNetRecipe:
         return cls(model_cfg=job.model, data_cfg=job.data, train_cfg=job.train, seed=job.run.seed)
+
+    @classmethod
+    def check_overrides(cls, work: Path) -> dict[str, Any]:
+        """A small generated CIFAR-10 (``hpcpipe data make-images``) under ``work``."""
+        from hpcpipe.data.images.generator import write_dataset
+
+        root = work / "cifar10"
+        write_dataset("cifar10", root, 64, 32, 0)
+        return {"data.root": str(root), "data.prepared_dir": str(work / "prepared")}
 
     @classmethod
     def describe_model(cls, job: JobConfig) -> str:

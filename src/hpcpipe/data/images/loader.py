@@ -16,27 +16,17 @@ One DataLoader iterator spans one epoch (up to the step boundary after the epoch
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
 from hpcpipe.config import DataConfig
 from hpcpipe.data.images.formats import ImageSplit, decode_image_file
-from hpcpipe.data.order import SampleOrder
+from hpcpipe.data.map_style import MapStyleTrainLoader, mix64, rank_block
 
 PAD = 4  # pixels of zero padding around an image before the random crop
 IGNORE_LABEL = -100  # cross_entropy's ignore_index: padding samples of the last evaluation batch
-_MASK64 = (1 << 64) - 1
-
-
-def mix64(seed: int, position: int) -> int:
-    """SplitMix64 of (seed, position): 64 well-mixed random bits, a pure function of both."""
-    z = (seed * 0x9E3779B97F4A7C15 + position + 1) & _MASK64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return z ^ (z >> 31)
 
 
 class ImageSamples(Dataset[tuple[torch.Tensor, int]]):
@@ -72,36 +62,9 @@ class ImageSamples(Dataset[tuple[torch.Tensor, int]]):
         return TF.horizontal_flip(image) if flip else image
 
 
-class _EpochBatches:
-    """The batch sampler: from the loader's consumed position to the end of that epoch's last step.
-
-    The DataLoader calls ``iter()`` on it each time the trainer starts a new iterator (a new
-    epoch, a resume, an OOM shrink), so every iterator starts exactly where training stands.
-    """
-
-    def __init__(self, order: SampleOrder) -> None:
-        self.order = order  # the trainer's live order: advanced as batches are consumed
-
-    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
-        # A private copy: the DataLoader prefetches ahead of what the trainer consumed.
-        live = self.order
-        order = SampleOrder(
-            live.num_items,
-            live.micro_batch_size,
-            live.global_batch_size,
-            live.rank,
-            live.world_size,
-            live.seed,
-        )
-        order.step, order.offset = live.step, live.offset
-        end = order.epoch_end_step()
-        while order.step < end:
-            positions = order.next_positions()
-            yield list(zip(order.items(positions).tolist(), positions.tolist(), strict=True))
-
-
-class ImageTrainLoader:
-    """The recipe's TrainLoader for images: shuffled, rank-sharded, resumable, with DataLoader workers."""
+class ImageTrainLoader(MapStyleTrainLoader):
+    """The recipe's TrainLoader for images: shuffled, rank-sharded, resumable, with DataLoader
+    workers (``data/map_style.py``); micro-batches of ``x`` uint8 (micro, C, H, W) and ``y`` int64."""
 
     def __init__(
         self,
@@ -113,57 +76,9 @@ class ImageTrainLoader:
         world_size: int,
         seed: int,
     ) -> None:
-        self.order = SampleOrder(len(split), micro_batch_size, global_batch_size, rank, world_size, seed)
-        self.samples = ImageSamples(split, seed, cfg.augment)
-        self.cfg = cfg
-        self._loader: DataLoader[Any] | None = None
-        self._batches: Iterator[list[torch.Tensor]] | None = None
-
-    def next_microbatch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """``x`` uint8 (micro, C, H, W) and ``y`` int64 (micro,) of this rank's next micro-batch."""
-        if self._batches is None:
-            self._batches = iter(self._data_loader())
-        try:
-            images, labels = next(self._batches)
-        except StopIteration:  # the epoch's iterator is done: the next one starts where we are
-            self._batches = iter(self._data_loader())
-            images, labels = next(self._batches)
-        self.order.next_positions()
-        return images, labels
-
-    def _data_loader(self) -> DataLoader[Any]:
-        """One DataLoader for the run; with persistent workers its workers outlive each iterator."""
-        if self._loader is None:
-            workers = self.cfg.num_workers
-            self._loader = DataLoader(
-                self.samples,
-                batch_sampler=_EpochBatches(self.order),
-                num_workers=workers,
-                pin_memory=self.cfg.pin_memory and torch.cuda.is_available(),
-                persistent_workers=self.cfg.persistent_workers,
-                prefetch_factor=self.cfg.prefetch_factor if workers else None,
-            )
-        return self._loader
-
-    def _restart(self) -> None:
-        """Forget prefetched batches: the next micro-batch comes from the order's current state."""
-        self._batches = None
-
-    def state_dict(self) -> dict[str, int]:
-        return self.order.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.order.load_state_dict(state)
-        self._restart()
-
-    def set_micro_batch_size(self, micro_batch_size: int) -> None:
-        self.order.set_micro_batch_size(micro_batch_size)
-        self._restart()
-
-    def close(self) -> None:
-        """Stop worker processes now (they also stop when the loader is garbage-collected)."""
-        self._batches = None
-        self._loader = None
+        samples = ImageSamples(split, seed, cfg.augment)
+        sizes = (micro_batch_size, global_batch_size)
+        super().__init__(samples, len(split), cfg, *sizes, rank, world_size, seed)
 
 
 class ImageEvalBatches:
@@ -175,9 +90,8 @@ class ImageEvalBatches:
     """
 
     def __init__(self, split: ImageSplit, micro_batch_size: int, rank: int, world_size: int) -> None:
-        n = len(split)
-        per_rank = -(-n // world_size)
-        self.items = np.arange(rank * per_rank, min(n, (rank + 1) * per_rank), dtype=np.int64)
+        per_rank = -(-len(split) // world_size)
+        self.items = rank_block(len(split), rank, world_size)
         self.n_batches = max(1, -(-per_rank // micro_batch_size))
         self.micro = micro_batch_size
         self.samples = ImageSamples(split, seed=0, augment=False)

@@ -1,0 +1,165 @@
+"""Run a recipe's properties in order and report each: passed, failed (with why, and the
+traceback when the recipe's own code raised) or skipped (it does not apply, and why)."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hpcpipe.config import JobConfig
+from hpcpipe.errors import one_line
+from hpcpipe.recipecheck import loader, training
+from hpcpipe.recipecheck.job import check_job
+from hpcpipe.recipes.base import Recipe
+from hpcpipe.recipes.registry import recipe_class
+
+# Relative difference allowed between the per-step losses of 1 process and of 2 DDP or FSDP2
+# ranks (fp32: the ranks sum gradients in another order). Resuming is held to 0: bit for bit.
+RTOL = 1e-4
+
+PROPERTIES = (
+    "loader-repeatable",
+    "loader-resumable",
+    "loader-world-sizes",
+    "checkpoint-round-trip",
+    "bad-args-refused",
+    "parity-ddp",
+    "parity-fsdp",
+    "resume-after-kill",
+    "export-loads",
+    "eval-metrics",
+)
+
+
+@dataclass
+class PropertyResult:
+    name: str
+    passed: bool
+    skipped: bool
+    detail: str
+    seconds: float
+    traceback: str | None = None  # when the recipe's code (or hpcpipe's) raised
+
+
+@dataclass
+class CheckReport:
+    recipe: str
+    passed: bool
+    seconds: float
+    rtol: float
+    results: list[PropertyResult] = field(default_factory=list)
+
+
+class _Runs:
+    """The check's ``hpcpipe train`` runs, each started once, when a property first needs it."""
+
+    def __init__(self, work: Path) -> None:
+        self.work = work
+        self._done: dict[str, Path | Exception] = {}
+
+    def get(self, name: str) -> Path:
+        if name not in self._done:
+            try:
+                self._done[name] = self._start(name)
+            except Exception as exc:  # every property that needs this run fails with its reason
+                self._done[name] = exc
+        found = self._done[name]
+        if isinstance(found, Exception):
+            raise RuntimeError(f"the {name} run failed: {found}")
+        return found
+
+    def _start(self, name: str) -> Path:
+        if name == "single":
+            return training.train(self.work, name, 1, "single")
+        if name == "killed":
+            return training.train(
+                self.work, name, 1, "single", env=training.killed_env(self.work), restarts=1
+            )
+        return training.train(self.work, name, 2, name)  # "ddp" or "fsdp"
+
+
+def _properties(recipe: Recipe, job: JobConfig, runs: _Runs, rtol: float) -> dict[str, Callable[[], str]]:
+    work = runs.work
+
+    def world_sizes() -> str:
+        if not recipe.world_size_invariant_order:
+            raise training.Skip(
+                "the recipe's data order depends on the world size (world_size_invariant_order)"
+            )
+        return loader.check_world_sizes(recipe, job)
+
+    return {
+        "loader-repeatable": lambda: loader.check_repeatable(recipe, job),
+        "loader-resumable": lambda: loader.check_resumable(recipe, job),
+        "loader-world-sizes": world_sizes,
+        "checkpoint-round-trip": lambda: training.check_round_trip(recipe, job, work),
+        "bad-args-refused": lambda: training.check_bad_args(job),
+        "parity-ddp": lambda: training.check_parity(runs.get("single"), runs.get("ddp"), "2 DDP ranks", rtol),
+        "parity-fsdp": lambda: training.check_parity(
+            runs.get("single"), runs.get("fsdp"), "2 FSDP2 ranks", rtol
+        ),
+        "resume-after-kill": lambda: training.check_resume(recipe, runs.get("single"), runs.get("killed")),
+        "export-loads": lambda: training.check_exports(recipe, runs.get("single"), work),
+        "eval-metrics": lambda: training.check_eval_metrics(recipe, runs.get("single")),
+    }
+
+
+def check_recipe(
+    ref: str,
+    config: str | None = None,
+    sets: list[str] | tuple[str, ...] = (),
+    work: str | Path | None = None,
+    only: tuple[str, ...] = (),
+    say: Callable[[str], None] | None = None,
+    rtol: float = RTOL,
+) -> CheckReport:
+    """Every property (or ``only`` those) of recipe ``ref``, checked with ``config`` or its own
+    test-size job, in ``work`` (a temporary directory, removed after, when None). Bad input (an
+    unknown recipe, a bad config, data it cannot read) raises UserError before any property runs."""
+    started = time.perf_counter()
+    recipe_class(ref)  # ConfigError when ref names no usable recipe
+    temporary = work is None
+    root = Path(tempfile.mkdtemp(prefix="hpcpipe-check-")) if temporary else Path(work or ".").absolute()
+    root.mkdir(parents=True, exist_ok=True)
+    try:
+        job = check_job(ref, config, list(sets), root)
+        recipe = recipe_class(ref).from_job(job)
+        recipe.prepare(progress=False)
+        checks = _properties(recipe, job, _Runs(root), rtol)
+        results = []
+        for name in only or PROPERTIES:
+            if say is not None:
+                say(name)
+            results.append(_run(name, checks[name]))
+    finally:
+        if temporary:
+            shutil.rmtree(root, ignore_errors=True)
+    passed = all(r.passed or r.skipped for r in results)
+    return CheckReport(ref, passed, time.perf_counter() - started, rtol, results)
+
+
+def _run(name: str, check: Callable[[], str]) -> PropertyResult:
+    started = time.perf_counter()
+    try:
+        detail = check()
+    except training.Skip as exc:
+        return PropertyResult(name, False, True, str(exc), time.perf_counter() - started)
+    except (AssertionError, RuntimeError) as exc:
+        return PropertyResult(name, False, False, one_line(str(exc)), time.perf_counter() - started)
+    except Exception as exc:  # the recipe's own code raised: its author needs the traceback
+        trace = "".join(traceback.format_exception(exc))
+        detail = one_line(f"{type(exc).__name__}: {exc}")
+        return PropertyResult(name, False, False, detail, time.perf_counter() - started, trace)
+    return PropertyResult(name, True, False, detail, time.perf_counter() - started)
+
+
+def report_dict(report: CheckReport) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    return asdict(report)
