@@ -13,7 +13,7 @@ Modules: ``section`` (the base), one per section (``run``, ``model``, ``data``, 
 from __future__ import annotations
 
 from hpcpipe.config.checkpoint import CheckpointConfig
-from hpcpipe.config.data import FUNCTION_CALLING_FORMATS, IMAGE_FORMATS, TOKEN_FORMATS, DataConfig, data_kind
+from hpcpipe.config.data import FUNCTION_CALLING_FORMATS, IMAGE_FORMATS, TOKEN_FORMATS, DataConfig
 from hpcpipe.config.fault import FaultConfig
 from hpcpipe.config.job import JobConfig
 from hpcpipe.config.loading import apply_values, first_error, load_config, validate_config, with_overrides
@@ -37,7 +37,6 @@ __all__ = [
     "RunConfig",
     "TrainConfig",
     "apply_values",
-    "data_kind",
     "first_error",
     "grad_accum_steps",
     "load_config",

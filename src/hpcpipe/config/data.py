@@ -12,7 +12,10 @@ from hpcpipe.config.synthetic import SyntheticMix
 # The one list of the data formats hpcpipe's data packages read, by kind of data; a recipe
 # declares the formats it reads (its data_formats) and each data package dispatches on its own
 # kind's formats.
-TokenFormat = Literal["tokens"]
+# Text read into token shards: tokens (text files, directories, JSON lines with data.text_field),
+# parquet (data.text_field's column), chat (JSON lines of data.messages_field, rendered with the
+# model's chat template: recipe hf-causal-lm).
+TokenFormat = Literal["tokens", "parquet", "chat"]
 ImageFormat = Literal[
     "cifar10", "cifar100", "cifar10-binary", "cifar100-binary", "idx", "fashion-mnist", "imagefolder"
 ]
@@ -22,26 +25,13 @@ DataFormat = Literal[TokenFormat, ImageFormat, FunctionCallingFormat]
 TOKEN_FORMATS: tuple[str, ...] = get_args(TokenFormat)
 IMAGE_FORMATS: tuple[str, ...] = get_args(ImageFormat)
 FUNCTION_CALLING_FORMATS: tuple[str, ...] = get_args(FunctionCallingFormat)
-DataKind = Literal["tokens", "images", "function-calling"]
-FORMATS_BY_KIND: dict[DataKind, tuple[str, ...]] = {
-    "tokens": TOKEN_FORMATS,
-    "images": IMAGE_FORMATS,
-    "function-calling": FUNCTION_CALLING_FORMATS,
-}
-
-
-def data_kind(fmt: str) -> DataKind:
-    """``cifar10`` -> ``images``: which data package reads a format."""
-    for kind, formats in FORMATS_BY_KIND.items():
-        if fmt in formats:
-            return kind
-    raise ValueError(f"unknown data format {fmt!r}")
-
-
 class DataConfig(Section):
     format: DataFormat = Field(
         "tokens",
-        description="tokens: text sources -> token shards (recipe gpt). Images (recipe resnet-cifar), "
+        description="tokens: text sources -> token shards (recipes gpt, hf-causal-lm); parquet: the "
+        "data.text_field column of Parquet files; chat: JSON lines whose data.messages_field "
+        "(a list of {role, content}) is rendered with the model's chat template (hf-causal-lm). "
+        "Images (recipes resnet-cifar, torchvision-classifier), "
         "read from data.root: cifar10/cifar100 (the python-pickle batches, read with a restricted "
         "unpickler), cifar10-binary/cifar100-binary, idx (MNIST-style train-/t10k- IDX files, gzipped "
         "or not), fashion-mnist (idx; data.root defaults to Debian's dataset-fashion-mnist), "
@@ -98,7 +88,15 @@ class DataConfig(Section):
         default_factory=lambda: [".py", ".txt", ".md", ".rst", ".jsonl"],
         description="File suffixes taken when a source is a directory.",
     )
-    text_field: str = Field("text", description="Field holding the text in JSONL sources.")
+    text_field: str = Field(
+        "text", description="Field holding the text in JSONL sources; the column of Parquet ones."
+    )
+    messages_field: str = Field(
+        "messages",
+        min_length=1,
+        description="format chat: the field of each JSON line holding the conversation, a list "
+        "of {role, content} messages.",
+    )
     max_bytes: int | None = Field(
         None, ge=1, description="Stop reading the corpus after this many bytes (null: all)."
     )

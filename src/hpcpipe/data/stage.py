@@ -80,6 +80,17 @@ def token_dataset_source(path: Path) -> StageSource:
     return StageSource(root=Path(path), files=files, key=dataset.manifest_sha256)
 
 
+def staged_tokens(dataset: Any, cache_dir: str | None, verify: Literal["full", "sizes"]) -> Any:
+    """A prepared token dataset (``PreparedDataset``) as the trainer reads it: itself, or its
+    verified node-local copy when ``data.cache_dir`` is set (``verify``: every hash, for the node's
+    preparer; sizes, for the ranks that start after it)."""
+    if cache_dir is None:
+        return dataset
+    from hpcpipe.data.tokens.shards import open_dataset
+
+    return open_dataset(stage_for_reading(token_dataset_source(dataset.path), cache_dir, verify))
+
+
 def image_dataset_source(root: Path, manifest_path: Path) -> StageSource:
     """An image dataset on disk, with the hash manifest hpcpipe recorded for it."""
     raw = manifest_path.read_bytes()

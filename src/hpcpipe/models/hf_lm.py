@@ -89,6 +89,15 @@ def load_tokenizer(source: ModelSource) -> Any:
     return tokenizer
 
 
+def tokenizer_identity(tokenizer: Any) -> str:
+    """SHA-256 of a tokenizer's vocabulary, rules and chat template: prepared data are keyed by it."""
+    import hashlib
+
+    tok = tokenizer
+    backend = tok.backend_tokenizer.to_str() if hasattr(tok, "backend_tokenizer") else repr(tok.get_vocab())
+    return hashlib.sha256((backend + str(tok.chat_template)).encode()).hexdigest()
+
+
 def resolve_base_dtype(base_dtype: str) -> str:
     """``model.base_dtype`` as loaded: ``auto`` becomes bf16 where the device the workers will
     use (CUDA when present, else the CPU) multiplies bf16 natively, fp32 elsewhere."""

@@ -81,11 +81,16 @@ def save_merged(model: nn.Module, out: Path, dtype: str, tokenizer: Any = None) 
     Give it an fp32 peft model: the merge runs in fp32 (W + B @ A * alpha / r) and only the
     result is cast to ``dtype``. The peft model is consumed (its modules are replaced).
     """
-    merged = peft_model_of(model).merge_and_unload()
-    merged = merged.to(DTYPES[dtype])
-    merged.config.use_cache = True
+    return save_model_dir(peft_model_of(model).merge_and_unload(), out, dtype, tokenizer)
+
+
+def save_model_dir(model: nn.Module, out: Path, dtype: str, tokenizer: Any = None) -> Path:
+    """``model`` (a transformers model) in ``dtype`` as a directory ``from_pretrained`` loads,
+    with the tokenizer beside it."""
+    model = model.to(DTYPES[dtype])
+    model.config.use_cache = True  # type: ignore[union-attr]
     out.mkdir(parents=True, exist_ok=True)
-    merged.save_pretrained(out, safe_serialization=True)
+    model.save_pretrained(out, safe_serialization=True)  # type: ignore[operator]
     if tokenizer is not None:
         tokenizer.save_pretrained(out)
     return out

@@ -119,7 +119,8 @@ class Recipe(ABC):
     model_variants: ClassVar[tuple[str, ...] | None] = None  # model.variant values it builds
     data_formats: ClassVar[tuple[str, ...] | None] = None  # data.format values it reads
     needs_model_source: ClassVar[bool] = False  # model.name_or_path is required
-    export_formats: ClassVar[tuple[str, ...]] = ()  # `ckpt export --format`; the first: the pipeline's
+    # `ckpt export --format`, the first the pipeline's; an instance may narrow it for its job.
+    export_formats: tuple[str, ...] = ()
     evaluations: ClassVar[tuple[str, ...]] = ()  # `hpcpipe eval <kind>` it supports
     # Modules and libraries its workers import beyond the trainer (its own module is implied):
     # the agent's fork server imports them once for every rank and every restart.

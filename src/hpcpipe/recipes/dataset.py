@@ -40,7 +40,7 @@ import json
 from abc import abstractmethod
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from hpcpipe.errors import DataError
 from hpcpipe.recipes.base import Batch, DataSummary, ExportRequest, PaddingBatch, Recipe, TrainLoader
@@ -80,7 +80,7 @@ class DatasetRecipe(Recipe):
     that only read its declaration.
     """
 
-    export_formats: ClassVar[tuple[str, ...]] = ("safetensors",)
+    export_formats: tuple[str, ...] = ("safetensors",)
 
     # -- what the author writes ----------------------------------------------------------------
 

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from hpcpipe.config import DataConfig, JobConfig, ModelConfig, TrainConfig
-from hpcpipe.config.data import TOKEN_FORMATS
 from hpcpipe.errors import ConfigError
 from hpcpipe.layout import RunLayout
 from hpcpipe.recipes.base import Batch, DataSummary, ExportRequest, Goal, Recipe, TrainLoader
@@ -32,7 +31,7 @@ class GPTRecipe(Recipe):
     summary = "LM pretraining of hpcpipe's own GPT/Llama-style model on token shards"
     metric_goals: ClassVar[dict[str, Goal]] = {"val_loss": "min", "val_ppl": "min"}
     model_variants = ("gpt2", "llama")
-    data_formats = TOKEN_FORMATS
+    data_formats = ("tokens", "parquet")  # chat needs a model's chat template: hf-causal-lm
     export_formats = ("hf", "safetensors")
     worker_imports = ("hpcpipe.data.tokens.loader", "hpcpipe.models.gpt")
     own_transformer = True
@@ -87,13 +86,9 @@ class GPTRecipe(Recipe):
 
     def _staged(self, dataset, verify: Literal["full", "sizes"]):  # type: ignore[no-untyped-def]
         """The dataset itself, or its node-local copy when ``data.cache_dir`` is set."""
-        if self.data_cfg.cache_dir is None:
-            return dataset
-        from hpcpipe.data.stage import stage_for_reading, token_dataset_source
-        from hpcpipe.data.tokens.shards import open_dataset
+        from hpcpipe.data.stage import staged_tokens
 
-        source = token_dataset_source(dataset.path)
-        return open_dataset(stage_for_reading(source, self.data_cfg.cache_dir, verify))
+        return staged_tokens(dataset, self.data_cfg.cache_dir, verify)
 
     def dataset_hash(self) -> str | None:
         return str(self.dataset.manifest_sha256)

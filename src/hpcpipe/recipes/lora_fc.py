@@ -21,7 +21,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 from collections.abc import Iterable, Sequence
@@ -125,11 +124,9 @@ class LoraFCRecipe(Recipe):
         return ChatFormat(load_tokenizer(self.source))
 
     def _tokenizer_key(self) -> str:
-        tok = self.chat.tokenizer
-        backend = (
-            tok.backend_tokenizer.to_str() if hasattr(tok, "backend_tokenizer") else repr(tok.get_vocab())
-        )
-        return hashlib.sha256((backend + str(tok.chat_template)).encode()).hexdigest()
+        from hpcpipe.models.hf_lm import tokenizer_identity
+
+        return tokenizer_identity(self.chat.tokenizer)
 
     # -- data --------------------------------------------------------------------------------
 

@@ -10,6 +10,10 @@ Rules for files (the same for every source kind, so the output never depends on 
   (it contains a NUL byte or does not decode); a file named explicitly is a ``DataError`` instead;
 * ``.jsonl`` files hold one JSON object per line, the text in ``data.text_field``; blank lines are
   ignored; each record is a document keyed ``<file key>#<line>``;
+* ``data.format: parquet`` reads ``data.text_field``'s column of ``.parquet`` files, ``chat`` the
+  conversations of ``.jsonl`` files rendered by the recipe's chat template (``text_formats.py``),
+  one document per row or line, keyed ``<file key>#<row>``;
+* a file named explicitly that holds no text at all is a ``DataError`` naming it;
 * a file reached twice (a directory and a glob inside it) is read once, under its first key.
 """
 
@@ -25,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpcpipe.config import DataConfig
+from hpcpipe.data.tokens.text_formats import Render, chat_texts, parquet_texts
 from hpcpipe.errors import DataError
 
 STDLIB_SOURCE = "@stdlib"
@@ -65,7 +70,7 @@ class CorpusScan:
     files: int
     skipped_files: int
     bytes: int
-
+    tokenizer: str | None = None  # the identity of a given (pre-trained) tokenizer
     @property
     def documents(self) -> int:
         return len(self.keys)
@@ -84,11 +89,16 @@ def iter_source_files(cfg: DataConfig) -> Iterator[SourceFile]:
     """Every input file of ``cfg.sources`` in deterministic order, each file once."""
     seen: set[Path] = set()
     for source in cfg.sources:
-        for src_file in _files_of_source(source, cfg.extensions):
+        for src_file in _files_of_source(source, _extensions(cfg)):
             resolved = src_file.path.resolve()
             if resolved not in seen:
                 seen.add(resolved)
                 yield src_file
+
+
+def _extensions(cfg: DataConfig) -> list[str]:
+    """The suffixes taken from a directory: Parquet and chat files have theirs."""
+    return {"parquet": [".parquet"], "chat": [".jsonl"]}.get(cfg.format, cfg.extensions)
 
 
 def _files_of_source(source: str, extensions: list[str]) -> Iterator[SourceFile]:
@@ -133,25 +143,29 @@ def _walk(root: Path, label: str, extensions: list[str]) -> Iterator[SourceFile]
 
 
 def iter_documents(
-    cfg: DataConfig, on_file: Callable[[SourceFile, bytes | None], None] | None = None
+    cfg: DataConfig,
+    on_file: Callable[[SourceFile, bytes | None], None] | None = None,
+    render: Render | None = None,
 ) -> Iterator[Document]:
     """The corpus as documents, in order, stopping after ``cfg.max_bytes`` UTF-8 bytes of text.
 
     ``on_file(file, raw)`` sees every file read, with ``raw=None`` for a skipped (non-text) file;
     the fingerprint is built from it so it covers exactly the files that fed the output.
+    ``render`` turns a conversation into text (``data.format: chat``).
     """
     remaining = cfg.max_bytes
     for src in iter_source_files(cfg):
         raw = _read_bytes(src.path)
-        text = _decode(src, raw)
+        docs = _file_documents(cfg, src, raw, render)
         if on_file is not None:
-            on_file(src, raw if text is not None else None)
-        if text is None:
+            on_file(src, raw if docs is not None else None)
+        if docs is None:
             continue
-        docs = _jsonl_documents(src, text, cfg.text_field) if src.is_jsonl else [Document(src.key, text)]
+        empty = True
         for doc in docs:
             if not doc.text:
                 continue
+            empty = False
             if remaining is None:
                 yield doc
                 continue
@@ -160,6 +174,24 @@ def iter_documents(
                 yield kept
             if remaining == 0:
                 return
+        if empty and src.explicit:
+            raise DataError(f"{src.path}: holds no text (data.sources names it)")
+
+
+def _file_documents(
+    cfg: DataConfig, src: SourceFile, raw: bytes, render: Render | None
+) -> Iterator[Document] | None:
+    """One file's documents as ``cfg.format`` reads them; None for a skipped (non-text) file."""
+    if cfg.format == "parquet":
+        rows = parquet_texts(src.path, cfg.text_field)
+        return (Document(f"{src.key}#{row}", text) for row, text in rows)
+    if cfg.format == "chat":
+        lines = chat_texts(src.path, cfg.messages_field, render)
+        return (Document(f"{src.key}#{line}", text) for line, text in lines)
+    text = _decode(src, raw)
+    if text is None:
+        return None
+    return _jsonl_documents(src, text, cfg.text_field) if src.is_jsonl else iter([Document(src.key, text)])
 
 
 def _read_bytes(path: Path) -> bytes:
@@ -220,8 +252,8 @@ class FingerprintBuilder:
     (key, size, content hash) in order: equal fingerprints mean equal prepared datasets.
     """
 
-    def __init__(self, cfg: DataConfig) -> None:
-        self._digest = hashlib.sha256(_config_identity(cfg).encode())
+    def __init__(self, cfg: DataConfig, tokenizer: str | None = None) -> None:
+        self._digest = hashlib.sha256(_config_identity(cfg, tokenizer).encode())
         self.files = 0
         self.skipped_files = 0
 
@@ -237,19 +269,19 @@ class FingerprintBuilder:
         return self._digest.hexdigest()
 
 
-def scan_corpus(cfg: DataConfig) -> CorpusScan:
-    """One pass over the corpus: fingerprint and document keys; a ``DataError`` if it is empty."""
-    fingerprint = FingerprintBuilder(cfg)
+def scan_corpus(cfg: DataConfig, tokenizer: str | None = None, render: Render | None = None) -> CorpusScan:
+    """One pass over the corpus: fingerprint and document keys; a ``DataError`` if it is empty.
+    ``tokenizer`` identifies a given (pre-trained) tokenizer; the corpus is its text then."""
+    fingerprint = FingerprintBuilder(cfg, tokenizer)
     keys: list[str] = []
     sizes: list[int] = []
-    for doc in iter_documents(cfg, on_file=fingerprint):
+    for doc in iter_documents(cfg, on_file=fingerprint, render=render):
         keys.append(doc.key)
         sizes.append(len(doc.text.encode("utf-8")))
     if not keys:
         raise DataError(f"data.sources {cfg.sources}: no text found (extensions {cfg.extensions})")
-    return CorpusScan(
-        fingerprint.hexdigest(), keys, sizes, fingerprint.files, fingerprint.skipped_files, sum(sizes)
-    )
+    files, skipped = fingerprint.files, fingerprint.skipped_files
+    return CorpusScan(fingerprint.hexdigest(), keys, sizes, files, skipped, sum(sizes), tokenizer)
 
 
 def corpus_fingerprint(cfg: DataConfig) -> str:
@@ -257,9 +289,11 @@ def corpus_fingerprint(cfg: DataConfig) -> str:
     return scan_corpus(cfg).fingerprint
 
 
-def _config_identity(cfg: DataConfig) -> str:
-    """The config fields that change the prepared output, as canonical JSON."""
-    identity = {
+def _config_identity(cfg: DataConfig, tokenizer: str | None = None) -> str:
+    """The config fields that change the prepared output, as canonical JSON (a pre-trained
+    tokenizer by its identity, ``tokenizer``; the keys of the plain-text format unchanged, so
+    datasets prepared before formats and tokenizers could vary keep their names)."""
+    identity: dict[str, object] = {
         "format_version": FORMAT_VERSION,
         "tokenizer": cfg.tokenizer,
         # The raw-bytes tokenizer ignores vocab_size: changing it must not force a re-prepare.
@@ -270,6 +304,12 @@ def _config_identity(cfg: DataConfig) -> str:
         "text_field": cfg.text_field,
         "shard_tokens": cfg.shard_tokens,
     }
+    if cfg.format != "tokens":
+        identity |= {"format": cfg.format, "extensions": None}
+    if cfg.format == "chat":
+        identity |= {"messages_field": cfg.messages_field, "text_field": None}
+    if tokenizer is not None:
+        identity |= {"tokenizer": f"pretrained:{tokenizer}", "vocab_size": None}
     return json.dumps(identity, sort_keys=True, separators=(",", ":"))
 
 

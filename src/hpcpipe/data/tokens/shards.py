@@ -43,9 +43,11 @@ from hpcpipe.data.tokens.corpus import (
     plan_splits,
     scan_corpus,
 )
+from hpcpipe.data.tokens.text_formats import Render
 from hpcpipe.data.tokens.tokenizer import (
     BPE_FILE,
     BPETokenizer,
+    PretrainedTokenizer,
     Tokenizer,
     tokenizer_from_spec,
     train_tokenizer,
@@ -193,11 +195,19 @@ def _sha256_file(path: Path) -> str:
 # Preparing
 
 
-def prepare_dataset(cfg: DataConfig, progress: bool = False) -> PreparedDataset:
-    """The prepared dataset for ``cfg``: reused when a verified one exists, else built."""
+def prepare_dataset(
+    cfg: DataConfig,
+    progress: bool = False,
+    tokenizer: PretrainedTokenizer | None = None,
+    tokenizer_identity: str | None = None,
+    render: Render | None = None,
+) -> PreparedDataset:
+    """The prepared dataset for ``cfg``: reused when a verified one exists, else built. A given
+    ``tokenizer`` (a model's own; ``tokenizer_identity`` names it, its vocabulary and chat template
+    hashed) replaces ``data.tokenizer``'s; ``render`` renders ``data.format: chat``'s conversations."""
     with Stages(progress) as stages:
         with stages.stage("scanning corpus"):
-            scan = scan_corpus(cfg)
+            scan = scan_corpus(cfg, tokenizer_identity if tokenizer else None, render)
         final = Path(cfg.prepared_dir) / scan.fingerprint[:16]
         existing = _reusable(final, scan.fingerprint)
         if existing is not None:
@@ -205,7 +215,7 @@ def prepare_dataset(cfg: DataConfig, progress: bool = False) -> PreparedDataset:
         final.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=final.parent))
         try:
-            _build(cfg, scan, tmp, stages)
+            _build(cfg, scan, tmp, stages, tokenizer, render)
             return _commit(tmp, final, scan.fingerprint)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -222,19 +232,30 @@ def _reusable(path: Path, fingerprint: str) -> PreparedDataset | None:
     return dataset if dataset.fingerprint == fingerprint else None
 
 
-def _build(cfg: DataConfig, scan: CorpusScan, out: Path, stages: Stages) -> None:
+def _build(
+    cfg: DataConfig,
+    scan: CorpusScan,
+    out: Path,
+    stages: Stages,
+    given: PretrainedTokenizer | None = None,
+    render: Render | None = None,
+) -> None:
     """Write tokenizer, shards and manifest for ``scan``'s corpus into ``out``."""
     plan = plan_splits(scan.keys, scan.sizes, cfg.val_fraction)
-    with stages.stage("training tokenizer"):
-        train_texts = (doc.text for split, doc in _routed(cfg, plan) if split == "train")
-        tokenizer = train_tokenizer(cfg.tokenizer, train_texts, cfg.vocab_size, length=scan.documents)
+    tokenizer: Tokenizer
+    if given is None:
+        with stages.stage("training tokenizer"):
+            train_texts = (doc.text for split, doc in _routed(cfg, plan, render=render) if split == "train")
+            tokenizer = train_tokenizer(cfg.tokenizer, train_texts, cfg.vocab_size, length=scan.documents)
+    else:
+        tokenizer = given
     tokenizer_entry = _save_tokenizer(tokenizer, out)
     dtype = np.dtype("<u2" if tokenizer.vocab_size <= 1 << 16 else "<u4")
     writers = {split: _ShardWriter(out, split, dtype, cfg.shard_tokens) for split in SPLITS}
     documents = dict.fromkeys(SPLITS, 0)
-    check = FingerprintBuilder(cfg)
+    check = FingerprintBuilder(cfg, scan.tokenizer)
     with stages.stage("tokenizing", total=scan.bytes) as advance:
-        for batch in _batches(_routed(cfg, plan, on_file=check)):
+        for batch in _batches(_routed(cfg, plan, on_file=check, render=render)):
             for split, tokens in _encode(tokenizer, batch, dtype).items():
                 writers[split].write(tokens)
             for split, _doc in batch:
@@ -255,9 +276,9 @@ def _build(cfg: DataConfig, scan: CorpusScan, out: Path, stages: Stages) -> None
 
 
 def _routed(
-    cfg: DataConfig, plan: SplitPlan, on_file: FingerprintBuilder | None = None
+    cfg: DataConfig, plan: SplitPlan, on_file: FingerprintBuilder | None = None, render: Render | None = None
 ) -> Iterator[tuple[str, Document]]:
-    for doc in iter_documents(cfg, on_file=on_file):
+    for doc in iter_documents(cfg, on_file=on_file, render=render):
         yield from plan.route(doc)
 
 
@@ -298,7 +319,7 @@ def _save_tokenizer(tokenizer: Tokenizer, out: Path) -> dict[str, Any]:
         "file": None,
         "sha256": None,
     }
-    if isinstance(tokenizer, BPETokenizer):
+    if isinstance(tokenizer, BPETokenizer | PretrainedTokenizer):
         tokenizer.save(out / BPE_FILE)
         entry.update(file=BPE_FILE, sha256=_sha256_file(out / BPE_FILE))
     return entry

@@ -1,4 +1,5 @@
-"""Tokenizers: byte-level BPE trained locally, or raw UTF-8 bytes; one small protocol for both.
+"""Tokenizers: byte-level BPE trained locally, raw UTF-8 bytes, or a model's own (pre-trained,
+``PretrainedTokenizer``); one small protocol for all.
 
 Training code and the model only need ``vocab_size`` and ``eos_id``; sampling and evaluation
 need ``encode``/``decode``. ``encode_batch`` exists because Hugging Face ``tokenizers`` encodes a
@@ -28,7 +29,7 @@ BYTE_VOCAB_SIZE = 257  # 256 byte values + EOS
 class Tokenizer(Protocol):
     """What the rest of hpcpipe needs from a tokenizer."""
 
-    kind: str  # "bpe" | "bytes": the manifest's tokenizer.kind
+    kind: str  # "bpe" | "bytes" | "pretrained": the manifest's tokenizer.kind
     name: str  # human-readable, e.g. "bpe-4096"
     vocab_size: int
     eos_id: int
@@ -111,6 +112,39 @@ class BPETokenizer:
         return self._hf.decode(list(ids), skip_special_tokens=False)
 
 
+class PretrainedTokenizer:
+    """A model's own tokenizer (a Hugging Face fast tokenizer's ``tokenizers.Tokenizer``), saved
+    with the prepared shards as ``tokenizer.json``. Special tokens written in the text (a chat
+    template's ``<|im_start|>``) encode as the special tokens they are; EOS is the model's."""
+
+    kind = "pretrained"
+
+    def __init__(self, hf: HFTokenizer, eos_id: int, name: str) -> None:
+        self._hf = hf
+        self.eos_id = eos_id
+        self.vocab_size: int = hf.get_vocab_size(with_added_tokens=True)
+        self.name = name
+
+    @classmethod
+    def from_file(cls, path: Path, eos_id: int, name: str) -> PretrainedTokenizer:
+        try:
+            return cls(HFTokenizer.from_file(str(path)), eos_id, name)
+        except Exception as exc:  # tokenizers raises bare Exception for unreadable files
+            raise DataError(f"{path}: not a readable tokenizer file ({exc})") from None
+
+    def save(self, path: Path) -> None:
+        self._hf.save(str(path))
+
+    def encode(self, text: str) -> list[int]:
+        return list(self._hf.encode(text, add_special_tokens=False).ids)
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return [list(enc.ids) for enc in self._hf.encode_batch(list(texts), add_special_tokens=False)]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._hf.decode(list(ids), skip_special_tokens=False)
+
+
 def train_byte_level_bpe(
     texts: Iterable[str], vocab_size: int, special_tokens: list[str], length: int | None = None
 ) -> HFTokenizer:
@@ -144,9 +178,13 @@ def tokenizer_from_spec(spec: dict[str, Any], directory: Path) -> Tokenizer:
     kind = spec.get("kind")
     if kind == "bytes":
         return ByteTokenizer()
-    if kind == "bpe":
-        tok = BPETokenizer.from_file(directory / str(spec.get("file", BPE_FILE)))
+    if kind in ("bpe", "pretrained"):
+        path = directory / str(spec.get("file", BPE_FILE))
+        if kind == "bpe":
+            tok: BPETokenizer | PretrainedTokenizer = BPETokenizer.from_file(path)
+        else:
+            tok = PretrainedTokenizer.from_file(path, int(spec.get("eos_id", -1)), str(spec.get("name")))
         if tok.vocab_size != spec.get("vocab_size") or tok.eos_id != spec.get("eos_id"):
-            raise DataError(f"{directory / BPE_FILE}: does not match the manifest's tokenizer entry")
+            raise DataError(f"{path}: does not match the manifest's tokenizer entry")
         return tok
     raise DataError(f"{directory}/manifest.json: unknown tokenizer kind {kind!r}")

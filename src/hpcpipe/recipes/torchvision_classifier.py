@@ -1,0 +1,189 @@
+"""The `torchvision-classifier` recipe: any ``torchvision.models`` classification model (resnet50,
+vit_b_16, convnext_tiny, efficientnet_b0, ...) on every image format hpcpipe reads (CIFAR, IDX,
+ImageFolder), with the image pipeline, normalisation, loss and top-1 accuracy of ``resnet-cifar``
+(``image_classifier.py``).
+
+- The model is ``torchvision.models.get_model(recipe.arch, num_classes=<the data's classes>,
+  **recipe.model_kwargs)``, randomly initialised; ``recipe.weights`` starts it from a local file of
+  weights instead (torchvision's own ``.pth`` files, or safetensors; nothing is downloaded).
+- Images are normalised on the device; grey-scale images are repeated to the 3 channels every
+  torchvision model takes, and ``recipe.image_size`` resizes them there (a ViT needs its size:
+  224, or ``model_kwargs: {image_size: 32}``).
+- FSDP2 shards a ResNet's four stages, or else the blocks of the model's largest sequence of
+  blocks (a ViT's encoder layers, a ConvNeXt's or EfficientNet's feature stages).
+- Export ``safetensors``: the model's state dict and ``classifier.json`` (arch, classes, kwargs):
+  ``torchvision.models.get_model(arch, num_classes=N, **kwargs).load_state_dict(...)`` loads it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from hpcpipe.config import JobConfig
+from hpcpipe.errors import ConfigError
+from hpcpipe.recipes.args import parse_args
+from hpcpipe.recipes.base import ExportRequest
+from hpcpipe.recipes.image_classifier import ImageClassifierRecipe
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+EXPORT_FILE = "model.safetensors"
+EXPORT_INFO = "classifier.json"
+
+
+class TorchvisionArgs(BaseModel):
+    """The ``recipe:`` section of ``torchvision-classifier``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    arch: str = Field("resnet18", min_length=1, description="A torchvision.models classification model name.")
+    image_size: int | None = Field(
+        None, ge=8, description="Resize images (on the device) to this side; null: as stored."
+    )
+    weights: str | None = Field(
+        None,
+        description="A local file of weights to start from (torchvision's .pth, or safetensors); "
+        "tensors whose shape differs (the head, for another number of classes) keep their init.",
+    )
+    model_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="More keyword arguments of get_model (e.g. {dropout: 0.2})."
+    )
+
+
+@dataclass
+class TorchvisionClassifier(ImageClassifierRecipe):
+    name = "torchvision-classifier"
+    summary = "Any torchvision.models classifier (resnet50, vit_b_16, convnext_tiny, ...) on your images"
+    Args = TorchvisionArgs
+    export_formats = ("safetensors",)
+    worker_imports = ("hpcpipe.data.images.loader", "torchvision")
+    check_preset = "torchvision-tiny"
+
+    args: TorchvisionArgs = field(default_factory=TorchvisionArgs)
+
+    @classmethod
+    def from_job(cls, job: JobConfig) -> TorchvisionClassifier:
+        args = parse_args(cls.Args, job.recipe)
+        return cls(model_cfg=job.model, data_cfg=job.data, train_cfg=job.train, seed=job.run.seed, args=args)
+
+    @classmethod
+    def check_overrides(cls, work: Path) -> dict[str, Any]:
+        """The preset's data generated under ``work``; ResNet-18, whose training draws no random
+        numbers (MobileNetV3's dropout would differ between 1 and 2 ranks by design)."""
+        return {**super().check_overrides(work), "recipe.arch": "resnet18"}
+
+    @classmethod
+    def describe_model(cls, job: JobConfig) -> str:
+        root = job.data.root or "default root"
+        return f"torchvision {job.recipe.get('arch')} on {job.data.format} images ({root})"
+
+    def prepare(self, progress: bool) -> Any:
+        self._check_arch()  # a misspelt model name: one line before any worker starts
+        return super().prepare(progress)
+
+    def _check_arch(self) -> None:
+        from torchvision import models
+
+        known = models.list_models(module=models)
+        if self.args.arch not in known:
+            raise ConfigError(
+                f"recipe.arch: {self.args.arch!r} is not a torchvision classifier (known: {', '.join(known)})"
+            )
+
+    def _classifier(self) -> nn.Module:
+        from torchvision import models
+
+        self._check_arch()
+        try:
+            model = models.get_model(
+                self.args.arch, weights=None, num_classes=len(self.info.classes), **self.args.model_kwargs
+            )
+        except TypeError as exc:  # a keyword the model does not take
+            raise ConfigError(f"recipe.model_kwargs: {exc}") from None
+        if self.args.weights:
+            _load_start(model, Path(self.args.weights))
+        return model
+
+    def _input_shape(self) -> tuple[int, ...]:
+        _, h, w = self.info.shape
+        side = self.args.image_size
+        return (3, side, side) if side else (3, h, w)
+
+    def normalize(self, images: torch.Tensor) -> torch.Tensor:
+        """uint8 (B, C, H, W) -> float (B, 3, S, S): standardised, grey repeated, resized."""
+        import torch.nn.functional as F
+
+        x = super().normalize(images)
+        if x.shape[1] == 1:
+            x = x.expand(-1, 3, -1, -1)
+        if self.args.image_size:
+            size = (self.args.image_size, self.args.image_size)
+            x = F.interpolate(x, size=size, mode="bilinear", align_corners=False, antialias=False)
+        return x
+
+    def shard_units(self, model: nn.Module) -> Sequence[nn.Module]:
+        from hpcpipe.models.vision_units import shard_units
+
+        return shard_units(model)
+
+    def export(self, request: ExportRequest) -> Path:
+        """The checkpoint's weights as safetensors, with what rebuilds the model."""
+        from safetensors.torch import save_model
+
+        from hpcpipe.checkpoint.export import load_weights
+
+        model = self._classifier()
+        load_weights(request.checkpoint, model)
+        request.out.mkdir(parents=True, exist_ok=True)
+        save_model(model, str(request.out / EXPORT_FILE))
+        info = {
+            "arch": self.args.arch,
+            "num_classes": len(self.info.classes),
+            "kwargs": self.args.model_kwargs,
+            "classes": list(self.info.classes),
+            "image_size": self.args.image_size,
+        }
+        (request.out / EXPORT_INFO).write_text(json.dumps(info, indent=2) + "\n")
+        return request.out
+
+    def load_export(self, fmt: str, path: Path) -> Any:
+        """As a user would: torchvision's model of that name, loaded strictly."""
+        from safetensors.torch import load_model
+        from torchvision import models
+
+        info = json.loads((path / EXPORT_INFO).read_text())
+        model = models.get_model(
+            info["arch"], weights=None, num_classes=info["num_classes"], **info["kwargs"]
+        )
+        load_model(model, str(path / EXPORT_FILE), strict=True)
+        return model
+
+
+def _load_start(model: nn.Module, path: Path) -> None:
+    """``path``'s tensors into ``model`` where names and shapes match (never unpickling code)."""
+    import torch
+
+    if not path.is_file():
+        raise ConfigError(f"recipe.weights: {path} does not exist")
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            state = load_file(str(path))
+        else:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise ConfigError(f"recipe.weights: {path} is not a file of weights ({exc})") from None
+    own = model.state_dict()
+    fitting = {k: v for k, v in state.items() if k in own and own[k].shape == v.shape}
+    if not fitting:
+        raise ConfigError(f"recipe.weights: no tensor of {path} fits recipe.arch's model")
+    model.load_state_dict(fitting, strict=False)
