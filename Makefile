@@ -133,6 +133,8 @@ bench: install-test fc-assets system-deps
 	$(BIN)/python benchmarks/collectives_overhead.py
 	$(BIN)/python benchmarks/lora_overhead.py --model smollm2
 	$(BIN)/python benchmarks/vision_overhead.py --knobs
+	$(BIN)/python benchmarks/example_recipe_overhead.py
+	$(BIN)/python benchmarks/hf_causal_lm_overhead.py
 	$(BIN)/python benchmarks/slurm_launch.py --repeats 3
 	$(BIN)/python benchmarks/stage_copy.py --files 8 --mb 64 --repeats 5
 	$(BIN)/python benchmarks/observability_overhead.py

@@ -19,25 +19,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
+from ddp_harness import alternate, finish, trainer_for
 from hpcpipe.config import JobConfig, load_config
 from hpcpipe.data.images.generator import write_dataset
 from hpcpipe.netutil import free_port
-from hpcpipe.recipes import build_recipe
 from hpcpipe.train.distributed import init_distributed
 from hpcpipe.train.environment import DistEnv
 from hpcpipe.train.schedule import lr_at
-from hpcpipe.train.trainer import Trainer
 from run_context import print_rates, run_context
 
 KNOBS = {
@@ -154,35 +150,6 @@ class _Transformed(torch.utils.data.Dataset):  # type: ignore[type-arg]
         return self.transform(image), label
 
 
-def timed(fn: Any, steps: int, images_per_step: int) -> float:
-    dist.barrier()
-    start = time.perf_counter()
-    fn(steps)
-    dist.barrier()
-    return images_per_step * steps / (time.perf_counter() - start)
-
-
-def trainer_for(job: JobConfig, ctx: Any, run_dir: Path) -> Trainer:
-    recipe = build_recipe(job)
-    if ctx.local_rank == 0:
-        recipe.prepare(progress=False)
-    dist.barrier()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    return Trainer(job, recipe, ctx, run_dir)
-
-
-def alternate(a: Any, b: Any, repeats: int, steps: int, images: int) -> tuple[list[float], list[float]]:
-    """Interleaved timed blocks of ``a`` and ``b``: a b, b a, a b, ... after one warm-up each."""
-    a(2), b(2)
-    xs: list[float] = []
-    ys: list[float] = []
-    for i in range(repeats):
-        order = [(a, xs), (b, ys)] if i % 2 == 0 else [(b, ys), (a, xs)]
-        for fn, out in order:
-            out.append(timed(fn, steps, images))
-    return xs, ys
-
-
 def worker(rank: int, args: argparse.Namespace, port: int, root: Path, out: Path) -> None:
     env = DistEnv("torchrun", rank, rank, args.nproc, args.nproc, "127.0.0.1", port)
     job = job_for(args, root, out, [])
@@ -203,11 +170,7 @@ def worker(rank: int, args: argparse.Namespace, port: int, root: Path, out: Path
             result["knobs"][name] = {"baseline": base, "changed": changed}
             other.close()
     trainer.close()
-    if rank == 0:
-        (out / "result.json").write_text(json.dumps(result))
-    dist.barrier()
-    dist.destroy_process_group()
-    os._exit(0)
+    finish(rank, result, out)
 
 
 def main() -> None:

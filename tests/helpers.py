@@ -20,9 +20,7 @@ def run_cli(
     the completed process. It is forked from this test process's CLI zygote (``tests/cli_zygote.py``:
     torch and the trainer imported once), or a fresh interpreter with a ``prefix`` or with
     ``HPCPIPE_TEST_FRESH_CLI=1``."""
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID"):
-        full_env.pop(var, None)
+    full_env = without_ranks({**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
     if prefix is None and os.environ.get("HPCPIPE_TEST_FRESH_CLI") != "1":
         from tests.cli_zygote import run_forked
 
@@ -176,3 +174,62 @@ def tiny_llama(packed: bool = True, train: bool = False):  # type: ignore[no-unt
     if packed:
         use_packed_attention(model)
     return model
+
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE_RECIPE = ROOT / "examples" / "recipes" / "stdlib-classifier"
+
+
+def uv_binary() -> str:
+    """The project's pinned uv (``make`` puts it in .tools/bin), or one on PATH."""
+    import shutil
+
+    pinned = ROOT / ".tools" / "bin" / "uv"
+    found = str(pinned) if pinned.is_file() else shutil.which("uv")
+    if found is None:
+        raise RuntimeError("uv not found: run make install-test (it installs .tools/bin/uv)")
+    return found
+
+
+def install_into(target: Path, package: Path) -> Path:
+    """Build and install ``package`` (a directory with pyproject.toml) into the directory
+    ``target``, without its dependencies (this environment has them): a real install, with its
+    dist-info and entry points, that a process sees once ``target`` is on its PYTHONPATH."""
+    subprocess.run(
+        [uv_binary(), "pip", "install", "--quiet", "--python", sys.executable, "--target", str(target),
+         "--no-deps", "--no-build-isolation", "--no-cache", str(package)],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    return target
+
+
+def with_site(site: Path, env: dict[str, str] | None = None) -> dict[str, str]:
+    """``env`` (default: this one) with ``site`` first on PYTHONPATH and no rank variables."""
+    full = without_ranks({**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"})
+    full["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), full.get("PYTHONPATH", "")) if p)
+    return full
+
+
+def without_ranks(env: dict[str, str]) -> dict[str, str]:
+    """``env`` without the variables that would make a process join this one's group."""
+    ranks = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID")
+    return {k: v for k, v in env.items() if k not in ranks}
+
+
+def run_fresh_cli(
+    *args: str, env: dict[str, str], cwd: Path | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
+    """``python -m hpcpipe ARGS`` in a fresh interpreter (it sees ``env``'s PYTHONPATH: an
+    installed recipe package; ``run_cli``'s zygote would not)."""
+    return subprocess.run(
+        [sys.executable, "-m", "hpcpipe", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )

@@ -152,3 +152,29 @@ def test_a_server_stopped_mid_run_is_filled_in_by_track_sync(server: MlflowServe
     assert client.get_run(run_id).info.status == "FINISHED"
     again = json.loads(run_cli("track", "sync", str(run_dir), "--json", "-", cwd=tmp_path).stdout)
     assert again["metrics"] == 0
+
+
+OWN = "tests.recipes_for_tests:Tiny"
+
+
+def test_a_recipe_of_the_users_own_is_tracked_with_its_arguments_and_registered(
+    server: MlflowServer, tmp_path: Path
+) -> None:
+    """A recipe outside hpcpipe (named by import path): its recipe.* arguments are run params, its
+    metrics are tracked, its safetensors export is the registered model."""
+    sets = [
+        f"run.recipe={OWN}", "recipe.hidden=12", "run.name=own", f"run.out_dir={tmp_path}",
+        "train.steps=4", "train.eval_every=2", "checkpoint.every_steps=2", "observe.log_every=1",
+        "observe.mlflow.experiment=own-recipe", "pipeline.register_as=own-model",
+    ]  # fmt: skip
+    env = {"MLFLOW_TRACKING_URI": _with_credentials(server.url)}
+    args = [a for s in sets for a in ("--set", s)]
+    proc = run_cli("run", "tiny", *args, cwd=tmp_path, timeout=400, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    client = server.client()
+    run = client.get_run(_run_id(tmp_path / "own"))
+    assert run.data.params["recipe.hidden"] == "12" and run.data.tags["hpcpipe.recipe"] == OWN
+    assert {m.step for m in client.get_metric_history(run.info.run_id, "val_r2")} == {0, 2, 4}
+    [version] = client.search_model_versions("name='own-model'")
+    model_files = {a.path for a in client.list_artifacts(run.info.run_id, "model")}
+    assert version.run_id == run.info.run_id and "model/model.safetensors" in model_files

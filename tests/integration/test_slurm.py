@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tests.helpers import run_cli
+from tests.helpers import EXAMPLE_RECIPE, install_into, run_cli, run_fresh_cli, with_site
 from tests.integration.slurm_cluster import Node, SlurmCluster, job_overrides, missing_capability
 
 from hpcpipe.config import load_config
@@ -376,3 +376,25 @@ def test_hpo_array_tasks_are_study_workers_on_a_journal_store(cluster: SlurmClus
     assert all("study worker" in log for log in logs), logs
     ran = sum(log.count("val_loss=") for log in logs)
     assert ran == 3, logs  # every trial ran once, in one task or the other
+
+
+def test_a_recipe_from_an_installed_package_trains_on_two_nodes(cluster: SlurmCluster, work: Path) -> None:
+    """The example recipe (examples/recipes/stdlib-classifier) installed into a directory of its own
+    and found through its entry point on both nodes: 2 nodes x 2 processes, through Slurm."""
+    site = install_into(work / "example-site", EXAMPLE_RECIPE)
+    small = ["recipe.train_per_class=32", "recipe.val_per_class=8", "recipe.channels=8", "train.steps=6"]
+    sets = _sets(work, "example-2x2", *small, "train.eval_every=6", "observe.log_every=1")
+    sets += ["--set", f"launch.slurm.env={{GLOO_SOCKET_IFNAME: eth0, PYTHONPATH: {site}}}"]
+    proc = run_fresh_cli(
+        "launch", "slurm", str(EXAMPLE_RECIPE / "job.yaml"), "--nodes", "2", *sets,
+        env=with_site(site, {"SLURM_CONF": str(cluster.conf)}), cwd=work,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    job = re.search(r"submitted job (\d+)", proc.stdout)
+    assert job, proc.stdout
+    assert _finish(cluster, job.group(1)) == "COMPLETED", _logs(cluster, job.group(1))
+    run = work / "runs" / "example-2x2"
+    rows = read_metrics(run)
+    assert {r["world_size"] for r in rows if "loss" in r} == {4}
+    assert [r["step"] for r in rows if "val_acc" in r][-1] == 6
+    assert len(json.loads((run / "lineage.json").read_text())["hosts"]) == 2  # both nodes trained

@@ -39,6 +39,7 @@ ROOMS: dict[str, int] = {
             "launch",
             "plan",
             "recipecheck",
+            "scaffold",
             "testing",
         ],
         4,

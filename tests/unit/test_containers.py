@@ -24,14 +24,13 @@ def _base_from_dockerfile() -> str:
     return match.group(1)
 
 
+def _hadolint(dockerfile: Path) -> subprocess.CompletedProcess[str]:
+    command = [str(BIN / "hadolint"), "--no-color", str(dockerfile)]
+    return subprocess.run(command, capture_output=True, text=True, timeout=30, check=False)
+
+
 def test_the_dockerfile_is_hadolint_clean() -> None:
-    proc = subprocess.run(
-        [str(BIN / "hadolint"), "--no-color", str(DOCKERFILE)],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
+    proc = _hadolint(DOCKERFILE)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -71,3 +70,23 @@ def test_the_docker_build_context_holds_only_what_the_dockerfile_copies() -> Non
     copied = set(re.findall(r"^COPY (?!--from)(.+) \S+$", DOCKERFILE.read_text(), re.M))
     wanted = {word for line in copied for word in line.split()}
     assert {f"!{name}" for name in wanted} <= {line.rstrip("/") for line in ignore}
+
+
+def test_the_recipe_dockerfiles_are_hadolint_clean_and_check_the_recipe_is_found(tmp_path: Path) -> None:
+    """containers/recipe.Dockerfile and the one `hpcpipe new recipe` writes: hadolint-clean, built
+    on hpcpipe's image as root, run as uid 1000, and failing the build without the recipe."""
+    from hpcpipe.scaffold.recipe import write_package
+
+    write_package("my-model", tmp_path / "pkg", "0.1.0")
+    for dockerfile in (ROOT / "containers" / "recipe.Dockerfile", tmp_path / "pkg" / "Dockerfile"):
+        proc = subprocess.run(
+            [str(BIN / "hadolint"), "--no-color", str(dockerfile)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        assert proc.returncode == 0, f"{dockerfile}: {proc.stdout}{proc.stderr}"
+        text = dockerfile.read_text()
+        assert "FROM ${HPCPIPE_IMAGE}" in text and text.rstrip().splitlines()[-2] == "USER 1000"
+        assert "hpcpipe recipes show" in text.rstrip().splitlines()[-1]

@@ -52,12 +52,17 @@ def hpcpipe_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def run_hpcpipe(
-    args: list[str], cwd: Path, timeout_s: float, env: dict[str, str] | None = None, log: str = "hpcpipe"
+    args: list[str],
+    cwd: Path,
+    timeout_s: float,
+    env: dict[str, str] | None = None,
+    log: str = "hpcpipe",
+    log_dir: Path | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """``python -m hpcpipe ARGS`` to completion; TrialTimeout (group killed) past ``timeout_s``.
 
-    Its output is also kept in ``cwd/LOG.out`` and ``cwd/LOG.err``: a failed trial's directory
-    is its post-mortem."""
+    Its output is also kept in ``LOG.out`` and ``LOG.err`` in ``log_dir`` (default: ``cwd``): a
+    failed trial's directory is its post-mortem."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "hpcpipe", *args],
         cwd=cwd,
@@ -72,13 +77,13 @@ def run_hpcpipe(
     except subprocess.TimeoutExpired:
         kill_group(proc)
         out, err = proc.communicate()
-        _keep_log(cwd, log, out, err)
+        _keep_log(log_dir or cwd, log, out, err)
         raise TrialTimeout(f"hpcpipe {' '.join(args[:2])} ran past {timeout_s:.0f} s") from None
     except BaseException:  # Ctrl-C: the job is in its own session, the terminal's SIGINT missed it
         kill_group(proc)
         proc.wait()
         raise
-    _keep_log(cwd, log, out, err)
+    _keep_log(log_dir or cwd, log, out, err)
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 

@@ -18,6 +18,7 @@ from hpcpipe.cli import hpo as hpo_cli
 from hpcpipe.cli import jobs as jobs_cli
 from hpcpipe.cli import launch as launch_cli
 from hpcpipe.cli import lineage as lineage_cli
+from hpcpipe.cli import new as new_cli
 from hpcpipe.cli import plan as plan_cli
 from hpcpipe.cli import presets as presets_cli
 from hpcpipe.cli import profile as profile_cli
@@ -60,6 +61,7 @@ def _root(
 app.add_typer(presets_cli.app, name="presets")
 app.add_typer(recipes_cli.app, name="recipes")
 app.add_typer(recipes_cli.app, name="recipe", hidden=True)  # `hpcpipe recipe check NAME` reads well too
+app.add_typer(new_cli.app, name="new")
 app.add_typer(data_cli.app, name="data")
 app.add_typer(ckpt_cli.app, name="ckpt")
 app.command("train")(train_cli.train)

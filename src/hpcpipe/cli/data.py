@@ -142,7 +142,6 @@ def stage(
     """
     from hpcpipe.data.stage import collect_garbage, stage, token_dataset_source
     from hpcpipe.launch.job import stage_source
-    from hpcpipe.recipes import build_recipe
 
     if job_config is not None:
         job = load_job(job_config, sets)
@@ -153,9 +152,8 @@ def stage(
         if cache_root is None and job.data.cache_dir is None:
             raise UserError("data stage --job: give CACHE_ROOT or set data.cache_dir")
         root = Path(cache_root or str(job.data.cache_dir))
-        with contextlib.redirect_stdout(sys.stderr):  # prepared first, with a progress bar
-            build_recipe(job).prepare(progress=console.is_terminal and json_out != "-")
-        src = stage_source(job)
+        with contextlib.redirect_stdout(sys.stderr):  # libraries that print on import: stderr
+            src = stage_source(job, progress=console.is_terminal and json_out != "-")
     elif source is None or cache_root is None:
         raise UserError("data stage: give SOURCE and CACHE_ROOT, or --job CONFIG [CACHE_ROOT]")
     else:

@@ -4,13 +4,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from hpcpipe.cli.common import ConfigArg, SetOption, console, err_console, scheduler_overrides, write_text
 from hpcpipe.errors import UserError
 from hpcpipe.layout import RunLayout
+
+if TYPE_CHECKING:
+    from hpcpipe.config import JobConfig
 
 KubeconfigOption = Annotated[
     Path | None,
@@ -89,6 +92,7 @@ def k8s(
     k8s_cluster.require_client()
     connection = k8s_cluster.connect(kubeconfig, context) if submit else None  # fail before writing
     docs = render_k8s(job, api, runtime)  # type: ignore[arg-type]  # checked against APIS above
+    note_image(job)
     text = to_yaml(docs)
     if dry_run:
         typer.echo(text, nl=False)
@@ -163,6 +167,7 @@ def helm_values(
         raise UserError("--monitoring: set observe.prometheus.port (and observe.prometheus.host=0.0.0.0)")
     k8s_cluster.require_client()  # the operators' models check the job (the k8s extra)
     values = build_values(job, api, runtime, monitoring)  # type: ignore[arg-type]  # checked against APIS
+    note_image(job)
     target = "-" if out is not None and str(out) == "-" else str(out or RunLayout(job.run_dir).helm_values)
     text = values_header(job, values["nameOverride"], target) + yaml.safe_dump(
         values, sort_keys=False, width=100
@@ -177,3 +182,12 @@ def helm_values(
         f"install it: helm install {values['nameOverride']} deploy/helm/hpcpipe "
         f"-n {job.launch.k8s.namespace} -f {path}"
     )
+
+
+def note_image(job: JobConfig) -> None:
+    """Say so when the pods' image cannot hold the job's recipe (a user's package, hpcpipe's image)."""
+    from hpcpipe.launch.recipe_image import image_note
+
+    note = image_note(job)
+    if note:
+        err_console.print(note, markup=False, highlight=False)

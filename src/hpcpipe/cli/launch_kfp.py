@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from hpcpipe.cli.common import ConfigArg, SetOption, console, load_job
-from hpcpipe.cli.launch_k8s import ApiOption
+from hpcpipe.cli.launch_k8s import ApiOption, note_image
 from hpcpipe.errors import UserError
 from hpcpipe.layout import RunLayout
 
@@ -61,6 +61,7 @@ def kfp(
     job = load_job(config, sets)
     k8s_cluster.require_client()  # the train step's job is checked with the operators' models
     spec = pipeline_spec(job, api, katib, workers)  # type: ignore[arg-type]  # checked against APIS
+    note_image(job)
     target = out or RunLayout(job.run_dir).kfp_pipeline
     if target.is_dir():
         raise UserError(f"-o {target}: a directory; name the pipeline file (e.g. {target}/pipeline.yaml)")

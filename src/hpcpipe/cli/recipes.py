@@ -4,6 +4,7 @@ properties every recipe must have (also as `hpcpipe recipe ...`)."""
 from __future__ import annotations
 
 import contextlib
+import sys
 import typing
 from typing import Annotated, Any
 
@@ -167,7 +168,8 @@ def check(
 ) -> None:
     """Run, at test size on the CPU, the properties every recipe must have, and print a PASS/FAIL
     table (exit 1 on a failure): the loader gives the same batches from the same seed, step and
-    rank (and the same global batch at 1 and 2 ranks); a run killed at step k resumes bit for bit;
+    rank (and the same global batch at 1 and 2 ranks); 2 DDP ranks whose rank 1 is SIGKILLed at
+    step 4 restart and resume bit for bit;
     one process, 2 DDP ranks and 2 FSDP2 ranks agree; the checkpoint round-trips; the export
     loads; evaluation reports val_loss; bad recipe arguments are refused.
 
@@ -191,7 +193,10 @@ def check(
             if shown is not None:
                 shown.update(f"checking {name}")
 
-        report = check_recipe(recipe, config, list(sets or ()), work, tuple(only or ()), say)
+        # Libraries that print on import (DeepSpeed, through transformers) write to stderr: standard
+        # output carries the table, or the JSON alone.
+        with contextlib.redirect_stdout(sys.stderr):
+            report = check_recipe(recipe, config, list(sets or ()), work, tuple(only or ()), say)
     if not quiet:
         _print_report(report)
     write_json(report_dict(report), json_out)

@@ -160,12 +160,12 @@ def prepare_inputs(job: JobConfig) -> None:
     build_recipe(job).prepare(progress=sys.stderr.isatty())  # no progress frames in CI logs
 
 
-def stage_source(job: JobConfig) -> StageSource:
+def stage_source(job: JobConfig, progress: bool = False) -> StageSource:
     """The files of the dataset ``job`` reads (prepared or verified first), as its recipe stages
     them to ``data.cache_dir``; DataError when its data have no file manifest to stage by."""
     from hpcpipe.recipes import build_recipe
 
-    source = build_recipe(job).stage_source()
+    source = build_recipe(job).stage_source(progress)
     if source is None:
         raise DataError(f"run.recipe {job.run.recipe}: its data have no file manifest to stage by")
     return cast("StageSource", source)

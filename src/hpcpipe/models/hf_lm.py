@@ -286,6 +286,13 @@ class ParamCounts:
     def fraction(self) -> float:
         return self.trainable / max(self.trainable + self.frozen, 1)
 
+    def training_flops_per_token(self, recompute: bool) -> float:
+        """6N for weights that train (forward 2N, input and weight gradients 4N), 4N for frozen
+        ones (no weight gradients), 2N more each when activations are recomputed (gradient
+        checkpointing). Attention scores are left out."""
+        extra = 2.0 if recompute else 0.0
+        return (4.0 + extra) * self.frozen + (6.0 + extra) * self.trainable
+
 
 def param_counts(model: nn.Module) -> ParamCounts:
     """Trainable and frozen parameter counts (full sizes, also under FSDP2: DTensor numel is global)."""

@@ -23,10 +23,9 @@ def check_job(ref: str, config: str | None, sets: list[str], work: Path) -> JobC
     cls = recipe_class(ref)
     if config is not None:
         job = load_config(config, sets)
-    else:
-        base = cls.check_preset
-        job = load_config(base, sets) if base else load_config(_empty(work), sets)
-        job = apply_values(job, {"run.recipe": ref, **cls.check_overrides(work)})
+    else:  # run.recipe first: the --set recipe.<key> values are the recipe's keys
+        job = load_config(cls.check_preset or _empty(work), [f"run.recipe={ref}", *sets])
+        job = apply_values(job, cls.check_overrides(work))
     micro = job.train.micro_batch_size
     per_step = 2 * micro  # the global batch must split over 2 ranks
     global_batch = max(per_step, -(-job.train.global_batch_size // per_step) * per_step)
@@ -54,7 +53,6 @@ def _check_settings(work: Path, global_batch: int) -> dict[str, Any]:
         "checkpoint.keep_last": STEPS,
         "checkpoint.async": False,
         "checkpoint.dir": None,
-        "checkpoint.memory_tier": False,
         "observe.log_every": 1,
         "observe.progress": False,
         "parallel.nproc": 1,

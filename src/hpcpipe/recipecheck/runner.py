@@ -77,10 +77,9 @@ class _Runs:
     def _start(self, name: str) -> Path:
         if name == "single":
             return training.train(self.work, name, 1, "single")
-        if name == "killed":
-            return training.train(
-                self.work, name, 1, "single", env=training.killed_env(self.work), restarts=1
-            )
+        if name == "killed":  # 2 DDP ranks, rank 1 SIGKILLed: the agent restarts the group
+            env = training.killed_env(self.work)
+            return training.train(self.work, name, 2, "ddp", env=env, restarts=1)
         return training.train(self.work, name, 2, name)  # "ddp" or "fsdp"
 
 
@@ -104,7 +103,7 @@ def _properties(recipe: Recipe, job: JobConfig, runs: _Runs, rtol: float) -> dic
         "parity-fsdp": lambda: training.check_parity(
             runs.get("single"), runs.get("fsdp"), "2 FSDP2 ranks", rtol
         ),
-        "resume-after-kill": lambda: training.check_resume(recipe, runs.get("single"), runs.get("killed")),
+        "resume-after-kill": lambda: training.check_resume(recipe, runs.get("ddp"), runs.get("killed")),
         "export-loads": lambda: training.check_exports(recipe, runs.get("single"), work),
         "eval-metrics": lambda: training.check_eval_metrics(recipe, runs.get("single")),
     }

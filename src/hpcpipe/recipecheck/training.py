@@ -29,7 +29,9 @@ def train(
     sets = [f"run.name={name}", f"parallel.strategy={strategy}"]
     args = ["train", str(work / "job.yaml"), "--nproc", str(nproc), "--max-restarts", str(restarts)]
     args += [a for s in sets for a in ("--set", s)]
-    proc = run_hpcpipe(args, work, RUN_TIMEOUT_S, env=env, log=name)
+    # From this process's directory: the job's relative paths (data.prepared_dir) and a recipe
+    # named by an import path resolve as they did here; the logs go to the work directory.
+    proc = run_hpcpipe(args, Path.cwd(), RUN_TIMEOUT_S, env=env, log=name, log_dir=work)
     if proc.returncode != 0:
         raise RuntimeError(
             f"{name} run exited {proc.returncode}: {last_line(proc.stderr)} (log: {work / name}.err)"
@@ -63,15 +65,15 @@ def check_parity(single: Path, other: Path, what: str, rtol: float) -> str:
 
 
 def killed_env(work: Path) -> dict[str, str]:
-    """SIGKILL the worker at step KILL_STEP, once (the marker directory holds it back after)."""
+    """SIGKILL rank 1 at step KILL_STEP, once (the marker directory holds it back after)."""
     markers = work / "kill-markers"
     markers.mkdir(exist_ok=True)
-    return {"HPCPIPE_CHAOS_KILL": f"step={KILL_STEP},rank=0", "HPCPIPE_CHAOS_DIR": str(markers)}
+    return {"HPCPIPE_CHAOS_KILL": f"step={KILL_STEP},rank=1", "HPCPIPE_CHAOS_DIR": str(markers)}
 
 
 def check_resume(recipe: Recipe, reference: Path, killed: Path) -> str:
-    """The killed run resumed from its checkpoint before the kill and trained the same steps and
-    the same final weights as the uninterrupted run, bit for bit."""
+    """The killed run's group restarted, resumed from its checkpoint before the kill and trained
+    the same steps and the same final weights as the uninterrupted run, bit for bit."""
     resumed = [e for e in _events(killed) if e.get("event") == "resumed"]
     if not resumed:
         raise AssertionError(f"the run killed at step {KILL_STEP} did not resume from a checkpoint")
@@ -87,7 +89,7 @@ def check_resume(recipe: Recipe, reference: Path, killed: Path) -> str:
         if not torch.equal(tensor, b[name]):
             raise AssertionError(f"the final checkpoints differ at {name}")
     step = resumed[0].get("step")
-    return f"killed at step {KILL_STEP}, resumed at {step}: losses and {len(a)} final tensors bitwise equal"
+    return f"rank 1 killed at step {KILL_STEP}, resumed at {step}: losses, {len(a)} tensors bitwise equal"
 
 
 def _events(run_dir: Path) -> list[dict[str, Any]]:

@@ -110,29 +110,31 @@ class Recipe(ABC):
 
     # -- declaration: class attributes, read before anything is built ---------------------------
     name: ClassVar[str]  # run.recipe's name (an entry point's name must equal it)
-    summary: ClassVar[str] = ""  # one line for `hpcpipe recipes list` and --help
-    Args: ClassVar[type | None] = None  # the `recipe:` section: a pydantic model or a dataclass
-    # Each evaluation metric and whether it improves downwards ("min") or upwards ("max"): the
-    # keys of the evaluation rows (hpo.metric), and HPO's default direction.
+    summary: ClassVar[str] = ""  # one line for `hpcpipe recipes list`
+    Args: ClassVar[type | None] = None  # the job's `recipe:` section: a pydantic model or a dataclass
+    # Each evaluation metric and whether it improves downwards ("min") or upwards ("max"): the keys
+    # of the evaluation rows (hpo.metric) and HPO's default direction; val_loss is required.
     metric_goals: ClassVar[Mapping[str, Goal]] = {"val_loss": "min"}
-    # Shared sections the recipe reads (None: it does not read the key, which is then not checked).
-    model_variants: ClassVar[tuple[str, ...] | None] = None  # model.variant values it builds
-    data_formats: ClassVar[tuple[str, ...] | None] = None  # data.format values it reads
+    # The model.variant values it builds (None: it does not read model.variant, which is not checked).
+    model_variants: ClassVar[tuple[str, ...] | None] = None
+    # The data.format values it reads (None: it does not read data.format, which is not checked).
+    data_formats: ClassVar[tuple[str, ...] | None] = None
     needs_model_source: ClassVar[bool] = False  # model.name_or_path is required
-    # `ckpt export --format`, the first the pipeline's; an instance may narrow it for its job.
+    # `ckpt export --format` values, the first the pipeline's; an instance may narrow it for its job.
     export_formats: tuple[str, ...] = ()
     evaluations: ClassVar[tuple[str, ...]] = ()  # `hpcpipe eval <kind>` it supports
-    # Modules and libraries its workers import beyond the trainer (its own module is implied):
-    # the agent's fork server imports them once for every rank and every restart.
+    # Modules and libraries its workers import beyond the trainer (its own module is implied): the
+    # agent's fork server imports them once for every rank and every restart.
     worker_imports: ClassVar[tuple[str, ...]] = ()
     # The model is hpcpipe's own transformer (model.n_layers, d_model, seq_len): `hpcpipe
     # roofline` models its operations.
     own_transformer: ClassVar[bool] = False
     sample_noun: ClassVar[str] = "samples"  # what one sample is, in summaries ("sequences", "images")
-    # `hpcpipe recipe check`: the preset (or YAML) it starts from (None: the defaults), shrunk
-    # further by check_overrides; and whether the data order is the same at any world size (the
-    # global batch of a step at 1 and 2 ranks is then compared).
+    # `hpcpipe recipe check` starts from this preset or YAML (None: the defaults), then applies
+    # check_overrides.
     check_preset: ClassVar[str | None] = None
+    # The data order is the same at any world size: `recipe check` compares the global batch of a
+    # step at 1 and 2 ranks.
     world_size_invariant_order: ClassVar[bool] = True
 
     # -- how it trains: instance attributes a subclass may set per job --------------------------
@@ -144,6 +146,7 @@ class Recipe(ABC):
     checkpoint_trainable_only: bool = False
 
     def __init__(self, args: Any = None, ctx: RecipeContext | None = None) -> None:
+        """What the default ``from_job`` passes: the typed ``recipe:`` section and the context."""
         self.args = args  # the typed `recipe:` section (an instance of Args), or None
         self.ctx = ctx
 
@@ -185,9 +188,10 @@ class Recipe(ABC):
         """Hash of the prepared dataset's manifest, for lineage."""
         return None
 
-    def stage_source(self) -> Any:
-        """The files ``data.cache_dir`` staging copies (``hpcpipe.data.stage.StageSource``);
-        None: the recipe's data have no file manifest to stage by."""
+    def stage_source(self, progress: bool = False) -> Any:
+        """The files ``data.cache_dir`` staging copies (``hpcpipe.data.stage.StageSource``), the
+        data prepared first if they are not (``progress``: show it); None: the recipe's data have no
+        file manifest to stage by."""
         return None
 
     @abstractmethod

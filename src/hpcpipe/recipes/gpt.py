@@ -72,11 +72,11 @@ class GPTRecipe(Recipe):
         _ = self.vocab_size  # model.vocab_size vs the tokenizer: fail before any worker starts
         return dataset_summary(dataset)
 
-    def stage_source(self) -> Any:
+    def stage_source(self, progress: bool = False) -> Any:
         from hpcpipe.data.stage import token_dataset_source
         from hpcpipe.data.tokens.shards import prepare_dataset
 
-        return token_dataset_source(prepare_dataset(self.data_cfg).path)
+        return token_dataset_source(prepare_dataset(self.data_cfg, progress=progress).path)
 
     @cached_property
     def dataset(self):  # type: ignore[no-untyped-def]  # PreparedDataset

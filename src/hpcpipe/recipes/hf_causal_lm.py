@@ -166,10 +166,10 @@ class HFCausalLMRecipe(Recipe):
 
         return staged_tokens(self._prepared(False), self.data_cfg.cache_dir, "sizes")
 
-    def stage_source(self) -> Any:
+    def stage_source(self, progress: bool = False) -> Any:
         from hpcpipe.data.stage import token_dataset_source
 
-        return token_dataset_source(self._prepared(False).path)
+        return token_dataset_source(self._prepared(progress).path)
 
     def dataset_hash(self) -> str | None:
         return str(self.dataset.manifest_sha256)
@@ -249,12 +249,10 @@ class HFCausalLMRecipe(Recipe):
         return {"val_loss": val_loss, "val_ppl": math.exp(min(val_loss, 50.0))}
 
     def flops_per_sample(self) -> float | None:
-        """6N per token for the weights that train, 4N for frozen ones (no weight gradients), 2N
-        more each with gradient checkpointing; attention scores left out."""
+        """The model's training FLOPs per token (``ParamCounts.training_flops_per_token``) x seq_len."""
         if self.counts is None:
             return None
-        recompute = 2.0 if self.model_cfg.gradient_checkpointing else 0.0
-        per_token = (4.0 + recompute) * self.counts.frozen + (6.0 + recompute) * self.counts.trainable
+        per_token = self.counts.training_flops_per_token(self.model_cfg.gradient_checkpointing)
         return per_token * self.model_cfg.seq_len
 
     # -- artifacts ---------------------------------------------------------------------------
@@ -264,22 +262,17 @@ class HFCausalLMRecipe(Recipe):
         ``request.dtype``; ``adapter``: the peft adapter (LoRA runs only)."""
         from hpcpipe.checkpoint.export import load_weights
         from hpcpipe.models.hf_lm import apply_lora, load_base_model
-        from hpcpipe.models.lora_export import save_adapter, save_merged, save_model_dir
+        from hpcpipe.models.lora_export import save_model_dir, write_lora_export
 
         lora = self.args.finetune == "lora"
         if request.fmt == "adapter" and not lora:
-            raise UserError(
-                "--format adapter: this run fine-tuned every weight (recipe.finetune=full); use hf"
-            )
+            raise UserError("--format adapter: this run trained every weight (recipe.finetune=full); use hf")
         model = load_base_model(self.source, "fp32")
         if lora:
             model = apply_lora(model, self.lora_cfg)
         load_weights(request.checkpoint, model, trainable_only=lora)
-        if request.fmt == "adapter":
-            state = {name: p.data for name, p in model.named_parameters() if p.requires_grad}
-            return save_adapter(model, state, request.out, self.tokenizer)
         if lora:
-            return save_merged(model, request.out, request.dtype, self.tokenizer)
+            return write_lora_export(model, request.fmt, request.out, request.dtype, self.tokenizer)
         return save_model_dir(model, request.out, request.dtype, self.tokenizer)
 
     def load_export(self, fmt: str, path: Path) -> Any:

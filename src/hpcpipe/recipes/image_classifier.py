@@ -68,7 +68,7 @@ class ImageClassifierRecipe(Recipe):
         self.__dict__["image_dir"] = self._staged(verify="full")
         return info_summary(self.data_cfg.format, self.info)
 
-    def stage_source(self) -> Any:
+    def stage_source(self, progress: bool = False) -> Any:
         from hpcpipe.data.images.manifest import verify_or_record
         from hpcpipe.data.stage import image_dataset_source
 

@@ -255,10 +255,10 @@ class LoraFCRecipe(Recipe):
         return counts
 
     def flops_per_sample(self) -> float | None:
+        """The model's training FLOPs per token (``ParamCounts.training_flops_per_token``) x seq_len."""
         if self.counts is None:
             return None
-        recompute = 2.0 if self.model_cfg.gradient_checkpointing else 0.0
-        per_token = (4.0 + recompute) * self.counts.frozen + (6.0 + recompute) * self.counts.trainable
+        per_token = self.counts.training_flops_per_token(self.model_cfg.gradient_checkpointing)
         return per_token * self.model_cfg.seq_len
 
     # -- artifacts ---------------------------------------------------------------------------
@@ -325,15 +325,11 @@ class LoraFCRecipe(Recipe):
         adapter directory, or a merged transformers model in ``request.dtype``."""
         from hpcpipe.checkpoint.export import load_weights
         from hpcpipe.models.hf_lm import apply_lora, load_base_model, load_tokenizer
-        from hpcpipe.models.lora_export import save_adapter, save_merged
+        from hpcpipe.models.lora_export import write_lora_export
 
         model = apply_lora(load_base_model(self.source, "fp32"), self.lora_cfg)
         load_weights(request.checkpoint, model, trainable_only=True)
-        tokenizer = load_tokenizer(self.source)
-        if request.fmt == "adapter":
-            state = {name: p.data for name, p in model.named_parameters() if p.requires_grad}
-            return save_adapter(model, state, request.out, tokenizer)
-        return save_merged(model, request.out, request.dtype, tokenizer)
+        return write_lora_export(model, request.fmt, request.out, request.dtype, load_tokenizer(self.source))
 
     def load_export(self, fmt: str, path: Path) -> Any:
         from hpcpipe.models.lora_export import load_with_adapter

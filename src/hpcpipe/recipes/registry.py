@@ -1,4 +1,4 @@
-"""Which class ``run.recipe`` names, and the recipe's own ``recipe:`` section.
+"""Which class ``run.recipe`` names: a registered name or an import path, found and checked.
 
 ``run.recipe`` is either
 

@@ -71,7 +71,34 @@ class ByteTokenizer:
         return "".join(pieces)
 
 
-class BPETokenizer:
+class _HFBacked:
+    """A tokenizer backed by a Hugging Face ``tokenizers.Tokenizer``: saving and encoding (never
+    adding special tokens: only the data pipeline places EOS)."""
+
+    _hf: HFTokenizer
+
+    @staticmethod
+    def _read(path: Path) -> HFTokenizer:
+        try:
+            return HFTokenizer.from_file(str(path))
+        except Exception as exc:  # tokenizers raises bare Exception for unreadable files
+            raise DataError(f"{path}: not a readable tokenizer file ({exc})") from None
+
+    def save(self, path: Path) -> None:
+        self._hf.save(str(path))
+
+    def encode(self, text: str) -> list[int]:
+        return list(self._hf.encode(text, add_special_tokens=False).ids)
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        encodings = self._hf.encode_batch(list(texts), add_special_tokens=False)
+        return [list(enc.ids) for enc in encodings]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._hf.decode(list(ids), skip_special_tokens=False)
+
+
+class BPETokenizer(_HFBacked):
     """Byte-level BPE (GPT-2 style pre-tokenization) wrapping a Hugging Face ``Tokenizer``."""
 
     kind = "bpe"
@@ -93,26 +120,10 @@ class BPETokenizer:
 
     @classmethod
     def from_file(cls, path: Path) -> BPETokenizer:
-        try:
-            return cls(HFTokenizer.from_file(str(path)))
-        except Exception as exc:  # tokenizers raises bare Exception for unreadable files
-            raise DataError(f"{path}: not a readable tokenizer file ({exc})") from None
-
-    def save(self, path: Path) -> None:
-        self._hf.save(str(path))
-
-    def encode(self, text: str) -> list[int]:
-        return list(self._hf.encode(text, add_special_tokens=False).ids)
-
-    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        encodings = self._hf.encode_batch(list(texts), add_special_tokens=False)
-        return [list(enc.ids) for enc in encodings]
-
-    def decode(self, ids: Sequence[int]) -> str:
-        return self._hf.decode(list(ids), skip_special_tokens=False)
+        return cls(cls._read(path))
 
 
-class PretrainedTokenizer:
+class PretrainedTokenizer(_HFBacked):
     """A model's own tokenizer (a Hugging Face fast tokenizer's ``tokenizers.Tokenizer``), saved
     with the prepared shards as ``tokenizer.json``. Special tokens written in the text (a chat
     template's ``<|im_start|>``) encode as the special tokens they are; EOS is the model's."""
@@ -127,22 +138,7 @@ class PretrainedTokenizer:
 
     @classmethod
     def from_file(cls, path: Path, eos_id: int, name: str) -> PretrainedTokenizer:
-        try:
-            return cls(HFTokenizer.from_file(str(path)), eos_id, name)
-        except Exception as exc:  # tokenizers raises bare Exception for unreadable files
-            raise DataError(f"{path}: not a readable tokenizer file ({exc})") from None
-
-    def save(self, path: Path) -> None:
-        self._hf.save(str(path))
-
-    def encode(self, text: str) -> list[int]:
-        return list(self._hf.encode(text, add_special_tokens=False).ids)
-
-    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        return [list(enc.ids) for enc in self._hf.encode_batch(list(texts), add_special_tokens=False)]
-
-    def decode(self, ids: Sequence[int]) -> str:
-        return self._hf.decode(list(ids), skip_special_tokens=False)
+        return cls(cls._read(path), eos_id, name)
 
 
 def train_byte_level_bpe(

@@ -1,0 +1,1 @@
+"""An hpcpipe recipe from outside hpcpipe: classify snippets of Python source by stdlib package."""

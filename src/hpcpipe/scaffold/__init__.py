@@ -1,0 +1,1 @@
+"""``hpcpipe new recipe NAME``: an installable package with a working recipe to start from."""

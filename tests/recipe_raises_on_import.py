@@ -1,0 +1,3 @@
+"""A recipe module with a bug at import: its author must see the traceback."""
+
+RESULT = 1 / 0

@@ -1,0 +1,108 @@
+"""Recipes the tests name by import path (``tests.recipes_for_tests:Tiny``): one that works, and
+one of each mistake a recipe author can make."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+import hpcpipe
+
+
+class TinyArgs(BaseModel):
+    hidden: int = Field(8, ge=1, description="Hidden width.")
+    samples: int = Field(64, ge=8, description="Training samples.")
+    activation: str = Field("relu", description="relu or tanh.")
+
+
+class Tiny(hpcpipe.DatasetRecipe):
+    """A regression small enough for in-process tests."""
+
+    name = "tiny-regression"
+    summary = "an MLP on generated (x, y) pairs"
+    Args = TinyArgs
+    metric_goals = {"val_loss": "min", "val_r2": "max"}  # noqa: RUF012
+
+    def build_model(self) -> Any:
+        from torch import nn
+
+        if self.args.activation not in ("relu", "tanh"):
+            raise ValueError(f"activation {self.args.activation!r}: relu or tanh")  # a bug of the user's
+        act = nn.ReLU() if self.args.activation == "relu" else nn.Tanh()
+        return nn.Sequential(nn.Linear(4, self.args.hidden), act, nn.Linear(self.args.hidden, 1))
+
+    def datasets(self) -> hpcpipe.Datasets:
+        import torch
+        from torch.utils.data import TensorDataset
+
+        g = torch.Generator().manual_seed(0)
+        n = self.args.samples + 16
+        x = torch.randn(n, 4, generator=g)
+        y = x.sum(dim=1, keepdim=True)
+        cut = self.args.samples
+        return hpcpipe.Datasets(TensorDataset(x[:cut], y[:cut]), TensorDataset(x[cut:], y[cut:]))
+
+    def loss(self, model: Any, batch: hpcpipe.Batch) -> Any:
+        import torch.nn.functional as F
+
+        x, y = batch
+        return F.mse_loss(model(x), y)
+
+    def eval_sums(self, model: Any, batch: hpcpipe.Batch) -> dict[str, Any]:
+        x, y = batch
+        err = ((model(x) - y) ** 2).sum()
+        return {"loss": err / 1.0, "sq": (y**2).sum(), "count": x.new_tensor(len(x))}
+
+    def eval_metrics(self, totals: dict[str, float]) -> dict[str, float]:
+        return {
+            "val_loss": totals["loss"] / totals["count"],
+            "val_r2": 1 - totals["loss"] / max(totals["sq"], 1e-9),
+        }
+
+
+class MissingLoss(hpcpipe.DatasetRecipe):
+    name = "missing-loss"
+
+    def build_model(self) -> Any:
+        raise NotImplementedError
+
+    def datasets(self) -> hpcpipe.Datasets:
+        raise NotImplementedError
+
+
+class NotARecipe:
+    name = "not-a-recipe"
+
+
+class NoValLoss(Tiny):
+    metric_goals = {"val_r2": "max"}  # noqa: RUF012
+
+
+class BadName(Tiny):
+    name = "Bad Name"
+
+
+class EmptyData(Tiny):
+    name = "empty-data"
+
+    def datasets(self) -> hpcpipe.Datasets:
+        return hpcpipe.Datasets([], [1])
+
+
+class NoArgs(Tiny):
+    name = "no-args"
+    Args = None
+
+    def build_model(self) -> Any:
+        from torch import nn
+
+        return nn.Linear(4, 1)
+
+    @property
+    def args(self) -> Any:
+        return TinyArgs()
+
+    @args.setter
+    def args(self, value: Any) -> None:
+        pass
