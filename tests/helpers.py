@@ -195,14 +195,32 @@ def install_into(target: Path, package: Path) -> Path:
     """Build and install ``package`` (a directory with pyproject.toml) into the directory
     ``target``, without its dependencies (this environment has them): a real install, with its
     dist-info and entry points, that a process sees once ``target`` is on its PYTHONPATH."""
-    subprocess.run(
-        [uv_binary(), "pip", "install", "--quiet", "--python", sys.executable, "--target", str(target),
-         "--no-deps", "--no-build-isolation", "--no-cache", str(package)],
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    import shutil
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:  # built from a copy: no build/ left in the source tree
+        source = Path(tmp) / package.name
+        shutil.copytree(package, source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+        subprocess.run(
+            [
+                uv_binary(),
+                "pip",
+                "install",
+                "--quiet",
+                "--python",
+                sys.executable,
+                "--target",
+                str(target),
+                "--no-deps",
+                "--no-build-isolation",
+                "--no-cache",
+                str(source),
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
     return target
 
 

@@ -14,6 +14,8 @@ class TinyArgs(BaseModel):
     hidden: int = Field(8, ge=1, description="Hidden width.")
     samples: int = Field(64, ge=8, description="Training samples.")
     activation: str = Field("relu", description="relu or tanh.")
+    val_samples: int = Field(16, ge=1, description="Validation samples.")
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout after the hidden layer.")
 
 
 class Tiny(hpcpipe.DatasetRecipe):
@@ -30,14 +32,15 @@ class Tiny(hpcpipe.DatasetRecipe):
         if self.args.activation not in ("relu", "tanh"):
             raise ValueError(f"activation {self.args.activation!r}: relu or tanh")  # a bug of the user's
         act = nn.ReLU() if self.args.activation == "relu" else nn.Tanh()
-        return nn.Sequential(nn.Linear(4, self.args.hidden), act, nn.Linear(self.args.hidden, 1))
+        hidden = self.args.hidden
+        return nn.Sequential(nn.Linear(4, hidden), act, nn.Dropout(self.args.dropout), nn.Linear(hidden, 1))
 
     def datasets(self) -> hpcpipe.Datasets:
         import torch
         from torch.utils.data import TensorDataset
 
         g = torch.Generator().manual_seed(0)
-        n = self.args.samples + 16
+        n = self.args.samples + self.args.val_samples
         x = torch.randn(n, 4, generator=g)
         y = x.sum(dim=1, keepdim=True)
         cut = self.args.samples

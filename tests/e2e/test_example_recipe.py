@@ -107,7 +107,7 @@ def test_an_hpo_study_of_three_trials_searches_its_own_arguments(env: dict[str, 
         "train.lr: {type: float, low: 0.001, high: 0.01, log: true}}"
     )
     sets = _sets(
-        f"run.out_dir={tmp_path}", "train.steps=6", "train.eval_every=3", "hpo.metric=val_acc", space
+        f"run.out_dir={tmp_path}", "train.steps=4", "train.eval_every=2", "hpo.metric=val_acc", space
     )
     proc = run_fresh_cli("hpo", "run", str(JOB), *sets, "--trials", "3", env=env, cwd=tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -41,9 +41,11 @@ def _train(tmp: Path, preset: str, name: str, *sets: str, cwd: Path = ROOT) -> P
     return tmp / name
 
 
-def _export_hf(run: Path) -> Path:
+def _export_hf(run: Path, *options: str) -> Path:
     [ckpt] = sorted((run / "checkpoints").glob("step-*"))[-1:]
-    proc = run_cli("ckpt", "export", str(ckpt), "--format", "hf", "--out", str(run / "hf"), cwd=ROOT)
+    proc = run_cli(
+        "ckpt", "export", str(ckpt), "--format", "hf", "--out", str(run / "hf"), *options, cwd=ROOT
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return run / "hf"
 
@@ -65,8 +67,8 @@ def test_smollm2_lora_on_text_exports_a_model_transformers_loads(tmp_path: Path)
     assert [r["step"] for r in evals] == [0, 2] and evals[-1]["val_ppl"] < evals[0]["val_ppl"] * 1.5
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    out = _export_hf(run)
-    model = AutoModelForCausalLM.from_pretrained(out)
+    out = _export_hf(run, "--dtype", "bf16")  # half the bytes to write and read back
+    model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(out)
     ids = tokenizer("def main():", return_tensors="pt").input_ids
     with torch.no_grad():

@@ -153,7 +153,13 @@ def stage(
             raise UserError("data stage --job: give CACHE_ROOT or set data.cache_dir")
         root = Path(cache_root or str(job.data.cache_dir))
         with contextlib.redirect_stdout(sys.stderr):  # libraries that print on import: stderr
-            src = stage_source(job, progress=console.is_terminal and json_out != "-")
+            found = stage_source(job, progress=console.is_terminal and json_out != "-")
+        if found is None and if_configured:
+            console.print(f"run.recipe {job.run.recipe}: its data have no file manifest: nothing to stage")
+            return
+        if found is None:
+            raise DataError(f"run.recipe {job.run.recipe}: its data have no file manifest to stage by")
+        src = found
     elif source is None or cache_root is None:
         raise UserError("data stage: give SOURCE and CACHE_ROOT, or --job CONFIG [CACHE_ROOT]")
     else:

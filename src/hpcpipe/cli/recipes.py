@@ -9,9 +9,10 @@ import typing
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 
 from hpcpipe.cli.common import JsonOption, console, err_console, print_table, write_json
-from hpcpipe.errors import ConfigError, UserError
+from hpcpipe.errors import ConfigError, UserError, one_line
 
 app = typer.Typer(
     help="Recipes: the built-in ones, those installed packages register (entry-point group "
@@ -43,8 +44,9 @@ def list_recipes(json_out: JsonOption = None) -> None:
     for name, entry in reg.recipes.items():
         try:
             summary = recipe_class(name).summary
-        except ConfigError as exc:  # listed all the same, with what is wrong with it
-            summary = f"[red]unusable[/]: {exc}"
+        except Exception as exc:  # a broken package's recipe is listed all the same, with why
+            why = str(exc) if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}"
+            summary = f"[red]unusable[/]: {escape(one_line(why))}"
         rows.append({"name": name, "package": f"{entry.package} {entry.version}", "summary": summary})
     for name, entries in reg.collisions.items():
         rows.append(

@@ -150,6 +150,12 @@ class JobConfig(Section):
             )
         if spec.needs_model_source and not self.model.name_or_path:
             raise ValueError(f"model.name_or_path is required for run.recipe {spec.name!r}")
+        fmt = self.pipeline.export_format
+        if fmt != "auto" and fmt not in spec.export_formats:
+            known = ", ".join(spec.export_formats) or "none: it exports nothing"
+            raise ValueError(
+                f"pipeline.export_format {fmt!r} does not fit run.recipe {spec.name!r} (auto, or {known})"
+            )
         return self
 
     @property

@@ -135,6 +135,9 @@ class MapStyleTrainLoader:
                 self.samples,
                 batch_sampler=_EpochBatches(self.order),
                 collate_fn=self.collate,
+                # Each iterator draws its workers' base seed: from a generator of its own, never
+                # from torch's global one, whose stream (dropout) a resumed run must replay exactly.
+                generator=torch.Generator().manual_seed(self.order.seed),
                 num_workers=workers,
                 pin_memory=self.cfg.pin_memory and torch.cuda.is_available(),
                 persistent_workers=self.cfg.persistent_workers,

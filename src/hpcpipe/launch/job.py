@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 from hpcpipe.config import JobConfig, grad_accum_steps
-from hpcpipe.errors import USER_ERROR_EXIT_CODE, DataError, UserError
+from hpcpipe.errors import USER_ERROR_EXIT_CODE, UserError
 from hpcpipe.layout import RunLayout
 from hpcpipe.train.environment import detect_environment
 
@@ -160,15 +160,12 @@ def prepare_inputs(job: JobConfig) -> None:
     build_recipe(job).prepare(progress=sys.stderr.isatty())  # no progress frames in CI logs
 
 
-def stage_source(job: JobConfig, progress: bool = False) -> StageSource:
+def stage_source(job: JobConfig, progress: bool = False) -> StageSource | None:
     """The files of the dataset ``job`` reads (prepared or verified first), as its recipe stages
-    them to ``data.cache_dir``; DataError when its data have no file manifest to stage by."""
+    them to ``data.cache_dir``; None when its data have no file manifest to stage by."""
     from hpcpipe.recipes import build_recipe
 
-    source = build_recipe(job).stage_source(progress)
-    if source is None:
-        raise DataError(f"run.recipe {job.run.recipe}: its data have no file manifest to stage by")
-    return cast("StageSource", source)
+    return cast("StageSource | None", build_recipe(job).stage_source(progress))
 
 
 def prepare_job(job: JobConfig) -> Path:

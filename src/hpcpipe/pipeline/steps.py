@@ -41,7 +41,10 @@ def stage(ctx: StepContext) -> None:
         raise NotApplicable("data.cache_dir is null: the data are read where they are")
     if ctx.on == "k8s":
         raise NotApplicable("each training pod stages its own node's disk (its stage init step)")
-    staged = stage_dataset(stage_source(ctx.job), Path(ctx.job.data.cache_dir))
+    source = stage_source(ctx.job)
+    if source is None:
+        raise NotApplicable(f"run.recipe {ctx.job.run.recipe}: its data have no file manifest to stage by")
+    staged = stage_dataset(source, Path(ctx.job.data.cache_dir))
     staged.release()
     ctx.say(f"     staged {staged.path} ({staged.size_bytes / 1e6:.1f} MB, copied: {staged.copied})")
 
@@ -49,10 +52,11 @@ def stage(ctx: StepContext) -> None:
 def stage_outputs(ctx: StepContext) -> dict[str, str]:
     from hpcpipe.launch.job import stage_source
 
-    if ctx.job.data.cache_dir is None:
+    source = None if ctx.job.data.cache_dir is None else stage_source(ctx.job)
+    if source is None:
         return {}
-    key = stage_source(ctx.job).key  # the dataset manifest's hash names the cache entry
-    return {"staged": key} if (Path(ctx.job.data.cache_dir) / key).is_dir() else {}
+    key = source.key  # the dataset manifest's hash names the cache entry
+    return {"staged": key} if (Path(str(ctx.job.data.cache_dir)) / key).is_dir() else {}
 
 
 # -- train: the workers (resumes from the newest verified checkpoint) -----------------------------

@@ -21,10 +21,10 @@ def check_job(ref: str, config: str | None, sets: list[str], work: Path) -> JobC
     """``config`` (a preset or YAML, with ``sets``) or else the recipe's ``check_preset`` with its
     ``check_overrides``; then the check's own settings. Written to ``work/job.yaml``."""
     cls = recipe_class(ref)
-    if config is not None:
-        job = load_config(config, sets)
-    else:  # run.recipe first: the --set recipe.<key> values are the recipe's keys
-        job = load_config(cls.check_preset or _empty(work), [f"run.recipe={ref}", *sets])
+    # run.recipe first: the --set recipe.<key> values are the recipe's keys, and the job trains
+    # the recipe checked whatever recipe a given config names.
+    job = load_config(config or cls.check_preset or _empty(work), [f"run.recipe={ref}", *sets])
+    if config is None:
         job = apply_values(job, cls.check_overrides(work))
     micro = job.train.micro_batch_size
     per_step = 2 * micro  # the global batch must split over 2 ranks

@@ -76,7 +76,7 @@ class _Runs:
 
     def _start(self, name: str) -> Path:
         if name == "single":
-            return training.train(self.work, name, 1, "single")
+            return training.train_here(self.work, name)
         if name == "killed":  # 2 DDP ranks, rank 1 SIGKILLed: the agent restarts the group
             env = training.killed_env(self.work)
             return training.train(self.work, name, 2, "ddp", env=env, restarts=1)

@@ -39,6 +39,15 @@ def train(
     return work / "runs" / name
 
 
+def train_here(work: Path, name: str) -> Path:
+    """The 1-process run in this process, as ``hpcpipe train`` runs one process without restarts
+    (no interpreter to start; a process that has computed may start others: subprocesses exec)."""
+    from hpcpipe.config import load_config
+    from hpcpipe.launch.job import run_job
+
+    return run_job(load_config(work / "job.yaml", [f"run.name={name}", "parallel.strategy=single"]))
+
+
 def compare_losses(
     reference: dict[int, float], other: dict[int, float], rtol: float
 ) -> tuple[float, str | None]:

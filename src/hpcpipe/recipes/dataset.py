@@ -105,7 +105,9 @@ class DatasetRecipe(Recipe):
     def eval_sums(self, model: nn.Module, batch: Batch) -> dict[str, torch.Tensor]:
         """Summed figures of one validation batch, ``count`` included: by default the loss times
         the batch's size (its first tensor's length)."""
-        count = batch[0].new_tensor(len(batch[0])).double()
+        import torch
+
+        count = torch.tensor(float(len(batch[0])), dtype=torch.float64, device=batch[0].device)
         return {"loss": self.loss(model, batch).double() * count, "count": count}
 
     def eval_metrics(self, totals: dict[str, float]) -> dict[str, float]:

@@ -241,7 +241,9 @@ class HFCausalLMRecipe(Recipe):
         return F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
 
     def eval_sums(self, model: nn.Module, batch: Batch) -> dict[str, torch.Tensor]:
-        count = batch[0].new_tensor(len(batch[0])).double()
+        import torch
+
+        count = batch[0].new_tensor(len(batch[0]), dtype=torch.float64)
         return {"loss": self.loss(model, batch).double() * count, "count": count}
 
     def eval_metrics(self, totals: dict[str, float]) -> dict[str, float]:

@@ -42,8 +42,9 @@ class ImageClassifierRecipe(Recipe):
     broadcasts_buffers: bool = True
 
     @abstractmethod
-    def _classifier(self) -> nn.Module:
-        """The model for ``self.info``'s channels and classes (random init, on the CPU)."""
+    def _classifier(self, start: bool = True) -> nn.Module:
+        """The model for ``self.info``'s channels and classes, on the CPU: random, or from the
+        recipe's starting weights when ``start`` (not for an export or a FLOP count)."""
 
     def _input_shape(self) -> tuple[int, ...]:
         """(C, H, W) of what the model sees (``normalize``'s output for one image)."""
@@ -146,7 +147,7 @@ class ImageClassifierRecipe(Recipe):
         from torch.utils.flop_counter import FlopCounterMode
 
         with torch.device("meta"):
-            model = self._classifier()
+            model = self._classifier(start=False)
             images = torch.empty((2, *self._input_shape()))  # BatchNorm trains on > 1 value per channel
             with FlopCounterMode(display=False) as counter:
                 model(images)

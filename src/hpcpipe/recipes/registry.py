@@ -209,7 +209,7 @@ def names_where(predicate: Callable[[type[Recipe]], bool]) -> list[str]:
     for name in registry().recipes:
         try:
             cls = recipe_class(name)
-        except ConfigError:
+        except Exception:  # a broken package's recipe supports nothing (recipes list says why)
             continue
         if predicate(cls):
             found.append(name)

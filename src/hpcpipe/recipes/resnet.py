@@ -32,7 +32,7 @@ class ResNetRecipe(ImageClassifierRecipe):
         root = job.data.root or "default root"
         return f"torchvision {job.model.variant} on {job.data.format} images ({root})"
 
-    def _classifier(self) -> nn.Module:
+    def _classifier(self, start: bool = True) -> nn.Module:
         from hpcpipe.models.resnet import build_resnet18
 
         return build_resnet18(self.model_cfg.variant, int(self.info.shape[0]), len(self.info.classes))

@@ -98,7 +98,7 @@ class TorchvisionClassifier(ImageClassifierRecipe):
                 f"recipe.arch: {self.args.arch!r} is not a torchvision classifier (known: {', '.join(known)})"
             )
 
-    def _classifier(self) -> nn.Module:
+    def _classifier(self, start: bool = True) -> nn.Module:
         from torchvision import models
 
         self._check_arch()
@@ -108,7 +108,7 @@ class TorchvisionClassifier(ImageClassifierRecipe):
             )
         except TypeError as exc:  # a keyword the model does not take
             raise ConfigError(f"recipe.model_kwargs: {exc}") from None
-        if self.args.weights:
+        if start and self.args.weights:
             _load_start(model, Path(self.args.weights))
         return model
 
@@ -140,7 +140,7 @@ class TorchvisionClassifier(ImageClassifierRecipe):
 
         from hpcpipe.checkpoint.export import load_weights
 
-        model = self._classifier()
+        model = self._classifier(start=False)  # every weight comes from the checkpoint
         load_weights(request.checkpoint, model)
         request.out.mkdir(parents=True, exist_ok=True)
         save_model(model, str(request.out / EXPORT_FILE))

@@ -4,6 +4,7 @@ are Jinja2 templates (``templates/recipe/``); every one is rendered before any i
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,10 @@ def names_for(name: str) -> Names:
             f"NAME {name!r}: use lower-case letters, digits and '-', starting with a letter (e.g. my-recipe)"
         )
     module = name.replace("-", "_")
+    if importlib.util.find_spec(module) is not None:
+        raise UserError(
+            f"NAME {name!r}: its module {module!r} would shadow an installed one; choose another name"
+        )
     cls = "".join(part.capitalize() for part in module.split("_")) + "Recipe"
     return Names(name, module, cls, name)
 

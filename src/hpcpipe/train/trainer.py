@@ -295,13 +295,13 @@ class Trainer:
         model.eval()
         sums: dict[str, torch.Tensor] = {}
         for item in self.recipe.eval_batches(self.ctx.rank, self.ctx.world_size):
+            padding = isinstance(item, PaddingBatch)  # run for FSDP2's collectives only: counts 0
             batch = item.batch if isinstance(item, PaddingBatch) else item
             with self.precision.autocast():
                 batch_sums = self.recipe.eval_sums(model, self._to_device(batch))
-            if isinstance(item, PaddingBatch):  # run for FSDP2's collectives only: not counted
-                continue
             for key, value in batch_sums.items():
-                sums[key] = sums[key] + value.double() if key in sums else value.double()
+                add = torch.zeros_like(value, dtype=torch.float64) if padding else value.double()
+                sums[key] = sums[key] + add if key in sums else add
         model.train()
         keys = sorted(sums)  # every rank runs the same recipe: the same keys in the same order
         totals = torch.stack([sums[k].reshape(()) for k in keys])  # (K,) this rank's sums

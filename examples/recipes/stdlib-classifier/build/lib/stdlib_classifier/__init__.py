@@ -1,1 +1,0 @@
-"""An hpcpipe recipe from outside hpcpipe: classify snippets of Python source by stdlib package."""
