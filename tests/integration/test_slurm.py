@@ -383,6 +383,7 @@ def test_a_recipe_from_an_installed_package_trains_on_two_nodes(cluster: SlurmCl
     and found through its entry point on both nodes: 2 nodes x 2 processes, through Slurm."""
     site = install_into(work / "example-site", EXAMPLE_RECIPE)
     small = ["recipe.train_per_class=32", "recipe.val_per_class=8", "recipe.channels=8", "train.steps=6"]
+    small += ["train.micro_batch_size=4"]  # 4 ranks x 4 = the global batch of 16 that _sets gives
     sets = _sets(work, "example-2x2", *small, "train.eval_every=6", "observe.log_every=1")
     sets += ["--set", f"launch.slurm.env={{GLOO_SOCKET_IFNAME: eth0, PYTHONPATH: {site}}}"]
     proc = run_fresh_cli(
