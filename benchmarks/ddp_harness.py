@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -60,6 +61,31 @@ def alternate(
     return xs, ys
 
 
+def report(
+    benchmark: str, result: dict[str, Any], rate: tuple[str, str], target: float, fields: dict[str, Any]
+) -> None:
+    """The rates side by side, the ratio of the medians (the figure) and a JSON line.
+
+    ``rate`` is (unit as printed, its JSON key stem), e.g. ("tok/s", "tokens_per_s"). Beside the
+    figure, the median of each repeat's own ratio (its two blocks ran back to back): steadier
+    where the machine's speed drifts (CPU steal on a shared host)."""
+    from run_context import print_rates, run_context
+
+    hp, rw = statistics.median(result["hpcpipe"]), statistics.median(result["raw"])
+    paired = statistics.median(x / y for x, y in zip(result["hpcpipe"], result["raw"], strict=True))
+    print_rates("loop", rate[0], {"hpcpipe": result["hpcpipe"], "raw": result["raw"]})
+    print(f"ratio hpcpipe/raw = {hp / rw:.3f} (target >= {target}); median of paired blocks {paired:.3f}")
+    line = {
+        "benchmark": benchmark,
+        f"hpcpipe_{rate[1]}": round(hp, 1),
+        f"raw_{rate[1]}": round(rw, 1),
+        "ratio": round(hp / rw, 4),
+        "paired_ratio": round(paired, 4),
+        "target": target,
+    }
+    print(json.dumps({**line, **fields, **run_context()}))
+
+
 def trainer_for(job: JobConfig, ctx: Any, run_dir: Path) -> Trainer:
     """hpcpipe's Trainer for ``job`` on this rank, its data prepared by local rank 0."""
     recipe = build_recipe(job)
@@ -89,7 +115,8 @@ class SampledBatches:
         from torch.utils.data import DataLoader, DistributedSampler
 
         self.sampler = DistributedSampler(data, world_size, rank, shuffle=True, seed=seed, drop_last=True)
-        self.loader = DataLoader(data, batch_size=micro_batch_size, sampler=self.sampler)
+        # Whole micro-batches only, as the trainer's: a short last batch would time fewer samples.
+        self.loader = DataLoader(data, batch_size=micro_batch_size, sampler=self.sampler, drop_last=True)
         self.epoch = 0
         self.batches = iter(self.loader)
 

@@ -17,8 +17,6 @@ the median samples/s is the result (target >= 0.98).
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -31,13 +29,21 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "recipes" / "stdlib-classifier"
 sys.path.insert(0, str(EXAMPLE / "src"))  # the example is named by import path, not installed
 
-from ddp_harness import SampledBatches, alternate, finish, raw_steps, spawn, timing_overrides, trainer_for  # noqa: E402
+from ddp_harness import (  # noqa: E402
+    SampledBatches,
+    alternate,
+    finish,
+    raw_steps,
+    report,
+    spawn,
+    timing_overrides,
+    trainer_for,
+)
 from hpcpipe.config import JobConfig, load_config  # noqa: E402
 from hpcpipe.netutil import free_port  # noqa: E402
 from hpcpipe.train.distributed import init_distributed  # noqa: E402
 from hpcpipe.train.environment import DistEnv  # noqa: E402
 from hpcpipe.train.optim import build_optimizer  # noqa: E402
-from run_context import print_rates, run_context  # noqa: E402
 
 RECIPE = "stdlib_classifier.recipe:StdlibClassifier"
 
@@ -100,29 +106,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
         result = spawn(worker, (args, free_port(), out), args.nproc, out)
-    hp, rw = statistics.median(result["hpcpipe"]), statistics.median(result["raw"])
     print(
         f"{args.nproc} gloo ranks x {result['threads']} threads, stdlib-classifier (byte CNN), "
         f"{args.batch} samples/rank/step, {args.repeats} repeats x {args.steps} steps, interleaved"
     )
-    print_rates("loop", "samples/s", {"hpcpipe": result["hpcpipe"], "raw": result["raw"]})
-    print(f"ratio hpcpipe/raw = {hp / rw:.3f} (target >= 0.98)")
-    print(
-        json.dumps(
-            {
-                "benchmark": "example_recipe_overhead",
-                "hpcpipe_samples_per_s": round(hp, 1),
-                "raw_samples_per_s": round(rw, 1),
-                "ratio": round(hp / rw, 4),
-                "target": 0.98,
-                "nproc": args.nproc,
-                "batch_per_rank": args.batch,
-                "repeats": args.repeats,
-                "steps": args.steps,
-                **run_context(),
-            }
-        )
-    )
+    fields = {"nproc": args.nproc, "batch_per_rank": args.batch, "repeats": args.repeats, "steps": args.steps}
+    report("example_recipe_overhead", result, ("samples/s", "samples_per_s"), 0.98, fields)
 
 
 if __name__ == "__main__":

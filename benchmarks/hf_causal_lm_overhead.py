@@ -18,8 +18,6 @@ Needs ``make fc-assets`` (SmolLM2's GGUF file). ``--model tiny`` runs the same p
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -27,13 +25,21 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ddp_harness import SampledBatches, alternate, finish, raw_steps, spawn, timing_overrides, trainer_for
+from ddp_harness import (
+    SampledBatches,
+    alternate,
+    finish,
+    raw_steps,
+    report,
+    spawn,
+    timing_overrides,
+    trainer_for,
+)
 from hpcpipe.config import JobConfig, load_config
 from hpcpipe.netutil import free_port
 from hpcpipe.train.distributed import init_distributed
 from hpcpipe.train.environment import DistEnv
 from hpcpipe.train.optim import build_optimizer
-from run_context import print_rates, run_context
 
 PRESETS = {"smollm2": "hf-causal-lm-smollm2", "tiny": "hf-causal-lm-tiny"}
 
@@ -131,31 +137,19 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
         result = spawn(worker, (args, free_port(), out), args.nproc, out)
-    hp, rw = statistics.median(result["hpcpipe"]), statistics.median(result["raw"])
     print(
         f"{args.nproc} gloo ranks x {result['threads']} threads, hf-causal-lm {args.model} LoRA, "
         f"{args.batch}x{args.seq_len} tokens/rank/step, {args.repeats} x {args.steps} steps, interleaved"
     )
-    print_rates("loop", "tok/s", {"hpcpipe": result["hpcpipe"], "raw": result["raw"]}, decimals=0)
-    print(f"ratio hpcpipe/raw = {hp / rw:.3f} (target >= 0.95)")
-    print(
-        json.dumps(
-            {
-                "benchmark": "hf_causal_lm_overhead",
-                "model": args.model,
-                "hpcpipe_tokens_per_s": round(hp, 1),
-                "raw_tokens_per_s": round(rw, 1),
-                "ratio": round(hp / rw, 4),
-                "target": 0.95,
-                "nproc": args.nproc,
-                "batch_per_rank": args.batch,
-                "seq_len": args.seq_len,
-                "repeats": args.repeats,
-                "steps": args.steps,
-                **run_context(),
-            }
-        )
-    )
+    fields = {
+        "model": args.model,
+        "nproc": args.nproc,
+        "batch_per_rank": args.batch,
+        "seq_len": args.seq_len,
+        "repeats": args.repeats,
+        "steps": args.steps,
+    }
+    report("hf_causal_lm_overhead", result, ("tok/s", "tokens_per_s"), 0.95, fields)
 
 
 if __name__ == "__main__":

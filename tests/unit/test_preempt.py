@@ -181,3 +181,17 @@ def test_ctrl_c_agrees_on_an_interrupt_unless_a_rank_is_preempted() -> None:
     alone._on_signal(signal.SIGINT, None)
     assert alone.should_stop(None) and alone.stop_exit_code == 130  # one process: no collective
     assert "interrupted: stopped at step 3, no checkpoint" in str(Preempted(3, 130, checkpointed=False))
+
+
+def test_an_agreement_that_carries_the_flag_spares_the_step_its_own() -> None:
+    """The OOM guard's per-micro-step agreement carries the signal level: should_stop then
+    decides from it (every rank saw the same MAX) and sends nothing; without one, it sends its own."""
+    h, group = PreemptionHandler(grace_s=1), FakeGroup()
+    carried = h.carried_by(group)
+    assert carried(torch.tensor([0])).tolist() == [0]  # the guard's own answer comes back unchanged
+    assert group.sent[-1].tolist() == [0, 0]  # its flag, then this rank's signal level
+    assert h.should_stop(group) is False and len(group.sent) == 1  # decided by the carried one
+    assert h.should_stop(group) is False and len(group.sent) == 2  # none carried: its own
+    group.others = 2  # another rank is preempted before the next step's agreement
+    assert carried(torch.tensor([1])).tolist() == [2]  # MAX of (1, 2) for the guard too
+    assert h.should_stop(group) is True and len(group.sent) == 3 and h.stop_exit_code == 75

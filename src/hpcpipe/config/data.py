@@ -67,16 +67,23 @@ class DataConfig(Section):
         None, ge=1, description="Images: evaluate on the first N test samples (null: the whole test set)."
     )
     num_workers: int = Field(
-        0, ge=0, description="Images: DataLoader worker processes per rank (0: load in the training process)."
+        0,
+        ge=0,
+        description="Images, DatasetRecipe: DataLoader worker processes per rank "
+        "(0: load in the training process).",
     )
-    pin_memory: bool = Field(False, description="Images: page-locked batches for faster host-to-GPU copies.")
+    pin_memory: bool = Field(
+        False, description="Images, DatasetRecipe: page-locked batches for faster host-to-GPU copies."
+    )
     persistent_workers: bool = Field(
-        False, description="Images: keep DataLoader workers alive between epochs (needs num_workers > 0)."
+        False,
+        description="Images, DatasetRecipe: keep DataLoader workers alive between epochs "
+        "(needs num_workers > 0).",
     )
     prefetch_factor: int | None = Field(
         None,
         ge=1,
-        description="Images: batches each worker loads ahead (null: torch's default, 2; "
+        description="Images, DatasetRecipe: batches each worker loads ahead (null: torch's default, 2; "
         "needs num_workers > 0).",
     )
     sources: list[str] = Field(

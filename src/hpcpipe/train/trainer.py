@@ -121,6 +121,9 @@ class Trainer:
         self.oom.attach(self.model, units)
         self.agree_max = _agreement_all_reduce(ctx)
         self.preemption = PreemptionHandler(job.fault.preempt_grace_s, exit_code=job.fault.preempt_exit_code)
+        # The OOM guard's agreement (every micro-step) carries the preemption flag: one
+        # synchronisation per step, not two (train/preempt.py).
+        self.step_agreement = None if self.agree_max is None else self.preemption.carried_by(self.agree_max)
         peers = peer_beats(ctx.rank, ctx.world_size, job.fault.hang_timeout_s)  # names a stopped peer
         self.watchdog = Watchdog(job.fault.hang_timeout_s, run_dir, ctx.rank, peers=peers)
         # Prometheus exporter, GPU telemetry, imbalance checks, profiler window, NVTX and tracing
@@ -269,7 +272,7 @@ class Trainer:
                     forward,
                     self._backward,
                     final=micro == accum - 1,
-                    all_reduce_max=self.agree_max,
+                    all_reduce_max=self.step_agreement,
                     step=self.step,
                     micro=micro,
                 )
