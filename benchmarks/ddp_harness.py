@@ -86,6 +86,34 @@ def report(
     print(json.dumps({**line, **fields, **run_context()}))
 
 
+def compare_on_rank(
+    rank: int,
+    job: JobConfig,
+    port: int,
+    out: Path,
+    raw_loop: Callable[[JobConfig, Any, Any], Any],
+    items_per_step: int,
+    args: Any,
+    warmup: int = 2,
+) -> None:
+    """One rank of an overhead benchmark: hpcpipe's Trainer for ``job`` and ``raw_loop(job, recipe,
+    ctx)`` (an object with ``run(steps)``) timed in alternation (``args.repeats`` blocks of
+    ``args.steps`` steps on ``args.nproc`` ranks); rank 0 writes the result to ``out``."""
+    import torch
+
+    from hpcpipe.train.distributed import init_distributed
+    from hpcpipe.train.environment import DistEnv
+
+    env = DistEnv("torchrun", rank, rank, args.nproc, args.nproc, "127.0.0.1", port)
+    ctx = init_distributed(job.parallel, env)
+    trainer = trainer_for(job, ctx, out / "hpcpipe")
+    raw = raw_loop(job, trainer.recipe, ctx)
+    ours = lambda n: trainer.train_until(trainer.step + n)  # noqa: E731
+    hp, rw = alternate(ours, raw.run, args.repeats, args.steps, items_per_step, warmup)
+    trainer.close()
+    finish(rank, {"hpcpipe": hp, "raw": rw, "threads": torch.get_num_threads()}, out)
+
+
 def trainer_for(job: JobConfig, ctx: Any, run_dir: Path) -> Trainer:
     """hpcpipe's Trainer for ``job`` on this rank, its data prepared by local rank 0."""
     recipe = build_recipe(job)

@@ -31,18 +31,14 @@ sys.path.insert(0, str(EXAMPLE / "src"))  # the example is named by import path,
 
 from ddp_harness import (  # noqa: E402
     SampledBatches,
-    alternate,
-    finish,
+    compare_on_rank,
     raw_steps,
     report,
     spawn,
     timing_overrides,
-    trainer_for,
 )
 from hpcpipe.config import JobConfig, load_config  # noqa: E402
 from hpcpipe.netutil import free_port  # noqa: E402
-from hpcpipe.train.distributed import init_distributed  # noqa: E402
-from hpcpipe.train.environment import DistEnv  # noqa: E402
 from hpcpipe.train.optim import build_optimizer  # noqa: E402
 
 RECIPE = "stdlib_classifier.recipe:StdlibClassifier"
@@ -81,16 +77,8 @@ class RawLoop:
 
 
 def worker(rank: int, args: argparse.Namespace, port: int, out: Path) -> None:
-    env = DistEnv("torchrun", rank, rank, args.nproc, args.nproc, "127.0.0.1", port)
     job = job_for(args, out)
-    ctx = init_distributed(job.parallel, env)
-    trainer = trainer_for(job, ctx, out / "hpcpipe")
-    raw = RawLoop(job, trainer.recipe, ctx)
-    ours = lambda n: trainer.train_until(trainer.step + n)  # noqa: E731
-    samples = args.batch * args.nproc
-    hp, rw = alternate(ours, raw.run, args.repeats, args.steps, samples)
-    trainer.close()
-    finish(rank, {"hpcpipe": hp, "raw": rw, "threads": torch.get_num_threads()}, out)
+    compare_on_rank(rank, job, port, out, RawLoop, args.batch * args.nproc, args)
 
 
 def main() -> None:

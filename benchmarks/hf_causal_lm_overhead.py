@@ -27,18 +27,14 @@ import torch.nn.functional as F
 
 from ddp_harness import (
     SampledBatches,
-    alternate,
-    finish,
+    compare_on_rank,
     raw_steps,
     report,
     spawn,
     timing_overrides,
-    trainer_for,
 )
 from hpcpipe.config import JobConfig, load_config
 from hpcpipe.netutil import free_port
-from hpcpipe.train.distributed import init_distributed
-from hpcpipe.train.environment import DistEnv
 from hpcpipe.train.optim import build_optimizer
 
 PRESETS = {"smollm2": "hf-causal-lm-smollm2", "tiny": "hf-causal-lm-tiny"}
@@ -105,16 +101,8 @@ def _windows(dataset: Any, seq_len: int) -> torch.Tensor:
 
 
 def worker(rank: int, args: argparse.Namespace, port: int, out: Path) -> None:
-    env = DistEnv("torchrun", rank, rank, args.nproc, args.nproc, "127.0.0.1", port)
     job = job_for(args, out)
-    ctx = init_distributed(job.parallel, env)
-    trainer = trainer_for(job, ctx, out / "hpcpipe")
-    raw = RawLoop(job, trainer.recipe, ctx)
-    ours = lambda n: trainer.train_until(trainer.step + n)  # noqa: E731
-    tokens = args.batch * args.nproc * args.seq_len
-    hp, rw = alternate(ours, raw.run, args.repeats, args.steps, tokens, warmup=1)
-    trainer.close()
-    finish(rank, {"hpcpipe": hp, "raw": rw, "threads": torch.get_num_threads()}, out)
+    compare_on_rank(rank, job, port, out, RawLoop, args.batch * args.nproc * args.seq_len, args, warmup=1)
 
 
 def main() -> None:
