@@ -51,7 +51,8 @@ def test_slurm_writes_the_recipe_section_into_the_runs_config(tmp_path: Path) ->
     script = write_submission(SlurmSubmission([job], script_dir=job.run_dir))
     config = yaml.safe_load((job.run_dir / "config.yaml").read_text())
     assert config["run"]["recipe"] == OWN
-    assert config["recipe"] == {**config["recipe"], "hidden": 24, "samples": 64, "val_samples": 16}
+    want = {"hidden": 24, "samples": 64, "activation": "relu", "val_samples": 16, "dropout": 0.0}
+    assert config["recipe"] == want
     assert str(job.run_dir / "config.yaml") in script.read_text()  # what the nodes' agents read
 
 

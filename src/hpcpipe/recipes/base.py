@@ -251,3 +251,12 @@ class Recipe(ABC):
     def load_export(self, fmt: str, path: Path) -> Any:
         """Load an export back as its consumers would (``hpcpipe recipe check`` calls it)."""
         raise NotImplementedError(f"recipe {self.name!r} does not say how its {fmt!r} export loads")
+
+
+def mean_loss_sums(loss: torch.Tensor, batch: Batch) -> dict[str, torch.Tensor]:
+    """``loss``, the mean over ``batch``, as the sums the ranks add up: the loss times the batch's
+    size (its first tensor's length) and that ``count``, both float64 scalars."""
+    import torch
+
+    count = torch.tensor(float(len(batch[0])), dtype=torch.float64, device=batch[0].device)
+    return {"loss": loss.double() * count, "count": count}

@@ -43,7 +43,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from hpcpipe.errors import DataError
-from hpcpipe.recipes.base import Batch, DataSummary, ExportRequest, PaddingBatch, Recipe, TrainLoader
+from hpcpipe.recipes.base import (
+    Batch,
+    DataSummary,
+    ExportRequest,
+    PaddingBatch,
+    Recipe,
+    TrainLoader,
+    mean_loss_sums,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -105,10 +113,7 @@ class DatasetRecipe(Recipe):
     def eval_sums(self, model: nn.Module, batch: Batch) -> dict[str, torch.Tensor]:
         """Summed figures of one validation batch, ``count`` included: by default the loss times
         the batch's size (its first tensor's length)."""
-        import torch
-
-        count = torch.tensor(float(len(batch[0])), dtype=torch.float64, device=batch[0].device)
-        return {"loss": self.loss(model, batch).double() * count, "count": count}
+        return mean_loss_sums(self.loss(model, batch), batch)
 
     def eval_metrics(self, totals: dict[str, float]) -> dict[str, float]:
         """Metrics from the sums over every rank and batch: by default ``val_loss``."""

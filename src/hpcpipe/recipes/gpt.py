@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from hpcpipe.config import DataConfig, JobConfig, ModelConfig, TrainConfig
 from hpcpipe.errors import ConfigError
 from hpcpipe.layout import RunLayout
-from hpcpipe.recipes.base import Batch, DataSummary, ExportRequest, Goal, Recipe, TrainLoader
+from hpcpipe.recipes.base import Batch, DataSummary, ExportRequest, Goal, Recipe, TrainLoader, mean_loss_sums
 
 if TYPE_CHECKING:
     import torch
@@ -154,8 +154,7 @@ class GPTRecipe(Recipe):
         return F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
 
     def eval_sums(self, model: nn.Module, batch: Batch) -> dict[str, torch.Tensor]:
-        count = len(batch[0])
-        return {"loss": self.loss(model, batch).double() * count, "count": batch[0].new_tensor(count)}
+        return mean_loss_sums(self.loss(model, batch), batch)
 
     def eval_metrics(self, totals: dict[str, float]) -> dict[str, float]:
         val_loss = totals["loss"] / totals["count"]

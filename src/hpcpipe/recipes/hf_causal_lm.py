@@ -33,7 +33,7 @@ from hpcpipe.config import DataConfig, JobConfig, LoraConfig, ModelConfig, Train
 from hpcpipe.config.data import TOKEN_FORMATS
 from hpcpipe.errors import ConfigError, DataError, UserError
 from hpcpipe.recipes.args import parse_args
-from hpcpipe.recipes.base import Batch, DataSummary, ExportRequest, Goal, Recipe, TrainLoader
+from hpcpipe.recipes.base import Batch, DataSummary, ExportRequest, Goal, Recipe, TrainLoader, mean_loss_sums
 
 if TYPE_CHECKING:
     import torch
@@ -241,10 +241,7 @@ class HFCausalLMRecipe(Recipe):
         return F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
 
     def eval_sums(self, model: nn.Module, batch: Batch) -> dict[str, torch.Tensor]:
-        import torch
-
-        count = batch[0].new_tensor(len(batch[0]), dtype=torch.float64)
-        return {"loss": self.loss(model, batch).double() * count, "count": count}
+        return mean_loss_sums(self.loss(model, batch), batch)
 
     def eval_metrics(self, totals: dict[str, float]) -> dict[str, float]:
         val_loss = totals["loss"] / max(totals["count"], 1.0)
