@@ -25,10 +25,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
-from ddp_harness import SampledBatches, alternate, finish, trainer_for
+from ddp_harness import alternate, finish, trainer_for
 from hpcpipe.config import JobConfig, load_config
 from hpcpipe.data.images.generator import write_dataset
 from hpcpipe.netutil import free_port
@@ -75,6 +74,7 @@ class RawLoop:
 
     def __init__(self, job: JobConfig, root: Path, mean: tuple[float, ...], std: tuple[float, ...]) -> None:
         from torch.nn.parallel import DistributedDataParallel
+        from torch.utils.data import DataLoader, DistributedSampler
         from torchvision.models import resnet18
         from torchvision.transforms import v2
 
@@ -107,17 +107,31 @@ class RawLoop:
             ]
         )
         dataset = [(torch.from_numpy(img), int(y)) for img, y in zip(split.images, split.labels, strict=True)]  # type: ignore[arg-type]
-        data = _Transformed(dataset, transform)
-        micro = job.train.micro_batch_size
-        self.batches = SampledBatches(data, micro, dist.get_rank(), dist.get_world_size(), job.run.seed)
-        self.job, self.step = job, 0
+        self.sampler = DistributedSampler(dataset, seed=job.run.seed)
+        self.loader = DataLoader(
+            _Transformed(dataset, transform),
+            batch_size=job.train.micro_batch_size,
+            sampler=self.sampler,
+            drop_last=True,
+        )
+        self.job, self.step, self.epoch = job, 0, 0
+        self.batches = iter(self.loader)
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        try:
+            return next(self.batches)
+        except StopIteration:
+            self.epoch += 1
+            self.sampler.set_epoch(self.epoch)
+            self.batches = iter(self.loader)
+            return next(self.batches)
 
     def run(self, steps: int) -> None:
         for _ in range(steps):
             self.step += 1
             for group in self.optimizer.param_groups:
                 group["lr"] = lr_at(self.step, self.job.train)
-            x, y = self.batches.next()
+            x, y = self.next_batch()
             loss = F.cross_entropy(self.model(x), y)
             loss.backward()
             self.optimizer.step()
