@@ -83,6 +83,10 @@ class Manifest:
     # How DCP shard files hold tensors: "raw" (raw_format.py) or DCP's own "torch_save"
     # (checkpoints written before the raw layout; their manifests have no such field).
     tensor_format: str = "torch_save"
+    # How the world was split when it was saved ({"dp": 2, "tp": 2, ...}; train/mesh.py); None: not
+    # recorded (data parallel only, or written before the field). Loading does not depend on it:
+    # DCP reshards into any layout; it is for people and tools reading the checkpoint.
+    layout: dict[str, Any] | None = None
 
     @property
     def total_bytes(self) -> int:
@@ -102,6 +106,8 @@ class Manifest:
             body["engine"] = self.engine
         if self.tensor_format != "torch_save":
             body["tensor_format"] = self.tensor_format
+        if self.layout is not None:
+            body["layout"] = self.layout
         return json.dumps(body, indent=1, sort_keys=True) + "\n"
 
     @classmethod
@@ -127,7 +133,14 @@ class Manifest:
             hash=algorithm,
             engine=_engine(body.get("engine", "dcp")),
             tensor_format=_tensor_format(body.get("tensor_format", "torch_save")),
+            layout=_layout(body.get("layout")),
         )
+
+
+def _layout(value: Any) -> dict[str, Any] | None:
+    if value is not None and not isinstance(value, dict):
+        raise ValueError(f"layout must be an object, not {type(value).__name__}")
+    return value
 
 
 def _tensor_format(value: Any) -> str:

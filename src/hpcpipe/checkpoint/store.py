@@ -134,8 +134,10 @@ class CheckpointStore:
         events: EventFn | None = None,
         trainable_only: bool = False,
         engine: str = "dcp",
+        layout: dict[str, Any] | None = None,
     ) -> None:
         self.cfg = cfg
+        self.layout = layout  # recorded in each manifest (train/mesh.py Layout.describe)
         # "deepspeed": model and optimizer are a DeepSpeed engine's, saved in its own format
         # (deepspeed_io.py); everything else (manifest, commit, fallback, tiers) is the same.
         self.engine = engine
@@ -330,6 +332,7 @@ class CheckpointStore:
                 hash=self.cfg.hash,
                 engine=self.engine,
                 tensor_format=TENSOR_FORMAT if self.engine != ENGINE_DEEPSPEED else "torch_save",
+                layout=self.layout,
             )
             write_manifest(tmp, manifest, sync_dir=False)  # the commit fsyncs the directory
             if self.save_point is not None:

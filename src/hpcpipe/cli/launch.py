@@ -230,13 +230,12 @@ def _endpoint_from_env(env: Mapping[str, str]) -> str:
 
 def _run_node_agent(job: JobConfig, config: Path, spec: AgentSpec) -> int:
     """Check every world size splits the batch, prepare the inputs, run the workers."""
-    from hpcpipe.config import grad_accum_steps
     from hpcpipe.launch.agent import run_agent
-    from hpcpipe.launch.job import WORKER_MODULE, node_memory_tier, prepare_inputs
+    from hpcpipe.launch.job import WORKER_MODULE, check_world, node_memory_tier, prepare_inputs
     from hpcpipe.launch.nsight import make_report_dir
 
     for nodes in range(spec.min_nodes, spec.max_nodes + 1):  # workers would fail the same way, N times
-        grad_accum_steps(job.train, nodes * spec.nproc_per_node)
+        check_world(job, nodes * spec.nproc_per_node, spec.nproc_per_node)
     prepare_inputs(job)  # torch is imported already: about 1 s here, against 5 s as its own step
     make_report_dir(job.observe.profile, job.run_dir)
     with node_memory_tier(job):

@@ -1,4 +1,5 @@
-"""`hpcpipe plan goodput`: how often to checkpoint at each cluster size, from measured or given costs."""
+"""`hpcpipe plan goodput`: how often to checkpoint at each cluster size, from measured or given costs;
+`hpcpipe plan memory` (plan_memory.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from hpcpipe.cli import plan_memory
 from hpcpipe.cli.common import console, write_text
 from hpcpipe.errors import UserError
 from hpcpipe.plan.failures import DEFAULT_GPU_MTBF_HOURS
@@ -18,7 +20,11 @@ from hpcpipe.plan.inputs import DEFAULT_RESTART_S, GivenTimes, resolve_inputs
 if TYPE_CHECKING:
     from hpcpipe.plan.goodput import PlanSettings
 
-app = typer.Typer(help="Plan a job's checkpointing before it runs at scale.", no_args_is_help=True)
+app = typer.Typer(
+    help="Plan a job before it runs at scale: its memory per GPU and layout, its checkpointing.",
+    no_args_is_help=True,
+)
+app.command("memory")(plan_memory.memory)
 
 
 def _seconds(help_text: str) -> Any:

@@ -25,6 +25,8 @@ DataFormat = Literal[TokenFormat, ImageFormat, FunctionCallingFormat]
 TOKEN_FORMATS: tuple[str, ...] = get_args(TokenFormat)
 IMAGE_FORMATS: tuple[str, ...] = get_args(ImageFormat)
 FUNCTION_CALLING_FORMATS: tuple[str, ...] = get_args(FunctionCallingFormat)
+
+
 class DataConfig(Section):
     format: DataFormat = Field(
         "tokens",

@@ -156,6 +156,7 @@ class JobConfig(Section):
             raise ValueError(
                 f"pipeline.export_format {fmt!r} does not fit run.recipe {spec.name!r} (auto, or {known})"
             )
+        spec.check_job(self)  # what only the recipe knows (its tensor-parallel plan's divisors)
         return self
 
     @property

@@ -43,6 +43,14 @@ class ParallelConfig(Section):
         "batch size is an error. Ignored under other strategies, so a flag can switch.",
     )
     nproc: int = Field(1, ge=1, description="Local worker processes started by `hpcpipe train`.")
+    tp: int = Field(
+        1,
+        ge=1,
+        description="Tensor-parallel degree: each layer's matrices split over this many ranks of one "
+        "node (the recipe declares how: Recipe.tensor_parallel_plan; gpt and Llama-family "
+        "hf-causal-lm have one). It must divide the ranks per node; the remaining world / tp ranks "
+        "are data-parallel (parallel.strategy: fsdp, or auto).",
+    )
     backend: Literal["auto", "gloo", "nccl"] = Field(
         "auto", description="Process-group backend; auto: nccl on CUDA, gloo otherwise."
     )
@@ -131,10 +139,31 @@ class ParallelConfig(Section):
             raise ValueError(
                 "parallel.sync_gradients=false is not available with parallel.strategy=deepspeed"
             )
+        if self.tp > 1:
+            raise ValueError(
+                f"parallel.tp={self.tp} cannot combine with parallel.strategy=deepspeed (ZeRO shards "
+                "data-parallel only); use parallel.strategy=fsdp with tensor parallelism"
+            )
         if self.node_range[0] != self.node_range[1]:
             raise ValueError(
                 f"parallel.nnodes {self.nnodes!r}: DeepSpeed ZeRO checkpoints are tied to the data-parallel "
                 "world size, so an elastic range cannot resume after a shrink; use a fixed node count"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _tensor_parallel_fits(self) -> ParallelConfig:
+        if self.tp == 1:
+            return self
+        if self.strategy == "ddp":
+            raise ValueError(
+                f"parallel.tp={self.tp}: data parallelism beside tensor parallelism is FSDP2's; "
+                "set parallel.strategy to fsdp or auto"
+            )
+        if self.nproc > 1 and self.nproc % self.tp:
+            raise ValueError(
+                f"parallel.tp={self.tp} must divide parallel.nproc={self.nproc} (tensor parallelism "
+                "stays inside a node)"
             )
         return self
 
@@ -150,6 +179,18 @@ class ParallelConfig(Section):
         """``"2"`` -> (2, 2); ``"1:2"`` -> (1, 2)."""
         low, _, high = self.nnodes.partition(":")
         return int(low), int(high or low)
+
+
+def check_layout(tp: int, world_size: int, ranks_per_node: int) -> None:
+    """ConfigError unless ``tp`` ranks of one node form each tensor-parallel group: it divides
+    the ranks per node (and so the world). Elastic ranges keep this: nodes come and go whole."""
+    from hpcpipe.errors import ConfigError
+
+    if tp > 1 and ranks_per_node % tp:
+        raise ConfigError(
+            f"parallel.tp={tp} must divide the ranks per node ({ranks_per_node}; world size "
+            f"{world_size}): tensor parallelism stays inside a node"
+        )
 
 
 def read_deepspeed_config(path: str) -> dict[str, Any]:

@@ -42,6 +42,13 @@ class TrainConfig(Section):
         "fp32", description="bf16: autocast; fp16: autocast + gradient scaler (CUDA)."
     )
     compile: bool = Field(False, description="Wrap the model in torch.compile.")
+    activation_checkpointing: Literal["none", "selective", "full"] = Field(
+        "none",
+        description="Recompute activations in backward instead of keeping them, per block "
+        "(Recipe.shard_units): full keeps only each block's input; selective keeps the outputs of "
+        "matmuls and attention and recomputes the cheap element-wise ops between them. Same "
+        "losses, less memory, more compute (full: about one more forward).",
+    )
     channels_last: bool = Field(
         False,
         description="Images: NHWC memory format for model and inputs (faster convolutions "
@@ -54,12 +61,19 @@ class TrainConfig(Section):
     eval_batches: int = Field(8, ge=1, description="Micro-batches per rank in one evaluation.")
 
 
-def grad_accum_steps(train: TrainConfig, world_size: int) -> int:
-    """Micro-steps per optimizer step; a clear error when the batch arithmetic is impossible."""
-    per_step = train.micro_batch_size * world_size
+def grad_accum_steps(train: TrainConfig, world_size: int, tp: int = 1) -> int:
+    """Micro-steps per optimizer step; a clear error when the batch arithmetic is impossible.
+
+    The ``tp`` ranks of a tensor-parallel group share one micro-batch: the data-parallel size is
+    ``world_size / tp``."""
+    data_parallel = max(1, world_size // tp)
+    per_step = train.micro_batch_size * data_parallel
     if train.global_batch_size % per_step != 0:
+        ranks = (
+            f"world size ({world_size})" if tp == 1 else f"data-parallel ranks ({data_parallel} = world / tp)"
+        )
         raise ConfigError(
             f"train.global_batch_size ({train.global_batch_size}) must be a multiple of "
-            f"train.micro_batch_size ({train.micro_batch_size}) x world size ({world_size})"
+            f"train.micro_batch_size ({train.micro_batch_size}) x {ranks}"
         )
     return train.global_batch_size // per_step

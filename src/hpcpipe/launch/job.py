@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
-from hpcpipe.config import JobConfig, grad_accum_steps
+from hpcpipe.config import JobConfig, check_layout, grad_accum_steps
 from hpcpipe.errors import USER_ERROR_EXIT_CODE, UserError
 from hpcpipe.layout import RunLayout
 from hpcpipe.train.environment import detect_environment
@@ -87,7 +87,7 @@ def run_job(job: JobConfig, max_restarts: int = 0) -> Path:
         from hpcpipe.launch.nsight import unwrapped_warning
         from hpcpipe.launch.worker import train_worker
 
-        grad_accum_steps(job.train, env.world_size)
+        check_world(job, env.world_size, env.local_world_size)
         # observe.profile.tool nsys/ncu: no agent here to start this process under the tool.
         if env.rank == 0 and (warning := unwrapped_warning(job.observe.profile)):
             log.warning("%s", warning)
@@ -97,7 +97,7 @@ def run_job(job: JobConfig, max_restarts: int = 0) -> Path:
     from hpcpipe.launch import nsight
 
     nproc = job.parallel.nproc
-    grad_accum_steps(job.train, nproc)
+    check_world(job, nproc, nproc)
     run_dir = job.run_dir
     # Under Nsight every worker is its own process: checked before the data preparation.
     wrapper = nsight.worker_wrapper(job.observe.profile, run_dir, nsight.report_tag(job.run.name))
@@ -178,9 +178,15 @@ def prepare_job(job: JobConfig) -> Path:
     return config_path
 
 
+def check_world(job: JobConfig, world_size: int, ranks_per_node: int) -> None:
+    """ConfigError unless the job's layout (parallel.tp) and batch split fit this world."""
+    check_layout(job.parallel.tp, world_size, ranks_per_node)
+    grad_accum_steps(job.train, world_size, job.parallel.tp)
+
+
 def check_node_range(job: JobConfig, per_node: int) -> None:
     """Every world size the job can run at (each node count in parallel.nnodes) must split the
     global batch; otherwise the job would fail on the nodes after waiting in the queue."""
     low, high = job.parallel.node_range
     for nodes in range(low, high + 1):
-        grad_accum_steps(job.train, nodes * per_node)
+        check_world(job, nodes * per_node, per_node)

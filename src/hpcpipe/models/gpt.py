@@ -23,8 +23,8 @@ Parameter names and their Hugging Face counterparts (``i`` is the block index; G
     tok_emb.weight            transformer.wte.weight           model.embed_tokens.weight
     pos_emb.weight            transformer.wpe.weight           (none: RoPE)
     blocks.i.ln_1.*           transformer.h.i.ln_1.*           model.layers.i.input_layernorm.weight
-    blocks.i.attn.qkv.weight  transformer.h.i.attn.c_attn.*    self_attn.{q,k,v}_proj.weight =
-                              (weight.T, bias as is)             qkv.weight.chunk(3, dim=0)
+    blocks.i.attn.{q,k,v}.*   transformer.h.i.attn.c_attn.*    model.layers.i.self_attn.{q,k,v}_proj.weight
+                              (cat(q, k, v).T, biases cat)
     blocks.i.attn.proj.*      transformer.h.i.attn.c_proj.*    model.layers.i.self_attn.o_proj.weight
     blocks.i.ln_2.*           transformer.h.i.ln_2.*           model.layers.i.post_attention_layernorm.weight
     blocks.i.mlp.fc.*         transformer.h.i.mlp.c_fc.*       -
@@ -35,8 +35,10 @@ Parameter names and their Hugging Face counterparts (``i`` is the block index; G
     ln_f.*                    transformer.ln_f.*               model.norm.weight
     lm_head.weight            lm_head.weight (tied)            lm_head.weight (tie_word_embeddings)
 
-The q/k/v rows of ``attn.qkv`` are laid out head after head with the head dimension in the HF
-``rotate_half`` order, so the Llama split needs no permutation. HF config values: GPT-2
+The rows of ``attn.q``/``k``/``v`` are laid out head after head with the head dimension in the HF
+``rotate_half`` order, so the Llama names need no permutation. q, k and v are three projections
+rather than one fused matrix so that tensor parallelism can split each by heads (column-wise):
+a rank's rows of a fused (3C, C) matrix would hold all of q and half of k. HF config values: GPT-2
 ``n_embd=d_model, n_layer, n_head, n_positions=seq_len, layer_norm_epsilon=norm_eps,
 activation_function="gelu_new"``; Llama ``intermediate_size=mlp_hidden(cfg),
 num_key_value_heads=n_heads, rope_theta, rms_norm_eps=norm_eps, hidden_act="silu"``.
@@ -117,26 +119,32 @@ def _norm(cfg: ModelConfig) -> nn.Module:
 
 
 class CausalSelfAttention(nn.Module):
-    """Multi-head causal self-attention with one fused q/k/v projection (one matmul, not three)."""
+    """Multi-head causal self-attention: q, k, v projections, SDPA, output projection.
+
+    Shapes are taken from the tensors, not the config: under tensor parallelism q/k/v hold this
+    rank's H/tp heads (C/tp columns) and ``proj`` takes those back to the full width C.
+    """
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         bias = cfg.variant == "gpt2"
-        self.n_heads = cfg.n_heads
-        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=bias)
+        self.head_dim = cfg.d_model // cfg.n_heads
+        self.q = nn.Linear(cfg.d_model, cfg.d_model, bias=bias)
+        self.k = nn.Linear(cfg.d_model, cfg.d_model, bias=bias)
+        self.v = nn.Linear(cfg.d_model, cfg.d_model, bias=bias)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=bias)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
-        B, T, C = x.shape
-        q, k, v = self.qkv(x).split(C, dim=2)  # (B, T, C) each
-        q = q.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2)  # (B, H, T, D)
-        k = k.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2)  # (B, H, T, D)
-        v = v.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2)  # (B, H, T, D)
+        B, T, _ = x.shape
+        heads = (B, T, -1, self.head_dim)  # -1: this rank's heads (all of them without TP)
+        q = self.q(x).view(heads).transpose(1, 2)  # (B, H, T, D)
+        k = self.k(x).view(heads).transpose(1, 2)  # (B, H, T, D)
+        v = self.v(x).view(heads).transpose(1, 2)  # (B, H, T, D)
         if rope is not None:
             cos, sin = rope  # (T, D) each
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, T, D)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
+        y = y.transpose(1, 2).reshape(B, T, -1)  # (B, T, H * D)
         return self.proj(y)  # (B, T, C)
 
 
@@ -199,6 +207,9 @@ class GPT(nn.Module):
         self.cfg = cfg
         self.vocab_size = vocab_size
         self.seq_len = cfg.seq_len
+        # Forward lengths are padded to a multiple of this in generate (sequence-parallel ranks
+        # each take T / tp tokens: models/gpt_parallel.py sets it); 1: no padding.
+        self.sequence_multiple = 1
         self.head_dim = cfg.d_model // cfg.n_heads
         self.tok_emb = nn.Embedding(vocab_size, cfg.d_model)
         self.pos_emb = nn.Embedding(cfg.seq_len, cfg.d_model) if cfg.variant == "gpt2" else None
@@ -299,8 +310,10 @@ class GPT(nn.Module):
         self.eval()
         try:
             for _ in range(max_new_tokens):
-                context = idx[:, -self.seq_len :]  # (B, <= seq_len)
-                logits = self(context)[:, -1, :].float()  # (B, V)
+                context = idx[:, -self.seq_len :]  # (B, T' <= seq_len)
+                logits = self(_pad_right(context, self.sequence_multiple))[
+                    :, context.shape[1] - 1, :
+                ].float()  # (B, V)
                 idx = torch.cat((idx, self._sample(logits, temperature, top_k, generator)), dim=1)
         finally:
             self.train(was_training)
@@ -319,3 +332,10 @@ class GPT(nn.Module):
             logits = logits.masked_fill(logits < kth, float("-inf"))
         probs = F.softmax(logits, dim=-1)  # (B, V)
         return torch.multinomial(probs, num_samples=1, generator=generator)  # (B, 1)
+
+
+def _pad_right(idx: torch.Tensor, multiple: int) -> torch.Tensor:
+    """idx (B, T) -> (B, ceil(T / multiple) * multiple), padded with token 0 on the right; a causal
+    model's logits at positions < T do not depend on what follows."""
+    pad = -idx.shape[1] % multiple
+    return F.pad(idx, (0, pad)) if pad else idx

@@ -84,10 +84,27 @@ def _load_gpt_deepspeed(ckpt: Path, model_cfg: ModelConfig) -> GPT:
 def hf_state_dict(model: GPT) -> dict[str, torch.Tensor]:
     """The model's weights under Hugging Face names (GPT-2 or Llama, from the model's variant)."""
     ours = {name: tensor.detach().contiguous() for name, tensor in model.state_dict().items()}
+    if model.cfg.variant == "gpt2":
+        ours = _fuse_qkv(ours)
     mapper = _gpt2_names if model.cfg.variant == "gpt2" else _llama_names
     out: dict[str, torch.Tensor] = {}
     for name, tensor in ours.items():
         out.update(mapper(name, tensor))
+    return out
+
+
+def _fuse_qkv(ours: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """GPT-2 keeps q, k and v in one ``c_attn``: ``blocks.i.attn.{q,k,v}.<p>`` -> one
+    ``blocks.i.attn.qkv.<p>``, the three concatenated along the output dimension (3C rows)."""
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in ours.items():
+        head, _, param = name.rpartition(".")
+        if head.endswith(".attn.q"):
+            stem = head[: -len(".q")]
+            parts = [ours[f"{stem}.{p}.{param}"] for p in "qkv"]
+            out[f"{stem}.qkv.{param}"] = torch.cat(parts, dim=0)
+        elif not head.endswith((".attn.k", ".attn.v")):
+            out[name] = tensor
     return out
 
 
@@ -114,7 +131,7 @@ def _gpt2_names(name: str, t: torch.Tensor) -> dict[str, torch.Tensor]:
 
 
 def _llama_names(name: str, t: torch.Tensor) -> dict[str, torch.Tensor]:
-    """One hpcpipe Llama-style tensor -> its LlamaForCausalLM name(s); q/k/v split from qkv."""
+    """One hpcpipe Llama-style tensor -> its LlamaForCausalLM name."""
     simple = {
         "tok_emb.weight": "model.embed_tokens.weight",
         "ln_f.weight": "model.norm.weight",
@@ -124,11 +141,10 @@ def _llama_names(name: str, t: torch.Tensor) -> dict[str, torch.Tensor]:
         return {simple[name]: t}
     _, index, rest = name.split(".", 2)
     layer = f"model.layers.{index}"
-    if rest == "attn.qkv.weight":
-        q, k, v = t.chunk(3, dim=0)  # (C, C) each, heads in order: no permutation needed
-        pairs = zip("qkv", (q, k, v), strict=True)
-        return {f"{layer}.self_attn.{p}_proj.weight": w.contiguous() for p, w in pairs}
     renames = {
+        "attn.q.weight": "self_attn.q_proj.weight",  # heads in HF's order: no permutation needed
+        "attn.k.weight": "self_attn.k_proj.weight",
+        "attn.v.weight": "self_attn.v_proj.weight",
         "ln_1.weight": "input_layernorm.weight",
         "ln_2.weight": "post_attention_layernorm.weight",
         "attn.proj.weight": "self_attn.o_proj.weight",

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, NamedTuple, Protocol, Self, TypeAlias
 
-from hpcpipe.errors import UserError
+from hpcpipe.errors import ConfigError, UserError
 from hpcpipe.recipes.args import parse_args
 
 if TYPE_CHECKING:
@@ -163,6 +163,15 @@ class Recipe(ABC):
         return {}
 
     @classmethod
+    def check_job(cls, job: JobConfig) -> None:
+        """Refuse, when the config is loaded, a job this recipe cannot train: raise
+        ``hpcpipe.ConfigError`` naming the key. The default refuses ``parallel.tp`` > 1 when the
+        recipe has no ``tensor_parallel_plan``; a recipe with one checks its divisors here too."""
+        tp = job.parallel.tp
+        if tp > 1 and cls.tensor_parallel_plan is Recipe.tensor_parallel_plan:
+            raise ConfigError(no_plan_message(cls.name, tp))
+
+    @classmethod
     def describe_model(cls, job: JobConfig) -> str:
         """The model in a few words (``hpcpipe presets list``, summary.md)."""
         return cls.name
@@ -215,6 +224,14 @@ class Recipe(ABC):
         """Sub-modules FSDP2 shards one by one (transformer blocks); [] shards the model as one."""
         return []
 
+    def tensor_parallel_plan(self, model: nn.Module, tp: int) -> Mapping[str, Any] | None:
+        """How ``parallel.tp`` > 1 splits ``model``: module names (``fnmatch`` patterns allowed)
+        -> ``torch.distributed.tensor.parallel`` styles, applied by the trainer on the
+        tensor-parallel mesh before data parallelism wraps the model. None (the default): the
+        recipe has no plan and ``parallel.tp`` must stay 1. Raise ``hpcpipe.ConfigError`` when
+        ``tp`` does not divide the model (heads, widths, sequence length)."""
+        return None
+
     @abstractmethod
     def loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:
         """Mean loss over the micro-batch (a scalar that backward() is called on)."""
@@ -251,6 +268,14 @@ class Recipe(ABC):
     def load_export(self, fmt: str, path: Path) -> Any:
         """Load an export back as its consumers would (``hpcpipe recipe check`` calls it)."""
         raise NotImplementedError(f"recipe {self.name!r} does not say how its {fmt!r} export loads")
+
+
+def no_plan_message(recipe_name: str, tp: int) -> str:
+    """The one line for ``parallel.tp`` > 1 on a recipe without a tensor-parallel plan."""
+    return (
+        f"parallel.tp={tp}: recipe {recipe_name!r} declares no tensor-parallel plan "
+        "(Recipe.tensor_parallel_plan); set parallel.tp=1"
+    )
 
 
 def mean_loss_sums(loss: torch.Tensor, batch: Batch) -> dict[str, torch.Tensor]:

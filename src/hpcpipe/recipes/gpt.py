@@ -50,6 +50,14 @@ class GPTRecipe(Recipe):
         return cls(model_cfg=job.model, data_cfg=job.data, train_cfg=job.train, seed=job.run.seed)
 
     @classmethod
+    def check_job(cls, job: JobConfig) -> None:
+        super().check_job(job)
+        if job.parallel.tp > 1:
+            from hpcpipe.models.gpt_parallel import check_tensor_parallel
+
+            check_tensor_parallel(job.model, job.parallel.tp)
+
+    @classmethod
     def describe_model(cls, job: JobConfig) -> str:
         m = job.model
         shape = f"{m.n_layers} layers, {m.n_heads} heads, width {m.d_model}, context {m.seq_len}"
@@ -152,6 +160,12 @@ class GPTRecipe(Recipe):
         x, y = batch  # (B, T) int64 each; y is x shifted left by one token
         logits = model(x)  # (B, T, V)
         return F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
+
+    def tensor_parallel_plan(self, model: nn.Module, tp: int) -> dict[str, Any]:
+        from hpcpipe.models.gpt_parallel import gpt_tensor_parallel_plan
+
+        model.sequence_multiple = tp  # type: ignore[assignment]  # generation pads its contexts for the sequence-parallel split
+        return gpt_tensor_parallel_plan(self.model_cfg, tp)
 
     def eval_sums(self, model: nn.Module, batch: Batch) -> dict[str, torch.Tensor]:
         return mean_loss_sums(self.loss(model, batch), batch)

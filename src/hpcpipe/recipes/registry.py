@@ -127,7 +127,7 @@ def collision_message(name: str, entries: tuple[Registered, ...]) -> str:
         other = ", ".join(e.package for e in entries if not e.builtin)
         return (
             f"the name is registered by {packages}: {other} reuses the name of hpcpipe's built-in "
-            f"recipe; rename its entry point in the [project.entry-points.\"{ENTRY_POINT_GROUP}\"] "
+            f'recipe; rename its entry point in the [project.entry-points."{ENTRY_POINT_GROUP}"] '
             "table of its pyproject.toml"
         )
     return f"the name is registered by {packages}; rename one of the entry points, or use module:Class"

@@ -6,6 +6,7 @@ import errno
 import os
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -34,6 +35,15 @@ class DistContext:
     local_world_size: int
     device: torch.device
     backend: str | None  # None: no process group (a single process)
+    # The data-parallel group this rank belongs to (None: the world). Under tensor parallelism
+    # (train/mesh.py) the tp ranks of one group see the same data and hold the same loss: metrics
+    # and counts are reduced over the data-parallel ranks only.
+    dp_group: Any = None
+    dp_size_: int | None = None
+
+    @property
+    def dp_size(self) -> int:
+        return self.world_size if self.dp_size_ is None else self.dp_size_
 
     @property
     def is_main(self) -> bool:
@@ -46,9 +56,9 @@ class DistContext:
     def mean_over_ranks(self, value: torch.Tensor) -> torch.Tensor:
         """Mean of a tensor over ranks (SUM then divide: gloo has no AVG)."""
         value = value.detach().clone()
-        if self.is_distributed:
-            dist.all_reduce(value)
-            value /= self.world_size
+        if self.is_distributed and self.dp_size > 1:
+            dist.all_reduce(value, group=self.dp_group)
+            value /= self.dp_size
         return value
 
     def sum_over_ranks(self, counts: dict[str, torch.Tensor]) -> dict[str, float]:
@@ -57,8 +67,8 @@ class DistContext:
             return {}
         keys = sorted(counts)
         values = torch.stack([counts[k].detach().double().reshape(()) for k in keys])
-        if self.is_distributed:
-            dist.all_reduce(values)
+        if self.is_distributed and self.dp_size > 1:
+            dist.all_reduce(values, group=self.dp_group)
         return dict(zip(keys, values.tolist(), strict=True))
 
     def barrier(self) -> None:

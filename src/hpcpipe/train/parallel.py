@@ -4,6 +4,7 @@ gradient-sync control, clipping and the optimizer step for each."""
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -22,9 +23,10 @@ from hpcpipe.train.distributed import DistContext
 from hpcpipe.train.precision import Precision
 
 
-def resolve_strategy(strategy: str, world_size: int) -> str:
-    """``auto`` means DDP for several ranks; a single process never wraps (DeepSpeed is refused
-    there: its engine, offload and checkpoint format would silently not be what the job asked)."""
+def resolve_strategy(strategy: str, world_size: int, tp: int = 1) -> str:
+    """``auto`` means DDP for several ranks (FSDP2 beside tensor parallelism, ``tp`` > 1); a single
+    process never wraps (DeepSpeed is refused there: its engine, offload and checkpoint format
+    would silently not be what the job asked). ``world_size`` counts data-parallel ranks."""
     if world_size == 1 and strategy == "deepspeed":
         raise ConfigError(
             "parallel.strategy=deepspeed needs 2 or more ranks (--nproc 2, or several nodes); "
@@ -33,7 +35,7 @@ def resolve_strategy(strategy: str, world_size: int) -> str:
     if world_size == 1:
         return "single"
     if strategy == "auto":
-        return "ddp"
+        return "fsdp" if tp > 1 else "ddp"
     if strategy == "single":
         raise ConfigError(f"parallel.strategy=single cannot run on {world_size} ranks; use ddp, fsdp or auto")
     return strategy
@@ -47,6 +49,7 @@ def apply_parallelism(
     cfg: ParallelConfig,
     recipe_broadcasts_buffers: bool,
     fsdp_param_dtype: torch.dtype | None = None,
+    dp_mesh: Any = None,
 ) -> nn.Module:
     """Wrap ``model`` for ``strategy``. ``shard_units`` are the blocks FSDP2 shards one by one.
 
@@ -55,7 +58,9 @@ def apply_parallelism(
     rank without it; the GPT's buffers (RoPE tables) are identical on every rank by construction
     and would only be re-sent every step. ``fsdp_param_dtype`` (the recipe's) makes FSDP2 gather
     every parameter of a unit in that dtype and reduce gradients in fp32: a unit mixing a bf16
-    frozen base with fp32 LoRA adapters cannot be gathered in one buffer otherwise.
+    frozen base with fp32 LoRA adapters cannot be gathered in one buffer otherwise. ``dp_mesh``:
+    the data-parallel dimension of a tensor-parallel mesh (train/mesh.py), FSDP2's mesh then
+    (its DTensor parameters become 2-D: sharded over dp and tp); None: the world.
     """
     if strategy in ("single", "deepspeed"):
         return model  # deepspeed: the engine wraps model and optimizer together (deepspeed.py)
@@ -79,8 +84,8 @@ def apply_parallelism(
         # Each block is its own all-gather/reduce-scatter unit, so communication for block i+1
         # overlaps compute of block i; the root wrap covers embeddings, final norm and head.
         for unit in shard_units:
-            fully_shard(unit, mp_policy=policy)
-        fully_shard(model, mp_policy=policy)
+            fully_shard(unit, mesh=dp_mesh, mp_policy=policy)
+        fully_shard(model, mesh=dp_mesh, mp_policy=policy)
         return model
     raise ConfigError(f"parallel.strategy: unknown strategy {strategy!r}")
 
@@ -180,9 +185,46 @@ def clip_grad_norm(model: nn.Module, max_norm: float) -> torch.Tensor:
     """
     params = [p for p in model.parameters() if p.grad is not None]
     grads = [p.grad for p in params if p.grad is not None]
-    total = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
-    if isinstance(total, DTensor):
-        total = total.full_tensor()
+    total = _total_norm(grads)
     if max_norm > 0:
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
     return total
+
+
+def _total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
+    """The L2 norm of all ``grads`` together. DTensors of different meshes or placements (tensor
+    parallelism beside FSDP2, or parameters a plan left replicated) cannot meet in one foreach
+    norm: each group's norm is reduced over its mesh, then the groups' squares are added."""
+    groups: dict[Any, list[torch.Tensor]] = {}
+    for grad in grads:
+        key = (grad.device_mesh, grad.placements) if isinstance(grad, DTensor) else None
+        groups.setdefault(key, []).append(grad)
+    if any(key is not None and key[0].ndim > 1 for key in groups):
+        return _mesh_norm(grads)
+    norms = []
+    for group in groups.values():
+        norm = torch.nn.utils.get_total_norm(group, norm_type=2.0)
+        norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+    if len(norms) == 1:
+        return norms[0]
+    return torch.linalg.vector_norm(torch.stack(norms))
+
+
+def _mesh_norm(grads: list[torch.Tensor]) -> torch.Tensor:
+    """The L2 norm of gradients on a 2-D (dp x tp) mesh in one all-reduce over the world: each
+    rank adds the squares of its local pieces, each divided by the number of ranks that hold the
+    same piece (its replicated mesh dimensions), so every element counts once. DTensor's own
+    reduction would all-reduce once per mesh dimension and per placement group."""
+    device = grads[0].device
+    total = torch.zeros((), dtype=torch.float32, device=device)
+    for grad in grads:
+        local, copies = grad, 1
+        if isinstance(grad, DTensor):
+            local = grad.to_local()
+            mesh = grad.device_mesh
+            copies = math.prod(mesh.size(dim) for dim, p in enumerate(grad.placements) if p.is_replicate())
+            if mesh.size() != dist.get_world_size():
+                raise RuntimeError("gradient norm: a 2-D mesh must cover the world")
+        total += torch.linalg.vector_norm(local.float()).square() / copies
+    dist.all_reduce(total)
+    return total.sqrt()

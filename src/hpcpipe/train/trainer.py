@@ -31,10 +31,12 @@ from hpcpipe.observe.throughput import ThroughputMeter, peak_memory_bytes
 from hpcpipe.observe.watchdog import Watchdog
 from hpcpipe.recipes.base import Batch, PaddingBatch, Recipe
 from hpcpipe.track.sinks import Trackers
+from hpcpipe.train.activation_checkpointing import apply_activation_checkpointing
 from hpcpipe.train.deepspeed import deepspeed_engine
 from hpcpipe.train.distributed import DistContext
 from hpcpipe.train.environment import node_name
 from hpcpipe.train.faults import NO_FAULTS, FaultInjector
+from hpcpipe.train.mesh import build_layout, data_parallel_context
 from hpcpipe.train.oom import AllReduceMax, OOMGuard, max_over_ranks
 from hpcpipe.train.optim import build_optimizer
 from hpcpipe.train.parallel import (
@@ -50,6 +52,7 @@ from hpcpipe.train.parallel import (
 from hpcpipe.train.precision import Precision
 from hpcpipe.train.preempt import Preempted, PreemptionHandler
 from hpcpipe.train.schedule import lr_at, resolve_steps
+from hpcpipe.train.tensor_parallel import apply_tensor_parallel, tensor_parallel_plan
 from hpcpipe.train.trial import Pruned, TrialLink
 
 
@@ -80,21 +83,36 @@ class Trainer:
         self.cfg = resolve_steps(job.train, recipe.samples_per_epoch())  # train.epochs -> steps
         self.observe = job.observe
         self.recipe = recipe
-        self.ctx = ctx
         self.run_dir = run_dir
-        self.strategy = resolve_strategy(job.parallel.strategy, ctx.world_size)
         self.events = EventLog(run_dir, enabled=ctx.is_main)
+        # world = dp x tp (train/mesh.py); the tp ranks of a group share data, loss and metrics.
+        self.layout = build_layout(job.parallel.tp, ctx)
+        self.ctx = ctx = data_parallel_context(ctx, self.layout)
+        self.strategy = resolve_strategy(job.parallel.strategy, self.layout.dp, self.layout.tp)
+        self.events.emit("layout", {"strategy": self.strategy, **self.layout.describe()})
 
         # Same seed on every rank: identical initial weights without a broadcast.
         torch.manual_seed(job.run.seed)
         model = recipe.build_model().to(ctx.device)
         units = recipe.shard_units(model)
+        if self.layout.tp > 1:  # the recipe's plan, on the mesh's tp dimension
+            apply_tensor_parallel(
+                model, tensor_parallel_plan(recipe, model, self.layout.tp), self.layout.tp_mesh
+            )
+        apply_activation_checkpointing(units, self.cfg.activation_checkpointing)
         if self.cfg.compile:
             # Compile blocks before FSDP2 wraps them (per-block graphs), the whole model otherwise.
             for module in units if self.strategy == "fsdp" else [model]:
                 module.compile()
         self.model = apply_parallelism(
-            model, self.strategy, ctx, units, job.parallel, recipe.broadcasts_buffers, recipe.fsdp_param_dtype
+            model,
+            self.strategy,
+            ctx,
+            units,
+            job.parallel,
+            recipe.broadcasts_buffers,
+            recipe.fsdp_param_dtype,
+            dp_mesh=self.layout.dp_mesh,
         )
         self.sync_gradients = job.parallel.sync_gradients
         # Phase times; under DDP a hook marks the end of backward compute (exposed comm after it).
@@ -102,17 +120,21 @@ class Trainer:
         time_gradient_sync(self.model, self.phases.compute_done)
         self.syncs_buffers = buffers_broadcast(job.parallel, recipe.broadcasts_buffers)
         self.optimizer = build_optimizer(self.model, self.cfg, ctx.device)
-        accum = grad_accum_steps(self.cfg, ctx.world_size)
+        accum = grad_accum_steps(self.cfg, ctx.world_size, self.layout.tp)
         engine = None
         if self.strategy == "deepspeed":  # DeepSpeed wraps model and optimizer together
             self.model, self.optimizer, _ = deepspeed_engine(self.model, self.optimizer, job, ctx, accum)
             engine = self.model
         self.precision = Precision(
-            self.cfg.precision, ctx.device, sharded=self.strategy == "fsdp", engine=engine
+            self.cfg.precision,
+            ctx.device,
+            sharded=self.strategy == "fsdp" or self.layout.tp > 1,
+            engine=engine,
         )
-        self.loader = recipe.train_loader(ctx.rank, ctx.world_size)
-        # Dropout streams differ per rank (the data differ too); still a function of the seed.
-        torch.manual_seed(job.run.seed + ctx.rank)
+        self.loader = recipe.train_loader(self.layout.dp_rank, self.layout.dp)
+        # Dropout streams differ per data-parallel rank (the data differ too) and agree within a
+        # tensor-parallel group (its replicated activations must stay equal); a function of the seed.
+        torch.manual_seed(job.run.seed + self.layout.dp_rank)
         self.step = 0
 
         # Fault tolerance: OOM recovery, preemption, hang detection, checkpoints.
@@ -144,6 +166,7 @@ class Trainer:
             events=self.events.emit,
             trainable_only=recipe.checkpoint_trainable_only,
             engine="deepspeed" if engine is not None else "dcp",
+            layout=self.layout.describe() if self.layout.tp > 1 else None,
         )
         self.faults = faults  # a no-op unless a chaos job installed one (train/faults.py)
         self.store.save_point = faults.at_save
@@ -297,7 +320,7 @@ class Trainer:
         model = unwrap(self.model)
         model.eval()
         sums: dict[str, torch.Tensor] = {}
-        for item in self.recipe.eval_batches(self.ctx.rank, self.ctx.world_size):
+        for item in self.recipe.eval_batches(self.layout.dp_rank, self.layout.dp):
             padding = isinstance(item, PaddingBatch)  # run for FSDP2's collectives only: counts 0
             batch = item.batch if isinstance(item, PaddingBatch) else item
             with self.precision.autocast():
@@ -308,9 +331,9 @@ class Trainer:
         model.train()
         keys = sorted(sums)  # every rank runs the same recipe: the same keys in the same order
         totals = torch.stack([sums[k].reshape(()) for k in keys])  # (K,) this rank's sums
-        if self.ctx.is_distributed:
+        if self.layout.dp > 1:  # the tp ranks of a group computed the same sums
             with self.phases.region("all_reduce_eval"):
-                dist.all_reduce(totals)
+                dist.all_reduce(totals, group=self.ctx.dp_group)
         return self.recipe.eval_metrics(dict(zip(keys, totals.tolist(), strict=True)))
 
     # -- checkpoints, resume, preemption ---------------------------------------------------------
@@ -335,6 +358,7 @@ class Trainer:
             "rng": capture_rng_state(),
             "oom_split": self.oom.state_dict(),
             "world_size": self.ctx.world_size,
+            "tp": self.layout.tp,
         }
         if self.precision.scaler is not None:
             state["grad_scaler"] = self.precision.scaler.state_dict()
@@ -351,7 +375,9 @@ class Trainer:
         self.loader.load_state_dict(extra["loader"])
         if self.precision.scaler is not None and "grad_scaler" in extra:
             self.precision.scaler.load_state_dict(extra["grad_scaler"])
-        same_world = int(extra["world_size"]) == self.ctx.world_size
+        same_world = (
+            int(extra["world_size"]) == self.ctx.world_size and int(extra.get("tp", 1)) == self.layout.tp
+        )
         if same_world:
             # RNG streams and a shrunk micro-batch split are per rank: only meaningful as saved.
             restore_rng_state(extra["rng"])

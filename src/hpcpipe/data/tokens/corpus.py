@@ -71,6 +71,7 @@ class CorpusScan:
     skipped_files: int
     bytes: int
     tokenizer: str | None = None  # the identity of a given (pre-trained) tokenizer
+
     @property
     def documents(self) -> int:
         return len(self.keys)
