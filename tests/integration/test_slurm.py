@@ -387,8 +387,14 @@ def test_a_recipe_from_an_installed_package_trains_on_two_nodes(cluster: SlurmCl
     sets = _sets(work, "example-2x2", *small, "train.eval_every=6", "observe.log_every=1")
     sets += ["--set", f"launch.slurm.env={{GLOO_SOCKET_IFNAME: eth0, PYTHONPATH: {site}}}"]
     proc = run_fresh_cli(
-        "launch", "slurm", str(EXAMPLE_RECIPE / "job.yaml"), "--nodes", "2", *sets,
-        env=with_site(site, {"SLURM_CONF": str(cluster.conf)}), cwd=work,
+        "launch",
+        "slurm",
+        str(EXAMPLE_RECIPE / "job.yaml"),
+        "--nodes",
+        "2",
+        *sets,
+        env=with_site(site, {"SLURM_CONF": str(cluster.conf)}),
+        cwd=work,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     job = re.search(r"submitted job (\d+)", proc.stdout)

@@ -87,6 +87,10 @@ class Manifest:
     # recorded (data parallel only, or written before the field). Loading does not depend on it:
     # DCP reshards into any layout; it is for people and tools reading the checkpoint.
     layout: dict[str, Any] | None = None
+    # How the optimizer state is keyed: "nested" (DCP's default: state and param_groups by
+    # parameter) or "flat" (every entry by parameter name, param_groups too: what pipeline stages
+    # write, each holding different parameters, so that another layout finds its own).
+    optimizer_state: str = "nested"
 
     @property
     def total_bytes(self) -> int:
@@ -108,6 +112,8 @@ class Manifest:
             body["tensor_format"] = self.tensor_format
         if self.layout is not None:
             body["layout"] = self.layout
+        if self.optimizer_state != "nested":
+            body["optimizer_state"] = self.optimizer_state
         return json.dumps(body, indent=1, sort_keys=True) + "\n"
 
     @classmethod
@@ -134,7 +140,14 @@ class Manifest:
             engine=_engine(body.get("engine", "dcp")),
             tensor_format=_tensor_format(body.get("tensor_format", "torch_save")),
             layout=_layout(body.get("layout")),
+            optimizer_state=_optimizer_state(body.get("optimizer_state", "nested")),
         )
+
+
+def _optimizer_state(value: Any) -> str:
+    if value not in ("nested", "flat"):
+        raise ValueError(f"unknown optimizer_state {value!r}")
+    return str(value)
 
 
 def _layout(value: Any) -> dict[str, Any] | None:

@@ -138,6 +138,8 @@ class CheckpointStore:
     ) -> None:
         self.cfg = cfg
         self.layout = layout  # recorded in each manifest (train/mesh.py Layout.describe)
+        # Pipeline stages hold different parameters: their optimizer state is saved flat, by name.
+        self.flat_optimizer = bool(layout and layout.get("pp", 1) > 1)
         # "deepspeed": model and optimizer are a DeepSpeed engine's, saved in its own format
         # (deepspeed_io.py); everything else (manifest, commit, fallback, tiers) is the same.
         self.engine = engine
@@ -209,7 +211,8 @@ class CheckpointStore:
         if self.engine == ENGINE_DEEPSPEED:
             self._save_deepspeed(model, serialize_extra(extra), tmp, step, force_durable)
             return
-        model_sd, optim_sd = get_state_dict(model, optimizer, options=self._sd_options())
+        options = self._sd_options("flat" if self.flat_optimizer else "nested")
+        model_sd, optim_sd = get_state_dict(model, optimizer, options=options)
         state = {"model": model_sd, "optim": optim_sd}
         writer = HashedFileSystemWriter(
             tmp, extra_name(self.rank), serialize_extra(extra), self.cfg.io_threads, self.cfg.hash
@@ -333,6 +336,7 @@ class CheckpointStore:
                 engine=self.engine,
                 tensor_format=TENSOR_FORMAT if self.engine != ENGINE_DEEPSPEED else "torch_save",
                 layout=self.layout,
+                optimizer_state="flat" if self.flat_optimizer else "nested",
             )
             write_manifest(tmp, manifest, sync_dir=False)  # the commit fsyncs the directory
             if self.save_point is not None:
@@ -436,7 +440,7 @@ class CheckpointStore:
             manifest,
             model,
             optimizer,
-            self._sd_options(),
+            self._sd_options(manifest.optimizer_state),
             self._dcp_group(),
             sources,
             self.cfg.io_threads,
@@ -465,11 +469,15 @@ class CheckpointStore:
 
     # -- helpers -----------------------------------------------------------------------------
 
-    def _sd_options(self) -> Any:
+    def _sd_options(self, optimizer_state: str) -> Any:
         from torch.distributed.checkpoint.state_dict import StateDictOptions
 
         # strict=False when trainable-only: the frozen keys are absent from the checkpoint.
-        return StateDictOptions(ignore_frozen_params=self.trainable_only, strict=not self.trainable_only)
+        return StateDictOptions(
+            ignore_frozen_params=self.trainable_only,
+            strict=not self.trainable_only,
+            flatten_optimizer_state_dict=optimizer_state == "flat",
+        )
 
     def _event(self, kind: str, fields: dict[str, Any]) -> None:
         """Events come from rank 0 only; ``events`` may be called from a background thread."""

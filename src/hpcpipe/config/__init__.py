@@ -19,7 +19,7 @@ from hpcpipe.config.job import JobConfig
 from hpcpipe.config.loading import apply_values, first_error, load_config, validate_config, with_overrides
 from hpcpipe.config.lora import LoraConfig
 from hpcpipe.config.model import ModelConfig
-from hpcpipe.config.parallel import ParallelConfig, check_layout
+from hpcpipe.config.parallel import ParallelConfig, check_layout, check_micro_batches
 from hpcpipe.config.run import RunConfig
 from hpcpipe.config.train import TrainConfig, grad_accum_steps
 
@@ -38,6 +38,7 @@ __all__ = [
     "TrainConfig",
     "apply_values",
     "check_layout",
+    "check_micro_batches",
     "first_error",
     "grad_accum_steps",
     "load_config",

@@ -18,7 +18,8 @@ class FaultConfig(Section):
         None,
         description="On an out-of-memory error, halve the micro-batch (more gradient "
         "accumulation, same global batch) and retry the step. null: on, except under "
-        "parallel.strategy=deepspeed, whose ZeRO step cannot be rolled back half-way.",
+        "parallel.strategy=deepspeed, whose ZeRO step cannot be rolled back half-way, and "
+        "parallel.pp > 1, whose schedule runs every micro-batch in one call.",
     )
     preempt_grace_s: float = Field(
         30.0,

@@ -121,6 +121,15 @@ class JobConfig(Section):
                 )
 
     @model_validator(mode="after")
+    def _pipeline_fits_the_job(self) -> JobConfig:
+        if self.parallel.pp > 1 and self.fault.oom_recovery:
+            raise ValueError(
+                "fault.oom_recovery cannot work under parallel.pp > 1 (the pipeline schedule runs every "
+                "micro-batch in one call, nothing to halve between them); set it to null or false"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _frozen_context_keeps_its_cache(self) -> JobConfig:
         # transformers drops the KV cache under gradient checkpointing, and the cache is what
         # carries the frozen system prompts to the second pass.

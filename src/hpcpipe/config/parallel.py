@@ -51,6 +51,29 @@ class ParallelConfig(Section):
         "hf-causal-lm have one). It must divide the ranks per node; the remaining world / tp ranks "
         "are data-parallel (parallel.strategy: fsdp, or auto).",
     )
+    pp: int = Field(
+        1,
+        ge=1,
+        description="Pipeline-parallel stages: the recipe's blocks split into pp x virtual_stages "
+        "stages (Recipe.pipeline_stage; gpt has them), run by torch.distributed.pipelining over "
+        "groups of ranks that cross nodes. world = pp x dp x tp; the job's gradient accumulation "
+        "steps become the pipeline's micro-batches.",
+    )
+    pp_schedule: Literal["gpipe", "1f1b", "interleaved-1f1b"] = Field(
+        "1f1b",
+        description="Pipeline schedule. gpipe: every micro-batch forward, then every backward "
+        "(activations of all of them at once); 1f1b: one forward, one backward in the steady "
+        "state (at most pp micro-batches in flight); interleaved-1f1b: parallel.virtual_stages "
+        "stages per rank, a bubble v times smaller.",
+    )
+    virtual_stages: int = Field(
+        1, ge=1, description="Stages per pipeline rank (interleaved-1f1b: 2 or more; else 1)."
+    )
+    pp_split: list[int] | None = Field(
+        None,
+        description="The block index each pipeline stage after the first starts at (pp x "
+        "virtual_stages - 1 increasing indices); null: balanced by parameter count.",
+    )
     backend: Literal["auto", "gloo", "nccl"] = Field(
         "auto", description="Process-group backend; auto: nccl on CUDA, gloo otherwise."
     )
@@ -139,10 +162,10 @@ class ParallelConfig(Section):
             raise ValueError(
                 "parallel.sync_gradients=false is not available with parallel.strategy=deepspeed"
             )
-        if self.tp > 1:
+        if self.tp > 1 or self.pp > 1:
             raise ValueError(
-                f"parallel.tp={self.tp} cannot combine with parallel.strategy=deepspeed (ZeRO shards "
-                "data-parallel only); use parallel.strategy=fsdp with tensor parallelism"
+                f"parallel.tp={self.tp}, parallel.pp={self.pp}: DeepSpeed ZeRO shards data-parallel "
+                "only here; use parallel.strategy=fsdp with tensor or pipeline parallelism"
             )
         if self.node_range[0] != self.node_range[1]:
             raise ValueError(
@@ -152,13 +175,32 @@ class ParallelConfig(Section):
         return self
 
     @model_validator(mode="after")
+    def _pipeline_fits(self) -> ParallelConfig:
+        interleaved = self.pp_schedule == "interleaved-1f1b"
+        if interleaved and self.virtual_stages < 2:
+            raise ValueError("parallel.pp_schedule=interleaved-1f1b needs parallel.virtual_stages 2 or more")
+        if not interleaved and self.virtual_stages > 1:
+            raise ValueError(
+                f"parallel.virtual_stages={self.virtual_stages} needs parallel.pp_schedule=interleaved-1f1b"
+            )
+        split = self.pp_split
+        if split is not None:
+            stages = self.pp * self.virtual_stages
+            if len(split) != stages - 1 or any(b <= a for a, b in zip([0, *split], split, strict=False)):
+                raise ValueError(
+                    f"parallel.pp_split {split}: give {stages - 1} increasing block indices above 0 "
+                    f"(where stages 2..{stages} start)"
+                )
+        return self
+
+    @model_validator(mode="after")
     def _tensor_parallel_fits(self) -> ParallelConfig:
-        if self.tp == 1:
+        if self.tp == 1 and self.pp == 1:
             return self
         if self.strategy == "ddp":
             raise ValueError(
-                f"parallel.tp={self.tp}: data parallelism beside tensor parallelism is FSDP2's; "
-                "set parallel.strategy to fsdp or auto"
+                f"parallel.tp={self.tp}, parallel.pp={self.pp}: data parallelism beside tensor or "
+                "pipeline parallelism is FSDP2's; set parallel.strategy to fsdp or auto"
             )
         if self.nproc > 1 and self.nproc % self.tp:
             raise ValueError(
@@ -181,15 +223,36 @@ class ParallelConfig(Section):
         return int(low), int(high or low)
 
 
-def check_layout(tp: int, world_size: int, ranks_per_node: int) -> None:
-    """ConfigError unless ``tp`` ranks of one node form each tensor-parallel group: it divides
-    the ranks per node (and so the world). Elastic ranges keep this: nodes come and go whole."""
+def check_layout(tp: int, world_size: int, ranks_per_node: int, pp: int = 1) -> None:
+    """ConfigError unless ``tp`` ranks of one node form each tensor-parallel group (it divides the
+    ranks per node) and ``pp x tp`` divides the world (the data-parallel degree is the rest). An
+    elastic range is checked at each of its node counts."""
     from hpcpipe.errors import ConfigError
 
     if tp > 1 and ranks_per_node % tp:
         raise ConfigError(
             f"parallel.tp={tp} must divide the ranks per node ({ranks_per_node}; world size "
             f"{world_size}): tensor parallelism stays inside a node"
+        )
+    if world_size % (tp * pp):
+        raise ConfigError(
+            f"parallel.pp={pp} x parallel.tp={tp} must divide the world size ({world_size}): "
+            "world = pp x dp x tp"
+        )
+
+
+def check_micro_batches(cfg: ParallelConfig, accum: int) -> None:
+    """ConfigError unless a pipeline has enough micro-batches: 1F1B schedules need at least one per
+    stage (the accumulation steps are the micro-batches), interleaved ones a multiple of pp."""
+    from hpcpipe.errors import ConfigError
+
+    if cfg.pp == 1 or cfg.pp_schedule == "gpipe":
+        return
+    if accum < cfg.pp or (cfg.pp_schedule == "interleaved-1f1b" and accum % cfg.pp):
+        need = "a multiple of" if cfg.pp_schedule == "interleaved-1f1b" else "at least"
+        raise ConfigError(
+            f"parallel.pp_schedule={cfg.pp_schedule} needs {need} parallel.pp={cfg.pp} micro-batches "
+            f"per step; train.global_batch_size / (micro_batch_size x data-parallel ranks) gives {accum}"
         )
 
 

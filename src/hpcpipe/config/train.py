@@ -61,17 +61,17 @@ class TrainConfig(Section):
     eval_batches: int = Field(8, ge=1, description="Micro-batches per rank in one evaluation.")
 
 
-def grad_accum_steps(train: TrainConfig, world_size: int, tp: int = 1) -> int:
+def grad_accum_steps(train: TrainConfig, world_size: int, tp: int = 1, pp: int = 1) -> int:
     """Micro-steps per optimizer step; a clear error when the batch arithmetic is impossible.
 
-    The ``tp`` ranks of a tensor-parallel group share one micro-batch: the data-parallel size is
-    ``world_size / tp``."""
-    data_parallel = max(1, world_size // tp)
+    The ``tp`` ranks of a tensor-parallel group and the ``pp`` stages of a pipeline share one
+    micro-batch: the data-parallel size is ``world_size / (tp pp)``."""
+    data_parallel = max(1, world_size // (tp * pp))
     per_step = train.micro_batch_size * data_parallel
     if train.global_batch_size % per_step != 0:
-        ranks = (
-            f"world size ({world_size})" if tp == 1 else f"data-parallel ranks ({data_parallel} = world / tp)"
-        )
+        ranks = f"world size ({world_size})"
+        if tp * pp > 1:
+            ranks = f"data-parallel ranks ({data_parallel} = world / (parallel.pp x parallel.tp))"
         raise ConfigError(
             f"train.global_batch_size ({train.global_batch_size}) must be a multiple of "
             f"train.micro_batch_size ({train.micro_batch_size}) x {ranks}"

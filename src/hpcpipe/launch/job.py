@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
-from hpcpipe.config import JobConfig, check_layout, grad_accum_steps
+from hpcpipe.config import JobConfig, check_layout, check_micro_batches, grad_accum_steps
 from hpcpipe.errors import USER_ERROR_EXIT_CODE, UserError
 from hpcpipe.layout import RunLayout
 from hpcpipe.train.environment import detect_environment
@@ -179,9 +179,11 @@ def prepare_job(job: JobConfig) -> Path:
 
 
 def check_world(job: JobConfig, world_size: int, ranks_per_node: int) -> None:
-    """ConfigError unless the job's layout (parallel.tp) and batch split fit this world."""
-    check_layout(job.parallel.tp, world_size, ranks_per_node)
-    grad_accum_steps(job.train, world_size, job.parallel.tp)
+    """ConfigError unless the job's layout (parallel.tp, pp) and batch split fit this world."""
+    p = job.parallel
+    check_layout(p.tp, world_size, ranks_per_node, p.pp)
+    accum = grad_accum_steps(job.train, world_size, p.tp, p.pp)
+    check_micro_batches(p, accum)
 
 
 def check_node_range(job: JobConfig, per_node: int) -> None:

@@ -141,7 +141,9 @@ class CausalSelfAttention(nn.Module):
         k = self.k(x).view(heads).transpose(1, 2)  # (B, H, T, D)
         v = self.v(x).view(heads).transpose(1, 2)  # (B, H, T, D)
         if rope is not None:
-            cos, sin = rope  # (T, D) each
+            # The tables cover model.seq_len; this sequence is T long (a pipeline stage after the
+            # first sees hidden states, not token ids, so the caller does not slice them).
+            cos, sin = rope[0][:T], rope[1][:T]  # (T, D) each
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, T, D)
         y = y.transpose(1, 2).reshape(B, T, -1)  # (B, T, H * D)
@@ -263,13 +265,8 @@ class GPT(nn.Module):
             raise ValueError(
                 f"sequence length {n_tokens} exceeds the model's context (model.seq_len={self.seq_len})"
             )
-        x = self.tok_emb(idx)  # (B, T, C)
-        rope: tuple[torch.Tensor, torch.Tensor] | None = None
-        if self.pos_emb is not None:
-            positions = torch.arange(n_tokens, device=idx.device)  # (T,)
-            x = x + self.pos_emb(positions)  # (B, T, C) + (T, C)
-        else:
-            rope = (self.get_buffer("rope_cos")[:n_tokens], self.get_buffer("rope_sin")[:n_tokens])  # (T, D)
+        x = embed(self.tok_emb, self.pos_emb, idx)  # (B, T, C)
+        rope = rope_of(self)
         for block in self.blocks:
             x = block(x, rope)  # (B, T, C)
         x = self.ln_f(x)  # (B, T, C)
@@ -332,6 +329,22 @@ class GPT(nn.Module):
             logits = logits.masked_fill(logits < kth, float("-inf"))
         probs = F.softmax(logits, dim=-1)  # (B, V)
         return torch.multinomial(probs, num_samples=1, generator=generator)  # (B, 1)
+
+
+def embed(tok_emb: nn.Module, pos_emb: nn.Module | None, idx: torch.Tensor) -> torch.Tensor:
+    """Token ids (B, T) -> (B, T, C): token embedding, plus learned positions (gpt2)."""
+    x = tok_emb(idx)  # (B, T, C)
+    if pos_emb is not None:
+        positions = torch.arange(idx.shape[1], device=idx.device)  # (T,)
+        x = x + pos_emb(positions)  # (B, T, C) + (T, C)
+    return x
+
+
+def rope_of(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The RoPE tables (seq_len, D) a module holds as buffers (llama), or None (gpt2)."""
+    if not hasattr(module, "rope_cos"):
+        return None
+    return module.get_buffer("rope_cos"), module.get_buffer("rope_sin")
 
 
 def _pad_right(idx: torch.Tensor, multiple: int) -> torch.Tensor:

@@ -167,9 +167,14 @@ class Recipe(ABC):
         """Refuse, when the config is loaded, a job this recipe cannot train: raise
         ``hpcpipe.ConfigError`` naming the key. The default refuses ``parallel.tp`` > 1 when the
         recipe has no ``tensor_parallel_plan``; a recipe with one checks its divisors here too."""
-        tp = job.parallel.tp
+        tp, pp = job.parallel.tp, job.parallel.pp
         if tp > 1 and cls.tensor_parallel_plan is Recipe.tensor_parallel_plan:
             raise ConfigError(no_plan_message(cls.name, tp))
+        if pp > 1 and cls.pipeline_stage is Recipe.pipeline_stage:
+            raise ConfigError(
+                f"parallel.pp={pp}: recipe {cls.name!r} declares no pipeline stages "
+                "(Recipe.pipeline_stage); set parallel.pp=1"
+            )
 
     @classmethod
     def describe_model(cls, job: JobConfig) -> str:
@@ -232,6 +237,23 @@ class Recipe(ABC):
         ``tp`` does not divide the model (heads, widths, sequence length)."""
         return None
 
+    def pipeline_stage(
+        self, model: nn.Module, blocks: Sequence[int], first: bool, last: bool
+    ) -> nn.Module | None:
+        """One stage of ``parallel.pp`` > 1: the part of ``model`` that runs the blocks at
+        ``blocks`` (indices into ``shard_units(model)``), embedding the batch's first tensor when
+        ``first`` and producing the output ``pipeline_loss`` takes when ``last``; other stages take
+        and give one activation tensor. Its parameters must keep the full model's names (hold the
+        model's own modules under their names), so checkpoints move between layouts. None (the
+        default): the recipe has no pipeline stages and ``parallel.pp`` must stay 1."""
+        return None
+
+    def pipeline_loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """Under ``parallel.pp`` > 1: the mean loss of the last stage's ``output`` for one
+        micro-batch whose target is the batch's second tensor. Evaluation reports
+        ``eval_metrics`` over its ``loss`` and ``count`` sums."""
+        raise NotImplementedError(f"recipe {self.name!r} has pipeline stages but no pipeline_loss")
+
     @abstractmethod
     def loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:
         """Mean loss over the micro-batch (a scalar that backward() is called on)."""
@@ -259,7 +281,8 @@ class Recipe(ABC):
         """Files for the run directory before training (main rank only), e.g. a data report."""
 
     def on_train_end(self, model: nn.Module, is_main: bool, run_dir: Path) -> None:  # noqa: B027
-        """Artifacts after training (every rank calls it; only the main rank writes)."""
+        """Artifacts after training (every rank calls it; only the main rank writes). Under
+        ``parallel.pp`` > 1, ``model`` holds only this rank's pipeline stages."""
 
     def export(self, request: ExportRequest) -> Path:
         """Write ``request.checkpoint`` as ``request.fmt`` into ``request.out``; returns it."""

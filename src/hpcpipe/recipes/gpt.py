@@ -52,10 +52,17 @@ class GPTRecipe(Recipe):
     @classmethod
     def check_job(cls, job: JobConfig) -> None:
         super().check_job(job)
-        if job.parallel.tp > 1:
+        p = job.parallel
+        if p.tp > 1:
             from hpcpipe.models.gpt_parallel import check_tensor_parallel
 
-            check_tensor_parallel(job.model, job.parallel.tp)
+            check_tensor_parallel(job.model, p.tp)
+        stages = p.pp * p.virtual_stages
+        if stages > job.model.n_layers or (p.pp_split and p.pp_split[-1] >= job.model.n_layers):
+            raise ConfigError(
+                f"parallel.pp x virtual_stages = {stages} stages (split {p.pp_split}) for model.n_layers="
+                f"{job.model.n_layers}: every stage needs at least one block"
+            )
 
     @classmethod
     def describe_model(cls, job: JobConfig) -> str:
@@ -155,17 +162,24 @@ class GPTRecipe(Recipe):
         return list(model.blocks)  # type: ignore[arg-type]
 
     def loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:
-        import torch.nn.functional as F
-
         x, y = batch  # (B, T) int64 each; y is x shifted left by one token
-        logits = model(x)  # (B, T, V)
-        return F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
+        return self.pipeline_loss(model(x), y)  # logits (B, T, V)
 
     def tensor_parallel_plan(self, model: nn.Module, tp: int) -> dict[str, Any]:
         from hpcpipe.models.gpt_parallel import gpt_tensor_parallel_plan
 
         model.sequence_multiple = tp  # type: ignore[assignment]  # generation pads its contexts for the sequence-parallel split
         return gpt_tensor_parallel_plan(self.model_cfg, tp)
+
+    def pipeline_stage(self, model: nn.Module, blocks: Sequence[int], first: bool, last: bool) -> nn.Module:
+        from hpcpipe.models.gpt_stage import GPTStage
+
+        return GPTStage(model, blocks, first, last)  # type: ignore[arg-type]
+
+    def pipeline_loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        import torch.nn.functional as F
+
+        return F.cross_entropy(output.flatten(0, 1).float(), target.flatten())  # (B*T, V) vs (B*T,)
 
     def eval_sums(self, model: nn.Module, batch: Batch) -> dict[str, torch.Tensor]:
         return mean_loss_sums(self.loss(model, batch), batch)
@@ -187,6 +201,8 @@ class GPTRecipe(Recipe):
 
         from hpcpipe.data.tokens.shards import load_tokenizer
 
+        if not hasattr(model, "generate"):
+            return  # a pipeline stage (parallel.pp > 1) holds part of the model: no sample
         tokenizer = load_tokenizer(self.dataset.path)
         device = next(model.parameters()).device
         prompt = torch.tensor([tokenizer.encode(SAMPLE_PROMPT)], dtype=torch.long, device=device)

@@ -1,14 +1,16 @@
-"""The device mesh of a job: data parallel x tensor parallel, and each rank's place in it.
+"""The device mesh of a job: pipeline x data parallel x tensor parallel, and each rank's place.
 
-world = dp x tp. The mesh is row-major over global ranks, so the ``tp`` ranks of one tensor-parallel
-group are consecutive: the local ranks of one node (NVLink), as Megatron-LM and torchtitan place
-them; data parallelism crosses nodes. Without tensor parallelism (tp 1) there is no mesh: the
-world group is the data-parallel group, as it always was.
+world = pp x dp x tp. The mesh is row-major over global ranks, so the ``tp`` ranks of one
+tensor-parallel group are consecutive (the local ranks of one node: NVLink), the data-parallel
+replicas come next, and the pipeline stages are the slowest dimension: each stage is a block of
+``dp x tp`` ranks, whole nodes when tp divides a node, and consecutive stages talk across nodes,
+as Megatron-LM and torchtitan place them. Without tensor or pipeline parallelism (tp = pp = 1)
+there is no mesh: the world group is the data-parallel group, as it always was.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from hpcpipe.config import check_layout
@@ -17,12 +19,14 @@ from hpcpipe.train.distributed import DistContext
 
 @dataclass(frozen=True)
 class Layout:
-    """How the world is split: ``dp`` x ``tp`` ranks, and this rank's data-parallel place."""
+    """How the world is split (``pp`` x ``dp`` x ``tp`` ranks) and this rank's place in it."""
 
     dp: int
     tp: int
     dp_rank: int
-    mesh: Any = None  # DeviceMesh ("dp", "tp") when tp > 1
+    pp: int = 1
+    pp_rank: int = 0
+    mesh: Any = None  # DeviceMesh ("pp", "dp", "tp") when tp > 1 or pp > 1
 
     @property
     def tp_mesh(self) -> Any:
@@ -32,28 +36,38 @@ class Layout:
     def dp_mesh(self) -> Any:
         return None if self.mesh is None else self.mesh["dp"]
 
+    @property
+    def pp_group(self) -> Any:
+        """The process group of this rank's pipeline (the same dp and tp place in every stage)."""
+        return None if self.mesh is None else self.mesh["pp"].get_group()
+
     def describe(self) -> dict[str, Any]:
         """For the log, events.jsonl and checkpoint manifests."""
-        groups = None if self.mesh is None else self.mesh.mesh.tolist()  # [[ranks of one tp group], ...]
-        return {"dp": self.dp, "tp": self.tp, "tp_groups": groups}
+        described: dict[str, Any] = {"pp": self.pp, "dp": self.dp, "tp": self.tp}
+        if self.mesh is not None:
+            grid = self.mesh.mesh  # (pp, dp, tp) global ranks
+            described["tp_groups"] = grid.reshape(-1, self.tp).tolist()
+            described["pp_groups"] = grid.permute(1, 2, 0).reshape(-1, self.pp).tolist()
+        return described
 
 
-def build_layout(tp: int, ctx: DistContext) -> Layout:
-    """The layout for ``parallel.tp`` on this group (ConfigError when it does not divide a node)."""
-    check_layout(tp, ctx.world_size, ctx.local_world_size)
-    if tp == 1:
+def build_layout(tp: int, ctx: DistContext, pp: int = 1) -> Layout:
+    """The layout for ``parallel.tp`` and ``parallel.pp`` on this group (ConfigError when they do
+    not divide a node and the world)."""
+    check_layout(tp, ctx.world_size, ctx.local_world_size, pp)
+    if tp == 1 and pp == 1:
         return Layout(dp=ctx.world_size, tp=1, dp_rank=ctx.rank)
     from torch.distributed.device_mesh import init_device_mesh
 
-    dp = ctx.world_size // tp
-    mesh = init_device_mesh(ctx.device.type, (dp, tp), mesh_dim_names=("dp", "tp"))
-    return Layout(dp=dp, tp=tp, dp_rank=ctx.rank // tp, mesh=mesh)
+    dp = ctx.world_size // (tp * pp)
+    mesh = init_device_mesh(ctx.device.type, (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp"))
+    return Layout(
+        dp=dp, tp=tp, dp_rank=(ctx.rank // tp) % dp, pp=pp, pp_rank=ctx.rank // (dp * tp), mesh=mesh
+    )
 
 
 def data_parallel_context(ctx: DistContext, layout: Layout) -> DistContext:
     """``ctx`` whose metric reductions run over this rank's data-parallel group."""
     if layout.mesh is None:
         return ctx
-    from dataclasses import replace
-
     return replace(ctx, dp_group=layout.dp_mesh.get_group(), dp_size_=layout.dp)

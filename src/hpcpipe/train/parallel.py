@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -161,31 +162,59 @@ def gradient_sync(model: nn.Module, enabled: bool) -> Iterator[None]:
     yield
 
 
+@dataclass(frozen=True)
+class GradNorm:
+    """How the global gradient norm is taken. ``over_world``: each rank adds the squares of its own
+    pieces and one all-reduce sums the world (a pp x dp x tp mesh, where stages hold different
+    parameters); ``plain_copies``: the ranks holding each plain (non-DTensor) gradient; ``skip``:
+    ids of tied copies another stage counts."""
+
+    over_world: bool = False
+    plain_copies: int = 1
+    skip: frozenset[int] = frozenset()
+
+    @classmethod
+    def of(cls, layout: Any, pipeline: Any) -> GradNorm:
+        if layout.mesh is None:
+            return cls()
+        skip = frozenset(pipeline.not_in_norm()) if pipeline is not None else frozenset()
+        return cls(over_world=True, plain_copies=layout.dp * layout.tp, skip=skip)
+
+
 def optimizer_step(
-    model: nn.Module, optimizer: torch.optim.Optimizer, precision: Precision, max_norm: float, measure: bool
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    precision: Precision,
+    max_norm: float,
+    measure: bool,
+    norm: GradNorm = GradNorm(),
 ) -> torch.Tensor | None:
     """Unscale, clip to ``max_norm`` (> 0), update, zero the gradients; the gradient norm before
     clipping when clipping or ``measure`` asked for it (the same decision on every rank)."""
     if is_engine(model):
         model.step()  # type: ignore[operator]  # clips (gradient_clipping), steps and zeroes
-        norm = model.get_global_grad_norm()  # type: ignore[operator]
-        return torch.tensor(float(norm)) if measure and norm is not None else None
+        engine_norm = model.get_global_grad_norm()  # type: ignore[operator]
+        return torch.tensor(float(engine_norm)) if measure and engine_norm is not None else None
     precision.unscale(optimizer)
-    grad_norm = clip_grad_norm(model, max_norm) if max_norm > 0 or measure else None
+    grad_norm = clip_grad_norm(model, max_norm, norm) if max_norm > 0 or measure else None
     precision.step(optimizer)
     optimizer.zero_grad(set_to_none=True)
     return grad_norm
 
 
-def clip_grad_norm(model: nn.Module, max_norm: float) -> torch.Tensor:
+def clip_grad_norm(model: nn.Module, max_norm: float, norm: GradNorm = GradNorm()) -> torch.Tensor:
     """Global gradient L2 norm (before clipping), correct for sharded FSDP2 gradients.
 
     Under FSDP2 each gradient is a DTensor shard; the norm of DTensors is a partial result that
     ``full_tensor()`` reduces over ranks, so every rank clips with the same global norm.
     """
     params = [p for p in model.parameters() if p.grad is not None]
-    grads = [p.grad for p in params if p.grad is not None]
-    total = _total_norm(grads)
+    if norm.over_world:
+        settle_gradients(params)
+        counted = [p.grad for p in params if p.grad is not None and id(p) not in norm.skip]
+        total = _world_norm(counted, norm.plain_copies)
+    else:
+        total = _total_norm([p.grad for p in params if p.grad is not None])
     if max_norm > 0:
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
     return total
@@ -199,8 +228,6 @@ def _total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
     for grad in grads:
         key = (grad.device_mesh, grad.placements) if isinstance(grad, DTensor) else None
         groups.setdefault(key, []).append(grad)
-    if any(key is not None and key[0].ndim > 1 for key in groups):
-        return _mesh_norm(grads)
     norms = []
     for group in groups.values():
         norm = torch.nn.utils.get_total_norm(group, norm_type=2.0)
@@ -210,21 +237,31 @@ def _total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
     return torch.linalg.vector_norm(torch.stack(norms))
 
 
-def _mesh_norm(grads: list[torch.Tensor]) -> torch.Tensor:
-    """The L2 norm of gradients on a 2-D (dp x tp) mesh in one all-reduce over the world: each
-    rank adds the squares of its local pieces, each divided by the number of ranks that hold the
-    same piece (its replicated mesh dimensions), so every element counts once. DTensor's own
-    reduction would all-reduce once per mesh dimension and per placement group."""
-    device = grads[0].device
+def settle_gradients(params: list[nn.Parameter]) -> None:
+    """Lay each DTensor gradient out as its parameter is. Tensor parallelism leaves some partial
+    (a sequence-parallel norm's weight: each rank's sum over its tokens) or replicated where the
+    parameter is sharded; the optimizer would redistribute them anyway, and the norm below needs
+    every local piece final."""
+    for param in params:
+        grad = param.grad
+        if isinstance(grad, DTensor) and isinstance(param, DTensor) and grad.placements != param.placements:
+            param.grad = grad.redistribute(param.device_mesh, param.placements)
+
+
+def _world_norm(grads: list[torch.Tensor], plain_copies: int) -> torch.Tensor:
+    """The L2 norm of gradients on a pp x dp x tp mesh in one all-reduce over the world: each rank
+    adds the squares of its local pieces, each divided by the number of ranks that hold the same
+    piece (a DTensor's replicated mesh dimensions; ``plain_copies`` for a plain tensor), so every
+    element counts once; pipeline stages hold different parameters and simply add up. DTensor's
+    own reduction would all-reduce once per mesh dimension and per placement group."""
+    device = grads[0].device if grads else torch.device("cpu")
     total = torch.zeros((), dtype=torch.float32, device=device)
     for grad in grads:
-        local, copies = grad, 1
+        local, copies = grad, plain_copies
         if isinstance(grad, DTensor):
             local = grad.to_local()
             mesh = grad.device_mesh
             copies = math.prod(mesh.size(dim) for dim, p in enumerate(grad.placements) if p.is_replicate())
-            if mesh.size() != dist.get_world_size():
-                raise RuntimeError("gradient norm: a 2-D mesh must cover the world")
         total += torch.linalg.vector_norm(local.float()).square() / copies
     dist.all_reduce(total)
     return total.sqrt()

@@ -11,6 +11,7 @@ train/preempt.py, observe/watchdog.py) and are only called from here.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,7 @@ from hpcpipe.train.mesh import build_layout, data_parallel_context
 from hpcpipe.train.oom import AllReduceMax, OOMGuard, max_over_ranks
 from hpcpipe.train.optim import build_optimizer
 from hpcpipe.train.parallel import (
+    GradNorm,
     apply_parallelism,
     buffers_broadcast,
     gradient_sync,
@@ -49,6 +51,7 @@ from hpcpipe.train.parallel import (
     time_gradient_sync,
     unwrap,
 )
+from hpcpipe.train.pipeline_parallel import build_pipeline
 from hpcpipe.train.precision import Precision
 from hpcpipe.train.preempt import Preempted, PreemptionHandler
 from hpcpipe.train.schedule import lr_at, resolve_steps
@@ -85,42 +88,57 @@ class Trainer:
         self.recipe = recipe
         self.run_dir = run_dir
         self.events = EventLog(run_dir, enabled=ctx.is_main)
-        # world = dp x tp (train/mesh.py); the tp ranks of a group share data, loss and metrics.
-        self.layout = build_layout(job.parallel.tp, ctx)
+        # world = pp x dp x tp (train/mesh.py): the tp ranks of a group and the stages of a pipeline
+        # share data, loss and metrics.
+        p = job.parallel
+        self.layout = build_layout(p.tp, ctx, p.pp)
         self.ctx = ctx = data_parallel_context(ctx, self.layout)
-        self.strategy = resolve_strategy(job.parallel.strategy, self.layout.dp, self.layout.tp)
+        self.strategy = resolve_strategy(p.strategy, self.layout.dp, max(p.tp, p.pp))
         self.events.emit("layout", {"strategy": self.strategy, **self.layout.describe()})
+        accum = grad_accum_steps(self.cfg, ctx.world_size, p.tp, p.pp)
 
         # Same seed on every rank: identical initial weights without a broadcast.
         torch.manual_seed(job.run.seed)
         model = recipe.build_model().to(ctx.device)
         units = recipe.shard_units(model)
-        if self.layout.tp > 1:  # the recipe's plan, on the mesh's tp dimension
-            apply_tensor_parallel(
-                model, tensor_parallel_plan(recipe, model, self.layout.tp), self.layout.tp_mesh
+
+        def wrap(module: torch.nn.Module, blocks: Sequence[torch.nn.Module]) -> torch.nn.Module:
+            # DDP or FSDP2 over the data-parallel ranks (the dp dimension of a mesh).
+            flags = (recipe.broadcasts_buffers, recipe.fsdp_param_dtype)
+            return apply_parallelism(
+                module, self.strategy, ctx, blocks, p, *flags, dp_mesh=self.layout.dp_mesh
             )
-        apply_activation_checkpointing(units, self.cfg.activation_checkpointing)
-        if self.cfg.compile:
-            # Compile blocks before FSDP2 wraps them (per-block graphs), the whole model otherwise.
-            for module in units if self.strategy == "fsdp" else [model]:
-                module.compile()
-        self.model = apply_parallelism(
-            model,
-            self.strategy,
-            ctx,
-            units,
-            job.parallel,
-            recipe.broadcasts_buffers,
-            recipe.fsdp_param_dtype,
-            dp_mesh=self.layout.dp_mesh,
-        )
-        self.sync_gradients = job.parallel.sync_gradients
+
+        self.pipeline = None
+        if self.layout.pp > 1:  # the recipe's stages on this rank, sharded and scheduled
+            self.pipeline = build_pipeline(
+                recipe,
+                model,
+                units,
+                p,
+                self.layout,
+                self.cfg.activation_checkpointing,
+                wrap,
+                accum,
+                ctx.device,
+            )
+            self.model: torch.nn.Module = self.pipeline.modules
+        else:
+            if self.layout.tp > 1:  # the recipe's plan, on the mesh's tp dimension
+                apply_tensor_parallel(model, tensor_parallel_plan(recipe, model, p.tp), self.layout.tp_mesh)
+            apply_activation_checkpointing(units, self.cfg.activation_checkpointing)
+            if self.cfg.compile:
+                # Compile blocks before FSDP2 wraps them (per-block graphs), the whole model otherwise.
+                for module in units if self.strategy == "fsdp" else [model]:
+                    module.compile()
+            self.model = wrap(model, units)
+        self.grad_norm = GradNorm.of(self.layout, self.pipeline)
+        self.sync_gradients = p.sync_gradients
         # Phase times; under DDP a hook marks the end of backward compute (exposed comm after it).
         self.phases = PhaseTimer(ctx.device)
         time_gradient_sync(self.model, self.phases.compute_done)
         self.syncs_buffers = buffers_broadcast(job.parallel, recipe.broadcasts_buffers)
         self.optimizer = build_optimizer(self.model, self.cfg, ctx.device)
-        accum = grad_accum_steps(self.cfg, ctx.world_size, self.layout.tp)
         engine = None
         if self.strategy == "deepspeed":  # DeepSpeed wraps model and optimizer together
             self.model, self.optimizer, _ = deepspeed_engine(self.model, self.optimizer, job, ctx, accum)
@@ -138,7 +156,7 @@ class Trainer:
         self.step = 0
 
         # Fault tolerance: OOM recovery, preemption, hang detection, checkpoints.
-        recovers = oom_recovery_on(job.fault.oom_recovery, self.strategy)
+        recovers = oom_recovery_on(job.fault.oom_recovery, self.strategy, pipeline=self.pipeline is not None)
         self.oom = OOMGuard(self.cfg.micro_batch_size, accum, recovers, rank=ctx.rank)
         self.oom.attach(self.model, units)
         self.agree_max = _agreement_all_reduce(ctx)
@@ -166,7 +184,7 @@ class Trainer:
             events=self.events.emit,
             trainable_only=recipe.checkpoint_trainable_only,
             engine="deepspeed" if engine is not None else "dcp",
-            layout=self.layout.describe() if self.layout.tp > 1 else None,
+            layout=self.layout.describe() if self.layout.mesh is not None else None,
         )
         self.faults = faults  # a no-op unless a chaos job installed one (train/faults.py)
         self.store.save_point = faults.at_save
@@ -253,7 +271,7 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         step_start = self.loader.state_dict()
-        while (out := self._forward_backward()) is None:
+        while (out := self._pipeline_step() if self.pipeline else self._forward_backward()) is None:
             # Some rank ran out of memory: every rank halves the micro-batch and retries the step.
             self.telemetry.on_oom(self.step)
             event = self.oom.recover(self.step, self.optimizer, self.loader, step_start)
@@ -261,7 +279,7 @@ class Trainer:
         loss_sum, data_time = out
         self.phases.begin("optimizer")
         grad_norm = optimizer_step(
-            self.model, self.optimizer, self.precision, self.cfg.grad_clip, measure_norm
+            self.model, self.optimizer, self.precision, self.cfg.grad_clip, measure_norm, self.grad_norm
         )
         self.phases.end_step()
         return StepOutput(loss=loss_sum, grad_norm=grad_norm, lr=lr, data_time_s=data_time)
@@ -304,6 +322,19 @@ class Trainer:
             loss_sum += loss
         return loss_sum, data_time
 
+    def _pipeline_step(self) -> tuple[torch.Tensor, float]:
+        """Under pipeline parallelism: this rank's share of the global batch through the schedule
+        (the accumulation steps are its micro-batches); the mean loss, on every rank."""
+        self.phases.begin("data")
+        t0 = time.perf_counter()
+        micro = [self._to_device(self.loader.next_microbatch()) for _ in range(self.oom.accum_steps)]
+        batch = tuple(torch.cat(parts) for parts in zip(*micro, strict=True))  # (accum x micro, ...)
+        data_time = time.perf_counter() - t0
+        self.phases.begin("forward")  # forward, backward and the stages' sends, interleaved
+        with self.precision.autocast():
+            loss = self.pipeline.train_step(batch)  # type: ignore[union-attr]
+        return loss, data_time
+
     def _backward(self, loss: torch.Tensor) -> None:
         self.phases.begin("backward")  # split at the DDP hook's mark: backward compute, then comm
         self.precision.backward(loss)
@@ -319,6 +350,12 @@ class Trainer:
                 sync_buffers(self.model)  # every rank evaluates rank 0's BatchNorm statistics
         model = unwrap(self.model)
         model.eval()
+        if self.pipeline is not None:  # the loss, through the stages in order
+            metrics = self.recipe.eval_metrics(
+                self.pipeline.evaluate_all(self._eval_batches(), self.ctx.dp_group)
+            )
+            model.train()
+            return metrics
         sums: dict[str, torch.Tensor] = {}
         for item in self.recipe.eval_batches(self.layout.dp_rank, self.layout.dp):
             padding = isinstance(item, PaddingBatch)  # run for FSDP2's collectives only: counts 0
@@ -485,6 +522,12 @@ class Trainer:
             self.sink.write(row)
         self.trackers.on_row(row)
 
+    def _eval_batches(self) -> Iterator[tuple[Batch, bool]]:
+        """This data-parallel rank's evaluation batches on the device, and whether each counts."""
+        for item in self.recipe.eval_batches(self.layout.dp_rank, self.layout.dp):
+            batch = item.batch if isinstance(item, PaddingBatch) else item
+            yield self._to_device(batch), not isinstance(item, PaddingBatch)
+
     def _to_device(self, batch: Batch) -> Batch:
         return tuple(t.to(self.ctx.device, non_blocking=True) for t in batch)
 
@@ -504,10 +547,11 @@ def _agreement_all_reduce(ctx: DistContext) -> AllReduceMax | None:
     return max_over_ranks(group=group)
 
 
-def oom_recovery_on(configured: bool | None, strategy: str) -> bool:
+def oom_recovery_on(configured: bool | None, strategy: str, pipeline: bool = False) -> bool:
     """``fault.oom_recovery``; null means on, except under DeepSpeed (a ZeRO step cannot be
-    rolled back half-way through its partitioned gradients)."""
-    return configured if configured is not None else strategy != "deepspeed"
+    rolled back half-way through its partitioned gradients) and a pipeline (its schedule runs
+    every micro-batch in one call)."""
+    return configured if configured is not None else strategy != "deepspeed" and not pipeline
 
 
 def _per_item(flops_per_sample: float | None, items_per_sample: int) -> float | None:
