@@ -145,6 +145,20 @@ def test_the_export_of_a_tp_checkpoint_is_the_whole_model(tmp: Path, runs: dict[
         torch.testing.assert_close(exported["tp2"][key], value, rtol=1e-4, atol=1e-5)
 
 
+def test_a_hugging_face_llama_splits_by_module_names(tmp: Path) -> None:
+    """hf-causal-lm's plan for Llama-family models (full fine-tuning of @tiny-llama-random)."""
+    runs = {}
+    hf = tmp / "hf"  # its own prepared data: the model's tokenizer, not bytes
+    hf.mkdir()
+    for name, nproc, sets in (("hf_single", 1, ()), ("hf_tp2", 2, ("parallel.tp=2",))):
+        args = tiny_job_sets(hf, name, "observe.progress=false", "recipe.finetune=full", *sets)
+        proc = run_cli("train", "hf-causal-lm-tiny", "--nproc", str(nproc), *args, cwd=hf, timeout=400)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+        runs[name] = _losses(hf / name)
+    assert sorted(runs["hf_tp2"]) == list(range(1, 21))
+    _close(runs["hf_tp2"], runs["hf_single"])
+
+
 def test_activation_checkpointing_keeps_the_losses(tmp: Path, runs: dict[str, Path]) -> None:
     full = _train(tmp, "ac_full", 1, "train.activation_checkpointing=full")
     assert _losses(full) == _losses(runs["single"])  # recomputation is exact on CPU

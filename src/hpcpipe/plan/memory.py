@@ -15,12 +15,13 @@ comes from:
 - **Activations** per layer and micro-batch (Korthikanti et al. 2022, "Reducing Activation
   Recomputation in Large Transformer Models", with attention through flash/SDPA kernels, so no
   ``s^2`` score matrix): the tensors autograd keeps, in units of ``s b h`` elements: attention
-  ``5 + 2 k / heads`` (two norm and projection inputs, q, k, v and the attention output), MLP
+  ``5 + 2 k / heads`` (two norm and projection inputs, q, k, v and the attention output; with RoPE
+  ``1 + k / heads`` more: the rotated halves of q and k), MLP
   ``2 + 2 f / h`` (GELU: fc input, GELU input and output) or ``2 + 4 f / h`` (SwiGLU), times the
   activation bytes; 17 elements = 34 bytes for GPT-2's ``f = 4 h`` in 16-bit, the paper's 34.
   Sequence parallelism divides all of it by ``t``. Selective recomputation keeps only the matmul and
-  attention outputs and each block's input; full keeps each block's input (``s b h``) plus one
-  layer's working set while it recomputes.
+  attention outputs and each block's input; full keeps each block's input (``s b h``); both add
+  what one layer recomputes while its backward runs.
 - **Pipeline in flight**: the first stage holds the activations of ``min(m, p)`` micro-batches under
   1F1B, ``m`` under GPipe, and ``p (1 + (p - 1) / (p v))`` layer-groups under interleaved 1F1B
   (Narayanan et al. 2021).
@@ -58,6 +59,7 @@ class ModelShape:
     kv_heads: int  # = heads without grouped-query attention
     gated_mlp: bool = True  # SwiGLU (3 matrices) rather than GELU (2)
     tied_embeddings: bool = False
+    rotary: bool = True  # RoPE on q and k (Llama), rather than learned positions (GPT-2)
 
     @property
     def head_dim(self) -> int:
@@ -79,6 +81,8 @@ class ModelShape:
     def layer_activation_elements(self) -> float:
         """Elements kept by autograd per layer, in units of ``s b h`` (no recomputation)."""
         attention = 5 + 2 * self.kv_heads / self.heads
+        if self.rotary:  # the rotated halves of q and k, kept for RoPE's multiply
+            attention += 1 + self.kv_heads / self.heads
         mlp = 2 + (4 if self.gated_mlp else 2) * self.ffn / self.hidden
         return attention + mlp
 
@@ -167,7 +171,7 @@ def _activations(shape: ModelShape, layout: Layout) -> float:
     }[layout.recompute]
     layers = math.ceil(shape.layers / layout.pp)  # the first stage's, over its v virtual stages
     kept = per_layer * sbh / split * layers * in_flight(layout)
-    working = shape.layer_activation_elements() * sbh / split if layout.recompute != "none" else 0.0
+    working = (shape.layer_activation_elements() - per_layer) * sbh / split  # what one layer recomputes
     return (kept + working) * _activation_bytes(layout)
 
 

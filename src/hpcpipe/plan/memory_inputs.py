@@ -27,6 +27,7 @@ class ShapeFlags:
     seq_len: int | None = None
     gated_mlp: bool | None = None
     tied_embeddings: bool | None = None
+    rotary: bool | None = None
 
 
 FLAG_NAMES = {
@@ -63,6 +64,7 @@ def shape_from_job(job: JobConfig) -> ShapeFlags:
         seq_len=m.seq_len,
         gated_mlp=m.variant == "llama",
         tied_embeddings=True,  # the GPT ties its LM head to the token embedding
+        rotary=m.variant == "llama",
     )
 
 
@@ -77,6 +79,8 @@ def resolve_shape(from_job: ShapeFlags | None, given: ShapeFlags) -> ModelShape:
     if values["kv_heads"] is None:
         values["kv_heads"] = values["heads"]
     values["gated_mlp"] = True if values["gated_mlp"] is None else values["gated_mlp"]
+    if values["rotary"] is None:  # Llama-style (SwiGLU and RoPE) or GPT-2-style (GELU, learned)
+        values["rotary"] = values["gated_mlp"]
     values["tied_embeddings"] = bool(values["tied_embeddings"])
     for name in ("layers", "hidden", "heads", "kv_heads", "vocab", "seq_len"):
         _positive(name, values[name], needed=True)

@@ -233,6 +233,21 @@ class HFCausalLMRecipe(Recipe):
 
         return decoder_layers(model)
 
+    def tensor_parallel_plan(self, model: nn.Module, tp: int) -> dict[str, Any]:
+        """Llama-family models (q/k/v/o_proj, gate/up/down_proj), full fine-tuning only."""
+        from hpcpipe.models.hf_parallel import llama_family_plan
+
+        return llama_family_plan(model, list(self.shard_units(model)), tp)
+
+    @classmethod
+    def check_job(cls, job: JobConfig) -> None:
+        super().check_job(job)
+        if job.parallel.tp > 1 and job.recipe.get("finetune", "lora") == "lora":
+            raise ConfigError(
+                f"parallel.tp={job.parallel.tp}: tensor parallelism splits the base weights, which LoRA "
+                "keeps frozen and whole; use recipe.finetune=full, or parallel.tp=1 with LoRA"
+            )
+
     def loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:
         import torch.nn.functional as F
 

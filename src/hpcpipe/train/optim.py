@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from hpcpipe.config import TrainConfig
+
+
+def _mixes_dtensors(params: list[nn.Parameter]) -> bool:
+    kinds = {isinstance(p, DTensor) for p in params}
+    return len(kinds) > 1
 
 
 def build_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
@@ -13,10 +21,18 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device) ->
     # as in GPT-2/nanoGPT. Tied weights appear once in named_parameters().
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
-    groups = [
+    groups: list[dict[str, Any]] = [
         {"params": decay, "weight_decay": cfg.weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
+    if _mixes_dtensors(decay + no_decay):
+        # A tensor-parallel plan that leaves some parameters plain (a Hugging Face model's norms):
+        # the multi-tensor kernels take one kind per call, and they run per group.
+        groups = [
+            {**group, "params": [p for p in group["params"] if isinstance(p, DTensor) == sharded]}
+            for sharded in (False, True)
+            for group in groups
+        ]
     if cfg.optimizer == "sgd":
         return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.momentum > 0)
     return torch.optim.AdamW(

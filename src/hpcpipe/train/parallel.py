@@ -216,7 +216,10 @@ def clip_grad_norm(model: nn.Module, max_norm: float, norm: GradNorm = GradNorm(
     else:
         total = _total_norm([p.grad for p in params if p.grad is not None])
     if max_norm > 0:
-        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+        for kind in (True, False):  # DTensors and plain tensors apart: one kind per foreach kernel
+            same = [p for p in params if isinstance(p, DTensor) == kind]
+            if same:
+                torch.nn.utils.clip_grads_with_norm_(same, max_norm, total)
     return total
 
 

@@ -329,8 +329,10 @@ class Trainer:
         t0 = time.perf_counter()
         micro = [self._to_device(self.loader.next_microbatch()) for _ in range(self.oom.accum_steps)]
         batch = tuple(torch.cat(parts) for parts in zip(*micro, strict=True))  # (accum x micro, ...)
+        self.faults.at("data", self.step, 0)
         data_time = time.perf_counter() - t0
         self.phases.begin("forward")  # forward, backward and the stages' sends, interleaved
+        self.faults.at("forward", self.step, 0)  # the chaos suite's site: once per step here
         with self.precision.autocast():
             loss = self.pipeline.train_step(batch)  # type: ignore[union-attr]
         return loss, data_time

@@ -1,0 +1,156 @@
+"""Pipeline parallelism (``parallel.pp``) on gloo ranks: the tiny GPT (4 blocks) against one
+process under each schedule, composed with FSDP2 (pp 2 x dp 2) and with tensor parallelism
+(pp 2 x tp 2) on 4 ranks, exact resume after a SIGKILL, checkpoints resharded into other
+layouts, the export, and evaluation through the stages.
+
+Tolerance: the stages see the same micro-batches in the same order as one process's gradient
+accumulation; they differ only in the order of floating-point sums (the tied embedding's two
+gradient halves are added by an all-reduce, the gradient norm by another). Measured: a relative
+2.3e-7 over 20 steps at most, pp 2 x tp 2 (2026-11-28); asserted 1e-5, the issue's bound for fp32.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from tests.helpers import run_cli, tiny_job_sets
+
+from hpcpipe.observe.metrics import read_metrics
+
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(900)]
+
+RTOL = 1e-5
+FOUR_BLOCKS = "model.n_layers=4"
+
+
+def _train(
+    tmp: Path, name: str, nproc: int, *sets: str, env: dict[str, str] | None = None, restarts: int = 0
+):  # type: ignore[no-untyped-def]
+    args = tiny_job_sets(tmp, name, FOUR_BLOCKS, "observe.progress=false", "checkpoint.every_steps=10", *sets)
+    proc = run_cli(
+        "train",
+        "tiny",
+        "--nproc",
+        str(nproc),
+        "--max-restarts",
+        str(restarts),
+        *args,
+        cwd=tmp,
+        timeout=400,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return tmp / name
+
+
+def _rows(run_dir: Path, key: str) -> dict[int, float]:
+    return {r["step"]: r[key] for r in read_metrics(run_dir) if key in r}
+
+
+def _events(run_dir: Path, kind: str) -> list[dict]:  # type: ignore[type-arg]
+    lines = (run_dir / "events.jsonl").read_text().splitlines()
+    return [e for e in map(json.loads, lines) if e["event"] == kind]
+
+
+def _close(run: dict[int, float], reference: dict[int, float]) -> None:
+    steps = sorted(run)
+    assert steps and all(s in reference for s in steps)
+    assert [run[s] for s in steps] == pytest.approx([reference[s] for s in steps], rel=RTOL)
+
+
+@pytest.fixture(scope="module")
+def tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("pp")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp: Path) -> dict[str, Path]:
+    return {
+        "single": _train(tmp, "single", 1),
+        "1f1b": _train(tmp, "1f1b", 2, "parallel.pp=2"),
+        "pp2_tp2": _train(tmp, "pp2_tp2", 4, "parallel.pp=2", "parallel.tp=2"),
+    }
+
+
+@pytest.mark.parametrize(
+    ("name", "nproc", "sets"),
+    [
+        ("1f1b", 2, ()),
+        ("gpipe", 2, ("parallel.pp=2", "parallel.pp_schedule=gpipe")),
+        # 4 stages of one block, two per rank: stages 0 and 2 on rank 0, 1 and 3 on rank 1
+        (
+            "interleaved",
+            2,
+            ("parallel.pp=2", "parallel.pp_schedule=interleaved-1f1b", "parallel.virtual_stages=2"),
+        ),
+        ("pp2_dp2", 4, ("parallel.pp=2", "train.micro_batch_size=2")),  # FSDP2 inside each stage
+        ("pp2_tp2", 4, ()),
+    ],
+)
+def test_each_pipeline_follows_one_process(
+    tmp: Path, runs: dict[str, Path], name: str, nproc: int, sets: tuple[str, ...]
+) -> None:
+    run = runs[name] if name in runs else _train(tmp, name, nproc, *sets)
+    losses = _rows(run, "loss")
+    assert sorted(losses) == list(range(1, 21))
+    _close(losses, _rows(runs["single"], "loss"))
+    _close(_rows(run, "grad_norm"), _rows(runs["single"], "grad_norm"))  # clipping saw the same norm
+    _close(_rows(run, "val_loss"), _rows(runs["single"], "val_loss"))  # evaluation through the stages
+
+
+def test_the_layout_is_logged_and_recorded(runs: dict[str, Path]) -> None:
+    layout = _events(runs["pp2_tp2"], "layout")[0]
+    assert layout["pp_groups"] == [[0, 2], [1, 3]] and layout["tp_groups"] == [[0, 1], [2, 3]]
+    manifest = json.loads((runs["pp2_tp2"] / "checkpoints/step-00000020/manifest.json").read_text())
+    assert manifest["layout"]["pp"] == 2 and manifest["optimizer_state"] == "flat"
+
+
+def test_a_killed_stage_resumes_bit_for_bit(tmp: Path, runs: dict[str, Path]) -> None:
+    env = {"HPCPIPE_CHAOS_KILL": "step=15,rank=1", "HPCPIPE_CHAOS_DIR": str(tmp / "kill-markers")}
+    killed = _train(tmp, "killed", 2, "parallel.pp=2", env=env, restarts=1)
+    assert [e["step"] for e in _events(killed, "resumed")] == [10]
+    assert _rows(killed, "loss") == _rows(runs["1f1b"], "loss")
+
+
+@pytest.mark.parametrize(
+    ("source", "name", "nproc", "sets"),
+    [
+        ("1f1b", "from_pp2_to_one", 1, ()),  # pp 2 -> 1
+        (
+            "pp2_tp2",
+            "from_pp2_tp2_to_fsdp_dp2",
+            2,
+            ("parallel.strategy=fsdp",),
+        ),  # pp 2 -> 1, tp 2 -> 1, dp 1 -> 2
+    ],
+)
+def test_a_pipeline_checkpoint_resumes_in_another_layout(
+    tmp: Path, runs: dict[str, Path], source: str, name: str, nproc: int, sets: tuple[str, ...]
+) -> None:
+    step = "step-00000010"
+    shutil.copytree(runs[source] / "checkpoints" / step, tmp / name / "checkpoints" / step)
+    resumed = _train(tmp, name, nproc, *sets)
+    assert [e["step"] for e in _events(resumed, "resumed")] == [10]
+    assert sorted(_rows(resumed, "loss")) == list(range(11, 21))
+    _close(_rows(resumed, "loss"), _rows(runs["single"], "loss"))
+
+
+def test_the_export_of_a_pipeline_checkpoint_is_the_whole_model(tmp: Path, runs: dict[str, Path]) -> None:
+    import torch
+    from safetensors.torch import load_file
+
+    exported = {}
+    for name in ("single", "pp2_tp2"):
+        out = tmp / f"export-{name}"
+        ckpt = runs[name] / "checkpoints" / "step-00000020"
+        proc = run_cli("ckpt", "export", str(ckpt), "--format", "safetensors", "-o", str(out))
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        exported[name] = load_file(out / "model.safetensors")
+    assert exported["pp2_tp2"].keys() == exported["single"].keys()
+    for key, value in exported["single"].items():
+        # AdamW divides each update by the gradient's running RMS: near-zero weights move by up
+        # to ~1e-5 for a relative 1e-7 in their gradients over 20 steps (measured: 4.6e-5 at most).
+        torch.testing.assert_close(exported["pp2_tp2"][key], value, rtol=1e-4, atol=1e-4)
