@@ -194,3 +194,36 @@ def test_bf16_autocast_forward_runs() -> None:
         logits = model(torch.randint(0, VOCAB, (2, 16)))
     assert logits.dtype == torch.bfloat16
     assert torch.isfinite(logits.float()).all()
+
+
+def test_grouped_query_attention_matches_hugging_face_llama() -> None:
+    """model.n_kv_heads: k and v have fewer heads, each serving n_heads / n_kv_heads query heads in
+    HF's order; the export loads into LlamaForCausalLM with the same logits."""
+    from transformers import LlamaForCausalLM
+
+    from hpcpipe.models.gpt_export import hf_config, hf_state_dict
+
+    model = build("llama", n_heads=8, n_kv_heads=2, d_model=64).eval()
+    assert model.blocks[0].attn.k.weight.shape == (16, 64)  # 2 heads x head dim 8
+    hf = LlamaForCausalLM(hf_config(model.cfg, VOCAB, None)).eval()
+    missing, unexpected = hf.load_state_dict(hf_state_dict(model), strict=False)
+    assert not unexpected and all("rotary" in name for name in missing)
+    ids = torch.randint(0, VOCAB, (2, 16))
+    with torch.no_grad():
+        torch.testing.assert_close(hf(ids).logits, model(ids))
+
+
+def test_grouped_query_attention_is_llamas() -> None:
+    with pytest.raises(ValueError, match="grouped-query attention is the llama variant's"):
+        tiny("gpt2", n_kv_heads=1)
+    with pytest.raises(ValueError, match=r"model.n_kv_heads \(3\) must divide model.n_heads \(2\)"):
+        tiny("llama", n_kv_heads=3)
+
+
+def test_generation_pads_for_sequence_parallel_lengths() -> None:
+    """GPT.sequence_multiple pads the context on the right; a causal model's next token is unchanged."""
+    model = build("gpt2")
+    prompt = torch.randint(0, VOCAB, (1, 5))
+    plain = model.generate(prompt, max_new_tokens=4, temperature=0.0)
+    model.sequence_multiple = 4
+    assert torch.equal(model.generate(prompt, max_new_tokens=4, temperature=0.0), plain)

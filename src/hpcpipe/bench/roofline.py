@@ -101,7 +101,7 @@ def model_ops(model: ModelConfig, micro_batch: int, vocab_size: int, precision: 
     norm_params = (2 if norm == "layernorm" else 1) * c * s
     ops = [
         elementwise(f"{norm} (ln_1, ln_2)", norm, m * c, 1, s, 2 * layers, norm_params),
-        matmul("attn.qkv", m, c, 3 * c, s, layers),
+        matmul("attn.qkv", m, c, c + 2 * model.kv_heads * (c // model.n_heads), s, layers),
         Op("attention (SDPA, causal)", "attention", 2.0 * b * t * t * c, float(4 * m * c * s), layers),
         matmul("attn.proj", m, c, c, s, layers),
         elementwise("residual add", "residual", m * c, 2, s, 2 * layers),

@@ -49,6 +49,12 @@ class ModelConfig(Section):
     )
     n_layers: int = Field(4, ge=1, description="Transformer blocks.")
     n_heads: int = Field(4, ge=1, description="Attention heads per block.")
+    n_kv_heads: int | None = Field(
+        None,
+        ge=1,
+        description="llama: key/value heads (grouped-query attention: each serves n_heads / n_kv_heads "
+        "query heads; Llama 3 70B and 405B use 8). null: n_heads (multi-head attention).",
+    )
     d_model: int = Field(128, ge=8, description="Residual stream width.")
     seq_len: int = Field(128, ge=2, description="Context length in tokens.")
     vocab_size: int | None = Field(
@@ -69,4 +75,15 @@ class ModelConfig(Section):
             )
         if self.variant == "llama" and (self.d_model // self.n_heads) % 2 != 0:
             raise ValueError("model.d_model / model.n_heads must be even for RoPE (llama variant)")
+        kv = self.n_kv_heads
+        if kv is not None and (self.n_heads % kv or (self.variant != "llama" and kv != self.n_heads)):
+            raise ValueError(
+                f"model.n_kv_heads ({kv}) must divide model.n_heads ({self.n_heads}); grouped-query "
+                "attention is the llama variant's (gpt2: null)"
+            )
         return self
+
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads: model.n_kv_heads, or n_heads."""
+        return self.n_kv_heads or self.n_heads

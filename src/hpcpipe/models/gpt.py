@@ -129,23 +129,26 @@ class CausalSelfAttention(nn.Module):
         super().__init__()
         bias = cfg.variant == "gpt2"
         self.head_dim = cfg.d_model // cfg.n_heads
+        kv_width = cfg.kv_heads * self.head_dim  # grouped-query attention: fewer k/v heads
+        self.grouped = cfg.kv_heads != cfg.n_heads
         self.q = nn.Linear(cfg.d_model, cfg.d_model, bias=bias)
-        self.k = nn.Linear(cfg.d_model, cfg.d_model, bias=bias)
-        self.v = nn.Linear(cfg.d_model, cfg.d_model, bias=bias)
+        self.k = nn.Linear(cfg.d_model, kv_width, bias=bias)
+        self.v = nn.Linear(cfg.d_model, kv_width, bias=bias)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=bias)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
         B, T, _ = x.shape
         heads = (B, T, -1, self.head_dim)  # -1: this rank's heads (all of them without TP)
         q = self.q(x).view(heads).transpose(1, 2)  # (B, H, T, D)
-        k = self.k(x).view(heads).transpose(1, 2)  # (B, H, T, D)
-        v = self.v(x).view(heads).transpose(1, 2)  # (B, H, T, D)
+        k = self.k(x).view(heads).transpose(1, 2)  # (B, Hkv, T, D)
+        v = self.v(x).view(heads).transpose(1, 2)  # (B, Hkv, T, D)
         if rope is not None:
             # The tables cover model.seq_len; this sequence is T long (a pipeline stage after the
             # first sees hidden states, not token ids, so the caller does not slice them).
             cos, sin = rope[0][:T], rope[1][:T]  # (T, D) each
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, T, D)
+        # Grouped-query: each k/v head serves H / Hkv consecutive query heads (HF's repeat_kv order).
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.grouped)  # (B, H, T, D)
         y = y.transpose(1, 2).reshape(B, T, -1)  # (B, T, H * D)
         return self.proj(y)  # (B, T, C)
 

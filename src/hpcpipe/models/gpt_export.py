@@ -182,7 +182,7 @@ def hf_config(cfg: ModelConfig, vocab_size: int, eos_id: int | None) -> Any:
         intermediate_size=mlp_hidden(cfg),
         num_hidden_layers=cfg.n_layers,
         num_attention_heads=cfg.n_heads,
-        num_key_value_heads=cfg.n_heads,
+        num_key_value_heads=cfg.kv_heads,
         head_dim=cfg.d_model // cfg.n_heads,
         max_position_embeddings=cfg.seq_len,
         rms_norm_eps=cfg.norm_eps,

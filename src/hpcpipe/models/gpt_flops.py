@@ -16,7 +16,8 @@ def matmul_params(cfg: ModelConfig, vocab_size: int) -> int:
     element-wise and negligible, so they are left out too.
     """
     d = cfg.d_model
-    attention = 4 * d * d  # qkv (3 C x C) + proj (C x C)
+    kv = cfg.kv_heads * (d // cfg.n_heads)  # k and v width: C without grouped-query attention
+    attention = 2 * d * d + 2 * d * kv  # q and proj (C x C each), k and v (C x kv each)
     mlp_matrices = 2 if cfg.variant == "gpt2" else 3  # fc/proj or gate/up/down
     mlp = mlp_matrices * d * mlp_hidden(cfg)
     return cfg.n_layers * (attention + mlp) + vocab_size * d

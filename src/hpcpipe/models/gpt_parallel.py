@@ -30,6 +30,7 @@ def check_tensor_parallel(cfg: ModelConfig, tp: int) -> None:
     """ConfigError naming the key that ``tp`` does not divide."""
     for key, value in (
         ("model.n_heads", cfg.n_heads),
+        ("model.n_kv_heads", cfg.kv_heads),
         ("the MLP width (model.ffn_mult x model.d_model)", mlp_hidden(cfg)),
         ("model.seq_len (sequence parallelism)", cfg.seq_len),
     ):

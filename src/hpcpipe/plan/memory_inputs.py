@@ -58,7 +58,7 @@ def shape_from_job(job: JobConfig) -> ShapeFlags:
         layers=m.n_layers,
         hidden=m.d_model,
         heads=m.n_heads,
-        kv_heads=m.n_heads,
+        kv_heads=m.kv_heads,
         ffn=mlp_hidden(m),
         vocab=m.vocab_size,
         seq_len=m.seq_len,
