@@ -114,3 +114,17 @@ def _bw():  # type: ignore[no-untyped-def]
     from hpcpipe.plan.layouts import Bandwidths
 
     return Bandwidths()
+
+
+def test_the_big_presets_render_with_their_layout(tmp_path: Path) -> None:
+    slurm = run_cli(
+        "launch", "slurm", "gpt-1t", "--nodes", "384", "--gpus-per-node", "8", "--dry-run", cwd=tmp_path
+    )
+    assert slurm.returncode == 0, slurm.stderr
+    assert "#SBATCH --nodes=384" in slurm.stdout and "--nproc-per-node 8" in slurm.stdout
+    assert "# layout: pipeline 64 x data 6 x tensor 8 (tensor parallel inside each node)" in slurm.stdout
+    k8s = run_cli(
+        "launch", "k8s", "llama-405b", "--nodes", "2048", "--gpus-per-node", "8", "--dry-run", cwd=tmp_path
+    )
+    assert k8s.returncode == 0, k8s.stderr
+    assert "hpcpipe.dev/layout: pp16-dp128-tp8" in k8s.stdout and "numNodes: 2048" in k8s.stdout

@@ -164,7 +164,7 @@ def test_bad_input_is_one_line_exit_2(args: list[str], needle: str) -> None:
 
 def test_the_cli_plans_a_preset_and_searches(tmp_path: Path) -> None:
     out = tmp_path / "plan.json"
-    args = ["gpt-124m", "--vocab", "50257", "--gpus", "8", "--gpu", "h100", "--json", str(out)]
+    args = ["gpt-124m", "--gpus", "8", "--gpu", "h100", "--json", str(out)]  # vocabulary: data.vocab_size
     proc = run_cli("plan", "memory", *args)
     assert proc.returncode == 0, proc.stderr
     result = json.loads(out.read_text())

@@ -47,10 +47,15 @@ def memory(
     ffn: Annotated[int | None, _opt("MLP hidden width f; default 4 h.")] = None,
     vocab: Annotated[int | None, _opt("Vocabulary size V.")] = None,
     seq: Annotated[int | None, _opt("Sequence length s.")] = None,
-    mlp: Annotated[str | None, _opt("swiglu (3 matrices, Llama) or gelu (2, GPT-2); default swiglu.")] = None,
+    mlp: Annotated[
+        str | None,
+        _opt("swiglu (3 matrices and RoPE: Llama) or gelu (2, learned positions: GPT-2); default swiglu."),
+    ] = None,
     tp: Annotated[int | None, _opt("Tensor-parallel degree t.")] = None,
     pp: Annotated[int | None, _opt("Pipeline stages p.")] = None,
-    dp: Annotated[int | None, _opt("Data-parallel degree d (default: --gpus / (t p), else 1).")] = None,
+    dp: Annotated[
+        int | None, _opt("Data-parallel degree d (default: --gpus, else the job's nodes x nproc, / (t p)).")
+    ] = None,
     zero: Annotated[
         int | None, _opt("Data-parallel sharding: 0 replicated (DDP), 1-3 ZeRO stages (3 = FSDP); default 3.")
     ] = None,
@@ -153,7 +158,8 @@ def _layout(
     t = job.train if job is not None else None
     tp_ = _pick("--tp", tp, p.tp if p else None, 1)
     pp_ = _pick("--pp", pp, getattr(p, "pp", None), 1)
-    derived = gpus // (tp_ * pp_) if gpus is not None and gpus % (tp_ * pp_) == 0 else 1
+    world = gpus if gpus is not None else (p.node_range[1] * p.nproc if p else tp_ * pp_)
+    derived = world // (tp_ * pp_) if world % (tp_ * pp_) == 0 else 1
     dp_ = _pick("--dp", dp, None, derived)
     virtual_ = _pick("--virtual-stages", virtual, getattr(p, "virtual_stages", None), 1)
     micro_ = _pick("--micro-batch", micro, t.micro_batch_size if t else None, 1)

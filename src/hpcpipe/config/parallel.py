@@ -216,6 +216,12 @@ class ParallelConfig(Section):
             raise ValueError(f"parallel.nnodes {self.nnodes!r}: MIN is larger than MAX")
         return self
 
+    def layout_at(self, world_size: int) -> tuple[int, int, int] | None:
+        """(pp, dp, tp) at ``world_size`` ranks; None without tensor or pipeline parallelism."""
+        if self.tp == 1 and self.pp == 1:
+            return None
+        return self.pp, world_size // (self.tp * self.pp), self.tp
+
     @property
     def node_range(self) -> tuple[int, int]:
         """``"2"`` -> (2, 2); ``"1:2"`` -> (1, 2)."""

@@ -183,6 +183,9 @@ def _labels(job: JobConfig, name: str) -> dict[str, str]:
     }
     if cfg.queue:
         labels["kueue.x-k8s.io/queue-name"] = cfg.queue
+    world = job.parallel.node_range[1] * processes_per_node(cfg)
+    if (layout := job.parallel.layout_at(world)) is not None:
+        labels["hpcpipe.dev/layout"] = "pp{}-dp{}-tp{}".format(*layout)  # tensor parallel inside a pod
     return labels | cfg.labels
 
 

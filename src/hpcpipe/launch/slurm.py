@@ -62,6 +62,9 @@ def render_sbatch(sub: SlurmSubmission) -> str:
     title = (
         f"{len(sub.jobs)} sweep points of {job.run.recipe}" if array else f"{job.run.recipe}: {job.run_dir}"
     )
+    if (layout := job.parallel.layout_at(max_nodes * nproc)) is not None:
+        pp, dp, tp = layout
+        title += f"\n# layout: pipeline {pp} x data {dp} x tensor {tp} (tensor parallel inside each node)"
     return template.get_template("slurm.sbatch.j2").render(
         title=title,
         version=__version__,

@@ -50,7 +50,8 @@ FLAG_NAMES = {
 
 
 def shape_from_job(job: JobConfig) -> ShapeFlags:
-    """The shape of hpcpipe's own GPT in ``job`` (recipes with ``own_transformer``)."""
+    """The shape of hpcpipe's own GPT in ``job`` (recipes with ``own_transformer``); the vocabulary is
+    model.vocab_size, else the BPE tokenizer's size (data.vocab_size), else unknown here."""
     from hpcpipe.models.gpt import mlp_hidden
 
     m = job.model
@@ -60,7 +61,7 @@ def shape_from_job(job: JobConfig) -> ShapeFlags:
         heads=m.n_heads,
         kv_heads=m.kv_heads,
         ffn=mlp_hidden(m),
-        vocab=m.vocab_size,
+        vocab=m.vocab_size or (job.data.vocab_size if job.data.tokenizer == "bpe" else None),
         seq_len=m.seq_len,
         gated_mlp=m.variant == "llama",
         tied_embeddings=True,  # the GPT ties its LM head to the token embedding
