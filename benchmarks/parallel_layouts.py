@@ -29,7 +29,8 @@ from pathlib import Path
 
 from run_context import run_context
 
-MODEL = ["model.variant=llama", "model.n_layers=4", "model.n_heads=4", "model.d_model=256", "model.seq_len=128"]
+MODEL = ["model.variant=llama", "model.n_layers=4", "model.n_heads=4", "model.d_model=256"]
+MODEL += ["model.seq_len=128"]
 LAYOUTS = {
     "fsdp_dp4": ["parallel.strategy=fsdp", "train.micro_batch_size=4"],
     "dp2_tp2": ["parallel.tp=2", "train.micro_batch_size=8"],
@@ -85,7 +86,8 @@ def bubble(out: Path, repeats: int, steps: int, micro_batches: tuple[int, ...]) 
     rows = []
     for m in micro_batches:
         batch = 4 * m  # micro-batch 4 on one pipeline: m micro-batches per step
-        common = [f"train.global_batch_size={batch}", "train.micro_batch_size=4", "parallel.threads_per_rank=1"]
+        common = [f"train.global_batch_size={batch}", "train.micro_batch_size=4"]
+        common.append("parallel.threads_per_rank=1")
         one, pp = [], []
         for rep in range(repeats):
             one.append(median_step(train(out, f"one-m{m}-{rep}", 1, steps, common)))
@@ -114,7 +116,12 @@ def main() -> None:
     print(f"\n{'pipeline 2, micro-batches':<28}{'bubble measured':>16}{'formula':>15}")
     for row in bubbles:
         print(f"{row['m']:<28}{row['measured']:>16.3f}{row['formula']:>15.3f}")
-    record = {"benchmark": "parallel_layouts", "ratios_vs_fsdp_dp4": ratios, "bubble": bubbles, **run_context()}
+    record = {
+        "benchmark": "parallel_layouts",
+        "ratios_vs_fsdp_dp4": ratios,
+        "bubble": bubbles,
+        **run_context(),
+    }
     print(json.dumps(record))
 
 
