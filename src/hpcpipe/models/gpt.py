@@ -334,6 +334,29 @@ class GPT(nn.Module):
         return torch.multinomial(probs, num_samples=1, generator=generator)  # (B, 1)
 
 
+def check_fits_in_host_memory(cfg: ModelConfig, vocab_size: int) -> None:
+    """ConfigError when the whole model's fp32 weights would not fit in this host's available
+    memory (every rank builds it whole, from the seed, before anything shards it)."""
+    import os
+
+    from hpcpipe.errors import ConfigError
+
+    width, kv = cfg.d_model, cfg.kv_heads * (cfg.d_model // cfg.n_heads)
+    mlp = (2 if cfg.variant == "gpt2" else 3) * width * mlp_hidden(cfg)
+    params = cfg.n_layers * (2 * width * width + 2 * width * kv + mlp) + vocab_size * width
+    try:
+        available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return
+    if params * 4 > available:
+        raise ConfigError(
+            f"model: {params / 1e9:,.1f}B parameters need {params * 4 / 1e9:,.0f} GB of fp32 weights on "
+            f"every rank before they are sharded, and this host has {available / 1e9:,.0f} GB free; "
+            "hpcpipe does not build models on the meta device yet: plan it (hpcpipe plan memory) and "
+            "render its launch, or train a smaller shape"
+        )
+
+
 def embed(tok_emb: nn.Module, pos_emb: nn.Module | None, idx: torch.Tensor) -> torch.Tensor:
     """Token ids (B, T) -> (B, T, C): token embedding, plus learned positions (gpt2)."""
     x = tok_emb(idx)  # (B, T, C)

@@ -5,9 +5,10 @@ comes from:
 
 - **Parameters** of a decoder-only transformer: per layer, attention ``2 h^2 + 2 h k d`` (q and the
   output projection, and k, v over ``k`` key-value heads of width ``d = h / heads``), the MLP
-  ``2 h f`` (GELU) or ``3 h f`` (SwiGLU), two norms ``2 h``; the token embedding ``V h`` and, untied, an
-  LM head ``V h``. A pipeline stage holds ``L / (p v)`` layers per virtual stage; the first also holds
-  the embedding and the last the head. Tensor parallelism divides all of it by ``t``.
+  ``2 h f`` (GELU) or ``3 h f`` (SwiGLU), two norms ``2 h``; the token embedding ``V h`` (and a
+  position table ``s h`` without RoPE) and, untied, an LM head ``V h``; biases are not counted. A
+  pipeline stage holds ``L / (p v)`` layers per virtual stage; the first also holds the embedding
+  and the last the head. Tensor parallelism divides all of it by ``t``.
 - **Weights, gradients, optimizer** (AdamW, mixed precision, as the ZeRO paper counts it): 2 + 2 + 12
   bytes per parameter in bf16/fp16 (16-bit weights and gradients, fp32 master weights and two
   moments), 4 + 4 + 8 in fp32. ZeRO stage 1 shards the optimizer over the ``dp`` ranks, 2 also the
@@ -72,11 +73,12 @@ class ModelShape:
         return attention + mlp + 2 * h
 
     def embedding_params(self) -> int:
-        return self.vocab * self.hidden
+        """The token embedding, and the position table of a model without RoPE (GPT-2's)."""
+        return self.vocab * self.hidden + (0 if self.rotary else self.seq_len * self.hidden)
 
     def total_params(self) -> int:
-        heads = 1 if self.tied_embeddings else 2
-        return self.layers * self.layer_params() + heads * self.embedding_params() + self.hidden
+        head = 0 if self.tied_embeddings else self.vocab * self.hidden
+        return self.layers * self.layer_params() + self.embedding_params() + head + self.hidden
 
     def layer_activation_elements(self) -> float:
         """Elements kept by autograd per layer, in units of ``s b h`` (no recomputation)."""
@@ -152,7 +154,7 @@ def _stage_params(shape: ModelShape, layout: Layout) -> float:
     layers = math.ceil(shape.layers / layout.pp)
     params = layers * shape.layer_params() + shape.embedding_params()
     if layout.pp == 1 and not shape.tied_embeddings:
-        params += shape.embedding_params() + shape.hidden
+        params += shape.vocab * shape.hidden + shape.hidden
     return float(params)
 
 

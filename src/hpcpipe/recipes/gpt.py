@@ -154,8 +154,11 @@ class GPTRecipe(Recipe):
     # -- model -------------------------------------------------------------------------------
 
     def build_model(self) -> nn.Module:
-        from hpcpipe.models.gpt import GPT
+        from hpcpipe.models.gpt import GPT, check_fits_in_host_memory
 
+        # Every rank builds the whole model before tensor/pipeline parallelism and FSDP2 shard it:
+        # a model larger than the host's memory is refused here, not killed by the OOM killer.
+        check_fits_in_host_memory(self.model_cfg, self.vocab_size)
         return GPT(self.model_cfg, self.vocab_size)
 
     def shard_units(self, model: nn.Module) -> Sequence[nn.Module]:
