@@ -140,6 +140,8 @@ bench: install-test fc-assets system-deps
 	$(BIN)/python benchmarks/observability_overhead.py
 	$(BIN)/python benchmarks/pipeline_noop.py
 	$(BIN)/python benchmarks/hpo_overhead.py --trials 4 --repeats 3
+	$(BIN)/python benchmarks/plan_memory_check.py
+	$(BIN)/python benchmarks/parallel_layouts.py --repeats 3
 
 # deploy/grafana/hpcpipe.json from scripts/build_dashboard.py (a test checks they agree).
 dashboard: install-test
