@@ -46,6 +46,15 @@ class TrainProgress:
         if self._progress is not None:
             self._progress.update(self._task, completed=step, status=self._status)
 
+    def note(self, text: str) -> None:
+        """One line before training (the layout): above the bar on a terminal, else a log line."""
+        if not self.enabled:
+            return
+        if self._progress is not None:
+            self._progress.console.print(text, markup=False, highlight=False)
+        else:
+            print(text, flush=True)
+
     def show(self, row: dict[str, Any]) -> None:
         """A metrics row: into the bar's status on a terminal, as a log line otherwise."""
         if not self.enabled:

@@ -41,6 +41,14 @@ class Layout:
         """The process group of this rank's pipeline (the same dp and tp place in every stage)."""
         return None if self.mesh is None else self.mesh["pp"].get_group()
 
+    def summary(self) -> str:
+        """``pipeline 2 x data 1 x tensor 2 (tensor groups [[0, 1], [2, 3]], ...)``."""
+        described = self.describe()
+        groups = ", ".join(
+            f"{k.split('_')[0]} groups {v}" for k, v in described.items() if k.endswith("_groups")
+        )
+        return f"pipeline {self.pp} x data {self.dp} x tensor {self.tp} ({groups})"
+
     def describe(self) -> dict[str, Any]:
         """For the log, events.jsonl and checkpoint manifests."""
         described: dict[str, Any] = {"pp": self.pp, "dp": self.dp, "tp": self.tp}

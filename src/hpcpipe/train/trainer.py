@@ -206,6 +206,8 @@ class Trainer:
         )
         self.sink = MetricsSink(run_dir, start_step=self.step) if ctx.is_main else None
         self.progress = TrainProgress(total=self.cfg.steps, enabled=ctx.is_main and self.observe.progress)
+        if self.layout.mesh is not None:
+            self.progress.note(f"layout: {self.layout.summary()}, data parallel by {self.strategy}")
         # TensorBoard and MLflow (track/), rank 0: rows and events; never block or fail training.
         self.trackers = (
             Trackers.open(self.observe, run_dir, job.run.name, job.to_dict(), self.step)
