@@ -44,6 +44,7 @@ __all__ = [
     "elastic_agent_step",
     "fsdp_drop_unsharded_grads",
     "fsdp_reset_iter_state",
+    "functional_collective_ops",
     "gather_into_tensor_fn",
     "loopback_tcp_store",
     "quick_rendezvous",
@@ -253,6 +254,15 @@ def reduce_scatter_tensor_fn() -> Callable[..., Any]:
     return getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
+def functional_collective_ops() -> list[Any]:
+    """The aten-level ops of the functional collectives (``torch.ops._c10d_functional``) that
+    tensor parallelism issues inside a block: all-gather, reduce-scatter, all-reduce; the ones this
+    torch has (selective activation checkpointing keeps their outputs)."""
+    namespace = torch.ops._c10d_functional
+    names = ("all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce")
+    return [getattr(namespace, name).default for name in names if hasattr(namespace, name)]
+
+
 # -- device capabilities -------------------------------------------------------------------------
 
 _BF16 = "tell whether this CPU multiplies bf16 matrices in hardware (model.base_dtype auto)"
@@ -440,6 +450,9 @@ PRIVATE_APIS: dict[str, Callable[[], Any]] = {
     ),
     "LocalElasticAgent._monitor_workers/_stop_workers/... (@prof metrics)": _elastic_agent_probe,
     "rendezvous.dynamic_rendezvous._delay, get_method_name": _rendezvous_probe,
+    "ops._c10d_functional (all_gather_into_tensor, reduce_scatter_tensor, all_reduce)": _probe(
+        torch.ops, "_c10d_functional", "all_reduce", purpose="keep collectives in selective checkpointing"
+    ),
     "ops.mkldnn._is_mkldnn_bf16_supported": _probe(
         torch.ops.mkldnn, "_is_mkldnn_bf16_supported", purpose=_BF16
     ),

@@ -159,9 +159,8 @@ def test_a_hugging_face_llama_splits_by_module_names(tmp: Path) -> None:
     _close(runs["hf_tp2"], runs["hf_single"])
 
 
-def test_activation_checkpointing_keeps_the_losses(tmp: Path, runs: dict[str, Path]) -> None:
-    full = _train(tmp, "ac_full", 1, "train.activation_checkpointing=full")
-    assert _losses(full) == _losses(runs["single"])  # recomputation is exact on CPU
+def test_activation_checkpointing_composes_with_tp(tmp: Path, runs: dict[str, Path]) -> None:
+    # One process, each mode: tests/unit/test_activation_checkpointing.py (same gradients, lower peak).
     selective = _train(
         tmp, "ac_selective_tp2", 2, "parallel.tp=2", "train.activation_checkpointing=selective"
     )

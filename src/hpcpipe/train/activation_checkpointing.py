@@ -25,6 +25,7 @@ from typing import Any
 
 from torch import nn
 
+from hpcpipe import compat
 from hpcpipe.errors import ConfigError
 
 
@@ -81,8 +82,5 @@ def _saved_ops() -> frozenset[Any]:
     )
     ops = {getattr(aten, name).default for name in names if hasattr(aten, name)}
     # Tensor parallelism's collectives inside a block: kept, so recomputing does not communicate.
-    functional = torch.ops._c10d_functional
-    for name in ("all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce"):
-        if hasattr(functional, name):
-            ops.add(getattr(functional, name).default)
+    ops.update(compat.functional_collective_ops())
     return frozenset(ops)

@@ -30,7 +30,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from hpcpipe.config import ParallelConfig
+from hpcpipe.config import ParallelConfig, TrainConfig
 from hpcpipe.errors import ConfigError
 
 
@@ -266,13 +266,13 @@ def build_pipeline(
     units: Sequence[nn.Module],
     cfg: ParallelConfig,
     layout: Any,
-    activation_checkpointing: str,
+    train: TrainConfig,
     wrap: Callable[[nn.Module, Sequence[nn.Module]], Any],
     micro_batches: int,
     device: torch.device,
 ) -> Pipeline:
     """This rank's stages of ``model``, sharded (tensor parallel, then ``wrap``: FSDP2 over the
-    data-parallel ranks), checkpointed per block, and scheduled."""
+    data-parallel ranks), checkpointed and compiled per block as ``train`` asks, and scheduled."""
     from torch.distributed.pipelining import PipelineStage
 
     from hpcpipe.train.activation_checkpointing import apply_activation_checkpointing
@@ -287,8 +287,11 @@ def build_pipeline(
         plan = tensor_parallel_plan(recipe, model, layout.tp)
         apply_tensor_parallel(modules, {k: v for k, v in plan.items() if _holds(modules, k)}, layout.tp_mesh)
     own_units = {s: [units[i] for i in ranges[s]] for s in ids}
-    apply_activation_checkpointing([u for s in ids for u in own_units[s]], activation_checkpointing)
+    apply_activation_checkpointing([u for s in ids for u in own_units[s]], train.activation_checkpointing)
     for s in ids:
+        if train.compile:  # per-block graphs, before FSDP2 wraps them
+            for unit in own_units[s]:
+                unit.compile()
         wrap(stages[s], own_units[s])
     n_stages = len(stages)
 

@@ -22,7 +22,7 @@ import torch.distributed as dist
 from hpcpipe.checkpoint.state import capture_rng_state, restore_rng_state
 from hpcpipe.checkpoint.store import CheckpointStore
 from hpcpipe.checkpoint.tiers import fast_root
-from hpcpipe.config import JobConfig, grad_accum_steps
+from hpcpipe.config import JobConfig, ParallelConfig, grad_accum_steps
 from hpcpipe.observe.metrics import EventLog, MetricsSink
 from hpcpipe.observe.peers import peer_beats
 from hpcpipe.observe.phases import PhaseTimer
@@ -51,7 +51,7 @@ from hpcpipe.train.parallel import (
     time_gradient_sync,
     unwrap,
 )
-from hpcpipe.train.pipeline_parallel import build_pipeline
+from hpcpipe.train.pipeline_parallel import Pipeline, build_pipeline
 from hpcpipe.train.precision import Precision
 from hpcpipe.train.preempt import Preempted, PreemptionHandler
 from hpcpipe.train.schedule import lr_at, resolve_steps
@@ -101,37 +101,8 @@ class Trainer:
         torch.manual_seed(job.run.seed)
         model = recipe.build_model().to(ctx.device)
         units = recipe.shard_units(model)
-
-        def wrap(module: torch.nn.Module, blocks: Sequence[torch.nn.Module]) -> torch.nn.Module:
-            # DDP or FSDP2 over the data-parallel ranks (the dp dimension of a mesh).
-            flags = (recipe.broadcasts_buffers, recipe.fsdp_param_dtype)
-            return apply_parallelism(
-                module, self.strategy, ctx, blocks, p, *flags, dp_mesh=self.layout.dp_mesh
-            )
-
-        self.pipeline = None
-        if self.layout.pp > 1:  # the recipe's stages on this rank, sharded and scheduled
-            self.pipeline = build_pipeline(
-                recipe,
-                model,
-                units,
-                p,
-                self.layout,
-                self.cfg.activation_checkpointing,
-                wrap,
-                accum,
-                ctx.device,
-            )
-            self.model: torch.nn.Module = self.pipeline.modules
-        else:
-            if self.layout.tp > 1:  # the recipe's plan, on the mesh's tp dimension
-                apply_tensor_parallel(model, tensor_parallel_plan(recipe, model, p.tp), self.layout.tp_mesh)
-            apply_activation_checkpointing(units, self.cfg.activation_checkpointing)
-            if self.cfg.compile:
-                # Compile blocks before FSDP2 wraps them (per-block graphs), the whole model otherwise.
-                for module in units if self.strategy == "fsdp" else [model]:
-                    module.compile()
-            self.model = wrap(model, units)
+        self.pipeline: Pipeline | None = None  # set under parallel.pp > 1
+        self.model = self.parallelize(model, units, job.parallel, accum)
         self.grad_norm = GradNorm.of(self.layout, self.pipeline)
         self.sync_gradients = p.sync_gradients
         # Phase times; under DDP a hook marks the end of backward compute (exposed comm after it).
@@ -218,6 +189,34 @@ class Trainer:
         # An `hpcpipe hpo` trial (named in the environment): report evaluations, stop when pruned.
         self.trial = TrialLink(job.hpo, ctx.is_main)
         self.last_eval: dict[str, float] = {}
+
+    def parallelize(
+        self, model: torch.nn.Module, units: Sequence[torch.nn.Module], p: ParallelConfig, accum: int
+    ) -> torch.nn.Module:
+        """Tensor parallelism, activation checkpointing, compilation and data parallelism, applied
+        outside the model code; under a pipeline, to this rank's stages (``self.pipeline``)."""
+        recipe, ctx = self.recipe, self.ctx
+
+        def wrap(module: torch.nn.Module, blocks: Sequence[torch.nn.Module]) -> torch.nn.Module:
+            # DDP or FSDP2 over the data-parallel ranks (the dp dimension of a mesh).
+            flags = (recipe.broadcasts_buffers, recipe.fsdp_param_dtype)
+            return apply_parallelism(
+                module, self.strategy, ctx, blocks, p, *flags, dp_mesh=self.layout.dp_mesh
+            )
+
+        if self.layout.pp > 1:  # the recipe's stages on this rank, sharded and scheduled
+            self.pipeline = build_pipeline(
+                recipe, model, units, p, self.layout, self.cfg, wrap, accum, ctx.device
+            )
+            return self.pipeline.modules
+        if self.layout.tp > 1:  # the recipe's plan, on the mesh's tp dimension
+            apply_tensor_parallel(model, tensor_parallel_plan(recipe, model, p.tp), self.layout.tp_mesh)
+        apply_activation_checkpointing(units, self.cfg.activation_checkpointing)
+        if self.cfg.compile:
+            # Compile blocks before FSDP2 wraps them (per-block graphs), the whole model otherwise.
+            for module in units if self.strategy == "fsdp" else [model]:
+                module.compile()
+        return wrap(model, units)
 
     # -- the loop ----------------------------------------------------------------------------
 
