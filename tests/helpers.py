@@ -251,3 +251,20 @@ def run_fresh_cli(
         timeout=timeout,
         check=False,
     )
+
+
+def run_events(run_dir: Path, kind: str) -> list[dict[str, object]]:
+    """The ``kind`` events of a run's events.jsonl, in order."""
+    import json
+
+    lines = (run_dir / "events.jsonl").read_text().splitlines()
+    return [e for e in map(json.loads, lines) if e["event"] == kind]
+
+
+def assert_steps_close(run: dict[int, float], reference: dict[int, float], rel: float) -> None:
+    """Every step of ``run`` is in ``reference`` and equal to it within ``rel``."""
+    import pytest
+
+    steps = sorted(run)
+    assert steps and all(s in reference for s in steps)
+    assert [run[s] for s in steps] == pytest.approx([reference[s] for s in steps], rel=rel)

@@ -16,7 +16,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from tests.helpers import run_cli, tiny_job_sets
+from tests.helpers import assert_steps_close, run_cli, run_events, tiny_job_sets
 
 from hpcpipe.observe.metrics import read_metrics
 
@@ -48,17 +48,6 @@ def _train(
 
 def _rows(run_dir: Path, key: str) -> dict[int, float]:
     return {r["step"]: r[key] for r in read_metrics(run_dir) if key in r}
-
-
-def _events(run_dir: Path, kind: str) -> list[dict]:  # type: ignore[type-arg]
-    lines = (run_dir / "events.jsonl").read_text().splitlines()
-    return [e for e in map(json.loads, lines) if e["event"] == kind]
-
-
-def _close(run: dict[int, float], reference: dict[int, float]) -> None:
-    steps = sorted(run)
-    assert steps and all(s in reference for s in steps)
-    assert [run[s] for s in steps] == pytest.approx([reference[s] for s in steps], rel=RTOL)
 
 
 @pytest.fixture(scope="module")
@@ -96,13 +85,17 @@ def test_each_pipeline_follows_one_process(
     run = runs[name] if name in runs else _train(tmp, name, nproc, *sets)
     losses = _rows(run, "loss")
     assert sorted(losses) == list(range(1, 21))
-    _close(losses, _rows(runs["single"], "loss"))
-    _close(_rows(run, "grad_norm"), _rows(runs["single"], "grad_norm"))  # clipping saw the same norm
-    _close(_rows(run, "val_loss"), _rows(runs["single"], "val_loss"))  # evaluation through the stages
+    assert_steps_close(losses, _rows(runs["single"], "loss"), RTOL)
+    assert_steps_close(
+        _rows(run, "grad_norm"), _rows(runs["single"], "grad_norm"), RTOL
+    )  # clipping: the same norm
+    assert_steps_close(
+        _rows(run, "val_loss"), _rows(runs["single"], "val_loss"), RTOL
+    )  # eval through the stages
 
 
 def test_the_layout_is_logged_and_recorded(runs: dict[str, Path]) -> None:
-    layout = _events(runs["pp2_tp2"], "layout")[0]
+    layout = run_events(runs["pp2_tp2"], "layout")[0]
     assert layout["pp_groups"] == [[0, 2], [1, 3]] and layout["tp_groups"] == [[0, 1], [2, 3]]
     manifest = json.loads((runs["pp2_tp2"] / "checkpoints/step-00000020/manifest.json").read_text())
     assert manifest["layout"]["pp"] == 2 and manifest["optimizer_state"] == "flat"
@@ -111,7 +104,7 @@ def test_the_layout_is_logged_and_recorded(runs: dict[str, Path]) -> None:
 def test_a_killed_stage_resumes_bit_for_bit(tmp: Path, runs: dict[str, Path]) -> None:
     env = {"HPCPIPE_CHAOS_KILL": "step=15,rank=1", "HPCPIPE_CHAOS_DIR": str(tmp / "kill-markers")}
     killed = _train(tmp, "killed", 2, "parallel.pp=2", env=env, restarts=1)
-    assert [e["step"] for e in _events(killed, "resumed")] == [10]
+    assert [e["step"] for e in run_events(killed, "resumed")] == [10]
     assert _rows(killed, "loss") == _rows(runs["1f1b"], "loss")
 
 
@@ -133,9 +126,9 @@ def test_a_pipeline_checkpoint_resumes_in_another_layout(
     step = "step-00000010"
     shutil.copytree(runs[source] / "checkpoints" / step, tmp / name / "checkpoints" / step)
     resumed = _train(tmp, name, nproc, *sets)
-    assert [e["step"] for e in _events(resumed, "resumed")] == [10]
+    assert [e["step"] for e in run_events(resumed, "resumed")] == [10]
     assert sorted(_rows(resumed, "loss")) == list(range(11, 21))
-    _close(_rows(resumed, "loss"), _rows(runs["single"], "loss"))
+    assert_steps_close(_rows(resumed, "loss"), _rows(runs["single"], "loss"), RTOL)
 
 
 def test_the_export_of_a_pipeline_checkpoint_is_the_whole_model(tmp: Path, runs: dict[str, Path]) -> None:

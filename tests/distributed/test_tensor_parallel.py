@@ -16,7 +16,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from tests.helpers import run_cli, tiny_job_sets
+from tests.helpers import assert_steps_close, run_cli, run_events, tiny_job_sets
 
 from hpcpipe.observe.metrics import read_metrics
 
@@ -50,22 +50,11 @@ def _losses(run_dir: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in read_metrics(run_dir) if "loss" in r}
 
 
-def _events(run_dir: Path, kind: str) -> list[dict]:  # type: ignore[type-arg]
-    lines = (run_dir / "events.jsonl").read_text().splitlines()
-    return [e for e in map(json.loads, lines) if e["event"] == kind]
-
-
 def _resume_from(tmp: Path, source: Path, name: str, step: int) -> Path:
     """A new run directory holding ``source``'s checkpoint of ``step`` only."""
     run_dir = tmp / name
     shutil.copytree(source / "checkpoints" / f"step-{step:08d}", run_dir / "checkpoints" / f"step-{step:08d}")
     return run_dir
-
-
-def _close(run: dict[int, float], reference: dict[int, float]) -> None:
-    steps = sorted(run)
-    assert steps and all(s in reference for s in steps)
-    assert [run[s] for s in steps] == pytest.approx([reference[s] for s in steps], rel=RTOL)
 
 
 @pytest.fixture(scope="module")
@@ -86,15 +75,15 @@ def runs(tmp: Path) -> dict[str, Path]:
 def test_tp2_follows_one_process(runs: dict[str, Path]) -> None:
     tp2 = _losses(runs["tp2"])
     assert sorted(tp2) == list(range(1, 21))
-    _close(tp2, _losses(runs["single"]))
-    layout = _events(runs["tp2"], "layout")[0]
+    assert_steps_close(tp2, _losses(runs["single"]), RTOL)
+    layout = run_events(runs["tp2"], "layout")[0]
     assert layout["tp"] == 2 and layout["dp"] == 1 and layout["tp_groups"] == [[0, 1]]
     assert (runs["tp2"] / "sample.txt").read_text().strip()  # generation through the sharded model
 
 
 def test_fsdp2_beside_tp_on_four_ranks_follows_one_process(runs: dict[str, Path]) -> None:
-    _close(_losses(runs["llama_dp2_tp2"]), _losses(runs["llama"]))
-    layout = _events(runs["llama_dp2_tp2"], "layout")[0]
+    assert_steps_close(_losses(runs["llama_dp2_tp2"]), _losses(runs["llama"]), RTOL)
+    layout = run_events(runs["llama_dp2_tp2"], "layout")[0]
     assert layout == {**layout, "strategy": "fsdp", "dp": 2, "tp": 2, "tp_groups": [[0, 1], [2, 3]]}
     manifest = json.loads((runs["llama_dp2_tp2"] / "checkpoints/step-00000020/manifest.json").read_text())
     assert manifest["layout"]["tp"] == 2 and manifest["layout"]["dp"] == 2
@@ -103,7 +92,7 @@ def test_fsdp2_beside_tp_on_four_ranks_follows_one_process(runs: dict[str, Path]
 def test_a_killed_tp_rank_resumes_bit_for_bit(tmp: Path, runs: dict[str, Path]) -> None:
     env = {"HPCPIPE_CHAOS_KILL": "step=15,rank=1", "HPCPIPE_CHAOS_DIR": str(tmp / "kill-markers")}
     killed = _train(tmp, "killed", 2, "parallel.tp=2", env=env, restarts=1)
-    assert [e["step"] for e in _events(killed, "resumed")] == [10]
+    assert [e["step"] for e in run_events(killed, "resumed")] == [10]
     assert _losses(killed) == _losses(runs["tp2"])
 
 
@@ -120,9 +109,9 @@ def test_a_checkpoint_resumes_in_another_layout(
 ) -> None:
     _resume_from(tmp, runs[source], name, 10)
     resumed = _train(tmp, name, nproc, *sets)
-    assert [e["step"] for e in _events(resumed, "resumed")] == [10]
+    assert [e["step"] for e in run_events(resumed, "resumed")] == [10]
     reference = "llama" if source.startswith("llama") else "single"
-    _close(_losses(resumed), _losses(runs[reference]))
+    assert_steps_close(_losses(resumed), _losses(runs[reference]), RTOL)
     assert sorted(_losses(resumed)) == list(range(11, 21))
 
 
@@ -156,7 +145,7 @@ def test_a_hugging_face_llama_splits_by_module_names(tmp: Path) -> None:
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
         runs[name] = _losses(hf / name)
     assert sorted(runs["hf_tp2"]) == list(range(1, 21))
-    _close(runs["hf_tp2"], runs["hf_single"])
+    assert_steps_close(runs["hf_tp2"], runs["hf_single"], RTOL)
 
 
 def test_activation_checkpointing_composes_with_tp(tmp: Path, runs: dict[str, Path]) -> None:

@@ -170,10 +170,12 @@ class Recipe(ABC):
         tp, pp = job.parallel.tp, job.parallel.pp
         if tp > 1 and cls.tensor_parallel_plan is Recipe.tensor_parallel_plan:
             raise ConfigError(no_plan_message(cls.name, tp))
-        if pp > 1 and cls.pipeline_stage is Recipe.pipeline_stage:
+        staged = cls.pipeline_stage is not Recipe.pipeline_stage
+        if pp > 1 and not (staged and cls.pipeline_loss is not Recipe.pipeline_loss):
+            missing = "pipeline_loss" if staged else "pipeline_stage"
             raise ConfigError(
                 f"parallel.pp={pp}: recipe {cls.name!r} declares no pipeline stages "
-                "(Recipe.pipeline_stage); set parallel.pp=1"
+                f"(Recipe.{missing}); set parallel.pp=1"
             )
 
     @classmethod
@@ -252,7 +254,7 @@ class Recipe(ABC):
         """Under ``parallel.pp`` > 1: the mean loss of the last stage's ``output`` for one
         micro-batch whose target is the batch's second tensor. Evaluation reports
         ``eval_metrics`` over its ``loss`` and ``count`` sums."""
-        raise NotImplementedError(f"recipe {self.name!r} has pipeline stages but no pipeline_loss")
+        raise NotImplementedError  # check_job refuses parallel.pp > 1 without it
 
     @abstractmethod
     def loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:
