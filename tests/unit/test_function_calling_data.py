@@ -19,15 +19,13 @@ from hpcpipe.data.function_calling.formats import (
     GLAIVE_WITH_FUNCTIONS,
     REASONS,
     MalformedRow,
-    held_out,
     parse_glaive,
     parse_hermes,
     parse_openai,
-    read_conversations,
-    write_malformed_report,
 )
 from hpcpipe.data.function_calling.generator import LIBRARY, generate_conversations
 from hpcpipe.data.function_calling.glaive_rows import generate_glaive_rows, to_glaive, write_jsonl
+from hpcpipe.data.function_calling.row_files import held_out, read_conversations, write_malformed_report
 from hpcpipe.errors import DataError
 
 SONG_TOOL = {

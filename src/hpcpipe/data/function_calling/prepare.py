@@ -68,7 +68,8 @@ def source_paths(cfg: DataConfig) -> list[Path]:
 
 def read_split(cfg: DataConfig, seed: int) -> Conversations:
     """Every source's conversations, split into training and held-out ones."""
-    from hpcpipe.data.function_calling.formats import held_out, parse_glaive, read_conversations
+    from hpcpipe.data.function_calling.formats import parse_glaive
+    from hpcpipe.data.function_calling.row_files import held_out, read_conversations
 
     convs: list[Conversation] = []
     malformed: Counter[str] = Counter()
