@@ -19,7 +19,7 @@ export UV_PROJECT_ENVIRONMENT := $(VENV)
 # per `hpcpipe train`, hundreds of times in the suite.
 SYNC := $(UV) sync --frozen --compile-bytecode --python $(PYTHON)
 
-.PHONY: run test test-fast bytecode install install-test kfp-env chart lint typecheck lock test-latest test-lowest bench clean fc-assets system-deps dashboard
+.PHONY: run test test-fast bytecode install install-test kfp-env chart lint typecheck lock test-latest test-lowest bench clean fc-assets system-deps dashboard docs docs-serve
 
 # uv itself, pinned, in its own small environment (bootstrapped with the machine's pip).
 $(UV):
@@ -57,9 +57,24 @@ chart: install-test
 run: install
 	$(BIN)/hpcpipe run quickstart
 
+# The docs site is part of lint: a broken link, a missing page or a page outside mkdocs.yml's
+# navigation fails it (strict), as a stale generated reference fails the suite.
+export NO_MKDOCS_2_WARNING := 1
 lint: install-test
 	$(BIN)/ruff check src tests benchmarks scripts
 	$(BIN)/mypy
+	$(BIN)/mkdocs build --strict --site-dir .cache/site
+
+# docs/reference/ regenerated from the code (config models, the CLI, hpcpipe.layout, the exit codes,
+# the event kinds, the recipe API), then the site built strictly into site/.
+docs: install-test
+	$(BIN)/python scripts/build_reference.py
+	$(BIN)/python scripts/build_recipe_reference.py
+	$(BIN)/mkdocs build --strict
+
+# The site at http://127.0.0.1:8000, rebuilt on every change.
+docs-serve: install-test
+	$(BIN)/mkdocs serve --dev-addr 127.0.0.1:8000
 
 # hpcpipe's own modules (and the tests') compiled once, for the same reason as --compile-bytecode.
 bytecode: install-test
@@ -148,4 +163,4 @@ dashboard: install-test
 	$(BIN)/python scripts/build_dashboard.py
 
 clean:
-	rm -rf $(VENV) $(KFP_VENV) dist .venv-latest .venv-lowest $(TOOLS) .cache runs data .pytest_cache .mypy_cache .ruff_cache
+	rm -rf site $(VENV) $(KFP_VENV) dist .venv-latest .venv-lowest $(TOOLS) .cache runs data .pytest_cache .mypy_cache .ruff_cache

@@ -8,11 +8,15 @@ from pathlib import Path
 import pytest
 from tests.helpers import run_cli, write_synthetic_corpus
 
+from hpcpipe.observe.event_kinds import CHECK_EVENTS_VAR
 from hpcpipe.train.environment import sharing_cores
 
 # The xdist workers' training runs share this machine's cores: without it, one run's spinning
 # OpenMP threads slow the other's several times over. Every subprocess inherits it.
 os.environ.update(sharing_cores(os.environ))
+# Every events.jsonl line any run writes must be a kind, with fields, that observe/event_kinds.py
+# lists (docs/reference/events.md is generated from it): a drift fails the test that wrote it.
+os.environ[CHECK_EVENTS_VAR] = "1"
 
 
 @pytest.fixture(scope="session")

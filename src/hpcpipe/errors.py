@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 
 USER_ERROR_EXIT_CODE = 2
+"""Bad input: a config key, a flag, a path or data the user gave. One line names what to fix; nothing
+committed is changed."""
 _USERINFO = re.compile(r"//[^/\s@'\"]+@")  # user:password@ in a URL
 # a secret's value in a query string or key=value text: ?access_token=..., X-Amz-Signature=...
 _SECRET_VALUE = re.compile(

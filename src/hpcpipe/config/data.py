@@ -28,6 +28,9 @@ FUNCTION_CALLING_FORMATS: tuple[str, ...] = get_args(FunctionCallingFormat)
 
 
 class DataConfig(Section):
+    """The data: its format and sources, the tokenizer, and how the prepared dataset is split,
+    cached and staged."""
+
     format: DataFormat = Field(
         "tokens",
         description="tokens: text sources -> token shards (recipes gpt, hf-causal-lm); parquet: the "

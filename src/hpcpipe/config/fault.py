@@ -8,6 +8,9 @@ from hpcpipe.config.section import Section
 
 
 class FaultConfig(Section):
+    """Fault tolerance: the hang watchdog, OOM recovery, and preemption (its grace period and exit
+    code)."""
+
     hang_timeout_s: float = Field(
         0.0,
         ge=0,

@@ -23,13 +23,16 @@ class ParamSpec(Section):
     ``{type: int, low: 2, high: 8, step: 2}`` or ``{type: categorical, choices: [adamw, sgd]}``;
     ``when: {other.key: value}`` samples it only when an earlier parameter took that value."""
 
-    type: Literal["float", "int", "categorical"]
-    low: float | None = None
-    high: float | None = None
-    log: bool = False
-    step: float | None = Field(None, gt=0)
-    choices: list[Any] | None = None
-    when: dict[str, Any] = Field(default_factory=dict)
+    type: Literal["float", "int", "categorical"] = Field(description="How the value is sampled.")
+    low: float | None = Field(None, description="The lowest value (float, int).")
+    high: float | None = Field(None, description="The highest value, included (float, int).")
+    log: bool = Field(False, description="Sample on a log scale (needs low > 0; not with step).")
+    step: float | None = Field(None, gt=0, description="Sample only low, low + step, ... (float, int).")
+    choices: list[Any] | None = Field(None, description="The values a categorical parameter takes.")
+    when: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Sample this key only when each named earlier key took the given value.",
+    )
 
     @model_validator(mode="after")
     def _shape(self) -> ParamSpec:
@@ -55,6 +58,8 @@ class ParamSpec(Section):
 
 
 class SamplerConfig(Section):
+    """The Optuna sampler that proposes each trial's values."""
+
     name: SamplerName = Field(
         "tpe",
         description="tpe (default; Optuna's TPESampler), random, cmaes (needs the `cmaes` package; "
@@ -65,6 +70,8 @@ class SamplerConfig(Section):
 
 
 class PrunerConfig(Section):
+    """The Optuna pruner that stops unpromising trials early."""
+
     name: PrunerName = Field(
         "median",
         description="median (stop a trial whose metric is worse than the median of earlier trials "

@@ -197,5 +197,7 @@ class K8sConfig(Section):
 
 
 class LaunchConfig(Section):
+    """How `hpcpipe launch` renders and submits the job: Slurm and Kubernetes settings."""
+
     slurm: SlurmConfig = Field(default_factory=SlurmConfig)
     k8s: K8sConfig = Field(default_factory=K8sConfig)

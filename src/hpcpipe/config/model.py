@@ -10,6 +10,9 @@ from hpcpipe.config.section import Section
 
 
 class ModelConfig(Section):
+    """The model the recipe builds: its variant, size (for hpcpipe's own transformer) or source (a
+    Hugging Face directory or GGUF file)."""
+
     variant: str = Field(
         "gpt2",
         min_length=1,

@@ -318,6 +318,9 @@ class OtelConfig(Section):
 
 
 class ObserveConfig(Section):
+    """What a run reports while it runs: metrics, progress, MFU, Prometheus, GPU telemetry,
+    straggler detection, profiling, TensorBoard, MLflow and OpenTelemetry."""
+
     log_every: int = Field(10, ge=1, description="Write a metrics row every N steps (and the last).")
     progress: bool = Field(True, description="Rich progress bar on rank 0 when on a terminal.")
     peak_tflops: float | None = Field(

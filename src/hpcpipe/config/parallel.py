@@ -12,6 +12,9 @@ from hpcpipe.config.section import Section
 
 
 class ParallelConfig(Section):
+    """How the job spreads over processes: the data-parallel strategy (DDP, FSDP2, DeepSpeed ZeRO),
+    tensor and pipeline parallelism, and the process group's backend."""
+
     strategy: Literal["auto", "single", "ddp", "fsdp", "deepspeed"] = Field(
         "auto",
         description="auto: single for one process, ddp for more; fsdp: PyTorch FSDP2; deepspeed: "

@@ -9,6 +9,8 @@ from hpcpipe.config.section import Section
 
 
 class PipelineConfig(Section):
+    """The `hpcpipe pipeline` steps after training: export, evaluation, registration and the report."""
+
     export_format: str = Field(
         "auto",
         min_length=1,

@@ -35,6 +35,9 @@ def _share(default: float, description: str) -> float:
 
 
 class SyntheticMix(Section):
+    """Relative weights of the synthetic function-calling conversations' kinds (recipe lora-
+    function-calling): each kind's share of the generated rows."""
+
     single: float = _weight(20, "one request -> one call (-> result -> answer)")
     parallel: float = _weight(
         10, "one turn of 2..max_parallel_calls calls (one function on several values, or two functions)"

@@ -11,6 +11,9 @@ from hpcpipe.errors import ConfigError
 
 
 class TrainConfig(Section):
+    """The optimisation: steps or epochs, batch sizes and accumulation, learning-rate schedule,
+    precision, clipping, evaluation, compilation and activation checkpointing."""
+
     steps: int = Field(100, ge=1, description="Optimizer steps (ignored when train.epochs is set).")
     epochs: float | None = Field(
         None,

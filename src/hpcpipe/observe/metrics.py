@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcpipe.layout import RunLayout
+from hpcpipe.observe.event_kinds import check_event, checking_events
 
 TRAIN_KEYS = (
     "step",
@@ -97,6 +98,8 @@ def read_events(run_dir: Path) -> list[dict[str, Any]]:
 
 def append_event(run_dir: Path, kind: str, **fields: Any) -> None:
     """One line in ``events.jsonl`` (restarts, OOM recoveries, checkpoint commits, ...)."""
+    if checking_events():  # the suite's contract check (event_kinds.py); never in production
+        check_event(kind, fields)
     row = {"time": time.time(), "event": kind, **fields}
     with RunLayout(run_dir).events.open("a") as f:
         f.write(json.dumps(row) + "\n")

@@ -51,7 +51,9 @@ import torch
 
 from hpcpipe.train.oom import AllReduceMax, agree_any
 
-PREEMPT_EXIT_CODE = 75  # EX_TEMPFAIL: see the module docstring for why not 0, 1 or 143
+PREEMPT_EXIT_CODE = 75
+"""Stopped by SIGTERM or SIGUSR1, after a checkpoint when there was time: resubmit the job
+(EX_TEMPFAIL; the module docstring says why not 0, 1 or 143)."""
 INTERRUPT_EXIT_CODE = 130  # 128 + SIGINT: what a shell reports for Ctrl-C, and what users expect
 # SIGINT (Ctrl-C) stops the same orderly way, with its own code: a person, not a scheduler, asked.
 DEFAULT_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
