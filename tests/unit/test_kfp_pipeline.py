@@ -1,9 +1,10 @@
 """``hpcpipe launch kfp``: the real kfp SDK (2.17.3, in its own environment from the lock: make
 kfp-env) compiles the job's DAG; the IR YAML is checked for the edges, each step's command, the
-claims and the Katib branch."""
+claims and the Katib branch. The command finds that environment by itself."""
 
 from __future__ import annotations
 
+import sys
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,9 @@ import pytest
 import yaml
 from tests.helpers import run_cli
 
-from hpcpipe.launch.kfp import KFP_PYTHON_VAR, KFP_REQUIREMENTS
+from hpcpipe.errors import UserError
+from hpcpipe.kfp import sdk
+from hpcpipe.kfp.sdk import KFP_PYTHON_VAR, KFP_REQUIREMENTS
 
 ROOT = Path(__file__).resolve().parents[2]
 KFP_PYTHON = ROOT / ".venv-kfp" / "bin" / "python"
@@ -133,13 +136,43 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path: Path, args: list[str
     assert not out.exists() and list(tmp_path.iterdir()) == []
 
 
-def test_without_kfp_the_error_says_how_to_get_it(tmp_path: Path) -> None:
+@needs_kfp
+def test_the_projects_own_kfp_environment_is_found_with_nothing_set(tmp_path: Path) -> None:
+    """After `make install` and `make kfp-env`: no variable, no uv, and the pipeline compiles."""
+    out = tmp_path / "p.yaml"
     sets = [a for s in SETS for a in ("--set", s)]
     env = {KFP_PYTHON_VAR: "", "PATH": "/usr/bin:/bin"}  # no uv on this PATH
-    done = run_cli(
-        "launch", "kfp", EXAMPLE, "--api", "pytorchjob", *sets, "-o", str(tmp_path / "p.yaml"), env=env
-    )
-    assert done.returncode == 2 and "kfp==2.17.3" in done.stderr and "HPCPIPE_KFP_PYTHON" in done.stderr
+    done = run_cli("launch", "kfp", EXAMPLE, "--api", "pytorchjob", *sets, "-o", str(out), env=env)
+    assert done.returncode == 0, done.stderr
+    assert yaml.safe_load_all(out.read_text())
+
+
+def test_kfp_env_is_looked_for_beside_the_running_venv_and_in_the_checkout() -> None:
+    roots = sdk.project_roots()
+    assert ROOT in roots  # this checkout, where `make kfp-env` builds .venv-kfp
+    if sys.prefix != sys.base_prefix:
+        assert Path(sys.prefix).parent in roots
+
+
+def test_a_kfp_env_under_a_root_is_used_before_uv(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    python = tmp_path / ".venv-kfp" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.touch()
+    monkeypatch.delenv(KFP_PYTHON_VAR, raising=False)
+    assert sdk.kfp_interpreter([tmp_path / "elsewhere", tmp_path]) == [str(python)]
+    monkeypatch.setenv(KFP_PYTHON_VAR, "/usr/bin/python3")  # the variable wins
+    assert sdk.kfp_interpreter([tmp_path]) == ["/usr/bin/python3"]
+
+
+def test_without_kfp_the_error_says_how_to_get_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(KFP_PYTHON_VAR, "")
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")  # no uv on this PATH
+    monkeypatch.setattr(sdk, "project_roots", lambda: [tmp_path])  # no .venv-kfp there
+    with pytest.raises(UserError) as raised:
+        sdk.compile_pipeline({}, tmp_path / "p.yaml")
+    message = str(raised.value)
+    assert "make kfp-env" in message and "kfp==2.17.3" in message and KFP_PYTHON_VAR in message
+    assert "\n" not in message and not (tmp_path / "p.yaml").exists()
 
 
 def test_the_lock_group_pins_what_the_compiler_asks_for() -> None:

@@ -45,15 +45,17 @@ def kfp(
     shows. The config is the pipeline parameter `config`.
 
     Compiled by the kfp SDK in its own interpreter (it conflicts with the k8s extra): $HPCPIPE_KFP_PYTHON,
-    or uv with the pinned SDK. Upload the file in the KFP UI, or `kfp pipeline create`. The steps'
-    service account needs to create ConfigMaps and the job (and Experiments with --katib).
+    else the project's .venv-kfp (`make kfp-env`), else uv with the pinned SDK. Upload the file in
+    the KFP UI, or `kfp pipeline create`. The steps' service account needs to create ConfigMaps and
+    the job (and Experiments with --katib).
 
       hpcpipe launch kfp examples/k8s/h200-elastic.yaml --api pytorchjob -o pipeline.yaml
 
       hpcpipe launch kfp job.yaml --katib -w 4
     """
+    from hpcpipe.kfp.sdk import compile_pipeline
+    from hpcpipe.kfp.spec import pipeline_spec
     from hpcpipe.launch import k8s_cluster
-    from hpcpipe.launch.kfp import compile_pipeline, pipeline_spec
     from hpcpipe.launch.kubernetes import APIS
 
     if api not in APIS:

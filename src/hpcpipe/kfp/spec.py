@@ -1,4 +1,4 @@
-"""``hpcpipe launch kfp``: the job as a Kubeflow Pipelines v2 pipeline, compiled by the real kfp SDK.
+"""The spec of ``hpcpipe launch kfp``'s Kubeflow Pipelines v2 pipeline, the job's steps as containers.
 
 The DAG is ``hpcpipe run``'s own (``pipeline.steps.STEPS``): prepare -> stage -> train ->
 evaluate -> export -> register -> report, each a container step running ``hpcpipe run CONFIG
@@ -11,28 +11,23 @@ graph shows what ``hpcpipe lineage`` shows. The train step creates the TrainJob 
 Experiment ``hpo launch katib`` renders, created and waited for); its best parameters feed train.
 The pipeline parameter ``tune`` switches that branch at submission.
 
-kfp needs ``kubernetes<31`` and ``protobuf<7``, which conflict with the k8s extra, so the
-pipeline is compiled in its own interpreter: ``kfp_compile.py`` imports kfp and the standard
-library only, and reads this module's JSON spec on standard input.
+The spec is plain JSON: ``kfp_compile.py`` builds the pipeline from it in kfp's own interpreter
+(``sdk.py``).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 from typing import Any
 
-from hpcpipe.config import JobConfig
-from hpcpipe.errors import ConfigError, UserError
+from hpcpipe.config import JobConfig, apply_values
+from hpcpipe.errors import ConfigError
+from hpcpipe.hpo.katib import render_experiment
 from hpcpipe.launch.k8s_pod import image_ref
 from hpcpipe.launch.kubernetes import Api, dns_label, render_k8s
+from hpcpipe.pipeline.steps import STEPS
 
-# The SDK the pipeline is compiled with (also the `kfp` dependency group of the lock).
-KFP_REQUIREMENTS = ("kfp==2.17.3", "kfp-kubernetes==2.17.3")
-KFP_PYTHON_VAR = "HPCPIPE_KFP_PYTHON"
 CONFIG_PATH = "/tmp/hpcpipe/config.yaml"  # where each step writes the `config` pipeline parameter
 # KFP artifact type of each step's lineage record (system.*), for KFP's lineage view.
 ARTIFACT_TYPES = {"prepare": "Dataset", "stage": "Dataset", "train": "Model", "export": "Model"}
@@ -41,8 +36,6 @@ ARTIFACT_TYPES = {"prepare": "Dataset", "stage": "Dataset", "train": "Model", "e
 def pipeline_spec(job: JobConfig, api: Api, katib: bool = False, katib_workers: int = 2) -> dict[str, Any]:
     """What ``kfp_compile.py`` builds the pipeline from; ConfigError naming the key where the job
     cannot run as one."""
-    from hpcpipe.pipeline.steps import STEPS
-
     render_k8s(job, api)  # what the train step submits: refused now rather than in the cluster
     _check_shared_run_dir(job)
     if katib:
@@ -108,9 +101,6 @@ def _check_shared_run_dir(job: JobConfig) -> None:
 
 
 def _check_katib(job: JobConfig, workers: int) -> None:
-    from hpcpipe.config import apply_values
-    from hpcpipe.hpo.katib import render_experiment
-
     if not job.hpo.space:
         raise ConfigError("--katib: the job has no hpo section to search (hpo.space is empty)")
     # Katib's webhook rules, checked now, on the one-pod trials the step searches with.
@@ -131,47 +121,3 @@ def _claims(job: JobConfig) -> list[dict[str, str]]:
         (cfg.runs_pvc, cfg.runs_mount),
     )
     return [{"claim": claim, "mount": mount} for claim, mount in pairs if claim]
-
-
-# -- compiling, in kfp's own interpreter ----------------------------------------------------------
-
-
-def compile_pipeline(spec: dict[str, Any], out: Path) -> None:
-    """Compile ``spec`` to KFP's IR YAML at ``out`` with the kfp SDK; UserError if it cannot run."""
-    script = Path(__file__).with_name("kfp_compile.py")
-    try:
-        done = subprocess.run(
-            # -I: not the script's own directory first on sys.path (this package's kfp.py and
-            # kubernetes.py would shadow the SDKs), nor PYTHON* variables or user site-packages.
-            [*kfp_interpreter(), "-I", str(script), str(out)],
-            input=json.dumps(spec),
-            capture_output=True,
-            text=True,
-            timeout=900,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise UserError(f"launch kfp: the kfp compiler did not run ({exc})") from None
-    if done.returncode != 0:
-        lines = (done.stderr or done.stdout).strip().splitlines() or [f"exit {done.returncode}"]
-        raise UserError(f"launch kfp: the kfp compiler failed: {lines[-1]}")
-
-
-def kfp_interpreter() -> list[str]:
-    """The command that runs Python with kfp: $HPCPIPE_KFP_PYTHON, else ``uv run`` with the
-    pinned SDK in an isolated, cached environment. (Never this interpreter: hpcpipe checks the
-    train step's job with the k8s extra's models, and kfp cannot share an environment with them.)"""
-    chosen = os.environ.get(KFP_PYTHON_VAR)
-    if chosen:
-        if not Path(chosen).is_file():
-            raise UserError(f"{KFP_PYTHON_VAR}={chosen}: no such interpreter")
-        return [chosen]
-    uv = shutil.which("uv")
-    if uv is not None:
-        pins = [arg for req in KFP_REQUIREMENTS for arg in ("--with", req)]
-        return [uv, "run", "--quiet", "--isolated", "--no-project", *pins, "python"]
-    raise UserError(
-        "launch kfp compiles with the kfp SDK, which cannot share an environment with the k8s extra: "
-        f"install uv, or make an environment with `pip install {' '.join(KFP_REQUIREMENTS)}` and set "
-        f"{KFP_PYTHON_VAR} to its python"
-    )

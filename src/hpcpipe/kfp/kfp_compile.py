@@ -3,7 +3,7 @@
     python kfp_compile.py OUT.yaml < spec.json
 
 Run by ``hpcpipe launch kfp`` in an interpreter that has ``kfp`` and ``kfp-kubernetes``
-(``hpcpipe.launch.kfp.kfp_interpreter``); it imports those and the standard library only, never
+(``hpcpipe.kfp.sdk.kfp_interpreter``); it imports those and the standard library only, never
 hpcpipe (whose k8s extra conflicts with kfp). Each step is a container component loaded from a
 component spec, so its command is exactly the spec's argv with KFP's placeholders in place of the
 ``{"input"|"output": NAME}`` tokens and a first ``sh -c`` that writes the ``config`` parameter to
