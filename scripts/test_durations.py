@@ -1,5 +1,5 @@
 """Per-file test durations from pytest's JUnit XML: the table `tests/durations.json` that orders the
-suite (longest files first) and the before/after table in the README.
+suite (longest files first) and the before/after table in benchmarks/README.md.
 
     python scripts/test_durations.py record JUNIT.xml            # rewrite tests/durations.json
     python scripts/test_durations.py table BEFORE.xml AFTER.xml  # a Markdown table, slowest first

@@ -60,7 +60,7 @@ class TorchAPIError(RuntimeError):
     def __init__(self, missing: str, purpose: str) -> None:
         super().__init__(
             f"torch {torch.__version__} has no {missing} (hpcpipe uses it to {purpose}); "
-            "install a torch version hpcpipe was tested with (see README: Installing)"
+            "install a torch version hpcpipe was tested with (see docs/install.md)"
         )
         self.missing = missing
 

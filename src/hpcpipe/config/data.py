@@ -53,7 +53,7 @@ class DataConfig(Section):
     synthetic_mix: SyntheticMix = Field(
         default_factory=SyntheticMix,
         description="Function calling: what the '@synthetic' rows hold: relative weights of each "
-        "conversation shape and the generator's knobs (README: the training mix).",
+        "conversation shape and the generator's knobs (docs/lora-function-calling.md: the training mix).",
     )
     packing: bool = Field(
         True,

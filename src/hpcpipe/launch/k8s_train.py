@@ -1,5 +1,5 @@
 """The train step on Kubernetes (``hpcpipe run --on k8s``): create the job ``launch k8s`` renders and
-wait for it to end. What a Kubeflow Pipelines train step runs (``launch/kfp.py``).
+wait for it to end. What a Kubeflow Pipelines train step runs (``kfp/spec.py``).
 
 A second attempt (KFP retries the step, or ``hpcpipe run`` again) waits for the job it created
 when that job is still the same one: same kind and name, the same config in its ConfigMap, not
