@@ -82,13 +82,14 @@ def _section_doc(model: type[BaseModel], path: str) -> str:
 
 def _leaf_rows(model: type[BaseModel], path: str) -> list[tuple[object, ...]]:
     rows: list[tuple[object, ...]] = []
-    for name, info in model.model_fields.items():
+    for field_name, info in model.model_fields.items():
+        name = info.alias or field_name  # the key as written in YAML (checkpoint.async)
         key = f"{path}.{name}" if path else name
         if isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel):
             continue  # a nested section: its own heading (and its class docstring) below
         if not info.description:
             raise MissingDescription(
-                f"config field {key} ({_where(model, name)}) has no description: "
+                f"config field {key} ({_where(model, field_name)}) has no description: "
                 "add Field(..., description=...)"
             )
         rows.append((f"`{key}`", _type_name(info.annotation), _default(info), info.description))
@@ -109,8 +110,11 @@ def build() -> str:
         if rows:
             body += [*table(("Key", "Type", "Default", "Description"), rows), ""]
     intro = (
-        "Every key of a job's config (`hpcpipe train JOB.yaml`, `--set key=value`, a preset), with its "
-        "type, default and meaning. Unknown keys are refused with one line naming the key. The "
-        "`recipe:` section's keys belong to the recipe: `hpcpipe recipes show NAME` lists them."
+        "Every key of a job's config, with its type, default and meaning. A job is a preset name "
+        "(`hpcpipe presets list --names`) or a YAML file with these sections; `--set section.key=value` "
+        "overrides any key (parsed to the key's type; lists as `--set data.sources=[a.txt,docs/]`; "
+        "`null` clears an optional key). Unknown keys are refused with one line naming the key. "
+        "`hpcpipe presets show NAME` prints every key of a preset with its value. The `recipe:` "
+        "section's keys belong to the recipe: `hpcpipe recipes show NAME` lists them."
     )
     return page("Configuration reference", intro, body)
