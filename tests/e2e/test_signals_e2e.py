@@ -60,6 +60,7 @@ def test_ctrl_c_on_two_local_ranks_checkpoints_and_exits_130_in_one_line(tmp_pat
     assert "Traceback" not in err, err[-3000:]
     last = err.strip().splitlines()[-1]
     assert last.startswith("interrupted") and str(tmp_path / "ctrl-c") in last, err[-2000:]
+    assert "death signal" not in err, err[-2000:]  # torch's agent's notice: the ranks say what they did
     assert _committed(tmp_path / "ctrl-c"), "a checkpoint is due: checkpoint.every_steps is set"
 
 
@@ -75,3 +76,15 @@ def test_ctrl_c_without_checkpoints_says_so_and_exits_130(tmp_path: Path) -> Non
     assert code == 130 and "Traceback" not in err, err[-2000:]
     assert "no checkpoint" in err.strip().splitlines()[-1]
     assert _committed(tmp_path / "no-ckpt") == []
+
+
+def test_sigterm_on_two_local_ranks_through_the_agent_exits_75_in_one_line(tmp_path: Path) -> None:
+    """--nproc 2 starts the node agent (torch's elastic agent), whose own SIGTERM handling printed
+    torchelastic's traceback before; the workers checkpoint and the run exits 75 in one line."""
+    code, err = _stopped(tmp_path, "term-2", signal.SIGTERM, 2)
+    assert code == 75, err[-2000:]
+    assert "Traceback" not in err, err[-3000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("preempted:") and str(tmp_path / "term-2") in last, err[-2000:]
+    assert "death signal" not in err and "Closing process" not in err, err[-2000:]
+    assert _committed(tmp_path / "term-2"), "a preemption always checkpoints"

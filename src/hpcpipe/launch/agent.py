@@ -100,6 +100,7 @@ def run_agent(spec: AgentSpec, module: str, args: list[str]) -> int:
     # workers; a separate store per round is reliable.
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     entry, entry_args = _entry_point(spec, module, args)
+    _quiet_signal_notices()
     config = ElasticConfig(
         min_nodes=spec.min_nodes,
         max_nodes=spec.max_nodes,
@@ -175,6 +176,33 @@ def _entry_point(spec: AgentSpec, module: str, args: list[str]) -> tuple[Any, tu
 
 def _drop_exit_traceback(record: logging.LogRecord) -> bool:
     return not (record.exc_info and str(record.msg).startswith("failed (exitcode"))
+
+
+# torch's agent announces a SIGTERM or Ctrl-C it passes on to the workers in warnings of its own;
+# each rank then says what it did and the run ends with one line, so these only push that line
+# off a newcomer's screen. Its warning about a worker it had to SIGKILL stays.
+_SIGNAL_NOTICES = {
+    "torch.distributed.elastic.agent.server.api": "Received %s death signal",
+    "torch.distributed.elastic.multiprocessing.api": "Closing process %s via signal",
+}
+
+
+def _quiet_signal_notices() -> None:
+    for name, start in _SIGNAL_NOTICES.items():
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropNotice) and f.start == start for f in logger.filters):
+            logger.addFilter(_DropNotice(start))  # once: the agent may run again in one process
+
+
+class _DropNotice(logging.Filter):
+    """Drops the records whose format string starts with ``start``."""
+
+    def __init__(self, start: str) -> None:
+        super().__init__()
+        self.start = start
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.start)
 
 
 def _shutdown_timeout(config_type: type, grace_s: float) -> dict[str, Any]:
