@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 
-from hpcpipe.cli.common import JsonOption, console, err_console, write_json
+from hpcpipe.cli.common import JsonOption, console, err_console, print_whole, write_json
+
+if TYPE_CHECKING:
+    from hpcpipe.accept.evaluate import Row
 
 
 def accept(
@@ -52,7 +55,7 @@ def accept(
 
       srun -N 2 --ntasks-per-node 8 hpcpipe accept -t my_cluster.yaml      (across nodes)
     """
-    from hpcpipe.accept.evaluate import evaluate, fmt
+    from hpcpipe.accept.evaluate import evaluate
     from hpcpipe.accept.report import build_report, write_report
     from hpcpipe.accept.suite import measure
     from hpcpipe.accept.thresholds import load_thresholds, thresholds_path
@@ -68,13 +71,8 @@ def accept(
     rows = evaluate(th, measurements, world)
     report = build_report(th, str(thresholds_path(thresholds)), rows, measurements, world)
     json_path, md_path = write_report(report, out)
-    table = Table("result", "check", "measured", "required", "where", title=f"acceptance: {th.name}")
-    for row in rows:
-        verdict = "[green]PASS[/green]" if row.passed else "[bold red]FAIL[/bold red]"
-        required = f"{row.comparison} {fmt(row.required)} {row.unit}".rstrip()
-        table.add_row(verdict, escape(row.check), fmt(row.measured), required, escape(row.where))
     if json_out != "-":
-        console.print(table)
+        print_whole(verdict_table(th.name, rows), wraps={"required", "where"})
         verdict = "[green]PASS[/green]" if report["passed"] else "[bold red]FAIL[/bold red]"
         console.print(
             f"{verdict}: {report['counts']['passed']}/{report['counts']['rows']} rows; {json_path}, {md_path}"
@@ -83,6 +81,18 @@ def accept(
     code = 0 if report["passed"] else 1
     exit_process(code)  # a torchrun/srun rank leaves here (see bench.group)
     raise typer.Exit(code)
+
+
+def verdict_table(name: str, rows: list[Row]) -> Table:
+    """One line per acceptance row: PASS/FAIL, the check, measured vs required, where."""
+    from hpcpipe.accept.evaluate import fmt
+
+    table = Table("result", "check", "measured", "required", "where", title=f"acceptance: {name}")
+    for row in rows:
+        verdict = "[green]PASS[/green]" if row.passed else "[bold red]FAIL[/bold red]"
+        required = f"{row.comparison} {fmt(row.required)} {row.unit}".rstrip()
+        table.add_row(verdict, escape(row.check), fmt(row.measured), required, escape(row.where))
+    return table
 
 
 def _log(line: str) -> None:

@@ -10,7 +10,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from hpcpipe.cli.common import ConfigArg, JsonOption, SetOption, console, load_job, write_json
+from hpcpipe.cli.common import ConfigArg, JsonOption, SetOption, console, load_job, print_whole, write_json
 from hpcpipe.errors import UserError
 
 scaling_law_app = typer.Typer(
@@ -119,7 +119,7 @@ def _print_roofline(result: dict[str, Any]) -> None:
             f"{op['attainable_tflops']:.3g}",
             f"{op['time_share']:.1%}",
         )
-    console.print(table)
+    print_whole(table)
     console.print(f"plot: {result['png']}")
 
 
@@ -201,7 +201,7 @@ def _print_fit(result: dict[str, Any]) -> None:
         low_high = intervals.get(key)
         shown = f"[{low_high[0]:.4g}, {low_high[1]:.4g}]" if low_high else "-"
         table.add_row(law, name, f"{value:.4g}", shown)
-    console.print(table)
+    print_whole(table)
     for line in result["skipped"]:
         console.print(f"[yellow]skipped[/yellow] {escape(line)}")
     console.print(f"plot: {result['png']}")

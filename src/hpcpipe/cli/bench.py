@@ -18,6 +18,7 @@ from hpcpipe.cli.common import (
     console,
     err_console,
     load_job,
+    print_whole,
     write_json,
 )
 from hpcpipe.errors import UserError
@@ -162,7 +163,7 @@ def _print_collectives(result: dict[str, Any], view: Console) -> None:
             check,
             slowest,
         )
-    view.print(table)
+    print_whole(table, view)
 
 
 @app.command("compute")
@@ -216,7 +217,7 @@ def compute(
     for key, fig in result["figures"].items():
         value = "skipped" if fig["value"] is None else f"{fig['value']:.4g}"
         table.add_row(key, value, fig["unit"], escape(fig["skipped"] or fig["detail"]))
-    human_console(json_out).print(table)
+    print_whole(table, human_console(json_out), wraps={"detail"})
     write_json(result, json_out)
 
 
@@ -288,7 +289,7 @@ def _print_throughput(result: dict[str, Any], view: Console) -> None:
         mfu,
         str(len(result["runs"])),
     )
-    view.print(table)
+    print_whole(table, view)
 
 
 @app.command("scaling")
@@ -364,6 +365,6 @@ def scaling(
             r["bottleneck"],
         )
     view = human_console(json_out)
-    view.print(table)
+    print_whole(table, view)
     view.print(f"wrote {result['csv']} and {result['png']}")
     write_json(result, json_out)

@@ -11,6 +11,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 from rich.markup import escape
+from rich.measure import Measurement
 from rich.table import Column, Table
 from rich.text import Text
 
@@ -144,10 +145,7 @@ def print_table(
     }
     needed = sum(widest[h] if h in typed else min(len(h), 6) for h in headers) + 3 * len(headers) + 1
     if needed > console.width:
-        for row in rows:
-            for header, cell in zip(headers, row, strict=True):
-                console.print(f"[bold]{escape(header)}[/]: {cell}", soft_wrap=True)
-            console.print()
+        _print_blocks(console, headers, rows)
         return
     columns = [
         Column(h, no_wrap=True, min_width=widest[h]) if h in typed else Column(h, overflow="fold")
@@ -157,3 +155,69 @@ def print_table(
     for row in rows:
         table.add_row(*(str(cell) for cell in row))
     console.print(table)
+
+
+def _print_blocks(view: Console, headers: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
+    """One block of ``header: value`` lines per row: every value whole at any terminal width."""
+    for row in rows:
+        for header, cell in zip(headers, row, strict=True):
+            view.print(f"[bold]{escape(header)}[/]: ", end="", soft_wrap=True)
+            view.print(cell, soft_wrap=True)
+        view.print()
+
+
+def print_whole(table: Table, view: Console | None = None, wraps: Collection[str] = ()) -> None:
+    """Print a rich ``table`` without cutting a typed value off (a number, a name, a verdict).
+
+    Every column but the ``wraps`` ones keeps its widest cell on one line; those (free text: a
+    finding, a detail; a figure with its unit) share the rest of the width and wrap between
+    words, never inside one. A terminal too narrow for that gets one block of ``header: value``
+    lines per row (after the title); a file or a pipe gets the table as wide as it needs, instead
+    of rich's 80 columns with the values cut to "...".
+    """
+    view = view or console
+    ranges = [(column, _cells_range(view, column)) for column in table.columns]
+    wrapping = [(column, cells) for column, cells in ranges if str(column.header) in wraps]
+    for column, cells in ranges:
+        column.no_wrap, column.min_width, column.overflow = True, cells.maximum, "fold"
+    # What the typed columns take whole: their widest cells, each column's padding, the borders.
+    typed = sum(cells.maximum for column, cells in ranges if str(column.header) not in wraps)
+    frame = table._extra_width + 2 * len(ranges) + typed
+    room = view.width - frame
+    if not view.is_terminal:  # a file or a pipe: every cell whole, however wide
+        widths = [cells.maximum for _, cells in wrapping]
+    elif room >= sum(cells.minimum for _, cells in wrapping):
+        widths = _share(room, [cells for _, cells in wrapping])
+    else:
+        _print_as_blocks(view, table)
+        return
+    for (column, _), width in zip(wrapping, widths, strict=True):
+        column.no_wrap, column.min_width, column.width = False, None, width
+    table.width = frame + sum(widths)  # rich must not shrink it to the console's width
+    view.print(table, crop=False)
+
+
+def _print_as_blocks(view: Console, table: Table) -> None:
+    if table.title:
+        view.print(table.title, soft_wrap=True)
+    headers = [str(column.header) for column in table.columns]
+    _print_blocks(view, headers, list(zip(*(column.cells for column in table.columns), strict=True)))
+
+
+def _share(room: int, ranges: Sequence[Measurement]) -> list[int]:
+    """Widths of the wrapping columns within ``room``: each its longest word at least, the rest
+    shared in proportion to what each lacks of its widest cell (all whole when ``room`` allows)."""
+    widths = [cells.minimum for cells in ranges]
+    lacking = [cells.maximum - cells.minimum for cells in ranges]
+    spare = room - sum(widths)
+    if spare >= sum(lacking):
+        return [cells.maximum for cells in ranges]
+    return [width + spare * lack // sum(lacking) for width, lack in zip(widths, lacking, strict=True)]
+
+
+def _cells_range(view: Console, column: Column) -> Measurement:
+    """The widths of a column's header and cells in terminal cells (markup left out): the
+    longest word among them, and the widest whole cell."""
+    wide = view.options.update_width(10_000)
+    widths = [Measurement.get(view, wide, cell) for cell in (column.header, *column.cells)]
+    return Measurement(max(w.minimum for w in widths), max(w.maximum for w in widths))

@@ -15,7 +15,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from hpcpipe.cli.common import ConfigArg, JsonOption, SetOption, console, load_job, write_json
+from hpcpipe.cli.common import ConfigArg, JsonOption, SetOption, console, load_job, print_whole, write_json
 from hpcpipe.data.tokens.shards import MANIFEST_FILE, verify_dataset
 from hpcpipe.data.tokens.summary import dataset_details
 from hpcpipe.errors import DataError, UserError
@@ -57,7 +57,7 @@ def prepare(config: ConfigArg, sets: SetOption = None, json_out: JsonOption = No
             table = Table(*summary.columns, title=summary.title or None)
             for row in summary.rows:
                 table.add_row(*row)
-            console.print(table)
+            print_whole(table)
     write_json({**summary.details, "seconds": round(seconds, 3)}, json_out)
 
 

@@ -9,7 +9,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from hpcpipe.cli.common import JsonOption, console, write_json
+from hpcpipe.cli.common import JsonOption, print_whole, write_json
 
 _STYLE = {"OK": "green", "WARN": "yellow", "FAIL": "bold red", "SKIPPED": "dim"}
 
@@ -44,7 +44,7 @@ def doctor(
         style = _STYLE.get(check.status, "")
         table.add_row(escape(check.name), f"[{style}]{check.status}[/{style}]", escape(check.summary))
     if json_out != "-":
-        console.print(table)
+        print_whole(table, wraps={"finding"})
     worst = worst_status(checks)
     write_json({"status": worst, "checks": [c.to_dict() for c in checks]}, json_out)
     if worst == FAIL:

@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from hpcpipe.cli import plan_memory
-from hpcpipe.cli.common import console, write_text
+from hpcpipe.cli.common import console, print_whole, write_text
 from hpcpipe.errors import UserError
 from hpcpipe.plan.failures import DEFAULT_GPU_MTBF_HOURS
 from hpcpipe.plan.inputs import DEFAULT_RESTART_S, GivenTimes, resolve_inputs
@@ -176,7 +176,7 @@ def _print_costs(plan: dict[str, Any]) -> None:
     table = Table("cost", "seconds", "source", title="costs (R of a tier = restart + its restore)")
     for name, cost in plan["costs"].items():
         table.add_row(name.replace("_", " "), f"{cost['seconds']:.4g}", escape(cost["source"]))
-    console.print(table)
+    print_whole(table, wraps={"source"})
 
 
 def _print_goodput(plan: dict[str, Any]) -> None:
@@ -213,7 +213,7 @@ def _print_goodput(plan: dict[str, Any]) -> None:
             simulated,
             f"{row['checkpoint_share']:.2%}",
         )
-    console.print(table)
+    print_whole(table)
 
 
 def _print_headroom(plan: dict[str, Any]) -> None:
@@ -236,7 +236,7 @@ def _print_headroom(plan: dict[str, Any]) -> None:
             duration(row["current_tau_s"]) if row["current_tau_s"] else "-",
             f"{row['goodput_current']:.3%}" if row["goodput_current"] is not None else "-",
         )
-    console.print(table)
+    print_whole(table)
 
 
 def _factor(headroom: float | None) -> str:

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from hpcpipe.cli.common import JsonOption, console, load_job, write_json
+from hpcpipe.cli.common import JsonOption, console, load_job, print_whole, write_json
 from hpcpipe.errors import UserError
 from hpcpipe.plan.memory import GIB, GPUS, HEADROOM, Layout, ModelShape, fits, memory_per_gpu
 from hpcpipe.plan.memory_inputs import (
@@ -221,7 +221,7 @@ def _print_memory(shape: ModelShape, layout: Layout, parts: dict[str, float]) ->
     for part in PARTS:
         table.add_row(part, f"{parts[part] / GIB:,.2f}")
     table.add_row("[bold]total[/]", f"[bold]{parts['total'] / GIB:,.2f}[/]")
-    console.print(table)
+    print_whole(table)
     verdicts = []
     for g in GPUS.values():
         verdict = "[green]fits[/]" if fits(parts["total"], g) else "[red]does not fit[/]"
@@ -313,4 +313,4 @@ def _print_search(found: list[Any], gpu: Any, bw: Any, gpus: int, batch: int, to
             f"{c.step_s:.2f}",
             f"{c.tokens_per_s_per_gpu:,.0f}",
         )
-    console.print(table)
+    print_whole(table)

@@ -9,7 +9,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from hpcpipe.cli.common import JsonOption, console, write_json
+from hpcpipe.cli.common import JsonOption, console, print_whole, write_json
 from hpcpipe.errors import UserError
 
 _SHARE = dict(min=0.0, max=1.0, show_default=True)
@@ -63,7 +63,7 @@ def profile(
     table.add_column("share", justify="right")
     for phase, share in ev.shares.items():
         table.add_row(phase, f"{share:.1%}")
-    console.print(table)
+    print_whole(table)
     extra = []
     if ev.mfu is not None:
         extra.append(f"MFU {ev.mfu:.1%}")
