@@ -24,6 +24,22 @@ def hide_credentials(text: str) -> str:
     return _BEARER.sub("Bearer ***", text)
 
 
+def stable_repr(value: object) -> str:
+    """``repr(value)``, the same in every process: a set's members sorted (iterating a set of
+    strings follows the hash seed, ``PYTHONHASHSEED``, so a YAML ``!!set`` quoted in an error would
+    read differently from run to run), inside lists, tuples and dicts too."""
+    if isinstance(value, set | frozenset) and value:
+        members = "{" + ", ".join(sorted(stable_repr(member) for member in value)) + "}"
+        return members if isinstance(value, set) else f"frozenset({members})"
+    if type(value) is list:
+        return "[" + ", ".join(stable_repr(item) for item in value) + "]"
+    if type(value) is tuple:
+        return "(" + ", ".join(stable_repr(item) for item in value) + ("," if len(value) == 1 else "") + ")"
+    if type(value) is dict:
+        return "{" + ", ".join(f"{stable_repr(k)}: {stable_repr(v)}" for k, v in value.items()) + "}"
+    return repr(value)
+
+
 def one_line(text: str) -> str:
     """``text`` with its line breaks escaped: an error is one line, whatever path or name it quotes."""
     return text.replace("\r", "\\r").replace("\n", "\\n")

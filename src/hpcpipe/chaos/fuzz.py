@@ -123,7 +123,7 @@ class CaseMaker:
     leaves: dict[str, list[tuple[str, Any]]] = field(default_factory=dict)  # preset -> resolved keys
 
     def __post_init__(self) -> None:
-        for preset in set(CONFIG_COMMANDS.values()):
+        for preset in dict.fromkeys(CONFIG_COMMANDS.values()):  # not a set: its order follows the hash seed
             self.raw[preset] = yaml.safe_load(preset_path(preset).read_text())
             self.leaves[preset] = sorted(_flatten(load_config(preset).to_dict()), key=lambda kv: kv[0])
 

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ValidationError
 
 from hpcpipe.config.job import JobConfig
 from hpcpipe.config.run import RunConfig
-from hpcpipe.errors import ConfigError, hide_credentials
+from hpcpipe.errors import ConfigError, hide_credentials, stable_repr
 
 
 def load_config(source: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> JobConfig:
@@ -185,5 +185,5 @@ def first_error(exc: ValidationError) -> str:
     if err["type"] == "extra_forbidden":
         return f"unknown config key {loc!r}"
     if "input" in err and err["type"] not in {"missing"} and not isinstance(err["input"], dict):
-        return f"{loc}: {message} (got {hide_credentials(repr(err['input']))})"
+        return f"{loc}: {message} (got {hide_credentials(stable_repr(err['input']))})"
     return f"{loc}: {message}"

@@ -16,7 +16,7 @@ import typing
 from collections.abc import Mapping
 from typing import Any
 
-from hpcpipe.errors import ConfigError, hide_credentials
+from hpcpipe.errors import ConfigError, hide_credentials, stable_repr
 
 REQUIRED = dataclasses.MISSING  # the default of a key that has none
 
@@ -128,5 +128,5 @@ def _first_error(exc: Any) -> str:
     if err["type"] == "extra_forbidden":
         return f"unknown config key {loc!r}"
     if "input" in err and err["type"] != "missing" and not isinstance(err["input"], dict):
-        return f"{loc}: {message} (got {hide_credentials(repr(err['input']))})"
+        return f"{loc}: {message} (got {hide_credentials(stable_repr(err['input']))})"
     return f"{loc}: {message}"
