@@ -83,50 +83,75 @@ class Trainer:
         run_dir: Path,
         faults: FaultInjector = NO_FAULTS,
     ) -> None:
+        """Build the run in this order (each step may use what the previous ones made): the layout
+        of the ranks, the model, its optimizer and precision, the data, the fault-tolerance guards,
+        telemetry, the checkpoint store, the resume, then what reports progress."""
         self.cfg = resolve_steps(job.train, recipe.samples_per_epoch())  # train.epochs -> steps
         self.observe = job.observe
         self.recipe = recipe
         self.run_dir = run_dir
         self.events = EventLog(run_dir, enabled=ctx.is_main)
-        # world = pp x dp x tp (train/mesh.py): the tp ranks of a group and the stages of a pipeline
-        # share data, loss and metrics.
-        p = job.parallel
-        self.layout = build_layout(p.tp, ctx, p.pp)
-        self.ctx = ctx = data_parallel_context(ctx, self.layout)
-        self.strategy = resolve_strategy(p.strategy, self.layout.dp, max(p.tp, p.pp))
-        self.events.emit("layout", {"strategy": self.strategy, **self.layout.describe()})
-        accum = grad_accum_steps(self.cfg, ctx.world_size, p.tp, p.pp)
-
-        # Same seed on every rank: identical initial weights without a broadcast.
-        torch.manual_seed(job.run.seed)
-        model = recipe.build_model().to(ctx.device)
-        units = recipe.shard_units(model)
-        self.pipeline: Pipeline | None = None  # set under parallel.pp > 1
-        self.model = self.parallelize(model, units, job.parallel, accum)
-        self.grad_norm = GradNorm.of(self.layout, self.pipeline)
-        self.sync_gradients = p.sync_gradients
-        # Phase times; under DDP a hook marks the end of backward compute (exposed comm after it).
-        self.phases = PhaseTimer(ctx.device)
-        time_gradient_sync(self.model, self.phases.compute_done)
-        self.syncs_buffers = buffers_broadcast(job.parallel, recipe.broadcasts_buffers)
-        self.optimizer = build_optimizer(self.model, self.cfg, ctx.device)
-        engine = None
-        if self.strategy == "deepspeed":  # DeepSpeed wraps model and optimizer together
-            self.model, self.optimizer, _ = deepspeed_engine(self.model, self.optimizer, job, ctx, accum)
-            engine = self.model
-        self.precision = Precision(
-            self.cfg.precision,
-            ctx.device,
-            sharded=self.strategy == "fsdp" or self.layout.tp > 1,
-            engine=engine,
-        )
+        accum = self._lay_out_ranks(job.parallel, ctx)
+        units = self._build_model(job, accum)
+        engine = self._build_optimizer(job, accum)
         self.loader = recipe.train_loader(self.layout.dp_rank, self.layout.dp)
         # Dropout streams differ per data-parallel rank (the data differ too) and agree within a
         # tensor-parallel group (its replicated activations must stay equal); a function of the seed.
         torch.manual_seed(job.run.seed + self.layout.dp_rank)
         self.step = 0
+        self._guard_faults(job, units, accum)
+        self._start_telemetry(job)
+        self._open_store(job, engine, faults)
+        try:
+            self.resume()
+        except BaseException:
+            self.telemetry.close()  # its exporter, GPU sampler and tracer would outlive the error
+            raise
+        self._start_reporting(job)
 
-        # Fault tolerance: OOM recovery, preemption, hang detection, checkpoints.
+    def _lay_out_ranks(self, p: ParallelConfig, ctx: DistContext) -> int:
+        """world = pp x dp x tp (train/mesh.py): the tp ranks of a group and the stages of a
+        pipeline share data, loss and metrics. Returns the gradient-accumulation micro-steps."""
+        self.layout = build_layout(p.tp, ctx, p.pp)
+        self.ctx = data_parallel_context(ctx, self.layout)
+        self.strategy = resolve_strategy(p.strategy, self.layout.dp, max(p.tp, p.pp))
+        self.events.emit("layout", {"strategy": self.strategy, **self.layout.describe()})
+        return grad_accum_steps(self.cfg, self.ctx.world_size, p.tp, p.pp)
+
+    def _build_model(self, job: JobConfig, accum: int) -> Sequence[torch.nn.Module]:
+        """The recipe's model, parallelized; returns its shard units (blocks)."""
+        # Same seed on every rank: identical initial weights without a broadcast.
+        torch.manual_seed(job.run.seed)
+        model = self.recipe.build_model().to(self.ctx.device)
+        units = self.recipe.shard_units(model)
+        self.pipeline: Pipeline | None = None  # set under parallel.pp > 1
+        self.model = self.parallelize(model, units, job.parallel, accum)
+        self.grad_norm = GradNorm.of(self.layout, self.pipeline)
+        self.sync_gradients = job.parallel.sync_gradients
+        # Phase times; under DDP a hook marks the end of backward compute (exposed comm after it).
+        self.phases = PhaseTimer(self.ctx.device)
+        time_gradient_sync(self.model, self.phases.compute_done)
+        self.syncs_buffers = buffers_broadcast(job.parallel, self.recipe.broadcasts_buffers)
+        return units
+
+    def _build_optimizer(self, job: JobConfig, accum: int) -> Any:
+        """The optimizer and the precision policy; returns DeepSpeed's engine (None without it)."""
+        self.optimizer = build_optimizer(self.model, self.cfg, self.ctx.device)
+        engine = None
+        if self.strategy == "deepspeed":  # DeepSpeed wraps model and optimizer together
+            self.model, self.optimizer, _ = deepspeed_engine(self.model, self.optimizer, job, self.ctx, accum)
+            engine = self.model
+        self.precision = Precision(
+            self.cfg.precision,
+            self.ctx.device,
+            sharded=self.strategy == "fsdp" or self.layout.tp > 1,
+            engine=engine,
+        )
+        return engine
+
+    def _guard_faults(self, job: JobConfig, units: Sequence[torch.nn.Module], accum: int) -> None:
+        """OOM recovery, preemption and hang detection."""
+        ctx = self.ctx
         recovers = oom_recovery_on(job.fault.oom_recovery, self.strategy, pipeline=self.pipeline is not None)
         self.oom = OOMGuard(self.cfg.micro_batch_size, accum, recovers, rank=ctx.rank)
         self.oom.attach(self.model, units)
@@ -136,36 +161,40 @@ class Trainer:
         # synchronisation per step, not two (train/preempt.py).
         self.step_agreement = None if self.agree_max is None else self.preemption.carried_by(self.agree_max)
         peers = peer_beats(ctx.rank, ctx.world_size, job.fault.hang_timeout_s)  # names a stopped peer
-        self.watchdog = Watchdog(job.fault.hang_timeout_s, run_dir, ctx.rank, peers=peers)
-        # Prometheus exporter, GPU telemetry, imbalance checks, profiler window, NVTX and tracing
-        # (observe/); before the resume, whose events become trace spans.
+        self.watchdog = Watchdog(job.fault.hang_timeout_s, self.run_dir, ctx.rank, peers=peers)
+
+    def _start_telemetry(self, job: JobConfig) -> None:
+        """Prometheus exporter, GPU telemetry, imbalance checks, profiler window, NVTX and tracing
+        (observe/); before the resume, whose events become trace spans."""
+        ctx, recipe = self.ctx, self.recipe
         who = RankInfo(ctx.rank, ctx.local_rank, ctx.world_size, ctx.device, node_name())
         self.telemetry = Telemetry(
-            self.observe, who, run_dir, job.run.name, recipe.name, recipe.throughput_unit, self.events
+            self.observe, who, self.run_dir, job.run.name, recipe.name, recipe.throughput_unit, self.events
         )
         self.events.listeners.append(self.telemetry.on_event)
         self.phases.listeners.extend(self.telemetry.phase_listeners())
+
+    def _open_store(self, job: JobConfig, engine: Any, faults: FaultInjector) -> None:
+        """The checkpoint store (temporaries of an interrupted save removed) and the chaos faults."""
         self.ckpt_every = job.checkpoint.every_steps
         self.store = CheckpointStore(
             job.checkpoint,
-            fast_root(job.checkpoint.dir, run_dir),
-            ctx.rank,
-            ctx.world_size,
+            fast_root(job.checkpoint.dir, self.run_dir),
+            self.ctx.rank,
+            self.ctx.world_size,
             job.config_hash(),
             events=self.events.emit,
-            trainable_only=recipe.checkpoint_trainable_only,
+            trainable_only=self.recipe.checkpoint_trainable_only,
             engine="deepspeed" if engine is not None else "dcp",
             layout=self.layout.describe() if self.layout.mesh is not None else None,
         )
         self.faults = faults  # a no-op unless a chaos job installed one (train/faults.py)
         self.store.save_point = faults.at_save
         self.store.cleanup_temporaries()
-        try:
-            self.resume()
-        except BaseException:
-            self.telemetry.close()  # its exporter, GPU sampler and tracer would outlive the error
-            raise
 
+    def _start_reporting(self, job: JobConfig) -> None:
+        """Throughput, metrics.jsonl, the progress bar, trackers and the HPO trial: from the resumed step."""
+        ctx, recipe = self.ctx, self.recipe
         self.meter = ThroughputMeter(
             items_per_step=self.cfg.global_batch_size * recipe.items_per_sample,
             unit=recipe.throughput_unit,
@@ -175,13 +204,13 @@ class Trainer:
             precision=self.cfg.precision,
             peak_tflops_override=self.observe.peak_tflops,
         )
-        self.sink = MetricsSink(run_dir, start_step=self.step) if ctx.is_main else None
+        self.sink = MetricsSink(self.run_dir, start_step=self.step) if ctx.is_main else None
         self.progress = TrainProgress(total=self.cfg.steps, enabled=ctx.is_main and self.observe.progress)
         if self.layout.mesh is not None:
             self.progress.note(f"layout: {self.layout.summary()}, data parallel by {self.strategy}")
         # TensorBoard and MLflow (track/), rank 0: rows and events; never block or fail training.
         self.trackers = (
-            Trackers.open(self.observe, run_dir, job.run.name, job.to_dict(), self.step)
+            Trackers.open(self.observe, self.run_dir, job.run.name, job.to_dict(), self.step)
             if ctx.is_main
             else Trackers([])
         )
