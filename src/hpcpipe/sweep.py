@@ -24,10 +24,9 @@ import yaml
 
 from hpcpipe.config import JobConfig, load_config
 from hpcpipe.errors import ConfigError, UserError
-from hpcpipe.layout import RunLayout
+from hpcpipe.layout import RunLayout, SweepLayout
 
 DONE_FILE = RunLayout.SWEEP_POINT  # in each point's run directory
-PLAN_FILE = "sweep_plan.json"
 SWEEP_COLUMNS = ("point", "status")
 
 
@@ -126,7 +125,7 @@ def run_sweep(
         mark_done(point.job)
         status[point.run_dir] = "trained"
     rows = [sweep_row(point, status[point.run_dir]) for point in points]
-    path = write_sweep_csv(rows, out_dir / "sweep.csv")
+    path = write_sweep_csv(rows, SweepLayout(out_dir).csv)
     counts = {s: sum(1 for v in status.values() if v == s) for s in ("trained", "skipped", "failed")}
     return {"csv": str(path), "rows": rows, **counts}
 
@@ -140,22 +139,23 @@ def write_plan(points: list[SweepPoint], out_dir: Path) -> Path:
     """``<out>/sweep_plan.json``: the points of a sweep whose runs happen elsewhere (a job array)."""
     plan = [{"overrides": list(p.overrides), "config": str(RunLayout(p.run_dir).config)} for p in points]
     out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / PLAN_FILE
+    path = SweepLayout(out_dir).plan
     path.write_text(json.dumps(plan, indent=1) + "\n")
     return path
 
 
 def collect_plan(out_dir: Path) -> Path:
     """Rebuild ``<out>/sweep.csv`` from the planned points' run directories (finished or pending)."""
+    path = SweepLayout(out_dir).plan
     try:
-        plan = json.loads((out_dir / PLAN_FILE).read_text())
+        plan = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
-        raise UserError(f"{out_dir / PLAN_FILE}: cannot read the sweep plan ({exc})") from None
+        raise UserError(f"{path}: cannot read the sweep plan ({exc})") from None
     rows = []
     for entry in plan:
         point = SweepPoint(tuple(entry["overrides"]), load_config(entry["config"]))
         rows.append(sweep_row(point, "trained" if is_done(point) else "pending"))
-    return write_sweep_csv(rows, out_dir / "sweep.csv")
+    return write_sweep_csv(rows, SweepLayout(out_dir).csv)
 
 
 def sweep_row(point: SweepPoint, status: str) -> dict[str, Any]:

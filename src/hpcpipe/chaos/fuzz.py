@@ -29,7 +29,7 @@ import yaml
 from hpcpipe.chaos import jobs
 from hpcpipe.config import load_config
 from hpcpipe.errors import USER_ERROR_EXIT_CODE, UserError, one_line
-from hpcpipe.layout import RunLayout
+from hpcpipe.layout import RunLayout, StudyLayout
 from hpcpipe.presets import preset_path
 
 CATEGORIES: dict[str, int] = {  # category -> weight
@@ -265,8 +265,8 @@ class CaseMaker:
         folder = f"case-{index}"
         name, args, codes = self.rng.choice(
             [
-                ("study.json", ("hpo", "status", folder), {0, 2}),
-                ("study.json", ("hpo", "best", folder), {0, 2}),
+                (StudyLayout.RECORD, ("hpo", "status", folder), {0, 2}),
+                (StudyLayout.RECORD, ("hpo", "best", folder), {0, 2}),
                 ("manifest.json", ("data", "verify", folder), {0, 2}),
                 ("step-00000001/manifest.json", ("ckpt", "list", folder), {0, 2}),
                 ("step-00000001/manifest.json", ("ckpt", "verify", folder), {0, 1, 2}),  # 1: mismatch
@@ -275,8 +275,8 @@ class CaseMaker:
             ]
         )
         files = [(f"{folder}/{name}", self._garbage(index))]
-        if name == "study.json" and self.rng.random() < 0.5:
-            files.append((f"{folder}/base.yaml", self._garbage(index)))
+        if name == StudyLayout.RECORD and self.rng.random() < 0.5:
+            files.append((f"{folder}/{StudyLayout.BASE}", self._garbage(index)))
         return FuzzCase(index, "garbage_dir", args, tuple(files), frozenset(codes))
 
     def _garbage(self, index: int) -> bytes:

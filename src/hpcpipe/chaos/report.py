@@ -26,10 +26,8 @@ from typing import Any
 from hpcpipe.chaos.phases import LABELS, OTHER, PHASES
 from hpcpipe.errors import UserError, one_line
 from hpcpipe.fsutil import read_json_object
+from hpcpipe.layout import ChaosLayout
 
-JSON_NAME = "chaos.json"
-MARKDOWN_NAME = "chaos.md"
-PLOT_NAME = "chaos-ttr.png"
 NONE_MARK = "—"  # a table cell with no number (no trial measured a TTR)
 LOG_SPREAD = 20.0  # max/min TTR from which the plot's x axis turns logarithmic
 
@@ -97,15 +95,16 @@ class ChaosReport:
 def write_report(out_dir: Path) -> ChaosReport:
     """Aggregate ``out_dir/trials.jsonl`` per scenario; write chaos.json, chaos.md, chaos-ttr.png."""
     trials_path = _trials_path(out_dir)
-    run = read_json_object(out_dir / "run.json")  # tolerated missing: derive what we can
+    layout = ChaosLayout(out_dir)
+    run = read_json_object(layout.run)  # tolerated missing: derive what we can
     trials, unreadable = read_trials(trials_path)
     rows = aggregate(run, trials)
     total = _total(rows, unreadable)
-    json_path = out_dir / JSON_NAME
+    json_path = layout.report_json
     payload = {"run": run, "scenarios": [r.as_json() for r in rows], "total": total}
     json_path.write_text(json.dumps(payload, indent=2) + "\n")
-    plot_path, plot_skipped = _plot_or_reason(rows, out_dir / PLOT_NAME)
-    markdown_path = out_dir / MARKDOWN_NAME
+    plot_path, plot_skipped = _plot_or_reason(rows, layout.ttr_plot)
+    markdown_path = layout.report_markdown
     markdown_path.write_text(render_markdown(run, trials, rows, total, plot_path))
     return ChaosReport(json_path, markdown_path, plot_path, plot_skipped, rows, total)
 
@@ -116,7 +115,7 @@ def _trials_path(out_dir: Path) -> Path:
     if not out_dir.is_dir():
         what = "is not a directory" if out_dir.exists() else "does not exist"
         raise UserError(f"chaos results {one_line(str(out_dir))} {what}; {hint}")
-    path = out_dir / "trials.jsonl"
+    path = ChaosLayout(out_dir).trials
     if not path.is_file():
         raise UserError(f"{one_line(str(path))} not found: no chaos trial has finished there; {hint}")
     return path

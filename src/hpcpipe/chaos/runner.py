@@ -22,6 +22,7 @@ from typing import Any
 from hpcpipe.chaos.kinds import KINDS
 from hpcpipe.chaos.scenario import Scenario, TrialContext, TrialResult, trial_rng
 from hpcpipe.errors import UserError
+from hpcpipe.layout import ChaosLayout
 
 KindRunner = Callable[[TrialContext], TrialResult]
 
@@ -84,7 +85,8 @@ def start_output(plan: ChaosPlan) -> set[tuple[str, int]]:
 
     done: set[tuple[str, int]] = set()
     started = time.time()
-    if (plan.out / "trials.jsonl").exists():
+    layout = ChaosLayout(plan.out)
+    if layout.trials.exists():
         if not plan.resume:
             raise UserError(
                 f"{plan.out} already holds chaos results; give a new --out, or --resume to continue it"
@@ -106,23 +108,22 @@ def start_output(plan: ChaosPlan) -> set[tuple[str, int]]:
             {"name": s.name, "kind": s.kind, "trials": len(plan.trial_indices(s))} for s in plan.scenarios
         ],
     }
-    (plan.out / "run.json").write_text(json.dumps(run, indent=2) + "\n")
+    layout.run.write_text(json.dumps(run, indent=2) + "\n")
     return done
 
 
 def _recorded(plan: ChaosPlan) -> tuple[set[tuple[str, int]], float]:
     """What ``plan.out`` holds and when it started, after checking the file and seed match."""
+    layout = ChaosLayout(plan.out)
     try:
-        run = json.loads((plan.out / "run.json").read_text())
+        run = json.loads(layout.run.read_text())
     except (OSError, ValueError):
-        raise UserError(
-            f"{plan.out / 'run.json'}: missing or unreadable; cannot --resume this directory"
-        ) from None
+        raise UserError(f"{layout.run}: missing or unreadable; cannot --resume this directory") from None
     if (run.get("file"), run.get("seed")) != (str(plan.file), plan.seed):
         was = f"{run.get('file')} --seed {run.get('seed')}"
         raise UserError(f"--resume: {plan.out} was run with {was}; give the same scenarios and --seed")
     done = set()
-    for line in (plan.out / "trials.jsonl").read_text().splitlines():
+    for line in layout.trials.read_text().splitlines():
         with contextlib.suppress(ValueError, KeyError, TypeError):
             row = json.loads(line)
             done.add((str(row["scenario"]), int(row["trial"])))
@@ -131,7 +132,8 @@ def _recorded(plan: ChaosPlan) -> tuple[set[tuple[str, int]], float]:
 
 def run_trial(plan: ChaosPlan, scenario: Scenario, trial: int) -> dict[str, Any]:
     """One trial, start to verdict; the row ``trials.jsonl`` gets (a harness error is a failure)."""
-    work = plan.out / scenario.name / f"trial-{trial:04d}"
+    layout = ChaosLayout(plan.out)
+    work = layout.trial_dir(scenario.name, trial)
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     ctx = TrialContext(
@@ -140,7 +142,7 @@ def run_trial(plan: ChaosPlan, scenario: Scenario, trial: int) -> dict[str, Any]
         plan.seed,
         trial_rng(plan.seed, scenario.name, trial),
         work,
-        plan.out / "shared",
+        layout.shared,
         cli=plan.cli,
     )
     ctx.shared.mkdir(exist_ok=True)
@@ -150,7 +152,7 @@ def run_trial(plan: ChaosPlan, scenario: Scenario, trial: int) -> dict[str, Any]
     except UserError:
         raise  # a bad scenario (a wrong param): stop the run, one line
     except Exception as exc:  # the harness failed this trial: recorded, the run goes on
-        (work / "harness-error.txt").write_text(traceback.format_exc())
+        layout.harness_error(scenario.name, trial).write_text(traceback.format_exc())
         error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
         result = TrialResult(False, error)
     row = {
@@ -180,7 +182,7 @@ def run_plan(plan: ChaosPlan, progress: bool = True) -> list[dict[str, Any]]:
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with (
         Progress(*columns, disable=not progress, transient=True) as bar,
-        (plan.out / "trials.jsonl").open("a") as log,
+        ChaosLayout(plan.out).trials.open("a") as log,
     ):
         task = bar.add_task("chaos", total=len(todo))
         for scenario, trial in todo:

@@ -157,16 +157,13 @@ def _finish(plan: StudyPlan, study: Any, json_out: str | None) -> None:
 
     result = summary(plan, study)
     write_trials_csv(result["trials"], plan.study_dir)
-    written, skipped = write_plots(study, plan.study_dir / "plots")
+    written, skipped = write_plots(study, plan.layout.plots)
     result["plots"] = [str(p) for p in written]
     if json_out != "-":
         _print_summary(result)
         for name, why in skipped.items():
             _say(f"plot {name} skipped: {why}")
-        _say(
-            f"plots: {plan.study_dir / 'plots'}; "
-            f"best config: hpcpipe hpo best {plan.study_dir} --export best.yaml"
-        )
+        _say(f"plots: {plan.layout.plots}; best config: hpcpipe hpo best {plan.study_dir} --export best.yaml")
     write_json(result, json_out)
 
 
@@ -308,7 +305,7 @@ def plots(study: StudyArg, sets: SetOption = None) -> None:
 
     plan = load_plan(study, sets)
     opened, _ = open_study(plan)
-    written, skipped = write_plots(opened, plan.study_dir / "plots")
+    written, skipped = write_plots(opened, plan.layout.plots)
     for path in written:
         _say(f"wrote {path}")
     for name, why in skipped.items():

@@ -30,8 +30,8 @@ from torch import nn
 
 from hpcpipe.config.synthetic import SHAPE_FIELDS, SyntheticMix
 from hpcpipe.data.function_calling.conversation import Conversation
+from hpcpipe.layout import RunLayout
 
-CALIBRATION_FILE = "call_threshold.json"  # beside the exported adapter
 SEED_OFFSET = 104_729  # calibration draws from seed + this: rows the training seed never drew
 
 
@@ -44,7 +44,7 @@ class Calibration:
     p_call_quantiles: dict[str, float]  # P(call) over the near misses: their 10th..90th percentiles
 
     def save(self, directory: Path) -> Path:
-        path = directory / CALIBRATION_FILE
+        path = directory / RunLayout.CALL_THRESHOLD  # beside the exported adapter
         path.write_text(json.dumps(asdict(self), indent=2) + "\n")
         return path
 
@@ -93,7 +93,7 @@ def calibrate(
 
 def read_calibration(adapter_dir: Path) -> Calibration | None:
     """The calibration saved beside an adapter, or None."""
-    path = adapter_dir / CALIBRATION_FILE
+    path = adapter_dir / RunLayout.CALL_THRESHOLD
     if not path.is_file():
         return None
     return Calibration(**json.loads(path.read_text()))

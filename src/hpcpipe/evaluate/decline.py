@@ -35,8 +35,8 @@ from hpcpipe.config.synthetic import SHAPE_FIELDS, SyntheticMix
 from hpcpipe.data.function_calling.conversation import Conversation
 from hpcpipe.evaluate.calibrate import SEED_OFFSET  # rows the training seed never drew
 from hpcpipe.evaluate.function_calling import Case, score
+from hpcpipe.layout import RunLayout
 
-DECLINE_FILE = "decline.json"  # beside the exported adapter
 DECLINED_REPLY = "None of the functions listed can do this, so I won't call one."
 
 
@@ -54,13 +54,13 @@ class DeclineRule:
         return self.threshold is not None and value < self.threshold
 
     def save(self, directory: Path) -> Path:
-        path = directory / DECLINE_FILE
+        path = directory / RunLayout.DECLINE  # beside the exported adapter
         path.write_text(json.dumps(asdict(self), indent=2) + "\n")
         return path
 
 
 def read_decline(adapter_dir: Path) -> DeclineRule | None:
-    path = adapter_dir / DECLINE_FILE
+    path = adapter_dir / RunLayout.DECLINE
     return DeclineRule(**json.loads(path.read_text())) if path.is_file() else None
 
 

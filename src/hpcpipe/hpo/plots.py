@@ -11,6 +11,8 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from hpcpipe.layout import StudyLayout
+
 if TYPE_CHECKING:
     import optuna
 
@@ -41,7 +43,7 @@ def write_plots(study: optuna.Study, out_dir: Path) -> tuple[list[Path], dict[st
                 continue
         figure = (ax.flat[0] if hasattr(ax, "flat") else ax).get_figure()
         figure.set_size_inches(9, 5)
-        path = out_dir / f"{name}.png"
+        path = out_dir / StudyLayout.PLOT.format(name=name)
         figure.savefig(path, dpi=100, bbox_inches="tight")
         plt.close(figure)
         written.append(path)

@@ -11,6 +11,7 @@ from hpcpipe.errors import ConfigError, UserError
 from hpcpipe.hpo.liveness import retried_from
 from hpcpipe.hpo.study import StudyPlan
 from hpcpipe.hpo.worker import RUN_DIR_ATTR, SURPLUS_ATTR
+from hpcpipe.layout import StudyLayout
 
 if TYPE_CHECKING:
     import optuna
@@ -100,9 +101,6 @@ def write_best(job: JobConfig, path: Path, note: str) -> Path:
     return path
 
 
-TRIALS_FILE = "trials.csv"
-
-
 def write_trials_csv(rows: list[dict[str, Any]], study_dir: Path) -> Path:
     """``STUDY_DIR/trials.csv``: one row per trial, a column per parameter (for `hpcpipe report`
     and spreadsheets; the storage stays the source of truth)."""
@@ -110,7 +108,7 @@ def write_trials_csv(rows: list[dict[str, Any]], study_dir: Path) -> Path:
 
     params = sorted({key for row in rows for key in row["params"]})
     columns = ["number", "state", "value", "last_step", "seconds", "retry_of", *params, "run_dir", "note"]
-    path = study_dir / TRIALS_FILE
+    path = StudyLayout(study_dir).trials_csv
     tmp = path.with_name(f".{path.name}.tmp")
     with tmp.open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")

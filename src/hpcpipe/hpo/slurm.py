@@ -15,8 +15,6 @@ from hpcpipe.errors import UserError
 from hpcpipe.hpo.study import StudyPlan
 from hpcpipe.launch.slurm import hpcpipe_command
 
-SCRIPT_NAME = "hpo.sbatch"
-
 
 def check_shared_storage(plan: StudyPlan) -> None:
     """Array tasks run on many nodes: SQLite on a shared file system corrupts or locks up."""
@@ -53,7 +51,7 @@ def render_array(plan: StudyPlan, workers: int) -> str:
         workers=workers,
         s=slurm,
         env=env,
-        output=plan.study_dir / "slurm-%A_%a.out",
+        output=plan.layout.slurm_output,
         hpcpipe=hpcpipe_command(slurm),
         study_dir=plan.study_dir,
         nproc=nproc,
@@ -61,6 +59,6 @@ def render_array(plan: StudyPlan, workers: int) -> str:
 
 
 def write_array(plan: StudyPlan, workers: int) -> Path:
-    script = plan.study_dir / SCRIPT_NAME
+    script = plan.layout.slurm_script
     script.write_text(render_array(plan, workers))
     return script

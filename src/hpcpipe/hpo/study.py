@@ -2,7 +2,7 @@
 
 ``<study dir>/study.json`` names the study and its storage (never a password), and
 ``<study dir>/base.yaml`` is the job every trial starts from; workers anywhere (a local process,
-a Slurm array task) open the study from these two files alone.
+a Slurm array task) open the study from these two files alone (``hpcpipe.layout.StudyLayout``).
 """
 
 from __future__ import annotations
@@ -18,13 +18,12 @@ from hpcpipe.config.hpo import HpoConfig
 from hpcpipe.errors import UserError, hide_credentials
 from hpcpipe.fsutil import read_json_object
 from hpcpipe.hpo.space import grid_space, maximize
+from hpcpipe.layout import StudyLayout
 from hpcpipe.train.trial import build_pruner, open_storage
 
 if TYPE_CHECKING:
     import optuna
 
-RECORD_FILE = "study.json"
-BASE_FILE = "base.yaml"
 SQLITE_ADVICE = (
     "Optuna's documentation advises against SQLite for parallel workers (one writer at a time: "
     "lock timeouts and slow asks); set hpo.storage to postgresql://USER@HOST:PORT/DB, or "
@@ -44,8 +43,8 @@ class StudyPlan:
         return self.base.hpo
 
     @property
-    def trials_dir(self) -> Path:
-        return self.study_dir / "trials"
+    def layout(self) -> StudyLayout:
+        return StudyLayout(self.study_dir)
 
     @property
     def storage_shown(self) -> str:
@@ -62,9 +61,9 @@ def plan_study(job: JobConfig) -> StudyPlan:
 
 def _absolute_url(url: str | None, study_dir: Path) -> str:
     if url is None:
-        return f"sqlite:///{study_dir / 'study.db'}"
+        return f"sqlite:///{StudyLayout(study_dir).sqlite}"
     if url == "journal":  # the journal file in the study directory
-        return f"journal:{study_dir / 'journal.log'}"
+        return f"journal:{StudyLayout(study_dir).journal}"
     if url.startswith("journal:"):
         return f"journal:{Path(url.removeprefix('journal:')).absolute()}"
     if url.startswith("sqlite:///") and not url.startswith("sqlite:////"):
@@ -99,23 +98,24 @@ def warn_if_parallel_sqlite(plan: StudyPlan, workers: int) -> str | None:
 
 def write_record(plan: StudyPlan) -> None:
     plan.study_dir.mkdir(parents=True, exist_ok=True)
-    (plan.study_dir / BASE_FILE).write_text(plan.base.to_yaml())
+    plan.layout.base.write_text(plan.base.to_yaml())
     record = {"study": plan.name, "storage": plan.storage_shown, "metric": plan.hpo.metric}
-    (plan.study_dir / RECORD_FILE).write_text(json.dumps(record, indent=1) + "\n")
+    plan.layout.record.write_text(json.dumps(record, indent=1) + "\n")
 
 
 def load_plan(source: str | Path, sets: list[str] | None = None) -> StudyPlan:
     """A study directory (holding study.json), or a job config / preset whose hpo section names one."""
     path = Path(source)
     if path.is_dir():
-        if not (path / RECORD_FILE).is_file():
+        layout = StudyLayout(path)
+        if not layout.record.is_file():
             raise UserError(
-                f"{path}: not a study directory (no {RECORD_FILE}; start one with `hpcpipe hpo run`)"
+                f"{path}: not a study directory (no {layout.RECORD}; start one with `hpcpipe hpo run`)"
             )
-        record = read_json_object(path / RECORD_FILE)
+        record = read_json_object(layout.record)
         if not isinstance(record.get("study"), str):
-            raise UserError(f"{path / RECORD_FILE}: no 'study' name (start the study with `hpcpipe hpo run`)")
-        base = load_config(path / BASE_FILE, sets or [])
+            raise UserError(f"{layout.record}: no 'study' name (start the study with `hpcpipe hpo run`)")
+        base = load_config(layout.base, sets or [])
         return StudyPlan(
             base, record["study"], path.absolute(), _absolute_url(base.hpo.storage, path.absolute())
         )

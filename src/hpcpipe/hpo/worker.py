@@ -144,7 +144,7 @@ def run_trial(
     import optuna
 
     values = suggest(trial, plan.hpo.space)
-    run_dir = Path(trial.user_attrs.get(RUN_DIR_ATTR) or plan.trials_dir / f"trial-{trial.number:04d}")
+    run_dir = Path(trial.user_attrs.get(RUN_DIR_ATTR) or plan.layout.trial_dir(trial.number))
     trial.set_user_attr(RUN_DIR_ATTR, str(run_dir))
     trial.set_user_attr("hpcpipe:worker", f"{os.uname().nodename}:{os.getpid()}")
     shown = ", ".join(f"{k}={_short(v)}" for k, v in values.items())

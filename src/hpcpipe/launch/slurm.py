@@ -17,7 +17,7 @@ from hpcpipe.config import JobConfig
 from hpcpipe.config.launch import SlurmConfig
 from hpcpipe.errors import UserError
 from hpcpipe.launch.job import check_node_range
-from hpcpipe.layout import RunLayout
+from hpcpipe.layout import RunLayout, SweepLayout
 from hpcpipe.observe.nsys_stats import STATS_ARGS
 
 SCRIPT_NAME = RunLayout.SLURM_SCRIPT
@@ -48,7 +48,7 @@ def render_sbatch(sub: SlurmSubmission) -> str:
     nproc = workers_per_node(job)
     array = len(sub.jobs) if sub.sweep_dir is not None else 0
     # A single run writes into its run directory; an array into its sweep directory.
-    output = sub.script_dir.absolute() / ("slurm-%A_%a.out" if array else RunLayout.SLURM_OUTPUT)
+    output = sub.script_dir.absolute() / (SweepLayout.SLURM_OUTPUT if array else RunLayout.SLURM_OUTPUT)
     env = dict(slurm.env)
     if slurm.cpus_per_task:  # every worker gets its share of the node's cores
         env.setdefault("OMP_NUM_THREADS", str(max(1, slurm.cpus_per_task // nproc)))

@@ -13,6 +13,7 @@ import torch
 from hpcpipe.chaos.jobs import last_line, losses, run_hpcpipe
 from hpcpipe.config import JobConfig, apply_values
 from hpcpipe.errors import ConfigError
+from hpcpipe.layout import RunLayout
 from hpcpipe.observe.metrics import read_metrics
 from hpcpipe.recipecheck.job import KILL_STEP, STEPS
 from hpcpipe.recipes.base import Recipe
@@ -91,8 +92,8 @@ def check_resume(recipe: Recipe, reference: Path, killed: Path) -> str:
         raise AssertionError(f"after the restart: {problem}")
     final = f"step-{STEPS:08d}"
     a, b = (
-        _weights(recipe, reference / "checkpoints" / final),
-        _weights(recipe, killed / "checkpoints" / final),
+        _weights(recipe, RunLayout(reference).checkpoints / final),
+        _weights(recipe, RunLayout(killed).checkpoints / final),
     )
     for name, tensor in a.items():
         if not torch.equal(tensor, b[name]):
@@ -181,7 +182,7 @@ def check_exports(recipe: Recipe, run_dir: Path, work: Path) -> str:
 
     if not recipe.export_formats:
         raise Skip("the recipe declares no export_formats")
-    ckpt = run_dir / "checkpoints" / f"step-{STEPS:08d}"
+    ckpt = RunLayout(run_dir).checkpoints / f"step-{STEPS:08d}"
     loaded = []
     for fmt in recipe.export_formats:
         out = export_checkpoint(ckpt, fmt, work / "exports" / fmt)

@@ -265,7 +265,9 @@ class LoraFCRecipe(Recipe):
 
     def on_train_start(self, run_dir: Path) -> None:
         """The data report (rows kept, malformed and dropped rows by reason, packing) up front."""
-        shutil.copyfile(self.data_dir / "data_report.json", RunLayout(run_dir).data_report)
+        from hpcpipe.data.function_calling.prepare import REPORT_FILE
+
+        shutil.copyfile(self.data_dir / REPORT_FILE, RunLayout(run_dir).data_report)
 
     def on_train_end(self, model: nn.Module, is_main: bool, run_dir: Path) -> None:
         """Adapter export (every rank gathers; the main rank writes) and the run's summary files."""

@@ -11,23 +11,25 @@ import json
 from pathlib import Path
 from typing import Any
 
+from hpcpipe.layout import StudyLayout
 from hpcpipe.report.run_tables import Table, fmt
 
-RECORD_FILE, TRIALS_FILE = "study.json", "trials.csv"
 FIXED_COLUMNS = ("number", "state", "value", "last_step", "seconds", "retry_of", "run_dir", "note")
 
 
 def is_hpo_study(path: Path) -> bool:
-    return (path / RECORD_FILE).is_file() and (path / "trials").is_dir()
+    layout = StudyLayout(path)
+    return layout.record.is_file() and layout.trials.is_dir()
 
 
 def hpo_study_parts(path: Path) -> tuple[str, list[Table], list[Path]]:
     """The section's title, its trials table (when trials.csv exists) and the plot files."""
-    record = json.loads((path / RECORD_FILE).read_text())
+    layout = StudyLayout(path)
+    record = json.loads(layout.record.read_text())
     title = f"Hyper-parameter study {record.get('study')} ({record.get('metric')}, {record.get('storage')})"
     tables = []
-    if (path / TRIALS_FILE).is_file():
-        with (path / TRIALS_FILE).open(newline="") as f:
+    if layout.trials_csv.is_file():
+        with layout.trials_csv.open(newline="") as f:
             rows = list(csv.DictReader(f))
         params = [c for c in (rows[0].keys() if rows else []) if c not in FIXED_COLUMNS]
         header = ["trial", "state", str(record.get("metric")), "last step", "seconds", *params]
@@ -43,7 +45,7 @@ def hpo_study_parts(path: Path) -> tuple[str, list[Table], list[Path]]:
             for r in rows
         ]
         tables.append(Table("Trials", header, body))
-    plots = sorted((path / "plots").glob("*.png")) if (path / "plots").is_dir() else []
+    plots = sorted(layout.plots.glob(StudyLayout.PLOT.format(name="*"))) if layout.plots.is_dir() else []
     return title, tables, plots
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
+from hpcpipe.layout import ReportLayout
 from hpcpipe.report.plots_bench import _figure, _save
 from hpcpipe.report.series import EVENT_PREFIX, GIB, SeriesRow, read_series_csv, runs_in, select, series_in
 
@@ -53,22 +54,26 @@ def _single_run(rows: list[SeriesRow], run: str, out: Path) -> list[Plot]:
     present = series_in(rows, run)
     plots = []
     if present & {"loss", "val_loss"}:
-        plots.append(plot_loss(rows, run, out / "loss.png"))
+        plots.append(plot_loss(rows, run, out / ReportLayout.PLOT_LOSS))
     rate = throughput_key(rows, run)
     if rate:
         unit = f"{rate.removesuffix('_per_s')}/s"
         plots.append(
-            _plot_one(rows, run, rate, Plot("throughput", "Throughput", out / "throughput.png"), unit)
+            _plot_one(
+                rows, run, rate, Plot("throughput", "Throughput", out / ReportLayout.PLOT_THROUGHPUT), unit
+            )
         )
     if "mfu" in present:
         plots.append(
-            _plot_one(rows, run, "mfu", Plot("mfu", "MFU", out / "mfu.png"), "model FLOP utilization")
+            _plot_one(
+                rows, run, "mfu", Plot("mfu", "MFU", out / ReportLayout.PLOT_MFU), "model FLOP utilization"
+            )
         )
     if "mem_bytes" in present:
-        memory = Plot("memory", "Peak memory", out / "memory.png")
+        memory = Plot("memory", "Peak memory", out / ReportLayout.PLOT_MEMORY)
         plots.append(_plot_one(rows, run, "mem_bytes", memory, "GiB", scale=1 / GIB))
     if "step_time_s" in present and present & set(PHASES):
-        plots.append(plot_phases(rows, run, out / "phases.png"))
+        plots.append(plot_phases(rows, run, out / ReportLayout.PLOT_PHASES))
     return plots
 
 
@@ -140,13 +145,19 @@ def plot_phases(rows: list[SeriesRow], run: str, path: Path) -> Plot:
 
 def _overlaid(rows: list[SeriesRow], runs: list[str], out: Path) -> list[Plot]:
     plots = []
-    for key, title in (("loss", "training loss"), ("val_loss", "validation loss")):
+    overlays = (
+        ("loss", "training loss", ReportLayout.PLOT_LOSS),
+        ("val_loss", "validation loss", ReportLayout.PLOT_VAL_LOSS),
+    )
+    for key, title, name in overlays:
         if any(key in series_in(rows, run) for run in runs):
-            plots.append(_plot_overlay(rows, {run: key for run in runs}, title, "loss", out / f"{key}.png"))
+            plots.append(_plot_overlay(rows, {run: key for run in runs}, title, "loss", out / name))
     rates = {run: rate for run in runs if (rate := throughput_key(rows, run))}
     if rates:
         units = "/s, ".join(sorted({k.removesuffix("_per_s") for k in rates.values()}))
-        plots.append(_plot_overlay(rows, rates, "throughput", f"{units}/s", out / "throughput.png"))
+        plots.append(
+            _plot_overlay(rows, rates, "throughput", f"{units}/s", out / ReportLayout.PLOT_THROUGHPUT)
+        )
     return plots
 
 

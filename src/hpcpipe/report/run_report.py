@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcpipe.errors import UserError
-from hpcpipe.layout import RunLayout
+from hpcpipe.layout import ReportLayout, RunLayout
 from hpcpipe.report.hpo_study import hpo_study_parts, is_hpo_study
 from hpcpipe.report.plots_run import Plot, draw_plots
 from hpcpipe.report.run_tables import (
@@ -34,8 +34,8 @@ from hpcpipe.report.study import build_study, find_study_csvs
 
 # made[key]: (template, file written)
 TEMPLATES = {
-    "markdown": ("run_report.md.j2", RunLayout.REPORT_MARKDOWN),
-    "html": ("run_report.html.j2", RunLayout.REPORT_HTML),
+    "markdown": ("run_report.md.j2", ReportLayout.MARKDOWN),
+    "html": ("run_report.html.j2", ReportLayout.HTML),
 }
 
 
@@ -81,7 +81,7 @@ def build_report(paths: list[Path], out: Path | None = None) -> dict[str, Any]:
     studies = [_build_one_study(d, out, several=len(study_dirs) > 1) for d in study_dirs]
     runs = load_runs(run_dirs)
     rows = [row for run in runs for row in run.rows]
-    csv_path = write_series_csv(rows, out / "series.csv")
+    csv_path = write_series_csv(rows, ReportLayout(out).series)
     # The plots are drawn from the very rows written to series.csv.
     plots = draw_plots(rows, out, compare=len(runs) > 1)
     context = report_context(runs, plots, studies, out)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcpipe.errors import UserError
+from hpcpipe.layout import ReportLayout, RunLayout, SweepLayout
 from hpcpipe.report.plots_bench import _figure, _save
 
 STRONG_TARGET = 0.70  # E_s(N) the study must reach
@@ -54,7 +55,7 @@ def find_study_csvs(root: Path) -> tuple[list[Path], list[Path]]:
     if not root.is_dir():
         raise UserError(f"{root}: not a directory")
     scaling = sorted(root.rglob("scaling.csv"))
-    sweeps = sorted(root.rglob("sweep.csv"))
+    sweeps = sorted(root.rglob(SweepLayout.CSV))
     if not scaling and not sweeps:
         raise UserError(
             f"{root}: no scaling.csv or sweep.csv under it (run `hpcpipe bench scaling` or `hpcpipe sweep`)"
@@ -64,26 +65,26 @@ def find_study_csvs(root: Path) -> tuple[list[Path], list[Path]]:
 
 def build_study(root: Path, out: Path | None = None) -> dict[str, Any]:
     """Read the CSVs under ``root``, draw the plots and write ``study.md``; returns what was made."""
-    out = out or root / "report"
+    out = out or root / RunLayout.REPORT  # DIR/report, as a run's report
     scaling_paths, sweep_paths = find_study_csvs(root)
     scaling = [row for path in scaling_paths for row in read_csv_rows(path)]
     sweep = [row for path in sweep_paths for row in read_csv_rows(path) if row.get("throughput") is not None]
     made: dict[str, Any] = {"scaling_rows": len(scaling), "sweep_rows": len(sweep), "plots": []}
     if scaling:
         made["plots"] += [
-            str(plot_throughput(scaling, out / "scaling_throughput.png")),
-            str(plot_efficiency(scaling, out / "scaling_efficiency.png")),
+            str(plot_throughput(scaling, out / ReportLayout.PLOT_SCALING_THROUGHPUT)),
+            str(plot_efficiency(scaling, out / ReportLayout.PLOT_SCALING_EFFICIENCY)),
         ]
         if any(r["mode"] == "weak" for r in scaling):
-            made["plots"].append(str(plot_weak_epoch_time(scaling, out / "weak_time_per_epoch.png")))
+            made["plots"].append(str(plot_weak_epoch_time(scaling, out / ReportLayout.PLOT_WEAK_EPOCH_TIME)))
     if sweep:
-        made["plots"].append(str(plot_sweep(sweep, out / "sweep_throughput.png")))
+        made["plots"].append(str(plot_sweep(sweep, out / ReportLayout.PLOT_SWEEP_THROUGHPUT)))
     made["optimizations"] = optimization_table(sweep)
     made["weak_variation"] = weak_variation(scaling)
     markdown = render_markdown(scaling, sweep, made)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "study.md").write_text(markdown)
-    made["markdown"] = str(out / "study.md")
+    ReportLayout(out).study_markdown.write_text(markdown)
+    made["markdown"] = str(ReportLayout(out).study_markdown)
     return made
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from hpcpipe.layout import RunLayout
+from hpcpipe.layout import ReportLayout, RunLayout
 
 RUN_FILES = (
     RunLayout.CONFIG,
@@ -15,15 +15,20 @@ RUN_FILES = (
     RunLayout.LOSS_CURVE,
     RunLayout.SAMPLE,
 )
-REPORT_GLOBS = (RunLayout.REPORT_MARKDOWN, RunLayout.REPORT_HTML, "*.png", "series.csv")
+# The report folder's files: the report, its plots (by name), the rows they are drawn from.
+REPORT_FILES = (
+    ReportLayout.MARKDOWN,
+    ReportLayout.HTML,
+    *sorted((*ReportLayout.RUN_PLOTS, *ReportLayout.STUDY_PLOTS)),
+    ReportLayout.SERIES,
+)
 
 
 def artifact_files(run_dir: Path) -> list[tuple[Path, str | None]]:
     """(file, artifact folder) pairs that exist: the run's own files, then its report."""
     found: list[tuple[Path, str | None]] = [(run_dir / n, None) for n in RUN_FILES if (run_dir / n).is_file()]
     report = RunLayout(run_dir).report
-    for pattern in REPORT_GLOBS:
-        found += [(p, RunLayout.REPORT) for p in sorted(report.glob(pattern)) if p.is_file()]
+    found += [(report / n, RunLayout.REPORT) for n in REPORT_FILES if (report / n).is_file()]
     return found
 
 
