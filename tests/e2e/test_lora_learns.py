@@ -3,8 +3,8 @@
 The base (``@tiny-llama``, pre-trained on raw Glaive text from another seed) has never seen the
 chat template, so it writes almost no parseable reply. After the preset's 150 LoRA steps it must
 write parseable replies and decide call/no-call well above the base. The thresholds are the ones
-stated in docs/lora-function-calling.md; measured on torch 2.15 / 2 cores: parse 0% -> 82%, call/no-call 51% -> 74%,
-name 0% -> 6%.
+stated in docs/lora-function-calling.md; measured on torch 2.15 / 2 cores: parse 0% -> 82%,
+call/no-call 51% -> 74%, name 0% -> 6%.
 Function names stay near 0%: a 2-layer, 64-wide model memorises one name instead of reading the
 function list, and this test does not pretend otherwise.
 """

@@ -1,9 +1,9 @@
 """``data.synthetic_mix``: what the ``@synthetic`` function-calling generator writes, and how often.
 
-The defaults were chosen by a measured sweep on SmolLM2-135M against BFCL (docs/lora-function-calling.md, "The training
-mix"; benchmarks/README.md, "The training-mix sweep"). ``SyntheticMix.classic()`` is the mix the
-generator wrote before these knobs existed: the same draws, so the same rows but for the sixteen
-functions renamed because BFCL uses their names.
+The defaults were chosen by a measured sweep on SmolLM2-135M against BFCL
+(docs/lora-function-calling.md, "The training mix"; benchmarks/README.md, "The training-mix
+sweep"). ``SyntheticMix.classic()`` is the mix the generator wrote before these knobs existed: the
+same draws, so the same rows but for the sixteen functions renamed because BFCL uses their names.
 """
 
 from __future__ import annotations
