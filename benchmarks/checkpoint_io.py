@@ -22,21 +22,21 @@ Each repeat runs, in alternating order so drift on a shared machine hits both si
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import torch
 
+from harness import emit, measure_round
 from hpcpipe.checkpoint import CheckpointStore, memory_tier, read_manifest
 from hpcpipe.config import CheckpointConfig, ModelConfig
 from hpcpipe.models.gpt import GPT
-from run_context import run_context
 
 CHUNK = 8 << 20
 
@@ -133,11 +133,6 @@ class Bench:
         return time.perf_counter() - start
 
 
-def interleave(pairs: list[tuple[Callable[[], float], list[float]]], repeat: int) -> None:
-    for fn, out in pairs if repeat % 2 == 0 else list(reversed(pairs)):
-        out.append(fn())
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -163,11 +158,15 @@ def main() -> None:
         nbytes = read_manifest(bench.newest()).total_bytes
         payload = os.urandom(nbytes)
         raw = root / "raw.bin"
+        writes: dict[str, Callable[[], float]] = {
+            "save": bench.sync_save,
+            "write": partial(raw_write, raw, payload),
+        }
+        reads: dict[str, Callable[[], float]] = {"restore": bench.restore, "read": partial(raw_read, raw)}
         for repeat in range(args.repeats):
-            interleave(
-                [(bench.sync_save, times["save"]), (lambda: raw_write(raw, payload), times["write"])], repeat
-            )
-            interleave([(bench.restore, times["restore"]), (lambda: raw_read(raw), times["read"])], repeat)
+            measure_round(writes, repeat, times)
+            measure_round(reads, repeat, times)
+            # before the async save: the memory tier holds the sync saves' steps, not the next one
             times["memory"].append(bench.memory_restore())
             times["async"].append(bench.async_block())
         bench.async_store.close()
@@ -204,23 +203,20 @@ def report(times: dict[str, list[float]], nbytes: int, repeats: int, hash_name: 
     print(f"restore / raw read      = {ratios['restore_vs_raw_read']:.3f} (target >= 0.8)")
     print(f"memory-tier restore     = {ratios['memory_restore_speedup']:.2f}x faster than from disk")
     print(f"async blocking / sync   = {ratios['async_block_vs_sync_save']:.3f} (target <= 0.1)")
-    print(
-        json.dumps(
-            {
-                "benchmark": "checkpoint_io",
-                "hash": hash_name,
-                "bytes": nbytes,
-                "repeats": repeats,
-                **run_context(),
-                "median_s": {k: round(v, 4) for k, v in med.items()},
-                "ratios": {k: round(v, 4) for k, v in ratios.items()},
-                "targets": {
-                    "save_vs_raw_write": ">=0.8",
-                    "restore_vs_raw_read": ">=0.8",
-                    "async_block_vs_sync_save": "<=0.1",
-                },
-            }
-        )
+    emit(
+        {
+            "benchmark": "checkpoint_io",
+            "hash": hash_name,
+            "bytes": nbytes,
+            "repeats": repeats,
+            "median_s": {k: round(v, 4) for k, v in med.items()},
+            "ratios": {k: round(v, 4) for k, v in ratios.items()},
+            "targets": {
+                "save_vs_raw_write": ">=0.8",
+                "restore_vs_raw_read": ">=0.8",
+                "async_block_vs_sync_save": "<=0.1",
+            },
+        }
     )
 
 

@@ -22,8 +22,12 @@ import statistics
 import sys
 import tempfile
 import time
+import traceback
+from functools import partial
 from pathlib import Path
 from typing import Any
+
+from harness import Comparison, emit, side_by_side
 
 TARGET = 0.95
 SIZES_MIB = (4, 8, 16, 32, 64)
@@ -94,7 +98,7 @@ def hpcpipe_busbw(size: int, iters: int, args: argparse.Namespace, ctx: Any) -> 
 
 
 def worker(args: argparse.Namespace) -> None:
-    """One rank: every size, ``repeats`` alternating measurements of each side."""
+    """One rank: every size, ``repeats`` rounds of both sides, rotated."""
     from hpcpipe.bench.group import bench_group
     from hpcpipe.config import ParallelConfig
     from hpcpipe.train.environment import detect_environment
@@ -104,41 +108,40 @@ def worker(args: argparse.Namespace) -> None:
         iterations: dict[str, int] = {}
         for mib in args.sizes_mib:
             size = mib << 20
-            sides: dict[str, list[float]] = {"hpcpipe": [], "raw": []}
             iters = iterations_for(size, args, ctx.device)
             iterations[str(mib)] = iters
-            for repeat in range(args.repeats):
-                order = ("hpcpipe", "raw") if repeat % 2 == 0 else ("raw", "hpcpipe")
-                for side in order:
-                    value = (
-                        hpcpipe_busbw(size, iters, args, ctx)
-                        if side == "hpcpipe"
-                        else raw_busbw(size, iters, args, ctx.device, ctx.world_size)
-                    )
-                    if value is not None:
-                        sides[side].append(value)
-            figures[str(mib)] = sides
-        if ctx.is_main and args.out is not None:
-            args.out.write_text(
-                json.dumps(
-                    {
-                        "world_size": ctx.world_size,
-                        "device": ctx.device.type,
-                        "figures": figures,
-                        "iterations": iterations,
-                    }
-                )
+            sides = side_by_side(
+                {
+                    "hpcpipe": partial(hpcpipe_busbw, size, iters, args, ctx),
+                    "raw": partial(raw_busbw, size, iters, args, ctx.device, ctx.world_size),
+                },
+                args.repeats,
             )
+            # rank 0's figures: the other ranks measure alongside and get None
+            figures[str(mib)] = {side: [v for v in values if v is not None] for side, values in sides.items()}
+        if ctx.is_main and args.out is not None:
+            run = {"world_size": ctx.world_size, "device": ctx.device.type, "iterations": iterations}
+            args.out.write_text(json.dumps({**run, "figures": figures}))
+
+
+def forked_main(*argv: str) -> None:
+    """A rank forked from the elastic agent's fork server: the agent imports this module by name
+    (benchmarks/ is on sys.path and PYTHONPATH) and calls this with the worker's arguments."""
+    from hpcpipe.launch.exit import restore_fresh_defaults, return_or_exit
+
+    restore_fresh_defaults()
+    try:
+        worker(parse_args(list(argv)))
+    except Exception:
+        traceback.print_exc()
+        return_or_exit(1)
+    return_or_exit(0)
 
 
 def report(data: dict[str, Any], args: argparse.Namespace) -> None:
-    """Per size: the median of each side and their ratio; the median paired ratio alongside.
-
-    The ratio of medians is the figure. The paired column (each repeat's own hpcpipe/raw ratio,
-    then the median) shows how much of a deviation is noise from other jobs on the machine.
-    """
-    from run_context import run_context  # imports torch: only here, not in the launching path
-
+    """Per size: the median of each side, their ratio (the figure), and the median paired ratio
+    (each round's own hpcpipe/raw), which shows how much of a deviation is noise from other jobs
+    on the machine."""
     print(
         f"all_reduce busbw, {data['world_size']} ranks on {data['device']}, "
         f"median of {args.repeats} alternating measurements of ~{args.window_s:g} s per side and size"
@@ -146,31 +149,31 @@ def report(data: dict[str, Any], args: argparse.Namespace) -> None:
     print(f"{'size':>8} {'iters':>6} {'hpcpipe GB/s':>13} {'raw GB/s':>10} {'ratio':>7} {'paired ratio':>13}")
     ratios, paired = {}, {}
     for mib, sides in data["figures"].items():
-        ours, raw = statistics.median(sides["hpcpipe"]), statistics.median(sides["raw"])
-        ratios[f"{mib}MiB"] = ours / raw
-        paired[f"{mib}MiB"] = statistics.median(
-            a / b for a, b in zip(sides["hpcpipe"], sides["raw"], strict=True)
+        c = Comparison.of(sides, "hpcpipe", "raw")
+        ratios[f"{mib}MiB"], paired[f"{mib}MiB"] = c.ratio, c.paired
+        iters = data["iterations"][mib]
+        print(
+            f"{mib + ' MiB':>8} {iters:>6} {c.top_median:>13.3f} {c.bottom_median:>10.3f} "
+            f"{c.ratio:>7.3f} {c.paired:>13.3f}"
         )
-        iters, pair = data["iterations"][mib], paired[f"{mib}MiB"]
-        print(f"{mib + ' MiB':>8} {iters:>6} {ours:>13.3f} {raw:>10.3f} {ours / raw:>7.3f} {pair:>13.3f}")
-    line = {
-        "benchmark": "collectives_overhead",
-        "collective": "all_reduce",
-        "world_size": data["world_size"],
-        "ratios": {k: round(v, 4) for k, v in ratios.items()},
-        "paired_ratios": {k: round(v, 4) for k, v in paired.items()},
-        "min_ratio": round(min(ratios.values()), 4),
-        "median_ratio": round(statistics.median(ratios.values()), 4),
-        "target": TARGET,
-        **run_context(),
-        "device": data["device"],
-    }
-    print(json.dumps(line))
+    emit(
+        {
+            "benchmark": "collectives_overhead",
+            "collective": "all_reduce",
+            "world_size": data["world_size"],
+            "ratios": {k: round(v, 4) for k, v in ratios.items()},
+            "paired_ratios": {k: round(v, 4) for k, v in paired.items()},
+            "min_ratio": round(min(ratios.values()), 4),
+            "median_ratio": round(statistics.median(ratios.values()), 4),
+            "target": TARGET,
+            "device": data["device"],
+        }
+    )
 
 
 def main() -> None:
     args = parse_args(sys.argv[1:])
-    if "RANK" in os.environ:  # started by the elastic agent below
+    if "RANK" in os.environ:  # a rank started as a process of its own (torchrun, or spawn)
         worker(args)
         sys.stdout.flush()
         os._exit(0)  # gloo can abort at interpreter exit after destroy_process_group

@@ -1,24 +1,22 @@
-"""What the DDP overhead benchmarks share: hpcpipe's Trainer for a job on this rank, timed blocks
-of two loops alternated on every rank in lockstep, and the ranks spawned with their result
-collected from rank 0."""
+"""What the DDP overhead benchmarks share: the ranks spawned on this host and joined into one
+group, hpcpipe's Trainer for a job on a rank, a hand-written loop's parts (its batches and its
+optimizer steps), and rank 0's result collected. The timing itself is ``harness.py``'s, with
+every rank starting and ending each block together."""
 
 from __future__ import annotations
 
 import json
 import os
-import statistics
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
 
-from hpcpipe.config import JobConfig
+from harness import compare_loops, trainer_loop
+from hpcpipe.config import JobConfig, ParallelConfig
 from hpcpipe.recipes import build_recipe
 from hpcpipe.train.trainer import Trainer
-
-Loop = Callable[[int], Any]  # run N optimizer steps
 
 
 def timing_overrides(steps: int, batch: int, nproc: int) -> list[str]:
@@ -36,56 +34,6 @@ def timing_overrides(steps: int, batch: int, nproc: int) -> list[str]:
     ]
 
 
-def timed(fn: Loop, steps: int, items_per_step: int) -> float:
-    """Items per second of ``steps`` steps of ``fn``, every rank starting and ending together."""
-    if dist.is_initialized():
-        dist.barrier()
-    start = time.perf_counter()
-    fn(steps)
-    if dist.is_initialized():
-        dist.barrier()
-    return items_per_step * steps / (time.perf_counter() - start)
-
-
-def alternate(
-    a: Loop, b: Loop, repeats: int, steps: int, items: int, warmup: int = 2
-) -> tuple[list[float], list[float]]:
-    """Interleaved timed blocks of ``a`` and ``b``: a b, b a, a b, ... after a warm-up each."""
-    a(warmup), b(warmup)
-    xs: list[float] = []
-    ys: list[float] = []
-    for i in range(repeats):
-        order = [(a, xs), (b, ys)] if i % 2 == 0 else [(b, ys), (a, xs)]
-        for fn, out in order:
-            out.append(timed(fn, steps, items))
-    return xs, ys
-
-
-def report(
-    benchmark: str, result: dict[str, Any], rate: tuple[str, str], target: float, fields: dict[str, Any]
-) -> None:
-    """The rates side by side, the ratio of the medians (the figure) and a JSON line.
-
-    ``rate`` is (unit as printed, its JSON key stem), e.g. ("tok/s", "tokens_per_s"). Beside the
-    figure, the median of each repeat's own ratio (its two blocks ran back to back): steadier
-    where the machine's speed drifts (CPU steal on a shared host)."""
-    from run_context import print_rates, run_context
-
-    hp, rw = statistics.median(result["hpcpipe"]), statistics.median(result["raw"])
-    paired = statistics.median(x / y for x, y in zip(result["hpcpipe"], result["raw"], strict=True))
-    print_rates("loop", rate[0], {"hpcpipe": result["hpcpipe"], "raw": result["raw"]})
-    print(f"ratio hpcpipe/raw = {hp / rw:.3f} (target >= {target}); median of paired blocks {paired:.3f}")
-    line = {
-        "benchmark": benchmark,
-        f"hpcpipe_{rate[1]}": round(hp, 1),
-        f"raw_{rate[1]}": round(rw, 1),
-        "ratio": round(hp / rw, 4),
-        "paired_ratio": round(paired, 4),
-        "target": target,
-    }
-    print(json.dumps({**line, **fields, **run_context()}))
-
-
 def compare_on_rank(
     rank: int,
     job: JobConfig,
@@ -101,17 +49,22 @@ def compare_on_rank(
     ``args.steps`` steps on ``args.nproc`` ranks); rank 0 writes the result to ``out``."""
     import torch
 
+    ctx = join_group(rank, args.nproc, port, job.parallel)
+    trainer = trainer_for(job, ctx, out / "hpcpipe")
+    raw = raw_loop(job, trainer.recipe, ctx)
+    loops = {"hpcpipe": trainer_loop(trainer), "raw": raw.run}
+    result = compare_loops(loops, args.repeats, args.steps, items_per_step, warmup)
+    trainer.close()
+    finish(rank, {**result, "threads": torch.get_num_threads()}, out)
+
+
+def join_group(rank: int, nproc: int, port: int, parallel: ParallelConfig) -> Any:
+    """This spawned rank's place in a group of ``nproc`` ranks on this host, meeting at ``port``."""
     from hpcpipe.train.distributed import init_distributed
     from hpcpipe.train.environment import DistEnv
 
-    env = DistEnv("torchrun", rank, rank, args.nproc, args.nproc, "127.0.0.1", port)
-    ctx = init_distributed(job.parallel, env)
-    trainer = trainer_for(job, ctx, out / "hpcpipe")
-    raw = raw_loop(job, trainer.recipe, ctx)
-    ours = lambda n: trainer.train_until(trainer.step + n)  # noqa: E731
-    hp, rw = alternate(ours, raw.run, args.repeats, args.steps, items_per_step, warmup)
-    trainer.close()
-    finish(rank, {"hpcpipe": hp, "raw": rw, "threads": torch.get_num_threads()}, out)
+    env = DistEnv("torchrun", rank, rank, nproc, nproc, "127.0.0.1", port)
+    return init_distributed(parallel, env)
 
 
 def trainer_for(job: JobConfig, ctx: Any, run_dir: Path) -> Trainer:
@@ -184,7 +137,8 @@ def raw_steps(
 
 
 def spawn(worker: Callable[..., None], args: tuple[Any, ...], nproc: int, out: Path) -> dict[str, Any]:
-    """``worker(rank, *args)`` on ``nproc`` spawned processes; rank 0 writes ``out/result.json``."""
+    """``worker(rank, *args)`` on ``nproc`` spawned processes; the result rank 0 wrote to
+    ``out/result.json`` (``finish``)."""
     import torch.multiprocessing as mp
 
     mp.start_processes(worker, args=args, nprocs=nproc, start_method="spawn")

@@ -33,10 +33,10 @@ from ddp_harness import (  # noqa: E402
     SampledBatches,
     compare_on_rank,
     raw_steps,
-    report,
     spawn,
     timing_overrides,
 )
+from harness import block_parser, report_pair  # noqa: E402
 from hpcpipe.config import JobConfig, load_config  # noqa: E402
 from hpcpipe.netutil import free_port  # noqa: E402
 from hpcpipe.train.optim import build_optimizer  # noqa: E402
@@ -82,12 +82,8 @@ def worker(rank: int, args: argparse.Namespace, port: int, out: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = block_parser(__doc__, repeats=7, steps=20)
     parser.add_argument("--nproc", type=int, default=2, help="DDP ranks (gloo on CPU)")
-    parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--steps", type=int, default=20, help="optimizer steps per timed block")
     parser.add_argument("--batch", type=int, default=32, help="samples per rank per step")
     args = parser.parse_args()
 
@@ -99,7 +95,7 @@ def main() -> None:
         f"{args.batch} samples/rank/step, {args.repeats} repeats x {args.steps} steps, interleaved"
     )
     fields = {"nproc": args.nproc, "batch_per_rank": args.batch, "repeats": args.repeats, "steps": args.steps}
-    report("example_recipe_overhead", result, ("samples/s", "samples_per_s"), 0.98, fields)
+    report_pair("example_recipe_overhead", result, ("samples/s", "samples_per_s"), 0.98, fields)
 
 
 if __name__ == "__main__":

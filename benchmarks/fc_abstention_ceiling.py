@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from run_context import run_context
+from harness import emit
 
 IRRELEVANCE = ("irrelevance", "live_irrelevance")
 
@@ -162,7 +162,7 @@ def main() -> None:
         print_row(name, row)
     line = {"benchmark": "fc_abstention_ceiling", "eval": str(args.eval_dir), "cases": len(results)}
     line |= {"ast_as_decoded": decoded, "keep": args.keep, "scored_s": scored_s, "scores": rows}
-    print(json.dumps(line | run_context()))
+    emit(line)
 
 
 if __name__ == "__main__":

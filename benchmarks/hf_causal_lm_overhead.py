@@ -29,10 +29,10 @@ from ddp_harness import (
     SampledBatches,
     compare_on_rank,
     raw_steps,
-    report,
     spawn,
     timing_overrides,
 )
+from harness import block_parser, report_pair
 from hpcpipe.config import JobConfig, load_config
 from hpcpipe.netutil import free_port
 from hpcpipe.train.optim import build_optimizer
@@ -106,13 +106,9 @@ def worker(rank: int, args: argparse.Namespace, port: int, out: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = block_parser(__doc__, repeats=5, steps=3)
     parser.add_argument("--model", choices=sorted(PRESETS), default="smollm2")
     parser.add_argument("--nproc", type=int, default=2, help="DDP ranks (gloo on CPU)")
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=3, help="optimizer steps per timed block")
     parser.add_argument("--batch", type=int, default=2, help="sequences per rank per step")
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument(
@@ -137,7 +133,7 @@ def main() -> None:
         "repeats": args.repeats,
         "steps": args.steps,
     }
-    report("hf_causal_lm_overhead", result, ("tok/s", "tokens_per_s"), 0.95, fields)
+    report_pair("hf_causal_lm_overhead", result, ("tok/s", "tokens_per_s"), 0.95, fields)
 
 
 if __name__ == "__main__":

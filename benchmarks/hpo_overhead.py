@@ -17,29 +17,30 @@ time for all trials in both drivers and their ratio (medians over ``--repeats``)
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 import optuna
 
+from harness import emit, measure_round
 from hpcpipe.config import load_config
 from hpcpipe.hpo.space import suggest, trial_config
 from hpcpipe.hpo.study import plan_study
 from hpcpipe.hpo.worker import final_metric
 from hpcpipe.observe.metrics import read_events
 from hpcpipe.train.trial import open_storage
-from run_context import run_context
 
 FIXED = ["hpo.sampler.name=random", "hpo.pruner.name=none", "hpo.seed=0", "hpo.storage=null"]  # SQLite
 
 
-def hpcpipe_study(job: str, sets: list[str], trials: int) -> tuple[float, list[float]]:
-    """Wall time of `hpcpipe hpo run`, and each trial's overhead (its wall time minus training)."""
+def hpcpipe_study(job: str, sets: list[str], trials: int, overheads: list[float]) -> float:
+    """Wall time of `hpcpipe hpo run`; each trial's overhead (its wall time minus training)
+    appended to ``overheads``."""
     args = [a for s in [*sets, f"hpo.n_trials={trials}"] for a in ("--set", s)]
     start = time.perf_counter()
     proc = subprocess.run(
@@ -53,12 +54,11 @@ def hpcpipe_study(job: str, sets: list[str], trials: int) -> tuple[float, list[f
         raise SystemExit(f"hpcpipe hpo run failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
     plan = plan_study(load_config(job, sets))
     study = optuna.load_study(study_name=plan.name, storage=open_storage(plan.storage_url))
-    overheads = []
     for trial in study.get_trials():
         events = {e["event"]: e["time"] for e in read_events(Path(trial.user_attrs["run_dir"]))}
         trained = events["run_finished"] - events["group_start"]
         overheads.append((trial.datetime_complete - trial.datetime_start).total_seconds() - trained)
-    return wall, overheads
+    return wall
 
 
 def plain_study(job: str, sets: list[str], trials: int, out: Path) -> float:
@@ -90,14 +90,17 @@ def main() -> None:
     )
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    ours, plain, overheads = [], [], []
+    walls: dict[str, list[float]] = {"hpcpipe": [], "plain": []}
+    overheads: list[float] = []
     for repeat in range(args.repeats):
         with tempfile.TemporaryDirectory() as tmp:
             sets = [f"run.out_dir={tmp}", *FIXED, *args.sets]
-            wall, per_trial = hpcpipe_study(args.job, sets, args.trials)
-            ours.append(wall)
-            overheads += per_trial
-            plain.append(plain_study(args.job, sets, args.trials, Path(tmp) / "plain"))
+            arms = {
+                "hpcpipe": partial(hpcpipe_study, args.job, sets, args.trials, overheads),
+                "plain": partial(plain_study, args.job, sets, args.trials, Path(tmp) / "plain"),
+            }
+            measure_round(arms, repeat, walls)
+        ours, plain = walls["hpcpipe"], walls["plain"]
         print(f"repeat {repeat + 1}: hpcpipe {ours[-1]:.1f} s, plain Optuna {plain[-1]:.1f} s", flush=True)
     over, o, p = statistics.median(overheads), statistics.median(ours), statistics.median(plain)
     print(f"{args.job}, {args.trials} trials: per-trial overhead median {over:.2f} s "
@@ -106,11 +109,11 @@ def main() -> None:
         f"study wall time: hpcpipe {o:.1f} s, plain Optuna in-process {p:.1f} s; "
         f"ratio hpcpipe/plain = {o / p:.3f}"
     )
-    print(json.dumps({
+    emit({
         "benchmark": "hpo_overhead", "job": args.job, "trials": args.trials, "repeats": args.repeats,
         "trial_overhead_s": round(over, 3), "hpcpipe_s": round(o, 2), "plain_optuna_s": round(p, 2),
-        "ratio_hpcpipe_plain": round(o / p, 4), **run_context(),
-    }))  # fmt: skip
+        "ratio_hpcpipe_plain": round(o / p, 4),
+    })  # fmt: skip
 
 
 if __name__ == "__main__":

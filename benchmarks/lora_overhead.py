@@ -21,15 +21,13 @@ test size, for a CPU check.
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from harness import block_parser, compare_loops, report_pair, trainer_loop
 from hpcpipe.config import JobConfig, load_config
 from hpcpipe.recipes import build_recipe
 from hpcpipe.recipes.lora_fc_loss import packed_attention
@@ -37,7 +35,6 @@ from hpcpipe.train.distributed import init_distributed
 from hpcpipe.train.environment import DistEnv
 from hpcpipe.train.schedule import lr_at
 from hpcpipe.train.trainer import Trainer
-from run_context import print_rates, run_context
 
 MODELS = {
     "tiny": ["model.name_or_path=@tiny-llama-random"],  # throughput: weights do not matter
@@ -120,25 +117,6 @@ class RawLoop:
             self.optimizer.zero_grad(set_to_none=True)
 
 
-def timed(fn: Any, steps: int, tokens_per_step: int) -> float:
-    sync = torch.cuda.synchronize if torch.cuda.is_available() else lambda: None
-    sync()
-    start = time.perf_counter()
-    fn(steps)
-    sync()
-    return tokens_per_step * steps / (time.perf_counter() - start)
-
-
-def alternate(a: Any, b: Any, repeats: int, steps: int, tokens: int) -> tuple[list[float], list[float]]:
-    a(1), b(1)  # warm-up
-    xs: list[float] = []
-    ys: list[float] = []
-    for i in range(repeats):
-        for fn, out in [(a, xs), (b, ys)] if i % 2 == 0 else [(b, ys), (a, xs)]:
-            out.append(timed(fn, steps, tokens))
-    return xs, ys
-
-
 def trainer_for(job: JobConfig, out: Path) -> Trainer:
     env = DistEnv("local", 0, 0, 1, 1, "127.0.0.1", 0)
     ctx = init_distributed(job.parallel, env)
@@ -149,12 +127,8 @@ def trainer_for(job: JobConfig, out: Path) -> Trainer:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = block_parser(__doc__, repeats=5, steps=3)
     parser.add_argument("--model", default="smollm2", choices=sorted(MODELS))
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=3, help="optimizer steps per timed block")
     parser.add_argument("--batch", type=int, default=2, help="packed rows per step")
     parser.add_argument("--seq-len", type=int, default=512)
     args = parser.parse_args()
@@ -164,37 +138,24 @@ def main() -> None:
         job = job_for(args, out)
         trainer = trainer_for(job, out)
         raw = RawLoop(job, trainer.recipe, trainer.ctx.device)
-        tokens = args.batch * args.seq_len
-        ours = lambda n: trainer.train_until(trainer.step + n)  # noqa: E731
-        hp, rw = alternate(ours, raw.run, args.repeats, args.steps, tokens)
+        loops = {"hpcpipe": trainer_loop(trainer), "raw": raw.run}
+        runs = compare_loops(loops, args.repeats, args.steps, args.batch * args.seq_len, warmup=1)
         trainer.close()
 
-    mh, mr = statistics.median(hp), statistics.median(rw)
     print(
         f"model {args.model}, {args.batch} x {args.seq_len} tokens/step, "
         f"{args.repeats} repeats x {args.steps} steps"
     )
-    print_rates("loop", "tok/s", {"hpcpipe": hp, "raw": rw})
-    print(f"ratio hpcpipe/raw = {mh / mr:.3f} (target >= 0.95)")
-    print(
-        json.dumps(
-            {
-                "benchmark": "lora_overhead",
-                "model": args.model,
-                "hpcpipe_tokens_per_s": round(mh, 1),
-                "raw_tokens_per_s": round(mr, 1),
-                "unit": "tokens/s per device",
-                "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
-                "ratio": round(mh / mr, 4),
-                "target": 0.95,
-                "batch": args.batch,
-                "seq_len": args.seq_len,
-                "repeats": args.repeats,
-                "steps": args.steps,
-                **run_context(),
-            }
-        )
-    )
+    fields = {
+        "model": args.model,
+        "unit": "tokens/s per device",
+        "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+        "batch": args.batch,
+        "seq_len": args.seq_len,
+        "repeats": args.repeats,
+        "steps": args.steps,
+    }
+    report_pair("lora_overhead", runs, ("tok/s", "tokens_per_s"), 0.95, fields)
 
 
 if __name__ == "__main__":

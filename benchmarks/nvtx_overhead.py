@@ -23,7 +23,6 @@ import argparse
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -33,14 +32,14 @@ from typing import Any
 
 import torch
 
+from harness import Comparison, block_parser, compare_loops, emit, print_table, trainer_loop
 from hpcpipe.config import load_config
 from hpcpipe.observe.nvtx import NvtxRanges, nvtx_ranges
 from hpcpipe.observe.phases import PhaseTimer
 from hpcpipe.train.distributed import init_distributed
 from hpcpipe.train.environment import DistEnv
 from hpcpipe.train.trainer import Trainer
-from run_context import print_rates, run_context
-from trainer_overhead import InMemoryGPTRecipe
+from in_memory_gpt import in_memory_trainer, random_tokens
 
 TOOL_SOURCE = Path(__file__).resolve().parents[1] / "tests" / "data" / "nvtx" / "record_ranges.c"
 VOCAB = 256  # the tiny preset's byte tokenizer
@@ -66,10 +65,7 @@ def trainer(ctx: Any, tokens: torch.Tensor, out: Path, ranges: bool) -> Trainer:
             f"run.out_dir={out}",
         ],
     )
-    recipe = InMemoryGPTRecipe.from_job(job)
-    recipe.tokens, recipe.fixed_vocab = tokens, VOCAB
-    (out / "run").mkdir(parents=True, exist_ok=True)
-    built = Trainer(job, recipe, ctx, out / "run")
+    built = in_memory_trainer(job, tokens, VOCAB, ctx, out / "run")
     if not ranges:  # the tool is loaded in this process, so Telemetry attached the listener
         built.phases.listeners[:] = [x for x in built.phases.listeners if not isinstance(x, NvtxRanges)]
     return built
@@ -103,31 +99,20 @@ def worker(args: argparse.Namespace) -> None:
     job = load_config("tiny")
     env = DistEnv(kind="single", rank=0, local_rank=0, world_size=1, local_world_size=1)
     ctx = init_distributed(job.parallel, env)
-    torch.manual_seed(0)
-    tokens = torch.randint(0, VOCAB, (256, job.model.seq_len + 1))
+    tokens = random_tokens(VOCAB, job.model.seq_len)
     tokens_per_step = job.train.global_batch_size * job.model.seq_len
     with tempfile.TemporaryDirectory() as tmp:
-        loops = {name: trainer(ctx, tokens, Path(tmp) / name, name == "nvtx") for name in ("nvtx", "none")}
-        for t in loops.values():
-            t.train_until(t.step + 5)  # warm-up: allocator, first optimizer state
-        rates: dict[str, list[float]] = {"nvtx": [], "none": []}
-        for i in range(args.repeats):
-            for name in ("nvtx", "none") if i % 2 == 0 else ("none", "nvtx"):
-                t = loops[name]
-                start = time.perf_counter()
-                t.train_until(t.step + args.steps)
-                rates[name].append(tokens_per_step * args.steps / (time.perf_counter() - start))
-        for t in loops.values():
+        trainers = {name: trainer(ctx, tokens, Path(tmp) / name, name == "nvtx") for name in ("nvtx", "none")}
+        loops = {name: trainer_loop(t) for name, t in trainers.items()}
+        # warm-up of 5 steps each: allocator, first optimizer state
+        rates = compare_loops(loops, args.repeats, args.steps, tokens_per_step, warmup=5)
+        for t in trainers.values():
             t.close()
     print(json.dumps({**rates, "cost_s": boundaries_cost_s(listener), "tokens_per_step": tokens_per_step}))
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--repeats", type=int, default=15)
-    parser.add_argument("--steps", type=int, default=40, help="optimizer steps per timed block")
+    parser = block_parser(__doc__, repeats=15, steps=40)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -139,28 +124,24 @@ def main() -> None:
         argv = [sys.executable, __file__, "--worker", f"--repeats={args.repeats}", f"--steps={args.steps}"]
         proc = subprocess.run(argv, env=env, capture_output=True, text=True, check=True)
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    nvtx, none = statistics.median(result["nvtx"]), statistics.median(result["none"])
-    step_s = result["tokens_per_step"] / none
+    runs = {"nvtx": result["nvtx"], "none": result["none"]}
+    comparison = Comparison.of(runs, "nvtx", "none")
+    step_s = result["tokens_per_step"] / comparison.bottom_median
     print(f"tiny GPT, 1 process, {args.repeats} repeats x {args.steps} steps, interleaved; null NVTX tool")
-    print_rates("ranges", "tok/s", {"nvtx": result["nvtx"], "none": result["none"]}, decimals=0)
-    print(f"ratio nvtx/none = {nvtx / none:.3f}; listener calls: {result['cost_s'] * 1e6:.1f} us per step "
+    print_table("ranges", "tok/s", runs, decimals=0)
+    print(f"{comparison.summary()}; listener calls: {result['cost_s'] * 1e6:.1f} us per step "
           f"= {result['cost_s'] / step_s:.2%} of a {step_s * 1000:.2f} ms step")  # fmt: skip
     print(f"without a profiler: listener attached = {without_tool} (no listener, no cost)")
-    print(
-        json.dumps(
-            {
-                "benchmark": "nvtx_overhead",
-                "nvtx_tokens_per_s": round(nvtx, 1),
-                "none_tokens_per_s": round(none, 1),
-                "ratio": round(nvtx / none, 4),
-                "listener_us_per_step": round(result["cost_s"] * 1e6, 2),
-                "listener_share_of_step": round(result["cost_s"] / step_s, 5),
-                "listener_without_tool": without_tool,
-                "repeats": args.repeats,
-                "steps_per_block": args.steps,
-                **run_context(),
-            }
-        )
+    emit(
+        {
+            "benchmark": "nvtx_overhead",
+            **comparison.fields("tokens_per_s"),
+            "listener_us_per_step": round(result["cost_s"] * 1e6, 2),
+            "listener_share_of_step": round(result["cost_s"] / step_s, 5),
+            "listener_without_tool": without_tool,
+            "repeats": args.repeats,
+            "steps_per_block": args.steps,
+        }
     )
 
 

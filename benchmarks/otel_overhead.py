@@ -20,8 +20,6 @@ without it, in microseconds per step and as a share of the measured step.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import socket
 import statistics
 import tempfile
@@ -32,19 +30,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
-from hpcpipe.config import load_config
+from ddp_harness import finish, spawn
+from harness import Comparison, emit, print_table
 from hpcpipe.config.observe import OtelConfig
 from hpcpipe.netutil import free_port
 from hpcpipe.observe.metrics import EventLog, read_events
 from hpcpipe.observe.otel import step_tracer
 from hpcpipe.observe.phases import PhaseTimer
-from hpcpipe.train.distributed import init_distributed
-from hpcpipe.train.environment import DistEnv
-from hpcpipe.train.trainer import Trainer
-from run_context import print_rates, run_context
-from trainer_overhead import InMemoryGPTRecipe
+from observer_pair import QUIET, ObserverPair, describe, pair_parser
 
 
 class Collector:
@@ -81,32 +75,6 @@ class Collector:
         return count
 
 
-def trainer(
-    args: argparse.Namespace, ctx: Any, tokens: torch.Tensor, out: Path, observers: list[str]
-) -> Trainer:
-    job = load_config(
-        "quickstart",
-        [
-            f"train.steps={10**6}",
-            "train.eval_every=0",
-            f"parallel.nproc={args.nproc}",
-            "observe.progress=false",
-            "observe.gpu.enabled=false",
-            "observe.imbalance.every_steps=0",
-            f"observe.log_every={args.log_every}",
-            f"train.micro_batch_size={args.batch}",
-            f"train.global_batch_size={args.batch * args.nproc}",
-            f"model.vocab_size={args.vocab}",
-            f"run.out_dir={out}",
-            *observers,
-        ],
-    )
-    recipe = InMemoryGPTRecipe.from_job(job)
-    recipe.tokens, recipe.fixed_vocab = tokens, args.vocab
-    (out / "run").mkdir(parents=True, exist_ok=True)
-    return Trainer(job, recipe, ctx, out / "run")
-
-
 PHASES = ("data", "forward", "comm", "backward", "optimizer")
 
 
@@ -141,57 +109,22 @@ def listener_cost(args: argparse.Namespace, endpoint: str, steps: int = 2000, re
     return statistics.median(costs) * 1e6
 
 
-def timed(fn: Any, steps: int, tokens: int) -> float:
-    dist.barrier()
-    start = time.perf_counter()
-    fn(steps)
-    dist.barrier()
-    return tokens * steps / (time.perf_counter() - start)
-
-
 def worker(rank: int, args: argparse.Namespace, port: int, endpoint: str, out: Path) -> None:
-    env = DistEnv("torchrun", rank, rank, args.nproc, args.nproc, "127.0.0.1", port)
-    job = load_config("quickstart", [f"parallel.nproc={args.nproc}"])
-    ctx = init_distributed(job.parallel, env)
-    torch.manual_seed(0)
-    tokens = torch.randint(0, args.vocab, (256, job.model.seq_len + 1))
     tracing = [f"observe.otel.endpoint={endpoint}", f"observe.otel.sample_every_steps={args.sample_every}"]
-    on = trainer(args, ctx, tokens, out / "on", tracing)
-    off = trainer(args, ctx, tokens, out / "off", [])
-    tokens_per_step = args.batch * args.nproc * job.model.seq_len
-    ours = {"on": lambda n: on.train_until(on.step + n), "off": lambda n: off.train_until(off.step + n)}
-    ours["on"](args.log_every), ours["off"](args.log_every)  # warm-up
-    result: dict[str, list[float]] = {"on": [], "off": []}
-    for i in range(args.repeats):
-        for name in ("on", "off") if i % 2 == 0 else ("off", "on"):
-            result[name].append(timed(ours[name], args.steps, tokens_per_step))
-    on.close()
-    off.close()
+    pair = ObserverPair(rank, args, port, out, [*QUIET, *tracing], QUIET)
+    result: dict[str, Any] = {**pair.time(), "tokens_per_step": pair.tokens_per_step}
+    pair.close()
     if rank == 0:
         (closed,) = [e for e in read_events(out / "on" / "run") if e["event"] == "tracing_closed"]
-        counts = {key: closed[key] for key in ("spans", "sent", "failed", "dropped")}
-        summary = {**result, "tracing": counts, "tokens_per_step": tokens_per_step}
-        (out / "result.json").write_text(json.dumps(summary))
-    dist.barrier()
-    dist.destroy_process_group()
-    os._exit(0)
+        result["tracing"] = {key: closed[key] for key in ("spans", "sent", "failed", "dropped")}
+    finish(rank, result, out)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = pair_parser(__doc__)
     parser.add_argument("--collector", choices=("receiver", "closed"), default="receiver")
-    parser.add_argument("--nproc", type=int, default=2, help="DDP ranks (gloo on CPU)")
-    parser.add_argument("--repeats", type=int, default=11)
-    parser.add_argument("--steps", type=int, default=40, help="optimizer steps per timed block")
-    parser.add_argument("--log-every", type=int, default=10, help="observe.log_every")
     parser.add_argument("--sample-every", type=int, default=10, help="observe.otel.sample_every_steps")
-    parser.add_argument("--batch", type=int, default=8, help="sequences per rank per step")
-    parser.add_argument("--vocab", type=int, default=4096)
     args = parser.parse_args()
-
-    import torch.multiprocessing as mp
 
     collector = Collector()
     collector.thread.start()
@@ -202,26 +135,21 @@ def main() -> None:
     )
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
-        mp.start_processes(
-            worker, args=(args, free_port(), endpoint, out), nprocs=args.nproc, start_method="spawn"
-        )
-        result = json.loads((out / "result.json").read_text())
+        result = spawn(worker, (args, free_port(), endpoint, out), args.nproc, out)
     received = collector.spans()
     direct_us = listener_cost(args, endpoint)
     collector.server.shutdown()
     closed.close()
+    report(args, result, received, direct_us)
 
-    on, off = statistics.median(result["on"]), statistics.median(result["off"])
-    step_ms = 1000 * result["tokens_per_step"] / off  # a step without tracing
-    # Each on block next to its off block: drift over the run cancels within a pair.
-    paired = statistics.median(a / b for a, b in zip(result["on"], result["off"], strict=True))
-    print(
-        f"{args.nproc} gloo ranks, quickstart GPT, {args.batch} seq/rank/step, {args.repeats} repeats x "
-        f"{args.steps} steps, interleaved; log every {args.log_every}; a trace every {args.sample_every} "
-        f"steps, to {args.collector}"
-    )
-    print_rates("tracing", "tok/s", {"on": result["on"], "off": result["off"]})
-    print(f"otel: ratio on/off = {on / off:.3f} (target >= 0.98); median of paired blocks {paired:.3f}")
+
+def report(args: argparse.Namespace, result: dict[str, Any], received: int, direct_us: float) -> None:
+    runs = {"on": result["on"], "off": result["off"]}
+    comparison = Comparison.of(runs, "on", "off")
+    step_ms = 1000 * result["tokens_per_step"] / comparison.bottom_median  # a step without tracing
+    print(f"{describe(args)}; a trace every {args.sample_every} steps, to {args.collector}")
+    print_table("tracing", "tok/s", runs)
+    print(f"otel: {comparison.summary(0.98)}")
     print(
         f"direct: the tracer adds {direct_us:.1f} us per step at the loop's boundaries "
         f"({100 * direct_us / 1000 / step_ms:.3f}% of the {step_ms:.0f} ms step)"
@@ -229,27 +157,22 @@ def main() -> None:
     tracing = result["tracing"]
     print(f"rank 0's spans: {tracing['spans']} ended, {tracing['sent']} sent, {tracing['failed']} failed, "
           f"{tracing['dropped']} dropped; the collector received {received} (both ranks)")  # fmt: skip
-    print(
-        json.dumps(
-            {
-                "benchmark": "otel_overhead",
-                "collector": args.collector,
-                "on_tokens_per_s": round(on, 1),
-                "off_tokens_per_s": round(off, 1),
-                "ratio": round(on / off, 4),
-                "paired_ratio": round(paired, 4),
-                "direct_us_per_step": round(direct_us, 2),
-                "step_ms": round(step_ms, 2),
-                "repeats": args.repeats,
-                "steps_per_block": args.steps,
-                "log_every": args.log_every,
-                "sample_every_steps": args.sample_every,
-                "nproc": args.nproc,
-                "spans_received": received,
-                "rank0_spans": tracing,
-                **run_context(),
-            }
-        )
+    emit(
+        {
+            "benchmark": "otel_overhead",
+            "collector": args.collector,
+            **comparison.fields("tokens_per_s"),
+            "target": 0.98,
+            "direct_us_per_step": round(direct_us, 2),
+            "step_ms": round(step_ms, 2),
+            "repeats": args.repeats,
+            "steps_per_block": args.steps,
+            "log_every": args.log_every,
+            "sample_every_steps": args.sample_every,
+            "nproc": args.nproc,
+            "spans_received": received,
+            "rank0_spans": tracing,
+        }
     )
 
 

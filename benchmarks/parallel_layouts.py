@@ -19,15 +19,18 @@ against its formula.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 
-from run_context import run_context
+from harness import emit, side_by_side
 
 MODEL = ["model.variant=llama", "model.n_layers=4", "model.n_heads=4", "model.d_model=256"]
 MODEL += ["model.seq_len=128"]
@@ -71,28 +74,36 @@ def median_step(rows: list[dict[str, float]]) -> float:
     return statistics.median(r["step_time_s"] for r in rows)
 
 
+def layout_rate(out: Path, name: str, runs: Iterator[int], steps: int) -> float:
+    """Median tokens/s of one run of the layout ``name`` on 4 ranks (``runs`` numbers its directory)."""
+    sets = [*LAYOUTS[name], "train.global_batch_size=32", "parallel.threads_per_rank=1"]
+    return median_rate(train(out, f"{name}-{next(runs)}", 4, steps, sets))
+
+
 def layouts(out: Path, repeats: int, steps: int) -> dict[str, list[float]]:
-    names = list(LAYOUTS)
-    rates: dict[str, list[float]] = {name: [] for name in names}
-    for rep in range(repeats):
-        order = names[rep % len(names) :] + names[: rep % len(names)]
-        for name in order:
-            sets = [*LAYOUTS[name], "train.global_batch_size=32", "parallel.threads_per_rank=1"]
-            rates[name].append(median_rate(train(out, f"{name}-{rep}", 4, steps, sets)))
-    return rates
+    runs = itertools.count()
+    return side_by_side({name: partial(layout_rate, out, name, runs, steps) for name in LAYOUTS}, repeats)
+
+
+def bubble_arms(out: Path, m: int, runs: Iterator[int], steps: int) -> dict[str, Callable[[], float]]:
+    """Median step time of one run of one process, and of pipeline 2, on m micro-batches of 4."""
+    common = [f"train.global_batch_size={4 * m}", "train.micro_batch_size=4", "parallel.threads_per_rank=1"]
+
+    def one() -> float:
+        return median_step(train(out, f"one-m{m}-{next(runs)}", 1, steps, common))
+
+    def pp2() -> float:
+        return median_step(train(out, f"pp2-m{m}-{next(runs)}", 2, steps, [*common, "parallel.pp=2"]))
+
+    return {"one": one, "pp2": pp2}
 
 
 def bubble(out: Path, repeats: int, steps: int, micro_batches: tuple[int, ...]) -> list[dict[str, float]]:
     rows = []
+    runs = itertools.count()
     for m in micro_batches:
-        batch = 4 * m  # micro-batch 4 on one pipeline: m micro-batches per step
-        common = [f"train.global_batch_size={batch}", "train.micro_batch_size=4"]
-        common.append("parallel.threads_per_rank=1")
-        one, pp = [], []
-        for rep in range(repeats):
-            one.append(median_step(train(out, f"one-m{m}-{rep}", 1, steps, common)))
-            pp.append(median_step(train(out, f"pp2-m{m}-{rep}", 2, steps, [*common, "parallel.pp=2"])))
-        t_one, t_pp = statistics.median(one), statistics.median(pp)
+        times = side_by_side(bubble_arms(out, m, runs, steps), repeats)
+        t_one, t_pp = statistics.median(times["one"]), statistics.median(times["pp2"])
         rows.append({"m": m, "measured": 1 - (t_one / 2) / t_pp, "formula": 1 / (m + 1)})
     return rows
 
@@ -116,13 +127,7 @@ def main() -> None:
     print(f"\n{'pipeline 2, micro-batches':<28}{'bubble measured':>16}{'formula':>15}")
     for row in bubbles:
         print(f"{row['m']:<28}{row['measured']:>16.3f}{row['formula']:>15.3f}")
-    record = {
-        "benchmark": "parallel_layouts",
-        "ratios_vs_fsdp_dp4": ratios,
-        "bubble": bubbles,
-        **run_context(),
-    }
-    print(json.dumps(record))
+    emit({"benchmark": "parallel_layouts", "ratios_vs_fsdp_dp4": ratios, "bubble": bubbles})
 
 
 if __name__ == "__main__":

@@ -12,18 +12,17 @@ Ratios: no-op / full, and decision / no-op. Medians of ``--repeats`` no-op runs.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
+from harness import emit
 from hpcpipe.config import load_config
 from hpcpipe.observe.lineage import read_lineage
 from hpcpipe.pipeline.engine import StepContext, decide
 from hpcpipe.pipeline.steps import STEPS
-from run_context import run_context
 
 
 def cli_run(job: str, sets: list[str]) -> tuple[float, str]:
@@ -75,11 +74,11 @@ def main() -> None:
     print(f"{args.job} ({steps} steps): full run {full:.1f} s; no-op run median {cli:.2f} s "
           f"(min {min(noop):.2f}, max {max(noop):.2f}); deciding alone {dec * 1000:.0f} ms")  # fmt: skip
     print(f"ratio no-op/full = {cli / full:.4f}; deciding/no-op = {dec / cli:.3f}")
-    print(json.dumps({
+    emit({
         "benchmark": "pipeline_noop", "job": args.job, "train_steps": steps, "repeats": args.repeats,
         "full_s": round(full, 2), "noop_s": round(cli, 3), "decide_s": round(dec, 4),
-        "ratio_noop_full": round(cli / full, 5), "ratio_decide_noop": round(dec / cli, 4), **run_context(),
-    }))  # fmt: skip
+        "ratio_noop_full": round(cli / full, 5), "ratio_decide_noop": round(dec / cli, 4),
+    })  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -15,17 +15,15 @@ Allocations are deterministic: one run is the result. Prints a table and a JSON 
 
 from __future__ import annotations
 
-import json
-
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from harness import emit
 from hpcpipe.config import ModelConfig
 from hpcpipe.models.gpt import GPT, mlp_hidden
 from hpcpipe.plan.memory import Layout, ModelShape, memory_per_gpu
 from hpcpipe.train.activation_checkpointing import apply_activation_checkpointing
-from run_context import run_context
 
 LAYERS, WIDTH, HEADS, SEQ, BATCH, VOCAB = 6, 256, 4, 512, 8, 512
 MIB = 2**20
@@ -124,7 +122,7 @@ def main() -> None:
         "micro_batch": BATCH,
         "vocab": VOCAB,
     }
-    print(json.dumps({"benchmark": "plan_memory_check", "shape": shape, "rows": rows, **run_context()}))
+    emit({"benchmark": "plan_memory_check", "shape": shape, "rows": rows})
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,8 +31,8 @@ sys.path.insert(0, str(ROOT))
 
 from tests.integration.slurm_cluster import SlurmCluster, job_overrides, missing_capability  # noqa: E402
 
+from harness import emit, measure_round  # noqa: E402
 from hpcpipe.config import load_config  # noqa: E402
-from run_context import run_context  # noqa: E402
 
 RAW_SCRIPT = """#!/bin/bash
 #SBATCH --job-name=raw
@@ -108,12 +109,18 @@ def _busbw(argv: list[str], env: dict[str, str]) -> float:
 def _first_steps(cluster: SlurmCluster, work: Path, repeats: int) -> tuple[list[float], list[float]]:
     prepare = [sys.executable, "-m", "hpcpipe", "data", "prepare", "tiny"]
     subprocess.run([*prepare, "--set", f"data.prepared_dir={work / 'prepared'}"], check=True, cwd=work)
-    hp, raw = [], []
-    for index in range(repeats):  # alternating, so drift hits both alike
-        hp.append(_hpcpipe(cluster, work, index))
-        raw.append(_raw(cluster, work, index))
-        print(f"round {index + 1}: hpcpipe {hp[-1]:.1f} s, raw {raw[-1]:.1f} s", flush=True)
-    return hp, raw
+    times: dict[str, list[float]] = {"hpcpipe": [], "raw": []}
+    for index in range(repeats):  # rotated, so drift hits both alike
+        arms = {
+            "hpcpipe": partial(_hpcpipe, cluster, work, index),
+            "raw": partial(_raw, cluster, work, index),
+        }
+        measure_round(arms, index, times)
+        print(
+            f"round {index + 1}: hpcpipe {times['hpcpipe'][-1]:.1f} s, raw {times['raw'][-1]:.1f} s",
+            flush=True,
+        )
+    return times["hpcpipe"], times["raw"]
 
 
 def _busbw_pair(cluster: SlurmCluster) -> tuple[float, float]:
@@ -150,11 +157,10 @@ def main() -> None:
         "busbw_gbps_one_host": round(one_host, 4),
         "busbw_ratio_across_over_one_host": round(across / one_host, 3),
         "all_reduce_bytes": 16 * 2**20,
-        **run_context(),
     }
     print(f"time to first step: hpcpipe {hp_s:.1f} s, raw {raw_s:.1f} s, ratio {hp_s / raw_s:.3f}")
     print(f"all_reduce 16 MiB busbw: across namespaces {across:.3f} GB/s, one host {one_host:.3f} GB/s")
-    print(json.dumps(result))
+    emit(result)
 
 
 if __name__ == "__main__":

@@ -27,13 +27,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from harness import emit, measure_round  # noqa: E402
 from hpcpipe.data.stage import StageSource, stage  # noqa: E402
-from run_context import run_context  # noqa: E402
 
 
 def _make_dataset(root: Path, files: int, mb: int) -> StageSource:
@@ -59,12 +60,13 @@ def _time_stage(source: StageSource, cache: Path) -> float:
     return elapsed
 
 
-def _time_cp(source: Path, dest: Path) -> tuple[float, float]:
+def _time_cp(source: Path, dest: Path, copy_only: list[float]) -> float:
+    """Seconds of ``cp -r`` and ``sync``; the copy's own seconds appended to ``copy_only``."""
     started = time.perf_counter()
     subprocess.run(["cp", "-r", str(source), str(dest)], check=True)
-    copied = time.perf_counter() - started
+    copy_only.append(time.perf_counter() - started)
     subprocess.run(["sync"], check=True)
-    return copied, time.perf_counter() - started
+    return time.perf_counter() - started
 
 
 def main() -> None:
@@ -77,17 +79,16 @@ def main() -> None:
         work = Path(tmp)
         source = _make_dataset(work / "source", args.files, args.mb)
         total_mb = sum((source.root / rel).stat().st_size for rel in source.files) / 1e6
-        hpcpipe_s, cp_s, cp_sync_s = [], [], []
+        times: dict[str, list[float]] = {"hpcpipe": [], "cp": [], "cp_sync": []}
         for i in range(args.repeats):
-            hpcpipe_s.append(_time_stage(source, work / f"cache-{i}"))
-            copied, synced = _time_cp(source.root, work / f"cp-{i}")
-            cp_s.append(copied)
-            cp_sync_s.append(synced)
+            arms = {
+                "hpcpipe": partial(_time_stage, source, work / f"cache-{i}"),
+                "cp_sync": partial(_time_cp, source.root, work / f"cp-{i}", times["cp"]),
+            }
+            measure_round(arms, i, times)
             shutil.rmtree(work / f"cache-{i}")
             shutil.rmtree(work / f"cp-{i}")
-    medians = {
-        k: statistics.median(v) for k, v in (("hpcpipe", hpcpipe_s), ("cp", cp_s), ("cp_sync", cp_sync_s))
-    }
+    medians = {k: statistics.median(v) for k, v in times.items()}
     ratio = medians["hpcpipe"] / medians["cp_sync"]
     print(f"staging {total_mb:.0f} MB in {args.files} files, median of {args.repeats}:")
     for name, seconds in medians.items():
@@ -103,9 +104,8 @@ def main() -> None:
         "mb_per_s": {k: round(total_mb / v, 1) for k, v in medians.items()},
         "ratio_vs_cp_sync": round(ratio, 3),
         "ratio_vs_cp": round(alone, 3),
-        **run_context(),
     }
-    print(json.dumps(result))
+    emit(result)
 
 
 if __name__ == "__main__":

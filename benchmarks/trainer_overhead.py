@@ -11,93 +11,30 @@ hits both; the ratio of medians is the result (target >= 0.98).
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
 import tempfile
-import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from harness import block_parser, compare_loops, report_pair, trainer_loop
 from hpcpipe.config import load_config
 from hpcpipe.models.gpt import GPT
-from hpcpipe.recipes.gpt import GPTRecipe
 from hpcpipe.train.distributed import init_distributed
 from hpcpipe.train.environment import DistEnv
 from hpcpipe.train.optim import build_optimizer
 from hpcpipe.train.schedule import lr_at
 from hpcpipe.train.trainer import Trainer
-from run_context import print_rates, run_context
-
-
-@dataclass
-class TensorLoader:
-    """Serves micro-batches from one fixed (N, T+1) token tensor, cycling."""
-
-    tokens: torch.Tensor  # (N, T+1) int64
-    micro_batch_size: int
-    cursor: int = 0
-
-    def next_microbatch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        n = self.tokens.shape[0]
-        idx = torch.arange(self.cursor, self.cursor + self.micro_batch_size) % n
-        self.cursor = (self.cursor + self.micro_batch_size) % n
-        window = self.tokens[idx]  # (B, T+1)
-        return window[:, :-1], window[:, 1:]
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"cursor": self.cursor}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.cursor = int(state["cursor"])
-
-    def set_micro_batch_size(self, micro_batch_size: int) -> None:
-        self.micro_batch_size = micro_batch_size
-
-    def close(self) -> None:
-        return None  # nothing to release (the Trainer closes its loader at the end)
-
-
-class InMemoryGPTRecipe(GPTRecipe):
-    """The GPT recipe with its dataset replaced by a token tensor (no files involved)."""
-
-    tokens: torch.Tensor
-    fixed_vocab: int
-
-    def prepare(self, progress: bool) -> None:
-        return None
-
-    @property
-    def vocab_size(self) -> int:  # type: ignore[override]
-        return self.fixed_vocab
-
-    def train_loader(self, rank: int, world_size: int) -> TensorLoader:  # type: ignore[override]
-        return TensorLoader(self.tokens, self.train_cfg.micro_batch_size)
+from in_memory_gpt import TensorLoader, in_memory_trainer, quickstart_job, random_tokens
 
 
 def build(args: argparse.Namespace, tokens: torch.Tensor, run_dir: Path) -> tuple[Trainer, Any]:
-    job = load_config(
-        "quickstart",
-        [
-            f"train.steps={10**6}",
-            "train.eval_every=0",
-            "parallel.nproc=1",
-            "observe.progress=false",
-            f"train.micro_batch_size={args.batch}",
-            f"train.global_batch_size={args.batch}",
-            f"model.vocab_size={args.vocab}",
-            f"run.out_dir={run_dir}",
-            f"parallel.retain_host_memory={not args.no_retain_host_memory}",
-        ],
-    )
-    recipe = InMemoryGPTRecipe.from_job(job)
-    recipe.tokens, recipe.fixed_vocab = tokens, args.vocab
+    retain = f"parallel.retain_host_memory={not args.no_retain_host_memory}"
+    job = quickstart_job(run_dir, 1, args.batch, args.vocab, [retain])
     env = DistEnv(kind="single", rank=0, local_rank=0, world_size=1, local_world_size=1)
     ctx = init_distributed(job.parallel, env)
-    trainer = Trainer(job, recipe, ctx, run_dir)
+    trainer = in_memory_trainer(job, tokens, args.vocab, ctx, run_dir)
 
     torch.manual_seed(job.run.seed)  # the raw loop starts from the same weights
     model = GPT(job.model, args.vocab)
@@ -130,18 +67,8 @@ class RawLoop:
                 loss.item()  # a hand-written loop prints its loss now and then, too
 
 
-def timed(fn: Any, steps: int, tokens_per_step: int) -> float:
-    start = time.perf_counter()
-    fn(steps)
-    return tokens_per_step * steps / (time.perf_counter() - start)
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--repeats", type=int, default=11)
-    parser.add_argument("--steps", type=int, default=15, help="optimizer steps per timed block")
+    parser = block_parser(__doc__, repeats=11, steps=15)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--vocab", type=int, default=4096)
     parser.add_argument(
@@ -151,45 +78,26 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    torch.manual_seed(0)
     job_seq = load_config("quickstart").model.seq_len
-    tokens = torch.randint(0, args.vocab, (256, job_seq + 1))
+    tokens = random_tokens(args.vocab, job_seq)
     tokens_per_step = args.batch * job_seq
     with tempfile.TemporaryDirectory() as tmp:
         trainer, raw = build(args, tokens, Path(tmp))
-        ours = lambda n: trainer.train_until(trainer.step + n)  # noqa: E731
-        theirs = raw.run
-        ours(3), theirs(3)  # warm-up: allocator, kernels, first optimizer state
-        hp, rw = [], []
-        for i in range(args.repeats):
-            order = [(ours, hp), (theirs, rw)] if i % 2 == 0 else [(theirs, rw), (ours, hp)]
-            for fn, out in order:
-                out.append(timed(fn, args.steps, tokens_per_step))
+        loops = {"hpcpipe": trainer_loop(trainer), "raw": raw.run}
+        # warm-up of 3 steps each: allocator, kernels, first optimizer state
+        runs = compare_loops(loops, args.repeats, args.steps, tokens_per_step, warmup=3)
         trainer.close()
 
-    hp_med, rw_med = statistics.median(hp), statistics.median(rw)
-    ratio = hp_med / rw_med
     print(
         f"threads={torch.get_num_threads()} batch={args.batch}x{job_seq} tokens, "
         f"{args.repeats} repeats x {args.steps} steps, interleaved"
     )
-    print_rates("loop", "tok/s", {"hpcpipe": hp, "raw": rw}, decimals=0)
-    print(f"ratio hpcpipe/raw = {ratio:.3f} (target >= 0.98)")
-    print(
-        json.dumps(
-            {
-                "benchmark": "trainer_overhead",
-                "hpcpipe_tokens_per_s": round(hp_med, 1),
-                "raw_tokens_per_s": round(rw_med, 1),
-                "ratio": round(ratio, 4),
-                "target": 0.98,
-                "repeats": args.repeats,
-                "steps": args.steps,
-                "retain_host_memory": not args.no_retain_host_memory,
-                **run_context(),
-            }
-        )
-    )
+    fields = {
+        "repeats": args.repeats,
+        "steps": args.steps,
+        "retain_host_memory": not args.no_retain_host_memory,
+    }
+    report_pair("trainer_overhead", runs, ("tok/s", "tokens_per_s"), 0.98, fields, decimals=0)
 
 
 if __name__ == "__main__":

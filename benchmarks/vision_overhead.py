@@ -18,23 +18,21 @@ prefetch), channels_last, and bf16 autocast; it prints each gain over the baseli
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
-from ddp_harness import alternate, finish, trainer_for
+from ddp_harness import SampledBatches, finish, join_group, spawn, trainer_for
+from harness import block_parser, compare_loops, report_pair, trainer_loop
 from hpcpipe.config import JobConfig, load_config
 from hpcpipe.data.images.generator import write_dataset
 from hpcpipe.netutil import free_port
-from hpcpipe.train.distributed import init_distributed
-from hpcpipe.train.environment import DistEnv
 from hpcpipe.train.schedule import lr_at
-from run_context import print_rates, run_context
 
 KNOBS = {
     "workers=2, persistent, prefetch 4": [
@@ -74,7 +72,6 @@ class RawLoop:
 
     def __init__(self, job: JobConfig, root: Path, mean: tuple[float, ...], std: tuple[float, ...]) -> None:
         from torch.nn.parallel import DistributedDataParallel
-        from torch.utils.data import DataLoader, DistributedSampler
         from torchvision.models import resnet18
         from torchvision.transforms import v2
 
@@ -107,31 +104,21 @@ class RawLoop:
             ]
         )
         dataset = [(torch.from_numpy(img), int(y)) for img, y in zip(split.images, split.labels, strict=True)]  # type: ignore[arg-type]
-        self.sampler = DistributedSampler(dataset, seed=job.run.seed)
-        self.loader = DataLoader(
+        self.batches = SampledBatches(
             _Transformed(dataset, transform),
-            batch_size=job.train.micro_batch_size,
-            sampler=self.sampler,
-            drop_last=True,
+            job.train.micro_batch_size,
+            dist.get_rank(),
+            dist.get_world_size(),
+            job.run.seed,
         )
-        self.job, self.step, self.epoch = job, 0, 0
-        self.batches = iter(self.loader)
-
-    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        try:
-            return next(self.batches)
-        except StopIteration:
-            self.epoch += 1
-            self.sampler.set_epoch(self.epoch)
-            self.batches = iter(self.loader)
-            return next(self.batches)
+        self.job, self.step = job, 0
 
     def run(self, steps: int) -> None:
         for _ in range(steps):
             self.step += 1
             for group in self.optimizer.param_groups:
                 group["lr"] = lr_at(self.step, self.job.train)
-            x, y = self.next_batch()
+            x, y = self.batches.next()
             loss = F.cross_entropy(self.model(x), y)
             loss.backward()
             self.optimizer.step()
@@ -151,36 +138,30 @@ class _Transformed(torch.utils.data.Dataset):  # type: ignore[type-arg]
 
 
 def worker(rank: int, args: argparse.Namespace, port: int, root: Path, out: Path) -> None:
-    env = DistEnv("torchrun", rank, rank, args.nproc, args.nproc, "127.0.0.1", port)
     job = job_for(args, root, out, [])
-    ctx = init_distributed(job.parallel, env)
+    ctx = join_group(rank, args.nproc, port, job.parallel)
     images = args.batch * args.nproc
     trainer = trainer_for(job, ctx, out / "hpcpipe")
     info = trainer.recipe.info  # type: ignore[attr-defined]
     raw = RawLoop(job, root, info.mean, info.std)
-    ours = lambda n: trainer.train_until(trainer.step + n)  # noqa: E731
-    hp, rw = alternate(ours, raw.run, args.repeats, args.steps, images)
-    result: dict[str, Any] = {"hpcpipe": hp, "raw": rw}
+    ours = trainer_loop(trainer)
+    loops = {"hpcpipe": ours, "raw": raw.run}
+    result: dict[str, Any] = compare_loops(loops, args.repeats, args.steps, images)
     if args.knobs:
         result["knobs"] = {}
         for name, sets in KNOBS.items():
             other = trainer_for(job_for(args, root, out, sets), ctx, out / name.replace(" ", "_"))
-            theirs = lambda n, t=other: t.train_until(t.step + n)  # noqa: E731
-            base, changed = alternate(ours, theirs, args.knob_repeats, args.steps, images)
-            result["knobs"][name] = {"baseline": base, "changed": changed}
+            pair = {"baseline": ours, "changed": trainer_loop(other)}
+            result["knobs"][name] = compare_loops(pair, args.knob_repeats, args.steps, images)
             other.close()
     trainer.close()
     finish(rank, result, out)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = block_parser(__doc__, repeats=7, steps=4)
     parser.add_argument("--nproc", type=int, default=2, help="DDP ranks (gloo on CPU)")
-    parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--knob-repeats", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=4, help="optimizer steps per timed block")
     parser.add_argument("--batch", type=int, default=32, help="images per rank per step")
     parser.add_argument("--variant", default="resnet18-imagenet", choices=["resnet18", "resnet18-imagenet"])
     parser.add_argument(
@@ -188,45 +169,28 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    import torch.multiprocessing as mp
-
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
         root = write_dataset("cifar10", out / "cifar10", n_train=2048, n_test=64)
-        port = free_port()
-        mp.start_processes(worker, args=(args, port, root, out), nprocs=args.nproc, start_method="spawn")
-        result = json.loads((out / "result.json").read_text())
+        result = spawn(worker, (args, free_port(), root, out), args.nproc, out)
 
-    hp, rw = statistics.median(result["hpcpipe"]), statistics.median(result["raw"])
     print(
         f"{args.nproc} gloo ranks, {args.variant}, {args.batch} images/rank/step, "
         f"{args.repeats} repeats x {args.steps} steps, interleaved"
     )
-    print_rates("loop", "img/s", {"hpcpipe": result["hpcpipe"], "raw": result["raw"]})
-    print(f"ratio hpcpipe/raw = {hp / rw:.3f} (target >= 0.95)")
     knobs = {}
     for name, runs in result.get("knobs", {}).items():
-        gain = statistics.median(runs["changed"]) / statistics.median(runs["baseline"])
-        knobs[name] = round(gain, 4)
-        print(f"knob {name:<36} {gain:.3f}x over num_workers=0/fp32/NCHW")
-    print(
-        json.dumps(
-            {
-                "benchmark": "vision_overhead",
-                "hpcpipe_images_per_s": round(hp, 1),
-                "raw_images_per_s": round(rw, 1),
-                "ratio": round(hp / rw, 4),
-                "target": 0.95,
-                "nproc": args.nproc,
-                "variant": args.variant,
-                "batch_per_rank": args.batch,
-                "repeats": args.repeats,
-                "steps": args.steps,
-                "knob_gains": knobs,
-                **run_context(),
-            }
-        )
-    )
+        knobs[name] = round(statistics.median(runs["changed"]) / statistics.median(runs["baseline"]), 4)
+    notes = [f"knob {name:<36} {gain:.3f}x over num_workers=0/fp32/NCHW" for name, gain in knobs.items()]
+    fields = {
+        "nproc": args.nproc,
+        "variant": args.variant,
+        "batch_per_rank": args.batch,
+        "repeats": args.repeats,
+        "steps": args.steps,
+        "knob_gains": knobs,
+    }
+    report_pair("vision_overhead", result, ("img/s", "images_per_s"), 0.95, fields, notes=notes)
 
 
 if __name__ == "__main__":
