@@ -2,7 +2,7 @@
 
     .venv/bin/python scripts/build_dashboard.py [OUT]   (default: deploy/grafana/hpcpipe.json)
 
-The panels are data (``PANELS``: title, PromQL, unit); tests/unit/test_deploy.py regenerates the
+The panels are data (``PANELS``: title, PromQL, unit); tests/unit/project/test_deploy.py regenerates the
 file and compares, checks every expression with ``promtool``, and the Prometheus integration test
 runs them against a live server scraping a real 2-rank run. Edit here, not in the JSON.
 """

@@ -4,7 +4,7 @@
 
 Every public name of the recipe API (``hpcpipe.Recipe``, ``hpcpipe.DatasetRecipe`` and what their
 methods take and return, ``hpcpipe.testing``) with its signature, its declared attributes and its
-docstring. tests/unit/test_recipe_reference.py regenerates it and compares: edit the docstrings,
+docstring. tests/unit/project/test_recipe_reference.py regenerates it and compares: edit the docstrings,
 not the Markdown.
 """
 

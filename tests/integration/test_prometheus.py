@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 from tests.helpers import tiny_job_sets
-from tests.unit.test_deploy import _dashboard_module, concrete
+from tests.unit.project.test_deploy import _dashboard_module, concrete
 
 from hpcpipe.netutil import free_port
 

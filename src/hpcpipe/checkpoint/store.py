@@ -266,7 +266,10 @@ class CheckpointStore:
             if cause is None:
                 raise  # not the disk: a bug, whose traceback is worth seeing
             message = save_error_message(step, tmp, cause)
-            self._event("checkpoint_save_failed", {"step": step, "error": message})
+            self._event(
+                "checkpoint_save_failed",
+                {"step": step, "path": str(self.fast.root / step_dir_name(step)), "error": message},
+            )
             raise CheckpointError(message) from None
         self._commit_everywhere(tmp, step, writer.digests(), start, force)
 
@@ -286,7 +289,10 @@ class CheckpointStore:
         message = self._first_error(message)  # every rank learns of any rank's failure
         if message is not None:
             self._discard(tmp)
-            self._event("checkpoint_save_failed", {"step": step, "error": message})
+            self._event(
+                "checkpoint_save_failed",
+                {"step": step, "path": str(self.fast.root / step_dir_name(step)), "error": message},
+            )
             raise CheckpointError(message)
         self._commit_everywhere(tmp, step, entries, start, force)
 

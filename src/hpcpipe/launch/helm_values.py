@@ -2,7 +2,7 @@
 
 The chart and ``launch k8s`` render the same objects from the same settings: ``launch k8s`` builds
 them in Python (no Helm needed where hpcpipe runs), the chart in Helm's templates (where a platform
-team deploys). ``tests/unit/test_helm_chart.py`` renders both for every shipped example with the
+team deploys). ``tests/unit/launch/test_helm_values.py`` renders both for every shipped example with the
 real Helm engine and compares the job objects field by field, so neither can drift. The values
 are checked exactly as ``launch k8s`` checks a job (node range, runtime rules, the operators'
 models) before they are written.

@@ -10,7 +10,7 @@ attend to its keys and values. ``lora.frozen_context`` runs each packed row in t
    own cached prompt and causally to itself (``packed_attention``'s ``context_spans``).
 
 Forward values are those of one pass over the row: the same attention pattern, positions and
-weights (``tests/unit/test_context_split.py``). The gradient leaves out the paths through the
+weights (``tests/unit/models/test_context_split.py``). The gradient leaves out the paths through the
 prompts' keys and values: the adapters learn to read the schemas, not to encode them. Backward
 covers the remaining third of the tokens.
 """

@@ -4,7 +4,7 @@ A packed row holds several conversations (``data/function_calling/pack.py``). A 
 mask keeps them apart, but a mask sends SDPA to its masked kernels, which score every (query,
 key) pair of the row, across conversations too, and then discard most of them. Here SDPA runs
 causally on each conversation's span of the row (its flash kernel, on CPU and CUDA) and the
-spans are concatenated back: the same outputs (``tests/unit/test_lora_tokens.py``), and only the
+spans are concatenated back: the same outputs (``tests/unit/recipes/test_lora_fc_loss.py``), and only the
 spans' squares are scored instead of the row's. On this project's 2-core CPU a SmolLM2 training
 step on 1280-token rows ran 1.14x faster (benchmarks/README.md, "LoRA function calling").
 

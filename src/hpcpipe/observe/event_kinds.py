@@ -231,7 +231,7 @@ EVENT_KINDS: dict[str, EventKind] = {
     "checkpoint_save_failed": EventKind(
         "checkpoint.store",
         "A save failed; the previous checkpoints are untouched.",
-        {**_STEP, "error": "the error"},
+        {**_STEP, "path": "the checkpoint directory it was writing", "error": "the error"},
     ),
     "checkpoint_temporaries_removed": EventKind(
         "checkpoint.store",

@@ -1,6 +1,6 @@
 {{/*
 The pieces every object of the release shares. They mirror src/hpcpipe/launch/k8s_pod.py and
-kubernetes.py (`hpcpipe launch k8s`): tests/unit/test_helm_chart.py renders both for the shipped
+kubernetes.py (`hpcpipe launch k8s`): tests/unit/launch/test_helm_values.py renders both for the shipped
 examples and compares the objects field by field.
 */}}
 

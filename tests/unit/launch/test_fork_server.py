@@ -1,0 +1,58 @@
+"""The fork server forked from the launcher (``launch/fork_server.py``): it runs multiprocessing's
+own loop, so a "forkserver" context starts processes through it, with what the launcher imported
+already in memory; it is named so the agent and the chaos harness know it; it is started once."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from hpcpipe.launch.fork_server import SERVER_NAME, is_fork_server
+
+pytestmark = pytest.mark.timeout(120)
+
+ROOT = Path(__file__).resolve().parents[3]
+
+# Run in a fresh interpreter: the test process itself must not become a fork server.
+SCRIPT = textwrap.dedent(
+    """
+    import json, multiprocessing, os, sys
+    from hpcpipe.launch.fork_server import prestart, server_pid
+
+    assert prestart(["json"])
+    first = server_pid()
+    assert prestart(["json"]) and server_pid() == first  # one server per process
+    ctx = multiprocessing.get_context("forkserver")
+    child = ctx.Process(target=os._exit, args=(7,))
+    child.start()
+    child.join(30)
+    comm = open(f"/proc/{first}/comm").read().strip()
+    cmdline = open(f"/proc/{first}/cmdline", "rb").read().split(b"\\0")[0].decode()
+    print(json.dumps({"server": first, "code": child.exitcode, "comm": comm, "cmdline": cmdline,
+                      "exit_dir": os.environ.get("HPCPIPE_EXIT_DIR", "")}))
+    """
+)
+
+
+def test_the_launcher_forks_a_named_server_that_starts_processes_once() -> None:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    argv = [sys.executable, "-c", SCRIPT]
+    proc = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=90, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert seen["code"] == 7  # a process forked by the server, its exit code passed back
+    assert seen["comm"] == SERVER_NAME
+    # A fork of this interpreter (same command line), not multiprocessing's `python -c ...forkserver`.
+    assert seen["cmdline"] == sys.executable
+    assert seen["exit_dir"]  # set before the fork: the workers report their codes there
+
+
+def test_a_fork_server_is_known_by_its_command_or_its_name() -> None:
+    assert is_fork_server(1, "python -c from multiprocessing.forkserver import main; main(3, 4)")
+    assert not is_fork_server(os.getpid(), "pytest")  # this process: neither

@@ -1,0 +1,259 @@
+"""`hpcpipe launch k8s`: golden manifests for both Kubeflow APIs, model validation, bad input.
+
+Regenerate the golden files after a deliberate change with
+``HPCPIPE_UPDATE_GOLDEN=1 pytest tests/unit/launch/test_kubernetes.py``, and read the diff.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from tests.helpers import run_cli
+
+from hpcpipe.config import load_config, validate_config
+from hpcpipe.errors import ConfigError, UserError
+from hpcpipe.launch.k8s_validate import validate_manifest
+from hpcpipe.launch.kubernetes import render_k8s, to_yaml
+from hpcpipe.train.environment import detect_environment
+
+ROOT = Path(__file__).resolve().parents[3]
+GOLDEN = ROOT / "tests" / "data" / "k8s"
+SEED = str(ROOT / "examples" / "k8s" / "h200-elastic.yaml")
+CASES: dict[str, tuple[str, list[str], str, bool]] = {
+    # name: (config, overrides, api, with the hpcpipe-torch runtime)
+    "seed-pytorchjob": (SEED, [], "pytorchjob", False),
+    "seed-trainjob-runtime": (SEED, ["parallel.nnodes=32", "train.global_batch_size=4096"], "trainjob", True),
+    "tiny-trainjob": (
+        "tiny",
+        [
+            "parallel.nnodes=2",
+            "launch.k8s.gpus_per_node=8",
+            "train.global_batch_size=16",
+            "train.micro_batch_size=1",
+        ],
+        "trainjob",
+        False,
+    ),
+}
+
+
+def _render(name: str) -> list[dict[str, Any]]:
+    config, overrides, api, runtime = CASES[name]
+    return render_k8s(load_config(config, overrides), api, runtime)  # type: ignore[arg-type]
+
+
+def _without_config_text(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The ConfigMap's config.yaml changes with every new config field; its round trip is tested
+    on its own, the golden file keeps the manifests' structure."""
+    docs = copy.deepcopy(docs)
+    docs[0]["data"]["config.yaml"] = "<the job's config.yaml>"
+    return docs
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_rendered_manifests_match_their_golden_file(name: str) -> None:
+    text = to_yaml(_without_config_text(_render(name)))
+    path = GOLDEN / f"{name}.yaml"
+    if os.environ.get("HPCPIPE_UPDATE_GOLDEN"):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    assert text == path.read_text(), f"{path} differs: HPCPIPE_UPDATE_GOLDEN=1 regenerates it"
+
+
+def test_the_seed_renders_as_an_elastic_pytorchjob() -> None:
+    _, job_doc = _render("seed-pytorchjob")
+    spec = job_doc["spec"]
+    assert spec["elasticPolicy"] == {
+        "rdzvBackend": "c10d",
+        "rdzvPort": 29400,
+        "minReplicas": 30,
+        "maxReplicas": 32,
+        "maxRestarts": 3,
+    }
+    worker = spec["pytorchReplicaSpecs"]["Worker"]
+    assert worker["replicas"] == 32 and worker["restartPolicy"] == "OnFailure"  # not ExitCode: 75 resumes
+    pod = worker["template"]["spec"]
+    container = pod["containers"][0]
+    assert container["name"] == "pytorch" and container["resources"]["limits"]["nvidia.com/gpu"] == "8"
+    assert "@sha256:" in container["image"]
+    assert pod["initContainers"][0]["command"][1:4] == ["data", "stage", "--job"]
+    claims = {v["persistentVolumeClaim"]["claimName"] for v in pod["volumes"] if "persistentVolumeClaim" in v}
+    assert claims == {"cephfs-datasets", "cephfs-checkpoints"}
+    secret = next(e for e in container["env"] if e["name"] == "MLFLOW_TRACKING_PASSWORD")
+    assert secret == {
+        "name": "MLFLOW_TRACKING_PASSWORD",
+        "valueFrom": {"secretKeyRef": {"key": "password", "name": "mlflow-credentials"}},
+    }
+
+
+def test_the_fsdp_flag_travels_in_the_configmap_and_round_trips() -> None:
+    job = load_config(SEED)
+    config_map, _ = render_k8s(job, "pytorchjob")
+    carried = validate_config(yaml.safe_load(config_map["data"]["config.yaml"]))
+    assert carried == job and carried.parallel.strategy == "fsdp"
+    ddp = load_config(SEED, ["parallel.strategy=ddp"])
+    assert "strategy: ddp" in render_k8s(ddp, "pytorchjob")[0]["data"]["config.yaml"]
+
+
+def test_the_hpcpipe_runtime_restarts_only_after_a_preemption() -> None:
+    _, runtime, train_job = _render("seed-trainjob-runtime")
+    policy = runtime["spec"]["template"]["spec"]["failurePolicy"]
+    assert policy["maxRestarts"] == 3
+    assert policy["rules"][0]["onJobFailureReasons"] == ["PodFailurePolicy"]
+    assert policy["rules"][1]["action"] == "FailJobSet"
+    job_spec = runtime["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]
+    assert job_spec["podFailurePolicy"]["rules"][0]["onExitCodes"]["values"] == [75]
+    assert train_job["spec"]["runtimeRef"]["name"] == "hpcpipe-torch"
+    assert train_job["spec"]["trainer"]["numNodes"] == 32
+
+
+def test_the_runtime_stage_step_gets_the_config_even_without_a_cache() -> None:
+    _, _, train_job = render_k8s(load_config("tiny"), "trainjob", with_runtime=True)
+    patch = train_job["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]
+    pod = patch["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    stage_mounts = {m["mountPath"] for m in pod["initContainers"][0]["volumeMounts"]}
+    assert "/etc/hpcpipe" in stage_mounts  # `data stage --job ... --if-configured` reads it
+
+
+@pytest.mark.parametrize(
+    ("api", "override", "message"),
+    [
+        ("pytorchjob", "launch.k8s.tolerations=[{key: gpu, operater: Exists}]", "tolerations[0].operater"),
+        ("trainjob", "launch.k8s.tolerations=[{key: gpu, operater: Exists}]", "tolerations[0].operater"),
+        ("pytorchjob", "launch.k8s.tolerations=[{key: gpu, tolerationSeconds: soon}]", "expected int"),
+        ("trainjob", "launch.k8s.tolerations=[{key: gpu, tolerationSeconds: soon}]", "valid integer"),
+    ],
+)
+def test_a_wrong_field_is_rejected_by_the_models(api: str, override: str, message: str) -> None:
+    job = load_config("tiny", [override])
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        render_k8s(job, api)  # type: ignore[arg-type]
+
+
+def test_required_fields_and_enums_are_checked_too() -> None:
+    _, job_doc = render_k8s(load_config("tiny"), "pytorchjob")
+    del job_doc["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["name"]
+    with pytest.raises(ConfigError, match="`name`, must not be `None`"):
+        validate_manifest(job_doc)
+    _, train_job = render_k8s(load_config("tiny"), "trainjob")
+    train_job["spec"]["trainer"]["numNodes"] = "2"
+    with pytest.raises(ConfigError, match="numNodes"):
+        validate_manifest(train_job)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["parallel.nnodes=2:4"], "no elastic policy"),
+        (["launch.k8s.cache_host_path=/mnt/nvme"], "needs data.cache_dir"),
+        (["launch.k8s.checkpoint_pvc=ckpt"], "not under launch.k8s.checkpoint_mount"),
+        (["launch.k8s.runs_pvc=runs"], "not under launch.k8s.runs_mount"),
+        (
+            ["launch.k8s.runs_pvc=r", "run.out_dir=/runs", "launch.k8s.checkpoint_pvc=c"],
+            "point checkpoint.durable_dir",
+        ),
+        (["launch.k8s.priority_class=high"], "priority_class"),
+        (["launch.k8s.name=Bad_Name"], "launch.k8s.name"),
+        (["launch.k8s.gpus_per_node=16"], "must be a multiple"),  # tiny's batch of 8 over 16 ranks
+    ],
+)
+def test_inputs_that_cannot_run_are_named(overrides: list[str], message: str) -> None:
+    with pytest.raises(UserError, match=message):
+        render_k8s(load_config("tiny", ["train.micro_batch_size=1", *overrides]), "trainjob")
+
+
+def test_a_secret_value_instead_of_a_reference_is_refused() -> None:
+    with pytest.raises(ConfigError, match="secret-name/key"):
+        load_config("tiny", ["launch.k8s.secret_env={HF_TOKEN: hf_abc123}"])
+
+
+def test_trainjob_worker_detection_from_pet_variables() -> None:
+    env = {
+        "PET_NNODES": "4",
+        "PET_NPROC_PER_NODE": "1",
+        "PET_MASTER_ADDR": "train-node-0-0.train",
+        "PET_MASTER_PORT": "29400",
+        "JOB_COMPLETION_INDEX": "2",
+    }
+    found = detect_environment(env)
+    assert (found.kind, found.rank, found.world_size, found.local_rank) == ("kubernetes", 2, 4, 0)
+    assert (found.master_addr, found.master_port) == ("train-node-0-0.train", 29400)
+    assert detect_environment(env | {"PET_NODE_RANK": "3"}).rank == 3
+    with pytest.raises(UserError, match="hpcpipe launch agent"):
+        detect_environment(env | {"PET_NPROC_PER_NODE": "8"})
+
+
+def test_the_agent_takes_its_endpoint_from_pet_variables() -> None:
+    from hpcpipe.cli.launch import _endpoint_from_env
+
+    assert _endpoint_from_env({"PET_MASTER_ADDR": "job-node-0-0.job", "PET_MASTER_PORT": "29500"}) == (
+        "job-node-0-0.job:29500"
+    )
+    assert _endpoint_from_env({}) == "127.0.0.1:29400"
+
+
+def test_cli_dry_run_prints_and_writes_nothing(tmp_path: Path) -> None:
+    result = run_cli("launch", "k8s", "tiny", "--set", f"run.out_dir={tmp_path}", "--dry-run", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    kinds = [doc["kind"] for doc in yaml.safe_load_all(result.stdout)]
+    assert kinds == ["ConfigMap", "TrainJob"]
+    assert not list(tmp_path.rglob("*.yaml"))
+    written = run_cli("launch", "k8s", "tiny", "--set", f"run.out_dir={tmp_path}", "--api", "pytorchjob")
+    assert written.returncode == 0, written.stderr
+    assert [d["kind"] for d in yaml.safe_load_all((tmp_path / "tiny" / "k8s.yaml").read_text())] == [
+        "ConfigMap",
+        "PyTorchJob",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--submit"], "kubeconfig"),
+        (["--api", "mpijob"], "--api mpijob"),
+        (["--nodes", "0"], "--nodes 0"),
+        (["--set", "launch.k8s.gpus_per_node=-1"], "launch.k8s.gpus_per_node"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, args: list[str], message: str) -> None:
+    env = {"HOME": str(tmp_path), "KUBECONFIG": str(tmp_path / "absent")}
+    result = run_cli("launch", "k8s", "tiny", *args, cwd=tmp_path, env=env)
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_exporter_ports_are_declared_for_the_podmonitor() -> None:
+    sets = ["observe.prometheus.port=9400", "observe.prometheus.host=0.0.0.0", "train.micro_batch_size=1"]
+    job = load_config("tiny", [*sets, "launch.k8s.gpus_per_node=4"])
+    _, pytorch = render_k8s(job, "pytorchjob")
+    pod = pytorch["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]
+    ports = {p["name"]: p["containerPort"] for p in pod["spec"]["containers"][0]["ports"]}
+    assert ports == {"c10d": 29400, **{f"metrics-{i}": 9400 + i for i in range(4)}}
+    _, runtime, _ = render_k8s(job, "trainjob", with_runtime=True)
+    node = runtime["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    assert [p["name"] for p in node["containers"][0]["ports"]] == [f"metrics-{i}" for i in range(4)]
+    # deploy/k8s/podmonitor.yaml selects these pods and keeps exactly these ports.
+    monitor = yaml.safe_load((ROOT / "deploy" / "k8s" / "podmonitor.yaml").read_text())
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= pod["metadata"]["labels"].items()
+    (keep,) = monitor["spec"]["podMetricsEndpoints"][0]["relabelings"]
+    assert [name for name in ports if re.fullmatch(keep["regex"], name)] == [f"metrics-{i}" for i in range(4)]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "api", "message"),
+    [
+        (["observe.prometheus.port=9400"], "pytorchjob", "cannot reach a pod's loopback"),
+        (["observe.prometheus.port=9400", "observe.prometheus.host=::"], "trainjob", "container ports"),
+    ],
+)
+def test_an_exporter_a_pod_cannot_expose_is_named(overrides: list[str], api: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        render_k8s(load_config("tiny", ["train.micro_batch_size=1", *overrides]), api)  # type: ignore[arg-type]

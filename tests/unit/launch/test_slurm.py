@@ -1,0 +1,187 @@
+"""`hpcpipe launch slurm`: the rendered sbatch scripts (golden files, shellcheck) and bad input.
+
+Regenerate the golden files after a deliberate template change with
+``HPCPIPE_UPDATE_GOLDEN=1 pytest tests/unit/launch/test_slurm.py``, and read the diff.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from tests.helpers import run_cli
+
+from hpcpipe.config import load_config
+from hpcpipe.launch.slurm import SlurmSubmission, render_sbatch
+from hpcpipe.sweep import plan_points
+
+GOLDEN = Path(__file__).resolve().parents[2] / "data" / "slurm"
+SHELLCHECK = Path(sys.executable).parent / "shellcheck"
+SEED_ENV = "launch.slurm.env={NCCL_IB_HCA: 'mlx5_0,mlx5_1', NCCL_SOCKET_IFNAME: ib0, NCCL_DEBUG: WARN}"
+CASES = {
+    "two-nodes-8-gpus": [
+        "parallel.nnodes=2",
+        "launch.slurm.gpus_per_node=8",
+        "launch.slurm.cpus_per_task=64",
+        "launch.slurm.mem=480G",
+        "launch.slurm.partition=gpu",
+        "launch.slurm.account=ml-infra",
+        "launch.slurm.qos=high",
+        "launch.slurm.constraint=h100",
+        "launch.slurm.exclusive=true",
+        "launch.slurm.time=2-00:00:00",
+        SEED_ENV,
+        "launch.slurm.setup=['module load cuda/12.4', 'source /opt/venv/bin/activate']",
+    ],
+    "elastic-cpu": [
+        "parallel.nnodes=1:2",
+        "parallel.nproc=2",
+        "launch.slurm.env={GLOO_SOCKET_IFNAME: veth1}",
+    ],
+    "apptainer-staged": [
+        "parallel.nnodes=4",
+        "launch.slurm.gpus_per_node=4",
+        "launch.slurm.container=/shared/images/hpcpipe.sif",
+        "launch.slurm.container_binds=[/scratch, /lustre/datasets, /local/nvme]",
+        "data.cache_dir=/local/nvme/hpcpipe-cache",
+    ],
+    # observe.profile.tool (`launch slurm --profile`): the agents start the profiled ranks under the tool.
+    "nsys-profile": [
+        "parallel.nnodes=2",
+        "launch.slurm.gpus_per_node=4",
+        "train.global_batch_size=32",
+        "launch.slurm.container=/shared/images/hpcpipe.sif",
+        "observe.profile.tool=nsys",
+        "observe.profile.start_step=50",
+    ],
+    "ncu-profile": [
+        "launch.slurm.gpus_per_node=8",
+        "train.global_batch_size=32",
+        "observe.profile.tool=ncu",
+        "observe.profile.ncu.launch_count=5",
+    ],
+}
+
+
+def _render(name: str) -> str:
+    job = load_config("tiny", ["run.out_dir=/scratch/runs", f"run.name={name}", *CASES[name]])
+    return render_sbatch(SlurmSubmission([job], script_dir=job.run_dir))
+
+
+def _render_array() -> str:
+    grid = {"train.lr": [1e-3, 3e-3], "run.seed": [0]}
+    points = plan_points("tiny", ["launch.slurm.signal=TERM"], grid, Path("/scratch/runs/sweep-tiny"))
+    sweep_dir = Path("/scratch/runs/sweep-tiny")
+    return render_sbatch(SlurmSubmission([p.job for p in points], script_dir=sweep_dir, sweep_dir=sweep_dir))
+
+
+def _check_golden(name: str, text: str) -> None:
+    text = re.sub(r"hpcpipe \d+\.\d+\.\d+\S*", "hpcpipe VERSION", text)
+    path = GOLDEN / f"{name}.sbatch"
+    if os.environ.get("HPCPIPE_UPDATE_GOLDEN"):
+        path.write_text(text)
+    assert text == path.read_text(), f"{path} differs; see the module docstring to regenerate"
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_rendered_script_matches_its_golden_file(name: str) -> None:
+    _check_golden(name, _render(name))
+
+
+def test_a_grid_renders_one_array_task_per_point() -> None:
+    text = _render_array()
+    _check_golden("array", text)
+    assert "#SBATCH --array=0-1" in text and "slurm-%A_%a.out" in text
+    assert text.count("/config.yaml") == 2 and "launch collect" in text
+
+
+@pytest.mark.parametrize("text", [*(_render(n) for n in sorted(CASES)), _render_array()])
+def test_rendered_scripts_are_shellcheck_clean_and_signal_every_task(text: str, tmp_path: Path) -> None:
+    script = tmp_path / "job.sbatch"
+    script.write_text(text)
+    proc = subprocess.run(
+        [str(SHELLCHECK), str(script)], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert proc.returncode == 0, proc.stdout
+    signal = re.search(r"^#SBATCH --signal=(\S+)$", text, re.M)
+    assert signal is not None and not signal.group(1).startswith("B:")
+    for option in ("--requeue", "--open-mode=append", "--ntasks-per-node=1"):
+        assert f"#SBATCH {option}\n" in text
+    assert "scontrol requeue" in text and "SLURM_RESTART_COUNT" in text
+
+
+def test_a_profiled_run_exports_nsys_summaries_after_the_job_step(tmp_path: Path) -> None:
+    """`--profile nsys` sets observe.profile.tool; the script then runs `nsys stats` on every
+    rank's report (inside the image, like hpcpipe) before its exit-code logic; ncu has no stats."""
+    out = f"run.out_dir={tmp_path}/runs"
+    proc = run_cli("launch", "slurm", "tiny", "--set", out, "--profile", "nsys", "--dry-run", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "observe.profile.tool=nsys" in proc.stdout and "profile/nsys/*.nsys-rep; do" in proc.stdout
+    text = _render("nsys-profile")
+    stats = "apptainer exec --nv /shared/images/hpcpipe.sif nsys stats --report nvtx_sum,cuda_gpu_kern_sum"
+    assert stats in text and text.index(stats) < text.index('if [ "$code" -eq 75 ]')
+    assert "nsys stats" not in _render("ncu-profile") and "profile/ncu" in _render("ncu-profile")
+    assert "profile/" not in _render("two-nodes-8-gpus")  # no observe.profile.tool: nothing added
+
+
+def test_only_an_elastic_run_lets_the_step_survive_a_lost_node() -> None:
+    assert "srun --kill-on-bad-exit=1 " in _render("two-nodes-8-gpus")
+    assert "srun --kill-on-bad-exit=0 --no-kill " in _render("elastic-cpu")
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["--nodes", "0"], "--nodes"),
+        (["--grid", "train.no_such_key=[1,2]"], "train.no_such_key"),
+        (["--set", "launch.slurm.signal=B:USR1"], "launch.slurm.signal"),
+        (["--set", "parallel.nnodes=3:2"], "parallel.nnodes"),
+        # A newline in a value would add lines to the script: #SBATCH options, or commands.
+        (["--set", "launch.slurm.partition=gpu\n#SBATCH --wrap=x"], "launch.slurm.partition"),
+        (["--set", "run.name=job\necho pwned"], "run.name"),
+        (["--set", "observe.profile.tool=vtune"], "observe.profile.tool"),
+        (["--profile", "ncu", "--set", "observe.profile.ncu.launch_count=-1"], "ncu.launch_count"),
+        (["--profile", "nsys", "--set", "observe.profile.memory=true"], "observe.profile"),
+        (["--profile", "nsys", "--set", "observe.profile.nsys.executable=nsys\nrm -rf /"], "executable"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2_and_submits_nothing(
+    tmp_path: Path, args: list[str], named: str
+) -> None:
+    proc = run_cli("launch", "slurm", "tiny", "--set", f"run.out_dir={tmp_path}/runs", *args, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and named in lines[0] and "Traceback" not in proc.stderr, proc.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_no_sbatch_on_the_path_is_one_line_exit_2_and_writes_nothing(tmp_path: Path) -> None:
+    env = {"PATH": str(tmp_path / "empty-bin")}
+    proc = run_cli("launch", "slurm", "tiny", "--set", f"run.out_dir={tmp_path}/runs", cwd=tmp_path, env=env)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().count("\n") == 0 and "sbatch is not on the PATH" in proc.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_dry_run_prints_the_script_and_writes_nothing(tmp_path: Path) -> None:
+    out = f"run.out_dir={tmp_path}/runs"
+    proc = run_cli("launch", "slurm", "tiny", "--set", out, "--dry-run", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("#!/bin/bash\n") and "hpcpipe launch agent" in proc.stdout
+    assert not (tmp_path / "runs").exists()
+
+
+def test_in_apptainer_hpcpipe_runs_in_the_image_and_the_scheduler_outside() -> None:
+    text = _render("apptainer-staged")
+    binds = "/scratch,/lustre/datasets,/local/nvme"
+    inside = f"apptainer exec --nv --bind {binds} /shared/images/hpcpipe.sif hpcpipe"
+    assert f"{inside} launch agent" in text and f"{inside} data stage --job" in text
+    assert f"{inside} ckpt newest" in text
+    # sbatch options, srun and scontrol are the host's.
+    assert "\nsrun " in text and "scontrol show hostnames" in text
+    assert "apptainer exec --nv scontrol" not in text
+    assert "data stage" not in _render("two-nodes-8-gpus")  # no data.cache_dir: no staging step

@@ -1,0 +1,234 @@
+"""run.recipe resolves to a recipe class: a registered name (hpcpipe's built-ins are entry points
+too) or an import path; every mistake is one line naming run.recipe, the class or the method, and
+the recipe's own section is checked like any other."""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from hpcpipe.config import JobConfig, apply_values, load_config, with_overrides
+from hpcpipe.errors import ConfigError, UserError
+from hpcpipe.hpo.space import check_space, maximize
+from hpcpipe.recipes import registry
+from hpcpipe.recipes.base import Recipe
+from hpcpipe.recipes.registry import recipe_class
+
+ROOT = Path(__file__).resolve().parents[3]
+TINY = "tests.recipes_for_tests:Tiny"
+# The same words meaning something else: ShareGPT's name for the assistant role.
+NOT_RECIPES = {"data/function_calling/formats.py: gpt"}
+
+
+def _job(ref: str, **values: object) -> JobConfig:
+    return apply_values(load_config("tiny"), {"run.recipe": ref, **values})
+
+
+def test_the_builtins_are_entry_points_of_hpcpipe_whose_names_are_their_classes() -> None:
+    builtin = {name: e for name, e in registry.registry().recipes.items() if e.builtin}
+    assert set(builtin) == {
+        "gpt",
+        "resnet-cifar",
+        "lora-function-calling",
+        "hf-causal-lm",
+        "torchvision-classifier",
+    }
+    for name in builtin:
+        cls = recipe_class(name)
+        assert cls.name == name and issubclass(cls, Recipe) and cls.__module__.startswith("hpcpipe.recipes.")
+        assert "val_loss" in cls.metric_goals
+
+
+def test_a_builtin_recipe_is_its_module_and_its_preset() -> None:
+    """Adding a built-in recipe is its module (registered in pyproject.toml as any package's
+    recipe is) and a preset: every recipe module is an entry point and has a preset, and no other
+    module of hpcpipe spells a recipe's name in a comparison or a table (the recipe dispatches)."""
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    points = pyproject["project"]["entry-points"]["hpcpipe.recipes"]
+    src = ROOT / "src" / "hpcpipe"
+    presets = [load_config(p.stem) for p in (src / "presets").glob("*.yaml")]
+    for name, target in points.items():
+        module = target.partition(":")[0]
+        assert (src / "recipes" / f"{module.rsplit('.', 1)[-1]}.py").is_file()
+        assert any(job.run.recipe == name for job in presets), f"no preset runs {name}"
+    spelled = []
+    for path in src.rglob("*.py"):
+        own = {name for name, target in points.items() if target.partition(":")[0] == _module(path)}
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = _dispatching_strings(node)
+            spelled += [f"{path.relative_to(src)}: {n}" for n in names & set(points) - own]
+    assert set(spelled) <= NOT_RECIPES, "recipe names spelled outside their recipe: " + "; ".join(spelled)
+
+
+def _module(path: Path) -> str:
+    return ".".join(path.relative_to(ROOT / "src").with_suffix("").parts)
+
+
+def _dispatching_strings(node: ast.AST) -> set[str]:
+    """String constants compared against (``x == "gpt"``) or used as dict keys."""
+    found: set[str] = set()
+    if isinstance(node, ast.Compare):
+        for side in [node.left, *node.comparators]:
+            if isinstance(side, ast.Constant) and isinstance(side.value, str):
+                found.add(side.value)
+    elif isinstance(node, ast.Dict):
+        found |= {k.value for k in node.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)}
+    return found
+
+
+def test_an_import_path_names_a_recipe_of_the_users_own() -> None:
+    job = _job(TINY)
+    assert recipe_class(job.run.recipe).name == "tiny-regression"
+    defaults = {"hidden": 8, "samples": 64, "activation": "relu", "val_samples": 16, "dropout": 0.0}
+    assert job.recipe == defaults  # every default filled in
+    assert "recipe:\n  hidden: 8" in job.to_yaml()
+
+
+@pytest.mark.parametrize(
+    ("ref", "needle"),
+    [
+        ("no.such.module:Recipe", "run.recipe 'no.such.module:Recipe': cannot import 'no.such.module'"),
+        ("tests.recipes_for_tests:Nothing", "has no attribute 'Nothing'"),
+        (
+            "tests.recipes_for_tests:MissingLoss",
+            "tests.recipes_for_tests.MissingLoss does not implement loss",
+        ),
+        ("tests.recipes_for_tests:NotARecipe", "is not a recipe: derive it from hpcpipe.Recipe"),
+        ("tests.recipes_for_tests:NoValLoss", "metric_goals must map each evaluation metric"),
+        ("tests.recipes_for_tests:BadName", ".name must be a class attribute of 1-63 lower-case"),
+        ("no-such-recipe", "unknown recipe 'no-such-recipe' (registered: gpt,"),
+    ],
+)
+def test_a_recipe_that_cannot_be_used_is_one_line_naming_it(ref: str, needle: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config("tiny", [f"run.recipe={ref}"])
+    assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_missing_method_is_named() -> None:
+    with pytest.raises(ConfigError, match=r"MissingLoss does not implement loss$"):
+        recipe_class("tests.recipes_for_tests:MissingLoss")
+    with pytest.raises(
+        ConfigError, match=r"Recipe does not implement build_model, eval_batches, .*train_loader$"
+    ):
+        recipe_class("hpcpipe.recipes.base:Recipe")
+
+
+def test_a_recipe_module_that_raises_shows_its_own_traceback() -> None:
+    with pytest.raises(ZeroDivisionError):
+        recipe_class("tests.recipe_raises_on_import:Anything")
+
+
+@pytest.mark.parametrize(
+    ("sets", "needle"),
+    [
+        (
+            ["recipe.hiden=16"],
+            "unknown config key 'recipe.hiden' (keys in recipe (tiny-regression): hidden, samples",
+        ),
+        (["recipe.hidden=abc"], "recipe.hidden: Input should be a valid integer"),
+        (["recipe.hidden=0"], "recipe.hidden: Input should be greater than or equal to 1 (got 0)"),
+        (["recipe.samples=[1, 2]"], "recipe.samples: Input should be a valid integer"),
+    ],
+)
+def test_recipe_arguments_are_checked_when_the_job_loads(sets: list[str], needle: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config("tiny", [f"run.recipe={TINY}", *sets])
+    assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_recipe_without_arguments_refuses_any(tmp_path: Path) -> None:
+    with pytest.raises(
+        ConfigError, match=re.escape("unknown config key 'recipe.hidden' (recipe 'gpt' takes no arguments)")
+    ):
+        load_config("tiny", ["recipe.hidden=3"])
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text("recipe:\n  hidden: 3\n")
+    with pytest.raises(ConfigError, match=re.escape("job.yaml: unknown config key 'recipe.hidden'")):
+        load_config(job_file)
+
+
+def test_set_parses_a_recipe_argument_to_its_type_and_it_changes_the_training_hash() -> None:
+    base = _job(TINY)
+    wider = with_overrides(base, ["recipe.hidden=16", "recipe.activation=123"])
+    assert wider.recipe["hidden"] == 16 and wider.recipe["activation"] == "123"  # a str stays a str
+    assert wider.training_hash() != base.training_hash()
+
+
+def test_hpo_searches_a_recipe_argument_and_takes_its_goal() -> None:
+    job = apply_values(
+        _job(TINY),
+        {"hpo.metric": "val_r2", "hpo.space": {"recipe.hidden": {"type": "int", "low": 4, "high": 32}}},
+    )
+    check_space(job)
+    assert maximize(job)  # val_r2's goal is max
+    bad = apply_values(job, {"hpo.space": {"recipe.hidden": {"type": "int", "low": 0, "high": 32}}})
+    with pytest.raises(
+        UserError, match=r"hpo\.space\.recipe\.hidden: .*Input should be greater than or equal to 1"
+    ):
+        check_space(bad)
+
+
+def _fake_distribution(root: Path, dist: str, entry_points: str) -> None:
+    info = root / f"{dist}-0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(f"[hpcpipe.recipes]\n{entry_points}\n")
+
+
+def test_an_installed_package_registers_a_recipe_and_one_that_reuses_a_builtin_name_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _fake_distribution(tmp_path, "team-recipes", "tiny-regression = tests.recipes_for_tests:Tiny")
+    _fake_distribution(tmp_path, "evil-recipes", "gpt = tests.recipes_for_tests:Tiny")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    registry.refresh()
+    try:
+        assert registry.registry().recipes["tiny-regression"].package == "team-recipes"
+        assert recipe_class("tiny-regression") is recipe_class(TINY)
+        with pytest.raises(ConfigError) as err:
+            load_config("tiny")  # run.recipe: gpt
+        message = str(err.value)
+        assert (
+            "run.recipe 'gpt'" in message
+            and "evil-recipes reuses the name of hpcpipe's built-in recipe" in message
+        )
+    finally:
+        monkeypatch.undo()
+        registry.refresh()
+    assert recipe_class("gpt").__module__ == "hpcpipe.recipes.gpt"
+
+
+def test_an_entry_point_whose_class_has_another_name_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _fake_distribution(tmp_path, "misnamed", "regression = tests.recipes_for_tests:Tiny")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    registry.refresh()
+    try:
+        with pytest.raises(
+            ConfigError, match="is named 'tiny-regression'; the entry point's name and the class's"
+        ):
+            recipe_class("regression")
+    finally:
+        monkeypatch.undo()
+        registry.refresh()
+
+
+def test_reading_a_builtin_recipes_declaration_imports_no_torch() -> None:
+    code = (
+        "import sys\nfrom hpcpipe.config import load_config\n"
+        "for preset in ('tiny', 'resnet-tiny', 'lora-fc-tiny', 'hf-causal-lm-tiny', 'torchvision-tiny'):\n"
+        "    load_config(preset)\n"
+        "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))[:5]\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
