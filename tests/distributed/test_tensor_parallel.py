@@ -149,7 +149,7 @@ def test_a_hugging_face_llama_splits_by_module_names(tmp: Path) -> None:
 
 
 def test_activation_checkpointing_composes_with_tp(tmp: Path, runs: dict[str, Path]) -> None:
-    # One process, each mode: tests/unit/test_activation_checkpointing.py (same gradients, lower peak).
+    # One process, each mode: tests/unit/train/test_activation_checkpointing.py (same gradients, lower peak).
     selective = _train(
         tmp, "ac_selective_tp2", 2, "parallel.tp=2", "train.activation_checkpointing=selective"
     )
