@@ -165,7 +165,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, overload
+
+
+class Entry:
+    """A path of a layout, one of its names below its root: ``config = Entry(CONFIG)`` makes
+    ``RunLayout(run).config`` the path ``run / "config.yaml"``."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, layout: None, owner: type) -> Entry: ...
+    @overload
+    def __get__(self, layout: Layout, owner: type) -> Path: ...
+    def __get__(self, layout: Layout | None, owner: type) -> Path | Entry:
+        return self if layout is None else layout.root / self.name
 
 
 @dataclass(frozen=True)
@@ -214,21 +229,10 @@ class ReportLayout(Layout):
     )  # fmt: skip
     ENTRIES: ClassVar[tuple[str, ...]] = (MARKDOWN, HTML, SERIES, *RUN_PLOTS, STUDY_MARKDOWN, *STUDY_PLOTS)
 
-    @property
-    def markdown(self) -> Path:
-        return self.root / self.MARKDOWN
-
-    @property
-    def html(self) -> Path:
-        return self.root / self.HTML
-
-    @property
-    def series(self) -> Path:
-        return self.root / self.SERIES
-
-    @property
-    def study_markdown(self) -> Path:
-        return self.root / self.STUDY_MARKDOWN
+    markdown = Entry(MARKDOWN)
+    html = Entry(HTML)
+    series = Entry(SERIES)
+    study_markdown = Entry(STUDY_MARKDOWN)
 
 
 @dataclass(frozen=True)
@@ -303,77 +307,28 @@ class RunLayout(Layout):
     }
 
     # -- files -------------------------------------------------------------------------------------
-    @property
-    def config(self) -> Path:
-        return self.root / self.CONFIG
-
-    @property
-    def lineage(self) -> Path:
-        return self.root / self.LINEAGE
-
-    @property
-    def metrics(self) -> Path:
-        return self.root / self.METRICS
-
-    @property
-    def metrics_csv(self) -> Path:
-        return self.root / self.METRICS_CSV
-
-    @property
-    def events(self) -> Path:
-        return self.root / self.EVENTS
-
-    @property
-    def eval(self) -> Path:
-        return self.root / self.EVAL
-
-    @property
-    def summary(self) -> Path:
-        return self.root / self.SUMMARY
-
-    @property
-    def loss_curve(self) -> Path:
-        return self.root / self.LOSS_CURVE
-
-    @property
-    def sample(self) -> Path:
-        return self.root / self.SAMPLE
-
-    @property
-    def data_report(self) -> Path:
-        return self.root / self.DATA_REPORT
-
-    @property
-    def lora_summary(self) -> Path:
-        return self.root / self.LORA_SUMMARY
-
-    @property
-    def train_log(self) -> Path:
-        return self.root / self.TRAIN_LOG
-
-    @property
-    def sweep_point(self) -> Path:
-        return self.root / self.SWEEP_POINT
-
-    @property
-    def slurm_script(self) -> Path:
-        return self.root / self.SLURM_SCRIPT
-
-    @property
-    def slurm_job(self) -> Path:
-        return self.root / self.SLURM_JOB
+    config = Entry(CONFIG)
+    lineage = Entry(LINEAGE)
+    metrics = Entry(METRICS)
+    metrics_csv = Entry(METRICS_CSV)
+    events = Entry(EVENTS)
+    eval = Entry(EVAL)
+    summary = Entry(SUMMARY)
+    loss_curve = Entry(LOSS_CURVE)
+    sample = Entry(SAMPLE)
+    data_report = Entry(DATA_REPORT)
+    lora_summary = Entry(LORA_SUMMARY)
+    train_log = Entry(TRAIN_LOG)
+    sweep_point = Entry(SWEEP_POINT)
+    slurm_script = Entry(SLURM_SCRIPT)
+    slurm_job = Entry(SLURM_JOB)
 
     @property
     def k8s_manifest(self) -> Path:
         return self.root / self.K8S_MANIFEST
 
-    @property
-    def helm_values(self) -> Path:
-        return self.root / self.HELM_VALUES
-
-    @property
-    def kfp_pipeline(self) -> Path:
-        return self.root / self.KFP_PIPELINE
+    helm_values = Entry(HELM_VALUES)
+    kfp_pipeline = Entry(KFP_PIPELINE)
 
     @property
     def k8s_job(self) -> Path:
@@ -383,13 +338,8 @@ class RunLayout(Layout):
         return self.root / self.HANG_DUMP.format(rank=rank)
 
     # -- folders and what the layout names inside them -----------------------------------------
-    @property
-    def checkpoints(self) -> Path:
-        return self.root / self.CHECKPOINTS
-
-    @property
-    def export(self) -> Path:
-        return self.root / self.EXPORT
+    checkpoints = Entry(CHECKPOINTS)
+    export = Entry(EXPORT)
 
     @property
     def adapter(self) -> Path:
@@ -414,9 +364,7 @@ class RunLayout(Layout):
             return self.root / (self.FC_EVAL_BASE_CONSTRAINED if base else self.FC_EVAL_CONSTRAINED)
         return self.root / (self.FC_EVAL_BASE if base else self.FC_EVAL)
 
-    @property
-    def report(self) -> Path:
-        return self.root / self.REPORT
+    report = Entry(REPORT)
 
     @property
     def report_markdown(self) -> Path:
@@ -426,17 +374,9 @@ class RunLayout(Layout):
     def report_html(self) -> Path:
         return ReportLayout(self.report).html
 
-    @property
-    def profile(self) -> Path:
-        return self.root / self.PROFILE
-
-    @property
-    def tensorboard(self) -> Path:
-        return self.root / self.TENSORBOARD
-
-    @property
-    def tracking(self) -> Path:
-        return self.root / self.TRACKING
+    profile = Entry(PROFILE)
+    tensorboard = Entry(TENSORBOARD)
+    tracking = Entry(TRACKING)
 
     @property
     def mlflow_run(self) -> Path:
@@ -446,9 +386,7 @@ class RunLayout(Layout):
     def registry(self) -> Path:
         return self.tracking / self.REGISTRY
 
-    @property
-    def plan(self) -> Path:
-        return self.root / self.PLAN
+    plan = Entry(PLAN)
 
 
 @dataclass(frozen=True)
@@ -475,48 +413,24 @@ class StudyLayout(Layout):
     PATTERNS: ClassVar[tuple[str, ...]] = ("slurm-*_*.out",)
     TEMPLATES: ClassVar[tuple[str, ...]] = (TRIAL, PLOT, SLURM_OUTPUT)
 
-    @property
-    def record(self) -> Path:
-        return self.root / self.RECORD
-
-    @property
-    def base(self) -> Path:
-        return self.root / self.BASE
-
-    @property
-    def sqlite(self) -> Path:
-        return self.root / self.SQLITE
-
-    @property
-    def journal(self) -> Path:
-        return self.root / self.JOURNAL
-
-    @property
-    def trials(self) -> Path:
-        return self.root / self.TRIALS
+    record = Entry(RECORD)
+    base = Entry(BASE)
+    sqlite = Entry(SQLITE)
+    journal = Entry(JOURNAL)
+    trials = Entry(TRIALS)
 
     def trial_dir(self, number: int) -> Path:
         return self.trials / self.TRIAL.format(number=number)
 
-    @property
-    def trials_csv(self) -> Path:
-        return self.root / self.TRIALS_CSV
-
-    @property
-    def plots(self) -> Path:
-        return self.root / self.PLOTS
+    trials_csv = Entry(TRIALS_CSV)
+    plots = Entry(PLOTS)
 
     def plot(self, name: str) -> Path:
         """``plots/<name>.png``: one of Optuna's plots (``plot_<name>``)."""
         return self.plots / self.PLOT.format(name=name)
 
-    @property
-    def slurm_script(self) -> Path:
-        return self.root / self.SLURM_SCRIPT
-
-    @property
-    def slurm_output(self) -> Path:
-        return self.root / self.SLURM_OUTPUT
+    slurm_script = Entry(SLURM_SCRIPT)
+    slurm_output = Entry(SLURM_OUTPUT)
 
 
 @dataclass(frozen=True)
@@ -537,17 +451,9 @@ class ChaosLayout(Layout):
     TEMPLATES: ClassVar[tuple[str, ...]] = (TRIAL,)
     NESTED: ClassVar[dict[str, tuple[str, ...]]] = {TRIAL: (HARNESS_ERROR,)}  # in <scenario>/
 
-    @property
-    def run(self) -> Path:
-        return self.root / self.RUN
-
-    @property
-    def trials(self) -> Path:
-        return self.root / self.TRIALS
-
-    @property
-    def shared(self) -> Path:
-        return self.root / self.SHARED
+    run = Entry(RUN)
+    trials = Entry(TRIALS)
+    shared = Entry(SHARED)
 
     def trial_dir(self, scenario: str, trial: int) -> Path:
         return self.root / scenario / self.TRIAL.format(trial=trial)
@@ -555,17 +461,9 @@ class ChaosLayout(Layout):
     def harness_error(self, scenario: str, trial: int) -> Path:
         return self.trial_dir(scenario, trial) / self.HARNESS_ERROR
 
-    @property
-    def report_json(self) -> Path:
-        return self.root / self.REPORT_JSON
-
-    @property
-    def report_markdown(self) -> Path:
-        return self.root / self.REPORT_MARKDOWN
-
-    @property
-    def ttr_plot(self) -> Path:
-        return self.root / self.TTR_PLOT
+    report_json = Entry(REPORT_JSON)
+    report_markdown = Entry(REPORT_MARKDOWN)
+    ttr_plot = Entry(TTR_PLOT)
 
 
 @dataclass(frozen=True)
@@ -584,22 +482,8 @@ class SweepLayout(Layout):
     PATTERNS: ClassVar[tuple[str, ...]] = ("slurm-*_*.out",)
     TEMPLATES: ClassVar[tuple[str, ...]] = (SLURM_OUTPUT,)
 
-    @property
-    def csv(self) -> Path:
-        return self.root / self.CSV
-
-    @property
-    def plan(self) -> Path:
-        return self.root / self.PLAN
-
-    @property
-    def slurm_script(self) -> Path:
-        return self.root / self.SLURM_SCRIPT
-
-    @property
-    def slurm_job(self) -> Path:
-        return self.root / self.SLURM_JOB
-
-    @property
-    def slurm_output(self) -> Path:
-        return self.root / self.SLURM_OUTPUT
+    csv = Entry(CSV)
+    plan = Entry(PLAN)
+    slurm_script = Entry(SLURM_SCRIPT)
+    slurm_job = Entry(SLURM_JOB)
+    slurm_output = Entry(SLURM_OUTPUT)

@@ -12,7 +12,7 @@ import pytest
 from tests.helpers import run_cli, tiny_job_sets
 
 import hpcpipe
-from hpcpipe.layout import ChaosLayout, Layout, ReportLayout, RunLayout, StudyLayout, SweepLayout
+from hpcpipe.layout import ChaosLayout, Entry, Layout, ReportLayout, RunLayout, StudyLayout, SweepLayout
 
 SRC = Path(hpcpipe.__file__).parent
 LAYOUTS: tuple[type[Layout], ...] = (RunLayout, ReportLayout, StudyLayout, ChaosLayout, SweepLayout)
@@ -37,7 +37,7 @@ def _sample_paths(layout: Layout) -> dict[str, Path]:
     found = {
         name: getattr(layout, name)
         for name, value in vars(type(layout)).items()
-        if isinstance(value, property)
+        if isinstance(value, property | Entry)
     }
     samples: dict[str, tuple[object, ...]] = {
         "export_dir": ("step-00000002", "hf"),
