@@ -153,6 +153,9 @@ bench: install-test fc-assets system-deps
 	$(BIN)/python benchmarks/slurm_launch.py --repeats 3
 	$(BIN)/python benchmarks/stage_copy.py --files 8 --mb 64 --repeats 5
 	$(BIN)/python benchmarks/observability_overhead.py
+	$(BIN)/python benchmarks/otel_overhead.py
+	$(BIN)/python benchmarks/nvtx_overhead.py
+	$(BIN)/python benchmarks/deepspeed_overhead.py
 	$(BIN)/python benchmarks/pipeline_noop.py
 	$(BIN)/python benchmarks/hpo_overhead.py --trials 4 --repeats 3
 	$(BIN)/python benchmarks/plan_memory_check.py
