@@ -14,7 +14,15 @@ from hpcpipe.cli.app import app
 
 def _plain(text: str | None) -> str:
     """Help text without Rich markup (``[bold]``)."""
-    return prose(Text.from_markup(text or "").plain.strip())
+    return Text.from_markup(text or "").plain.strip()
+
+
+def _help(text: str | None) -> tuple[list[str], list[str]]:
+    """A command's help: its prose, and its ``Examples:`` block as a code block (the columns of the
+    examples' comments line up only in a fixed-width font)."""
+    head, found, examples = _plain(text).partition("\nExamples:")
+    shown = [line.strip() for line in examples.splitlines() if line.strip()]
+    return [prose(head.strip()), ""], (["Examples:", "", "```", *shown, "```", ""] if found else [])
 
 
 def _default(param: Any) -> str:
@@ -23,9 +31,37 @@ def _default(param: Any) -> str:
     default = param.default
     if getattr(param, "is_flag", False):
         return "on" if default else ""
-    if callable(default) or default is None or default in ((), []):
+    if callable(default) or default is None or default in ((), [], ""):
         return ""
     return f"`{getattr(default, 'value', default)}`"
+
+
+def _kind(param: Any, ctx: typer.Context) -> str:
+    """The value's type as a user reads it: ``int ≥ 1`` rather than click's ``int range``."""
+    if getattr(param, "is_flag", False):
+        return "flag"
+    kind = param.display_type(ctx).strip("<> ").lower()
+    if kind.endswith(" range"):
+        low, high = getattr(param, "min", None), getattr(param, "max", None)
+        base = kind.removesuffix(" range")
+        bounds = [f"≥ {low}"] if low is not None else []
+        bounds += [f"≤ {high}"] if high is not None else []
+        kind = f"{base} {', '.join(bounds)}".strip()
+    return kind
+
+
+def _usage(path: str, cmd: Any) -> str:
+    """``hpcpipe train [OPTIONS] CONFIG``, the arguments named as in the table."""
+    pieces = [path]
+    if any(p.param_type_name == "option" and not p.hidden for p in cmd.params):
+        pieces.append("[OPTIONS]")
+    for param in cmd.params:
+        if param.param_type_name == "argument":
+            name = param.name.upper() + ("..." if param.nargs == -1 else "")
+            pieces.append(name if param.required else f"[{name}]")
+    if getattr(cmd, "commands", None):
+        pieces.append("COMMAND [ARGS]...")
+    return " ".join(pieces)
 
 
 def _param_row(param: Any, ctx: typer.Context) -> tuple[object, ...]:
@@ -33,16 +69,15 @@ def _param_row(param: Any, ctx: typer.Context) -> tuple[object, ...]:
         name = f"`{param.name.upper()}`"
     else:
         name = ", ".join(f"`{n}`" for n in [*param.opts, *param.secondary_opts])
-    kind = "flag" if getattr(param, "is_flag", False) else param.display_type(ctx).strip("<> ").lower()
-    return (name, kind, _default(param), _plain(param.help))
+    return (name, _kind(param, ctx), _default(param), _plain(param.help))
 
 
 def _command(path: str, cmd: Any, body: list[str]) -> None:
     if cmd.hidden:
         return
     ctx = typer.Context(cmd, info_name=path)
-    usage = " ".join(cmd.collect_usage_pieces(ctx))
-    body += [f"## `{path}`", "", _plain(cmd.help), "", "```", f"{path} {usage}".rstrip(), "```", ""]
+    about, examples = _help(cmd.help)
+    body += [f"## `{path}`", "", *about, "```", _usage(path, cmd), "```", "", *examples]
     params = [p for p in cmd.params if not p.hidden]
     if params:
         rows = [_param_row(p, ctx) for p in params]

@@ -33,6 +33,10 @@ def _type_name(annotation: Any) -> str:
         return " | ".join(_type_name(a) for a in args)
     if annotation is NoneType:
         return "null"
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return "section (below)"
+    if origin is dict and _sections(annotation):
+        return "mapping of names to sections (below)"
     if origin is not None:
         name = getattr(origin, "__name__", str(origin))
         return f"{name}[{', '.join(_type_name(a) for a in args)}]"

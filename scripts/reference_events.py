@@ -18,7 +18,7 @@ def build() -> str:
     for kind, spec in sorted(EVENT_KINDS.items()):
         rows: list[tuple[object, ...]] = [(f"`{k}`", v) for k, v in spec.fields.items()]
         if spec.named_at_run_time:
-            rows.append(("*(named at run time)*", spec.named_at_run_time))
+            rows.append(("(named at run time)", spec.named_at_run_time))
         body += [f"## `{kind}`", "", f"{spec.meaning} Written by `{spec.writer}`.", ""]
         body += [*table(("Field", "Meaning"), rows), ""]
     intro = (

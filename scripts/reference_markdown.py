@@ -10,6 +10,7 @@ class MissingDescription(Exception):
 
 
 _RST_LITERAL = re.compile(r"``([^`]+)``")
+_RST_HEADING = re.compile(r"^(\S[^\n]*)\n[-=]{3,}\n", re.M)  # a reST section title
 _RST_ROLE = re.compile(r":(?:class|func|meth|attr|mod):`~?([^`]+)`")
 
 
@@ -19,7 +20,7 @@ def from_docstring(text: str | None) -> str:
         return ""
     import inspect
 
-    text = inspect.cleandoc(text)
+    text = _RST_HEADING.sub(r"## \1\n", inspect.cleandoc(text))
     return prose(_RST_ROLE.sub(r"`\1`", _RST_LITERAL.sub(r"`\1`", text)))
 
 
@@ -27,10 +28,11 @@ _CODE_SPAN = re.compile(r"(`[^`]*`)")
 
 
 def prose(text: str, pipes: bool = False) -> str:
-    """``text`` with ``<`` and ``>`` outside code spans escaped (``<out_dir>`` is not an HTML tag),
+    """``text`` with ``<``, ``>`` and ``*`` outside code spans escaped (``<out_dir>`` is not an HTML
+    tag, ``train.*`` starts no emphasis),
     and with ``pipes`` its ``|`` too (a table cell; inside a code span one is not a separator)."""
     parts = _CODE_SPAN.split(text)
-    escaped = [p.replace("<", "&lt;").replace(">", "&gt;") for p in parts[::2]]
+    escaped = [p.replace("<", "&lt;").replace(">", "&gt;").replace("*", "\\*") for p in parts[::2]]
     if pipes:
         escaped = [p.replace("|", "\\|") for p in escaped]
     parts[::2] = escaped

@@ -28,9 +28,9 @@ def _names(cls: type) -> list[tuple[object, ...]]:
 
 
 def build() -> str:
-    body = [from_docstring(layout.__doc__), ""]
+    intro, _, rest = from_docstring(layout.__doc__).partition("\n\n")
+    body = [rest, ""]
     for cls in _layouts():
         body += [f"## `{cls.__name__}`", "", from_docstring(cls.__doc__), ""]
         body += [*table(("Constant", "Name on disk"), _names(cls)), ""]
-    intro = "Where a run's files go, who writes each and who reads it."
     return page("Run directory reference", intro, body)

@@ -3,7 +3,8 @@
 A run directory (:class:`RunLayout`), the report folder of ``hpcpipe report`` (:class:`ReportLayout`),
 an HPO study directory (:class:`StudyLayout`), a chaos results directory (:class:`ChaosLayout`) and
 a sweep directory (:class:`SweepLayout`). Each is a frozen dataclass over the directory's root:
-a ClassVar per name, a property (or a method, for a computed name) per path.
+a ClassVar per name, and per path an ``Entry`` (``config = Entry(CONFIG)``, a path below the root)
+or a method (a computed name).
 
 Run directory
 -------------

@@ -156,13 +156,13 @@ EVENT_KINDS: dict[str, EventKind] = {
         {
             "threshold": "the chosen threshold",
             "cases": "calibration cases",
-            "target": "the target (recipe.calibration_target)",
+            "target": "the target (lora.calibration_target)",
         },
     ),
     # -- observability --------------------------------------------------------------------------
     "hang": EventKind(
         "observe.watchdog (the stalled rank)",
-        "A rank made no progress for observe.hang_timeout_s; its stacks were dumped.",
+        "A rank made no progress for fault.hang_timeout_s; its stacks were dumped.",
         {
             "rank": "the stalled rank",
             **_STEP,
@@ -240,7 +240,7 @@ EVENT_KINDS: dict[str, EventKind] = {
     ),
     "checkpoint_verified": EventKind(
         "checkpoint.after_commit",
-        "A committed checkpoint was read back and matched its manifest (checkpoint.verify).",
+        "A committed checkpoint was read back in the background and matched its manifest.",
         {**_STEP, "path": "its directory"},
     ),
     "checkpoint_verify_failed": EventKind(
@@ -260,7 +260,7 @@ EVENT_KINDS: dict[str, EventKind] = {
     ),
     "checkpoint_pruned": EventKind(
         "checkpoint.after_commit",
-        "Old checkpoints beyond checkpoint.keep were deleted.",
+        "Old checkpoints beyond checkpoint.keep_last and checkpoint.keep_every were deleted.",
         {"tier": "fast or durable", "steps": "the steps deleted"},
     ),
     "checkpoint_prune_failed": EventKind(

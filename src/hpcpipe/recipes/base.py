@@ -130,7 +130,7 @@ class Recipe(ABC):
     # roofline` models its operations.
     own_transformer: ClassVar[bool] = False
     sample_noun: ClassVar[str] = "samples"  # what one sample is, in summaries ("sequences", "images")
-    # `hpcpipe recipe check` starts from this preset or YAML (None: the defaults), then applies
+    # `hpcpipe recipes check` starts from this preset or YAML (None: the defaults), then applies
     # check_overrides.
     check_preset: ClassVar[str | None] = None
     # The data order is the same at any world size: `recipe check` compares the global batch of a
@@ -138,7 +138,7 @@ class Recipe(ABC):
     world_size_invariant_order: ClassVar[bool] = True
 
     # -- how it trains: instance attributes a subclass may set per job --------------------------
-    throughput_unit: str = "samples"  # "tokens" or "samples": the metrics key <unit>_per_s
+    throughput_unit: str = "samples"  # "tokens" or "samples": the metrics key `<unit>_per_s`
     # DDP broadcasts rank 0's buffers at every forward (BatchNorm statistics);
     # parallel.broadcast_buffers overrides it.
     broadcasts_buffers: bool = False
@@ -158,7 +158,7 @@ class Recipe(ABC):
 
     @classmethod
     def check_overrides(cls, work: Path) -> dict[str, Any]:
-        """Config values (dotted keys) that make the recipe test-sized for ``hpcpipe recipe check``
+        """Config values (dotted keys) that make the recipe test-sized for ``hpcpipe recipes check``
         (a few CPU-seconds a step); it may write test data under ``work`` and point at them."""
         return {}
 
@@ -291,7 +291,7 @@ class Recipe(ABC):
         raise UserError(f"recipe {self.name!r} exports nothing (it declares no export_formats)")
 
     def load_export(self, fmt: str, path: Path) -> Any:
-        """Load an export back as its consumers would (``hpcpipe recipe check`` calls it)."""
+        """Load an export back as its consumers would (``hpcpipe recipes check`` calls it)."""
         raise NotImplementedError(f"recipe {self.name!r} does not say how its {fmt!r} export loads")
 
 

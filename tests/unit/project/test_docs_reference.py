@@ -91,3 +91,37 @@ def test_the_suite_checks_each_line_against_the_table() -> None:
         check_event("restarted", {})
     with pytest.raises(ValueError, match=r"restart has fields \['count'\]"):
         check_event("restart", {"count": 1})
+
+
+def _config_keys() -> set[str]:
+    """Every dotted key and section of a job's config (``fault.hang_timeout_s``, ``observe.otel``)."""
+    import typing
+
+    from pydantic import BaseModel
+
+    from hpcpipe.config import JobConfig
+
+    keys: set[str] = set()
+
+    def walk(model: type[BaseModel], prefix: str) -> None:
+        for name, info in model.model_fields.items():
+            key = prefix + (info.alias or name)
+            keys.add(key)
+            for arg in (info.annotation, *typing.get_args(info.annotation)):
+                if isinstance(arg, type) and issubclass(arg, BaseModel):
+                    walk(arg, key + ".")
+
+    walk(JobConfig, "")
+    return keys
+
+
+def test_the_config_keys_the_events_table_names_exist() -> None:
+    import re
+
+    sections = "|".join(sorted({key.split(".")[0] for key in _config_keys()}))
+    named = re.compile(rf"\b(?:{sections})\.[a-z_]+(?:\.[a-z_]+)*")
+    texts = [spec.meaning for spec in EVENT_KINDS.values()]
+    texts += [text for spec in EVENT_KINDS.values() for text in spec.fields.values()]
+    texts += [spec.named_at_run_time or "" for spec in EVENT_KINDS.values()]
+    unknown = {key for text in texts for key in named.findall(text)} - _config_keys()
+    assert unknown == set(), f"observe/event_kinds.py names config keys that do not exist: {unknown}"
