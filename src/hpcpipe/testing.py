@@ -1,4 +1,4 @@
-"""pytest helpers for recipe authors: the properties of ``hpcpipe recipe check``, as assertions.
+"""pytest helpers for recipe authors: the properties of ``hpcpipe recipes check``, as assertions.
 
 A recipe package's test (``hpcpipe new recipe`` writes one)::
 
@@ -10,7 +10,7 @@ A recipe package's test (``hpcpipe new recipe`` writes one)::
     def test_it_resumes_bit_for_bit(tmp_path):
         assert_recipe_passes("my-recipe", work=tmp_path, only=("resume-after-kill",))
 
-Each property runs as ``hpcpipe recipe check`` runs it: at test size on the CPU, with real
+Each property runs as ``hpcpipe recipes check`` runs it: at test size on the CPU, with real
 ``hpcpipe train`` runs on 1 and 2 gloo ranks (``PROPERTIES`` lists them in order).
 """
 

@@ -1,7 +1,7 @@
 """A recipe from outside hpcpipe, installed the way a team installs its own package: the example
 (examples/recipes/stdlib-classifier, a byte-level CNN on the standard library's source, not
 imported by hpcpipe) built and installed into a directory of its own, then run by a fresh
-``hpcpipe`` that finds it through its entry point: every property of ``hpcpipe recipe check``
+``hpcpipe`` that finds it through its entry point: every property of ``hpcpipe recipes check``
 (1 process, 2 DDP and 2 FSDP2 ranks, a SIGKILLed rank restarted and resumed bit for bit, the
 export), ``hpcpipe run`` with the observers on, DeepSpeed, and an HPO study of 3 trials over its
 own arguments. The real Slurm submission is in tests/integration/test_slurm.py."""

@@ -1,7 +1,7 @@
 """hf-causal-lm end to end: SmolLM2-135M-Instruct (its GGUF file, ``make fc-assets``) fine-tuned with
 LoRA on text and exported as a directory transformers loads; a random tiny Llama fine-tuned in full
 on chats rendered with its chat template and on a Parquet column, exported and loaded back.
-(1 process vs 2 DDP vs 2 FSDP2 ranks and the bitwise resume are `hpcpipe recipe check
+(1 process vs 2 DDP vs 2 FSDP2 ranks and the bitwise resume are `hpcpipe recipes check
 hf-causal-lm`'s, in test_recipe_check.py.)"""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`hpcpipe recipe check` on every built-in recipe: each has every property a recipe must have (the
+"""`hpcpipe recipes check` on every built-in recipe: each has every property a recipe must have (the
 example from outside, in test_example_recipe.py, too). A property that fails prints its reason,
 and the recipe's traceback where its code raised."""
 

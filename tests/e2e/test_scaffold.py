@@ -1,6 +1,6 @@
 """`hpcpipe new recipe NAME` writes a package a user can install and test as it is: generated here,
 installed into a fresh virtual environment (which sees this one's packages, as a user's sees
-hpcpipe's), and its own test, which runs `hpcpipe recipe check`, passes there."""
+hpcpipe's), and its own test, which runs `hpcpipe recipes check`, passes there."""
 
 from __future__ import annotations
 

@@ -26,11 +26,11 @@ def new_recipe(
 ) -> None:
     """Write an installable recipe package: pyproject.toml with the `hpcpipe.recipes` entry point,
     the recipe module (a working DatasetRecipe to replace with your model, data and loss), a job,
-    a README, a Dockerfile on top of hpcpipe's image, and a test that runs `hpcpipe recipe check`.
+    a README, a Dockerfile on top of hpcpipe's image, and a test that runs `hpcpipe recipes check`.
 
     Examples:
 
-      hpcpipe new recipe my-recipe && pip install -e './my-recipe[test]' && hpcpipe recipe check my-recipe
+      hpcpipe new recipe my-recipe && pip install -e './my-recipe[test]' && hpcpipe recipes check my-recipe
 
       hpcpipe new recipe text-classifier --dir packages/text-classifier
     """
@@ -43,7 +43,8 @@ def new_recipe(
     for path in written:
         console.print(f"  {path}", highlight=False)
     console.print(
-        f"next: pip install -e '{out}[test]', then hpcpipe recipe check {name}; hpcpipe train {out}/job.yaml",
+        f"next: pip install -e '{out}[test]', then hpcpipe recipes check {name}; "
+        f"hpcpipe train {out}/job.yaml",
         markup=False,
         highlight=False,
     )

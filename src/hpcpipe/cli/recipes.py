@@ -177,9 +177,9 @@ def check(
 
     Examples:
 
-      hpcpipe recipe check gpt
+      hpcpipe recipes check gpt
 
-      hpcpipe recipe check stdlib-classifier --json check.json
+      hpcpipe recipes check stdlib-classifier --json check.json
     """
     from hpcpipe.recipecheck.runner import PROPERTIES, check_recipe, report_dict
 

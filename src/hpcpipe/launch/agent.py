@@ -52,7 +52,8 @@ class AgentSpec:
     max_restarts: int = 0
     local_addr: str | None = None  # this node's address as the others reach it
     # How often the agent polls its workers: a failure waits half of it on average before the
-    # restart begins (measured: detection 0.22 s median at 0.5, see README's chaos phases).
+    # restart begins (measured: detection 0.22 s median at 0.5, see benchmarks/README.md,
+    # 'Time to recover, by phase').
     monitor_interval_s: float = 0.1
     grace_s: float = 60.0  # preemption: how long the workers get to checkpoint and exit
     last_call_s: float = 15.0  # rendezvous: wait this long for more nodes once MIN have joined

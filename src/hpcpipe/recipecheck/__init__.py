@@ -1,4 +1,4 @@
-"""``hpcpipe recipe check``: the properties every recipe must have, run at test size on the CPU.
+"""``hpcpipe recipes check``: the properties every recipe must have, run at test size on the CPU.
 
 - ``job.py``: the job a recipe is checked with (its ``check_preset`` and ``check_overrides``,
   shrunk to a few steps that split over 1 and 2 ranks).

@@ -1,5 +1,5 @@
 """Write a recipe package: pyproject.toml (the entry point), the recipe module, a job, a README,
-a Dockerfile on top of hpcpipe's image, and a test that runs ``hpcpipe recipe check``. The files
+a Dockerfile on top of hpcpipe's image, and a test that runs ``hpcpipe recipes check``. The files
 are Jinja2 templates (``templates/recipe/``); every one is rendered before any is written."""
 
 from __future__ import annotations

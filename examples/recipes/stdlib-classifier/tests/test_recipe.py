@@ -1,4 +1,4 @@
-"""Every property hpcpipe asks of a recipe (`hpcpipe recipe check`), as a test of this package."""
+"""Every property hpcpipe asks of a recipe (`hpcpipe recipes check`), as a test of this package."""
 
 from pathlib import Path
 
