@@ -30,7 +30,7 @@ def new_recipe(
 
     Examples:
 
-      hpcpipe new recipe my-recipe && pip install -e './my-recipe[test]' && hpcpipe recipes check my-recipe
+      hpcpipe new recipe my-recipe && pip install -e './my-recipe\\[test]' && hpcpipe recipes check my-recipe
 
       hpcpipe new recipe text-classifier --dir packages/text-classifier
     """
