@@ -20,6 +20,7 @@ import logging
 import os
 import socket
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any, cast
@@ -46,6 +47,7 @@ __all__ = [
     "fsdp_reset_iter_state",
     "functional_collective_ops",
     "gather_into_tensor_fn",
+    "keepalive_timers_stop_cleanly",
     "loopback_tcp_store",
     "quick_rendezvous",
     "record_cuda_memory_history",
@@ -410,6 +412,41 @@ def quick_rendezvous(one_node: bool) -> Iterator[None]:
             setattr(module, name, original)
 
 
+_KEEPALIVE = "stop the rendezvous keep-alive timer without a traceback (keepalive_timers_stop_cleanly)"
+_RENDEZVOUS_UTILS = "torch.distributed.elastic.rendezvous.utils"
+
+
+@contextlib.contextmanager
+def keepalive_timers_stop_cleanly() -> Iterator[None]:
+    """Timers started while the block runs stop without joining themselves.
+
+    The c10d rendezvous handler keeps its lease alive with a ``_PeriodicTimer`` whose
+    ``weakref.finalize`` sets the stop event and joins the timer's thread. When the handler is
+    garbage-collected on that very thread (a GC pass the timer's own allocations start, seen after
+    a SIGTERM on 2 local ranks), ``join`` raises "cannot join current thread" and the finalizer
+    prints a traceback under the run's one-line ending. Setting the event is all that thread needs:
+    it ends at its next wait. The finalizer captures the function when the timer starts, so timers
+    started inside the block keep the safe stop after it ends.
+    """
+    timer = getattr(importlib.import_module(_RENDEZVOUS_UTILS), "_PeriodicTimer", None)
+    original = getattr(timer, "_stop_thread", None)
+    if timer is None or original is None:  # another torch: nothing of this kind to guard
+        yield
+        return
+
+    def stop_thread(thread: Any, stop_event: Any) -> None:
+        if thread is threading.current_thread():
+            stop_event.set()
+        else:
+            original(thread, stop_event)
+
+    timer._stop_thread = staticmethod(stop_thread)
+    try:
+        yield
+    finally:
+        timer._stop_thread = staticmethod(original)
+
+
 _PEERS = "share each rank's progress for hang reports"
 
 PRIVATE_APIS: dict[str, Callable[[], Any]] = {
@@ -450,6 +487,9 @@ PRIVATE_APIS: dict[str, Callable[[], Any]] = {
     ),
     "LocalElasticAgent._monitor_workers/_stop_workers/... (@prof metrics)": _elastic_agent_probe,
     "rendezvous.dynamic_rendezvous._delay, get_method_name": _rendezvous_probe,
+    "rendezvous.utils._PeriodicTimer._stop_thread": _probe(
+        _RENDEZVOUS_UTILS, "_PeriodicTimer", "_stop_thread", purpose=_KEEPALIVE
+    ),
     "ops._c10d_functional (all_gather_into_tensor, reduce_scatter_tensor, all_reduce)": _probe(
         torch.ops, "_c10d_functional", "all_reduce", purpose="keep collectives in selective checkpointing"
     ),

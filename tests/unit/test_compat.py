@@ -11,6 +11,7 @@ import ast
 import subprocess
 import sys
 import textwrap
+import time
 import types
 from pathlib import Path
 
@@ -187,3 +188,41 @@ def test_the_scan_finds_private_uses(tmp_path: Path) -> None:
         "model._get_fsdp_state()\n"
     )
     assert len(_private_torch_uses(sample)) == 4
+
+
+
+def _stop_keepalive_from_its_own_thread() -> BaseException | None:
+    """Start a rendezvous keep-alive timer whose first tick stops the timer itself, as its
+    finalizer does when the handler is garbage-collected on that thread; what the stop raised."""
+    from datetime import timedelta
+
+    from torch.distributed.elastic.rendezvous.utils import _PeriodicTimer
+
+    raised: list[BaseException | None] = []
+
+    def tick() -> None:
+        if not raised:
+            try:
+                timer.cancel()  # runs the finalizer: set the stop event, join the thread
+                raised.append(None)
+            except RuntimeError as exc:
+                raised.append(exc)
+
+    timer = _PeriodicTimer(timedelta(milliseconds=5), tick)
+    timer.start()
+    deadline = time.monotonic() + 5
+    while not raised and time.monotonic() < deadline:
+        time.sleep(0.01)
+    timer._ctx.stop_event.set()  # end the thread whatever happened
+    assert raised, "the keep-alive timer never ticked"
+    return raised[0]
+
+
+def test_keepalive_timer_stopped_on_its_own_thread_raises_in_torch_but_not_under_the_guard() -> None:
+    """The CI flake behind it: a SIGTERM on 2 local ranks ended with 'Exception ignored in:
+    <finalize ...> RuntimeError: cannot join current thread' under the one-line ending."""
+    unguarded = _stop_keepalive_from_its_own_thread()
+    assert isinstance(unguarded, RuntimeError) and "join current thread" in str(unguarded)
+    with compat.keepalive_timers_stop_cleanly():
+        assert _stop_keepalive_from_its_own_thread() is None
+    assert isinstance(_stop_keepalive_from_its_own_thread(), RuntimeError), "the guard is undone"

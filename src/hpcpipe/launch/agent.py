@@ -93,7 +93,7 @@ def run_agent(spec: AgentSpec, module: str, args: list[str]) -> int:
     from torch.distributed.launcher.api import LaunchConfig as ElasticConfig
     from torch.distributed.launcher.api import elastic_launch
 
-    from hpcpipe.compat import quick_rendezvous
+    from hpcpipe.compat import keepalive_timers_stop_cleanly, quick_rendezvous
     from hpcpipe.launch.agent_timeline import recording_restarts
     from hpcpipe.launch.rendezvous import node_address, rendezvous_backend
 
@@ -120,11 +120,13 @@ def run_agent(spec: AgentSpec, module: str, args: list[str]) -> int:
     previous = {sig: signal.signal(sig, forward) for sig in spec.preempt_signals}
     try:
         # A SIGSTOPped rank must still end on SIGTERM; each restart is timed into events.jsonl;
-        # each rendezvous round skips torch's costly step names (and, one node alone, its jitter).
+        # each rendezvous round skips torch's costly step names (and, one node alone, its jitter);
+        # the rendezvous keep-alive stops without a traceback whichever thread collects it.
         with (
             continuing_stopped_workers(_worker_pids),
             recording_restarts(spec.events_dir),
             quick_rendezvous(one_node=spec.max_nodes == 1),
+            keepalive_timers_stop_cleanly(),
         ):
             elastic_launch(config, entry)(*entry_args)
     except AgentPreempted as exc:
