@@ -91,12 +91,14 @@ def scores_of(
     run: Path, results: Results, bfcl_dir: Path, weights: list[float]
 ) -> dict[str, dict[str, float]]:
     """Every score above, by reply id, for the replies that call."""
+    from hpcpipe.evaluate.bfcl import load_bfcl
     from hpcpipe.evaluate.decline import call_log_probs
     from hpcpipe.evaluate.fc_run import build_cases
 
     categories = sorted({r["category"] for r in results})
     limit = max(sum(r["category"] == c for r in results) for c in categories)
-    cases = {c.id: c for c in build_cases([], 0, bfcl_dir, categories, limit)}
+    # The evaluations it reads were taken in file order (the dev split's first cases).
+    cases = {c.id: c for c in build_cases([], 0, load_bfcl(bfcl_dir, categories, limit, "dev"))}
     model, chat = load_run(run)
     calling = [r for r in results if r["reply"].lstrip().startswith("<tool_call>")]
     mean = {}

@@ -47,9 +47,21 @@ def function_calling(
     categories: Annotated[
         str, typer.Option(help="Comma-separated BFCL categories ('' for none).")
     ] = CATEGORIES_DEFAULT,
+    split: Annotated[
+        str,
+        typer.Option(
+            help="Which BFCL cases: 'dev' (the first 30 single-turn cases of each category: "
+            "choose settings, thresholds and rules here), 'test' (30 further cases per category "
+            "drawn once by a fixed hash of their ids, disjoint from dev: report here, once, "
+            "never tune on it) or 'all' (every case, in file order).",
+        ),
+    ] = "dev",
     limit: Annotated[
-        int, typer.Option(min=1, help="BFCL cases per category (the first N, in file order).")
-    ] = 20,
+        int | None,
+        typer.Option(
+            min=1, help="BFCL cases per category: the first N of the split (default: the whole split)."
+        ),
+    ] = None,
     heldout_limit: Annotated[
         int, typer.Option(min=0, help="Held-out conversations of the run's data to score.")
     ] = 100,
@@ -98,21 +110,27 @@ def function_calling(
       hpcpipe eval function-calling runs/lora-fc-smollm2 --base     # before fine-tuning
       hpcpipe eval function-calling runs/lora-fc-smollm2            # after
       hpcpipe eval function-calling runs/lora-fc-smollm2 --constrain  # writes RUN/eval-constrained
+      hpcpipe eval function-calling runs/lora-fc-smollm2 --split test --out runs/lora-fc-smollm2/eval-test
       hpcpipe eval function-calling data/external/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf --limit 5
     """
+    from hpcpipe.evaluate.bfcl import SPLITS, load_bfcl
     from hpcpipe.evaluate.fc_run import build_cases, evaluate_cases
 
+    if split not in SPLITS:
+        raise UserError(f"--split: unknown split {split!r} (known: {', '.join(SPLITS)})")
     chosen = [c.strip() for c in categories.split(",") if c.strip()]
-    model, chat, heldout, meta, default_out = load_target(target, base, constrain)
-    threshold = _call_threshold(call_threshold, meta.get("adapter"))
-    meta["call_decision"] = (
-        "greedy" if threshold is None else ("calibrated" if call_threshold == "auto" else "given")
-    )
     if chosen and not bfcl_dir.is_dir():
         raise UserError(
             f"--bfcl-dir: {bfcl_dir} does not exist (run `make fc-assets`, or pass --categories '')"
         )
-    cases = build_cases(heldout, heldout_limit, bfcl_dir if chosen else None, chosen, limit)
+    bfcl_cases = load_bfcl(bfcl_dir, chosen, limit, split) if chosen else []  # before the model loads
+    model, chat, heldout, meta, default_out = load_target(target, base, constrain)
+    meta["split"] = split
+    threshold = _call_threshold(call_threshold, meta.get("adapter"))
+    meta["call_decision"] = (
+        "greedy" if threshold is None else ("calibrated" if call_threshold == "auto" else "given")
+    )
+    cases = build_cases(heldout, heldout_limit, bfcl_cases)
     if not cases:
         raise UserError("nothing to evaluate: no held-out conversations and no BFCL categories")
     result = evaluate_cases(
@@ -167,7 +185,7 @@ def compare(
     passed, by id.
 
     Both evaluations must cover the same categories and cases: run them with the same
-    --categories, --limit and --heldout-limit.
+    --split, --categories, --limit and --heldout-limit.
 
     Examples:
 

@@ -88,7 +88,8 @@ def decline(
         rule.save(adapter)
     calibrate_s = round(time.perf_counter() - start, 1)
     results = evaluation["cases"]
-    judged = apply_decline(model, chat, _cases_of(results, heldout, bfcl_dir), results, rule)
+    split = str((evaluation.get("meta") or {}).get("split", "all"))  # before --split: file order
+    judged = apply_decline(model, chat, _cases_of(results, heldout, bfcl_dir, split), results, rule)
     declined = [r for r in judged if "declined_call" in r]
     meta = {
         **(evaluation.get("meta") or {}),
@@ -122,8 +123,9 @@ def _default_eval(layout: RunLayout) -> Path:
     raise UserError(f"{layout.root}: no evaluation to judge (run `hpcpipe eval function-calling` first)")
 
 
-def _cases_of(results: list[dict[str, Any]], heldout: list[Any], bfcl_dir: Path) -> list[Any]:
+def _cases_of(results: list[dict[str, Any]], heldout: list[Any], bfcl_dir: Path, split: str) -> list[Any]:
     """The evaluation's cases rebuilt, in its order (held-out conversations and BFCL files)."""
+    from hpcpipe.evaluate.bfcl import load_bfcl
     from hpcpipe.evaluate.fc_run import build_cases
 
     categories = sorted({r["category"] for r in results if not r["id"].startswith("heldout_")})
@@ -131,7 +133,8 @@ def _cases_of(results: list[dict[str, Any]], heldout: list[Any], bfcl_dir: Path)
     held = [int(r["id"].removeprefix("heldout_")) for r in results if r["id"].startswith("heldout_")]
     if categories and not bfcl_dir.is_dir():
         raise UserError(f"--bfcl-dir: {bfcl_dir} does not exist (the evaluation read BFCL's files)")
-    built = {c.id: c for c in build_cases(heldout, max(held, default=-1) + 1, bfcl_dir, categories, limit)}
+    bfcl = load_bfcl(bfcl_dir, categories, limit, split) if categories else []
+    built = {c.id: c for c in build_cases(heldout, max(held, default=-1) + 1, bfcl)}
     missing = [r["id"] for r in results if r["id"] not in built]
     if missing:
         raise UserError(f"{missing[0]}: not a case of this run and {bfcl_dir} (evaluated elsewhere?)")

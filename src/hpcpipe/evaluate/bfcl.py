@@ -9,6 +9,7 @@ case per line (``id``, ``question``: a list of turns, each a list of ``{role, co
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import logging
 from collections.abc import Sequence
@@ -35,6 +36,16 @@ FILE_STEMS: dict[str, str] = {
 }
 CATEGORIES: tuple[str, ...] = tuple(FILE_STEMS)
 
+# Which cases of each category an evaluation reads. Every sweep point, calibration set and rule
+# parameter of the function-calling work so far was chosen on the first 30 single-turn cases of
+# each category, so those are "dev" and choosing goes on there; "test" is TEST_CASES further cases
+# per category that nothing was chosen on, drawn once from the rest by a fixed hash of each case
+# id (the same cases for everyone and for any file order or Python hash seed), and read to report.
+SPLITS: tuple[str, ...] = ("dev", "test", "all")
+DEV_CASES = 30
+TEST_CASES = 30
+_TEST_DRAW = "hpcpipe-bfcl-test-v1"  # changing it redraws the test split: never tune against one draw
+
 # BFCL's types -> JSON schema. "any" becomes "string" as in BFCL's own OpenAI conversion.
 _JSON_TYPES = {
     "integer": "integer",
@@ -60,16 +71,43 @@ class BfclCase:
 
 
 def load_bfcl(
-    data_dir: Path, categories: Sequence[str], limit_per_category: int | None = None
+    data_dir: Path,
+    categories: Sequence[str],
+    limit_per_category: int | None = None,
+    split: str = "all",
 ) -> list[BfclCase]:
-    """The single-turn cases of ``categories``, in file order; the first ``limit_per_category`` of each."""
+    """The single-turn cases of ``categories`` in ``split`` (``SPLITS``), in file order; the first
+    ``limit_per_category`` of each."""
+    if split not in SPLITS:
+        raise DataError(f"unknown BFCL split {split!r} (known: {', '.join(SPLITS)})")
     cases: list[BfclCase] = []
     for category in categories:
-        cases += _load_category(Path(data_dir), category, limit_per_category)
+        cases += _load_category(Path(data_dir), category, limit_per_category, split)
     return cases
 
 
-def _load_category(data_dir: Path, category: str, limit: int | None) -> list[BfclCase]:
+def split_entries(entries: list[dict[str, Any]], split: str, path: Path) -> list[dict[str, Any]]:
+    """``split``'s share of one category's single-turn ``entries`` (file order kept)."""
+    if split == "all":
+        return entries
+    if split == "dev":
+        return entries[:DEV_CASES]
+    rest = entries[DEV_CASES:]
+    if len(rest) < TEST_CASES:
+        raise DataError(
+            f"{path}: {len(entries)} single-turn case(s), but the test split needs "
+            f"{DEV_CASES + TEST_CASES} (the first {DEV_CASES} are dev); take the whole file from "
+            "the bfcl-eval package (`make fc-assets`)"
+        )
+    drawn = {str(e["id"]) for e in sorted(rest, key=_test_draw_key)[:TEST_CASES]}
+    return [e for e in rest if str(e["id"]) in drawn]
+
+
+def _test_draw_key(entry: dict[str, Any]) -> str:
+    return hashlib.sha256(f"{_TEST_DRAW}:{entry['id']}".encode()).hexdigest()
+
+
+def _load_category(data_dir: Path, category: str, limit: int | None, split: str) -> list[BfclCase]:
     stem = FILE_STEMS.get(category)
     if stem is None:
         raise DataError(f"unknown BFCL category {category!r} (known: {', '.join(CATEGORIES)})")
@@ -78,7 +116,8 @@ def _load_category(data_dir: Path, category: str, limit: int | None) -> list[Bfc
     single = [e for e in entries if len(e.get("question") or []) == 1]
     if len(single) < len(entries):
         log.warning("%s: skipped %d multi-turn case(s)", path, len(entries) - len(single))
-    chosen = single if limit is None else single[:limit]
+    in_split = split_entries(single, split, path)
+    chosen = in_split if limit is None else in_split[:limit]
     answers: dict[str, Any] | None = None
     if "irrelevance" not in category:
         answer_path = data_dir / "possible_answer" / path.name

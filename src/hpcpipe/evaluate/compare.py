@@ -117,7 +117,7 @@ def _mismatch(what: str, base: list[str], after: list[str]) -> str:
     detail = "; ".join(p for p in parts if p)
     return (
         f"the two evaluations differ in {what} ({detail}); evaluate both with the same "
-        "--categories, --limit and --heldout-limit"
+        "--split, --categories, --limit and --heldout-limit"
     )
 
 

@@ -10,6 +10,7 @@ from typing import Any
 from torch import nn
 
 from hpcpipe.data.function_calling.conversation import Conversation
+from hpcpipe.evaluate.bfcl import BfclCase
 from hpcpipe.evaluate.function_calling import (
     Case,
     bfcl_case,
@@ -22,19 +23,11 @@ from hpcpipe.evaluate.generate import CallDecision, generate_replies
 
 
 def build_cases(
-    heldout: Sequence[Conversation],
-    heldout_limit: int,
-    bfcl_dir: Path | None,
-    categories: Sequence[str],
-    limit: int | None,
+    heldout: Sequence[Conversation], heldout_limit: int, bfcl_cases: Sequence[BfclCase]
 ) -> list[Case]:
-    """Held-out conversations (first ``heldout_limit``) and BFCL cases (``limit`` per category)."""
+    """Held-out conversations (the first ``heldout_limit``), then BFCL's cases."""
     cases = [c for i, conv in enumerate(heldout[:heldout_limit]) if (c := heldout_case(conv, i)) is not None]
-    if bfcl_dir is not None and categories:
-        from hpcpipe.evaluate.bfcl import load_bfcl
-
-        cases += [bfcl_case(case) for case in load_bfcl(bfcl_dir, categories, limit)]
-    return cases
+    return cases + [bfcl_case(case) for case in bfcl_cases]
 
 
 def evaluate_cases(
