@@ -16,18 +16,31 @@ pytestmark = pytest.mark.timeout(900)
 
 BUILTINS = ["gpt", "resnet-cifar", "lora-function-calling", "hf-causal-lm", "torchvision-classifier"]
 SKIPPED = {"resnet-cifar": {"export-loads"}}  # resnet-cifar declares no export format
+# Properties left out where another test already proves them on the same recipe, preset and path
+# (the check's own code for them still runs here on the other recipes, and on the example recipe
+# in test_example_recipe.py). gpt's three 2-rank runs (~55 of its ~75 s):
+# - parity-ddp: tests/distributed/test_trainer_parity.py, test_single_and_ddp_follow_the_same_curve
+#   (the same `tiny` preset, 1 process vs 2 DDP ranks over 20 steps; test_golden_loss_curve pins the
+#   1-process curve to 1e-4);
+# - parity-fsdp: test_trainer_parity.py, test_fsdp_matches_ddp (2 FSDP2 ranks against that curve);
+# - resume-after-kill: tests/distributed/test_chaos_training.py's kill-a-rank (`tiny` GPT on 2 DDP
+#   ranks, a rank SIGKILLed, the agent restarts the group, resumed from the checkpoint before the
+#   fault, no step's loss differs bitwise) and test_fault_tolerance.py (resumes exactly).
+LEFT_OUT = {"gpt": {"parity-ddp", "parity-fsdp", "resume-after-kill"}}
 
 
 @pytest.mark.parametrize("recipe", BUILTINS)
 def test_every_builtin_recipe_passes_its_check(recipe: str, tmp_path: Path) -> None:
+    checked = [name for name in PROPERTIES if name not in LEFT_OUT.get(recipe, set())]
+    only = [arg for name in checked for arg in ("--only", name)] if recipe in LEFT_OUT else []
     proc = run_cli(
-        "recipe", "check", recipe, "--work", str(tmp_path), "--json", "-", cwd=tmp_path, timeout=800
+        "recipe", "check", recipe, *only, "--work", str(tmp_path), "--json", "-", cwd=tmp_path, timeout=800
     )
     report = json.loads(proc.stdout)
     results = {r["name"]: r for r in report["results"]}
     failed = {name: r["detail"] for name, r in results.items() if not (r["passed"] or r["skipped"])}
     assert proc.returncode == 0 and report["passed"] and not failed, failed
-    assert list(results) == list(PROPERTIES)
+    assert list(results) == checked
     assert {name for name, r in results.items() if r["skipped"]} == SKIPPED.get(recipe, set())
 
 
