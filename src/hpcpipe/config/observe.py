@@ -76,7 +76,7 @@ class ImbalanceConfig(Section):
         50,
         ge=0,
         description="Check at the first logged step at least this many steps after the last "
-        "check (0: never). Costs one all-gather of 12 numbers per check.",
+        "check (0: never). Costs one all-gather of 9 numbers per rank per check.",
     )
     threshold: float = Field(
         0.20,
