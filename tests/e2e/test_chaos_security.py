@@ -52,13 +52,27 @@ def _passed(result: TrialResult) -> bool:
 # -- fuzz_config -------------------------------------------------------------------------------
 
 
-def test_fuzzed_configs_pass_and_replay_from_the_seed(tmp_path: Path) -> None:
+def test_fuzzed_configs_pass_and_replay_from_the_seed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     first = security.fuzz_config(_ctx(tmp_path, "fuzz_config", cases=150))
     assert _passed(first)
     assert sum(first.placement["categories"].values()) == 150
     assert set(first.placement["categories"]) == set(fuzz.CATEGORIES)
+    # The replay: the placement (every case's arguments and files, the subprocess sample) is drawn
+    # from the seed before any case runs, so the second trial only draws it (the first ran them all).
+    ran: list[int] = []
+
+    def draw_only(
+        cli: object, cases: list[fuzz.FuzzCase], *rest: object
+    ) -> tuple[list[fuzz.Outcome], list[object]]:
+        ran.append(len(cases))
+        return [fuzz.Outcome(0, "", "") for _ in cases], []
+
+    monkeypatch.setattr(security, "_run_cases", draw_only)
+    monkeypatch.setattr(security, "_replay_as_subprocesses", lambda *args: [])
     again = security.fuzz_config(_ctx(tmp_path, "fuzz_config", folder="again", cases=150))
-    assert again.placement == first.placement
+    assert ran == [150] and again.placement == first.placement
 
 
 def test_a_traceback_fails_the_fuzz(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
