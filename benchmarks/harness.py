@@ -3,7 +3,8 @@
 The project's rule for a claim: hpcpipe and its raw baseline measured side by side in one run,
 in rotated order (a b, b a, ... with two arms; a b c, b c a, c a b, ... with three) so drift on a
 shared machine hits every arm alike; medians over the repeats; a ratio, not an absolute time; a
-table, then one JSON line carrying the context a ratio needs (``run_context``).
+table, then one JSON line carrying the context a ratio needs (``run_context``). Every script also
+takes ``--smoke`` (``parse_with_smoke``): the same code path at toy size, which the test suite runs.
 
 torch is imported inside the functions that need it: a launcher that imports this module stays
 light until it measures.
@@ -139,6 +140,32 @@ def block_parser(doc: str | None, repeats: int, steps: int) -> argparse.Argument
     return parser
 
 
+SMOKE_HELP = (
+    "toy size: every stage of the script end to end in seconds (a check that it still runs, as "
+    'the test suite does; its figures measure nothing, and the JSON line says "smoke": true)'
+)
+SMOKE_NOTE = "smoke run at toy size: the figures above check that the script runs, and measure nothing"
+_this_run = argparse.Namespace(smoke=False)  # set by parse_with_smoke; read by emit
+
+
+def parse_with_smoke(
+    parser: argparse.ArgumentParser, toy: Mapping[str, object], argv: Sequence[str] | None = None
+) -> argparse.Namespace:
+    """The benchmark's options, with ``--smoke`` added: the script's own code path at toy size, for
+    ``tests/e2e/test_benchmarks_smoke.py``. ``toy`` maps option names (their ``dest``) to the
+    values a smoke run takes; they replace the defaults, so an option given on the command line
+    still wins. After a smoke run's table, ``emit`` says so and adds ``"smoke": true``."""
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
+    args = parser.parse_args(argv)
+    if unknown := sorted(set(toy) - set(vars(args))):
+        raise ValueError(f"toy values for options the parser lacks: {unknown}")
+    if args.smoke:
+        parser.set_defaults(**toy)
+        args = parser.parse_args(argv)
+    _this_run.smoke = bool(args.smoke)
+    return args
+
+
 def print_table(label: str, unit: str, runs: Mapping[str, Sequence[float]], decimals: int = 1) -> None:
     """The side-by-side table: each arm's median, min and max."""
     print(f"{label:<10}{'median ' + unit:>14}{'min':>10}{'max':>10}")
@@ -180,8 +207,12 @@ def run_context() -> dict[str, object]:
 
 def emit(record: Mapping[str, object]) -> None:
     """The benchmark's last line: ``record`` and the run's context as one JSON object (a key of
-    ``record`` wins over the context's, e.g. the device the workers saw)."""
+    ``record`` wins over the context's, e.g. the device the workers saw); after a smoke run
+    (``parse_with_smoke``), a line saying so first and ``"smoke": true`` in the object."""
     context = {k: v for k, v in run_context().items() if k not in record}
+    if _this_run.smoke:
+        print(SMOKE_NOTE)
+        record = {**record, "smoke": True}
     print(json.dumps({**record, **context}), flush=True)
 
 

@@ -71,3 +71,26 @@ def test_report_pair_prints_table_ratio_notes_then_json(capsys: pytest.CaptureFi
     assert lines[4] == "a note"
     record = json.loads(lines[5])
     assert record["hpcpipe_images_per_s"] == 96.0 and record["target"] == 0.95 and record["steps"] == 4
+
+
+def test_smoke_takes_the_toy_values_and_an_option_given_still_wins(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(harness, "_this_run", harness.argparse.Namespace(smoke=False))
+    toy = {"repeats": 1, "steps": 2}
+    args = harness.parse_with_smoke(harness.block_parser(None, 11, 40), toy, [])
+    assert (args.smoke, args.repeats, args.steps) == (False, 11, 40)
+    harness.emit({"benchmark": "x"})
+    assert "smoke" not in json.loads(capsys.readouterr().out)
+
+    args = harness.parse_with_smoke(harness.block_parser(None, 11, 40), toy, ["--smoke", "--steps", "5"])
+    assert (args.smoke, args.repeats, args.steps) == (True, 1, 5)
+    harness.emit({"benchmark": "x"})
+    *note, line = capsys.readouterr().out.splitlines()
+    assert json.loads(line)["smoke"] is True
+    assert note == [harness.SMOKE_NOTE]
+
+
+def test_toy_values_name_options_the_parser_has() -> None:
+    with pytest.raises(ValueError, match=r"\['stesp'\]"):
+        harness.parse_with_smoke(harness.block_parser(None, 11, 40), {"stesp": 2}, ["--smoke"])
