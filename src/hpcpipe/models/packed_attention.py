@@ -5,8 +5,9 @@ mask keeps them apart, but a mask sends SDPA to its masked kernels, which score 
 key) pair of the row, across conversations too, and then discard most of them. Here SDPA runs
 causally on each conversation's span of the row (its flash kernel, on CPU and CUDA) and the
 spans are concatenated back: the same outputs (``tests/unit/recipes/test_lora_fc_loss.py``), and only the
-spans' squares are scored instead of the row's. On this project's 2-core CPU a SmolLM2 training
-step on 1280-token rows ran 1.14x faster (benchmarks/README.md, "LoRA function calling").
+spans' squares are scored instead of the row's. On this project's 2-core AMD EPYC (AVX2) machine
+on 2026-11-27 a SmolLM2 training step on 1280-token rows ran 1.14x faster (benchmarks/README.md,
+"LoRA function calling": "Step time on the AVX2 machine").
 
 Registered with transformers' public ``AttentionInterface`` as ``PACKED``; a model switched to it
 (``model.set_attn_implementation(PACKED)``) takes ``spans=document_spans(doc_ids)`` in its
