@@ -66,7 +66,7 @@ def function_calling(
         int, typer.Option(min=0, help="Held-out conversations of the run's data to score.")
     ] = 100,
     max_new_tokens: Annotated[
-        int, typer.Option(min=1, help="Longest reply generated (4 calls take about 200 tokens).")
+        int, typer.Option(min=1, help="Longest reply generated (4 calls took 160-199 of SmolLM2's tokens).")
     ] = 256,
     batch_size: Annotated[int, typer.Option(min=1, help="Prompts generated together.")] = 8,
     call_threshold: Annotated[

@@ -30,8 +30,8 @@ class LoraConfig(Section):
     )
     frozen_context: bool = Field(
         False,
-        description="Run each conversation's system prompt (with the tool schemas: ~64% of the "
-        "tokens of generated conversations) forward without gradients first, then the rest "
+        description="Run each conversation's system prompt (with the tool schemas: 64-78% of the "
+        "tokens of generated conversations, by mix) forward without gradients first, then the rest "
         "attending to its cached keys and values (models/context_split.py): the same forward, "
         "backward over the rest only. The adapters then learn to read the schemas, not to encode "
         "them.",

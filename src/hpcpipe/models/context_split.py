@@ -1,8 +1,9 @@
 """Packed rows split into their system prompts and the rest, for training with the prompts frozen.
 
 In the generated function-calling conversations the system prompt, with the tool schemas, holds
-about 64% of the tokens. No loss falls on it, yet backward runs through all of it: the replies
-attend to its keys and values. ``lora.frozen_context`` runs each packed row in two passes:
+64% (the p16 mix) to 78% (the preset's) of the tokens (benchmarks/README.md, "LoRA function
+calling"). No loss falls on it, yet backward runs through all of it: the replies attend to its
+keys and values. ``lora.frozen_context`` runs each packed row in two passes:
 
 1. the conversations' system prompts (``Packed.context``), forward under ``torch.no_grad``: no
    activations kept, their keys and values left in a KV cache;
