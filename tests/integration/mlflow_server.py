@@ -15,6 +15,10 @@ from typing import Any
 from hpcpipe.netutil import free_port
 
 START_TIMEOUT_S = 180
+# No job executor: it runs MLflow's GenAI jobs (online scoring, trace archival), nothing tracking or
+# the registry uses, in consumer processes that import MLflow once more (CPU beside the tests) and
+# held the stop to its 15 s SIGKILL fallback.
+NO_JOBS = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
 
 
 class MlflowServer:
@@ -38,7 +42,7 @@ class MlflowServer:
                 "--artifacts-destination", str(self.root / "artifacts"),
                 "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1",
             ],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, **NO_JOBS},
         )  # fmt: skip
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
@@ -54,14 +58,12 @@ class MlflowServer:
         raise RuntimeError(f"mlflow server not healthy after {START_TIMEOUT_S} s")
 
     def stop(self) -> None:
+        """SIGKILL, the whole group: a throwaway server has nothing to flush (SQLite commits each
+        request), and the `mlflow server` wrapper took 5-15 s to exit after a SIGTERM."""
         if self.proc is None or self.proc.poll() is not None:
             return
-        os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(15)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(15)
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(15)
 
     def client(self) -> Any:
         from mlflow import MlflowClient

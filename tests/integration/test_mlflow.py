@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from tests.helpers import run_cli, tiny_job_sets
 from tests.integration.mlflow_server import MlflowServer
+from tests.integration.tcp_gate import TcpGate
 
 pytest.importorskip("mlflow")
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -111,10 +112,14 @@ def test_a_two_rank_run_is_tracked_and_registered(server: MlflowServer, tmp_path
 
 
 def test_a_server_stopped_mid_run_is_filled_in_by_track_sync(server: MlflowServer, tmp_path: Path) -> None:
+    """The run reaches the server through a gate (tcp_gate.py): closed mid-run, the run sees a
+    stopped server (refused, reset); opened again after it, the same URL answers for the sync
+    (restarting the MLflow server itself took 30-50 s of the suite's time)."""
     steps = 60
+    gate = TcpGate(server.port).open()
     sets = tiny_job_sets(
         tmp_path, "gap", f"train.steps={steps}", "train.eval_every=0",
-        f"observe.mlflow.tracking_uri={server.url}", "observe.mlflow.close_timeout_s=2",
+        f"observe.mlflow.tracking_uri={gate.url}", "observe.mlflow.close_timeout_s=2",
     )  # fmt: skip
     env_cmd = [sys.executable, "-m", "hpcpipe", "train", "tiny", *sets]
     env = {**os.environ, "HPCPIPE_CHAOS_SLOW": "where=data,seconds=0.15", "PYTHONUNBUFFERED": "1"}
@@ -131,12 +136,12 @@ def test_a_server_stopped_mid_run_is_filled_in_by_track_sync(server: MlflowServe
                 break
             assert training.poll() is None, training.communicate()[1][-3000:]
             time.sleep(0.2)
-        server.stop()  # mid-run: training goes on
+        gate.close()  # mid-run: training goes on
         _, err = training.communicate(timeout=300)
     finally:
         if training.poll() is None:
             training.kill()
-        server.start()
+        gate.open()
     assert training.returncode == 0, err[-3000:]
     assert "hpcpipe track sync" in err  # the warning says how to fill the gap
     run_id = _run_id(run_dir)
@@ -152,6 +157,7 @@ def test_a_server_stopped_mid_run_is_filled_in_by_track_sync(server: MlflowServe
     assert client.get_run(run_id).info.status == "FINISHED"
     again = json.loads(run_cli("track", "sync", str(run_dir), "--json", "-", cwd=tmp_path).stdout)
     assert again["metrics"] == 0
+    gate.close()
 
 
 OWN = "tests.recipes_for_tests:Tiny"
