@@ -76,9 +76,11 @@ def test_smollm2_lora_on_text_exports_a_model_transformers_loads(tmp_path: Path)
 
 
 def _tiny_with_template(tmp: Path) -> Path:
-    """@tiny-llama-random (built by a run) with a chat template added: a model directory of our own."""
-    _train(tmp, "hf-causal-lm-tiny", "build", "train.steps=1", "checkpoint.every_steps=0")
-    [built] = (tmp / "prepared" / "models").glob("tiny-llama-*")
+    """@tiny-llama-random (built as a run builds it, without the run) with a chat template added: a
+    model directory of our own."""
+    from hpcpipe.models.tiny_lm import default_tiny_dir
+
+    built = default_tiny_dir(tmp / "models")
     model = tmp / "chat-model"
     shutil.copytree(built, model)
     config = json.loads((model / "tokenizer_config.json").read_text())
