@@ -89,9 +89,17 @@ def test_fsdp2_beside_tp_on_four_ranks_follows_one_process(runs: dict[str, Path]
     assert manifest["layout"]["tp"] == 2 and manifest["layout"]["dp"] == 2
 
 
-def test_a_killed_tp_rank_resumes_bit_for_bit(tmp: Path, runs: dict[str, Path]) -> None:
+@pytest.fixture(scope="module")
+def killed(tmp: Path) -> Path:
+    """tp 2 with selective activation checkpointing, rank 1 SIGKILLed at step 15 and the group
+    restarted: one run for two properties (each a second 2-rank run before), both held to the
+    plain tp2 run's losses bit for bit."""
     env = {"HPCPIPE_CHAOS_KILL": "step=15,rank=1", "HPCPIPE_CHAOS_DIR": str(tmp / "kill-markers")}
-    killed = _train(tmp, "killed", 2, "parallel.tp=2", env=env, restarts=1)
+    sets = ("parallel.tp=2", "train.activation_checkpointing=selective")
+    return _train(tmp, "killed_ac_selective", 2, *sets, env=env, restarts=1)
+
+
+def test_a_killed_tp_rank_resumes_bit_for_bit(killed: Path, runs: dict[str, Path]) -> None:
     assert [e["step"] for e in run_events(killed, "resumed")] == [10]
     assert _losses(killed) == _losses(runs["tp2"])
 
@@ -148,9 +156,10 @@ def test_a_hugging_face_llama_splits_by_module_names(tmp: Path) -> None:
     assert_steps_close(runs["hf_tp2"], runs["hf_single"], RTOL)
 
 
-def test_activation_checkpointing_composes_with_tp(tmp: Path, runs: dict[str, Path]) -> None:
+def test_activation_checkpointing_composes_with_tp(killed: Path, runs: dict[str, Path]) -> None:
     # One process, each mode: tests/unit/train/test_activation_checkpointing.py (same gradients, lower peak).
-    selective = _train(
-        tmp, "ac_selective_tp2", 2, "parallel.tp=2", "train.activation_checkpointing=selective"
-    )
-    assert _losses(selective) == _losses(runs["tp2"])
+    # The run is the killed one above: its steps 1-15 before the kill and 11-20 after the restart.
+    from hpcpipe.config import load_config
+
+    assert load_config(killed / "config.yaml").train.activation_checkpointing == "selective"
+    assert _losses(killed) == _losses(runs["tp2"])
