@@ -36,7 +36,6 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[float]]:
     return {
         "single": train_tiny(tmp, "single", 1),
         "ddp": train_tiny(tmp, "ddp", 2, "parallel.strategy=ddp"),
-        "ddp_again": train_tiny(tmp, "ddp_again", 2, "parallel.strategy=ddp"),
         "fsdp": train_tiny(tmp, "fsdp", 2, "parallel.strategy=fsdp"),
     }
 
@@ -56,12 +55,6 @@ def test_fsdp_matches_ddp(runs: dict[str, list[float]]) -> None:
 
 @pytest.mark.distributed
 @pytest.mark.timeout(600)
-def test_same_seed_and_world_size_is_bitwise_identical(runs: dict[str, list[float]]) -> None:
-    assert runs["ddp"] == runs["ddp_again"]
-
-
-@pytest.mark.distributed
-@pytest.mark.timeout(600)
 def test_golden_loss_curve(runs: dict[str, list[float]]) -> None:
     """The tiny model's single-process curve; regenerate with tests/golden/regenerate.py."""
     golden = json.loads(GOLDEN.read_text())["losses"]
@@ -71,7 +64,9 @@ def test_golden_loss_curve(runs: dict[str, list[float]]) -> None:
 @pytest.mark.distributed
 @pytest.mark.timeout(300)
 def test_external_torchrun_starts_the_same_job(tmp_path: Path, runs: dict[str, list[float]]) -> None:
-    """`torchrun -m hpcpipe train` (the workers detect torchrun) gives the DDP curve bit for bit."""
+    """`torchrun -m hpcpipe train` (the workers detect torchrun) gives the DDP curve bit for bit:
+    a second run of the same job, seed and world size, so this is also the proof that such runs
+    are bitwise identical (it had a third DDP run of its own, `ddp_again`, for that)."""
     import os
     import subprocess
     import sys
