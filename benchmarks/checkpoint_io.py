@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from harness import emit, measure_round
+from harness import emit, measure_round, parse_with_smoke
 from hpcpipe.checkpoint import CheckpointStore, memory_tier, read_manifest
 from hpcpipe.config import CheckpointConfig, ModelConfig
 from hpcpipe.models.gpt import GPT
@@ -143,7 +143,7 @@ def main() -> None:
     parser.add_argument("--d-model", type=int, default=512)
     parser.add_argument("--vocab", type=int, default=4096)
     parser.add_argument("--hash", choices=["blake3", "sha256"], default="blake3", help="checkpoint.hash")
-    args = parser.parse_args()
+    args = parse_with_smoke(parser, {"repeats": 1, "layers": 1, "d_model": 64, "vocab": 256})
 
     model, optimizer = build(args)
     keys = ("save", "write", "restore", "memory", "read", "async")

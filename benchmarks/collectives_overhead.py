@@ -27,7 +27,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from harness import Comparison, emit, side_by_side
+from harness import Comparison, emit, parse_with_smoke, side_by_side
 
 TARGET = 0.95
 SIZES_MIB = (4, 8, 16, 32, 64)
@@ -45,7 +45,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument("--warmup", type=int, default=2, help="untimed calls per measurement")
     parser.add_argument("--out", type=Path, default=None, help="(internal) where rank 0 writes its figures")
-    return parser.parse_args(argv)
+    # --smoke: one 1 MiB size, one round of ~10 ms per side, on the same ranks
+    toy = {"sizes_mib": [1], "repeats": 1, "window_s": 0.01, "warmup": 1}
+    return parse_with_smoke(parser, toy, argv)
 
 
 def iterations_for(size: int, args: argparse.Namespace, device: Any) -> int:

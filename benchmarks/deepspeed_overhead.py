@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from ddp_harness import finish, join_group, spawn
-from harness import Comparison, block_parser, compare_loops, emit, print_table, trainer_loop
+from harness import Comparison, block_parser, compare_loops, emit, parse_with_smoke, print_table, trainer_loop
 from hpcpipe.config import load_config
 from hpcpipe.models.gpt import GPT
 from hpcpipe.netutil import free_port
@@ -106,7 +106,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8, help="sequences per rank and step")
     parser.add_argument("--vocab", type=int, default=4096)
     parser.add_argument("--stage", type=int, default=3, choices=(0, 1, 2, 3))
-    args = parser.parse_args()
+    args = parse_with_smoke(parser, {"repeats": 1, "steps": 1, "batch": 1, "vocab": 256})
     os.environ.setdefault("DS_ACCELERATOR", "cpu" if not torch.cuda.is_available() else "cuda")
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)

@@ -36,7 +36,7 @@ from ddp_harness import (  # noqa: E402
     spawn,
     timing_overrides,
 )
-from harness import block_parser, report_pair  # noqa: E402
+from harness import block_parser, parse_with_smoke, report_pair  # noqa: E402
 from hpcpipe.config import JobConfig, load_config  # noqa: E402
 from hpcpipe.netutil import free_port  # noqa: E402
 from hpcpipe.train.optim import build_optimizer  # noqa: E402
@@ -51,6 +51,7 @@ def job_for(args: argparse.Namespace, out: Path) -> JobConfig:
             f"run.recipe={RECIPE}",
             f"run.out_dir={out}",
             *timing_overrides(args.steps, args.batch, args.nproc),
+            *([f"recipe.train_per_class={args.per_class}"] if args.per_class else []),
         ],
     )
 
@@ -85,7 +86,10 @@ def main() -> None:
     parser = block_parser(__doc__, repeats=7, steps=20)
     parser.add_argument("--nproc", type=int, default=2, help="DDP ranks (gloo on CPU)")
     parser.add_argument("--batch", type=int, default=32, help="samples per rank per step")
-    args = parser.parse_args()
+    parser.add_argument(
+        "--per-class", type=int, default=None, help="recipe.train_per_class (default: the job's)"
+    )
+    args = parse_with_smoke(parser, {"repeats": 1, "steps": 2, "batch": 4, "per_class": 8})
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)

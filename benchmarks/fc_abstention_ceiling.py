@@ -18,6 +18,10 @@ So the figures are upper bounds for a rule calibrated on generated data. Prints 
 JSON line (with the torch version and core count).
 
   python benchmarks/fc_abstention_ceiling.py runs/p20 runs/p20/eval-constrained
+
+``--smoke`` (no arguments) makes its own inputs at toy size first: a LoRA run of one step on the
+random 2-layer Llama, and an evaluation of 2 cases of three BFCL categories (the repository's
+sample files, ``tests/data/bfcl``) in which every reply is a call; then scores them.
 """
 
 from __future__ import annotations
@@ -27,14 +31,16 @@ import json
 import math
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import emit
+from harness import emit, parse_with_smoke
 
 IRRELEVANCE = ("irrelevance", "live_irrelevance")
+BFCL_SAMPLES = Path(__file__).resolve().parents[1] / "tests" / "data" / "bfcl"
 
 
 def load_run(run_dir: Path) -> tuple[Any, Any]:
@@ -125,16 +131,60 @@ def print_row(name: str, c: dict[str, Any]) -> None:
     print(f"{name:<28}" + "".join(f"{x:>9}" for x in cells))
 
 
+def smoke_inputs(work: Path) -> tuple[Path, Path]:
+    """(run, evaluation) at toy size for ``--smoke``: a LoRA run of one step on the random tiny
+    Llama, and an eval.json of 2 cases of three sample BFCL categories whose every reply calls
+    the case's first function (so each is scored), passing or not in turn."""
+    from hpcpipe.config import load_config
+    from hpcpipe.data.function_calling.conversation import ToolCall
+    from hpcpipe.data.function_calling.tokens import format_call
+    from hpcpipe.evaluate.bfcl import load_bfcl
+    from hpcpipe.launch.job import run_job
+
+    sets = ["model.name_or_path=@tiny-llama-random", "model.seq_len=128", "data.synthetic_rows=40"]
+    sets += [
+        "train.steps=1",
+        "train.micro_batch_size=2",
+        "train.global_batch_size=2",
+        "observe.progress=false",
+    ]
+    sets += [f"run.out_dir={work}", f"data.prepared_dir={work / 'prepared'}", "run.name=smoke"]
+    run = run_job(load_config("lora-fc-tiny", sets))
+    cases = []
+    for i, case in enumerate(load_bfcl(BFCL_SAMPLES, ["simple", *IRRELEVANCE], 2, "dev")):
+        wanted = case.ground_truth is not None
+        reply = format_call(ToolCall(case.functions[0]["name"], {}))
+        row = {"id": case.id, "category": case.category, "expects_call": wanted, "reply": reply}
+        cases.append({**row, "ast": wanted and i % 2 == 0, "p_call": 0.3 + 0.1 * i})
+    (run / "eval").mkdir()
+    (run / "eval" / "eval.json").write_text(json.dumps({"meta": {"split": "dev"}, "cases": cases}))
+    return run, run / "eval"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("run", type=Path, help="the lora-function-calling run whose adapter scores")
-    parser.add_argument("eval_dir", type=Path, help="an evaluation of that adapter (its eval.json)")
+    parser.add_argument(
+        "run", type=Path, nargs="?", help="the lora-function-calling run whose adapter scores"
+    )
+    parser.add_argument(
+        "eval_dir", type=Path, nargs="?", help="an evaluation of that adapter (its eval.json)"
+    )
     parser.add_argument(
         "--bfcl-dir", type=Path, default=Path("data/external/bfcl"), help="BFCL's files (make fc-assets)"
     )
     parser.add_argument("--keep", type=float, default=0.9, help="irrelevance kept at least at this share")
     parser.add_argument("--weights", default="1,2,4,8", help="weights of the mean log-prob in the sum")
-    args = parser.parse_args()
+    args = parse_with_smoke(parser, {"bfcl_dir": BFCL_SAMPLES})
+    with tempfile.TemporaryDirectory(prefix="fc-ceiling-") as tmp:
+        if args.smoke and args.run is None:
+            args.run, args.eval_dir = smoke_inputs(Path(tmp))
+        ceiling_of(parser, args)
+
+
+def ceiling_of(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Every score's ceiling for the run and evaluation that ``args`` name: the table, the JSON line."""
+    if args.run is None or args.eval_dir is None:
+        parser.error("RUN and EVAL_DIR are required (--smoke alone makes its own)")
     for path in (args.eval_dir / "eval.json", args.run / "config.yaml", args.bfcl_dir):
         if not path.exists():
             parser.error(f"{path}: not found")

@@ -13,6 +13,11 @@
 #   benchmarks/fc_mix_sweep.sh fc-refusals --set data.synthetic_mix.refusal=40
 #   FC_CONSTRAIN=1 benchmarks/fc_mix_sweep.sh fc-default   # also scored with --constrain
 #                                                          # (runs/NAME/eval-constrained)
+#   benchmarks/fc_mix_sweep.sh --smoke [--set ...]   # the same commands at toy size (a check)
+#
+# --smoke (the test suite runs it): the point "smoke" with the classic mix's overrides, trained for
+# one step on the random 2-layer Llama in a temporary directory and scored on one case of each
+# category of the repository's sample BFCL files; the JSON line then says "smoke": true.
 set -euo pipefail
 
 CLASSIC=(single=30 parallel=12 multi_turn=14 clarify=10 refusal=17 no_access=17 parallel_multiple=0
@@ -25,8 +30,26 @@ if [[ "${1:-}" == "--classic" ]]; then  # the overrides that give SyntheticMix.c
     echo
     exit 0
 fi
+runs=runs
+eval_sets=(--limit 30 --heldout-limit 0)
+smoke=false
+if [[ "${1:-}" == "--smoke" ]]; then
+    shift
+    runs=$(mktemp -d)
+    trap 'rm -rf "$runs"' EXIT
+    here=$(cd "$(dirname "$0")" && pwd)
+    toy=(model.name_or_path=@tiny-llama-random model.gguf_file=null model.seq_len=256
+        data.synthetic_rows=40 train.steps=1 train.global_batch_size=1 "run.out_dir=$runs"
+        "data.prepared_dir=$runs/prepared")
+    sets=()
+    for knob in "${CLASSIC[@]}"; do sets+=(--set "data.synthetic_mix.$knob"); done
+    for value in "${toy[@]}"; do sets+=(--set "$value"); done
+    set -- smoke "${sets[@]}" "$@"
+    eval_sets=(--limit 1 --heldout-limit 0 --max-new-tokens 8 --bfcl-dir "$here/../tests/data/bfcl")
+    smoke=true
+fi
 if [[ $# -lt 1 || "$1" == -* ]]; then
-    echo "usage: $0 NAME [--set KEY=VALUE ...]   (or: $0 --classic)" >&2
+    echo "usage: $0 NAME [--set KEY=VALUE ...]   (or: $0 --classic, $0 --smoke)" >&2
     exit 2
 fi
 name=$1
@@ -35,11 +58,11 @@ hpcpipe=${HPCPIPE:-hpcpipe}
 start=$(date +%s)
 "$hpcpipe" train lora-fc-smollm2 --set "run.name=$name" --set observe.progress=false "$@"
 trained=$(date +%s)
-"$hpcpipe" eval function-calling "runs/$name" --limit 30 --heldout-limit 0
+"$hpcpipe" eval function-calling "$runs/$name" "${eval_sets[@]}"
 evaluated=$(date +%s)
 constrained_s=null
 if [[ "${FC_CONSTRAIN:-0}" == 1 ]]; then
-    "$hpcpipe" eval function-calling "runs/$name" --limit 30 --heldout-limit 0 --constrain
+    "$hpcpipe" eval function-calling "$runs/$name" "${eval_sets[@]}" --constrain
     constrained_s=$(($(date +%s) - evaluated))
 fi
-echo "{\"name\": \"$name\", \"train_s\": $((trained - start)), \"eval_s\": $((evaluated - trained)), \"eval_constrained_s\": $constrained_s}"
+echo "{\"name\": \"$name\", \"train_s\": $((trained - start)), \"eval_s\": $((evaluated - trained)), \"eval_constrained_s\": $constrained_s, \"smoke\": $smoke}"

@@ -141,7 +141,7 @@ def block_parser(doc: str | None, repeats: int, steps: int) -> argparse.Argument
 
 
 SMOKE_HELP = (
-    "toy size: every stage of the script end to end in seconds (a check that it still runs, as "
+    "toy size: every stage of the script end to end, quickly (a check that it still runs, as "
     'the test suite does; its figures measure nothing, and the JSON line says "smoke": true)'
 )
 SMOKE_NOTE = "smoke run at toy size: the figures above check that the script runs, and measure nothing"

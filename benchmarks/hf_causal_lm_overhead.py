@@ -32,7 +32,7 @@ from ddp_harness import (
     spawn,
     timing_overrides,
 )
-from harness import block_parser, report_pair
+from harness import block_parser, parse_with_smoke, report_pair
 from hpcpipe.config import JobConfig, load_config
 from hpcpipe.netutil import free_port
 from hpcpipe.train.optim import build_optimizer
@@ -45,8 +45,8 @@ def job_for(args: argparse.Namespace, out: Path) -> JobConfig:
         PRESETS[args.model],
         [
             f"run.out_dir={out}",
-            f"data.prepared_dir={args.prepared}",
-            "data.max_bytes=400000",
+            f"data.prepared_dir={args.prepared or out / 'prepared'}",
+            f"data.max_bytes={args.max_bytes}",
             f"model.seq_len={args.seq_len}",
             "model.base_dtype=fp32",
             *timing_overrides(args.steps, args.batch, args.nproc),
@@ -116,7 +116,12 @@ def main() -> None:
         default="data/prepared",
         help="data.prepared_dir (the shards and the de-quantised model are kept there)",
     )
-    args = parser.parse_args()
+    parser.add_argument(
+        "--max-bytes", type=int, default=400_000, help="source text tokenized (data.max_bytes)"
+    )
+    # --smoke: the random 2-layer Llama on 20 kB of text, prepared in the temporary directory
+    toy = {"model": "tiny", "repeats": 1, "steps": 1, "batch": 1, "seq_len": 32}
+    args = parse_with_smoke(parser, {**toy, "max_bytes": 20_000, "prepared": None})
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import optuna
 
-from harness import emit, measure_round
+from harness import emit, measure_round, parse_with_smoke
 from hpcpipe.config import load_config
 from hpcpipe.hpo.space import suggest, trial_config
 from hpcpipe.hpo.study import plan_study
@@ -88,7 +88,9 @@ def main() -> None:
     parser.add_argument(
         "--set", dest="sets", action="append", default=[], help="config override (repeatable)"
     )
-    args = parser.parse_args()
+    # --smoke: one trial per driver of 2 steps (evaluated at the last) on 50 kB of text
+    toy = {"trials": 1, "repeats": 1, "sets": ["train.steps=2", "train.eval_every=2", "data.max_bytes=50000"]}
+    args = parse_with_smoke(parser, toy)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     walls: dict[str, list[float]] = {"hpcpipe": [], "plain": []}
     overheads: list[float] = []

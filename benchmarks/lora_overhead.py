@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from harness import block_parser, compare_loops, report_pair, trainer_loop
+from harness import block_parser, compare_loops, parse_with_smoke, report_pair, trainer_loop
 from hpcpipe.config import JobConfig, load_config
 from hpcpipe.recipes import build_recipe
 from hpcpipe.recipes.lora_fc_loss import packed_attention
@@ -68,7 +68,7 @@ def job_for(args: argparse.Namespace, out: Path) -> JobConfig:
         [
             *MODELS[args.model],
             f"model.seq_len={args.seq_len}",
-            "data.synthetic_rows=600",
+            f"data.synthetic_rows={args.rows}",
             f"data.prepared_dir={out}/prepared",
             "lora.dropout=0.0",
             f"train.steps={10**6}",
@@ -131,7 +131,9 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2", choices=sorted(MODELS))
     parser.add_argument("--batch", type=int, default=2, help="packed rows per step")
     parser.add_argument("--seq-len", type=int, default=512)
-    args = parser.parse_args()
+    parser.add_argument("--rows", type=int, default=600, help="generated conversations (data.synthetic_rows)")
+    toy = {"model": "tiny", "repeats": 1, "steps": 1, "batch": 1, "seq_len": 128, "rows": 40}
+    args = parse_with_smoke(parser, toy)
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)

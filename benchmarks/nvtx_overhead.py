@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from harness import Comparison, block_parser, compare_loops, emit, print_table, trainer_loop
+from harness import Comparison, block_parser, compare_loops, emit, parse_with_smoke, print_table, trainer_loop
 from hpcpipe.config import load_config
 from hpcpipe.observe.nvtx import NvtxRanges, nvtx_ranges
 from hpcpipe.observe.phases import PhaseTimer
@@ -114,7 +114,7 @@ def worker(args: argparse.Namespace) -> None:
 def main() -> None:
     parser = block_parser(__doc__, repeats=15, steps=40)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parse_with_smoke(parser, {"repeats": 1, "steps": 2})
     if args.worker:
         worker(args)
         return

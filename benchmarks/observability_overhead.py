@@ -26,9 +26,9 @@ import urllib.request
 from pathlib import Path
 
 from ddp_harness import finish, spawn
-from harness import Comparison, emit, print_table
+from harness import Comparison, emit, parse_with_smoke, print_table
 from hpcpipe.netutil import free_port
-from observer_pair import QUIET, ObserverPair, describe, pair_parser
+from observer_pair import PAIR_TOY, QUIET, ObserverPair, describe, pair_parser
 
 
 def on_sets(args: argparse.Namespace, metrics_port: int, out: Path) -> list[str]:
@@ -68,7 +68,7 @@ def main() -> None:
     parser = pair_parser(__doc__)
     parser.add_argument("--observers", choices=("telemetry", "tracking"), default="telemetry")
     parser.add_argument("--scrape-s", type=float, default=1.0, help="seconds between scrapes")
-    args = parser.parse_args()
+    args = parse_with_smoke(parser, {**PAIR_TOY, "scrape_s": 0.2})
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)

@@ -13,6 +13,8 @@ from in_memory_gpt import in_memory_trainer, quickstart_job, random_tokens
 
 # Observers that are on in the quickstart and not under test: off in both Trainers.
 QUIET = ["observe.gpu.enabled=false", "observe.imbalance.every_steps=0"]
+# --smoke (harness.parse_with_smoke): one block of 2 steps, logged at each, 1 sequence per rank
+PAIR_TOY = {"repeats": 1, "steps": 2, "log_every": 1, "batch": 1, "vocab": 256}
 
 
 def pair_parser(doc: str | None) -> argparse.ArgumentParser:

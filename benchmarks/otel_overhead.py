@@ -32,13 +32,13 @@ from typing import Any
 import torch
 
 from ddp_harness import finish, spawn
-from harness import Comparison, emit, print_table
+from harness import Comparison, emit, parse_with_smoke, print_table
 from hpcpipe.config.observe import OtelConfig
 from hpcpipe.netutil import free_port
 from hpcpipe.observe.metrics import EventLog, read_events
 from hpcpipe.observe.otel import step_tracer
 from hpcpipe.observe.phases import PhaseTimer
-from observer_pair import QUIET, ObserverPair, describe, pair_parser
+from observer_pair import PAIR_TOY, QUIET, ObserverPair, describe, pair_parser
 
 
 class Collector:
@@ -92,9 +92,11 @@ def boundaries(timer: PhaseTimer, steps: int, log_every: int) -> float:
     return time.perf_counter() - start
 
 
-def listener_cost(args: argparse.Namespace, endpoint: str, steps: int = 2000, repeats: int = 7) -> float:
+def listener_cost(args: argparse.Namespace, endpoint: str, repeats: int = 7) -> float:
     """Microseconds per step the tracer adds at the loop's boundaries (span creation included,
-    sampling as configured), measured directly: the same calls with and without it."""
+    sampling as configured), measured directly: the same ``args.direct_steps`` steps' calls with and
+    without it, ``repeats`` times."""
+    steps = args.direct_steps
     with tempfile.TemporaryDirectory() as tmp:
         cfg = OtelConfig(endpoint=endpoint, sample_every_steps=args.sample_every)
         tracer = step_tracer(cfg, "bench", 0, args.nproc, "host", EventLog(Path(tmp), enabled=False))
@@ -124,7 +126,8 @@ def main() -> None:
     parser = pair_parser(__doc__)
     parser.add_argument("--collector", choices=("receiver", "closed"), default="receiver")
     parser.add_argument("--sample-every", type=int, default=10, help="observe.otel.sample_every_steps")
-    args = parser.parse_args()
+    parser.add_argument("--direct-steps", type=int, default=2000, help="steps of the direct measure")
+    args = parse_with_smoke(parser, {**PAIR_TOY, "sample_every": 1, "direct_steps": 20})
 
     collector = Collector()
     collector.thread.start()

@@ -30,10 +30,8 @@ from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 
-from harness import emit, side_by_side
+from harness import emit, parse_with_smoke, side_by_side
 
-MODEL = ["model.variant=llama", "model.n_layers=4", "model.n_heads=4", "model.d_model=256"]
-MODEL += ["model.seq_len=128"]
 LAYOUTS = {
     "fsdp_dp4": ["parallel.strategy=fsdp", "train.micro_batch_size=4"],
     "dp2_tp2": ["parallel.tp=2", "train.micro_batch_size=8"],
@@ -41,29 +39,46 @@ LAYOUTS = {
 }
 
 
-def train(out: Path, name: str, nproc: int, steps: int, sets: list[str]) -> list[dict[str, float]]:
-    """One ``hpcpipe train`` run; its metrics rows with a throughput."""
-    args = [
+def model_sets(args: argparse.Namespace) -> list[str]:
+    """The GPT every run trains: a Llama of ``--layers`` x ``--d-model``, 4 heads, 128 tokens."""
+    return [
+        "model.variant=llama",
+        f"model.n_layers={args.layers}",
+        "model.n_heads=4",
+        f"model.d_model={args.d_model}",
+        "model.seq_len=128",
+    ]
+
+
+def train(
+    out: Path, name: str, nproc: int, args: argparse.Namespace, sets: list[str]
+) -> list[dict[str, float]]:
+    """One ``hpcpipe train`` run of ``args.steps`` steps; its metrics rows with a throughput after
+    the first ``args.warmup`` steps."""
+    overrides = [
         f"run.name={name}",
         f"run.out_dir={out}",
         f"data.prepared_dir={out}/prepared",
-        "data.max_bytes=2000000",
-        f"train.steps={steps}",
+        f"data.max_bytes={args.max_bytes}",
+        f"train.steps={args.steps}",
         "train.eval_every=0",
         "train.warmup_steps=2",
         "checkpoint.every_steps=0",
         "observe.progress=false",
-        "observe.log_every=5",
-        *MODEL,
+        f"observe.log_every={args.log_every}",
+        *model_sets(args),
         *sets,
     ]
     command = [sys.executable, "-m", "hpcpipe", "train", "tiny", "--nproc", str(nproc)]
-    command += [part for value in args for part in ("--set", value)]
+    command += [part for value in overrides for part in ("--set", value)]
     proc = subprocess.run(command, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise SystemExit(f"{name} failed:\n{proc.stderr[-3000:]}")
     rows = [json.loads(line) for line in (out / name / "metrics.jsonl").read_text().splitlines()]
-    return [r for r in rows if "tokens_per_s" in r and r["step"] > 10]  # after warm-up
+    timed = [r for r in rows if "tokens_per_s" in r and r["step"] > args.warmup]
+    if not timed:
+        raise SystemExit(f"{name}: no metrics row after step {args.warmup} (--steps, --log-every)")
+    return timed
 
 
 def median_rate(rows: list[dict[str, float]]) -> float:
@@ -74,35 +89,38 @@ def median_step(rows: list[dict[str, float]]) -> float:
     return statistics.median(r["step_time_s"] for r in rows)
 
 
-def layout_rate(out: Path, name: str, runs: Iterator[int], steps: int) -> float:
+def layout_rate(out: Path, name: str, runs: Iterator[int], args: argparse.Namespace) -> float:
     """Median tokens/s of one run of the layout ``name`` on 4 ranks (``runs`` numbers its directory)."""
     sets = [*LAYOUTS[name], "train.global_batch_size=32", "parallel.threads_per_rank=1"]
-    return median_rate(train(out, f"{name}-{next(runs)}", 4, steps, sets))
+    return median_rate(train(out, f"{name}-{next(runs)}", 4, args, sets))
 
 
-def layouts(out: Path, repeats: int, steps: int) -> dict[str, list[float]]:
+def layouts(out: Path, args: argparse.Namespace) -> dict[str, list[float]]:
     runs = itertools.count()
-    return side_by_side({name: partial(layout_rate, out, name, runs, steps) for name in LAYOUTS}, repeats)
+    arms = {name: partial(layout_rate, out, name, runs, args) for name in LAYOUTS}
+    return side_by_side(arms, args.repeats)
 
 
-def bubble_arms(out: Path, m: int, runs: Iterator[int], steps: int) -> dict[str, Callable[[], float]]:
+def bubble_arms(
+    out: Path, m: int, runs: Iterator[int], args: argparse.Namespace
+) -> dict[str, Callable[[], float]]:
     """Median step time of one run of one process, and of pipeline 2, on m micro-batches of 4."""
     common = [f"train.global_batch_size={4 * m}", "train.micro_batch_size=4", "parallel.threads_per_rank=1"]
 
     def one() -> float:
-        return median_step(train(out, f"one-m{m}-{next(runs)}", 1, steps, common))
+        return median_step(train(out, f"one-m{m}-{next(runs)}", 1, args, common))
 
     def pp2() -> float:
-        return median_step(train(out, f"pp2-m{m}-{next(runs)}", 2, steps, [*common, "parallel.pp=2"]))
+        return median_step(train(out, f"pp2-m{m}-{next(runs)}", 2, args, [*common, "parallel.pp=2"]))
 
     return {"one": one, "pp2": pp2}
 
 
-def bubble(out: Path, repeats: int, steps: int, micro_batches: tuple[int, ...]) -> list[dict[str, float]]:
+def bubble(out: Path, args: argparse.Namespace) -> list[dict[str, float]]:
     rows = []
     runs = itertools.count()
-    for m in micro_batches:
-        times = side_by_side(bubble_arms(out, m, runs, steps), repeats)
+    for m in args.micro_batches:
+        times = side_by_side(bubble_arms(out, m, runs, args), args.repeats)
         t_one, t_pp = statistics.median(times["one"]), statistics.median(times["pp2"])
         rows.append({"m": m, "measured": 1 - (t_one / 2) / t_pp, "formula": 1 / (m + 1)})
     return rows
@@ -112,12 +130,26 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=30)
-    args = parser.parse_args()
+    parser.add_argument("--warmup", type=int, default=10, help="steps left out of the figures")
+    parser.add_argument(
+        "--log-every", type=int, default=5, help="observe.log_every: a metrics row every N steps"
+    )
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--d-model", type=int, default=256)
+    parser.add_argument(
+        "--max-bytes", type=int, default=2_000_000, help="source text tokenized (data.max_bytes)"
+    )
+    parser.add_argument(
+        "--micro-batches", type=int, nargs="+", default=[2, 4, 8], help="pipeline 2's micro-batch counts"
+    )
+    # --smoke: every layout and one bubble point, once each, 3 steps of a 2-layer, 32-wide model
+    toy = {"repeats": 1, "steps": 3, "warmup": 1, "log_every": 1, "layers": 2, "d_model": 32}
+    args = parse_with_smoke(parser, {**toy, "max_bytes": 50_000, "micro_batches": [2]})
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
-        rates = layouts(out, args.repeats, args.steps)
-        bubbles = bubble(out, args.repeats, args.steps, (2, 4, 8))
+        rates = layouts(out, args)
+        bubbles = bubble(out, args)
     reference = statistics.median(rates["fsdp_dp4"])
     print(f"{'layout (4 gloo CPU ranks)':<28}{'median tokens/s':>16}{'vs FSDP2 dp 4':>15}")
     ratios = {}

@@ -18,7 +18,7 @@ import sys
 import tempfile
 import time
 
-from harness import emit
+from harness import emit, parse_with_smoke
 from hpcpipe.config import load_config
 from hpcpipe.observe.lineage import read_lineage
 from hpcpipe.pipeline.engine import StepContext, decide
@@ -58,7 +58,9 @@ def main() -> None:
     parser.add_argument(
         "--set", dest="sets", action="append", default=[], help="config override (repeatable)"
     )
-    args = parser.parse_args()
+    # --smoke: the tiny preset's pipeline, 2 training steps on 50 kB of text, one no-op run
+    toy = {"job": "tiny", "repeats": 1, "sets": ["train.steps=2", "data.max_bytes=50000"]}
+    args = parse_with_smoke(parser, toy)
     with tempfile.TemporaryDirectory() as tmp:
         sets = [f"run.out_dir={tmp}", *args.sets]
         full, _ = cli_run(args.job, sets)

@@ -15,30 +15,31 @@ Allocations are deterministic: one run is the result. Prints a table and a JSON 
 
 from __future__ import annotations
 
+import argparse
+
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from harness import emit
+from harness import emit, parse_with_smoke
 from hpcpipe.config import ModelConfig
 from hpcpipe.models.gpt import GPT, mlp_hidden
 from hpcpipe.plan.memory import Layout, ModelShape, memory_per_gpu
 from hpcpipe.train.activation_checkpointing import apply_activation_checkpointing
 
-LAYERS, WIDTH, HEADS, SEQ, BATCH, VOCAB = 6, 256, 4, 512, 8, 512
 MIB = 2**20
 
 
-def shape_of(cfg: ModelConfig) -> ModelShape:
+def shape_of(cfg: ModelConfig, vocab: int) -> ModelShape:
     llama = cfg.variant == "llama"
     return ModelShape(
-        LAYERS,
-        WIDTH,
-        HEADS,
-        VOCAB,
-        SEQ,
+        cfg.n_layers,
+        cfg.d_model,
+        cfg.n_heads,
+        vocab,
+        cfg.seq_len,
         mlp_hidden(cfg),
-        HEADS,
+        cfg.n_heads,
         gated_mlp=llama,
         tied_embeddings=True,
         rotary=llama,
@@ -77,20 +78,39 @@ def states(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> dict[str
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--layers", type=int, default=6)
+    parser.add_argument("--d-model", type=int, default=256)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--seq-len", type=int, default=512)
+    parser.add_argument("--batch", type=int, default=8, help="micro-batch")
+    parser.add_argument("--vocab", type=int, default=512)
+    toy = {"layers": 1, "d_model": 32, "heads": 2, "seq_len": 32, "batch": 2, "vocab": 64}
+    args = parse_with_smoke(parser, toy)
     torch.set_num_threads(2)
     rows = []
     for variant in ("gpt2", "llama"):
-        cfg = ModelConfig(variant=variant, n_layers=LAYERS, d_model=WIDTH, n_heads=HEADS, seq_len=SEQ)
-        x, y = torch.randint(0, VOCAB, (2, BATCH, SEQ), generator=torch.Generator().manual_seed(0))
+        cfg = ModelConfig(
+            variant=variant,
+            n_layers=args.layers,
+            d_model=args.d_model,
+            n_heads=args.heads,
+            seq_len=args.seq_len,
+        )
+        shape = (2, args.batch, args.seq_len)
+        x, y = torch.randint(0, args.vocab, shape, generator=torch.Generator().manual_seed(0))
         torch.manual_seed(0)
-        measured_states = states(GPT(cfg, VOCAB), x, y)
+        measured_states = states(GPT(cfg, args.vocab), x, y)
         for mode in ("none", "selective", "full"):
             torch.manual_seed(0)
-            model = GPT(cfg, VOCAB)
+            model = GPT(cfg, args.vocab)
             apply_activation_checkpointing(list(model.blocks), mode)
             grads = measured_states["gradients"]
             measured = peak_live(model, x, y) - grads  # the gradients accumulate during backward
-            plan = memory_per_gpu(shape_of(cfg), Layout(precision="fp32", micro_batch=BATCH, recompute=mode))
+            layout = Layout(precision="fp32", micro_batch=args.batch, recompute=mode)
+            plan = memory_per_gpu(shape_of(cfg, args.vocab), layout)
             planned = plan["activations"] + plan["logits"]
             row = {
                 "variant": variant,
@@ -100,8 +120,7 @@ def main() -> None:
             }
             row["ratio"] = planned / measured
             rows.append(row)
-        shape = shape_of(cfg)
-        plan = memory_per_gpu(shape, Layout(precision="fp32"))
+        plan = memory_per_gpu(shape_of(cfg, args.vocab), Layout(precision="fp32"))
         for part in ("parameters", "gradients", "optimizer"):
             # the plan counts no biases (gpt2 has them; llama has none), the model does
             rows.append(
@@ -114,15 +133,15 @@ def main() -> None:
         print(
             f"{r['variant']:<8}{what:<22}{r['planned_mib']:>12.1f}{r['measured_mib']:>14.1f}{r['ratio']:>18.3f}"
         )
-    shape = {
-        "layers": LAYERS,
-        "d_model": WIDTH,
-        "heads": HEADS,
-        "seq_len": SEQ,
-        "micro_batch": BATCH,
-        "vocab": VOCAB,
+    sizes = {
+        "layers": args.layers,
+        "d_model": args.d_model,
+        "heads": args.heads,
+        "seq_len": args.seq_len,
+        "micro_batch": args.batch,
+        "vocab": args.vocab,
     }
-    emit({"benchmark": "plan_memory_check", "shape": shape, "rows": rows})
+    emit({"benchmark": "plan_memory_check", "shape": sizes, "rows": rows})
 
 
 if __name__ == "__main__":

@@ -12,6 +12,10 @@ namespaces on this machine; needs root and Debian's slurm-wlm + munge).
    veth pair and bridge) vs the same 2 ranks on one host (loopback).
 
     sudo .venv/bin/python benchmarks/slurm_launch.py --repeats 3
+
+``--smoke`` stops before submitting (no cluster, no root: the test cluster's bridge and subnet are
+fixed, so it cannot start beside the integration tests' own): both job scripts rendered as the
+timed runs render them, and each checked by ``bash -n``.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 from tests.integration.slurm_cluster import SlurmCluster, job_overrides, missing_capability  # noqa: E402
 
-from harness import emit, measure_round  # noqa: E402
+from harness import emit, measure_round, parse_with_smoke  # noqa: E402
 from hpcpipe.config import load_config  # noqa: E402
 
 RAW_SCRIPT = """#!/bin/bash
@@ -70,27 +74,37 @@ def _first_step_s(run_dir: Path, started: float, timeout_s: float = 300) -> floa
     raise TimeoutError(f"{run_dir}: no training step after {timeout_s} s")
 
 
+def _launch(work: Path, name: str) -> list[str]:
+    """``hpcpipe launch slurm`` of the hpcpipe arm."""
+    args = [a for s in _sets(work, name) for a in ("--set", s)]
+    return [sys.executable, "-m", "hpcpipe", "launch", "slurm", "tiny", "--nodes", "2", *args]
+
+
 def _hpcpipe(cluster: SlurmCluster, work: Path, index: int) -> float:
     name = f"hpcpipe-{index}"
-    args = [a for s in _sets(work, name) for a in ("--set", s)]
     started = time.perf_counter()
-    cmd = [sys.executable, "-m", "hpcpipe", "launch", "slurm", "tiny", "--nodes", "2", *args]
-    subprocess.run(cmd, env=cluster.env, cwd=work, check=True, capture_output=True)
+    subprocess.run(_launch(work, name), env=cluster.env, cwd=work, check=True, capture_output=True)
     seconds = _first_step_s(work / "runs" / name, started)
     _drain(cluster)
     return seconds
 
 
-def _raw(cluster: SlurmCluster, work: Path, index: int) -> float:
-    job = load_config("tiny", _sets(work, f"raw-{index}"))
+def _raw_script(work: Path, name: str) -> Path:
+    """The hand-written sbatch script of the raw arm, with its job's config beside it."""
+    job = load_config("tiny", _sets(work, name))
     job.run_dir.mkdir(parents=True, exist_ok=True)
     config = job.run_dir / "config.yaml"
     config.write_text(job.to_yaml())
     script = job.run_dir / "raw.sbatch"
     script.write_text(RAW_SCRIPT.format(out=job.run_dir, python=sys.executable, config=config))
+    return script
+
+
+def _raw(cluster: SlurmCluster, work: Path, index: int) -> float:
+    script = _raw_script(work, f"raw-{index}")
     started = time.perf_counter()
     subprocess.run(["sbatch", "--parsable", str(script)], env=cluster.env, check=True, capture_output=True)
-    seconds = _first_step_s(job.run_dir, started)
+    seconds = _first_step_s(script.parent, started)
     _drain(cluster)
     return seconds
 
@@ -130,10 +144,32 @@ def _busbw_pair(cluster: SlurmCluster) -> tuple[float, float]:
     return _busbw([*srun, *bench], cluster.env), _busbw([*bench, "--nproc", "2"], cluster.env)
 
 
+def smoke() -> None:
+    """Everything up to ``sbatch``: hpcpipe's script (``--dry-run``) and the raw one, for the
+    same jobs as round 1, each parsed by ``bash -n``."""
+    with tempfile.TemporaryDirectory(prefix="hpcpipe-slurm-bench-") as tmp:
+        work = Path(tmp)
+        ours = work / "hpcpipe.sbatch"
+        rendered = subprocess.run(
+            [*_launch(work, "hpcpipe-0"), "--dry-run"], cwd=work, check=True, capture_output=True, text=True
+        )
+        ours.write_text(rendered.stdout)
+        scripts = {"hpcpipe": ours, "raw": _raw_script(work, "raw-0")}
+        lines = {}
+        for arm, script in scripts.items():
+            subprocess.run(["bash", "-n", str(script)], check=True)
+            lines[arm] = len(script.read_text().splitlines())
+            print(f"{arm}: sbatch script of {lines[arm]} lines rendered, bash -n: ok; not submitted")
+    emit({"benchmark": "slurm_launch", "submitted": False, "script_lines": lines})
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args()
+    args = parse_with_smoke(parser, {"repeats": 1})
+    if args.smoke:
+        smoke()
+        return
     reason = missing_capability()
     if reason:
         sys.exit(f"cannot start the test cluster: {reason}")

@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from harness import emit, measure_round  # noqa: E402
+from harness import emit, measure_round, parse_with_smoke  # noqa: E402
 from hpcpipe.data.stage import StageSource, stage  # noqa: E402
 
 
@@ -74,7 +74,7 @@ def main() -> None:
     parser.add_argument("--files", type=int, default=8)
     parser.add_argument("--mb", type=int, default=64, help="MB per file")
     parser.add_argument("--repeats", type=int, default=5)
-    args = parser.parse_args()
+    args = parse_with_smoke(parser, {"files": 2, "mb": 1, "repeats": 1})
     with tempfile.TemporaryDirectory(prefix="stage-bench-", dir=ROOT) as tmp:
         work = Path(tmp)
         source = _make_dataset(work / "source", args.files, args.mb)

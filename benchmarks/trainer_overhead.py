@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from harness import block_parser, compare_loops, report_pair, trainer_loop
+from harness import block_parser, compare_loops, parse_with_smoke, report_pair, trainer_loop
 from hpcpipe.config import load_config
 from hpcpipe.models.gpt import GPT
 from hpcpipe.train.distributed import init_distributed
@@ -76,7 +76,7 @@ def main() -> None:
         action="store_true",
         help="parallel.retain_host_memory=false (the process-wide glibc setting; affects both loops)",
     )
-    args = parser.parse_args()
+    args = parse_with_smoke(parser, {"repeats": 1, "steps": 2, "batch": 2, "vocab": 256})
 
     job_seq = load_config("quickstart").model.seq_len
     tokens = random_tokens(args.vocab, job_seq)

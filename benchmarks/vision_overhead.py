@@ -28,7 +28,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from ddp_harness import SampledBatches, finish, join_group, spawn, trainer_for
-from harness import block_parser, compare_loops, report_pair, trainer_loop
+from harness import block_parser, compare_loops, parse_with_smoke, report_pair, trainer_loop
 from hpcpipe.config import JobConfig, load_config
 from hpcpipe.data.images.generator import write_dataset
 from hpcpipe.netutil import free_port
@@ -149,7 +149,8 @@ def worker(rank: int, args: argparse.Namespace, port: int, root: Path, out: Path
     result: dict[str, Any] = compare_loops(loops, args.repeats, args.steps, images)
     if args.knobs:
         result["knobs"] = {}
-        for name, sets in KNOBS.items():
+        for name in args.knob:
+            sets = KNOBS[name]
             other = trainer_for(job_for(args, root, out, sets), ctx, out / name.replace(" ", "_"))
             pair = {"baseline": ours, "changed": trainer_loop(other)}
             result["knobs"][name] = compare_loops(pair, args.knob_repeats, args.steps, images)
@@ -167,11 +168,18 @@ def main() -> None:
     parser.add_argument(
         "--knobs", action="store_true", help="also measure DataLoader workers, channels_last, bf16"
     )
-    args = parser.parse_args()
+    parser.add_argument("--images", type=int, default=2048, help="training images generated")
+    parser.add_argument(
+        "--knob", nargs="+", choices=list(KNOBS), default=list(KNOBS), help="with --knobs: these only"
+    )
+    # --smoke: the knobs' path too (make bench measures them), with the cheapest knob, on 64 images
+    toy = {"repeats": 1, "steps": 1, "batch": 2, "images": 64}
+    toy |= {"knobs": True, "knob_repeats": 1, "knob": ["channels_last"]}
+    args = parse_with_smoke(parser, toy)
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
-        root = write_dataset("cifar10", out / "cifar10", n_train=2048, n_test=64)
+        root = write_dataset("cifar10", out / "cifar10", n_train=args.images, n_test=64)
         result = spawn(worker, (args, free_port(), root, out), args.nproc, out)
 
     print(
