@@ -46,26 +46,13 @@ def reference(tmp: Path) -> dict[int, float]:
     return losses
 
 
-def test_sigterm_checkpoints_exits_75_and_the_rerun_resumes_exactly(
-    tmp: Path, reference: dict[int, float]
-) -> None:
-    sets = ["--set", "checkpoint.every_steps=100"]  # only the preemption checkpoint
-    proc = _train(tmp, "preempted", *sets, env={"HPCPIPE_CHAOS_SIGTERM": "step=7,rank=0"})
-    assert proc.returncode == PREEMPT_EXIT_CODE, proc.stderr[-3000:]
-    run_dir = tmp / "preempted"
-    assert (run_dir / "checkpoints" / "step-00000007" / "manifest.json").is_file()
-    preempted = [e for e in _events(run_dir) if e["event"] == "preempted"]
-    assert preempted and preempted[0]["step"] == 7 and preempted[0]["signal"] == "SIGTERM"
-
-    again = _train(tmp, "preempted", *sets)
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert _losses(run_dir) == reference
-
-
 def test_checkpoint_from_two_ranks_resumes_on_one(tmp: Path, reference: dict[int, float]) -> None:
     sets = ["--set", "checkpoint.every_steps=100"]
     proc = _train(tmp, "reshard", *sets, env={"HPCPIPE_CHAOS_SIGTERM": "step=10,rank=0"})
     assert proc.returncode == PREEMPT_EXIT_CODE, proc.stderr[-3000:]
+    assert (tmp / "reshard" / "checkpoints" / "step-00000010" / "manifest.json").is_file()
+    preempted = [e for e in _events(tmp / "reshard") if e["event"] == "preempted"]
+    assert preempted and preempted[0]["step"] == 10 and preempted[0]["signal"] == "SIGTERM"
     again = _train(tmp, "reshard", *sets, nproc=1)
     assert again.returncode == 0, again.stderr[-3000:]
     resumed = [e for e in _events(tmp / "reshard") if e["event"] == "resumed"][-1]
@@ -77,16 +64,25 @@ def test_checkpoint_from_two_ranks_resumes_on_one(tmp: Path, reference: dict[int
     )
 
 
-def test_spawned_workers_preempt_and_forked_workers_resume_on_the_same_curve(
+def test_sigterm_checkpoints_exits_75_and_the_rerun_resumes_exactly(
     tmp: Path, reference: dict[int, float]
 ) -> None:
-    # The reference ran with the default parallel.worker_start (forkserver); a fresh interpreter
-    # per worker must give the same steps, and a checkpoint one wrote must resume in the other.
-    sets = ["--set", "checkpoint.every_steps=100"]
+    """Workers started fresh (parallel.worker_start=spawn) preempted, the rerun's forked from the
+    fork server (the default, as the reference's): the same steps, and a checkpoint one wrote
+    resumes in the other. (The SIGTERM to rank 0 of forked workers, its checkpoint and its event
+    naming the signal: test_checkpoint_from_two_ranks_resumes_on_one. This test and
+    test_spawned_workers_preempt_and_forked_workers_resume_on_the_same_curve were two preempted
+    runs and two reruns of the same job: folded into one.)"""
+    sets = ["--set", "checkpoint.every_steps=100"]  # only the preemption checkpoint
     spawned = ["--set", "parallel.worker_start=spawn"]
+    run_dir = tmp / "spawned"
     proc = _train(tmp, "spawned", *sets, *spawned, env={"HPCPIPE_CHAOS_SIGTERM": "step=5,rank=1"})
     assert proc.returncode == PREEMPT_EXIT_CODE, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert (run_dir / "checkpoints" / "step-00000005" / "manifest.json").is_file()
+    # Rank 0 writes the event; the signal's name is on it where rank 0 got the signal (above).
+    assert [e["step"] for e in _events(run_dir) if e["event"] == "preempted"] == [5]
+
     again = _train(tmp, "spawned", *sets)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert _losses(tmp / "spawned") == reference
+    assert _losses(run_dir) == reference
