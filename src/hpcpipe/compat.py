@@ -52,6 +52,7 @@ __all__ = [
     "quick_rendezvous",
     "record_cuda_memory_history",
     "reduce_scatter_tensor_fn",
+    "rendezvous_state_cache",
     "tcp_store_takes_listen_fd",
 ]
 
@@ -377,7 +378,7 @@ def _rendezvous_probe() -> None:
 
 
 @contextlib.contextmanager
-def quick_rendezvous(one_node: bool) -> Iterator[None]:
+def quick_rendezvous(one_node: bool, poll_s: float | None = None) -> Iterator[None]:
     """While the block runs, torch's c10d rendezvous (``dynamic_rendezvous``) skips what costs a
     restart time and buys nothing; where torch has no such helper, that part stays as it is.
 
@@ -389,17 +390,24 @@ def quick_rendezvous(one_node: bool) -> Iterator[None]:
       (the first start, and again the first restart: the round advances only when the next one
       is joined), so that many nodes do not reach the store at once, and backs off a random
       time after a lost compare-and-set. A one-node job has no other node to spread out from or
-      to race: the random (range) form of its sleep helper, ``_delay``, returns at once; fixed
-      waits (polling a round) stay.
+      to race: the random (range) form of its sleep helper, ``_delay``, returns at once.
+    - ``poll_s``: a node waiting in a round (for a lost node's heartbeats to expire, for its
+      last call to end) reads the store again after a fixed 1 s sleep, the only fixed form of
+      ``_delay``; it sleeps ``poll_s`` instead (with ``rendezvous_state_cache`` at the same
+      value, or the handler serves its cached state in between). Meant for a loopback store,
+      where a read costs well under a millisecond; other fixed waits stay.
     """
     module = importlib.import_module(_DYNAMIC_RENDEZVOUS)
     replaced: dict[str, Callable[..., Any]] = {"get_method_name": _method_name}
     original_delay = getattr(module, "_delay", None)
-    if one_node and original_delay is not None:
+    if (one_node or poll_s is not None) and original_delay is not None:
 
         def delay(seconds: float | tuple[float, float]) -> None:
-            if not isinstance(seconds, tuple):
-                original_delay(seconds)
+            if isinstance(seconds, tuple):
+                if not one_node:
+                    original_delay(seconds)
+            else:
+                original_delay(seconds if poll_s is None else min(seconds, poll_s))
 
         replaced["_delay"] = delay
     originals = {name: getattr(module, name) for name in replaced if hasattr(module, name)}
@@ -410,6 +418,31 @@ def quick_rendezvous(one_node: bool) -> Iterator[None]:
     finally:
         for name, original in originals.items():
             setattr(module, name, original)
+
+
+_STATE_HOLDER = "_BackendRendezvousStateHolder"
+
+
+def rendezvous_state_cache(handler: Any, seconds: float) -> bool:
+    """Make torch's c10d rendezvous handler read the store again once its copy of the rendezvous
+    state is ``seconds`` old (torch: 1 s; each read within that serves the copy). Returns whether
+    this torch's handler has that cache to set (False: it keeps its own, nothing else changes)."""
+    holder = getattr(handler, "_state_holder", None)
+    if holder is None or not hasattr(holder, "_cache_duration"):
+        return False
+    holder._cache_duration = seconds
+    return True
+
+
+def _rendezvous_cache_probe() -> None:
+    """The handler keeps its state holder where ``rendezvous_state_cache`` looks, and that holder
+    takes a cache duration (torch's ``from_backend`` builds it with the default, 1 s)."""
+    holder = _require(_DYNAMIC_RENDEZVOUS, _STATE_HOLDER, _RENDEZVOUS)
+    if "cache_duration" not in inspect.signature(holder.__init__).parameters:
+        raise TorchAPIError(f"{_STATE_HOLDER}(cache_duration=...)", _RENDEZVOUS)
+    handler = _require(_DYNAMIC_RENDEZVOUS, "DynamicRendezvousHandler", _RENDEZVOUS)
+    if "_state_holder" not in getattr(handler, "__annotations__", {}):
+        raise TorchAPIError("DynamicRendezvousHandler._state_holder", _RENDEZVOUS)
 
 
 _KEEPALIVE = "stop the rendezvous keep-alive timer without a traceback (keepalive_timers_stop_cleanly)"
@@ -487,6 +520,7 @@ PRIVATE_APIS: dict[str, Callable[[], Any]] = {
     ),
     "LocalElasticAgent._monitor_workers/_stop_workers/... (@prof metrics)": _elastic_agent_probe,
     "rendezvous.dynamic_rendezvous._delay, get_method_name": _rendezvous_probe,
+    "rendezvous.dynamic_rendezvous._BackendRendezvousStateHolder._cache_duration": _rendezvous_cache_probe,
     "rendezvous.utils._PeriodicTimer._stop_thread": _probe(
         _RENDEZVOUS_UTILS, "_PeriodicTimer", "_stop_thread", purpose=_KEEPALIVE
     ),

@@ -36,6 +36,8 @@ TORCH_PRIVATE_ATTRS = {
     "_all_gather_result",
     "_post_forward_indices",
     "_is_mkldnn_bf16_supported",
+    "_state_holder",
+    "_cache_duration",
 }
 
 
@@ -190,7 +192,6 @@ def test_the_scan_finds_private_uses(tmp_path: Path) -> None:
     assert len(_private_torch_uses(sample)) == 4
 
 
-
 def _stop_keepalive_from_its_own_thread() -> BaseException | None:
     """Start a rendezvous keep-alive timer whose first tick stops the timer itself, as its
     finalizer does when the handler is garbage-collected on that thread; what the stop raised."""
@@ -226,3 +227,37 @@ def test_keepalive_timer_stopped_on_its_own_thread_raises_in_torch_but_not_under
     with compat.keepalive_timers_stop_cleanly():
         assert _stop_keepalive_from_its_own_thread() is None
     assert isinstance(_stop_keepalive_from_its_own_thread(), RuntimeError), "the guard is undone"
+
+
+def test_quick_rendezvous_polls_a_round_every_poll_s_and_keeps_the_join_jitter_of_several_nodes() -> None:
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as rdzv
+
+    torch_delay = rdzv._delay
+    with compat.quick_rendezvous(one_node=False, poll_s=0.02):
+        started = time.perf_counter()
+        rdzv._delay(seconds=1)  # the 1 s wait between two reads of a round: poll_s instead
+        assert time.perf_counter() - started < 0.5
+        started = time.perf_counter()
+        rdzv._delay(seconds=(0.1, 0.12))  # several nodes: the random join jitter stays
+        assert time.perf_counter() - started >= 0.09
+    assert rdzv._delay is torch_delay
+    with compat.quick_rendezvous(one_node=True, poll_s=0.02):
+        started = time.perf_counter()
+        rdzv._delay(seconds=(0.5, 0.6))
+        rdzv._delay(seconds=1)
+        assert time.perf_counter() - started < 0.5
+    assert rdzv._delay is torch_delay
+
+
+def test_rendezvous_state_cache_sets_the_handler_s_and_skips_a_handler_without_one() -> None:
+    from torch.distributed import TCPStore
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
+
+    store = TCPStore("127.0.0.1", 0, None, True)
+    handler = DynamicRendezvousHandler.from_backend(
+        "cache", store, C10dRendezvousBackend(store, "cache"), 1, 1
+    )
+    assert compat.rendezvous_state_cache(handler, 0.1)
+    assert handler._state_holder._cache_duration == 0.1
+    assert not compat.rendezvous_state_cache(types.SimpleNamespace(), 0.1)

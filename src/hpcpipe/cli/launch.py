@@ -206,6 +206,7 @@ def agent(
         grace_s=grace,
         last_call_s=job.parallel.rdzv_last_call_s,
         keep_alive_s=job.parallel.rdzv_keep_alive_s,
+        keep_alive_misses=job.parallel.rdzv_keep_alive_misses,
         start_method=job.parallel.worker_start,
         preload=worker_preload(job),
         preempt_exit_code=preempted,

@@ -33,7 +33,12 @@ from hpcpipe.config.train import TrainConfig
 # one reference run per value of them.
 TRAINING_KEYS = ("run.recipe", "run.seed", "recipe", "model", "data", "train", "lora", "parallel")
 # Keys under TRAINING_KEYS that only decide how long the launcher waits, never what is trained.
-WAITING_KEYS = ("parallel.timeout_s", "parallel.rdzv_last_call_s", "parallel.rdzv_keep_alive_s")
+WAITING_KEYS = (
+    "parallel.timeout_s",
+    "parallel.rdzv_last_call_s",
+    "parallel.rdzv_keep_alive_s",
+    "parallel.rdzv_keep_alive_misses",
+)
 
 
 class JobConfig(Section):

@@ -122,16 +122,26 @@ class ParallelConfig(Section):
         gt=0,
         description="Elastic runs (nnodes MIN:MAX): once MIN nodes joined a rendezvous, wait this "
         "long for more before training starts. Every shrink or growth waits it out once: "
-        "shorter recovers sooner, longer lets slow-starting nodes join the first round.",
+        "shorter recovers sooner, longer lets slow-starting nodes join the first round. Between "
+        "hosts torch takes whole seconds (a fraction is rounded up).",
     )
-    rdzv_keep_alive_s: int | None = Field(
+    rdzv_keep_alive_s: float | None = Field(
         None,
-        ge=1,
+        gt=0,
         le=600,
-        description="Elastic runs: seconds between each node agent's rendezvous heartbeats; three "
-        "missed ones declare a node lost, and the survivors' next round waits for that. null: 2 "
-        "for agents on one host (a loopback endpoint), torch's 5 between hosts, where a busy "
-        "node's late heartbeat must not count as a lost node.",
+        description="Elastic runs: seconds between each node agent's rendezvous heartbeats; "
+        "rdzv_keep_alive_misses missed ones declare a node lost, and the survivors' next round "
+        "waits for that. null: 0.5 for agents on one host (a loopback endpoint: one clock, so a "
+        "lost node is noticed after 1.5 s of silence), torch's 5 between hosts, where clock skew "
+        "and a busy network must not make a late heartbeat count as a lost node. Between hosts "
+        "torch takes whole seconds (a fraction is rounded up).",
+    )
+    rdzv_keep_alive_misses: int = Field(
+        3,
+        ge=2,
+        le=100,
+        description="Elastic runs: missed rendezvous heartbeats after which a node counts as lost "
+        "(torch's default, 3). At least 2: one late heartbeat alone never loses a node.",
     )
     worker_start: Literal["forkserver", "spawn"] = Field(
         "forkserver",

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import signal
 import sys
@@ -36,8 +37,10 @@ from hpcpipe.launch.fork_server import exit_dir, is_fork_server, shielded
 from hpcpipe.launch.stopped import continuing_stopped_workers
 from hpcpipe.netutil import is_loopback
 
-LOCAL_KEEP_ALIVE_S = 2  # rendezvous heartbeat of agents that share one host (AgentSpec.keep_alive_s)
-KEEP_ALIVE_ATTEMPTS = 3  # missed heartbeats after which a node is lost (torch's default)
+# The rendezvous heartbeat of agents that share one host (AgentSpec.keep_alive_s; _rdzv_configs
+# says why it is safe), and the missed heartbeats after which a node is lost (torch's default).
+LOCAL_KEEP_ALIVE_S = 0.5
+KEEP_ALIVE_MISSES = 3
 
 
 @dataclass(frozen=True)
@@ -57,10 +60,12 @@ class AgentSpec:
     monitor_interval_s: float = 0.1
     grace_s: float = 60.0  # preemption: how long the workers get to checkpoint and exit
     last_call_s: float = 15.0  # rendezvous: wait this long for more nodes once MIN have joined
-    # Seconds between an agent's rendezvous heartbeats; 3 missed ones declare its node lost (the
-    # survivors' next round waits for that). None: 2 for agents on one host (a loopback
-    # endpoint: a lost "node" is noticed in 6 s, not 15), torch's 5 between hosts.
-    keep_alive_s: int | None = None
+    # Seconds between an agent's rendezvous heartbeats; ``keep_alive_misses`` missed ones declare
+    # its node lost (the survivors' next round waits for that). None: LOCAL_KEEP_ALIVE_S for
+    # agents on one host (a loopback endpoint: a lost "node" is noticed in 1.5 s), torch's 5
+    # between hosts (15 s).
+    keep_alive_s: float | None = None
+    keep_alive_misses: int = KEEP_ALIVE_MISSES
     # Signals forwarded to the workers. Not SIGTERM by default: torch's agent installs its own
     # SIGTERM handler whenever it starts workers (and tears them down, losing their codes).
     preempt_signals: tuple[signal.Signals, ...] = (signal.SIGUSR1,)
@@ -95,19 +100,21 @@ def run_agent(spec: AgentSpec, module: str, args: list[str]) -> int:
 
     from hpcpipe.compat import keepalive_timers_stop_cleanly, quick_rendezvous
     from hpcpipe.launch.agent_timeline import recording_restarts
-    from hpcpipe.launch.rendezvous import node_address, rendezvous_backend
+    from hpcpipe.launch.rendezvous import LOOPBACK_BACKEND, POLL_S, node_address, rendezvous_backend
 
     # Restarts on one host are flaky when the agent shares its rendezvous TCP store with the
     # workers; a separate store per round is reliable.
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     entry, entry_args = _entry_point(spec, module, args)
     _quiet_signal_notices()
+    backend = rendezvous_backend(spec.rdzv_endpoint)  # loopback-only for a local endpoint
+    poll_s = POLL_S if backend == LOOPBACK_BACKEND else None  # torch's 1 s between hosts
     config = ElasticConfig(
         min_nodes=spec.min_nodes,
         max_nodes=spec.max_nodes,
         nproc_per_node=spec.nproc_per_node,
         run_id=spec.rdzv_id or f"hpcpipe-{os.getpid()}",
-        rdzv_backend=rendezvous_backend(spec.rdzv_endpoint),  # loopback-only for a local endpoint
+        rdzv_backend=backend,
         rdzv_endpoint=spec.rdzv_endpoint,
         rdzv_configs=_rdzv_configs(spec),
         max_restarts=spec.max_restarts,
@@ -120,12 +127,13 @@ def run_agent(spec: AgentSpec, module: str, args: list[str]) -> int:
     previous = {sig: signal.signal(sig, forward) for sig in spec.preempt_signals}
     try:
         # A SIGSTOPped rank must still end on SIGTERM; each restart is timed into events.jsonl;
-        # each rendezvous round skips torch's costly step names (and, one node alone, its jitter);
-        # the rendezvous keep-alive stops without a traceback whichever thread collects it.
+        # each rendezvous round skips torch's costly step names (and, one node alone, its jitter;
+        # on one host, a waiting node reads the store every POLL_S, not every second); the
+        # rendezvous keep-alive stops without a traceback whichever thread collects it.
         with (
             continuing_stopped_workers(_worker_pids),
             recording_restarts(spec.events_dir),
-            quick_rendezvous(one_node=spec.max_nodes == 1),
+            quick_rendezvous(one_node=spec.max_nodes == 1, poll_s=poll_s),
             keepalive_timers_stop_cleanly(),
         ):
             elastic_launch(config, entry)(*entry_args)
@@ -250,16 +258,49 @@ def stop_early_on_preemption(exit_code: int, signals: tuple[signal.Signals, ...]
 
 
 def _rdzv_configs(spec: AgentSpec) -> dict[str, object]:
-    """torch decides who hosts the c10d store by matching the endpoint against the machine's
-    hostname, which fails where node names are not the kernel hostname (Slurm NodeName, network
-    namespaces, containers): the node whose address *is* the endpoint's host hosts it."""
-    configs: dict[str, object] = {"last_call_timeout": spec.last_call_s}
+    """torch's c10d rendezvous options for this node.
+
+    ``is_host``: torch decides who hosts the c10d store by matching the endpoint against the
+    machine's hostname, which fails where node names are not the kernel hostname (Slurm NodeName,
+    network namespaces, containers): the node whose address *is* the endpoint's host hosts it.
+
+    The heartbeat. A lost node is one whose agent sent no heartbeat for ``keep_alive_s`` x
+    ``keep_alive_misses``; the survivors' next round waits for that silence, then for its last
+    call. Between hosts torch's 5 s x 3 stays: heartbeats are stamped with the sender's clock and
+    aged with the reader's, so clock skew between hosts eats into the margin, and a late beat over
+    a congested network must not read as a lost node. Agents on one host (a loopback endpoint)
+    share a clock and the store is on loopback, so only scheduling can make a beat late: the
+    beat comes from a thread of the agent (not of a worker: a worker's GC pause or a slow
+    checkpoint write delays no beat), and it must be late by twice its interval before its node
+    counts as lost. At 0.5 s x 3 that is 1.5 s of silence, a beat a whole second late (half a
+    second right after a round: torch's timer first beats a full interval after the round's last
+    beat, so up to two intervals pass there, 10 of its own 15 s). Measured
+    (``benchmarks/rdzv_heartbeat_gaps.py``; benchmarks/results/chaos-lost-node/): over 5 minutes
+    in which two agents' workers trained, checkpointed every 2 steps and were killed and
+    restarted 15 times, on this 2-core host at load 12-15 with 4 more processes spinning, the
+    longest gap between an agent's beats was 0.78 s (0.28 s late); in 90 s with a worker killed
+    every 6 s, 1.01 s (as the first round ended). A node wrongly counted lost costs a restart at
+    most, never data: its workers train on in their group, and its next rendezvous puts it back
+    (an agent SIGSTOPped for 3 s was dropped from the rendezvous after 1.4 s; the job finished,
+    no restart).
+
+    torch's c10d parser takes whole seconds (``int(value)``: 0.5 would be 0, an error, and 1.9
+    would be 1), so between hosts a fraction is rounded up; the loopback handler takes fractions
+    (``rendezvous._create_handler``).
+    """
     host = spec.rdzv_endpoint.rsplit(":", 1)[0]
+    local = is_loopback(host)
+
+    def seconds(value: float) -> float:
+        return value if local else math.ceil(value)
+
+    configs: dict[str, object] = {"last_call_timeout": seconds(spec.last_call_s)}
     if spec.local_addr is not None:
         configs["is_host"] = host == spec.local_addr
-    keep_alive = spec.keep_alive_s or (LOCAL_KEEP_ALIVE_S if is_loopback(host) else None)
-    if keep_alive is not None:  # torch's c10d options; 3 missed heartbeats: a lost node
-        configs.update(keep_alive_interval=keep_alive, keep_alive_max_attempt=KEEP_ALIVE_ATTEMPTS)
+    configs["keep_alive_max_attempt"] = spec.keep_alive_misses
+    keep_alive = spec.keep_alive_s or (LOCAL_KEEP_ALIVE_S if local else None)
+    if keep_alive is not None:  # None: torch's 5 s
+        configs["keep_alive_interval"] = seconds(keep_alive)
     return configs
 
 

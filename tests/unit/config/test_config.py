@@ -161,7 +161,7 @@ def test_epochs_become_steps() -> None:
 def test_the_training_hash_changes_with_what_is_trained_only() -> None:
     base = load_config("tiny").training_hash()
     same = ["checkpoint.every_steps=3", "observe.log_every=1", "parallel.rdzv_last_call_s=5", "run.name=x"]
-    same.append("parallel.rdzv_keep_alive_s=2")
+    same += ["parallel.rdzv_keep_alive_s=0.25", "parallel.rdzv_keep_alive_misses=4"]
     assert load_config("tiny", same).training_hash() == base
     for changed in ("train.lr=0.1", "parallel.nproc=2", "run.seed=1", "data.vocab_size=512"):
         assert load_config("tiny", [changed]).training_hash() != base, changed

@@ -1,0 +1,86 @@
+"""`hpcpipe launch agent` (cli/launch.py): the job's rendezvous keys reach the node agent, and from
+there torch's rendezvous handler, the shipped lost-node scenario's among them."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer
+
+from hpcpipe.chaos.scenario import load_scenarios
+from hpcpipe.cli import launch
+from hpcpipe.cli.chaos import scenario_file
+from hpcpipe.config import load_config
+from hpcpipe.launch.agent import AgentSpec, _rdzv_configs
+from hpcpipe.launch.rendezvous import rendezvous_backend
+
+
+def agent_spec(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sets: list[str]) -> AgentSpec:
+    """The spec `hpcpipe launch agent CONFIG --nnodes 1:2` gives the node agent for a tiny job with
+    ``sets`` (nothing is started)."""
+    import hpcpipe.launch.agent as agent_module
+    import hpcpipe.launch.job as job_module
+
+    job = load_config("tiny", [f"run.out_dir={tmp_path}", *sets])
+    config = tmp_path / "config.yaml"
+    config.write_text(job.to_yaml())
+    specs: list[AgentSpec] = []
+    monkeypatch.setattr(launch, "_run_node_agent", lambda _job, _config, spec: specs.append(spec) or 0)
+    monkeypatch.setattr(job_module, "prestart_node_fork_server", lambda _job: None)
+    monkeypatch.setattr(agent_module, "stop_early_on_preemption", lambda _code: None)
+    with pytest.raises(typer.Exit) as done:
+        launch.agent(config, nnodes="1:2", rdzv_endpoint="127.0.0.1:0", rdzv_id="test")
+    assert done.value.exit_code == 0
+    (spec,) = specs
+    return spec
+
+
+def handler_settings(spec: AgentSpec) -> Any:
+    """What torch's handler for ``spec`` uses (made as torch's agent makes it; closed again)."""
+    from torch.distributed.elastic.rendezvous import RendezvousParameters, rendezvous_handler_registry
+
+    params = RendezvousParameters(
+        backend=rendezvous_backend(spec.rdzv_endpoint),
+        endpoint=spec.rdzv_endpoint,
+        run_id=spec.rdzv_id,
+        min_nodes=spec.min_nodes,
+        max_nodes=spec.max_nodes,
+        **_rdzv_configs(spec),
+    )
+    handler = rendezvous_handler_registry.create_handler(params)
+    try:
+        return handler.settings
+    finally:
+        handler.shutdown()
+
+
+def test_the_job_s_rendezvous_keys_reach_torch_s_handler(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sets = [
+        "parallel.rdzv_last_call_s=0.75",
+        "parallel.rdzv_keep_alive_s=0.25",
+        "parallel.rdzv_keep_alive_misses=4",
+    ]
+    spec = agent_spec(tmp_path, monkeypatch, sets)
+    assert (spec.min_nodes, spec.max_nodes) == (1, 2)
+    assert (spec.last_call_s, spec.keep_alive_s, spec.keep_alive_misses) == (0.75, 0.25, 4)
+    settings = handler_settings(spec)
+    assert settings.keep_alive_interval == timedelta(seconds=0.25)
+    assert settings.keep_alive_max_attempt == 4
+    assert settings.timeout.last_call == timedelta(seconds=0.75)
+
+
+def test_the_lost_node_scenario_s_agents_lose_a_node_after_1_5_s_of_silence(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The settings the shipped lost-node scenario's agents run with (its time to recover is
+    measured in benchmarks/, not here): 0.5 s heartbeats, 3 misses, a 0.5 s last call."""
+    (scenario,) = [s for s in load_scenarios(scenario_file("shipped")) if s.name == "lost-node"]
+    settings = handler_settings(agent_spec(tmp_path, monkeypatch, list(scenario.sets)))
+    silence = settings.keep_alive_interval * settings.keep_alive_max_attempt
+    assert (settings.keep_alive_interval, silence) == (timedelta(seconds=0.5), timedelta(seconds=1.5))
+    assert settings.timeout.last_call == timedelta(seconds=0.5)
