@@ -1,12 +1,15 @@
 """Load a DCP checkpoint into a model and optimizer, verifying every file as it is read.
 
-One collective call per restore attempt (``load_verified``). A file that does not match the
-manifest on any rank makes every rank raise ``CorruptCheckpoint`` with all ranks' problems
-(DCP gathers each rank's read errors to all ranks), so the store can fall back together.
+One collective call per restore attempt (``load_verified``): a checkpoint of the destination's
+own layout is read without DCP's load planner (``same_layout.py``), any other through DCP. A
+file that does not match the manifest on any rank makes every rank raise ``CorruptCheckpoint``
+with all ranks' problems (DCP gathers each rank's read errors to all ranks; the same-layout path
+gathers them itself), so the store can fall back together.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -14,11 +17,15 @@ from typing import Any
 import torch
 from torch import nn
 
+from hpcpipe.checkpoint import same_layout
 from hpcpipe.checkpoint.manifest import CheckpointError, FileMismatch, Manifest, Problem
+from hpcpipe.checkpoint.raw_format import TENSOR_FORMAT
 from hpcpipe.checkpoint.safe_dcp import SafeFileSystemReader, SafeLoadPlanner
 from hpcpipe.checkpoint.save_errors import first_failure
 
 __all__ = ["CorruptCheckpoint", "load_verified"]
+
+log = logging.getLogger("hpcpipe.checkpoint")
 
 
 class CorruptCheckpoint(CheckpointError):
@@ -46,13 +53,25 @@ def load_verified(
     ``sources``: copies tried first (the memory tier). CorruptCheckpoint when a file differs
     from the manifest; CheckpointError when the checkpoint does not fit the model.
     """
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     model_sd, optim_sd = get_state_dict(model, optimizer, options=options)
     state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
     reader = SafeFileSystemReader(path, manifest, sources, threads)
+    if not _load_same_layout(path, manifest, state, reader, group, threads):
+        _load_through_dcp(path, state, reader, group)
+    set_state_dict(
+        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"], options=options
+    )
+    return reader
+
+
+def _load_through_dcp(
+    path: Path, state: dict[str, Any], reader: SafeFileSystemReader, group: dict[str, Any]
+) -> None:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
     try:
         dcp.load(state, storage_reader=reader, planner=SafeLoadPlanner(), **group)
     except FileMismatch as exc:  # one process: DCP may raise the reader's error as it is
@@ -66,10 +85,60 @@ def load_verified(
         if reader.refused is not None:
             raise reader.refused from None
         raise CheckpointError(f"{path}: does not load into this model ({first_failure(exc)})") from None
-    set_state_dict(
-        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"], options=options
-    )
-    return reader
+
+
+def _load_same_layout(
+    path: Path,
+    manifest: Manifest,
+    state: dict[str, Any],
+    reader: SafeFileSystemReader,
+    group: dict[str, Any],
+    threads: int,
+) -> bool:
+    """Load ``state`` without DCP's planner (``same_layout.py``) when every rank's state has the
+    checkpoint's layout; False (nothing read) when any rank's differs, or its metadata does not
+    read: DCP's path then, which reports a refusal as it always has. Collective over ``group``."""
+    if manifest.tensor_format != TENSOR_FORMAT:
+        return False
+    pg = group.get("process_group")
+    try:
+        found = same_layout.plan(reader.read_metadata(), state)
+    except CheckpointError:  # DCP's path reports it, as it always has
+        found = None
+    except Exception:  # a bug here must not leave the other ranks waiting: DCP's path then
+        log.warning("same-layout restore of %s not planned; loading through DCP", path, exc_info=True)
+        found = None
+    if not all(_all_gather(found is not None, pg)):
+        return False
+    assert found is not None
+    problem: Problem | None = None
+    error: Exception | None = None
+    try:
+        same_layout.load(reader, found, state, threads)
+    except FileMismatch as exc:
+        problem = exc.problem
+    except Exception as exc:  # every rank must learn of it, or the others would wait for this one
+        error = exc
+    outcomes = _all_gather((problem, None if error is None else f"{type(error).__name__}: {error}"), pg)
+    problems = sorted({p for p, _ in outcomes if p is not None}, key=lambda p: p.file)
+    if problems:
+        raise CorruptCheckpoint(path, problems)
+    if error is not None:
+        raise error
+    failed = next((message for _, message in outcomes if message), None)
+    if failed is not None:
+        raise CheckpointError(f"{path}: the load failed on another rank ({failed})")
+    return True
+
+
+def _all_gather(value: Any, pg: Any) -> list[Any]:
+    if pg is None:
+        return [value]
+    import torch.distributed as dist
+
+    found: list[Any] = [None] * dist.get_world_size(pg)
+    dist.all_gather_object(found, value, group=pg)
+    return found
 
 
 def _mismatches(exc: BaseException) -> list[Problem]:

@@ -8,7 +8,8 @@ destination tensor (same dtype and shape, contiguous: the common case of resumin
 world size) lands at once: read straight into its memory on the CPU, or through that one item's
 host buffer on an accelerator. Everything else (a chunk to be resharded, tensors in DCP's own
 ``torch.save`` layout, pickled non-tensor items) is read into a buffer and handed to DCP's
-planner only after the whole file verified.
+planner only after the whole file verified. ``read_spans`` is the reading itself, for callers
+that know where each item lands without DCP's planner (``same_layout.py``).
 
 What may be touched before a file verified: the bytes of destination tensors, never anything
 that is parsed. A file that fails raises ``FileMismatch`` naming it; the store then restores an
@@ -48,7 +49,7 @@ from hpcpipe.checkpoint.manifest import (
 )
 from hpcpipe.checkpoint.raw_format import tensor_bytes
 
-__all__ = ["Deferred", "chunk_of", "read_file"]
+__all__ = ["Deferred", "Span", "chunk_of", "lands_in_place", "read_file", "read_spans"]
 
 CHUNK = 4 << 20  # per read: small enough that hashing one overlaps reading the next
 _AHEAD = 8  # chunks read ahead of the hashing thread at most
@@ -85,11 +86,15 @@ class Deferred:
 
 
 @dataclass
-class _Span:
-    """One stored item of the file and the requests that read it."""
+class Span:
+    """One stored item of a file: where it lies, and where it lands. ``target``: a destination
+    tensor the item is exactly (dtype, element count), filled at once (its own memory when it is
+    a contiguous CPU tensor, else through a buffer); None: read into a buffer, given back.
+    ``requests``: DCP's reads of this item (the planner path)."""
 
     offset: int
     length: int
+    target: torch.Tensor | None = None
     requests: list[ReadItem] = field(default_factory=list)
 
 
@@ -104,7 +109,7 @@ def read_file(
     algorithm: str,
     raw: bool,
 ) -> list[Deferred]:
-    """Read ``path`` (``name`` in the manifest) once; land what can be landed; verify.
+    """Read ``path`` (``name`` in the manifest) once for DCP's planner; land what can be landed; verify.
 
     ``locate(storage_index)`` gives an item's (offset, length) in the file; ``raw``: the file
     is in ``raw_format.py``'s layout, else DCP's ``torch.save`` one. Returns what must be
@@ -112,8 +117,25 @@ def read_file(
     file is shorter or longer than, or hashes differently from, ``expected``.
     """
     spans = _spans(requests, locate)
+    if raw:
+        for span in spans:
+            span.target = _direct_target(span, planner, metadata)
+    buffers = read_spans(path, name, spans, expected, algorithm)
+    return [
+        Deferred(span.requests, buffer, raw)
+        for span, buffer in zip(spans, buffers, strict=True)
+        if buffer is not None
+    ]
+
+
+def read_spans(
+    path: Path, name: str, spans: list[Span], expected: FileEntry | None, algorithm: str
+) -> list[bytearray | None]:
+    """Read ``path`` front to back once, hashing every byte, landing each span (by offset, not
+    overlapping); per span, its buffer when it has no target, else None. FileMismatch when the
+    file is shorter or longer than, or hashes differently from, ``expected`` (None: unchecked)."""
     hasher = _HashBehind(new_hasher(algorithm)) if expected is not None else None
-    deferred: list[Deferred] = []
+    buffers: list[bytearray | None] = []
     with _finishing(hasher), path.open("rb", buffering=0) as handle:
         if hasattr(os, "posix_fadvise"):
             os.posix_fadvise(handle.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
@@ -122,23 +144,40 @@ def read_file(
             if span.offset < position:
                 raise _mismatch(path, name, "overlapping items in the checkpoint metadata")
             _skip(handle, span.offset - position, hasher, path, name)
-            target = _direct_target(span, planner, metadata) if raw else None
-            if target is not None and target.device.type == "cpu":
-                _fill(handle, tensor_bytes(target), hasher, path, name)  # its own memory
-            elif target is not None:  # on an accelerator: through this item's host buffer, at once
-                buffer = bytearray(span.length)
-                _fill(handle, memoryview(buffer), hasher, path, name)
-                target.copy_(torch.frombuffer(buffer, dtype=target.dtype).view(target.shape))
-            else:
-                buffer = bytearray(span.length)
-                _fill(handle, memoryview(buffer), hasher, path, name)
-                deferred.append(Deferred(span.requests, buffer, raw))
+            buffers.append(_land(handle, span, hasher, path, name))
             position = span.offset + span.length
         if hasher is not None:
             position += _skip(handle, None, hasher, path, name)
     if expected is not None and hasher is not None:
         _check(path, name, expected, position, hasher.hexdigest(), algorithm)
-    return deferred
+    return buffers
+
+
+def _land(handle: Any, span: Span, hasher: _HashBehind | None, path: Path, name: str) -> bytearray | None:
+    target = span.target
+    if target is not None and lands_in_place(target, span.length):
+        _fill(handle, tensor_bytes(target), hasher, path, name)  # its own memory
+        return None
+    buffer = bytearray(span.length)  # fresh: the hashing thread may still read the last one
+    _fill(handle, memoryview(buffer), hasher, path, name)
+    if target is None:
+        return buffer
+    if span.length:  # on an accelerator, or not contiguous: through this item's buffer, at once
+        target.copy_(torch.frombuffer(buffer, dtype=target.dtype).view(target.shape))
+    return None
+
+
+def lands_in_place(target: torch.Tensor, length: int) -> bool:
+    """Whether ``length`` stored bytes can be read straight into ``target``'s own memory."""
+    return (
+        target.device.type == "cpu"
+        and target.layout == torch.strided
+        and target.is_contiguous()
+        and not target.is_conj()
+        and not target.is_neg()
+        and target.numel() > 0
+        and target.numel() * target.element_size() == length
+    )
 
 
 class _HashBehind:
@@ -193,15 +232,15 @@ def _finishing(hasher: _HashBehind | None) -> Iterator[None]:
             hasher.finish()
 
 
-def _spans(requests: list[ReadItem], locate: Callable[[MetadataIndex], tuple[int, int]]) -> list[_Span]:
-    spans: dict[tuple[int, int], _Span] = {}
+def _spans(requests: list[ReadItem], locate: Callable[[MetadataIndex], tuple[int, int]]) -> list[Span]:
+    spans: dict[tuple[int, int], Span] = {}
     for request in requests:
         offset, length = locate(request.storage_index)
-        spans.setdefault((offset, length), _Span(offset, length)).requests.append(request)
+        spans.setdefault((offset, length), Span(offset, length)).requests.append(request)
     return sorted(spans.values(), key=lambda span: span.offset)
 
 
-def _direct_target(span: _Span, planner: LoadPlanner, metadata: Metadata) -> torch.Tensor | None:
+def _direct_target(span: Span, planner: LoadPlanner, metadata: Metadata) -> torch.Tensor | None:
     """The destination tensor when the stored chunk is exactly it (same dtype, shape, contiguous);
     its bytes may be written before the file verified (module doc). Else None: deferred."""
     if len(span.requests) != 1 or span.requests[0].type == LoadItemType.BYTE_IO:

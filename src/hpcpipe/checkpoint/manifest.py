@@ -261,10 +261,15 @@ def verify_dir(
         return None, [manifest]
     problems = [Problem(name, "not listed in the manifest") for name in _unlisted(ckpt_dir, manifest)]
     names = sorted(manifest.files)
-    with ThreadPoolExecutor(max_workers=max(1, min(threads, len(names) or 1))) as pool:
-        found = list(
-            pool.map(lambda n: _check_file(ckpt_dir, n, manifest.files[n], manifest.hash, content), names)
-        )
+
+    def check(name: str) -> Problem | None:
+        return _check_file(ckpt_dir, name, manifest.files[name], manifest.hash, content)
+
+    if not content:  # a stat per file: threads would cost more than they save
+        found = [check(name) for name in names]
+    else:
+        with ThreadPoolExecutor(max_workers=max(1, min(threads, len(names) or 1))) as pool:
+            found = list(pool.map(check, names))
     problems += [p for p in found if p is not None]
     return manifest, sorted(problems, key=lambda p: p.file)
 

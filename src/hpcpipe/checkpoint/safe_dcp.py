@@ -30,10 +30,10 @@ import os
 import pickle
 import threading
 import warnings
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 import torch
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
@@ -76,8 +76,11 @@ __all__ = [
     "HashedFileSystemWriter",
     "SafeFileSystemReader",
     "SafeLoadPlanner",
+    "load_item_bytes",
     "safe_load_metadata",
 ]
+
+T = TypeVar("T")
 
 _DCP_METADATA_CLASSES = {
     "torch.distributed.checkpoint.metadata": {
@@ -191,22 +194,35 @@ class SafeFileSystemReader(FileSystemReader):
         (at once, so a rank holds at most the files in flight, not its whole checkpoint)."""
         metadata = self._metadata
         assert metadata is not None
+        deferred = self.read_verified(
+            name,
+            lambda path: read_file(
+                path,
+                name,
+                items,
+                self._locate,
+                planner,
+                metadata,
+                self._expected(name),
+                self._algorithm(),
+                self._raw(),
+            ),
+        )
+        with self._planner_lock:  # the planner's bookkeeping is not thread-safe
+            for item in deferred:
+                item.apply(planner, lambda index: chunk_of(metadata, index))
+
+    def read_verified(self, name: str, read: Callable[[Path], T]) -> T:
+        """``read(path)`` of file ``name`` from its first good source (a copy whose read raises
+        FileMismatch or OSError is passed over for the next; the checkpoint's own is the last);
+        ``read`` verifies what it reads against ``expected(name)``. FileMismatch naming the file
+        when the checkpoint's own fails, or the manifest does not list it."""
         if self.manifest is not None and name not in self.manifest.files:
             problem = Problem(name, "named by .metadata but not listed in the manifest")
             raise FileMismatch(f"{self.sources[-1] / name}: {problem}", problem)
         for source in self._sources_of(name):
             try:
-                deferred = read_file(
-                    source / name,
-                    name,
-                    items,
-                    self._locate,
-                    planner,
-                    metadata,
-                    self._expected(name),
-                    self._algorithm(),
-                    self._raw(),
-                )
+                result = read(source / name)
             except FileMismatch as exc:
                 if source == self.sources[-1]:
                     raise
@@ -219,10 +235,7 @@ class SafeFileSystemReader(FileSystemReader):
                 self._reject(source, problem)  # a memory copy that went away: read the disk's
                 continue
             self.read_from[name] = source
-            with self._planner_lock:  # the planner's bookkeeping is not thread-safe
-                for item in deferred:
-                    item.apply(planner, lambda index: chunk_of(metadata, index))
-            return
+            return result
         raise AssertionError("unreachable: the checkpoint directory is the last source")
 
     def _read_whole(self, name: str) -> bytes:
@@ -256,6 +269,14 @@ class SafeFileSystemReader(FileSystemReader):
         log.warning("checkpoint copy %s passed over: %s; reading the checkpoint's own file", source, problem)
         self.rejected.append((source, problem))
 
+    def expected(self, name: str) -> FileEntry | None:
+        """The manifest's entry for ``name``; None without a manifest (read unchecked)."""
+        return self._expected(name)
+
+    @property
+    def algorithm(self) -> str:
+        return self._algorithm()
+
     def _expected(self, name: str) -> FileEntry | None:
         return self.manifest.files.get(name) if self.manifest is not None else None
 
@@ -284,16 +305,22 @@ class SafeLoadPlanner(DefaultLoadPlanner):
 
     def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
         fqn = read_item.dest_index.fqn
-        try:
-            obj = torch.load(value, weights_only=True)
-        except pickle.UnpicklingError as exc:
-            where = (self.files or {}).get(read_item.storage_index, "checkpoint")
-            reason = refusal_reason(exc)
-            raise CheckpointError(f"{where}: item {fqn!r}: refusing unsafe content ({reason})") from None
+        where = (self.files or {}).get(read_item.storage_index, "checkpoint")
+        obj = load_item_bytes(value, where, fqn)
         if self.flatten_state_dict:
             compat.dcp_set_element(self.original_state_dict, self.mappings[fqn], obj)
         else:
             self.state_dict[fqn] = obj
+
+
+def load_item_bytes(value: io.BytesIO, where: Any, fqn: str) -> Any:
+    """A non-tensor checkpoint item (``torch.save`` bytes) loaded with ``weights_only=True``;
+    CheckpointError naming ``where`` (its file) and ``fqn`` when it holds anything else."""
+    try:
+        return torch.load(value, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        reason = refusal_reason(exc)
+        raise CheckpointError(f"{where}: item {fqn!r}: refusing unsafe content ({reason})") from None
 
 
 # ---------------------------------------------------------------------------------------------

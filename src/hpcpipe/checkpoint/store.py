@@ -25,14 +25,14 @@ directory to ``step-00000040``; the outcome is broadcast, so a failure (a full d
 same ``CheckpointError`` on every rank and leaves the previous checkpoints untouched.
 
 **Async save** (``checkpoint.async``). ``save`` blocks only while the state is copied into a
-reusable CPU staging buffer; DCP write, digest gather, commit and broadcast then run in one
-background thread per rank. They use a dedicated gloo process group created by the constructor,
-so the background collectives never interleave with the training loop's collectives on the
-default group, and every rank's background thread runs the same sequence of collectives. The
-cross-rank completion signal is therefore DCP's final gather plus our digest gather: rank 0
-commits only after both. ``save`` first waits for the previous save (one in flight at most);
-``wait()`` / ``close()`` finish it. An error of a background save is raised, on every rank, by
-the next ``save``/``wait``/``close``.
+reusable CPU staging buffer (``staging.py``); DCP write, digest gather, commit and broadcast
+then run in one background thread per rank. They use a dedicated gloo process group created
+by the constructor, so the background collectives never interleave with the training loop's
+collectives on the default group, and every rank's background thread runs the same sequence of
+collectives. The cross-rank completion signal is therefore DCP's final gather plus our digest
+gather: rank 0 commits only after both. ``save`` first waits for the previous save (one in
+flight at most); ``wait()`` / ``close()`` finish it. An error of a background save is raised,
+on every rank, by the next ``save``/``wait``/``close``.
 
 **After a commit** rank 0 verifies, prunes and copies to the durable tier in the background
 (``after_commit.py``); every rank copies its files into the node's memory tier, when an agent
@@ -41,9 +41,10 @@ made one (``memory_tier.py``).
 **Resume.** Rank 0 lists committed checkpoints of both tiers, newest first (fast before durable
 for the same step), and settles on the first whose manifest and file sizes check; the choice is
 broadcast. Every rank then loads it, reading each file once and checking its hash as it reads
-(``dcp_load.py``, ``file_reader.py``; copies in the node's memory tier first). A file that
-differs on any rank is a ``checkpoint_fallback`` event naming it, and all ranks move on to the
-next candidate together (with ``scratch_if_none_verify`` rank 0 hashes before anything loads).
+(``dcp_load.py``, ``file_reader.py``; without DCP's load planner when every rank's state has
+the checkpoint's layout, ``same_layout.py``; copies in the node's memory tier first). A file
+that differs on any rank is a ``checkpoint_fallback`` event naming it, and all ranks move on to
+the next candidate together (with ``scratch_if_none_verify`` rank 0 hashes before anything loads).
 DCP reshards on load, so a checkpoint written at one world size (or strategy) loads at another.
 Rank ``r`` gets ``extra`` of rank ``r`` when the checkpoint has it, else rank 0's (after a
 world-size change only the rank-independent parts of it are meaningful; ``store.restored`` says
@@ -79,7 +80,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from hpcpipe import compat
 from hpcpipe.checkpoint.after_commit import AfterCommit, problem_events
 from hpcpipe.checkpoint.dcp_load import CorruptCheckpoint, load_verified
 from hpcpipe.checkpoint.deepspeed_io import ENGINE as ENGINE_DEEPSPEED
@@ -100,6 +100,7 @@ from hpcpipe.checkpoint.raw_format import TENSOR_FORMAT
 from hpcpipe.checkpoint.resume_choice import choose_checkpoint
 from hpcpipe.checkpoint.safe_dcp import HashedFileSystemWriter
 from hpcpipe.checkpoint.save_errors import disk_cause, save_error_message
+from hpcpipe.checkpoint.staging import Staging
 from hpcpipe.checkpoint.state import extra_name, load_extra, serialize_extra
 from hpcpipe.checkpoint.tiers import Tier
 from hpcpipe.config import CheckpointConfig
@@ -170,8 +171,7 @@ class CheckpointStore:
         # gathered) and "manifest" (rank 0: manifest written, not yet renamed into place): where
         # the chaos suite kills or preempts a save (the trainer sets it; the store knows no faults).
         self.save_point: Callable[[str, int], None] | None = None
-        self._staged: dict[str, Any] | None = None
-        self._staged_layout: list[tuple[str, Any]] | None = None
+        self._staging = Staging(cfg.io_threads) if cfg.async_save else None
 
     # -- start-up ----------------------------------------------------------------------------
 
@@ -220,7 +220,8 @@ class CheckpointStore:
         if self._writer is None:
             self._write_and_commit(state, writer, tmp, step, force_durable)
             return
-        staged = self._stage(state)
+        assert self._staging is not None
+        staged = self._staging.stage(state)  # the part of an async save that blocks
         self._inflight = self._writer.submit(self._write_and_commit, staged, writer, tmp, step, force_durable)
         self._event("checkpoint_staged", {"step": step, "blocking_s": time.perf_counter() - start})
 
@@ -245,6 +246,8 @@ class CheckpointStore:
             finally:
                 if self._writer is not None:
                     self._writer.shutdown(wait=True)
+                if self._staging is not None:
+                    self._staging.close()
                 if self._after is not None:
                     self._after.shutdown()
                 if self.memory is not None:
@@ -358,14 +361,6 @@ class CheckpointStore:
             self._discard(tmp)
             return save_error_message(step, tmp, exc)
         return step
-
-    def _stage(self, state: dict[str, Any]) -> dict[str, Any]:
-        """Copy ``state`` into a CPU buffer reused across saves (allocated again if shapes change)."""
-        layout = _layout(state)
-        if self._staged is None or layout != self._staged_layout:
-            self._staged = compat.create_cpu_state_dict(state, pin_memory=torch.cuda.is_available())
-            self._staged_layout = layout
-        return compat.copy_state_dict(state, self._staged)
 
     def _discard(self, tmp: Path) -> None:
         if self.rank == 0:
@@ -570,14 +565,3 @@ def _session_token() -> str:
     import uuid
 
     return uuid.uuid4().hex[:12]
-
-
-def _layout(state: Any, prefix: str = "") -> list[tuple[str, Any]]:
-    """Keys, shapes and dtypes of every tensor in a nested state dict (the staging buffer's shape)."""
-    if isinstance(state, torch.Tensor):
-        return [(prefix, (tuple(state.shape), state.dtype, type(state).__name__))]
-    if isinstance(state, dict):
-        return [item for key in state for item in _layout(state[key], f"{prefix}.{key}")]
-    if isinstance(state, list | tuple):
-        return [item for i, value in enumerate(state) for item in _layout(value, f"{prefix}[{i}]")]
-    return []
