@@ -118,6 +118,8 @@ def function_calling(
 
     if split not in SPLITS:
         raise UserError(f"--split: unknown split {split!r} (known: {', '.join(SPLITS)})")
+    if not target.exists():
+        raise UserError(f"{target}: no such run directory, model directory or .gguf file")
     chosen = [c.strip() for c in categories.split(",") if c.strip()]
     if chosen and not bfcl_dir.is_dir():
         raise UserError(

@@ -118,11 +118,12 @@ def test_files_without_the_test_cases_are_a_data_error_naming_the_file(tmp_path:
 def test_bad_split_input_is_one_line_and_exit_2_before_any_model_loads(
     tmp_path: Path, args: list[str], line: str
 ) -> None:
-    """The target does not exist: the split and the BFCL files are checked first, so the error a
-    user sees names them, not the missing model."""
+    """The target is no model (an empty directory): the split and the BFCL files are checked
+    before any model loads, so the error a user sees names them."""
     bfcl = _truncated_bfcl(tmp_path, DEV_CASES + 5)
     where = ["--bfcl-dir", str(bfcl), "--categories", "irrelevance"]
-    out = run_cli("eval", "function-calling", str(tmp_path / "no-such-run"), *where, *args)
+    (tmp_path / "not-a-model").mkdir()
+    out = run_cli("eval", "function-calling", str(tmp_path / "not-a-model"), *where, *args)
     assert out.returncode == 2, out.stderr
     assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert line in out.stderr
