@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from checkpoint_io import evict  # the same cold-cache read as checkpoint_io's
 from harness import measure_round
 
 CHUNK = 8 << 20
@@ -36,16 +37,6 @@ CHUNK = 8 << 20
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def evict(paths: list[Path]) -> None:
-    """Drop the files' clean cached pages, so the next read comes from the disk."""
-    for path in paths:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
 
 
 def state_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
