@@ -40,13 +40,13 @@ LAYOUTS = {
 
 
 def model_sets(args: argparse.Namespace) -> list[str]:
-    """The GPT every run trains: a Llama of ``--layers`` x ``--d-model``, 4 heads, 128 tokens."""
+    """The GPT every run trains: a Llama of ``--layers`` x ``--d-model``, 4 heads, ``--seq-len`` tokens."""
     return [
         "model.variant=llama",
         f"model.n_layers={args.layers}",
         "model.n_heads=4",
         f"model.d_model={args.d_model}",
-        "model.seq_len=128",
+        f"model.seq_len={args.seq_len}",
     ]
 
 
@@ -136,6 +136,7 @@ def main() -> None:
     )
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--d-model", type=int, default=256)
+    parser.add_argument("--seq-len", type=int, default=128, help="tokens per sequence (model.seq_len)")
     parser.add_argument(
         "--max-bytes", type=int, default=2_000_000, help="source text tokenized (data.max_bytes)"
     )
@@ -143,7 +144,8 @@ def main() -> None:
         "--micro-batches", type=int, nargs="+", default=[2, 4, 8], help="pipeline 2's micro-batch counts"
     )
     # --smoke: every layout and one bubble point, once each, 3 steps of a 2-layer, 32-wide model
-    toy = {"repeats": 1, "steps": 3, "warmup": 1, "log_every": 1, "layers": 2, "d_model": 32}
+    # on 32 tokens (the end-of-run sample is as long as the context: one forward per token)
+    toy = {"repeats": 1, "steps": 3, "warmup": 1, "log_every": 1, "layers": 2, "d_model": 32, "seq_len": 32}
     args = parse_with_smoke(parser, {**toy, "max_bytes": 50_000, "micro_batches": [2]})
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     with tempfile.TemporaryDirectory() as tmp:

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from torch import nn
 
 SAMPLE_PROMPT = "def "
-SAMPLE_TOKENS = 200
+SAMPLE_TOKENS = 200  # at most: a sample is no longer than the model's context (model.seq_len)
 
 
 @dataclass
@@ -199,7 +199,11 @@ class GPTRecipe(Recipe):
     # -- artifacts ---------------------------------------------------------------------------
 
     def on_train_end(self, model: nn.Module, is_main: bool, run_dir: Path) -> None:
-        """Write a text sample; every rank generates (FSDP2 needs all ranks in each forward)."""
+        """Write a text sample; every rank generates (FSDP2 needs all ranks in each forward).
+
+        ``SAMPLE_TOKENS`` new tokens, or ``model.seq_len`` when that is shorter: past its context
+        the model would see a sliding window it never trained on, and each token is one full
+        forward (no KV cache), with collectives when the model is split across ranks."""
         import torch
 
         from hpcpipe.data.tokens.shards import load_tokenizer
@@ -211,8 +215,9 @@ class GPTRecipe(Recipe):
         prompt = torch.tensor([tokenizer.encode(SAMPLE_PROMPT)], dtype=torch.long, device=device)
         generator = torch.Generator(device=device).manual_seed(self.seed)
         model.eval()
+        tokens = min(SAMPLE_TOKENS, self.model_cfg.seq_len)
         out = model.generate(  # type: ignore[operator]
-            prompt, max_new_tokens=SAMPLE_TOKENS, temperature=0.8, top_k=50, generator=generator
+            prompt, max_new_tokens=tokens, temperature=0.8, top_k=50, generator=generator
         )
         model.train()
         if is_main:
