@@ -56,7 +56,24 @@ def seeds_table(base: dict[str, Any], afters: list[dict[str, Any]]) -> dict[str,
         }
     decoding = sorted({bool((e.get("meta") or {}).get("constrained")) for e in (base, *afters)})
     splits = sorted({str((e.get("meta") or {}).get("split", "unrecorded")) for e in (base, *afters)})
-    return {"rows": rows, "same_decoding": len(decoding) == 1, "splits": splits}
+    declines = [_decline(e) for e in afters]
+    return {"rows": rows, "same_decoding": len(decoding) == 1, "splits": splits, "declines": declines}
+
+
+def _decline(evaluation: dict[str, Any]) -> dict[str, Any] | None:
+    """What `hpcpipe eval decline` did to one seed's evaluation (None when it was not declined): its
+    threshold, how many near misses still called at it, and the calls it withdrew, with how many of
+    them were on cases that wanted a call (each of those a pass lost or a failure kept)."""
+    rule = (evaluation.get("meta") or {}).get("decline")
+    if rule is None:
+        return None
+    withdrawn = [c for c in evaluation["cases"] if "declined_call" in c]
+    return {
+        "threshold": rule["threshold"],
+        "near_misses_opening_a_call": f"{rule['calling']}/{rule['cases']}",
+        "withdrawn": len(withdrawn),
+        "withdrawn_wanted": sum(bool(c["expects_call"]) for c in withdrawn),
+    }
 
 
 def _cell(metrics: dict[str, Any]) -> dict[str, float]:
@@ -77,6 +94,13 @@ def print_table(table: dict[str, Any], seeds: int) -> None:
     if not table["same_decoding"]:
         print("decoding differs between the base and the adapters (--constrain on one side only)")
     print(f"split: {', '.join(table['splits'])}")
+    for seed, rule in enumerate(table["declines"]):
+        if rule is not None:
+            opened = rule["near_misses_opening_a_call"]
+            print(
+                f"seed {seed}: decline threshold {rule['threshold']} ({opened} near misses opened a "
+                f"call), withdrew {rule['withdrawn']} calls, {rule['withdrawn_wanted']} where one was wanted"
+            )
 
 
 def _shown(cell: dict[str, float]) -> str:
@@ -100,11 +124,14 @@ def _smoke_evals(root: Path) -> list[Path]:
                 "error": None if case_id in passing else "value_error",
                 "reply": "",
                 "p_call": 0.5,
+                **({"declined_call": "[f()]"} if name == "after" and case_id == "irrelevance_0" else {}),
             }
             for case_id in ("simple_0", "simple_1", "irrelevance_0", "irrelevance_1")
         ]
         (root / name).mkdir()
-        meta = {"split": "dev", "constrained": True}
+        meta: dict[str, Any] = {"split": "dev", "constrained": True}
+        if name == "after":
+            meta["decline"] = {"threshold": -1.0, "calling": 3, "cases": 10}
         (root / name / "eval.json").write_text(json.dumps({"meta": meta, "cases": cases}))
         paths.append(root / name)
     return paths
