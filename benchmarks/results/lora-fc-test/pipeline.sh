@@ -1,7 +1,11 @@
 #!/bin/bash
 # Issue 50 item 1: the preset as shipped on the test split, 3 seeds + the base. Resumable.
-cd /work/main
-export PATH=/work/main/.venv/bin:$PATH
+# Run from anywhere in a checkout with `make install` done; as run on 2026-12-01, with that machine's
+# absolute paths replaced by the repository's own (and the training step's marker lora_summary.json:
+# seed 0 ran with one training does not write, which only matters when resuming).
+cd "$(git -C "$(dirname "$0")" rev-parse --show-toplevel)"
+export PATH=$PWD/.venv/bin:$PATH
+mkdir -p runs/fc-test
 LOG=runs/fc-test/pipeline.log
 log() { echo "$(date -u +%FT%TZ) $*" >> $LOG; }
 step() { # name marker cmd...
