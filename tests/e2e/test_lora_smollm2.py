@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from tests.helpers import run_cli
 
+from hpcpipe.models.gguf_cache import kept_root
 from hpcpipe.observe.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,8 +45,9 @@ def test_smollm2_gguf_trains_exports_and_evaluates(tmp_path: Path) -> None:
     rows = [r for r in read_metrics(run) if "loss" in r]
     assert [r["step"] for r in rows] == [1, 2] and all(r["loss"] == r["loss"] for r in rows)
     assert (run / "export" / "adapter" / "adapter_model.safetensors").is_file()
-    # De-quantised once (models/gguf_cache.py): the evaluation below reads this copy.
-    assert list((tmp_path / "prepared" / "models").glob("gguf-*/model/model.safetensors"))
+    # De-quantised once per machine (models/gguf_cache.py): the evaluation below reads this copy.
+    kept = kept_root(tmp_path / "prepared" / "models")
+    assert kept is not None and list(kept.glob("gguf-*/model/model.safetensors"))
 
     ev = ["--bfcl-dir", str(BFCL_SAMPLES), "--categories", "simple", "--limit", "1"]
     ev += ["--heldout-limit", "1", "--max-new-tokens", "16", "--json", "-"]

@@ -23,7 +23,10 @@ def load_target(
     if target.suffix == ".gguf":
         if not target.is_file():
             raise UserError(f"{target}: no such GGUF file")
-        source = ModelSource(str(target.parent), target.name)
+        from hpcpipe.models.gguf_cache import kept_root
+
+        kept = kept_root(None)  # the machine's de-quantised copy, shared with training runs
+        source = ModelSource(str(target.parent), target.name, cache_dir=str(kept) if kept else None)
     elif (target / "config.json").is_file():
         source = ModelSource(str(target), None)
     else:

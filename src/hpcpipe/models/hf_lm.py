@@ -41,7 +41,8 @@ class ModelSource:
 def resolve_source(cfg: ModelConfig, prepared_dir: str) -> ModelSource:
     """``model.name_or_path`` / ``model.gguf_file`` -> a source; ConfigError naming what is missing.
 
-    ``@tiny-llama[-random]`` and ``@random:<shape>`` are built (once) under ``<prepared_dir>/models``.
+    ``@tiny-llama[-random]`` and ``@random:<shape>`` are built (once) under ``<prepared_dir>/models``;
+    a GGUF file's de-quantised copy is kept once per machine (``gguf_cache.kept_root``).
     """
     from hpcpipe.models.random_lm import RANDOM_PREFIX, random_model_dir
     from hpcpipe.models.tiny_lm import TINY_NAME, TINY_RANDOM_NAME, default_tiny_dir
@@ -51,8 +52,11 @@ def resolve_source(cfg: ModelConfig, prepared_dir: str) -> ModelSource:
         return ModelSource(str(default_tiny_dir(Path(prepared_dir) / "models", name == TINY_NAME)), None)
     if name.startswith(RANDOM_PREFIX):
         return ModelSource(str(random_model_dir(name, Path(prepared_dir) / "models")), None, True)
+    from hpcpipe.models.gguf_cache import kept_root
+
     gguf = cfg.gguf_file
-    models = str(Path(prepared_dir) / "models")
+    kept = kept_root(Path(prepared_dir) / "models")  # where a GGUF file's de-quantised copy is kept
+    models = str(kept) if kept is not None else None
     if gguf and Path(gguf).is_file() and not name:
         return ModelSource(str(Path(gguf).parent), Path(gguf).name, cache_dir=models)
     if gguf:
@@ -171,6 +175,15 @@ def _via_gguf_cache(source: ModelSource, part: str, load_file: Any, load_kept: A
     return cached_load(gguf, cache, part, load_file, load_kept, save)
 
 
+def _kept_model(source: ModelSource) -> Path | None:
+    """The kept de-quantised copy of ``source``'s GGUF model (``gguf_cache.py``), or None."""
+    if not (source.gguf_file and source.cache_dir):
+        return None
+    from hpcpipe.models.gguf_cache import kept_copy
+
+    return kept_copy(Path(source.path) / source.gguf_file, Path(source.cache_dir), "model")
+
+
 def _random_model(source: ModelSource, base_dtype: str) -> nn.Module:
     """The architecture of ``source``'s config.json with seeded random weights (every rank alike)."""
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -227,8 +240,12 @@ def check_source(source: ModelSource, cfg: LoraConfig) -> None:
     """
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    kept = _kept_model(source)  # a GGUF file's de-quantised copy: read its config.json, not the file
     try:
-        config = AutoConfig.from_pretrained(source.path, **source.kwargs())
+        if kept is not None:
+            config = AutoConfig.from_pretrained(kept, local_files_only=True)
+        else:
+            config = AutoConfig.from_pretrained(source.path, **source.kwargs())
     except (OSError, ValueError) as exc:
         raise ConfigError(f"model.name_or_path: cannot load {source.path} ({_first_line(exc)})") from None
     with torch.device("meta"), quiet_hf():

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcpipe.models.gguf_cache import cached_load
+from hpcpipe.models.gguf_cache import cached_load, kept_root
 
 
 class Built:
@@ -53,3 +53,24 @@ def test_the_cache_can_be_turned_off(tmp_path: Path, monkeypatch: pytest.MonkeyP
     _load(gguf, tmp_path / "cache", "first")
     assert _load(gguf, tmp_path / "cache", "second") == ("second", "file")
     assert not (tmp_path / "cache").exists()
+
+
+def test_copies_are_kept_once_per_machine_and_under_the_prepared_dir_when_that_cache_is_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every run's source points at the machine cache's ``models/`` (a new prepared directory or a
+    bare ``.gguf`` evaluation reuses the copy); ``HPCPIPE_CACHE_DIR=`` falls back to the prepared
+    directory's ``models/``, and an evaluation then keeps nothing."""
+    from hpcpipe.config import ModelConfig
+    from hpcpipe.models.hf_lm import resolve_source
+
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF one")
+    cfg = ModelConfig(name_or_path=str(tmp_path), gguf_file="m.gguf")
+    monkeypatch.setenv("HPCPIPE_CACHE_DIR", str(tmp_path / "machine"))
+    assert kept_root(None) == tmp_path / "machine" / "models"
+    for prepared in ("one", "two"):
+        assert resolve_source(cfg, str(tmp_path / prepared)).cache_dir == str(tmp_path / "machine" / "models")
+    monkeypatch.setenv("HPCPIPE_CACHE_DIR", "")
+    assert kept_root(None) is None
+    assert resolve_source(cfg, str(tmp_path / "one")).cache_dir == str(tmp_path / "one" / "models")
