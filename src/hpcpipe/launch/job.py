@@ -36,11 +36,15 @@ WORKER_PRELOAD = (
 def worker_preload(job: JobConfig) -> tuple[str, ...]:
     """What the fork server imports for ``job``'s workers: ``WORKER_PRELOAD``, the recipe's own
     module and what it declares its workers import (``worker_imports``: its data pipeline, its
-    model, heavy libraries)."""
+    model, heavy libraries); for DeepSpeed ranks on a machine without a GPU, DeepSpeed itself
+    (``train/deepspeed_cpu_import.py``)."""
     from hpcpipe.recipes.registry import recipe_class
+    from hpcpipe.train.environment import gpu_device_present
 
     recipe = recipe_class(job.run.recipe)
-    return (*WORKER_PRELOAD, recipe.__module__, *recipe.worker_imports)
+    deepspeed = job.parallel.strategy == "deepspeed" and not gpu_device_present()
+    extra = ("hpcpipe.train.deepspeed_cpu_import",) if deepspeed else ()
+    return (*WORKER_PRELOAD, recipe.__module__, *recipe.worker_imports, *extra)
 
 
 def prestart_fork_server(job: JobConfig, max_restarts: int = 0) -> None:

@@ -140,7 +140,7 @@ def load_base_model(source: ModelSource, base_dtype: str) -> nn.Module:
                 "model",
                 lambda: load(source.path, "fp32", **source.kwargs()),
                 lambda kept: load(kept, base_dtype, local_files_only=True),
-                _save_dequantized,
+                save_plain_model,
             ).to(DTYPES[base_dtype])
         else:
             model = load(source.path, base_dtype, **source.kwargs())
@@ -153,9 +153,11 @@ def load_base_model(source: ModelSource, base_dtype: str) -> nn.Module:
     return model
 
 
-def _save_dequantized(model: Any, out: Path) -> None:
-    """A model de-quantised from GGUF as a plain checkpoint: transformers will not save_pretrained
-    it (its quantizer says "not serializable"), though its weights are ordinary tensors by now."""
+def save_plain_model(model: Any, out: Path) -> None:
+    """``model`` as a plain transformers directory (config.json, model.safetensors) without
+    ``save_pretrained``: that refuses a model de-quantised from GGUF (its quantizer says "not
+    serializable", though its weights are ordinary tensors by now), and with accelerate and
+    DeepSpeed installed it imports DeepSpeed to unwrap the model (about 2 s of CPU each time)."""
     from safetensors.torch import save_model
 
     config = model.config.to_dict()

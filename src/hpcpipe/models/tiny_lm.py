@@ -22,6 +22,7 @@ Two flavours:
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import shutil
 from collections.abc import Sequence
@@ -39,13 +40,14 @@ _PRETRAIN_ROWS, _PRETRAIN_SEED = 1000, 7919  # a stream apart from any run's row
 _PRETRAIN_STEPS, _PRETRAIN_BATCH, _PRETRAIN_LEN, _PRETRAIN_LR = 200, 16, 512, 3e-3
 
 
-def _glaive_texts(n: int, seed: int) -> list[str]:
+@functools.cache  # every recipe and check in a process asks again; 600 rows take about 0.5 s
+def _glaive_texts(n: int, seed: int) -> tuple[str, ...]:
     from hpcpipe.config.synthetic import SyntheticMix
     from hpcpipe.data.function_calling.glaive_rows import generate_glaive_rows
 
     # The classic mix: the pre-training text does not move with data.synthetic_mix's defaults.
     rows = generate_glaive_rows(n, seed, SyntheticMix.classic())
-    return [row["system"] + "\n" + row["chat"] for row in rows]
+    return tuple(row["system"] + "\n" + row["chat"] for row in rows)
 
 
 def default_tiny_dir(root: Path, pretrained: bool = False) -> Path:
@@ -142,9 +144,11 @@ def _write_model(out: Path, seed: int) -> None:
     )
     from hpcpipe.models.hf_quiet import quiet_hf
 
+    from hpcpipe.models.hf_lm import save_plain_model
+
     torch.manual_seed(seed)
     with quiet_hf():
-        LlamaForCausalLM(config).save_pretrained(out)
+        save_plain_model(LlamaForCausalLM(config), out)
 
 
 def _pretrain(out: Path, texts: Sequence[str], seed: int) -> None:

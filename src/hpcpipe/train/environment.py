@@ -200,6 +200,16 @@ def _parse_first_host(nodelist: str) -> str:
     return prefix + first
 
 
+# The device nodes of NVIDIA's and AMD's GPU drivers.
+GPU_DEVICE_NODES = ("/dev/nvidiactl", "/dev/kfd")
+
+
+def gpu_device_present() -> bool:
+    """Whether this machine may have a GPU (a driver's device node exists), found without
+    initialising CUDA (``torch.cuda.is_available()`` does: no process that forks may call it)."""
+    return any(os.path.exists(node) for node in GPU_DEVICE_NODES)
+
+
 def sharing_cores(env: Mapping[str, str]) -> dict[str, str]:
     """``env`` for processes that train side by side on one node's cores (HPO trials of several
     workers, test runners): idle OpenMP threads sleep instead of spinning.
