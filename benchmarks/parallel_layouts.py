@@ -64,6 +64,7 @@ def train(
         "train.eval_every=0",
         "train.warmup_steps=2",
         "checkpoint.every_steps=0",
+        "recipe.sample_tokens=0",  # no end-of-run text sample: a run's tokens/s is all it is for
         "observe.progress=false",
         f"observe.log_every={args.log_every}",
         *model_sets(args),

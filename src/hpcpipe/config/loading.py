@@ -22,6 +22,7 @@ from hpcpipe.errors import ConfigError, hide_credentials, stable_repr
 def load_config(source: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> JobConfig:
     """Load a preset name or YAML path, apply ``section.key=value`` overrides, validate."""
     raw = _read_source(source)
+    _switching_recipe(raw, [item.partition("=")[::2] for item in overrides])
     for item in overrides:
         _apply_override(raw, item)
     return validate_config(raw, origin=str(source))
@@ -30,6 +31,7 @@ def load_config(source: str | Path, overrides: list[str] | tuple[str, ...] = ())
 def with_overrides(job: JobConfig, overrides: list[str] | tuple[str, ...]) -> JobConfig:
     """``job`` with ``--set section.key=value`` overrides applied (ConfigError on a bad one)."""
     raw = job.to_dict()
+    _switching_recipe(raw, [item.partition("=")[::2] for item in overrides])
     for item in overrides:
         _apply_override(raw, item)
     return validate_config(raw, origin="--set")
@@ -38,6 +40,7 @@ def with_overrides(job: JobConfig, overrides: list[str] | tuple[str, ...]) -> Jo
 def apply_values(job: JobConfig, values: dict[str, Any]) -> JobConfig:
     """``job`` with typed values set by dotted key (an unknown key or a bad value: ConfigError)."""
     raw = job.to_dict()
+    _switching_recipe(raw, list(values.items()))
     for key, value in values.items():
         _field_annotation(key, raw)  # names the key when JobConfig has no such key
         node = raw
@@ -80,6 +83,19 @@ def _read_source(source: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections")
     return data
+
+
+def _current_recipe(raw: dict[str, Any]) -> str:
+    return str((raw.get("run") or {}).get("recipe", RunConfig.model_fields["recipe"].default))
+
+
+def _switching_recipe(raw: dict[str, Any], values: list[tuple[str, Any]]) -> None:
+    """An override that names another ``run.recipe`` empties the ``recipe:`` section first: its
+    keys were the previous recipe's (a loaded job holds every default of its recipe's Args), and
+    the new recipe starts from its own defaults and the ``recipe.*`` overrides given with it."""
+    new = [str(value).strip() for key, value in values if key.strip() == "run.recipe"]
+    if new and new[-1] != _current_recipe(raw):
+        raw["recipe"] = {}
 
 
 def _apply_override(raw: dict[str, Any], item: str) -> None:
@@ -138,7 +154,7 @@ def _recipe_annotation(key: str, raw: dict[str, Any]) -> Any:
     from hpcpipe.recipes.args import args_annotation
     from hpcpipe.recipes.registry import recipe_class
 
-    ref = (raw.get("run") or {}).get("recipe", RunConfig.model_fields["recipe"].default)
+    ref = _current_recipe(raw)
     try:
         recipe = recipe_class(str(ref))
     except ConfigError:

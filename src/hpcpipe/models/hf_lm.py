@@ -131,6 +131,8 @@ def load_base_model(source: ModelSource, base_dtype: str) -> nn.Module:
                 path, dtype=DTYPES[dtype], attn_implementation="sdpa", **kwargs
             )
 
+    from hpcpipe.models.hf_save import save_plain_model
+
     try:
         if source.gguf_file and source.cache_dir:
             # GGUF de-quantises to fp32 whatever the dtype asked (the whole model, in memory):
@@ -151,19 +153,6 @@ def load_base_model(source: ModelSource, base_dtype: str) -> nn.Module:
     model.config.use_cache = False  # training: no KV cache
     model.config._name_or_path = source.path  # an adapter names the model it was trained on
     return model
-
-
-def save_plain_model(model: Any, out: Path) -> None:
-    """``model`` as a plain transformers directory (config.json, model.safetensors) without
-    ``save_pretrained``: that refuses a model de-quantised from GGUF (its quantizer says "not
-    serializable", though its weights are ordinary tensors by now), and with accelerate and
-    DeepSpeed installed it imports DeepSpeed to unwrap the model (about 2 s of CPU each time)."""
-    from safetensors.torch import save_model
-
-    config = model.config.to_dict()
-    config.pop("quantization_config", None)  # the copy is plain fp32 weights
-    type(model.config).from_dict(config).save_pretrained(out)
-    save_model(model, str(out / "model.safetensors"))  # tied embeddings stored once
 
 
 def _via_gguf_cache(source: ModelSource, part: str, load_file: Any, load_kept: Any, save: Any = None) -> Any:

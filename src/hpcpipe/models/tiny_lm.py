@@ -143,8 +143,7 @@ def _write_model(out: Path, seed: int) -> None:
         bos_token_id=None,
     )
     from hpcpipe.models.hf_quiet import quiet_hf
-
-    from hpcpipe.models.hf_lm import save_plain_model
+    from hpcpipe.models.hf_save import save_plain_model
 
     torch.manual_seed(seed)
     with quiet_hf():

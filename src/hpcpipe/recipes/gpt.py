@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from hpcpipe.config import DataConfig, JobConfig, ModelConfig, TrainConfig
 from hpcpipe.errors import ConfigError
 from hpcpipe.layout import RunLayout
+from hpcpipe.recipes.args import parse_args
 from hpcpipe.recipes.base import Batch, DataSummary, ExportRequest, Goal, Recipe, TrainLoader, mean_loss_sums
 
 if TYPE_CHECKING:
@@ -25,10 +28,25 @@ SAMPLE_PROMPT = "def "
 SAMPLE_TOKENS = 200  # at most: a sample is no longer than the model's context (model.seq_len)
 
 
+class GPTArgs(BaseModel):
+    """The ``recipe:`` section of ``gpt``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    sample_tokens: int = Field(
+        SAMPLE_TOKENS,
+        ge=0,
+        description="New tokens of the text sample written at the end of training (sample.txt), at "
+        "most model.seq_len; 0: no sample. Each token is a full forward of the model (with "
+        "collectives when it is split across ranks).",
+    )
+
+
 @dataclass
 class GPTRecipe(Recipe):
     name = "gpt"
     summary = "LM pretraining of hpcpipe's own GPT/Llama-style model on token shards"
+    Args = GPTArgs
     metric_goals: ClassVar[dict[str, Goal]] = {"val_loss": "min", "val_ppl": "min"}
     model_variants = ("gpt2", "llama")
     data_formats = ("tokens", "parquet")  # chat needs a model's chat template: hf-causal-lm
@@ -42,12 +60,14 @@ class GPTRecipe(Recipe):
     data_cfg: DataConfig
     train_cfg: TrainConfig
     seed: int
+    args: GPTArgs = field(default_factory=GPTArgs)
     throughput_unit: str = "tokens"
     broadcasts_buffers: bool = False  # RoPE tables are identical on every rank by construction
 
     @classmethod
     def from_job(cls, job: JobConfig) -> GPTRecipe:
-        return cls(model_cfg=job.model, data_cfg=job.data, train_cfg=job.train, seed=job.run.seed)
+        args = parse_args(cls.Args, job.recipe)
+        return cls(model_cfg=job.model, data_cfg=job.data, train_cfg=job.train, seed=job.run.seed, args=args)
 
     @classmethod
     def check_job(cls, job: JobConfig) -> None:
@@ -201,21 +221,22 @@ class GPTRecipe(Recipe):
     def on_train_end(self, model: nn.Module, is_main: bool, run_dir: Path) -> None:
         """Write a text sample; every rank generates (FSDP2 needs all ranks in each forward).
 
-        ``SAMPLE_TOKENS`` new tokens, or ``model.seq_len`` when that is shorter: past its context
-        the model would see a sliding window it never trained on, and each token is one full
-        forward (no KV cache), with collectives when the model is split across ranks."""
+        ``recipe.sample_tokens`` new tokens (200 by default), or ``model.seq_len`` when that is
+        shorter: past its context the model would see a sliding window it never trained on, and
+        each token is one full forward (no KV cache), with collectives when the model is split
+        across ranks."""
         import torch
 
         from hpcpipe.data.tokens.shards import load_tokenizer
 
-        if not hasattr(model, "generate"):
+        if not hasattr(model, "generate") or self.args.sample_tokens == 0:
             return  # a pipeline stage (parallel.pp > 1) holds part of the model: no sample
         tokenizer = load_tokenizer(self.dataset.path)
         device = next(model.parameters()).device
         prompt = torch.tensor([tokenizer.encode(SAMPLE_PROMPT)], dtype=torch.long, device=device)
         generator = torch.Generator(device=device).manual_seed(self.seed)
         model.eval()
-        tokens = min(SAMPLE_TOKENS, self.model_cfg.seq_len)
+        tokens = min(self.args.sample_tokens, self.model_cfg.seq_len)
         out = model.generate(  # type: ignore[operator]
             prompt, max_new_tokens=tokens, temperature=0.8, top_k=50, generator=generator
         )

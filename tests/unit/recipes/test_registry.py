@@ -144,12 +144,14 @@ def test_recipe_arguments_are_checked_when_the_job_loads(sets: list[str], needle
 
 
 def test_a_recipe_without_arguments_refuses_any(tmp_path: Path) -> None:
+    assert recipe_class("resnet-cifar").Args is None
     with pytest.raises(
-        ConfigError, match=re.escape("unknown config key 'recipe.hidden' (recipe 'gpt' takes no arguments)")
+        ConfigError,
+        match=re.escape("unknown config key 'recipe.hidden' (recipe 'resnet-cifar' takes no arguments)"),
     ):
-        load_config("tiny", ["recipe.hidden=3"])
+        load_config("resnet-tiny", ["recipe.hidden=3"])
     job_file = tmp_path / "job.yaml"
-    job_file.write_text("recipe:\n  hidden: 3\n")
+    job_file.write_text("run:\n  recipe: resnet-cifar\nrecipe:\n  hidden: 3\n")
     with pytest.raises(ConfigError, match=re.escape("job.yaml: unknown config key 'recipe.hidden'")):
         load_config(job_file)
 
@@ -232,3 +234,16 @@ def test_reading_a_builtin_recipes_declaration_imports_no_torch() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
     )
     assert proc.returncode == 0, proc.stderr
+
+
+def test_switching_run_recipe_drops_the_previous_recipes_arguments(tmp_path: Path) -> None:
+    """A loaded gpt job holds recipe.sample_tokens; naming another recipe starts from its own
+    defaults (and the recipe.* keys given with it), whichever way the switch comes."""
+    assert load_config("tiny").recipe == {"sample_tokens": 200}
+    assert _job(TINY).recipe["hidden"] == 8
+    switched = with_overrides(load_config("tiny"), [f"run.recipe={TINY}", "recipe.hidden=5"])
+    assert switched.recipe["hidden"] == 5
+    saved = tmp_path / "config.yaml"
+    saved.write_text(load_config("tiny", ["recipe.sample_tokens=7"]).to_yaml())
+    assert load_config(saved).recipe == {"sample_tokens": 7}  # the same recipe keeps its keys
+    assert "sample_tokens" not in load_config(saved, [f"run.recipe={TINY}"]).recipe
