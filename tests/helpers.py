@@ -36,19 +36,35 @@ def run_cli(
     )
 
 
+# What the ranks of start_ranks import on their way to training (none of these starts a thread:
+# tests/cli_zygote.py preloads the same).
+RANK_PRELOAD = (
+    "torch",
+    "torch.distributed",
+    "torch._dynamo",
+    "hpcpipe.train.trainer",
+    "torchvision",
+    "transformers",
+)
+
+
 def start_ranks(fn: Callable[..., None], args: tuple[object, ...], nprocs: int) -> None:
     """``fn(rank, *args)`` on ``nprocs`` processes, joined; a failed rank raises.
 
-    The ranks fork from multiprocessing's fork server, which imports torch and ``fn``'s module once
-    per test process, instead of each being a fresh interpreter (~3.7 CPU-s of imports per rank,
-    measured: 24 such ranks cost the suite 88 CPU-s). The server never computes, so forking from it
-    is safe where forking the test process after its own torch work (OpenMP) is not. A rank gets
-    the environment the server started with: pass what it needs in ``args``."""
+    The ranks fork from multiprocessing's fork server, which imports torch, the trainer and its
+    heavy libraries (``RANK_PRELOAD``) and ``fn``'s module once per test process, instead of each
+    being a fresh interpreter (~3.7 CPU-s of imports per rank, measured: 24 such ranks cost the
+    suite 88 CPU-s; with torch alone preloaded, the ranks' own imports of the trainer, its compiler
+    stack and torchvision were still 86 CPU-s under py-spy, 2026-12-02). The server never computes,
+    so forking from it is safe where forking the test process after its own torch work (OpenMP) is
+    not. The preload is the first call's (the server then runs on): later modules are imported by
+    their ranks. A rank gets the environment the server started with: pass what it needs in
+    ``args``."""
     import multiprocessing
 
     import torch.multiprocessing as mp
 
-    multiprocessing.set_forkserver_preload(["torch", "torch.distributed", fn.__module__])
+    multiprocessing.set_forkserver_preload([*RANK_PRELOAD, fn.__module__])
     mp.start_processes(fn, args=args, nprocs=nprocs, join=True, start_method="forkserver")
 
 
