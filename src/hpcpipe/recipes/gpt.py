@@ -229,7 +229,9 @@ class GPTRecipe(Recipe):
 
         from hpcpipe.data.tokens.shards import load_tokenizer
 
-        if not hasattr(model, "generate") or self.args.sample_tokens == 0:
+        if self.args.sample_tokens == 0:
+            return
+        if not hasattr(model, "generate"):
             return  # a pipeline stage (parallel.pp > 1) holds part of the model: no sample
         tokenizer = load_tokenizer(self.dataset.path)
         device = next(model.parameters()).device

@@ -103,3 +103,17 @@ def test_every_recipe_names_worker_modules_that_import() -> None:
             importlib.import_module(module)  # the fork server would skip a typo silently
     preload = worker_preload(load_config("tiny"))
     assert preload[0] == "hpcpipe.train.trainer" and "hpcpipe.recipes.gpt" in preload
+
+
+def test_deepspeed_is_preloaded_for_cpu_ranks_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """DeepSpeed compiles at import: the fork server imports it for a DeepSpeed job's CPU ranks, never
+    where a GPU device node exists (its CUDA accelerator would initialise CUDA before the fork)."""
+    from hpcpipe.train import environment
+
+    module = "hpcpipe.train.deepspeed_cpu_import"
+    job = load_config("tiny", ["parallel.strategy=deepspeed"])
+    monkeypatch.setattr(environment, "GPU_DEVICE_NODES", (str(tmp_path / "nvidiactl"),))
+    assert module in worker_preload(job)
+    assert module not in worker_preload(load_config("tiny"))  # DDP ranks never import DeepSpeed
+    (tmp_path / "nvidiactl").touch()
+    assert module not in worker_preload(job)

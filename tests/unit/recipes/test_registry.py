@@ -247,3 +247,16 @@ def test_switching_run_recipe_drops_the_previous_recipes_arguments(tmp_path: Pat
     saved.write_text(load_config("tiny", ["recipe.sample_tokens=7"]).to_yaml())
     assert load_config(saved).recipe == {"sample_tokens": 7}  # the same recipe keeps its keys
     assert "sample_tokens" not in load_config(saved, [f"run.recipe={TINY}"]).recipe
+
+
+def test_gpt_writes_no_sample_when_sample_tokens_is_0(tmp_path: Path) -> None:
+    from hpcpipe.recipes import build_recipe
+
+    class Generates:
+        def generate(self, *args: object, **kwargs: object) -> None:
+            raise AssertionError("no token may be generated")
+
+    recipe = build_recipe(load_config("tiny", ["recipe.sample_tokens=0"]))
+    assert recipe.args.sample_tokens == 0
+    recipe.on_train_end(Generates(), True, tmp_path)  # type: ignore[arg-type]
+    assert list(tmp_path.iterdir()) == []
