@@ -82,7 +82,10 @@ class ParallelConfig(Section):
     )
     timeout_s: float = Field(600.0, gt=0, description="Process-group collective timeout.")
     threads_per_rank: int | None = Field(
-        None, ge=1, description="torch intra-op threads per rank (null: cores / local ranks)."
+        None,
+        ge=1,
+        description="torch intra-op threads per rank (null: OMP_NUM_THREADS where the launcher "
+        "or you set it, else this process's usable cores / local ranks).",
     )
     bucket_cap_mb: float = Field(
         25.0,

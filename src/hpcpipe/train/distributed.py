@@ -76,6 +76,20 @@ class DistContext:
             dist.barrier()
 
 
+def intra_op_threads(cfg: ParallelConfig, env: DistEnv) -> int:
+    """torch's intra-op threads for this rank: ``parallel.threads_per_rank``, else an
+    ``OMP_NUM_THREADS`` the launcher or the user set (Slurm's ``cpus_per_task`` share, torchrun's
+    1), else this process's usable cores (its CPU affinity, not the machine's count: a Slurm step
+    or a container may hold fewer) shared by the node's ranks."""
+    if cfg.threads_per_rank:
+        return cfg.threads_per_rank
+    told = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if told.isdigit() and int(told) > 0:
+        return int(told)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // env.local_world_size)
+
+
 def init_distributed(cfg: ParallelConfig, env: DistEnv) -> DistContext:
     """Pick the device, set intra-op threads and join the process group (when world > 1)."""
     device = _pick_device(env.local_rank)
@@ -83,8 +97,7 @@ def init_distributed(cfg: ParallelConfig, env: DistEnv) -> DistContext:
         # Before anything imports DeepSpeed (transformers and peft may): it would pick CUDA
         # because torch was built with it. Read once, at DeepSpeed's import.
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    threads = cfg.threads_per_rank or max(1, (os.cpu_count() or 1) // env.local_world_size)
-    torch.set_num_threads(threads)
+    torch.set_num_threads(intra_op_threads(cfg, env))
     if cfg.retain_host_memory:
         retain_freed_host_memory()
     backend = None
