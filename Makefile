@@ -14,10 +14,16 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 # Use this machine's Python; never fetch an interpreter.
 export UV_PYTHON_DOWNLOADS := never
 export UV_PROJECT_ENVIRONMENT := $(VENV)
-# --compile-bytecode: uv, unlike pip, leaves .py files uncompiled, and where PYTHONDONTWRITEBYTECODE
-# is set (CI and this machine) every process then compiles torch from source again: ~4.8 s of CPU
-# per `hpcpipe train`, hundreds of times in the suite.
-SYNC := $(UV) sync --frozen --compile-bytecode --python $(PYTHON)
+# Bytecode: uv, unlike pip, leaves .py files uncompiled, and where PYTHONDONTWRITEBYTECODE is set
+# (CI and this machine) every process would then compile torch from source again: ~4.8 s of CPU per
+# `hpcpipe train`. `make install` compiles the whole environment (--compile-bytecode), for the
+# hpcpipe you then run from any shell. The test environment is not compiled whole: the suite
+# imports about 5,000 of its 22,500 files, and compiling all of them held a fresh clone's
+# `make test` 39 s before the first test (2026-12-02). Instead, under make, Python writes the
+# bytecode of what it imports, once, into the (gitignored) environment: PYTHONDONTWRITEBYTECODE is
+# not passed on to make's commands.
+unexport PYTHONDONTWRITEBYTECODE
+SYNC := $(UV) sync --frozen --python $(PYTHON)
 
 .PHONY: run test test-fast bytecode install install-test kfp-env chart lint typecheck lock test-latest test-lowest bench clean fc-assets system-deps dashboard docs docs-serve
 
@@ -31,7 +37,7 @@ $(UV):
 # compiles the whole environment's bytecode, and two in a row cost a fresh clone ~20 s.
 $(VENV)/.installed: $(UV) uv.lock pyproject.toml
 	$(UV) lock --check --python $(PYTHON)
-	$(SYNC)
+	$(SYNC) --compile-bytecode
 	touch $@
 
 $(VENV)/.installed-test: $(UV) uv.lock pyproject.toml
