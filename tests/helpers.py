@@ -17,14 +17,22 @@ def run_cli(
     prefix: list[str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """Run ``python -m hpcpipe ARGS`` as a user would (after ``prefix``, e.g. ``nice``); returns
-    the completed process. It is forked from this test process's CLI zygote (``tests/cli_zygote.py``:
-    torch and the trainer imported once), or a fresh interpreter with a ``prefix`` or with
-    ``HPCPIPE_TEST_FRESH_CLI=1``."""
+    the completed process. It is forked from this test process's zygote (``hpcpipe.launch.zygote``:
+    torch, the trainer and the recipes' heavy libraries imported once), or a fresh interpreter with
+    a ``prefix`` or with ``HPCPIPE_FRESH_INTERPRETERS=1``."""
     full_env = without_ranks({**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
-    if prefix is None and os.environ.get("HPCPIPE_TEST_FRESH_CLI") != "1":
-        from tests.cli_zygote import run_forked
+    if prefix is None:
+        from hpcpipe.launch.zygote import run_hpcpipe
 
-        return run_forked(list(args), cwd=cwd or Path.cwd(), env=full_env, timeout=timeout)
+        return run_hpcpipe(
+            list(args),
+            cwd or Path.cwd(),
+            full_env,
+            timeout,
+            preload=CLI_PRELOAD,
+            zygote_cwd=REPO,
+            zygote_name=CLI_ZYGOTE,
+        )
     return subprocess.run(
         [*(prefix or []), sys.executable, "-m", "hpcpipe", *args],
         cwd=cwd,
@@ -36,8 +44,15 @@ def run_cli(
     )
 
 
-# What the ranks of start_ranks import on their way to training (none of these starts a thread:
-# tests/cli_zygote.py preloads the same).
+# What the CLI runs of the tests import besides hpcpipe.launch.zygote.PRELOAD (the first run_cli of
+# a test process starts its zygote with them): the recipes' heavy libraries, and this package, so
+# that its recipes (tests.recipes_for_tests:Tiny) resolve from any working directory, as an
+# installed recipe package's do.
+CLI_PRELOAD = ("torchvision", "transformers", "tests")
+REPO = Path(__file__).resolve().parent.parent
+CLI_ZYGOTE = "tests"  # run_cli's own zygote: the product's callers in a test process keep theirs
+
+# What the ranks of start_ranks import on their way to training (none of these starts a thread).
 RANK_PRELOAD = (
     "torch",
     "torch.distributed",

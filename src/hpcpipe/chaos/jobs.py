@@ -12,7 +12,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -58,33 +57,29 @@ def run_hpcpipe(
     env: dict[str, str] | None = None,
     log: str = "hpcpipe",
     log_dir: Path | None = None,
+    preload: tuple[str, ...] = (),
 ) -> subprocess.CompletedProcess[str]:
-    """``python -m hpcpipe ARGS`` to completion; TrialTimeout (group killed) past ``timeout_s``.
+    """``python -m hpcpipe ARGS`` to completion in its own session; TrialTimeout (its process tree
+    killed) past ``timeout_s``. Forked from this process's zygote (``launch/zygote.py``, started on
+    first use with ``preload`` imported: the runs' recipe modules), as a fresh interpreter would run.
 
     Its output is also kept in ``LOG.out`` and ``LOG.err`` in ``log_dir`` (default: ``cwd``): a
     failed trial's directory is its post-mortem."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "hpcpipe", *args],
-        cwd=cwd,
-        env=hpcpipe_env(env),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    from hpcpipe.launch import zygote
+
     try:
-        out, err = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        kill_group(proc)
-        out, err = proc.communicate()
-        _keep_log(log_dir or cwd, log, out, err)
+        proc = zygote.run_hpcpipe(
+            args, cwd, hpcpipe_env(env), timeout_s, new_session=True, kill=kill_tree, preload=preload
+        )
+    except subprocess.TimeoutExpired as exc:
+        _keep_log(log_dir or cwd, log, _str(exc.output), _str(exc.stderr))
         raise TrialTimeout(f"hpcpipe {' '.join(args[:2])} ran past {timeout_s:.0f} s") from None
-    except BaseException:  # Ctrl-C: the job is in its own session, the terminal's SIGINT missed it
-        kill_group(proc)
-        proc.wait()
-        raise
-    _keep_log(log_dir or cwd, log, out, err)
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    _keep_log(log_dir or cwd, log, proc.stdout, proc.stderr)
+    return proc
+
+
+def _str(data: str | bytes | None) -> str:
+    return data.decode(errors="replace") if isinstance(data, bytes) else data or ""
 
 
 def _keep_log(cwd: Path, log: str, out: str, err: str) -> None:
@@ -93,18 +88,23 @@ def _keep_log(cwd: Path, log: str, out: str, err: str) -> None:
 
 
 def kill_group(proc: subprocess.Popen[Any]) -> None:
-    """SIGKILL a job started with ``start_new_session`` and everything it started: its process
-    group, and every descendant (torch's elastic agent starts its workers in their own sessions,
-    so the group alone would leave them running)."""
-    alive = proc.poll() is None  # a reaped pid may be reused: then only its group is killed
+    """SIGKILL a job started with ``start_new_session`` and everything it started."""
+    kill_tree(proc.pid, alive=proc.poll() is None)
+
+
+def kill_tree(pid: int, alive: bool = True) -> None:
+    """SIGKILL the session leader ``pid`` and everything it started: its process group, and every
+    descendant (torch's elastic agent starts its workers in their own sessions, so the group alone
+    would leave them running). ``alive``: not reaped yet (a reaped pid may be reused: then only its
+    group is killed)."""
     # The descendants first, while the leader lives (once it dies, they are re-parented and no
     # longer found), twice: the second pass catches workers started during the first.
     for _ in range(2 if alive else 0):
-        for pid in descendants(proc.pid):
+        for child in descendants(pid):
             with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+                os.kill(child, signal.SIGKILL)
     with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
+        os.killpg(pid, signal.SIGKILL)
 
 
 def descendants(pid: int) -> list[int]:

@@ -14,6 +14,7 @@ from typing import Any
 
 from hpcpipe.config import JobConfig
 from hpcpipe.errors import one_line
+from hpcpipe.launch import zygote
 from hpcpipe.recipecheck import loader, training
 from hpcpipe.recipecheck.job import check_job
 from hpcpipe.recipes.base import Recipe
@@ -35,6 +36,8 @@ PROPERTIES = (
     "export-loads",
     "eval-metrics",
 )
+# The properties whose runs are 2-rank `hpcpipe train` jobs (forked from the check's zygote).
+MULTI_RANK = {"parity-ddp", "parity-fsdp", "resume-after-kill"}
 
 
 @dataclass
@@ -59,8 +62,9 @@ class CheckReport:
 class _Runs:
     """The check's ``hpcpipe train`` runs, each started once, when a property first needs it."""
 
-    def __init__(self, work: Path) -> None:
+    def __init__(self, work: Path, preload: tuple[str, ...] = ()) -> None:
         self.work = work
+        self.preload = preload  # the recipe's module and worker_imports
         self._done: dict[str, Path | Exception] = {}
 
     def get(self, name: str) -> Path:
@@ -79,8 +83,8 @@ class _Runs:
             return training.train_here(self.work, name)
         if name == "killed":  # 2 DDP ranks, rank 1 SIGKILLed: the agent restarts the group
             env = training.killed_env(self.work)
-            return training.train(self.work, name, 2, "ddp", env=env, restarts=1)
-        return training.train(self.work, name, 2, name)  # "ddp" or "fsdp"
+            return training.train(self.work, name, 2, "ddp", env=env, restarts=1, preload=self.preload)
+        return training.train(self.work, name, 2, name, preload=self.preload)  # "ddp" or "fsdp"
 
 
 def _properties(recipe: Recipe, job: JobConfig, runs: _Runs, rtol: float) -> dict[str, Callable[[], str]]:
@@ -129,8 +133,12 @@ def check_recipe(
     try:
         job = check_job(ref, config, list(sets), root)
         recipe = recipe_class(ref).from_job(job)
+        preload = (type(recipe).__module__, *recipe.worker_imports)
+        if set(only or PROPERTIES) & MULTI_RANK:
+            # Before anything computes: the 2-rank runs fork from this process's imports.
+            zygote.prestart(preload)
         recipe.prepare(progress=False)
-        checks = _properties(recipe, job, _Runs(root), rtol)
+        checks = _properties(recipe, job, _Runs(root, preload), rtol)
         results = []
         for name in only or PROPERTIES:
             if say is not None:

@@ -23,16 +23,23 @@ RUN_TIMEOUT_S = 600.0
 
 
 def train(
-    work: Path, name: str, nproc: int, strategy: str, env: dict[str, str] | None = None, restarts: int = 0
+    work: Path,
+    name: str,
+    nproc: int,
+    strategy: str,
+    env: dict[str, str] | None = None,
+    restarts: int = 0,
+    preload: tuple[str, ...] = (),
 ) -> Path:
     """``hpcpipe train work/job.yaml`` as run ``name``; its run directory. RuntimeError with the
-    run's last line of output when it fails."""
+    run's last line of output when it fails. ``preload``: what the recipe's workers import (the
+    runs are forked from a zygote that imports it once, ``launch/zygote.py``)."""
     sets = [f"run.name={name}", f"parallel.strategy={strategy}"]
     args = ["train", str(work / "job.yaml"), "--nproc", str(nproc), "--max-restarts", str(restarts)]
     args += [a for s in sets for a in ("--set", s)]
     # From this process's directory: the job's relative paths (data.prepared_dir) and a recipe
     # named by an import path resolve as they did here; the logs go to the work directory.
-    proc = run_hpcpipe(args, Path.cwd(), RUN_TIMEOUT_S, env=env, log=name, log_dir=work)
+    proc = run_hpcpipe(args, Path.cwd(), RUN_TIMEOUT_S, env=env, log=name, log_dir=work, preload=preload)
     if proc.returncode != 0:
         raise RuntimeError(
             f"{name} run exited {proc.returncode}: {last_line(proc.stderr)} (log: {work / name}.err)"

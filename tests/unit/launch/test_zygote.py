@@ -1,16 +1,19 @@
-"""``run_cli`` forks ``python -m hpcpipe`` from a pre-imported zygote (``tests/cli_zygote.py``): what a
-test sees must be what a fresh interpreter gives, byte for byte."""
+"""``python -m hpcpipe`` forked from a pre-imported zygote (``hpcpipe.launch.zygote``, which
+``run_cli``, ``hpcpipe recipe check`` and the chaos runs use): what a caller sees must be what a
+fresh interpreter gives, byte for byte."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from tests.cli_zygote import _CLIENT, run_forked
-from tests.helpers import run_cli
+from tests.helpers import CLI_ZYGOTE, run_cli
+
+from hpcpipe.launch.zygote import _ZYGOTE, run_hpcpipe
 
 
 def _fresh(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -31,8 +34,8 @@ def _fresh(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.Comple
 def test_a_forked_run_matches_a_fresh_interpreter(args: list[str], tmp_path: Path) -> None:
     (tmp_path / "my.yaml").write_text("preset: tiny\ntrain: {steps: -1}\n")
     env = {**os.environ, "COLUMNS": "61", "PYTHONUNBUFFERED": "1", "HOME": str(tmp_path)}
-    forked = run_forked(args, cwd=tmp_path, env=env, timeout=120)
-    assert not _CLIENT["client"].needs_fresh(env)  # it was forked, not a fresh interpreter
+    forked = run_hpcpipe(args, tmp_path, env, 120)
+    assert not _ZYGOTE["zygote"].needs_fresh(env)  # it was forked, not a fresh interpreter
     fresh = _fresh(args, tmp_path, env)
     assert (forked.returncode, forked.stdout, forked.stderr) == (fresh.returncode, fresh.stdout, fresh.stderr)
     assert forked.args == fresh.args
@@ -47,7 +50,7 @@ def test_a_run_past_its_timeout_is_killed_and_the_next_run_works(tmp_path: Path)
 
 def test_an_import_time_variable_gets_a_fresh_interpreter() -> None:
     run_cli("--version")  # the zygote exists
-    client = _CLIENT["client"]
+    client = _ZYGOTE[CLI_ZYGOTE]
     same = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "40"}
     assert not client.needs_fresh(same)  # consoles are built per run
     for var in ("HF_HOME", "OMP_NUM_THREADS", "PYTHONHASHSEED", "PYTHONPATH"):
@@ -56,3 +59,71 @@ def test_an_import_time_variable_gets_a_fresh_interpreter() -> None:
     assert not client.needs_fresh(
         {**same, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "CUDA_VISIBLE_DEVICES": ""}
     )
+
+
+def _processes_in(cwd: Path) -> list[int]:
+    """The processes working in ``cwd`` (a run's workers carry the zygote's command line)."""
+    found = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            if Path(os.readlink(entry / "cwd")) == cwd:
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def test_a_chaos_run_is_its_own_session_and_past_its_timeout_dies_with_its_workers(tmp_path: Path) -> None:
+    import threading
+    import time
+
+    from hpcpipe.chaos.jobs import TrialTimeout
+    from hpcpipe.chaos.jobs import run_hpcpipe as run_job
+
+    sets = [f"run.out_dir={tmp_path}", "train.steps=100000", "observe.progress=false", "parallel.nproc=2"]
+    sessions: set[int] = set()
+
+    def watch() -> None:  # the sessions of the run's processes, once it has some
+        deadline = time.monotonic() + 10
+        while not sessions and time.monotonic() < deadline:
+            with contextlib.suppress(ProcessLookupError):
+                sessions.update(os.getsid(pid) for pid in _processes_in(tmp_path))
+            time.sleep(0.1)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    with pytest.raises(TrialTimeout, match="ran past 12 s"):
+        run_job(["train", "tiny", *[a for s in sets for a in ("--set", s)]], tmp_path, 12, log="long")
+    watcher.join()
+    assert sessions and os.getsid(0) not in sessions  # a terminal's Ctrl-C would not reach the run
+    assert (tmp_path / "long.out").is_file() and (tmp_path / "long.err").is_file()
+    deadline = time.monotonic() + 5  # SIGKILLed processes take a moment to be torn down
+    while _processes_in(tmp_path) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _processes_in(tmp_path) == []  # the launcher, its fork server and both ranks: gone
+
+
+def test_a_chaos_runs_bad_input_is_one_line_exit_2_and_its_log_is_kept(tmp_path: Path) -> None:
+    from hpcpipe.chaos.jobs import run_hpcpipe as run_job
+
+    yaml = tmp_path / "bad.yaml"
+    yaml.write_text("preset: tiny\ntrain: {steps: -1}\n")
+    proc = run_job(["train", "bad.yaml"], tmp_path, 120, env={"COLUMNS": "50"}, log="bad")
+    assert proc.returncode == 2 and "train.steps" in proc.stderr
+    assert (tmp_path / "bad.err").read_text() == proc.stderr
+
+
+def test_fresh_interpreters_when_asked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hpcpipe.launch import zygote
+
+    started: list[list[str]] = []
+    fresh = zygote._run_fresh
+
+    def spy(argv: list[str], *args: object) -> subprocess.CompletedProcess[str]:
+        started.append(argv)
+        return fresh(argv, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(zygote, "_run_fresh", spy)
+    monkeypatch.setenv(zygote.FRESH_VAR, "1")
+    assert run_hpcpipe(["--version"], tmp_path, dict(os.environ), 60).returncode == 0
+    assert started == [["--version"]]

@@ -1,0 +1,507 @@
+"""A pre-imported interpreter that ``python -m hpcpipe`` runs are forked from, instead of each
+starting a fresh one.
+
+A fresh ``python -m hpcpipe train`` spends about 2 CPU-s importing torch and the CLI, and its
+fork server about 2 more on the trainer and its compiler stack, before the job does anything: for
+a 6-step, 2-rank run that is two thirds of its CPU (py-spy, 2026-12-02). The verbs that start many
+short runs (``hpcpipe recipe check``, ``hpcpipe chaos run``) fork them from one zygote per process
+instead: it imports all that once (``PRELOAD``), and each run is a child forked from it that then
+becomes ``python -m hpcpipe ARGS`` as a fresh interpreter would: its own argv, environment,
+working directory, stdin/stdout/stderr, session (when asked) and default signal handlers,
+``hpcpipe.__main__`` run as ``__main__``, and the interpreter's exit (threads joined, atexit
+handlers run) without the module teardown.
+
+The zygote never computes: a process forked after an OpenMP parallel region hangs at its own
+first one (the reason ``hpcpipe.launch.fork_server`` forks before any torch work too). A verb that
+knows it has only imported and read its config so far forks itself into the zygote instead of
+starting one (``prestart``: the imports it has done are then free). hpcpipe's one module that reads
+its variables at import (``hpcpipe.train.fault_injection``, the chaos faults) reads them again in
+each run, from the run's environment.
+
+What the interpreter and the preloaded libraries read from the environment once, at start-up or
+import (``IMPORT_TIME_VARS``: the module path, hash seed and warning filters, OpenMP/MKL threads,
+the Hugging Face cache and offline switches), the zygote has read already: a run whose environment
+differs from the zygote's in one of them gets a fresh interpreter instead (``needs_fresh``), as
+does every run while ``HPCPIPE_FRESH_INTERPRETERS=1``. Variables read when used (``TORCH_*``,
+``CUDA_VISIBLE_DEVICES``, ...) reach the child as they are. The zygote's own stderr is a log file,
+never a terminal, so consoles built at import decide on colour as for a captured run.
+
+Protocol, over a socketpair: the caller sends one JSON request (argv, env, cwd, session) with three
+file descriptors (stdin, stdout, stderr); the zygote forks, answers the child's pid, waits for it
+and answers its wait status. The caller kills the pid (or its tree) on timeout.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import locale
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Protocol
+
+# What ``python -m hpcpipe`` imports on its way to training, and what the fork server of a
+# multi-rank run preloads (``hpcpipe.launch.job.WORKER_PRELOAD``); the caller adds what its runs'
+# recipes import (their worker_imports). Importing none of these starts a Python thread; peft is
+# never preloaded (it starts a native one).
+PRELOAD = (
+    "torch",
+    "torch.distributed",
+    "torch._dynamo",
+    "hpcpipe.cli.app",
+    "hpcpipe.launch.worker",
+    "hpcpipe.train.trainer",
+)
+NEVER_PRELOAD = ("peft",)  # starts a native thread at import: no fork after it is safe
+FRESH_VAR = "HPCPIPE_FRESH_INTERPRETERS"
+_HEADER = struct.Struct("!I")
+_MAX_FDS = 3
+
+# Read once, at interpreter start-up (PYTHON*), when libgomp/MKL load with torch, or when
+# huggingface_hub and transformers import: a child forked from the zygote would not see a change.
+IMPORT_TIME_VARS = (
+    "PYTHONPATH",
+    "PYTHONHASHSEED",
+    "PYTHONWARNINGS",
+    "PYTHONSAFEPATH",
+    "OMP_NUM_THREADS",
+    "OMP_WAIT_POLICY",
+    "MKL_NUM_THREADS",
+    "HF_HOME",
+    "HF_HUB_CACHE",
+    "HF_HUB_OFFLINE",
+    "TRANSFORMERS_CACHE",
+    "TRANSFORMERS_OFFLINE",
+)
+
+
+def send_message(sock: socket.socket, payload: dict[str, object], fds: tuple[int, ...] = ()) -> None:
+    data = json.dumps(payload).encode()
+    socket.send_fds(sock, [_HEADER.pack(len(data)) + data], list(fds))
+
+
+def receive_message(sock: socket.socket) -> tuple[dict[str, object], list[int]]:
+    """One message and the descriptors sent with it; EOFError when the peer closed."""
+    head, fds, _flags, _addr = socket.recv_fds(sock, _HEADER.size, _MAX_FDS)
+    if not head:
+        raise EOFError
+    (size,) = struct.unpack("!I", _recv_exactly(sock, _HEADER.size, head))
+    return json.loads(_recv_exactly(sock, size, b"")), fds
+
+
+def _recv_exactly(sock: socket.socket, size: int, have: bytes) -> bytes:
+    while len(have) < size:
+        chunk = sock.recv(size - len(have))
+        if not chunk:
+            raise EOFError
+        have += chunk
+    return have
+
+
+def _import_time(env: dict[str, str]) -> dict[str, str | None]:
+    return {name: env.get(name) for name in IMPORT_TIME_VARS}
+
+
+def kill_pid(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+
+
+class Zygote:
+    """This process's end of a zygote, serving one run at a time: started as a fresh interpreter
+    with this process's environment and ``preload`` imported besides ``PRELOAD``, or forked from
+    this process by ``prestart``."""
+
+    def __init__(
+        self,
+        preload: tuple[str, ...] = (),
+        forked: tuple[socket.socket, int] | None = None,
+        cwd: Path | None = None,
+        name: str = "zygote",
+    ) -> None:
+        self.name = name  # its key in _ZYGOTE
+        self.env = _zygote_env()
+        self.log = ""
+        if forked is not None:
+            self.sock, pid = forked
+            self.server: _Server = _ForkedServer(pid)
+            self.lock = threading.Lock()
+            return
+        ours, theirs = socket.socketpair()
+        fd, self.log = tempfile.mkstemp(prefix="hpcpipe-zygote-", suffix=".log")
+        atexit.register(_remove, self.log)
+        self.server = subprocess.Popen(
+            [sys.executable, "-m", "hpcpipe.launch.zygote", str(theirs.fileno()), *preload],
+            pass_fds=(theirs.fileno(),),
+            cwd=cwd,  # where ``preload``'s own modules resolve from (the first entry of sys.path)
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=fd,
+        )
+        os.close(fd)
+        theirs.close()
+        self.sock = ours
+        self.lock = threading.Lock()  # one request at a time on the socket
+
+    def needs_fresh(self, env: dict[str, str]) -> bool:
+        """The run sets an import-time variable the zygote saw otherwise."""
+        return _import_time(env) != _import_time(self.env)
+
+    def run(
+        self,
+        argv: list[str],
+        cwd: Path,
+        env: dict[str, str],
+        timeout: float,
+        new_session: bool = False,
+        kill: Callable[[int], None] = kill_pid,
+    ) -> subprocess.CompletedProcess[str]:
+        """``python -m hpcpipe ARGV`` forked; the lock must be held. Past ``timeout``, ``kill(pid)``
+        and TimeoutExpired (with the output so far)."""
+        command = [sys.executable, "-m", "hpcpipe", *argv]
+        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, open(os.devnull) as null:
+            request = {"argv": argv, "env": env, "cwd": str(cwd), "session": new_session}
+            try:
+                send_message(self.sock, request, (null.fileno(), out.fileno(), err.fileno()))
+                pid = int(receive_message(self.sock)[0]["pid"])  # type: ignore[call-overload]
+            except (EOFError, OSError) as exc:
+                self.close()
+                ended = f"hpcpipe's zygote ended (exit {self.server.wait(timeout=30)})"
+                raise RuntimeError(f"{ended}; its log: {self.log}" if self.log else ended) from exc
+            try:
+                status, timed_out = self._wait(pid, timeout, kill)
+            except BaseException:  # Ctrl-C, a caller's own timeout: the run dies, the next gets a new zygote
+                kill(pid)
+                self.close()
+                raise
+            stdout, stderr = _text(out), _text(err)
+        if timed_out:
+            raise subprocess.TimeoutExpired(command, timeout, output=stdout, stderr=stderr)
+        return subprocess.CompletedProcess(command, os.waitstatus_to_exitcode(status), stdout, stderr)
+
+    def _wait(self, pid: int, timeout: float, kill: Callable[[int], None]) -> tuple[int, bool]:
+        """The run's wait status, and whether it was killed for running past ``timeout``."""
+        self.sock.settimeout(timeout)
+        try:
+            return int(receive_message(self.sock)[0]["status"]), False  # type: ignore[call-overload]
+        except TimeoutError:
+            kill(pid)
+        finally:
+            self.sock.settimeout(None)
+        return int(receive_message(self.sock)[0]["status"]), True  # type: ignore[call-overload]
+
+    def close(self) -> None:
+        self.sock.close()  # the zygote exits at end of file
+        if _ZYGOTE.get(self.name) is self:
+            del _ZYGOTE[self.name]
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.server.wait(timeout=30)  # reaped once its current child is
+
+
+class _Server(Protocol):
+    """The zygote process as its caller sees it (``subprocess.Popen`` has these two methods)."""
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+
+class _ForkedServer:
+    """A zygote ``prestart`` forked: this process's child, reaped here."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            done, status = os.waitpid(self.pid, os.WNOHANG)
+            if done:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        import time
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"zygote {self.pid}", timeout or 0.0)
+            time.sleep(0.05)
+        assert self.returncode is not None
+        return self.returncode
+
+
+def _zygote_env() -> dict[str, str]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    for var in ("COLUMNS", "NO_COLOR", "FORCE_COLOR"):  # each run's own, never the zygote's
+        env.pop(var, None)
+    return env
+
+
+def prestart(preload: tuple[str, ...] = ()) -> bool:
+    """Fork this process into its zygote now (``preload`` then imported in it), instead of starting
+    one as a fresh interpreter at the first run: the imports this process has done are the
+    zygote's for free.
+
+    Call it only before this process computed anything with torch or started a thread (a child
+    forked after an OpenMP parallel region hangs at its own first one; see ``fork_server``). True
+    when this process has a zygote now; False where it is left to the first run to start one (no
+    zygote asked for, or a thread, a fork server or a resource tracker running here, which a forked
+    zygote must not share)."""
+    if os.environ.get(FRESH_VAR) == "1":
+        return False
+    if "zygote" in _ZYGOTE:
+        return True
+    if threading.active_count() > 1 or _has_multiprocessing_helpers():
+        return False
+    ours, theirs = socket.socketpair()
+    for stream in (sys.stdout, sys.stderr):  # else the zygote's copy of a buffer prints again
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    pid = os.fork()
+    if pid == 0:
+        ours.close()
+        _forked_main(theirs, preload)
+    theirs.close()
+    _ZYGOTE["zygote"] = Zygote(forked=(ours, pid))
+    return True
+
+
+def _has_multiprocessing_helpers() -> bool:
+    from multiprocessing import forkserver, resource_tracker
+
+    server = getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", None)
+    tracker = getattr(getattr(resource_tracker, "_resource_tracker", None), "_fd", None)
+    return server is not None or tracker is not None
+
+
+def _forked_main(sock: socket.socket, preload: tuple[str, ...]) -> None:
+    """The forked zygote: what a fresh one would have (no exit handlers of its parent's, quiet
+    stdio, Ctrl-C left to its parent), then ``main``'s imports and loop. Never returns."""
+    code = 0
+    try:
+        atexit._clear()
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent's Ctrl-C ends it: end of file
+        null = os.open(os.devnull, os.O_RDWR)
+        for target in (0, 1, 2):
+            os.dup2(null, target)
+        os.close(null)
+        serve_preloaded(sock, preload)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:
+        code = 1
+    os._exit(code)
+
+
+# This process's zygotes by name, once started (a dict, not a global rebound).
+_ZYGOTE: dict[str, Zygote] = {}
+
+
+def run_hpcpipe(
+    argv: list[str],
+    cwd: Path,
+    env: dict[str, str],
+    timeout: float,
+    new_session: bool = False,
+    kill: Callable[[int], None] = kill_pid,
+    preload: tuple[str, ...] = (),
+    zygote_cwd: Path | None = None,
+    zygote_name: str = "zygote",
+) -> subprocess.CompletedProcess[str]:
+    """``python -m hpcpipe ARGV`` in ``cwd`` with exactly ``env`` (a new session when asked), its
+    output captured as ``subprocess.run(capture_output=True, text=True)`` does; past ``timeout``
+    seconds ``kill(pid)`` and TimeoutExpired. Forked from this process's zygote (started on first
+    use, in ``zygote_cwd``, with ``preload`` imported too; a caller that wants its own preload names
+    its own zygote), or a fresh interpreter where the zygote cannot stand in for one
+    (``needs_fresh``, ``HPCPIPE_FRESH_INTERPRETERS=1``) or is busy with another thread's run."""
+    zygote = _ZYGOTE.get(zygote_name)
+    if os.environ.get(FRESH_VAR) != "1":
+        if zygote is None or zygote.server.poll() is not None:
+            zygote = _ZYGOTE[zygote_name] = Zygote(preload, cwd=zygote_cwd, name=zygote_name)
+        if not zygote.needs_fresh(env) and zygote.lock.acquire(blocking=False):
+            try:
+                return zygote.run(argv, cwd, env, timeout, new_session, kill)
+            finally:
+                zygote.lock.release()
+    return _run_fresh(argv, cwd, env, timeout, new_session, kill)
+
+
+def _run_fresh(
+    argv: list[str],
+    cwd: Path,
+    env: dict[str, str],
+    timeout: float,
+    new_session: bool,
+    kill: Callable[[int], None],
+) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "hpcpipe", *argv]
+    proc = subprocess.Popen(
+        command,
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=new_session,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill(proc.pid)
+        out, err = proc.communicate()
+        raise subprocess.TimeoutExpired(command, timeout, output=out, stderr=err) from None
+    except BaseException:
+        kill(proc.pid)
+        proc.wait()
+        raise
+    return subprocess.CompletedProcess(command, proc.returncode, out, err)
+
+
+def _remove(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+
+
+def _text(stream: IO[bytes]) -> str:
+    """Captured bytes as ``subprocess.run(text=True)`` decodes them (universal newlines)."""
+    stream.seek(0)
+    data = stream.read().decode(locale.getpreferredencoding(False))
+    return data.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def serve(sock: socket.socket) -> dict[str, object]:
+    """Answer requests until the caller closes its end; returns only in a forked child, with the
+    request that child is to run."""
+    while True:
+        try:
+            request, fds = receive_message(sock)
+        except (EOFError, OSError):
+            os._exit(0)
+        pid = os.fork()
+        if pid == 0:
+            sock.close()
+            _become(request, fds)
+            return request
+        for fd in fds:
+            os.close(fd)
+        try:
+            send_message(sock, {"pid": pid})
+        finally:  # reaped even when the caller went away
+            _, status = os.waitpid(pid, 0)
+        try:
+            send_message(sock, {"status": status})
+        except OSError:
+            os._exit(0)
+
+
+def _become(request: dict[str, object], fds: list[int]) -> None:
+    """This forked child takes the request's session, stdio, environment, directory and signals."""
+    if request.get("session"):
+        os.setsid()
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+        os.close(fd)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    env = request["env"]
+    assert isinstance(env, dict)
+    os.environ.clear()
+    os.environ.update(env)
+    cwd = str(request["cwd"])
+    os.chdir(cwd)
+    sys.path[0] = cwd  # ``python -m`` puts the working directory first
+    _read_faults_again()
+
+
+def _read_faults_again() -> None:
+    """The chaos faults, from the run's environment: a zygote forked from a process that imported
+    ``fault_injection`` (``hpcpipe chaos run``, ``recipe check``) holds that process's."""
+    name = "hpcpipe.train.fault_injection"
+    faults = sys.modules.get(name)
+    if faults is None:
+        return
+    try:
+        faults.configure()
+    except Exception:  # malformed: the run imports it anew and fails where a fresh interpreter does
+        del sys.modules[name]
+
+
+def become_hpcpipe(argv: list[str]) -> None:
+    """``python -m hpcpipe ARGV`` in this forked child, leaving as the interpreter would (threads
+    joined, atexit handlers run, streams flushed) but without tearing the modules down: with torch
+    loaded that teardown costs a forked child ~1.5 s of copied pages, and triton's bindings print
+    leak reports during it."""
+    import runpy
+
+    sys.argv = ["-m", *argv]  # runpy replaces argv[0] with the module's path, as ``-m`` does
+    code = 0
+    try:
+        runpy.run_module("hpcpipe", run_name="__main__", alter_sys=True)
+    except SystemExit as exc:
+        code = _exit_code(exc.code)
+    except KeyboardInterrupt:  # the interpreter ends itself with SIGINT
+        _leave()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    except BaseException:
+        sys.excepthook(*sys.exc_info())
+        code = 1
+    _leave()
+    os._exit(code)
+
+
+def _exit_code(code: object) -> int:
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    print(code, file=sys.stderr)
+    return 1
+
+
+def _leave() -> None:
+    import ctypes
+
+    threading._shutdown()  # type: ignore[attr-defined]  # waits for non-daemon threads, as interpreter exit does
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    ctypes.CDLL(None).fflush(None)  # what C extensions buffered in stdio, as exit() would flush
+
+
+def serve_preloaded(sock: socket.socket, preload: tuple[str, ...]) -> None:
+    """Import ``PRELOAD`` and ``preload``, then serve ``sock``; in each forked child, become the
+    run (never returns there)."""
+    import gc
+    import importlib
+
+    for name in (*PRELOAD, *[m for m in preload if m not in NEVER_PRELOAD]):
+        with contextlib.suppress(ImportError):  # an optional library: a run imports it if it needs it
+            importlib.import_module(name)
+    gc.freeze()  # the preloaded objects are never collected: children skip scanning (and copying) them
+    request = serve(sock)
+    argv = request["argv"]
+    assert isinstance(argv, list)
+    become_hpcpipe(argv)
+
+
+def main() -> None:
+    serve_preloaded(socket.socket(fileno=int(sys.argv[1])), tuple(sys.argv[2:]))
+
+
+if __name__ == "__main__":
+    main()
