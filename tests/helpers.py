@@ -22,13 +22,13 @@ def run_cli(
     a ``prefix`` or with ``HPCPIPE_FRESH_INTERPRETERS=1``."""
     full_env = without_ranks({**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
     if prefix is None:
-        from hpcpipe.launch.zygote import run_hpcpipe
+        from hpcpipe.launch.zygote import Launch, run_hpcpipe
 
         return run_hpcpipe(
             list(args),
             cwd or Path.cwd(),
             full_env,
-            timeout,
+            Launch(timeout=timeout),
             preload=CLI_PRELOAD,
             zygote_cwd=REPO,
             zygote_name=CLI_ZYGOTE,

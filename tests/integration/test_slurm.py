@@ -265,8 +265,10 @@ def test_elastic_job_loses_a_node_and_finishes_on_the_other(cluster: SlurmCluste
 
 
 def test_a_node_that_joins_later_grows_the_world(cluster: SlurmCluster, work: Path) -> None:
-    # Long enough at world size 2 that the second agent (several seconds to start) joins mid-run.
-    longer = [*ELASTIC, "train.steps=600"]
+    # Long enough at world size 2 that the second agent (several seconds to start) joins mid-run:
+    # 300 steps, each held 0.1 s in its data path (HPCPIPE_CHAOS_SLOW), sleeping rather than
+    # computing 600 steps on a busy 2-core machine.
+    longer = [*ELASTIC, "train.steps=300"]
     job = load_config("tiny", [s for s in _sets(work, "elastic-up", *longer) if s != "--set"])
     config = job.run_dir / "config.yaml"
     job.run_dir.mkdir(parents=True, exist_ok=True)
@@ -283,6 +285,7 @@ def test_a_node_that_joins_later_grows_the_world(cluster: SlurmCluster, work: Pa
         "3",
     ]
     env = {**cluster.env, "GLOO_SOCKET_IFNAME": "eth0", "PYTHONUNBUFFERED": "1"}
+    env["HPCPIPE_CHAOS_SLOW"] = "where=data,seconds=0.1"
     procs = []
     try:
         first, second = cluster.nodes
@@ -300,7 +303,7 @@ def test_a_node_that_joins_later_grows_the_world(cluster: SlurmCluster, work: Pa
     assert codes == [0, 0], logs
     assert _membership(job.run_dir) == [(2, 4)], read_events(job.run_dir)
     rows = [r for r in read_metrics(job.run_dir) if "loss" in r]
-    assert rows[0]["world_size"] == 2 and rows[-1]["world_size"] == 4 and rows[-1]["step"] == 600
+    assert rows[0]["world_size"] == 2 and rows[-1]["world_size"] == 4 and rows[-1]["step"] == 300
 
 
 def _start(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:

@@ -68,9 +68,8 @@ def run_hpcpipe(
     from hpcpipe.launch import zygote
 
     try:
-        proc = zygote.run_hpcpipe(
-            args, cwd, hpcpipe_env(env), timeout_s, new_session=True, kill=kill_tree, preload=preload
-        )
+        how = zygote.Launch(timeout=timeout_s, new_session=True, kill=kill_tree)
+        proc = zygote.run_hpcpipe(args, cwd, hpcpipe_env(env), how, preload=preload)
     except subprocess.TimeoutExpired as exc:
         _keep_log(log_dir or cwd, log, _str(exc.output), _str(exc.stderr))
         raise TrialTimeout(f"hpcpipe {' '.join(args[:2])} ran past {timeout_s:.0f} s") from None

@@ -22,7 +22,6 @@ from typing import Any
 from hpcpipe.chaos.kinds import KINDS
 from hpcpipe.chaos.scenario import Scenario, TrialContext, TrialResult, trial_rng
 from hpcpipe.errors import UserError
-from hpcpipe.launch import zygote
 from hpcpipe.layout import ChaosLayout
 
 KindRunner = Callable[[TrialContext], TrialResult]
@@ -172,9 +171,10 @@ def run_trial(plan: ChaosPlan, scenario: Scenario, trial: int) -> dict[str, Any]
     return row
 
 
-def _worker_imports(scenarios: list[Scenario]) -> tuple[str, ...]:
-    """What the scenarios' jobs import in their workers (their recipes' modules and worker_imports);
-    a job that does not load is left to its trial to report."""
+def worker_imports(scenarios: list[Scenario]) -> tuple[str, ...]:
+    """What the scenarios' jobs import in their workers (their recipes' modules and worker_imports:
+    what the zygote the trials' runs fork from preloads); a job that does not load is left to its
+    trial to report."""
     from hpcpipe.config import load_config
     from hpcpipe.recipes.registry import recipe_class
 
@@ -192,9 +192,6 @@ def run_plan(plan: ChaosPlan, progress: bool = True) -> list[dict[str, Any]]:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     done = start_output(plan)
-    # Before any trial computes or the progress bar starts its thread: the trials' `hpcpipe`
-    # runs fork from this process's imports (launch/zygote.py).
-    zygote.prestart(_worker_imports(plan.scenarios))
     todo = [(s, t) for s in plan.scenarios for t in plan.trial_indices(s) if (s.name, t) not in done]
     rows: list[dict[str, Any]] = []
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())

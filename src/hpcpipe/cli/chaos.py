@@ -79,8 +79,9 @@ def run(
 
       hpcpipe chaos run shipped --trials 100 --out runs/chaos-50 --resume   # 50 more each
     """
-    from hpcpipe.chaos.runner import ChaosPlan, run_plan
+    from hpcpipe.chaos.runner import ChaosPlan, run_plan, worker_imports
     from hpcpipe.chaos.scenario import load_scenarios
+    from hpcpipe.launch import zygote
 
     path = scenario_file(scenarios)
     chosen = load_scenarios(path)
@@ -98,6 +99,9 @@ def run(
     plan = ChaosPlan(
         label, chosen, trials, seed, out.resolve(), only_trial=trial, keep=keep, resume=resume, cli=root
     )
+    # Before the progress bar starts its thread and before any trial computes: the trials'
+    # `hpcpipe` runs fork from this process's imports (launch/zygote.py).
+    zygote.prestart(worker_imports(plan.scenarios))
     run_plan(plan, progress=progress)
     if not _print_report(out).ok:  # every trial in OUT, those of an earlier run (--resume) too
         raise typer.Exit(1)

@@ -105,7 +105,11 @@ def run(
       PGPASSWORD=... hpcpipe hpo run my_job.yaml --workers 4 --set hpo.storage=postgresql://hpo@db:5432/hpo
     """
     from hpcpipe.hpo.study import open_study
+    from hpcpipe.hpo.worker import trial_imports
+    from hpcpipe.launch import zygote
 
+    if workers == 1:  # before the study opens its storage and anything computes: the trials fork from it
+        zygote.prestart(trial_imports(load_job(config, sets or [], nproc)))
     plan = _start(config, sets, nproc, trials, workers)
     _say(f"study {plan.name}: {plan.hpo.n_trials} trials, {workers} worker(s), storage {plan.storage_shown}")
     _say(f"study directory: {plan.study_dir}")
@@ -212,9 +216,11 @@ def worker(
     SIGTERM stops it after the running trial checkpoints; that trial is retried by a worker.
     """
     from hpcpipe.hpo.study import load_plan
-    from hpcpipe.hpo.worker import StopFlag, run_worker
+    from hpcpipe.hpo.worker import StopFlag, run_worker, trial_imports
+    from hpcpipe.launch import zygote
 
     plan = load_plan(study, sets)
+    zygote.prestart(trial_imports(plan.base))  # before anything computes: the trials fork from it
     stop = StopFlag()
     stop.install()
     prefix = f"[{label}] " if label else ""

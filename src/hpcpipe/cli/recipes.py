@@ -181,11 +181,16 @@ def check(
 
       hpcpipe recipes check stdlib-classifier --json check.json
     """
-    from hpcpipe.recipecheck.runner import PROPERTIES, check_recipe, report_dict
+    from hpcpipe.launch import zygote
+    from hpcpipe.recipecheck.runner import MULTI_RANK, PROPERTIES, check_recipe, report_dict, worker_imports
 
     unknown = sorted(set(only or ()) - set(PROPERTIES))
     if unknown:
         raise UserError(f"--only {unknown[0]}: not a property (known: {', '.join(PROPERTIES)})")
+    if set(only or PROPERTIES) & MULTI_RANK:
+        # Before the status line starts its thread and before anything computes: the check's
+        # 2-rank runs fork from this process's imports (launch/zygote.py).
+        zygote.prestart(worker_imports(recipe))
     quiet = json_out == "-"
     live = console.is_terminal and not quiet
     status = console.status("checking") if live else contextlib.nullcontext()

@@ -21,8 +21,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -40,6 +38,8 @@ from hpcpipe.train.trial import ENV_STORAGE, ENV_STUDY, ENV_TRIAL, PRUNED_EXIT_C
 
 if TYPE_CHECKING:
     import optuna
+
+    from hpcpipe.config import JobConfig
 
 RUN_DIR_ATTR = "run_dir"  # a user attribute: retries inherit it and resume there
 SURPLUS_ATTR = "hpcpipe:surplus"
@@ -60,16 +60,20 @@ class StopFlag:
 
     def __init__(self) -> None:
         self.event = threading.Event()
-        self.child: subprocess.Popen[bytes] | None = None
+        self.child: int | None = None  # the running trial's pid
 
     def install(self) -> None:
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, self._on_signal)
 
+    def started(self, pid: int) -> None:
+        self.child = pid
+
     def _on_signal(self, signum: int, _frame: object) -> None:
         self.event.set()
-        if self.child is not None and self.child.poll() is None:
-            self.child.send_signal(signal.SIGTERM)  # the trial checkpoints and exits 75
+        if self.child is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.child, signal.SIGTERM)  # the trial checkpoints and exits 75
 
 
 def run_worker(
@@ -171,16 +175,35 @@ def _trial_env(plan: StudyPlan, trial: optuna.trial.Trial) -> dict[str, str]:
 
 
 def _train(run_dir: Path, nproc: int, env: dict[str, str], stop: StopFlag) -> int:
+    """The trial's ``hpcpipe train``, its output appended to its train log; its exit code. It is
+    forked from this worker's zygote (``launch/zygote.py``): no interpreter start per trial."""
+    from hpcpipe.launch import zygote
+
     layout = RunLayout(run_dir)
-    argv = [sys.executable, "-m", "hpcpipe", "train", str(layout.config), "--nproc", str(nproc)]
+    argv = ["train", str(layout.config), "--nproc", str(nproc)]
     with layout.train_log.open("ab") as log:
-        stop.child = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
+        # The worker torn down (an exception, Ctrl-C): the trial is killed, as a child it started.
+        how = zygote.Launch(output=log.fileno(), started=stop.started)
         try:
-            return stop.child.wait()
+            return zygote.run_hpcpipe(
+                argv, Path.cwd(), env, how, preload=trial_imports(layout.config)
+            ).returncode
         finally:
-            if stop.child.poll() is None:  # the worker itself is being torn down
-                stop.child.kill()
             stop.child = None
+
+
+def trial_imports(config: Path | JobConfig) -> tuple[str, ...]:
+    """What the trials' workers import (their recipe's module and worker_imports: what the zygote
+    they fork from preloads); nothing where the config does not load (the trial then says why)."""
+    from hpcpipe.config import load_config
+    from hpcpipe.recipes.registry import recipe_class
+
+    try:
+        job = load_config(config) if isinstance(config, Path) else config
+        cls = recipe_class(job.run.recipe)
+    except Exception:
+        return ()
+    return (cls.__module__, *cls.worker_imports)
 
 
 def _tell(

@@ -4,12 +4,13 @@ starting a fresh one.
 A fresh ``python -m hpcpipe train`` spends about 2 CPU-s importing torch and the CLI, and its
 fork server about 2 more on the trainer and its compiler stack, before the job does anything: for
 a 6-step, 2-rank run that is two thirds of its CPU (py-spy, 2026-12-02). The verbs that start many
-short runs (``hpcpipe recipe check``, ``hpcpipe chaos run``) fork them from one zygote per process
-instead: it imports all that once (``PRELOAD``), and each run is a child forked from it that then
-becomes ``python -m hpcpipe ARGS`` as a fresh interpreter would: its own argv, environment,
-working directory, stdin/stdout/stderr, session (when asked) and default signal handlers,
-``hpcpipe.__main__`` run as ``__main__``, and the interpreter's exit (threads joined, atexit
-handlers run) without the module teardown.
+short runs (``hpcpipe recipe check``, ``hpcpipe chaos run``, an HPO worker's trials) fork them from
+one zygote per process instead: it imports all that once (``PRELOAD``), and each run is a child
+forked from it that then becomes ``python -m hpcpipe ARGS`` as a fresh interpreter would: its own
+argv, environment, working directory, stdin/stdout/stderr (rebuilt with the run's buffering),
+session (when asked), default handlers for the signals the zygote ignores (Ctrl-C, Slurm's
+SIGTERM/SIGUSR1: they end runs, not the zygote), ``hpcpipe.__main__`` run as ``__main__``, and the
+interpreter's exit (threads joined, atexit handlers run) without the module teardown.
 
 The zygote never computes: a process forked after an OpenMP parallel region hangs at its own
 first one (the reason ``hpcpipe.launch.fork_server`` forks before any torch work too). A verb that
@@ -22,9 +23,11 @@ What the interpreter and the preloaded libraries read from the environment once,
 import (``IMPORT_TIME_VARS``: the module path, hash seed and warning filters, OpenMP/MKL threads,
 the Hugging Face cache and offline switches), the zygote has read already: a run whose environment
 differs from the zygote's in one of them gets a fresh interpreter instead (``needs_fresh``), as
-does every run while ``HPCPIPE_FRESH_INTERPRETERS=1``. Variables read when used (``TORCH_*``,
-``CUDA_VISIBLE_DEVICES``, ...) reach the child as they are. The zygote's own stderr is a log file,
-never a terminal, so consoles built at import decide on colour as for a captured run.
+does every run while ``HPCPIPE_FRESH_INTERPRETERS=1``; so does one that sets torch's logging or
+compiler variables otherwise (``IMPORT_TIME_PREFIXES``). Variables read when used
+(``TORCH_DISABLE_SHARE_RDZV_TCP_STORE``, ``CUDA_VISIBLE_DEVICES``, ...) reach the child as they
+are. The zygote's own stderr is a log file, never a terminal, so consoles built at import decide on
+colour as for a captured run (``prestart`` declines where its caller is on a terminal).
 
 Protocol, over a socketpair: the caller sends one JSON request (argv, env, cwd, session) with three
 file descriptors (stdin, stdout, stderr); the zygote forks, answers the child's pid, waits for it
@@ -46,8 +49,11 @@ import sys
 import tempfile
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Protocol
+
+from hpcpipe.launch.exit import SHIELDED_SIGNALS
 
 # What ``python -m hpcpipe`` imports on its way to training, and what the fork server of a
 # multi-rank run preloads (``hpcpipe.launch.job.WORKER_PRELOAD``); the caller adds what its runs'
@@ -107,8 +113,26 @@ def _recv_exactly(sock: socket.socket, size: int, have: bytes) -> bytes:
     return have
 
 
+# torch's logging and compiler settings, read when torch and its compiler stack import.
+IMPORT_TIME_PREFIXES = ("TORCH_LOGS", "TORCH_COMPILE_", "TORCHDYNAMO_", "TORCHINDUCTOR_")
+
+
 def _import_time(env: dict[str, str]) -> dict[str, str | None]:
-    return {name: env.get(name) for name in IMPORT_TIME_VARS}
+    found: dict[str, str | None] = {name: env.get(name) for name in IMPORT_TIME_VARS}
+    found.update({k: v for k, v in env.items() if k.startswith(IMPORT_TIME_PREFIXES)})
+    return found
+
+
+class ZygoteEnded(RuntimeError):
+    """The zygote died while its run ran (killed from outside: it ignores the signals that end runs)."""
+
+
+def _wait_gone(pid: int, timeout: float | None) -> None:
+    import time
+
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while Path(f"/proc/{pid}").exists() and (deadline is None or time.monotonic() < deadline):
+        time.sleep(0.2)
 
 
 def kill_pid(pid: int) -> None:
@@ -158,44 +182,49 @@ class Zygote:
         return _import_time(env) != _import_time(self.env)
 
     def run(
-        self,
-        argv: list[str],
-        cwd: Path,
-        env: dict[str, str],
-        timeout: float,
-        new_session: bool = False,
-        kill: Callable[[int], None] = kill_pid,
+        self, argv: list[str], cwd: Path, env: dict[str, str], how: Launch
     ) -> subprocess.CompletedProcess[str]:
-        """``python -m hpcpipe ARGV`` forked; the lock must be held. Past ``timeout``, ``kill(pid)``
-        and TimeoutExpired (with the output so far)."""
+        """``python -m hpcpipe ARGV`` forked; the lock must be held. Past ``how.timeout``,
+        ``how.kill(pid)`` and TimeoutExpired (with the output so far)."""
         command = [sys.executable, "-m", "hpcpipe", *argv]
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, open(os.devnull) as null:
-            request = {"argv": argv, "env": env, "cwd": str(cwd), "session": new_session}
+            request = {"argv": argv, "env": env, "cwd": str(cwd), "session": how.new_session}
+            stdio = (null.fileno(), out.fileno(), err.fileno())
+            if how.output is not None:
+                stdio = (null.fileno(), how.output, how.output)
             try:
-                send_message(self.sock, request, (null.fileno(), out.fileno(), err.fileno()))
+                send_message(self.sock, request, stdio)
                 pid = int(receive_message(self.sock)[0]["pid"])  # type: ignore[call-overload]
             except (EOFError, OSError) as exc:
                 self.close()
                 ended = f"hpcpipe's zygote ended (exit {self.server.wait(timeout=30)})"
                 raise RuntimeError(f"{ended}; its log: {self.log}" if self.log else ended) from exc
             try:
-                status, timed_out = self._wait(pid, timeout, kill)
+                if how.started is not None:
+                    how.started(pid)
+                status, timed_out = self._wait(pid, how.timeout, how.kill)
+            except ZygoteEnded:  # the run went on without it (and ended): its exit code is lost
+                self.close()
+                raise
             except BaseException:  # Ctrl-C, a caller's own timeout: the run dies, the next gets a new zygote
-                kill(pid)
+                how.kill(pid)
                 self.close()
                 raise
             stdout, stderr = _text(out), _text(err)
         if timed_out:
-            raise subprocess.TimeoutExpired(command, timeout, output=stdout, stderr=stderr)
+            raise subprocess.TimeoutExpired(command, how.timeout or 0.0, output=stdout, stderr=stderr)
         return subprocess.CompletedProcess(command, os.waitstatus_to_exitcode(status), stdout, stderr)
 
-    def _wait(self, pid: int, timeout: float, kill: Callable[[int], None]) -> tuple[int, bool]:
+    def _wait(self, pid: int, timeout: float | None, kill: Callable[[int], None]) -> tuple[int, bool]:
         """The run's wait status, and whether it was killed for running past ``timeout``."""
         self.sock.settimeout(timeout)
         try:
             return int(receive_message(self.sock)[0]["status"]), False  # type: ignore[call-overload]
         except TimeoutError:
             kill(pid)
+        except (EOFError, OSError):  # the zygote died (its run is an orphan now): wait it out
+            _wait_gone(pid, timeout)
+            raise ZygoteEnded(f"hpcpipe's zygote ended while run {pid} ran; its exit code is lost") from None
         finally:
             self.sock.settimeout(None)
         return int(receive_message(self.sock)[0]["status"]), True  # type: ignore[call-overload]
@@ -257,13 +286,14 @@ def prestart(preload: tuple[str, ...] = ()) -> bool:
     Call it only before this process computed anything with torch or started a thread (a child
     forked after an OpenMP parallel region hangs at its own first one; see ``fork_server``). True
     when this process has a zygote now; False where it is left to the first run to start one (no
-    zygote asked for, or a thread, a fork server or a resource tracker running here, which a forked
-    zygote must not share)."""
+    zygote asked for; a thread, native ones too, a fork server or a resource tracker running here,
+    which a forked zygote must not share; or a terminal, whose colours this process's consoles chose
+    at their construction and a run's captured output must not get)."""
     if os.environ.get(FRESH_VAR) == "1":
         return False
     if "zygote" in _ZYGOTE:
         return True
-    if threading.active_count() > 1 or _has_multiprocessing_helpers():
+    if _threads() > 1 or _has_multiprocessing_helpers() or _on_a_terminal():
         return False
     ours, theirs = socket.socketpair()
     for stream in (sys.stdout, sys.stderr):  # else the zygote's copy of a buffer prints again
@@ -278,6 +308,27 @@ def prestart(preload: tuple[str, ...] = ()) -> bool:
     return True
 
 
+def _shield() -> None:
+    """The zygote outlives what ends its runs: Ctrl-C (its caller's terminal) and the signals Slurm
+    sends every process of a step (its caller forwards them to the run, which checkpoints); the
+    caller's end of file ends it. Each run restores the defaults (``_become``)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for sig in SHIELDED_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+
+
+def _threads() -> int:
+    """This process's threads, native ones included (Linux ``/proc``; Python's count elsewhere)."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return threading.active_count()
+
+
+def _on_a_terminal() -> bool:
+    return any(stream is not None and stream.isatty() for stream in (sys.stdout, sys.stderr))
+
+
 def _has_multiprocessing_helpers() -> bool:
     from multiprocessing import forkserver, resource_tracker
 
@@ -287,12 +338,12 @@ def _has_multiprocessing_helpers() -> bool:
 
 
 def _forked_main(sock: socket.socket, preload: tuple[str, ...]) -> None:
-    """The forked zygote: what a fresh one would have (no exit handlers of its parent's, quiet
-    stdio, Ctrl-C left to its parent), then ``main``'s imports and loop. Never returns."""
+    """The forked zygote: quiet stdio, then ``main``'s imports and loop (its exit handlers are its
+    parent's import-time ones, as a fresh interpreter's would be: ``prestart`` runs before the
+    parent did anything else). Never returns."""
     code = 0
     try:
-        atexit._clear()
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent's Ctrl-C ends it: end of file
+        _shield()
         null = os.open(os.devnull, os.O_RDWR)
         for target in (0, 1, 2):
             os.dup2(null, target)
@@ -309,65 +360,72 @@ def _forked_main(sock: socket.socket, preload: tuple[str, ...]) -> None:
 _ZYGOTE: dict[str, Zygote] = {}
 
 
+@dataclass(frozen=True)
+class Launch:
+    """How a run starts and ends, beside its argv, directory and environment."""
+
+    timeout: float | None = None  # seconds; past them kill(pid) and TimeoutExpired
+    new_session: bool = False  # its own session (and process group), as start_new_session
+    kill: Callable[[int], None] = kill_pid  # on timeout, Ctrl-C or the caller's own exception
+    output: int | None = None  # a descriptor for stdout and stderr both (None: both captured)
+    started: Callable[[int], None] | None = None  # told the run's pid once it runs
+
+
 def run_hpcpipe(
     argv: list[str],
     cwd: Path,
     env: dict[str, str],
-    timeout: float,
-    new_session: bool = False,
-    kill: Callable[[int], None] = kill_pid,
+    how: Launch = Launch(),
     preload: tuple[str, ...] = (),
     zygote_cwd: Path | None = None,
     zygote_name: str = "zygote",
 ) -> subprocess.CompletedProcess[str]:
-    """``python -m hpcpipe ARGV`` in ``cwd`` with exactly ``env`` (a new session when asked), its
-    output captured as ``subprocess.run(capture_output=True, text=True)`` does; past ``timeout``
-    seconds ``kill(pid)`` and TimeoutExpired. Forked from this process's zygote (started on first
-    use, in ``zygote_cwd``, with ``preload`` imported too; a caller that wants its own preload names
-    its own zygote), or a fresh interpreter where the zygote cannot stand in for one
-    (``needs_fresh``, ``HPCPIPE_FRESH_INTERPRETERS=1``) or is busy with another thread's run."""
+    """``python -m hpcpipe ARGV`` in ``cwd`` with exactly ``env``, started and bounded as ``how``
+    says, its output captured as ``subprocess.run(capture_output=True, text=True)`` does (or written
+    to ``how.output``). Forked from this process's zygote (started on first use, in ``zygote_cwd``,
+    with ``preload`` imported too; a caller that wants its own preload names its own zygote), or a
+    fresh interpreter where the zygote cannot stand in for one (``needs_fresh``,
+    ``HPCPIPE_FRESH_INTERPRETERS=1``) or is busy with another thread's run."""
     zygote = _ZYGOTE.get(zygote_name)
     if os.environ.get(FRESH_VAR) != "1":
         if zygote is None or zygote.server.poll() is not None:
             zygote = _ZYGOTE[zygote_name] = Zygote(preload, cwd=zygote_cwd, name=zygote_name)
         if not zygote.needs_fresh(env) and zygote.lock.acquire(blocking=False):
             try:
-                return zygote.run(argv, cwd, env, timeout, new_session, kill)
+                return zygote.run(argv, cwd, env, how)
             finally:
                 zygote.lock.release()
-    return _run_fresh(argv, cwd, env, timeout, new_session, kill)
+    return _run_fresh(argv, cwd, env, how)
 
 
 def _run_fresh(
-    argv: list[str],
-    cwd: Path,
-    env: dict[str, str],
-    timeout: float,
-    new_session: bool,
-    kill: Callable[[int], None],
+    argv: list[str], cwd: Path, env: dict[str, str], how: Launch
 ) -> subprocess.CompletedProcess[str]:
     command = [sys.executable, "-m", "hpcpipe", *argv]
+    captured = how.output is None
     proc = subprocess.Popen(
         command,
         cwd=cwd,
         env=env,
         stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        stdout=subprocess.PIPE if captured else how.output,
+        stderr=subprocess.PIPE if captured else subprocess.STDOUT,
         text=True,
-        start_new_session=new_session,
+        start_new_session=how.new_session,
     )
     try:
-        out, err = proc.communicate(timeout=timeout)
+        if how.started is not None:
+            how.started(proc.pid)
+        out, err = proc.communicate(timeout=how.timeout)
     except subprocess.TimeoutExpired:
-        kill(proc.pid)
+        how.kill(proc.pid)
         out, err = proc.communicate()
-        raise subprocess.TimeoutExpired(command, timeout, output=out, stderr=err) from None
+        raise subprocess.TimeoutExpired(command, how.timeout or 0.0, output=out, stderr=err) from None
     except BaseException:
-        kill(proc.pid)
+        how.kill(proc.pid)
         proc.wait()
         raise
-    return subprocess.CompletedProcess(command, proc.returncode, out, err)
+    return subprocess.CompletedProcess(command, proc.returncode, out or "", err or "")
 
 
 def _remove(path: str) -> None:
@@ -415,15 +473,38 @@ def _become(request: dict[str, object], fds: list[int]) -> None:
         os.dup2(fd, target)
         os.close(fd)
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    for sig in SHIELDED_SIGNALS:  # the zygote ignores them; a fresh interpreter has the defaults
+        signal.signal(sig, signal.SIG_DFL)
     env = request["env"]
     assert isinstance(env, dict)
     os.environ.clear()
     os.environ.update(env)
+    _fresh_stdio(bool(env.get("PYTHONUNBUFFERED")))
     cwd = str(request["cwd"])
     os.chdir(cwd)
-    sys.path[0] = cwd  # ``python -m`` puts the working directory first
+    if not sys.flags.safe_path:
+        sys.path[0] = cwd  # ``python -m`` puts the working directory first
     _read_faults_again()
+
+
+def _fresh_stdio(unbuffered: bool) -> None:
+    """sys.stdin/stdout/stderr on descriptors 0-2 as a fresh interpreter builds them: the run's
+    buffering (PYTHONUNBUFFERED, a terminal or not), not whatever the zygote's caller had."""
+    import io
+
+    for name, fd in (("stdin", 0), ("stdout", 1), ("stderr", 2)):
+        old = getattr(sys, f"__{name}__")
+        raw = io.FileIO(fd, "r" if fd == 0 else "w", closefd=False)
+        buffered = io.BufferedReader(raw) if fd == 0 else io.BufferedWriter(raw)
+        stream = io.TextIOWrapper(
+            buffered,
+            encoding=old.encoding,
+            errors=old.errors,
+            line_buffering=fd == 2 or (fd == 1 and raw.isatty()),  # stderr: always, since 3.9
+            write_through=unbuffered and fd != 0,
+        )
+        setattr(sys, name, stream)
+        setattr(sys, f"__{name}__", stream)
 
 
 def _read_faults_again() -> None:
@@ -490,7 +571,9 @@ def serve_preloaded(sock: socket.socket, preload: tuple[str, ...]) -> None:
     import importlib
 
     for name in (*PRELOAD, *[m for m in preload if m not in NEVER_PRELOAD]):
-        with contextlib.suppress(ImportError):  # an optional library: a run imports it if it needs it
+        with contextlib.suppress(
+            Exception
+        ):  # optional, or broken: a run that needs it imports it and says why
             importlib.import_module(name)
     gc.freeze()  # the preloaded objects are never collected: children skip scanning (and copying) them
     request = serve(sock)
@@ -500,6 +583,7 @@ def serve_preloaded(sock: socket.socket, preload: tuple[str, ...]) -> None:
 
 
 def main() -> None:
+    _shield()
     serve_preloaded(socket.socket(fileno=int(sys.argv[1])), tuple(sys.argv[2:]))
 
 

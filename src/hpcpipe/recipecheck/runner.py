@@ -14,7 +14,6 @@ from typing import Any
 
 from hpcpipe.config import JobConfig
 from hpcpipe.errors import one_line
-from hpcpipe.launch import zygote
 from hpcpipe.recipecheck import loader, training
 from hpcpipe.recipecheck.job import check_job
 from hpcpipe.recipes.base import Recipe
@@ -38,6 +37,13 @@ PROPERTIES = (
 )
 # The properties whose runs are 2-rank `hpcpipe train` jobs (forked from the check's zygote).
 MULTI_RANK = {"parity-ddp", "parity-fsdp", "resume-after-kill"}
+
+
+def worker_imports(ref: str) -> tuple[str, ...]:
+    """What recipe ``ref``'s workers import: its module and ``worker_imports`` (what the zygote
+    its runs fork from preloads, ``launch/zygote.py``)."""
+    cls = recipe_class(ref)
+    return (cls.__module__, *cls.worker_imports)
 
 
 @dataclass
@@ -133,12 +139,8 @@ def check_recipe(
     try:
         job = check_job(ref, config, list(sets), root)
         recipe = recipe_class(ref).from_job(job)
-        preload = (type(recipe).__module__, *recipe.worker_imports)
-        if set(only or PROPERTIES) & MULTI_RANK:
-            # Before anything computes: the 2-rank runs fork from this process's imports.
-            zygote.prestart(preload)
         recipe.prepare(progress=False)
-        checks = _properties(recipe, job, _Runs(root, preload), rtol)
+        checks = _properties(recipe, job, _Runs(root, worker_imports(ref)), rtol)
         results = []
         for name in only or PROPERTIES:
             if say is not None:

@@ -5,6 +5,7 @@ fresh interpreter gives, byte for byte."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
 import sys
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 from tests.helpers import CLI_ZYGOTE, run_cli
 
-from hpcpipe.launch.zygote import _ZYGOTE, run_hpcpipe
+from hpcpipe.launch.zygote import _ZYGOTE, Launch, run_hpcpipe
 
 
 def _fresh(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -34,7 +35,7 @@ def _fresh(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.Comple
 def test_a_forked_run_matches_a_fresh_interpreter(args: list[str], tmp_path: Path) -> None:
     (tmp_path / "my.yaml").write_text("preset: tiny\ntrain: {steps: -1}\n")
     env = {**os.environ, "COLUMNS": "61", "PYTHONUNBUFFERED": "1", "HOME": str(tmp_path)}
-    forked = run_hpcpipe(args, tmp_path, env, 120)
+    forked = run_hpcpipe(args, tmp_path, env, Launch(timeout=120))
     assert not _ZYGOTE["zygote"].needs_fresh(env)  # it was forked, not a fresh interpreter
     fresh = _fresh(args, tmp_path, env)
     assert (forked.returncode, forked.stdout, forked.stderr) == (fresh.returncode, fresh.stdout, fresh.stderr)
@@ -125,5 +126,45 @@ def test_fresh_interpreters_when_asked(tmp_path: Path, monkeypatch: pytest.Monke
 
     monkeypatch.setattr(zygote, "_run_fresh", spy)
     monkeypatch.setenv(zygote.FRESH_VAR, "1")
-    assert run_hpcpipe(["--version"], tmp_path, dict(os.environ), 60).returncode == 0
+    assert run_hpcpipe(["--version"], tmp_path, dict(os.environ), Launch(timeout=60)).returncode == 0
     assert started == [["--version"]]
+
+
+PRESTARTED = """
+import json, os, sys
+from pathlib import Path
+
+import hpcpipe.train.fault_injection  # imported here first, read with no fault set
+from hpcpipe.launch import zygote
+
+assert zygote.prestart(())
+cwd, results = Path(sys.argv[1]), []
+for argv, extra in json.loads(sys.argv[2]):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **extra}
+    run = zygote.run_hpcpipe(argv, cwd, env, zygote.Launch(timeout=120))
+    results.append([run.returncode, run.stdout, run.stderr])
+print(json.dumps(results))
+"""
+
+
+def test_a_zygote_forked_from_its_caller_runs_as_a_fresh_interpreter(tmp_path: Path) -> None:
+    """``prestart`` (recipe check, chaos run, hpo): the runs match fresh interpreters, and a chaos
+    fault set for a run fires although the caller had read the faults (none) before the fork."""
+    (tmp_path / "my.yaml").write_text("preset: tiny\ntrain: {steps: -1}\n")
+    sets = [f"run.out_dir={tmp_path}", "train.steps=3", "observe.progress=false"]
+    failing = ["train", "tiny", *[a for s in sets for a in ("--set", s)]]
+    runs = [
+        (["--version"], {}),
+        (["train", "my.yaml"], {"COLUMNS": "61"}),
+        (failing, {"HPCPIPE_CHAOS_FAIL": "step=2"}),
+    ]
+    env = {k: v for k, v in os.environ.items() if k != "HPCPIPE_FRESH_INTERPRETERS"}
+    script = [sys.executable, "-c", PRESTARTED, str(tmp_path), json.dumps(runs)]
+    proc = subprocess.run(script, capture_output=True, text=True, timeout=300, env=env, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    forked = json.loads(proc.stdout)
+    for (argv, extra), (code, out, err) in zip(runs[:2], forked[:2], strict=True):
+        fresh = _fresh(argv, tmp_path, {**env, "PYTHONUNBUFFERED": "1", **extra})
+        assert (code, out, err) == (fresh.returncode, fresh.stdout, fresh.stderr), argv
+    code, _, err = forked[2]
+    assert code == 1 and "rank 0 fails at step 2 (HPCPIPE_CHAOS_FAIL)" in err

@@ -1,0 +1,28 @@
+"""The worker's stop flag: SIGTERM/SIGINT to the worker reaches the running trial (it checkpoints
+and exits 75) and asks for no more trials."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+
+from hpcpipe.hpo.worker import StopFlag
+
+
+def test_a_signal_reaches_the_running_trial_and_stops_the_worker() -> None:
+    stop = StopFlag()
+    trial = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        stop.started(trial.pid)
+        stop._on_signal(signal.SIGTERM, None)
+        assert trial.wait(timeout=10) == -signal.SIGTERM
+    finally:
+        trial.kill()
+    assert stop.event.is_set()
+
+
+def test_a_signal_between_trials_only_stops_the_worker() -> None:
+    stop = StopFlag()
+    stop._on_signal(signal.SIGINT, None)  # no trial runs: nothing to forward
+    assert stop.event.is_set() and stop.child is None
