@@ -45,10 +45,10 @@ def run_cli(
 
 
 # What the CLI runs of the tests import besides hpcpipe.launch.zygote.PRELOAD (the first run_cli of
-# a test process starts its zygote with them): the recipes' heavy libraries, and this package, so
+# a test process starts its zygote with them): the CLI, the recipes' heavy libraries, and this package, so
 # that its recipes (tests.recipes_for_tests:Tiny) resolve from any working directory, as an
 # installed recipe package's do.
-CLI_PRELOAD = ("torchvision", "transformers", "tests")
+CLI_PRELOAD = ("hpcpipe.cli.app", "torchvision", "transformers", "tests")
 REPO = Path(__file__).resolve().parent.parent
 CLI_ZYGOTE = "tests"  # run_cli's own zygote: the product's callers in a test process keep theirs
 
