@@ -23,10 +23,12 @@ What the interpreter and the preloaded libraries read from the environment once,
 import (``IMPORT_TIME_VARS``: the module path, hash seed and warning filters, OpenMP/MKL threads,
 the Hugging Face cache and offline switches), the zygote has read already: a run whose environment
 differs from the zygote's in one of them gets a fresh interpreter instead (``needs_fresh``), as
-does every run while ``HPCPIPE_FRESH_INTERPRETERS=1``; so does one that sets torch's logging or
-compiler variables otherwise (``IMPORT_TIME_PREFIXES``). Variables read when used
+does every run while ``HPCPIPE_FRESH_INTERPRETERS=1``. Variables read when used
 (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE``, ``CUDA_VISIBLE_DEVICES``, ...) reach the child as they
-are. The zygote's own stderr is a log file, never a terminal, so consoles built at import decide on
+are. No prefix rule (``TORCHINDUCTOR_*``, say): torch._dynamo's import sets
+``TORCHINDUCTOR_CACHE_DIR`` in its process, so the caller's environment would differ from the
+zygote's after its first compile-stack import, and every later run would be a fresh interpreter.
+The zygote's own stderr is a log file, never a terminal, so consoles built at import decide on
 colour as for a captured run (``prestart`` declines where its caller is on a terminal).
 
 Protocol, over a socketpair: the caller sends one JSON request (argv, env, cwd, session) with three
@@ -87,6 +89,8 @@ IMPORT_TIME_VARS = (
     "HF_HUB_OFFLINE",
     "TRANSFORMERS_CACHE",
     "TRANSFORMERS_OFFLINE",
+    "TORCH_LOGS",  # torch's logging, set up when torch imports
+    "TORCH_COMPILE_DISABLE",  # read into torch._dynamo's config at its import
 )
 
 
@@ -113,14 +117,8 @@ def _recv_exactly(sock: socket.socket, size: int, have: bytes) -> bytes:
     return have
 
 
-# torch's logging and compiler settings, read when torch and its compiler stack import.
-IMPORT_TIME_PREFIXES = ("TORCH_LOGS", "TORCH_COMPILE_", "TORCHDYNAMO_", "TORCHINDUCTOR_")
-
-
 def _import_time(env: dict[str, str]) -> dict[str, str | None]:
-    found: dict[str, str | None] = {name: env.get(name) for name in IMPORT_TIME_VARS}
-    found.update({k: v for k, v in env.items() if k.startswith(IMPORT_TIME_PREFIXES)})
-    return found
+    return {name: env.get(name) for name in IMPORT_TIME_VARS}
 
 
 class ZygoteEnded(RuntimeError):

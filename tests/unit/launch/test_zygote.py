@@ -56,9 +56,15 @@ def test_an_import_time_variable_gets_a_fresh_interpreter() -> None:
     assert not client.needs_fresh(same)  # consoles are built per run
     for var in ("HF_HOME", "OMP_NUM_THREADS", "PYTHONHASHSEED", "PYTHONPATH"):
         assert client.needs_fresh({**same, var: "/elsewhere"}), var
-    # Read when used, and set by hpcpipe itself in the test process (the elastic agent): forked.
+    # Read when used, and set by hpcpipe itself in the test process (the elastic agent) or by
+    # torch._dynamo's import (its cache directory): forked.
     assert not client.needs_fresh(
-        {**same, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "CUDA_VISIBLE_DEVICES": ""}
+        {
+            **same,
+            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+            "CUDA_VISIBLE_DEVICES": "",
+            "TORCHINDUCTOR_CACHE_DIR": "/elsewhere",
+        }
     )
 
 
