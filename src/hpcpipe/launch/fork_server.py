@@ -97,10 +97,7 @@ def prestart(preload: Sequence[str]) -> bool:
             os.chmod(address, 0o600)
         listener.listen()
         alive_r, alive_w = os.pipe()
-        for stream in (sys.stdout, sys.stderr):  # else the server's copy of a buffer prints again
-            with contextlib.suppress(OSError, ValueError):
-                stream.flush()
-        pid = os.fork()
+        pid = fork_flushed()
         if pid == 0:
             _serve(listener, alive_r, alive_w, preload)
         os.close(alive_r)
@@ -124,6 +121,24 @@ def _serve(listener: socket.socket, alive_r: int, alive_w: int, preload: Sequenc
     except BaseException:
         code = 1
     os._exit(code)
+
+
+def fork_flushed() -> int:
+    """``os.fork()`` after flushing this process's stdout and stderr: else the child's copy of an
+    unwritten buffer prints a second time."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    return os.fork()
+
+
+def helpers_running() -> bool:
+    """Whether this process runs a multiprocessing fork server or resource tracker (a process
+    forked from it would share them). Read from multiprocessing's private records, here only."""
+    from multiprocessing import resource_tracker
+
+    tracker = getattr(getattr(resource_tracker, "_resource_tracker", None), "_fd", None)
+    return server_pid() is not None or tracker is not None
 
 
 def server_pid() -> int | None:

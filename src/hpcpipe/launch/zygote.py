@@ -55,6 +55,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Protocol
 
+from hpcpipe.launch import fork_server
 from hpcpipe.launch.exit import SHIELDED_SIGNALS
 
 # What ``python -m hpcpipe`` imports on its way to training, and what the fork server of a
@@ -291,13 +292,10 @@ def prestart(preload: tuple[str, ...] = ()) -> bool:
         return False
     if "zygote" in _ZYGOTE:
         return True
-    if _threads() > 1 or _has_multiprocessing_helpers() or _on_a_terminal():
+    if _threads() > 1 or fork_server.helpers_running() or _on_a_terminal():
         return False
     ours, theirs = socket.socketpair()
-    for stream in (sys.stdout, sys.stderr):  # else the zygote's copy of a buffer prints again
-        with contextlib.suppress(OSError, ValueError):
-            stream.flush()
-    pid = os.fork()
+    pid = fork_server.fork_flushed()
     if pid == 0:
         ours.close()
         _forked_main(theirs, preload)
@@ -325,14 +323,6 @@ def _threads() -> int:
 
 def _on_a_terminal() -> bool:
     return any(stream is not None and stream.isatty() for stream in (sys.stdout, sys.stderr))
-
-
-def _has_multiprocessing_helpers() -> bool:
-    from multiprocessing import forkserver, resource_tracker
-
-    server = getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", None)
-    tracker = getattr(getattr(resource_tracker, "_resource_tracker", None), "_fd", None)
-    return server is not None or tracker is not None
 
 
 def _forked_main(sock: socket.socket, preload: tuple[str, ...]) -> None:

@@ -56,3 +56,22 @@ def test_the_launcher_forks_a_named_server_that_starts_processes_once() -> None:
 def test_a_fork_server_is_known_by_its_command_or_its_name() -> None:
     assert is_fork_server(1, "python -c from multiprocessing.forkserver import main; main(3, 4)")
     assert not is_fork_server(os.getpid(), "pytest")  # this process: neither
+
+
+def test_helpers_running_sees_a_resource_tracker() -> None:
+    """What ``zygote.prestart`` asks before forking: none in a fresh process, then the tracker."""
+    script = textwrap.dedent(
+        """
+        from multiprocessing import resource_tracker
+        from hpcpipe.launch.fork_server import helpers_running
+        seen = [helpers_running()]
+        resource_tracker.ensure_running()
+        seen.append(helpers_running())
+        print(seen)
+        """
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[False, True]"
