@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--keep-alive", type=float, default=0.5, help="parallel.rdzv_keep_alive_s")
     parser.add_argument("--misses", type=int, default=3, help="parallel.rdzv_keep_alive_misses")
     parser.add_argument("--dir", type=Path, default=None, help="work directory (default: a temporary one)")
-    args = parse_with_smoke(parser, {"seconds": 8.0, "hogs": 0, "kill_every": 0.0}, argv)
+    args = parse_with_smoke(parser, {"seconds": 3.0, "hogs": 0, "kill_every": 0.0}, argv)
     with contextlib.ExitStack() as stack:
         work = args.dir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="hb-gaps-")))
         work.mkdir(parents=True, exist_ok=True)
