@@ -10,7 +10,9 @@ that fails is recorded as failed and the sweep goes on.
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import fcntl
 import itertools
 import json
 import os
@@ -145,17 +147,30 @@ def write_plan(points: list[SweepPoint], out_dir: Path) -> Path:
 
 
 def collect_plan(out_dir: Path) -> Path:
-    """Rebuild ``<out>/sweep.csv`` from the planned points' run directories (finished or pending)."""
+    """Rebuild ``<out>/sweep.csv`` from the planned points' run directories (finished or pending).
+
+    Each array task marks its point done, then collects. Two tasks that end together would each
+    read the points and write the file: the one that read first and wrote last would leave the
+    other's point "pending" (seen on Slurm, 2026-12-02). So a collector holds an exclusive lock on
+    the plan from its read of the points to its write: whoever writes last read after every mark
+    made before it took the lock, and a later mark collects again after it."""
     path = SweepLayout(out_dir).plan
-    try:
-        plan = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise UserError(f"{path}: cannot read the sweep plan ({exc})") from None
+    with contextlib.ExitStack() as stack:
+        try:
+            held = stack.enter_context(path.open("r+"))  # POSIX locks (NFS too) need it writable
+            fcntl.lockf(held, fcntl.LOCK_EX)  # released when the file closes
+            plan = json.loads(held.read())
+        except (OSError, ValueError) as exc:
+            raise UserError(f"{path}: cannot read the sweep plan ({exc})") from None
+        return _collect(plan, SweepLayout(out_dir).csv)
+
+
+def _collect(plan: list[dict[str, Any]], csv_path: Path) -> Path:
     rows = []
     for entry in plan:
         point = SweepPoint(tuple(entry["overrides"]), load_config(entry["config"]))
         rows.append(sweep_row(point, "trained" if is_done(point) else "pending"))
-    return write_sweep_csv(rows, SweepLayout(out_dir).csv)
+    return write_sweep_csv(rows, csv_path)
 
 
 def sweep_row(point: SweepPoint, status: str) -> dict[str, Any]:
