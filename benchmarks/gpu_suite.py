@@ -7,7 +7,11 @@
 
 Every step runs the real CLI (``python -m hpcpipe ...``) or a script of this directory in a
 subprocess with its own timeout, so a step that fails is recorded (FAIL and one line saying why)
-and the others still run. The steps, in the checklist's order:
+and the others still run. On a GPU each command is a fresh interpreter, as a user starts it; the
+CPU dry run forks its commands from hpcpipe's zygote
+(``hpcpipe.launch.zygote``, as ``recipe check`` does), so torch and the trainer are imported once,
+not once per command (``HPCPIPE_FRESH_INTERPRETERS=1`` starts each fresh there too). The steps,
+in the checklist's order:
 
   prepare        the data the steps train on (gpt-124m's BPE tokens of the standard library,
                  generated CIFAR-10 images); kept in --prepared-dir, so only the first run pays
@@ -144,7 +148,8 @@ def run_suite(suite: Suite, steps: Sequence[Step], budget: float) -> list[dict[s
             "figure": outcome.figure,
             "reason": outcome.reason,
             "seconds": round(seconds, 1),
-            "cpu_s": round(children_cpu_s() - cpu, 1),  # user + system of its finished commands
+            # user + system of its finished commands: its own children's, and what the zygote reaped
+            "cpu_s": round(children_cpu_s() - cpu + run.forked_cpu_s, 1),
             "timeout_s": round(allowed, 1),
             "commands": run.commands,
             "data": outcome.data,

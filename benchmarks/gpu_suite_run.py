@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpu_suite_proc import stop
+from gpu_suite_proc import Command, ForkedCommand, stop
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -91,6 +91,7 @@ class StepRun:
             shutil.rmtree(self.dir)
         self.dir.mkdir(parents=True)
         self.commands: list[dict[str, Any]] = []
+        self.forked_cpu_s = 0.0  # CPU of the commands forked from the zygote (the dry run's)
 
     def left(self) -> float:
         return self.deadline - time.monotonic()
@@ -107,14 +108,14 @@ class StepRun:
         env.setdefault("PYTHONUNBUFFERED", "1")
         return env
 
-    def start(
-        self, argv: list[str], env: Mapping[str, str] | None = None
-    ) -> tuple[subprocess.Popen[bytes], Path]:
+    def start(self, argv: list[str], env: Mapping[str, str] | None = None) -> tuple[Command, Path]:
         log = self.dir / f"{len(self.commands):02d}-{_slug(argv)}.log"
         self.commands.append({"argv": argv, "log": str(log.relative_to(self.suite.out))})
         handle = log.open("wb")
+        if not self.suite.gpu and (argv[1:3] == ["-m", "hpcpipe"] or argv[1].endswith(".py")):
+            return ForkedCommand(argv, REPO, self.env(env), handle), log  # it closes the log
         try:
-            proc = subprocess.Popen(
+            proc: Command = subprocess.Popen(
                 argv,
                 cwd=REPO,
                 env=self.env(env),
@@ -127,22 +128,28 @@ class StepRun:
             handle.close()
         return proc, log
 
-    def finish(self, proc: subprocess.Popen[bytes], log: Path, ok: Sequence[int] = (0,)) -> int:
+    def finish(self, proc: Command, log: Path, ok: Sequence[int] = (0,)) -> int:
         """Wait for ``proc`` until the deadline; StepFailed on a timeout or an exit code not in ``ok``."""
         started = time.monotonic()
         try:
             code = proc.wait(timeout=max(self.left(), 0.1))
         except subprocess.TimeoutExpired:
             stop(proc)
+            self._count_forked(proc)
             self.commands[-1].update(rc=None, seconds=round(time.monotonic() - started, 1))
             waited = time.monotonic() - started
             raise StepFailed(
                 f"timed out after {waited:.0f} s (the step's share of the budget): {_cmd(proc.args)}"
             ) from None
+        self._count_forked(proc)
         self.commands[-1].update(rc=code, seconds=round(time.monotonic() - started, 1))
         if code not in ok:
             raise StepFailed(f"`{_cmd(proc.args)}` exited {code}: {last_line(log)}")
         return code
+
+    def _count_forked(self, proc: Command) -> None:
+        if isinstance(proc, ForkedCommand):
+            self.forked_cpu_s += proc.cpu_s
 
     def run(
         self,

@@ -14,7 +14,7 @@ import time
 import urllib.request
 from typing import Any
 
-from gpu_suite_proc import children, free_port, maps_libcuda, parse_metrics, process_tree, read_proc
+from gpu_suite_proc import Command, children, free_port, maps_libcuda, parse_metrics, process_tree, read_proc
 from gpu_suite_run import DRY, HERE, PASS, REPO, Outcome, StepFailed, StepRun, need_packages
 
 CKPT_RATIO_GOAL = 0.8  # benchmarks/README.md: save, restore >= 0.8 of raw
@@ -122,7 +122,7 @@ def step_nvml(run: StepRun) -> Outcome:
     return _gauges_outcome(scrapes, gauges, data)
 
 
-def _scrape_while_running(run: StepRun, proc: subprocess.Popen[bytes], port: int) -> list[dict[str, float]]:
+def _scrape_while_running(run: StepRun, proc: Command, port: int) -> list[dict[str, float]]:
     """The exporter's series every 0.3 s while ``proc`` runs, until the step's deadline (a scrape
     that fails is left out)."""
     scrapes: list[dict[str, float]] = []
@@ -255,7 +255,7 @@ def step_forkserver(run: StepRun) -> Outcome:
 
 
 def _watch_fork_server(
-    run: StepRun, proc: subprocess.Popen[bytes]
+    run: StepRun, proc: Command
 ) -> tuple[dict[str, Any] | None, dict[int, bool], dict[int, str]]:
     """Every 0.1 s while ``proc`` runs: the fork server under it (its pid, whether it ever mapped
     libcuda), the workers it forked (pid -> whether libcuda was mapped) and their command lines."""

@@ -1,20 +1,24 @@
-"""Every benchmark in ``benchmarks/`` runs end to end at toy size (``--smoke``), so a broken one
-fails the suite, not the next person who measures.
+"""Every benchmark in ``benchmarks/`` runs end to end at toy size (``--smoke``), so a broken one fails
+the suite, not the next person who measures.
 
-The scripts are found in the folder, not listed here: every ``*.py`` with a ``__main__`` block
-and every ``*.sh``. Each runs with ``--smoke`` in a subprocess (in a temporary directory, with a
-hard timeout) and must exit 0 with, last, its JSON line saying ``"smoke": true``; a new script
-without ``--smoke`` fails here (argparse: unrecognized arguments). A module without a
-``__main__`` block must be a helper that a script imports (``harness.py`` and the like), so a
-script cannot drop out by accident. ``gpu_suite*`` (the GPU machine's suite) has its own test.
+The scripts are found in the folder, not listed here: every ``*.py`` with a ``__main__`` block and
+every ``*.sh``. Each runs with ``--smoke`` in a process of its own (in a temporary directory, in a
+session of its own, killed whole past a hard timeout; a ``*.py`` forked from the tests' zygote,
+``hpcpipe.launch.zygote.run_script``, which imported torch and the CLI once) and must exit 0 with,
+last, its JSON line saying ``"smoke": true``; a new script without ``--smoke`` fails here (argparse:
+unrecognized arguments). A module without a ``__main__`` block must be a helper that a script
+imports (``harness.py`` and the like), so a script cannot drop out by accident. ``gpu_suite*`` (the
+GPU machine's suite) has its own test.
 """
 
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -23,6 +27,9 @@ from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
+from tests.helpers import CLI_PRELOAD, CLI_ZYGOTE, REPO
+
+from hpcpipe.launch.zygote import Launch, run_script
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 OWN_TEST = ("gpu_suite",)
@@ -56,20 +63,24 @@ MISSING: dict[str, Callable[[], str | None]] = {
 def _check_smoke(script: Path, cwd: Path) -> float:
     """``script --smoke`` in ``cwd``: exit 0 and, last, a JSON line with ``"smoke": true``;
     returns its seconds."""
-    command = ["bash"] if script.suffix == ".sh" else [sys.executable]
     # The venv's bin first: a shell script calls `hpcpipe` by name.
     path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
     env = {**os.environ, "PATH": path, "PYTHONUNBUFFERED": "1"}
     started = time.perf_counter()
-    proc = subprocess.run(
-        [*command, str(script), "--smoke"],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-        check=False,
-    )
+    if script.suffix == ".py":
+        how = Launch(timeout=TIMEOUT_S, new_session=True, kill=_kill_group)
+        proc = run_script(script, ["--smoke"], cwd, env, how, CLI_PRELOAD, REPO, CLI_ZYGOTE)
+    else:
+        proc = subprocess.run(
+            ["bash", str(script), "--smoke"],
+            cwd=cwd,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT_S,
+            check=False,
+            start_new_session=True,
+        )
     seconds = time.perf_counter() - started
     assert proc.returncode == 0, f"exit {proc.returncode} after {seconds:.0f} s:\n{proc.stderr[-4000:]}"
     lines = proc.stdout.strip().splitlines()
@@ -77,6 +88,12 @@ def _check_smoke(script: Path, cwd: Path) -> float:
     record = json.loads(lines[-1])  # the JSON line comes last
     assert record["smoke"] is True, lines[-1]
     return seconds
+
+
+def _kill_group(pid: int) -> None:
+    """The script and everything it started (its session)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)
 
 
 @pytest.mark.timeout(TIMEOUT_S + 60)

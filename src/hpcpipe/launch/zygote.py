@@ -33,7 +33,8 @@ colour as for a captured run (``prestart`` declines where its caller is on a ter
 
 Protocol, over a socketpair: the caller sends one JSON request (argv, env, cwd, session) with three
 file descriptors (stdin, stdout, stderr); the zygote forks, answers the child's pid, waits for it
-and answers its wait status. The caller kills the pid (or its tree) on timeout.
+and answers its wait status and CPU seconds (``os.wait4``). The caller kills the pid (or its tree)
+on timeout.
 """
 
 from __future__ import annotations
@@ -181,13 +182,14 @@ class Zygote:
         return _import_time(env) != _import_time(self.env)
 
     def run(
-        self, argv: list[str], cwd: Path, env: dict[str, str], how: Launch
+        self, argv: list[str], cwd: Path, env: dict[str, str], how: Launch, script: Path | None = None
     ) -> subprocess.CompletedProcess[str]:
-        """``python -m hpcpipe ARGV`` forked; the lock must be held. Past ``how.timeout``,
-        ``how.kill(pid)`` and TimeoutExpired (with the output so far)."""
-        command = [sys.executable, "-m", "hpcpipe", *argv]
+        """``python -m hpcpipe ARGV`` (or ``python SCRIPT ARGV``) forked; the lock must be held.
+        Past ``how.timeout``, ``how.kill(pid)`` and TimeoutExpired (with the output so far)."""
+        command = _command(argv, script)
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, open(os.devnull) as null:
             request = {"argv": argv, "env": env, "cwd": str(cwd), "session": how.new_session}
+            request["script"] = None if script is None else str(script)
             stdio = (null.fileno(), out.fileno(), err.fileno())
             if how.output is not None:
                 stdio = (null.fileno(), how.output, how.output)
@@ -201,7 +203,7 @@ class Zygote:
             try:
                 if how.started is not None:
                     how.started(pid)
-                status, timed_out = self._wait(pid, how.timeout, how.kill)
+                status, timed_out, cpu_s = self._wait(pid, how.timeout, how.kill)
             except ZygoteEnded:  # the run went on without it (and ended): its exit code is lost
                 self.close()
                 raise
@@ -210,15 +212,19 @@ class Zygote:
                 self.close()
                 raise
             stdout, stderr = _text(out), _text(err)
+        if how.ended is not None:
+            how.ended(cpu_s)
         if timed_out:
             raise subprocess.TimeoutExpired(command, how.timeout or 0.0, output=stdout, stderr=stderr)
         return subprocess.CompletedProcess(command, os.waitstatus_to_exitcode(status), stdout, stderr)
 
-    def _wait(self, pid: int, timeout: float | None, kill: Callable[[int], None]) -> tuple[int, bool]:
-        """The run's wait status, and whether it was killed for running past ``timeout``."""
+    def _wait(self, pid: int, timeout: float | None, kill: Callable[[int], None]) -> tuple[int, bool, float]:
+        """The run's wait status, whether it was killed for running past ``timeout``, and its CPU
+        seconds."""
         self.sock.settimeout(timeout)
         try:
-            return int(receive_message(self.sock)[0]["status"]), False  # type: ignore[call-overload]
+            status, cpu_s = _ended(receive_message(self.sock)[0])
+            return status, False, cpu_s
         except TimeoutError:
             kill(pid)
         except (EOFError, OSError):  # the zygote died (its run is an orphan now): wait it out
@@ -226,7 +232,8 @@ class Zygote:
             raise ZygoteEnded(f"hpcpipe's zygote ended while run {pid} ran; its exit code is lost") from None
         finally:
             self.sock.settimeout(None)
-        return int(receive_message(self.sock)[0]["status"]), True  # type: ignore[call-overload]
+        status, cpu_s = _ended(receive_message(self.sock)[0])
+        return status, True, cpu_s
 
     def close(self) -> None:
         self.sock.close()  # the zygote exits at end of file
@@ -234,6 +241,13 @@ class Zygote:
             del _ZYGOTE[self.name]
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.server.wait(timeout=30)  # reaped once its current child is
+
+
+def _ended(message: dict[str, object]) -> tuple[int, float]:
+    """A run's end as the zygote answers it: its wait status and CPU seconds."""
+    status, cpu_s = message["status"], message["cpu_s"]
+    assert isinstance(status, int) and isinstance(cpu_s, (int, float))
+    return status, float(cpu_s)
 
 
 class _Server(Protocol):
@@ -357,6 +371,9 @@ class Launch:
     kill: Callable[[int], None] = kill_pid  # on timeout, Ctrl-C or the caller's own exception
     output: int | None = None  # a descriptor for stdout and stderr both (None: both captured)
     started: Callable[[int], None] | None = None  # told the run's pid once it runs
+    # Told a forked run's CPU seconds (user + system, what it reaped included) once it ended: the
+    # zygote reaps it, so the caller's RUSAGE_CHILDREN never counts it (a fresh run's does).
+    ended: Callable[[float], None] | None = None
 
 
 def run_hpcpipe(
@@ -374,22 +391,55 @@ def run_hpcpipe(
     with ``preload`` imported too; a caller that wants its own preload names its own zygote), or a
     fresh interpreter where the zygote cannot stand in for one (``needs_fresh``,
     ``HPCPIPE_FRESH_INTERPRETERS=1``) or is busy with another thread's run."""
+    return _run(argv, None, cwd, env, how, preload, zygote_cwd, zygote_name)
+
+
+def run_script(
+    script: Path,
+    argv: list[str],
+    cwd: Path,
+    env: dict[str, str],
+    how: Launch = Launch(),
+    preload: tuple[str, ...] = (),
+    zygote_cwd: Path | None = None,
+    zygote_name: str = "zygote",
+) -> subprocess.CompletedProcess[str]:
+    """``python SCRIPT ARGV``, as ``run_hpcpipe`` runs ``python -m hpcpipe ARGV``: the script runs as
+    ``__main__`` with its own directory first on ``sys.path`` (the benchmark scripts' smoke runs)."""
+    return _run(argv, script, cwd, env, how, preload, zygote_cwd, zygote_name)
+
+
+def _run(
+    argv: list[str],
+    script: Path | None,
+    cwd: Path,
+    env: dict[str, str],
+    how: Launch,
+    preload: tuple[str, ...],
+    zygote_cwd: Path | None,
+    zygote_name: str,
+) -> subprocess.CompletedProcess[str]:
     zygote = _ZYGOTE.get(zygote_name)
     if os.environ.get(FRESH_VAR) != "1":
         if zygote is None or zygote.server.poll() is not None:
             zygote = _ZYGOTE[zygote_name] = Zygote(preload, cwd=zygote_cwd, name=zygote_name)
         if not zygote.needs_fresh(env) and zygote.lock.acquire(blocking=False):
             try:
-                return zygote.run(argv, cwd, env, how)
+                return zygote.run(argv, cwd, env, how, script)
             finally:
                 zygote.lock.release()
-    return _run_fresh(argv, cwd, env, how)
+    return _run_fresh(_command(argv, script), cwd, env, how)
+
+
+def _command(argv: list[str], script: Path | None) -> list[str]:
+    """What a fresh interpreter would be started with."""
+    head = ["-m", "hpcpipe"] if script is None else [str(script)]
+    return [sys.executable, *head, *argv]
 
 
 def _run_fresh(
-    argv: list[str], cwd: Path, env: dict[str, str], how: Launch
+    command: list[str], cwd: Path, env: dict[str, str], how: Launch
 ) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "hpcpipe", *argv]
     captured = how.output is None
     proc = subprocess.Popen(
         command,
@@ -446,9 +496,9 @@ def serve(sock: socket.socket) -> dict[str, object]:
         try:
             send_message(sock, {"pid": pid})
         finally:  # reaped even when the caller went away
-            _, status = os.waitpid(pid, 0)
+            _, status, usage = os.wait4(pid, 0)
         try:
-            send_message(sock, {"status": status})
+            send_message(sock, {"status": status, "cpu_s": usage.ru_utime + usage.ru_stime})
         except OSError:
             os._exit(0)
 
@@ -470,8 +520,9 @@ def _become(request: dict[str, object], fds: list[int]) -> None:
     _fresh_stdio(bool(env.get("PYTHONUNBUFFERED")))
     cwd = str(request["cwd"])
     os.chdir(cwd)
-    if not sys.flags.safe_path:
-        sys.path[0] = cwd  # ``python -m`` puts the working directory first
+    if not sys.flags.safe_path:  # ``python -m`` puts the working directory first, a script its own
+        script = request.get("script")
+        sys.path[0] = os.path.dirname(os.path.realpath(str(script))) if script else cwd
     _read_faults_again()
 
 
@@ -516,9 +567,23 @@ def become_hpcpipe(argv: list[str]) -> None:
     import runpy
 
     sys.argv = ["-m", *argv]  # runpy replaces argv[0] with the module's path, as ``-m`` does
+    _run_as_main(lambda: runpy.run_module("hpcpipe", run_name="__main__", alter_sys=True))
+
+
+def become_script(script: str, argv: list[str]) -> None:
+    """``python SCRIPT ARGV`` in this forked child, leaving as ``become_hpcpipe`` does."""
+    import runpy
+
+    sys.argv = [script, *argv]
+    _run_as_main(lambda: runpy.run_path(script, run_name="__main__"))
+
+
+def _run_as_main(run: Callable[[], object]) -> None:
+    """``run()`` as the interpreter runs ``__main__``: its exit code, Ctrl-C, an uncaught exception;
+    then leave (never returns)."""
     code = 0
     try:
-        runpy.run_module("hpcpipe", run_name="__main__", alter_sys=True)
+        run()
     except SystemExit as exc:
         code = _exit_code(exc.code)
     except KeyboardInterrupt:  # the interpreter ends itself with SIGINT
@@ -565,8 +630,10 @@ def serve_preloaded(sock: socket.socket, preload: tuple[str, ...]) -> None:
             importlib.import_module(name)
     gc.freeze()  # the preloaded objects are never collected: children skip scanning (and copying) them
     request = serve(sock)
-    argv = request["argv"]
+    argv, script = request["argv"], request.get("script")
     assert isinstance(argv, list)
+    if script:
+        become_script(str(script), argv)
     become_hpcpipe(argv)
 
 

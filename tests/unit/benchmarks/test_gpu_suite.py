@@ -73,6 +73,31 @@ def test_a_command_past_its_deadline_is_killed_with_its_group(tmp_path: Path) ->
     assert time.monotonic() - started < 20 and proc.poll() is not None
 
 
+def test_a_forked_hpcpipe_command_past_its_deadline_dies_with_its_workers(tmp_path: Path) -> None:
+    """The dry run's ``python -m hpcpipe`` commands fork from hpcpipe's zygote (ForkedCommand): at
+    the deadline the whole session goes, the fork server and both ranks with it, and the step
+    counts the CPU the zygote reaped."""
+    from gpu_suite_proc import ForkedCommand, process_tree
+
+    run = gsr.StepRun(_suite(tmp_path), "forked", time.monotonic() + 15)
+    sets = [f"run.out_dir={tmp_path}", "train.steps=1000000", "observe.progress=false"]
+    argv = run.argv(["train", "tiny", "--nproc", "2", *[a for s in sets for a in ("--set", s)]])
+    proc, log = run.start(argv)
+    assert isinstance(proc, ForkedCommand)
+    deadline = time.monotonic() + 20
+    while len(process_tree(proc.pid)) < 3 and time.monotonic() < deadline:  # the server and 2 ranks
+        time.sleep(0.2)
+    tree = process_tree(proc.pid)
+    assert len(tree) >= 3, log.read_text()[-2000:]
+    with pytest.raises(gsr.StepFailed, match="timed out after"):
+        run.finish(proc, log)
+    assert proc.poll() is not None and run.forked_cpu_s > 0
+    deadline = time.monotonic() + 20  # SIGTERM first: the ranks leave through their own handlers
+    while (left := [pid for pid in tree if Path(f"/proc/{pid}").exists()]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert left == []
+
+
 def test_the_budget_is_shared_by_weight_and_unused_time_carries_over(tmp_path: Path) -> None:
     def quick(run: gsr.StepRun) -> gsr.Outcome:
         return gsr.Outcome(gsr.PASS, f"{run.left():.0f}")

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from tests.helpers import CLI_ZYGOTE, run_cli
 
-from hpcpipe.launch.zygote import _ZYGOTE, Launch, run_hpcpipe
+from hpcpipe.launch.zygote import _ZYGOTE, Launch, run_hpcpipe, run_script
 
 
 def _fresh(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -126,14 +126,17 @@ def test_fresh_interpreters_when_asked(tmp_path: Path, monkeypatch: pytest.Monke
     started: list[list[str]] = []
     fresh = zygote._run_fresh
 
-    def spy(argv: list[str], *args: object) -> subprocess.CompletedProcess[str]:
-        started.append(argv)
-        return fresh(argv, *args)  # type: ignore[arg-type]
+    def spy(command: list[str], *args: object) -> subprocess.CompletedProcess[str]:
+        started.append(command)
+        return fresh(command, *args)  # type: ignore[arg-type]
 
     monkeypatch.setattr(zygote, "_run_fresh", spy)
     monkeypatch.setenv(zygote.FRESH_VAR, "1")
     assert run_hpcpipe(["--version"], tmp_path, dict(os.environ), Launch(timeout=60)).returncode == 0
-    assert started == [["--version"]]
+    script = tmp_path / "probe.py"
+    script.write_text("print('fresh')\n")
+    assert run_script(script, ["x"], tmp_path, dict(os.environ), Launch(timeout=60)).stdout == "fresh\n"
+    assert started == [[sys.executable, "-m", "hpcpipe", "--version"], [sys.executable, str(script), "x"]]
 
 
 PRESTARTED = """
@@ -174,3 +177,40 @@ def test_a_zygote_forked_from_its_caller_runs_as_a_fresh_interpreter(tmp_path: P
         assert (code, out, err) == (fresh.returncode, fresh.stdout, fresh.stderr), argv
     code, _, err = forked[2]
     assert code == 1 and "rank 0 fails at step 2 (HPCPIPE_CHAOS_FAIL)" in err
+
+
+def test_a_forked_runs_cpu_seconds_reach_its_caller(tmp_path: Path) -> None:
+    """The zygote reaps its runs, so the caller's RUSAGE_CHILDREN never sees them: ``Launch.ended``
+    is told each forked run's CPU seconds instead (what ``gpu_suite.py`` records per step)."""
+    seen: list[float] = []
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    sizes = ["--matmul-n", "256", "--copy-size", "16M", "--min-time", "0.3", "--repeats", "1"]
+    args = ["bench", "compute", "--json", str(tmp_path / "compute.json"), *sizes]
+    done = run_hpcpipe(args, tmp_path, env, Launch(timeout=120, ended=seen.append))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert not _ZYGOTE["zygote"].needs_fresh(env)  # forked
+    assert len(seen) == 1 and 0.3 < seen[0] < 120, seen  # at least its timed matmuls and copies
+
+
+def test_a_forked_script_matches_a_fresh_interpreter(tmp_path: Path) -> None:
+    """``run_script``: ``python SCRIPT ARGS`` forked (the benchmark smoke tier's runs): the script is
+    ``__main__`` with its own directory first on ``sys.path`` (a sibling module imports), its argv,
+    the caller's directory, and its exit code."""
+    scripts = tmp_path / "scripts"
+    scripts.mkdir()
+    (scripts / "sibling.py").write_text("WHO = 'sibling'\n")
+    body = (
+        "import os, sys\nimport sibling\n"
+        "print(__name__, sys.argv[1:], sibling.WHO, os.getcwd(), os.path.basename(sys.argv[0]))\n"
+        "print('to stderr', file=sys.stderr)\nsys.exit(3)\n"
+    )
+    (scripts / "probe.py").write_text(f'if __name__ == "__main__":\n    exec({body!r})\n')
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    forked = run_script(scripts / "probe.py", ["--smoke", "x"], tmp_path, env, Launch(timeout=60))
+    assert not _ZYGOTE["zygote"].needs_fresh(env)
+    command = [sys.executable, str(scripts / "probe.py"), "--smoke", "x"]
+    fresh = subprocess.run(
+        command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert (forked.returncode, forked.stdout, forked.stderr) == (3, fresh.stdout, fresh.stderr)
+    assert fresh.returncode == 3 and fresh.stdout.startswith("__main__ ['--smoke', 'x'] sibling")
