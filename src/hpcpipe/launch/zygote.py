@@ -12,6 +12,9 @@ session (when asked), default handlers for the signals the zygote ignores (Ctrl-
 SIGTERM/SIGUSR1: they end runs, not the zygote), ``hpcpipe.__main__`` run as ``__main__``, and the
 interpreter's exit (threads joined, atexit handlers run) without the module teardown.
 
+``run_script`` forks ``python SCRIPT ARGS`` the same way (the benchmark scripts' smoke runs, the
+GPU suite's CPU dry run): the script runs as ``__main__``, its own directory first on ``sys.path``.
+
 The zygote never computes: a process forked after an OpenMP parallel region hangs at its own
 first one (the reason ``hpcpipe.launch.fork_server`` forks before any torch work too). A verb that
 knows it has only imported and read its config so far forks itself into the zygote instead of
