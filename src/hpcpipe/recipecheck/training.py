@@ -57,28 +57,45 @@ def train_here(work: Path, name: str) -> Path:
 
 
 def compare_losses(
-    reference: dict[int, float], other: dict[int, float], rtol: float
+    reference: dict[int, float], other: dict[int, float], rtol: float, what: str = "loss"
 ) -> tuple[float, str | None]:
-    """The largest relative difference of the per-step training losses, and what is wrong (a
-    missing step, a difference over ``rtol``, a non-finite loss) or None."""
+    """The largest relative difference of a per-step series (the training ``loss``, or the
+    ``grad_norm``), and what is wrong (a missing step, a difference over ``rtol``, a non-finite
+    value) or None."""
     worst = 0.0
     for step in range(1, STEPS + 1):
         want, have = reference.get(step), other.get(step)
         if want is None or have is None:
-            return worst, f"no training loss at step {step}"
+            return worst, f"no training {what} at step {step}"
         if not (math.isfinite(want) and math.isfinite(have)):
-            return worst, f"a non-finite loss at step {step}"
+            return worst, f"a non-finite {what} at step {step}"
         worst = max(worst, abs(have - want) / max(abs(want), 1e-12))
         if worst > rtol:
-            return worst, f"step {step}: loss {have:.8g} against {want:.8g} (relative {worst:.2g} > {rtol:g})"
+            detail = f"{have:.8g} against {want:.8g} (relative {worst:.2g} > {rtol:g})"
+            return worst, f"step {step}: {what} {detail}"
     return worst, None
 
 
 def check_parity(single: Path, other: Path, what: str, rtol: float) -> str:
-    worst, problem = compare_losses(losses(single), losses(other), rtol)
-    if problem:
-        raise AssertionError(f"{what} against 1 process: {problem}")
-    return f"losses of {STEPS} steps within relative {worst:.1e} of 1 process (tolerance {rtol:g})"
+    """The losses, and the gradient norms that clipping would use, of every step within ``rtol``
+    of 1 process. The check's runs do not clip (job.py): the norm is the one thing the layouts
+    compute in another order, so it is compared here on its own rather than fed back into the
+    weights, where a chaotic start amplifies its rounding."""
+    loss, problem = compare_losses(losses(single), losses(other), rtol)
+    norm, norm_problem = (
+        (0.0, None) if problem else compare_losses(_grad_norms(single), _grad_norms(other), rtol, "grad_norm")
+    )
+    if problem or norm_problem:
+        raise AssertionError(f"{what} against 1 process: {problem or norm_problem}")
+    return (
+        f"losses of {STEPS} steps within relative {loss:.1e} of 1 process, gradient norms within "
+        f"{norm:.1e} (tolerance {rtol:g})"
+    )
+
+
+def _grad_norms(run_dir: Path) -> dict[int, float]:
+    rows = read_metrics(run_dir)
+    return {int(r["step"]): float(r["grad_norm"]) for r in rows if r.get("grad_norm") is not None}
 
 
 def killed_env(work: Path) -> dict[str, str]:
