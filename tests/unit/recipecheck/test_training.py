@@ -21,7 +21,8 @@ def _run(root: Path, name: str, losses: list[float], norms: list[float | None]) 
     path = RunLayout(run).metrics
     path.parent.mkdir(parents=True, exist_ok=True)
     rows = [{"step": 0, "val_loss": 2.35}]  # an evaluation row has no training loss
-    rows += [{"step": i + 1, "loss": x, "grad_norm": g} for i, (x, g) in enumerate(zip(losses, norms))]
+    pairs = enumerate(zip(losses, norms, strict=True))
+    rows += [{"step": i + 1, "loss": x, "grad_norm": g} for i, (x, g) in pairs]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return run
 
