@@ -28,8 +28,8 @@ class ModelConfig(Section):
         None,
         description="hf-causal-lm: a local model directory, a hub id already in the local "
         "Hugging Face cache (nothing is downloaded), a directory holding model.gguf_file, or "
-        "'@tiny-llama' (a 2-layer Llama pre-trained on raw generated Glaive text, about 1.5 "
-        "minutes once per machine: kept in $HPCPIPE_CACHE_DIR, default ~/.cache/hpcpipe), "
+        "'@tiny-llama' (a 2-layer Llama pre-trained on raw generated Glaive text; it ships with "
+        "hpcpipe, and is pre-trained again, once per machine, only after a change to what builds it), "
         "'@tiny-llama-random' (the same, random weights: mechanics tests), "
         "or '@random:<shape>' (random weights of a real shape, e.g. @random:qwen2-7b: throughput).",
     )

@@ -14,9 +14,13 @@ Two flavours:
   and never on the run's own rows. Like a real base model it has seen calls but not the format it
   is asked for, so LoRA has something to teach and can learn it in a test's time: a random base
   only learns to refuse (measured: 49% call/no-call after 120 steps, all refusals). Pre-training
-  takes about 1.5 minutes, so this flavour is also kept once per machine
-  (``fsutil.machine_cache_dir``, ``~/.cache/hpcpipe`` by default) and copied into a new
-  ``prepared_dir``.
+  takes 1.5 to 4 minutes on 2 cores, which a fresh machine (CI's) paid on every run, so the one
+  this code builds ships with hpcpipe (``models/tiny_llama/``, 2.7 MB, written by
+  ``scripts/build_tiny_llama.py``) and every machine copies the same weights into a new
+  ``prepared_dir``. The shipped copy is used only while it is what this code would build: its
+  name hashes the inputs and its ``BUILD.json`` the code that builds it; otherwise it is
+  pre-trained here and kept once per machine (``fsutil.machine_cache_dir``,
+  ``~/.cache/hpcpipe`` by default).
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import inspect
+import json
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
@@ -52,8 +58,26 @@ def _glaive_texts(n: int, seed: int) -> tuple[str, ...]:
 
 def default_tiny_dir(root: Path, pretrained: bool = False) -> Path:
     """The tiny model of a fixed text sample (not a run's data): every run and rank finds the same."""
+    return tiny_llama_dir(root, *_default_inputs(pretrained))
+
+
+def default_tiny_name(pretrained: bool = False) -> str:
+    """The directory name ``default_tiny_dir`` gives its model (a hash of its inputs)."""
+    return model_name(*_default_inputs(pretrained))
+
+
+def _default_inputs(pretrained: bool) -> tuple[tuple[str, ...], int, tuple[str, ...]]:
     pretrain = _glaive_texts(_PRETRAIN_ROWS, _PRETRAIN_SEED) if pretrained else ()
-    return tiny_llama_dir(root, _glaive_texts(600, seed=0), seed=0, pretrain_texts=pretrain)
+    return _glaive_texts(600, seed=0), 0, pretrain
+
+
+def model_name(texts: Sequence[str], seed: int, pretrain_texts: Sequence[str] = ()) -> str:
+    """``tiny-llama-<hash of the inputs>``: the same inputs, the same name."""
+    key = hashlib.sha256(f"{seed}\0{_VOCAB}\0".encode() + "\0".join(texts).encode())
+    if pretrain_texts:
+        recipe = (_PRETRAIN_STEPS, _PRETRAIN_BATCH, _PRETRAIN_LEN, _PRETRAIN_LR)
+        key.update(f"\0pretrain{recipe}\0".encode() + "\0".join(pretrain_texts).encode())
+    return f"tiny-llama-{key.hexdigest()[:16]}"
 
 
 def tiny_llama_dir(root: Path, texts: Sequence[str], seed: int, pretrain_texts: Sequence[str] = ()) -> Path:
@@ -62,16 +86,12 @@ def tiny_llama_dir(root: Path, texts: Sequence[str], seed: int, pretrain_texts: 
     ``pretrain_texts``: also train every weight on them as a plain language model (about 1.5
     minutes on 2 cores); the result is cached like the rest.
     """
-    key = hashlib.sha256(f"{seed}\0{_VOCAB}\0".encode() + "\0".join(texts).encode())
-    if pretrain_texts:
-        recipe = (_PRETRAIN_STEPS, _PRETRAIN_BATCH, _PRETRAIN_LEN, _PRETRAIN_LR)
-        key.update(f"\0pretrain{recipe}\0".encode() + "\0".join(pretrain_texts).encode())
-    out = root / f"tiny-llama-{key.hexdigest()[:16]}"
+    out = root / model_name(texts, seed, pretrain_texts)
     if (out / "model.safetensors").is_file():
         return out
-    # The pre-trained flavour costs minutes: built once per machine, then copied (same inputs, same
-    # name: the name is their hash). The random one takes a second and is not kept.
-    kept = _machine_copy(out.name) if pretrain_texts else None
+    # The pre-trained flavour costs minutes: shipped, else built once per machine, then copied (same
+    # inputs, same name: the name is their hash). The random one takes a second and is not kept.
+    kept = (shipped_copy(out.name) or _machine_copy(out.name)) if pretrain_texts else None
     with atomic_replace_dir(out) as tmp:
         if kept is not None:
             shutil.copytree(kept, tmp, dirs_exist_ok=True)
@@ -83,6 +103,31 @@ def tiny_llama_dir(root: Path, texts: Sequence[str], seed: int, pretrain_texts: 
     if pretrain_texts and kept is None:
         _keep_on_machine(out)
     return out
+
+
+SHIPPED = Path(__file__).with_name("tiny_llama")  # the pre-trained base this code builds
+
+
+@functools.cache
+def build_code_stamp() -> str:
+    """A hash of the code that decides the pre-trained weights beyond the inputs the name hashes
+    (the tokenizer's training, the model's shape, the pre-training loop): a shipped copy built by
+    other code is not used."""
+    from hpcpipe.data.tokens.tokenizer import train_byte_level_bpe
+
+    code = [inspect.getsource(f) for f in (train_byte_level_bpe, *_BUILDERS)]
+    return hashlib.sha256("\0".join(code).encode()).hexdigest()[:16]
+
+
+def shipped_copy(name: str) -> Path | None:
+    """The shipped pre-trained model ``name``, if there is one and this code would build it."""
+    entry = SHIPPED / name
+    try:
+        built = json.loads((entry / "BUILD.json").read_text())
+    except (OSError, ValueError):
+        return None
+    complete = (entry / "model.safetensors").is_file()
+    return entry if complete and built.get("code") == build_code_stamp() else None
 
 
 def _machine_entry(name: str) -> Path | None:
@@ -182,3 +227,8 @@ def _pretrain(out: Path, texts: Sequence[str], seed: int) -> None:
         sched.step()
     with quiet_hf():
         model.save_pretrained(out)
+
+
+# The builders as this module defines them (build_code_stamp hashes their source; a test that
+# replaces one on the module does not change what the shipped copy is checked against).
+_BUILDERS = (_write_tokenizer, _write_model, _pretrain)

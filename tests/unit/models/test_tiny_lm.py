@@ -1,10 +1,12 @@
-"""The pre-trained ``@tiny-llama`` is built once per machine (``fsutil.machine_cache_dir``): a run
-in a new directory copies it instead of pre-training for minutes again, and the copy is the same
-model. Pre-training itself runs here for two short steps, so it stays covered on a machine whose
-cache already holds the real one."""
+"""The pre-trained ``@tiny-llama`` ships with hpcpipe while it is what the code builds, and is
+otherwise built once per machine (``fsutil.machine_cache_dir``): a run in a new directory copies it
+instead of pre-training for minutes again, and the copy is the same model. Pre-training itself runs
+here for two short steps, so it stays covered although no run pre-trains the real one."""
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -81,3 +83,43 @@ def test_where_the_machine_cache_lives(tmp_path: Path, monkeypatch: pytest.Monke
     assert machine_cache_dir() == tmp_path / "home" / ".cache" / "hpcpipe"
     monkeypatch.setenv("HPCPIPE_CACHE_DIR", str(tmp_path / "mine"))
     assert machine_cache_dir() == tmp_path / "mine"
+
+
+def test_the_shipped_base_is_the_one_this_code_builds() -> None:
+    name = tiny_lm.default_tiny_name(pretrained=True)
+    assert tiny_lm.shipped_copy(name) is not None, (
+        f"{tiny_lm.SHIPPED} holds no current {name}: its inputs or the code that builds it changed; "
+        "run `python scripts/build_tiny_llama.py` and commit the result"
+    )
+    built = json.loads((tiny_lm.SHIPPED / name / "BUILD.json").read_text())
+    assert {"built", "cpu", "torch", "seconds"} <= set(built)  # where it came from
+
+
+def test_a_new_directory_copies_the_shipped_base_without_pretraining(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HPCPIPE_CACHE_DIR", "")
+    monkeypatch.setattr(tiny_lm, "_pretrain", _never)
+    out = tiny_lm.default_tiny_dir(tmp_path / "prepared", pretrained=True)
+    shipped = tiny_lm.SHIPPED / out.name
+    for name in ("model.safetensors", "tokenizer.json", "config.json"):
+        assert (out / name).read_bytes() == (shipped / name).read_bytes(), name
+
+
+def test_a_shipped_copy_another_code_built_is_not_used(
+    tmp_path: Path, short_pretraining: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    name = tiny_lm.model_name(TEXTS, 0, PRETRAIN)
+    monkeypatch.setattr(tiny_lm, "SHIPPED", tmp_path / "shipped")
+    fake = tmp_path / "shipped" / name
+    fake.mkdir(parents=True)
+    shutil.copytree(tiny_lm.tiny_llama_dir(tmp_path / "r", TEXTS, seed=0), fake, dirs_exist_ok=True)
+    (fake / "BUILD.json").write_text(json.dumps({"code": "another builder"}))
+    assert tiny_lm.shipped_copy(name) is None
+    built = tiny_lm.tiny_llama_dir(tmp_path / "a", TEXTS, seed=0, pretrain_texts=PRETRAIN)  # pre-trains
+    assert (built / "model.safetensors").read_bytes() != (fake / "model.safetensors").read_bytes()
+    (fake / "BUILD.json").write_text(json.dumps({"code": tiny_lm.build_code_stamp()}))
+    assert tiny_lm.shipped_copy(name) == fake
+    monkeypatch.setattr(tiny_lm, "_pretrain", _never)
+    copied = tiny_lm.tiny_llama_dir(tmp_path / "b", TEXTS, seed=0, pretrain_texts=PRETRAIN)
+    assert (copied / "model.safetensors").read_bytes() == (fake / "model.safetensors").read_bytes()
