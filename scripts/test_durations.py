@@ -3,6 +3,7 @@ suite (longest files first) and the before/after table in benchmarks/README.md.
 
     python scripts/test_durations.py record JUNIT.xml            # rewrite tests/durations.json
     python scripts/test_durations.py table BEFORE.xml AFTER.xml  # a Markdown table, slowest first
+    python scripts/test_durations.py table A.xml tests/durations.json --labels AVX2,AVX-512
     python scripts/test_durations.py cpu CPU.jsonl               # CPU seconds per file (HPCPIPE_TEST_CPU)
 """
 
@@ -39,18 +40,27 @@ def record(junit: Path) -> None:
     print(f"wrote {DURATIONS} ({len(ordered)} files, {sum(ordered.values()):.0f} s of test time)")
 
 
-def table(before: Path, after: Path, top: int) -> None:
-    old, new = per_file(before), per_file(after)
-    old = _renamed(old, new)
-    names = sorted(set(old) | set(new), key=lambda n: -max(old.get(n, 0), new.get(n, 0)))
-    print("| test file | before (s) | after (s) |")
-    print("|---|---:|---:|")
+def table(runs: list[Path], top: int, labels: list[str] | None = None) -> None:
+    """A Markdown table of seconds per file, one column per run (a JUnit XML, or a per-file JSON
+    such as ``tests/durations.json``), slowest first; the first run's files renamed to the last's."""
+    found = [_seconds(run) for run in runs]
+    found = [_renamed(f, found[-1]) for f in found]
+    heads = labels or (["before", "after"] if len(runs) == 2 else [run.stem for run in runs])
+    names = sorted(set().union(*found), key=lambda n: -max(f.get(n, 0) for f in found))
+    print("| test file | " + " | ".join(f"{h} (s)" for h in heads) + " |")
+    print("|---|" + "---:|" * len(runs))
     for name in names[:top]:
-        print(f"| `{name}` | {old.get(name, 0):.0f} | {new.get(name, 0):.0f} |")
-    rest_old = sum(old.get(n, 0) for n in names[top:])
-    rest_new = sum(new.get(n, 0) for n in names[top:])
-    print(f"| {len(names) - top} other files | {rest_old:.0f} | {rest_new:.0f} |")
-    print(f"| **all test time (both workers)** | **{sum(old.values()):.0f}** | **{sum(new.values()):.0f}** |")
+        print(f"| `{name}` | " + " | ".join(f"{f.get(name, 0):.0f}" for f in found) + " |")
+    rest = [sum(f.get(n, 0) for n in names[top:]) for f in found]
+    print(f"| {len(names) - top} other files | " + " | ".join(f"{r:.0f}" for r in rest) + " |")
+    totals = " | ".join(f"**{sum(f.values()):.0f}**" for f in found)
+    print(f"| **all test time (both workers)** | {totals} |")
+
+
+def _seconds(run: Path) -> dict[str, float]:
+    if run.suffix == ".json":
+        return {str(k): float(v) for k, v in json.loads(run.read_text()).items()}
+    return per_file(run)
 
 
 def _renamed(old: dict[str, float], new: dict[str, float]) -> dict[str, float]:
@@ -78,10 +88,10 @@ def main() -> None:
     sub = parser.add_subparsers(dest="verb", required=True)
     rec = sub.add_parser("record", help="rewrite tests/durations.json from a JUnit XML")
     rec.add_argument("junit", type=Path)
-    tab = sub.add_parser("table", help="a Markdown before/after table of two JUnit XMLs")
-    tab.add_argument("before", type=Path)
-    tab.add_argument("after", type=Path)
+    tab = sub.add_parser("table", help="a Markdown table of JUnit XMLs or per-file JSONs, one column each")
+    tab.add_argument("runs", type=Path, nargs="+")
     tab.add_argument("--top", type=int, default=25)
+    tab.add_argument("--labels", help="column names, comma-separated (default: before, after for two)")
     use = sub.add_parser("cpu", help="CPU seconds per test file from HPCPIPE_TEST_CPU's JSON lines")
     use.add_argument("jsonl", type=Path)
     use.add_argument("--top", type=int, default=40)
@@ -91,7 +101,7 @@ def main() -> None:
     elif args.verb == "cpu":
         cpu(args.jsonl, args.top)
     else:
-        table(args.before, args.after, args.top)
+        table(args.runs, args.top, args.labels.split(",") if args.labels else None)
 
 
 if __name__ == "__main__":
