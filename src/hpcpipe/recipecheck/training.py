@@ -56,7 +56,7 @@ def train_here(work: Path, name: str) -> Path:
     return run_job(load_config(work / "job.yaml", [f"run.name={name}", "parallel.strategy=single"]))
 
 
-def compare_losses(
+def compare_series(
     reference: dict[int, float], other: dict[int, float], rtol: float, what: str = "loss"
 ) -> tuple[float, str | None]:
     """The largest relative difference of a per-step series (the training ``loss``, or the
@@ -81,9 +81,9 @@ def check_parity(single: Path, other: Path, what: str, rtol: float) -> str:
     of 1 process. The check's runs do not clip (job.py): the norm is the one thing the layouts
     compute in another order, so it is compared here on its own rather than fed back into the
     weights, where a chaotic start amplifies its rounding."""
-    loss, problem = compare_losses(losses(single), losses(other), rtol)
+    loss, problem = compare_series(losses(single), losses(other), rtol)
     norm, norm_problem = (
-        (0.0, None) if problem else compare_losses(_grad_norms(single), _grad_norms(other), rtol, "grad_norm")
+        (0.0, None) if problem else compare_series(_grad_norms(single), _grad_norms(other), rtol, "grad_norm")
     )
     if problem or norm_problem:
         raise AssertionError(f"{what} against 1 process: {problem or norm_problem}")
@@ -111,7 +111,7 @@ def check_resume(recipe: Recipe, reference: Path, killed: Path) -> str:
     resumed = [e for e in _events(killed) if e.get("event") == "resumed"]
     if not resumed:
         raise AssertionError(f"the run killed at step {KILL_STEP} did not resume from a checkpoint")
-    _, problem = compare_losses(losses(reference), losses(killed), 0.0)
+    _, problem = compare_series(losses(reference), losses(killed), 0.0)
     if problem:
         raise AssertionError(f"after the restart: {problem}")
     final = f"step-{STEPS:08d}"
