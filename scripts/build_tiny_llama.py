@@ -21,13 +21,6 @@ import time
 from pathlib import Path
 
 
-def _cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "unknown"
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -38,6 +31,7 @@ def main() -> int:
     import torch
     import transformers
 
+    from hpcpipe.doctor.host import cpu_model
     from hpcpipe.models import tiny_lm
 
     name = tiny_lm.default_tiny_name(pretrained=True)
@@ -55,7 +49,7 @@ def main() -> int:
     record = {
         "code": tiny_lm.build_code_stamp(),
         "built": datetime.date.today().isoformat(),
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "cores": os.cpu_count(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,

@@ -101,7 +101,13 @@ def main() -> None:
     elif args.verb == "cpu":
         cpu(args.jsonl, args.top)
     else:
-        table(args.runs, args.top, args.labels.split(",") if args.labels else None)
+        labels = args.labels.split(",") if args.labels else None
+        if labels is not None and len(labels) != len(args.runs):
+            parser.error(f"--labels: {len(labels)} names for {len(args.runs)} runs")
+        missing = [str(run) for run in args.runs if not run.is_file()]
+        if missing:
+            parser.error(f"no such file: {', '.join(missing)}")
+        table(args.runs, args.top, labels)
 
 
 if __name__ == "__main__":

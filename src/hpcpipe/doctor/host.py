@@ -25,17 +25,22 @@ from hpcpipe.doctor.probe import (
 # Host
 
 
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The CPU's model name as ``lscpu`` prints it (``model name`` in ``cpuinfo``), else what
+    Python knows of the processor."""
+    try:
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def check_cpu(probe: Probe) -> list[Check]:
     cores = os.cpu_count() or 1
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else cores
-    model = platform.processor() or platform.machine()
-    try:
-        for line in probe.path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    model = cpu_model(probe.path("/proc/cpuinfo"))
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
     summary = f"{model}: {usable} usable of {cores} cores, load {load:.1f}"
     details = {"model": model, "cores": cores, "usable_cores": usable, "load_1min": load}
