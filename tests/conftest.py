@@ -8,8 +8,13 @@ from pathlib import Path
 import pytest
 from tests.helpers import run_cli, write_synthetic_corpus
 
+from hpcpipe.launch import heap
 from hpcpipe.observe.event_kinds import CHECK_EVENTS_VAR
 from hpcpipe.train.environment import sharing_cores
+
+# The collection imports torch, transformers and every test module: as a command's imports
+# (launch/heap.py), with the collector mostly idle, and frozen once collected.
+heap.start_up()
 
 # The xdist workers' training runs share this machine's cores: without it, one run's spinning
 # OpenMP threads slow the other's several times over. Every subprocess inherits it.
@@ -66,6 +71,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:  # the directory is the kind: `-m e2e` / `-m "not e2e"` select by it
         if "/e2e/" in f"/{item.nodeid}":
             item.add_marker(pytest.mark.e2e)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    heap.settle()
 
 
 @pytest.fixture(autouse=True)

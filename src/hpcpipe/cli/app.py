@@ -28,6 +28,7 @@ from hpcpipe.cli import sweep as sweep_cli
 from hpcpipe.cli import track as track_cli
 from hpcpipe.cli import train as train_cli
 from hpcpipe.errors import USER_ERROR_EXIT_CODE, UserError, one_line
+from hpcpipe.launch import heap
 from hpcpipe.launch.exit import flush_and_exit
 
 app = typer.Typer(
@@ -87,6 +88,7 @@ app.add_typer(plan_cli.app, name="plan")
 
 
 def main() -> None:
+    heap.start_up()  # the collector mostly idle while the verb imports (launch/heap.py)
     code: int | str | None = 0
     try:
         app()

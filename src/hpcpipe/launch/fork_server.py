@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import os
 import signal
 import socket
@@ -28,6 +29,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from hpcpipe.launch import heap
 from hpcpipe.launch.exit import EXIT_DIR_VAR, SHIELDED_SIGNALS
 
 # The forked server's process name (/proc/PID/comm, 15 characters at most): its command line is
@@ -97,6 +99,7 @@ def prestart(preload: Sequence[str]) -> bool:
             os.chmod(address, 0o600)
         listener.listen()
         alive_r, alive_w = os.pipe()
+        heap.settle()  # this process's imports: frozen here and in the server (launch/heap.py)
         pid = fork_flushed()
         if pid == 0:
             _serve(listener, alive_r, alive_w, preload)
@@ -115,6 +118,10 @@ def _serve(listener: socket.socket, alive_r: int, alive_w: int, preload: Sequenc
             Path("/proc/self/comm").write_text(SERVER_NAME)
         from multiprocessing import forkserver
 
+        with heap.importing():  # what main would import, without the collector, then frozen
+            for name in preload:
+                with contextlib.suppress(ImportError):  # as main does: a worker that needs it says why
+                    importlib.import_module(name)
         forkserver.main(listener.fileno(), alive_r, list(preload))
     except SystemExit as exc:  # how the loop ends when the launcher goes
         code = exc.code if isinstance(exc.code, int) else 0

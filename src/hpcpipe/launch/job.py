@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, cast
 
 from hpcpipe.config import JobConfig, check_layout, check_micro_batches, grad_accum_steps
 from hpcpipe.errors import USER_ERROR_EXIT_CODE, UserError
+from hpcpipe.launch import heap
 from hpcpipe.layout import RunLayout
 from hpcpipe.train.environment import detect_environment
 
@@ -86,6 +87,7 @@ def run_job(job: JobConfig, max_restarts: int = 0) -> Path:
     restarts trains in-process). Bad input raises UserError before any worker starts; a
     preempted in-process run raises ``Preempted`` (its checkpoint is committed).
     """
+    heap.settle()  # the launcher's (or this worker's) imports are done: frozen
     env = detect_environment()
     if env.is_external:
         from hpcpipe.launch.nsight import unwrapped_warning

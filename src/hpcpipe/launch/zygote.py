@@ -59,7 +59,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Protocol
 
-from hpcpipe.launch import fork_server
+from hpcpipe.launch import fork_server, heap
 from hpcpipe.launch.exit import SHIELDED_SIGNALS
 from hpcpipe.launch.zygote_child import become, become_hpcpipe, become_script
 
@@ -313,6 +313,7 @@ def prestart(preload: tuple[str, ...] = ()) -> bool:
     if _threads() > 1 or fork_server.helpers_running() or _on_a_terminal():
         return False
     ours, theirs = socket.socketpair()
+    heap.settle()  # this process's imports: frozen here and in the zygote
     pid = fork_server.fork_flushed()
     if pid == 0:
         ours.close()
@@ -510,15 +511,15 @@ def serve(sock: socket.socket) -> dict[str, object]:
 def serve_preloaded(sock: socket.socket, preload: tuple[str, ...]) -> None:
     """Import ``PRELOAD`` and ``preload``, then serve ``sock``; in each forked child, become the
     run (never returns there)."""
-    import gc
     import importlib
 
-    for name in (*PRELOAD, *[m for m in preload if m not in NEVER_PRELOAD]):
-        with contextlib.suppress(
-            Exception
-        ):  # optional, or broken: a run that needs it imports it and says why
-            importlib.import_module(name)
-    gc.freeze()  # the preloaded objects are never collected: children skip scanning (and copying) them
+    # Without the collector, then frozen: children never scan (or copy) the preloaded objects.
+    with heap.importing():
+        for name in (*PRELOAD, *[m for m in preload if m not in NEVER_PRELOAD]):
+            with contextlib.suppress(
+                Exception
+            ):  # optional, or broken: a run that needs it imports it and says why
+                importlib.import_module(name)
     request = serve(sock)
     argv, script = request["argv"], request.get("script")
     assert isinstance(argv, list)

@@ -1,6 +1,7 @@
 """The fork server forked from the launcher (``launch/fork_server.py``): it runs multiprocessing's
 own loop, so a "forkserver" context starts processes through it, with what the launcher imported
-already in memory; it is named so the agent and the chaos harness know it; it is started once."""
+already in memory (and frozen: ``launch/heap.py``); it is named so the agent and the chaos harness
+know it; it is started once."""
 
 from __future__ import annotations
 
@@ -32,10 +33,15 @@ SCRIPT = textwrap.dedent(
     child = ctx.Process(target=os._exit, args=(7,))
     child.start()
     child.join(30)
+    # A worker's view of the heap it was forked with: frozen (launch/heap.py), collector on.
+    probe = "import gc, os; os._exit(11 if gc.get_freeze_count() > 10000 and gc.isenabled() else 12)"
+    heap = ctx.Process(target=exec, args=(probe,))
+    heap.start()
+    heap.join(30)
     comm = open(f"/proc/{first}/comm").read().strip()
     cmdline = open(f"/proc/{first}/cmdline", "rb").read().split(b"\\0")[0].decode()
-    print(json.dumps({"server": first, "code": child.exitcode, "comm": comm, "cmdline": cmdline,
-                      "exit_dir": os.environ.get("HPCPIPE_EXIT_DIR", "")}))
+    print(json.dumps({"server": first, "code": child.exitcode, "heap": heap.exitcode, "comm": comm,
+                      "cmdline": cmdline, "exit_dir": os.environ.get("HPCPIPE_EXIT_DIR", "")}))
     """
 )
 
@@ -47,6 +53,7 @@ def test_the_launcher_forks_a_named_server_that_starts_processes_once() -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     seen = json.loads(proc.stdout.strip().splitlines()[-1])
     assert seen["code"] == 7  # a process forked by the server, its exit code passed back
+    assert seen["heap"] == 11  # its heap frozen, its collector on
     assert seen["comm"] == SERVER_NAME
     # A fork of this interpreter (same command line), not multiprocessing's `python -c ...forkserver`.
     assert seen["cmdline"] == sys.executable
