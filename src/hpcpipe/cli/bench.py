@@ -256,8 +256,10 @@ def throughput(
       hpcpipe bench throughput gpt-124m --nproc 8 --steps 30 --repeats 3 --json tput.json
     """
     from hpcpipe.bench.throughput import measure_throughput
+    from hpcpipe.launch.job import prestart_fork_server
 
     job = load_job(config, sets, nproc)
+    prestart_fork_server(job)  # before anything computes: every run's workers fork from it
     try:
         result = measure_throughput(job, steps, warmup, repeats, out)
     except RuntimeError as exc:
@@ -331,12 +333,15 @@ def scaling(
       hpcpipe bench scaling gpt-124m --nproc 1,2,4,8 --mode weak --out runs/scaling-h100
     """
     from hpcpipe.bench.scaling import MODES, parse_nprocs, run_scaling
+    from hpcpipe.launch.job import prestart_fork_server
     from hpcpipe.report.plots_bench import plot_scaling
 
     modes = list(MODES) if mode == "both" else [mode]
     job = load_job(config, sets)
+    world_sizes = parse_nprocs(nproc)
+    prestart_fork_server(job, nproc=max(world_sizes))  # before the N=1 run computes in this process
     try:
-        result = run_scaling(job, parse_nprocs(nproc), modes, steps, warmup, out, bottlenecks)
+        result = run_scaling(job, world_sizes, modes, steps, warmup, out, bottlenecks)
     except RuntimeError as exc:
         raise _fail(exc) from None
     result["png"] = str(plot_scaling(result["rows"], out / "scaling.png"))

@@ -48,12 +48,14 @@ def worker_preload(job: JobConfig) -> tuple[str, ...]:
     return (*WORKER_PRELOAD, recipe.__module__, *recipe.worker_imports, *extra)
 
 
-def prestart_fork_server(job: JobConfig, max_restarts: int = 0) -> None:
+def prestart_fork_server(job: JobConfig, max_restarts: int = 0, nproc: int | None = None) -> None:
     """Fork the workers' server from this process now, while it has only read its config
     (``launch/fork_server.py``): the verbs that start local workers call it before the data
-    preparation. Nothing to do for one in-process worker, under an external launcher, or with
-    ``parallel.worker_start: spawn``."""
-    if detect_environment().is_external or (job.parallel.nproc == 1 and max_restarts == 0):
+    preparation. ``nproc``: the most ranks of the runs to come, where they differ from the job's
+    (``bench scaling``). Nothing to do for one in-process worker, under an external launcher, or
+    with ``parallel.worker_start: spawn``."""
+    ranks = nproc or job.parallel.nproc
+    if detect_environment().is_external or (ranks == 1 and max_restarts == 0):
         return
     prestart_node_fork_server(job)
 
