@@ -13,7 +13,9 @@ child does not copy its pages either) and the defaults come back. A process that
 (the zygote, the fork server) does so without the collector at all (``importing``). The costs: a reference
 cycle that is garbage at the moment of freezing is never freed (objects made later are collected
 as usual), and a command that never settles (``eval``, ``track sync``) keeps the raised threshold:
-its collector still runs, after every 100,000 net allocations instead of 700.
+its collector still runs, after every 100,000 net allocations instead of 700. Only hpcpipe's own
+processes are touched: a program of a user's that imports hpcpipe and calls ``run_job`` keeps its
+collector as it set it (``settle`` does nothing where ``start_up`` never ran).
 """
 
 from __future__ import annotations
@@ -27,26 +29,32 @@ __all__ = ["STARTUP_THRESHOLD", "importing", "settle", "start_up"]
 
 STARTUP_THRESHOLD = 100_000  # allocations between gen0 collections while a command imports
 _DEFAULTS = gc.get_threshold()  # CPython's (700, 10, 10) unless the interpreter was told otherwise
-_SETTLED: dict[str, int] = {}  # "pid": the process that froze its heap last (a child differs)
+# "started": start_up ran in this process or one it was forked from (an `hpcpipe` command, the
+# tests); "pid": the process that froze its heap last (a forked child differs).
+_STATE: dict[str, int] = {}
 
 
 def start_up() -> None:
     """Raise gen0's threshold for a command's imports (``settle`` brings the defaults back)."""
+    _STATE["started"] = 1
     gc.set_threshold(max(STARTUP_THRESHOLD, _DEFAULTS[0]), *_DEFAULTS[1:])
 
 
 def settle() -> None:
     """The imports are done: freeze every object that exists (once per process: a later call,
     after a job that may have left cycles behind, would keep them forever) and restore the
-    default thresholds."""
-    if _SETTLED.get("pid") != os.getpid():  # a forked child settles its own imports once
+    default thresholds. Nothing in a program that never called ``start_up``: a user's own
+    process that calls ``run_job`` keeps its collector as it set it."""
+    if "started" not in _STATE:
+        return
+    if _STATE.get("pid") != os.getpid():  # a forked child settles its own imports once
         _freeze()
     gc.set_threshold(*_DEFAULTS)
 
 
 def _freeze() -> None:
     gc.freeze()
-    _SETTLED["pid"] = os.getpid()
+    _STATE["pid"] = os.getpid()
 
 
 @contextlib.contextmanager

@@ -45,6 +45,7 @@ def test_a_second_settle_freezes_nothing_more_in_the_same_process() -> None:
     # A job's leftovers (cycles that are garbage by the next run_job) must stay collectable.
     out = _run(
         """
+        heap.start_up()
         heap.settle()
         frozen = gc.get_freeze_count()
         class Node:
@@ -66,6 +67,7 @@ def test_a_second_settle_freezes_nothing_more_in_the_same_process() -> None:
 def test_a_forked_child_settles_its_own_imports() -> None:
     out = _run(
         """
+        heap.start_up()
         heap.settle()
         parent = gc.get_freeze_count()
         pid = os.fork()
@@ -96,6 +98,21 @@ def test_importing_runs_without_the_collector_then_freezes_and_restores_it() -> 
         with heap.importing():  # a caller that had it off keeps it off
             import decimal
         assert not gc.isenabled()
+        print("ok")
+        """
+    )
+    assert out == "ok"
+
+
+def test_a_program_that_never_started_up_keeps_its_collector() -> None:
+    # A user's process that imports hpcpipe and calls run_job: nothing frozen, its thresholds kept.
+    out = _run(
+        """
+        gc.set_threshold(5000, 20, 20)
+        import json, email.parser
+        heap.settle()
+        assert gc.get_freeze_count() == 0, gc.get_freeze_count()
+        assert gc.get_threshold() == (5000, 20, 20), gc.get_threshold()
         print("ok")
         """
     )
