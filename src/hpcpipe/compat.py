@@ -449,9 +449,24 @@ _KEEPALIVE = "stop the rendezvous keep-alive timer without a traceback (keepaliv
 _RENDEZVOUS_UTILS = "torch.distributed.elastic.rendezvous.utils"
 
 
+def _keepalive_timer_probe() -> Any:
+    timer = _require(_RENDEZVOUS_UTILS, "_PeriodicTimer", _KEEPALIVE)
+    _require(timer, "_stop_thread", _KEEPALIVE)
+    for field in ("_thread", "_ctx"):  # set in __init__: declared on the class
+        if field not in getattr(timer, "__annotations__", {}):
+            raise TorchAPIError(f"_PeriodicTimer.{field}", _KEEPALIVE)
+    return timer
+
+
+# How long the end of keepalive_timers_stop_cleanly waits for a keep-alive thread in a store call
+# (a healthy store answers in milliseconds; a vanished remote one may hold it to its read timeout).
+KEEPALIVE_JOIN_S = 5.0
+
+
 @contextlib.contextmanager
 def keepalive_timers_stop_cleanly() -> Iterator[None]:
-    """Timers started while the block runs stop without joining themselves.
+    """Timers started while the block runs stop without joining themselves, and are all stopped
+    when it ends.
 
     The c10d rendezvous handler keeps its lease alive with a ``_PeriodicTimer`` whose
     ``weakref.finalize`` sets the stop event and joins the timer's thread. When the handler is
@@ -460,12 +475,23 @@ def keepalive_timers_stop_cleanly() -> Iterator[None]:
     prints a traceback under the run's one-line ending. Setting the event is all that thread needs:
     it ends at its next wait. The finalizer captures the function when the timer starts, so timers
     started inside the block keep the safe stop after it ends.
+
+    After a signal torch's launcher leaves the handler open (another node may still scale the
+    job), so its daemon timer thread ran on into interpreter exit. A thread that comes back from a
+    store call (C++, GIL released) while the interpreter finalizes is ended by ``pthread_exit``,
+    whose unwinding through pybind11's noexcept GIL guard aborts the process: "terminate called
+    without an active exception", exit -6 after the launcher's own one line (seen once in CI on a
+    Ctrl-C of 2 local ranks; 14 of 15 exits in a loop that calls the store every 0.1 ms). So the
+    block's end stops them, as the process's exit would have, and waits for each to leave its
+    call: ``KEEPALIVE_JOIN_S`` at most.
     """
     timer = getattr(importlib.import_module(_RENDEZVOUS_UTILS), "_PeriodicTimer", None)
     original = getattr(timer, "_stop_thread", None)
-    if timer is None or original is None:  # another torch: nothing of this kind to guard
+    original_start = getattr(timer, "start", None)
+    if timer is None or original is None or original_start is None:  # another torch
         yield
         return
+    started: list[tuple[threading.Thread, threading.Event]] = []
 
     def stop_thread(thread: Any, stop_event: Any) -> None:
         if thread is threading.current_thread():
@@ -473,11 +499,23 @@ def keepalive_timers_stop_cleanly() -> Iterator[None]:
         else:
             original(thread, stop_event)
 
+    def start(self: Any) -> None:
+        original_start(self)
+        thread, ctx = getattr(self, "_thread", None), getattr(self, "_ctx", None)
+        if isinstance(thread, threading.Thread) and ctx is not None:
+            started.append((thread, ctx.stop_event))
+
     timer._stop_thread = staticmethod(stop_thread)
+    timer.start = start
     try:
         yield
     finally:
         timer._stop_thread = staticmethod(original)
+        timer.start = original_start
+        for thread, stop_event in started:
+            stop_event.set()
+            if thread is not threading.current_thread():
+                thread.join(KEEPALIVE_JOIN_S)
 
 
 _PEERS = "share each rank's progress for hang reports"
@@ -521,9 +559,7 @@ PRIVATE_APIS: dict[str, Callable[[], Any]] = {
     "LocalElasticAgent._monitor_workers/_stop_workers/... (@prof metrics)": _elastic_agent_probe,
     "rendezvous.dynamic_rendezvous._delay, get_method_name": _rendezvous_probe,
     "rendezvous.dynamic_rendezvous._BackendRendezvousStateHolder._cache_duration": _rendezvous_cache_probe,
-    "rendezvous.utils._PeriodicTimer._stop_thread": _probe(
-        _RENDEZVOUS_UTILS, "_PeriodicTimer", "_stop_thread", purpose=_KEEPALIVE
-    ),
+    "rendezvous.utils._PeriodicTimer._stop_thread, _thread, _ctx": _keepalive_timer_probe,
     "ops._c10d_functional (all_gather_into_tensor, reduce_scatter_tensor, all_reduce)": _probe(
         torch.ops, "_c10d_functional", "all_reduce", purpose="keep collectives in selective checkpointing"
     ),

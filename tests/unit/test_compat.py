@@ -229,6 +229,29 @@ def test_keepalive_timer_stopped_on_its_own_thread_raises_in_torch_but_not_under
     assert isinstance(_stop_keepalive_from_its_own_thread(), RuntimeError), "the guard is undone"
 
 
+def test_keepalive_timers_started_in_the_guard_are_stopped_when_it_ends() -> None:
+    """After a signal torch leaves the rendezvous handler open, and its daemon keep-alive thread,
+    caught in a store call as the interpreter finalized, aborted a Ctrl-C'd launcher (-6, CI)."""
+    from datetime import timedelta
+
+    from torch.distributed.elastic.rendezvous.utils import _PeriodicTimer
+
+    ticks: list[int] = []
+    outside = _PeriodicTimer(timedelta(milliseconds=5), lambda: None)
+    outside.start()
+    with compat.keepalive_timers_stop_cleanly():
+        inside = _PeriodicTimer(timedelta(milliseconds=5), lambda: ticks.append(1))
+        inside.start()
+        deadline = time.monotonic() + 5
+        while not ticks and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert ticks, "the keep-alive timer never ticked"
+    assert not inside._thread.is_alive(), "the guard's end stops what started in it"
+    assert outside._thread.is_alive(), "a timer started before the guard is not its business"
+    outside.cancel()
+    assert _PeriodicTimer.start.__qualname__ == "_PeriodicTimer.start", "the guard is undone"
+
+
 def test_quick_rendezvous_polls_a_round_every_poll_s_and_keeps_the_join_jitter_of_several_nodes() -> None:
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous as rdzv
 
