@@ -50,10 +50,11 @@ def measure(
     ``nproc`` (the command line's --nproc) overrides the file's rank counts, the top-level one and
     the throughput section's; scaling keeps its own list of world sizes.
     """
-    from hpcpipe.bench.runner import BenchFailure, is_main_process, run_bench
+    from hpcpipe.bench.runner import BenchFailure, is_main_process, prestart_bench_server, run_bench
 
     measurements: dict[str, Any] = {}
     tasks = bench_tasks(th)
+    prestart_bench_server(most_local_ranks(th, nproc, bool(tasks)), _training_preload(th))
     if tasks:
         log(f"accept: {', '.join(tasks)} on {nproc or th.nproc} rank(s)")
         try:
@@ -73,6 +74,27 @@ def measure(
         log(f"accept: {th.scaling.mode} scaling of {th.scaling.preset} over N = {th.scaling.nproc}")
         measurements["scaling"] = _guarded(lambda: _scaling(th, out_dir))
     return measurements if is_main_process() else None
+
+
+def most_local_ranks(th: Thresholds, nproc: int | None, benchmarks: bool) -> int:
+    """The most ranks any section will start on this node: the benchmark workers (when there are
+    ``benchmarks``), the throughput runs, the scaling runs' largest world size."""
+    counts = [nproc or th.nproc] if benchmarks else []
+    if th.throughput is not None:
+        counts.append(nproc or th.throughput.nproc or th.nproc)
+    if th.scaling is not None:
+        counts.extend(th.scaling.nproc)
+    return max(counts, default=1)
+
+
+def _training_preload(th: Thresholds) -> tuple[str, ...]:
+    """What the workers' server imports besides the benchmark worker when a section trains: the
+    training worker and the trainer's stack (each run's recipe module its workers import)."""
+    if th.throughput is None and th.scaling is None:
+        return ()
+    from hpcpipe.launch.job import WORKER_MODULE, WORKER_PRELOAD
+
+    return (WORKER_MODULE, *WORKER_PRELOAD)
 
 
 def _throughput(th: Thresholds, nproc: int | None, out_dir: Path) -> dict[str, Any] | None:

@@ -39,6 +39,20 @@ def run_bench(
     return _run_local_workers(spec, nproc)
 
 
+def prestart_bench_server(nproc: int, also: tuple[str, ...] = ()) -> None:
+    """Fork the local workers' server from this process now, before it computes anything
+    (``launch/fork_server.py``): ``bench collectives`` and ``accept`` call it first, and every
+    later group of local workers forks from it instead of from a fresh interpreter that imports
+    torch again. ``nproc``: the most local ranks any run will have; ``also``: more modules the
+    server imports (``accept`` trains as well). Nothing to do for one rank (in-process) or under
+    an external launcher (this process is a rank)."""
+    if detect_environment().is_external or nproc <= 1:
+        return
+    from hpcpipe.launch.fork_server import prestart
+
+    prestart((WORKER_MODULE, *also))
+
+
 def world_size_for(nproc: int) -> int:
     """The world size a run will have: the external launcher's, else ``nproc``."""
     env = detect_environment()

@@ -107,7 +107,7 @@ def collectives(
     from hpcpipe.bench.bus import COLLECTIVES, parse_sizes
     from hpcpipe.bench.collectives import CollectiveSpec
     from hpcpipe.bench.group import exit_process
-    from hpcpipe.bench.runner import BenchFailure, run_bench
+    from hpcpipe.bench.runner import BenchFailure, prestart_bench_server, run_bench
 
     wanted = [c.strip() for c in names.split(",") if c.strip()]
     if wanted == ["all"]:
@@ -115,8 +115,10 @@ def collectives(
     spec = CollectiveSpec.build(wanted, parse_sizes(sizes) if sizes else None, dtype, warmup, iters, check)
     if backend not in ("auto", "gloo", "nccl"):
         raise UserError(f"--backend: expected auto, gloo or nccl, got {backend!r}")
+    ranks = nproc or _default_nproc()
+    prestart_bench_server(ranks)  # the workers fork from this process, which imported torch already
     try:
-        result = run_bench({"collectives": spec.to_dict()}, nproc or _default_nproc(), backend, timeout_s)
+        result = run_bench({"collectives": spec.to_dict()}, ranks, backend, timeout_s)
     except BenchFailure as exc:
         raise _fail(exc) from None
     if result is not None:

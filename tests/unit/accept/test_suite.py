@@ -1,0 +1,42 @@
+"""How many local ranks an acceptance run will start at most, and what their server imports
+(``accept/suite.py``): the server is forked from ``hpcpipe accept`` before it measures anything."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from hpcpipe.accept.suite import _training_preload, most_local_ranks
+from hpcpipe.accept.thresholds import Thresholds
+from hpcpipe.launch.job import WORKER_MODULE, WORKER_PRELOAD
+
+THROUGHPUT = {"preset": "tiny", "min_per_s_per_device": 1.0}
+SCALING = {"preset": "tiny", "nproc": [1, 2, 4], "min_efficiency": 0.5}
+
+
+def _th(**sections: Any) -> Thresholds:
+    return Thresholds.model_validate({"name": "t", "nproc": 2, **sections})
+
+
+@pytest.mark.parametrize(
+    ("sections", "nproc", "benchmarks", "expected"),
+    [
+        ({}, None, True, 2),  # the benchmark workers: the file's nproc
+        ({}, 3, True, 3),  # --nproc wins
+        ({}, None, False, 1),  # nothing to start
+        ({"throughput": {**THROUGHPUT, "nproc": 6}}, None, True, 6),
+        ({"throughput": {**THROUGHPUT, "nproc": 6}}, 1, False, 1),  # --nproc overrides the section's
+        ({"scaling": SCALING}, None, False, 4),  # the largest world size of the scaling runs
+    ],
+)
+def test_most_local_ranks(
+    sections: dict[str, Any], nproc: int | None, benchmarks: bool, expected: int
+) -> None:
+    assert most_local_ranks(_th(**sections), nproc, benchmarks) == expected
+
+
+def test_the_server_imports_the_trainer_only_when_a_section_trains() -> None:
+    assert _training_preload(_th()) == ()
+    for trains in ({"throughput": THROUGHPUT}, {"scaling": SCALING}):
+        assert _training_preload(_th(**trains)) == (WORKER_MODULE, *WORKER_PRELOAD)
