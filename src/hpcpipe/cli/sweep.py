@@ -51,8 +51,8 @@ def sweep(
 
       hpcpipe sweep resnet18-cifar10 --file sweep.yaml --set train.epochs=1 --nproc 4
     """
-    from hpcpipe.launch.job import run_job
-    from hpcpipe.sweep import load_sweep_file, parse_grid_option, plan_points, run_sweep
+    from hpcpipe.launch.job import prestart_fork_server, run_job
+    from hpcpipe.sweep import is_done, load_sweep_file, parse_grid_option, plan_points, run_sweep
 
     grid = load_sweep_file(file) if file else {}
     for item in grids or []:
@@ -64,6 +64,9 @@ def sweep(
     base_name = _job_name(config, overrides)
     out_dir = out or Path("runs") / f"sweep-{base_name}"
     points = plan_points(config, overrides, grid, out_dir)
+    pending = [point.job for point in points if not is_done(point)]
+    if pending:  # before a one-rank point trains in this process: every point's workers fork from it
+        prestart_fork_server(pending[0], nproc=max(job.parallel.nproc for job in pending))
     quiet = json_out == "-"
     result = run_sweep(
         points, out_dir, run_job, report=lambda line: None if quiet else console.print(escape(line))

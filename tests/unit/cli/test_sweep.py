@@ -1,0 +1,40 @@
+"""``hpcpipe sweep`` forks its workers' server from itself before any point trains
+(``cli/sweep.py``): counted by the most ranks a pending point has, and not when every point is done."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hpcpipe import sweep as sweep_module
+from hpcpipe.cli.sweep import sweep
+from hpcpipe.launch import job as job_module
+
+
+@pytest.fixture
+def prestarts(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int | None]]:
+    seen: list[tuple[str, int | None]] = []
+
+    def record(job: Any, max_restarts: int = 0, nproc: int | None = None) -> None:
+        seen.append((job.run.name, nproc))
+
+    monkeypatch.setattr(job_module, "prestart_fork_server", record)
+    monkeypatch.setattr(sweep_module, "run_sweep", lambda *a, **k: {"rows": [], "csv": "-", "failed": 0})
+    return seen
+
+
+def test_the_server_is_forked_for_the_largest_pending_point(
+    prestarts: list[tuple[str, int | None]], tmp_path: Path
+) -> None:
+    sweep("tiny", grids=["parallel.nproc=[1,2]"], out=tmp_path, json_out="-")
+    assert prestarts == [("tiny-nproc_1", 2)]  # the first point's job, the second point's ranks
+
+
+def test_no_server_when_every_point_is_done(
+    prestarts: list[tuple[str, int | None]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sweep_module, "is_done", lambda point: True)
+    sweep("tiny", grids=["parallel.nproc=[1,2]"], out=tmp_path, json_out="-")
+    assert prestarts == []
