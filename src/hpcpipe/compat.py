@@ -452,8 +452,12 @@ _RENDEZVOUS_UTILS = "torch.distributed.elastic.rendezvous.utils"
 def _keepalive_timer_probe() -> Any:
     timer = _require(_RENDEZVOUS_UTILS, "_PeriodicTimer", _KEEPALIVE)
     _require(timer, "_stop_thread", _KEEPALIVE)
-    for field in ("_thread", "_ctx"):  # set in __init__: declared on the class
-        if field not in getattr(timer, "__annotations__", {}):
+    for owner, field in (
+        (timer, "_thread"),
+        (timer, "_ctx"),
+        (getattr(timer, "_Context", None), "stop_event"),
+    ):
+        if field not in getattr(owner, "__annotations__", {}):  # set in __init__: declared on the class
             raise TorchAPIError(f"_PeriodicTimer.{field}", _KEEPALIVE)
     return timer
 
@@ -501,9 +505,12 @@ def keepalive_timers_stop_cleanly() -> Iterator[None]:
 
     def start(self: Any) -> None:
         original_start(self)
-        thread, ctx = getattr(self, "_thread", None), getattr(self, "_ctx", None)
-        if isinstance(thread, threading.Thread) and ctx is not None:
-            started.append((thread, ctx.stop_event))
+        thread, stop_event = (
+            getattr(self, "_thread", None),
+            getattr(getattr(self, "_ctx", None), "stop_event", None),
+        )
+        if isinstance(thread, threading.Thread) and isinstance(stop_event, threading.Event):
+            started.append((thread, stop_event))
 
     timer._stop_thread = staticmethod(stop_thread)
     timer.start = start
@@ -559,7 +566,7 @@ PRIVATE_APIS: dict[str, Callable[[], Any]] = {
     "LocalElasticAgent._monitor_workers/_stop_workers/... (@prof metrics)": _elastic_agent_probe,
     "rendezvous.dynamic_rendezvous._delay, get_method_name": _rendezvous_probe,
     "rendezvous.dynamic_rendezvous._BackendRendezvousStateHolder._cache_duration": _rendezvous_cache_probe,
-    "rendezvous.utils._PeriodicTimer._stop_thread, _thread, _ctx": _keepalive_timer_probe,
+    "rendezvous.utils._PeriodicTimer._stop_thread, _thread, _ctx.stop_event": _keepalive_timer_probe,
     "ops._c10d_functional (all_gather_into_tensor, reduce_scatter_tensor, all_reduce)": _probe(
         torch.ops, "_c10d_functional", "all_reduce", purpose="keep collectives in selective checkpointing"
     ),

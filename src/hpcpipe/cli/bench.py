@@ -44,10 +44,19 @@ RanksOption = Annotated[
 
 
 def _default_nproc() -> int:
-    """One rank per GPU on this node; two ranks on a CPU host (the smallest group that communicates)."""
+    """One rank per GPU on this node; two ranks on a CPU host (the smallest group that communicates).
+
+    Counted without a CUDA context in this process, from which the workers fork
+    (``prestart_bench_server``): ``torch.cuda.is_available()`` would initialise CUDA here and leave
+    every forked worker unable to use it. A driver's device node first, then torch's count, which
+    asks NVML (the driver's library) before CUDA."""
+    from hpcpipe.train.environment import gpu_device_present
+
+    if not gpu_device_present():
+        return 2
     import torch
 
-    return torch.cuda.device_count() if torch.cuda.is_available() else 2
+    return torch.cuda.device_count() or 2
 
 
 def human_console(json_out: str | None) -> Console:
@@ -116,7 +125,7 @@ def collectives(
     if backend not in ("auto", "gloo", "nccl"):
         raise UserError(f"--backend: expected auto, gloo or nccl, got {backend!r}")
     ranks = nproc or _default_nproc()
-    prestart_bench_server(ranks)  # the workers fork from this process, which imported torch already
+    prestart_bench_server(ranks)  # the workers fork from this process (no CUDA in it yet: _default_nproc)
     try:
         result = run_bench({"collectives": spec.to_dict()}, ranks, backend, timeout_s)
     except BenchFailure as exc:

@@ -9,12 +9,14 @@ own loop (``multiprocessing.forkserver.main``), and torch's elastic agent starts
 the standard "forkserver" context, unchanged.
 
 Forking is only safe before this process has computed anything with torch: a process forked after
-an OpenMP parallel region hangs at its own first one (measured here: GNU libgomp, torch 2.15). So
-``prestart`` is called by the verbs that know they have only read their config yet (``hpcpipe
-train``, ``hpcpipe launch agent``), before the data preparation; everywhere else the agent starts
-multiprocessing's usual server. multiprocessing keeps its server's pid and address in private
-attributes: they are read and written here only, and on an interpreter where they are not what
-this module knows (``_KNOWN``) ``prestart`` leaves the usual server to the agent.
+an OpenMP parallel region hangs at its own first one (measured here: GNU libgomp, torch 2.15), and
+one forked after ``torch.cuda.is_available()`` cannot use CUDA. So ``prestart`` is called by the
+verbs that know they have only read their config yet (``train``, ``run``, ``launch agent``,
+``sweep``, ``bench throughput``/``scaling``/``collectives``, ``accept``; ARCHITECTURE.md), before
+the data preparation; everywhere else the agent starts multiprocessing's usual server.
+multiprocessing keeps its server's pid and address in private attributes: they are read and
+written here only, and on an interpreter where they are not what this module knows (``_KNOWN``)
+``prestart`` leaves the usual server to the agent.
 """
 
 from __future__ import annotations
