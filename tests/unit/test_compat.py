@@ -20,7 +20,8 @@ import torch
 
 from hpcpipe import compat
 
-SRC = Path(compat.__file__).parent
+COMPAT = Path(compat.__file__).parent
+SRC = COMPAT.parent
 
 # Private names hpcpipe reaches on torch objects (not on its own): each must appear only in compat.
 TORCH_PRIVATE_ATTRS = {
@@ -51,12 +52,12 @@ def test_private_api_resolves_on_installed_torch(name: str) -> None:
 
 def test_missing_api_names_torch_version_and_attribute() -> None:
     with pytest.raises(compat.TorchAPIError) as info:
-        compat._require(types.SimpleNamespace(), "_gone", "do a thing")
+        compat.guard.require(types.SimpleNamespace(), "_gone", "do a thing")
     message = str(info.value)
     assert f"torch {torch.__version__}" in message
     assert "SimpleNamespace._gone" in message and "do a thing" in message
     with pytest.raises(compat.TorchAPIError, match=r"module torch\.no_such_module"):
-        compat._require("torch.no_such_module", "x", "do a thing")
+        compat.guard.require("torch.no_such_module", "x", "do a thing")
 
 
 def test_ddp_reset_reducer_names_what_is_missing() -> None:
@@ -119,7 +120,7 @@ _LIVE = textwrap.dedent(
     assert compat.fsdp_can_reset_iter_state(model)
     compat.fsdp_reset_iter_state(model)
     compat.fsdp_drop_unsharded_grads(model)
-    for p in compat._fsdp_params(model):
+    for p in compat.fsdp._fsdp_params(model):
         assert getattr(p, "_unsharded_param", None) is None or p._unsharded_param.grad is None
     model.set_requires_gradient_sync(True)
     model(x).sum().backward()
@@ -175,10 +176,25 @@ def test_no_private_torch_api_outside_compat() -> None:
     offenders = [
         use
         for path in sorted(SRC.rglob("*.py"))
-        if path.name != "compat.py"
+        if COMPAT not in path.parents
         for use in _private_torch_uses(path)
     ]
-    assert offenders == [], "private torch APIs belong in hpcpipe/compat.py: " + ", ".join(offenders)
+    assert offenders == [], "private torch APIs belong in hpcpipe/compat/: " + ", ".join(offenders)
+
+
+def test_every_module_that_reaches_torch_internals_lists_them_in_private_apis() -> None:
+    """Each area module keeps its own PRIVATE_APIS and the package's is their union: a module added
+    without its list, or left out of the union, fails here."""
+    import importlib
+    import pkgutil
+
+    for info in pkgutil.iter_modules([str(COMPAT)]):
+        module = importlib.import_module(f"hpcpipe.compat.{info.name}")
+        if info.name == "guard":  # the resolver itself reaches nothing
+            continue
+        listed = getattr(module, "PRIVATE_APIS", None)
+        assert listed, f"hpcpipe/compat/{info.name}.py lists no PRIVATE_APIS (every area module reaches some)"
+        assert set(listed) <= set(compat.PRIVATE_APIS), f"{info.name}'s PRIVATE_APIS is not gathered"
 
 
 def test_the_scan_finds_private_uses(tmp_path: Path) -> None:
