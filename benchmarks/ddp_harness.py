@@ -137,10 +137,28 @@ def raw_steps(
 
 
 def spawn(worker: Callable[..., None], args: tuple[Any, ...], nproc: int, out: Path) -> dict[str, Any]:
-    """``worker(rank, *args)`` on ``nproc`` spawned processes; the result rank 0 wrote to
-    ``out/result.json`` (``finish``)."""
+    """``worker(rank, *args)`` on ``nproc`` processes; the result rank 0 wrote to
+    ``out/result.json`` (``finish``).
+
+    The ranks fork from multiprocessing's fork server: the script's own process when its ``main``
+    called ``ranks_fork_from_here`` first, else a fresh one that imports the script once. Each
+    spawned rank used to be a fresh interpreter importing torch and the trainer again. The timed
+    blocks start after every rank has joined the group and warmed up: how a rank started does not
+    reach them."""
+    import multiprocessing
+
     import torch.multiprocessing as mp
 
-    mp.start_processes(worker, args=args, nprocs=nproc, start_method="spawn")
+    multiprocessing.set_forkserver_preload([worker.__module__])
+    mp.start_processes(worker, args=args, nprocs=nproc, start_method="forkserver")
     result: dict[str, Any] = json.loads((out / "result.json").read_text())
     return result
+
+
+def ranks_fork_from_here() -> None:
+    """Fork this process into the ranks' server now (``hpcpipe.launch.fork_server.prestart``): its
+    imports are then the ranks' for free. First thing in ``main``: a process forked after torch
+    computed (an OpenMP region) hangs at its own first one."""
+    from hpcpipe.launch.fork_server import prestart
+
+    prestart(())

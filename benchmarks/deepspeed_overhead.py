@@ -29,7 +29,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ddp_harness import finish, join_group, spawn
+from ddp_harness import finish, join_group, ranks_fork_from_here, spawn
 from harness import Comparison, block_parser, compare_loops, emit, parse_with_smoke, print_table, trainer_loop
 from hpcpipe.config import load_config
 from hpcpipe.models.gpt import GPT
@@ -78,6 +78,8 @@ class RawDeepSpeedLoop:
 
 
 def rank_main(rank: int, port: int, args: argparse.Namespace, out: Path) -> None:
+    # Here, not in main: main forks the ranks' server before anything touches CUDA.
+    os.environ.setdefault("DS_ACCELERATOR", "cpu" if not torch.cuda.is_available() else "cuda")
     jobs = {
         name: job_for(args, strategy, out) for name, strategy in (("hpcpipe", "deepspeed"), ("fsdp", "fsdp"))
     }
@@ -107,7 +109,7 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=4096)
     parser.add_argument("--stage", type=int, default=3, choices=(0, 1, 2, 3))
     args = parse_with_smoke(parser, {"repeats": 1, "steps": 1, "batch": 1, "vocab": 256})
-    os.environ.setdefault("DS_ACCELERATOR", "cpu" if not torch.cuda.is_available() else "cuda")
+    ranks_fork_from_here()
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
         rates = spawn(rank_main, (free_port(), args, out), WORLD, out)

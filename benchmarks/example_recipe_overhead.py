@@ -32,6 +32,7 @@ sys.path.insert(0, str(EXAMPLE / "src"))  # the example is named by import path,
 from ddp_harness import (  # noqa: E402
     SampledBatches,
     compare_on_rank,
+    ranks_fork_from_here,
     raw_steps,
     spawn,
     timing_overrides,
@@ -90,6 +91,7 @@ def main() -> None:
         "--per-class", type=int, default=None, help="recipe.train_per_class (default: the job's)"
     )
     args = parse_with_smoke(parser, {"repeats": 1, "steps": 2, "batch": 4, "per_class": 8})
+    ranks_fork_from_here()
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)

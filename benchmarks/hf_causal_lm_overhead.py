@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from ddp_harness import (
     SampledBatches,
     compare_on_rank,
+    ranks_fork_from_here,
     raw_steps,
     spawn,
     timing_overrides,
@@ -122,6 +123,7 @@ def main() -> None:
     # --smoke: the random 2-layer Llama on 20 kB of text, prepared in the temporary directory
     toy = {"model": "tiny", "repeats": 1, "steps": 1, "batch": 1, "seq_len": 32}
     args = parse_with_smoke(parser, {**toy, "max_bytes": 20_000, "prepared": None})
+    ranks_fork_from_here()
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)

@@ -25,7 +25,7 @@ import threading
 import urllib.request
 from pathlib import Path
 
-from ddp_harness import finish, spawn
+from ddp_harness import finish, ranks_fork_from_here, spawn
 from harness import Comparison, emit, parse_with_smoke, print_table
 from hpcpipe.netutil import free_port
 from observer_pair import PAIR_TOY, QUIET, ObserverPair, describe, pair_parser
@@ -69,6 +69,7 @@ def main() -> None:
     parser.add_argument("--observers", choices=("telemetry", "tracking"), default="telemetry")
     parser.add_argument("--scrape-s", type=float, default=1.0, help="seconds between scrapes")
     args = parse_with_smoke(parser, {**PAIR_TOY, "scrape_s": 0.2})
+    ranks_fork_from_here()
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)

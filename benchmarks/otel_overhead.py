@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from ddp_harness import finish, spawn
+from ddp_harness import finish, ranks_fork_from_here, spawn
 from harness import Comparison, emit, parse_with_smoke, print_table
 from hpcpipe.config.observe import OtelConfig
 from hpcpipe.netutil import free_port
@@ -128,6 +128,7 @@ def main() -> None:
     parser.add_argument("--sample-every", type=int, default=10, help="observe.otel.sample_every_steps")
     parser.add_argument("--direct-steps", type=int, default=2000, help="steps of the direct measure")
     args = parse_with_smoke(parser, {**PAIR_TOY, "sample_every": 1, "direct_steps": 20})
+    ranks_fork_from_here()  # before the collector's thread starts
 
     collector = Collector()
     collector.thread.start()

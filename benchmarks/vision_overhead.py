@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ddp_harness import SampledBatches, finish, join_group, spawn, trainer_for
+from ddp_harness import SampledBatches, finish, join_group, ranks_fork_from_here, spawn, trainer_for
 from harness import block_parser, compare_loops, parse_with_smoke, report_pair, trainer_loop
 from hpcpipe.config import JobConfig, load_config
 from hpcpipe.data.images.generator import write_dataset
@@ -176,6 +176,7 @@ def main() -> None:
     toy = {"repeats": 1, "steps": 1, "batch": 2, "images": 64}
     toy |= {"knobs": True, "knob_repeats": 1, "knob": ["channels_last"]}
     args = parse_with_smoke(parser, toy)
+    ranks_fork_from_here()
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)

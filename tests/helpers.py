@@ -151,6 +151,12 @@ def write_synthetic_corpus(path: Path, n_sentences: int = 6000, seed: int = 0) -
     return path
 
 
+# For a test about a run's processes (a deadline, a session, a kill), not its training: each rank
+# sleeps in its data path instead of training flat out on the cores the other tests need (two
+# such tests used 18 and 23 CPU-s for a 12-15 s deadline).
+IDLE_RANKS = {"HPCPIPE_CHAOS_SLOW": "where=data,seconds=0.5"}
+
+
 def tiny_job_sets(tmp: Path, name: str, *extra: str) -> list[str]:
     """``--set`` arguments for the tiny preset on the synthetic corpus in ``tmp``, logging every step."""
     corpus = tmp / "corpus.txt"

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from tests.helpers import IDLE_RANKS
 
 # The suite's modules import one another by name, as a script's folder is on sys.path when it runs.
 sys.path.append(str(Path(__file__).resolve().parents[3] / "benchmarks"))
@@ -82,7 +83,7 @@ def test_a_forked_hpcpipe_command_past_its_deadline_dies_with_its_workers(tmp_pa
     run = gsr.StepRun(_suite(tmp_path), "forked", time.monotonic() + 15)
     sets = [f"run.out_dir={tmp_path}", "train.steps=1000000", "observe.progress=false"]
     argv = run.argv(["train", "tiny", "--nproc", "2", *[a for s in sets for a in ("--set", s)]])
-    proc, log = run.start(argv)
+    proc, log = run.start(argv, IDLE_RANKS)
     assert isinstance(proc, ForkedCommand)
     deadline = time.monotonic() + 20
     while len(process_tree(proc.pid)) < 3 and time.monotonic() < deadline:  # the server and 2 ranks

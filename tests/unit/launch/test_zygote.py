@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from tests.helpers import CLI_ZYGOTE, run_cli
+from tests.helpers import CLI_ZYGOTE, IDLE_RANKS, run_cli
 
 from hpcpipe.launch.zygote import _ZYGOTE, Launch, run_hpcpipe, run_script
 
@@ -99,8 +99,9 @@ def test_a_chaos_run_is_its_own_session_and_past_its_timeout_dies_with_its_worke
 
     watcher = threading.Thread(target=watch)
     watcher.start()
+    args = ["train", "tiny", *[a for s in sets for a in ("--set", s)]]
     with pytest.raises(TrialTimeout, match="ran past 12 s"):
-        run_job(["train", "tiny", *[a for s in sets for a in ("--set", s)]], tmp_path, 12, log="long")
+        run_job(args, tmp_path, 12, IDLE_RANKS, log="long")
     watcher.join()
     assert sessions and os.getsid(0) not in sessions  # a terminal's Ctrl-C would not reach the run
     assert (tmp_path / "long.out").is_file() and (tmp_path / "long.err").is_file()
