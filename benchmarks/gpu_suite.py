@@ -53,7 +53,8 @@ GPT in fp32 without torch.compile, 2 gloo ranks for FSDP2 and ZeRO-3, a simulate
 HPCPIPE_CHAOS_OOM, a 2-layer Qwen2 shape, CPU tensors for the checkpoint), so the suite is known
 to work before a GPU runs it; the test suite runs it (tests/e2e/test_gpu_suite_dry_run.py). Its
 figures measure nothing. Its MFU is taken against the compute step's measured fp32 matmul
-figure (a CPU has no datasheet peak).
+figure (a CPU has no datasheet peak; n = 1024, median of 3 windows), so it reads high or even
+above 100% when other work took the cores while that figure was measured.
 
 On one GPU, fsdp2 and deepspeed SKIP: hpcpipe trains a single process unwrapped
 (``parallel.resolve_strategy`` makes world size 1 "single" and refuses deepspeed there) and NCCL
