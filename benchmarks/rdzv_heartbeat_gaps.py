@@ -34,6 +34,7 @@ from typing import Any
 from harness import emit, parse_with_smoke
 from hpcpipe.chaos.jobs import descendants, hpcpipe_env, kill_group
 from hpcpipe.config import load_config
+from hpcpipe.launch import zygote
 from hpcpipe.layout import RunLayout
 from hpcpipe.netutil import free_port
 
@@ -70,8 +71,11 @@ def _run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     ]
     prep = ["train", "tiny", "--set", "run.name=prepare", "--set", "train.steps=1"]
     prep += [a for s in sets for a in ("--set", s)]
-    hpcpipe = [sys.executable, "-m", "hpcpipe"]
-    subprocess.run([*hpcpipe, *prep], cwd=work, env=hpcpipe_env(), check=True, capture_output=True)
+    # Forked from this process's zygote (torch imported once): a one-step run that prepares the data.
+    zygote.prestart()
+    done = zygote.run_hpcpipe(prep, work, hpcpipe_env())
+    if done.returncode != 0:
+        raise RuntimeError(f"preparing the data failed:\n{done.stderr[-3000:]}")
     job = load_config(
         "tiny",
         [
