@@ -141,15 +141,11 @@ def spawn(worker: Callable[..., None], args: tuple[Any, ...], nproc: int, out: P
     ``out/result.json`` (``finish``).
 
     The ranks fork from multiprocessing's fork server: the script's own process when its ``main``
-    called ``ranks_fork_from_here`` first, else a fresh one that imports the script once. Each
-    spawned rank used to be a fresh interpreter importing torch and the trainer again. The timed
-    blocks start after every rank has joined the group and warmed up: how a rank started does not
-    reach them."""
-    import multiprocessing
-
+    called ``ranks_fork_from_here`` first (its imports are theirs), else multiprocessing's usual
+    server, where each rank imports the script itself as a spawned one did. The timed blocks start
+    after every rank has joined the group and warmed up: how a rank started does not reach them."""
     import torch.multiprocessing as mp
 
-    multiprocessing.set_forkserver_preload([worker.__module__])
     mp.start_processes(worker, args=args, nprocs=nproc, start_method="forkserver")
     result: dict[str, Any] = json.loads((out / "result.json").read_text())
     return result
