@@ -115,7 +115,9 @@ def test_a_server_stopped_mid_run_is_filled_in_by_track_sync(server: MlflowServe
     """The run reaches the server through a gate (tcp_gate.py): closed mid-run, the run sees a
     stopped server (refused, reset); opened again after it, the same URL answers for the sync
     (restarting the MLflow server itself took 30-50 s of the suite's time)."""
-    steps = 60
+    # 30 steps of 0.3 s (two micro-steps held 0.15 s each): the first batch reaches the server
+    # about 2 s in (BATCH_WINDOW_S), and the rest of the run, about 7 s, goes on past the closed gate.
+    steps = 30
     gate = TcpGate(server.port).open()
     sets = tiny_job_sets(
         tmp_path, "gap", f"train.steps={steps}", "train.eval_every=0",

@@ -225,6 +225,12 @@ ELASTIC = [
     "checkpoint.every_steps=20",
     "observe.log_every=5",
     "train.global_batch_size=16",
+    # The defaults between hosts (a 15 s last call; 5 s heartbeats, 3 missed to lose a node) put
+    # 28 s of waiting into each lost node; these tests are about what happens, not how soon, and
+    # the namespaces share one clock. A 5 s last call still lets srun's two agents, started
+    # together, form the first round as one.
+    "parallel.rdzv_last_call_s=5",
+    "parallel.rdzv_keep_alive_s=1",
 ]
 
 
@@ -265,10 +271,11 @@ def test_elastic_job_loses_a_node_and_finishes_on_the_other(cluster: SlurmCluste
 
 
 def test_a_node_that_joins_later_grows_the_world(cluster: SlurmCluster, work: Path) -> None:
-    # Long enough at world size 2 that the second agent (several seconds to start) joins mid-run:
-    # 300 steps, each held 0.1 s in its data path (HPCPIPE_CHAOS_SLOW), sleeping rather than
-    # computing 600 steps on a busy 2-core machine.
-    longer = [*ELASTIC, "train.steps=300"]
+    # Long enough at world size 2 that the second agent joins mid-run: each step is held 0.1 s
+    # per micro-step in its data path (HPCPIPE_CHAOS_SLOW), sleeping rather than computing on a
+    # busy 2-core machine, so the 120 steps left after step 30 take about 27 s at world size 2;
+    # the second agent joined within 4 s of its start here (2026-12-03).
+    longer = [*ELASTIC, "train.steps=150"]
     job = load_config("tiny", [s for s in _sets(work, "elastic-up", *longer) if s != "--set"])
     config = job.run_dir / "config.yaml"
     job.run_dir.mkdir(parents=True, exist_ok=True)
@@ -303,7 +310,7 @@ def test_a_node_that_joins_later_grows_the_world(cluster: SlurmCluster, work: Pa
     assert codes == [0, 0], logs
     assert _membership(job.run_dir) == [(2, 4)], read_events(job.run_dir)
     rows = [r for r in read_metrics(job.run_dir) if "loss" in r]
-    assert rows[0]["world_size"] == 2 and rows[-1]["world_size"] == 4 and rows[-1]["step"] == 300
+    assert rows[0]["world_size"] == 2 and rows[-1]["world_size"] == 4 and rows[-1]["step"] == 150
 
 
 def _start(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
