@@ -69,7 +69,8 @@ export NO_MKDOCS_2_WARNING := 1
 # mypy's cache is kept per machine, as the model cache is: a fresh clone's first check cost 35-75
 # CPU-s (2026-12-02), taken from the suite that `make test` runs beside it. It is sound across
 # clones: each module's entry is keyed by mypy's version and options and its file's hash, so what
-# a clone changed is checked anew (and what imports it).
+# a clone changed is checked anew (and what imports it). A clone at another path still pays about
+# 32 CPU-s of it (2026-12-03; see `test`), against 2 for the same path again.
 MYPY_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/hpcpipe/mypy
 lint: install-test
 	$(BIN)/ruff check src tests benchmarks scripts
@@ -96,10 +97,14 @@ bytecode: install-test
 # so the two workers finish together; on 2 cores this also overlaps one test's waits with
 # another's compute. Lint runs beside the suite (mypy from a cold cache is a minute of one core;
 # with the machine's cache, MYPY_CACHE, seconds); its output follows the suite's, and either
-# failing fails. A third worker was slower: 19:47 against 17:13 for pytest (2026-12-02).
+# failing fails. It runs at the lowest priority (nice 19), on what the suite leaves idle: in a
+# fresh clone mypy took 32.6 CPU-s, most of them while the workers started and collected (the
+# machine's cache, written from another path, leaves 129 groups of modules stale: those whose
+# imports go missing, such as protobuf stubs, and what imports them; 2026-12-03). A third worker
+# was slower: 19:47 against 17:13 for pytest (2026-12-02).
 PYTEST_WORKERS ?= 2
 test: install-test kfp-env fc-assets system-deps bytecode
-	@$(MAKE) --no-print-directory lint > .lint.log 2>&1 & lint=$$!; \
+	@nice -n 19 $(MAKE) --no-print-directory lint > .lint.log 2>&1 & lint=$$!; \
 	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder; suite=$$?; \
 	wait $$lint; linted=$$?; echo "--- lint (make lint):"; cat .lint.log; \
 	if [ $$linted -ne 0 ]; then echo "lint failed"; exit $$linted; fi; exit $$suite
