@@ -99,9 +99,9 @@ bytecode: install-test
 # with the machine's cache, MYPY_CACHE, seconds); its output follows the suite's, and either
 # failing fails. It runs at the lowest priority (nice 19), on what the suite leaves idle: in a
 # fresh clone mypy took 32.6 CPU-s, most of them while the workers started and collected (the
-# machine's cache, written from another path, leaves 129 groups of modules stale: those whose
-# imports go missing, such as protobuf stubs, and what imports them; 2026-12-03). A third worker
-# was slower: 19:47 against 17:13 for pytest (2026-12-02).
+# machine's cache, written from another path, leaves 129 groups of modules stale: 4 stub modules
+# mypy reports stale on every change of path, such as opentelemetry's *_pb2.pyi, and what imports
+# them; 2026-12-03). A third worker was slower: 19:47 against 17:13 for pytest (2026-12-02).
 PYTEST_WORKERS ?= 2
 test: install-test kfp-env fc-assets system-deps bytecode
 	@nice -n 19 $(MAKE) --no-print-directory lint > .lint.log 2>&1 & lint=$$!; \

@@ -17,21 +17,15 @@ import json
 import shutil
 import subprocess
 import sys
-from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
 import torch
-from tests.helpers import run_cli, tiny_job_sets
+from tests.helpers import needs_package, run_cli, tiny_job_sets
 
 from hpcpipe.observe.metrics import read_metrics
 
-# find_spec, not importorskip: collection would import DeepSpeed (1.3 s) in every xdist worker.
-pytestmark = [
-    pytest.mark.distributed,
-    pytest.mark.timeout(600),
-    pytest.mark.skipif(find_spec("deepspeed") is None, reason="needs deepspeed (the deepspeed extra)"),
-]
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(600), needs_package("deepspeed", "deepspeed")]
 
 RTOL = 1e-4
 PARTITION_ALL = "parallel.deepspeed_config={zero_optimization: {stage3_param_persistence_threshold: 0}}"

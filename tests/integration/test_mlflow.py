@@ -11,20 +11,14 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
-from tests.helpers import run_cli, tiny_job_sets
+from tests.helpers import needs_package, run_cli, tiny_job_sets
 from tests.integration.mlflow_server import MlflowServer
 from tests.integration.tcp_gate import TcpGate
 
-# find_spec, not importorskip: collection would import MLflow (1.2 s) in every xdist worker.
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.timeout(600),
-    pytest.mark.skipif(find_spec("mlflow") is None, reason="needs mlflow (the mlflow extra)"),
-]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600), needs_package("mlflow", "mlflow")]
 
 SECRET = "s3cret-pw"
 STEPS = 20

@@ -5,18 +5,17 @@ AST checker accepts where the same model, unconstrained, writes garbage."""
 from __future__ import annotations
 
 import json
-from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.helpers import needs_package
 
 from hpcpipe.data.function_calling.conversation import Conversation, Message, ToolCall
 from hpcpipe.data.function_calling.tokens import ChatFormat, format_call
 from hpcpipe.errors import UserError
 
-# find_spec, not importorskip: collection would import xgrammar (0.6 s) in every xdist worker.
-pytestmark = pytest.mark.skipif(find_spec("xgrammar") is None, reason="needs xgrammar (the lora extra)")
+pytestmark = needs_package("xgrammar", "lora")
 
 WEATHER = {
     "name": "get_weather",
