@@ -30,6 +30,7 @@ import json
 import random
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
+from functools import cache
 from typing import Any
 
 from hpcpipe.config.synthetic import SHAPE_FIELDS, SyntheticMix
@@ -209,15 +210,23 @@ def _shuffled(g: _Gen) -> list[Spec]:
     library, mix = _library(g), g.mix
     if mix.enum_nested == 1 and not mix.science and mix.place_functions == 1:
         return g.r.sample(library, len(library))
-    science = set(SCIENCE_LIBRARY)
-    weights = [
-        (mix.enum_nested if s.rich else 1.0)
-        * (mix.science if s in science else 1.0)
-        * (mix.place_functions if s.name in PLACE_PARAMS else 1.0)
+    draw = g.r.random
+    keys = [draw() ** exponent for exponent in _exponents(mix.enum_nested, mix.science, mix.place_functions)]
+    return [library[i] for i in sorted(range(len(library)), key=keys.__getitem__, reverse=True)]
+
+
+@cache
+def _exponents(enum_nested: float, science: float, place_functions: float) -> tuple[float, ...]:
+    """``1 / weight`` of each library function (in ``_library``'s order) for ``_shuffled``, worked
+    out once per mix: every conversation shuffles the library at least once."""
+    library = LIBRARY + SCIENCE_LIBRARY if science else LIBRARY
+    weights = (
+        (enum_nested if s.rich else 1.0)
+        * (science if s in SCIENCE_LIBRARY else 1.0)
+        * (place_functions if s.name in PLACE_PARAMS else 1.0)
         for s in library
-    ]
-    keys = [g.r.random() ** (1 / w) for w in weights]
-    return [spec for _, spec in sorted(zip(keys, library, strict=True), key=lambda kv: -kv[0])]
+    )
+    return tuple(1 / w for w in weights)
 
 
 def _with_distractors(needed: list[Spec], g: _Gen, most: int = 4) -> list[Spec]:
