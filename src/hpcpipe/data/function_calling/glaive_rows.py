@@ -33,9 +33,10 @@ def to_glaive(conv: Conversation, rng: random.Random | None = None) -> dict[str,
 
 @lru_cache(maxsize=4096)
 def _indented(compact: str) -> str:
-    """A function's schema as Glaive lists it (JSON indented by 4), from its compact JSON: the few
-    hundred schemas recur in every row, and ``json`` indents in pure Python (10 times slower than
-    the compact C encoder that makes this key)."""
+    """A function's schema as Glaive lists it (JSON indented by 4), from its compact JSON. The
+    same schemas recur row after row (40 everyday functions, a few thousand spellings once names
+    are dotted or namespaced), and ``json`` indents in pure Python: 3.6 times the compact C
+    encoder's time, which makes the key (2026-12-03, "AMD EPYC")."""
     return json.dumps(json.loads(compact), indent=4, ensure_ascii=False)
 
 
