@@ -496,7 +496,7 @@ def test_generator_is_deterministic_per_seed() -> None:
 
 
 # The rows' SHA-256 (first 16 hex digits) for seed 11: the shipped results (the LoRA tables) were
-# trained on rows from this generator, so a change to what the generator draws, or in which order, must be
+# trained on rows from this generator, so a change to what it draws, or in which order, must be
 # deliberate: update these with the note that says why.
 STREAM = {
     "default": "e96de9a83d267a0a",
