@@ -146,9 +146,19 @@ def spawn(worker: Callable[..., None], args: tuple[Any, ...], nproc: int, out: P
     after every rank has joined the group and warmed up: how a rank started does not reach them."""
     import torch.multiprocessing as mp
 
-    mp.start_processes(worker, args=args, nprocs=nproc, start_method="forkserver")
+    mp.start_processes(_rank, args=(worker, *args), nprocs=nproc, start_method="forkserver")
     result: dict[str, Any] = json.loads((out / "result.json").read_text())
     return result
+
+
+def _rank(rank: int, worker: Callable[..., None], *args: Any) -> None:
+    """A rank started as hpcpipe starts its workers (``launch/exit.py restore_fresh_defaults``):
+    the default signal dispositions and start method, so its DataLoader workers fork as in a run
+    instead of asking the server's "forkserver" context for a server of their own."""
+    from hpcpipe.launch.exit import restore_fresh_defaults
+
+    restore_fresh_defaults()
+    worker(rank, *args)
 
 
 def ranks_fork_from_here() -> None:

@@ -172,9 +172,11 @@ def main() -> None:
     parser.add_argument(
         "--knob", nargs="+", choices=list(KNOBS), default=list(KNOBS), help="with --knobs: these only"
     )
-    # --smoke: the knobs' path too (make bench measures them), with the cheapest knob, on 64 images
+    # --smoke: the knobs' path too (make bench measures them), on 64 images, with the knob that
+    # starts DataLoader workers inside a rank: the one path of --knobs that once hung while every
+    # smoke run passed (the ranks' fork server handed them a held lock, launch/fork_server.py)
     toy = {"repeats": 1, "steps": 1, "batch": 2, "images": 64}
-    toy |= {"knobs": True, "knob_repeats": 1, "knob": ["channels_last"]}
+    toy |= {"knobs": True, "knob_repeats": 1, "knob": ["workers=1, persistent"]}
     args = parse_with_smoke(parser, toy)
     ranks_fork_from_here()
 

@@ -116,6 +116,7 @@ def _serve(listener: socket.socket, alive_r: int, alive_w: int, preload: Sequenc
     code = 0
     try:
         os.close(alive_w)
+        _unlock_the_record()
         with contextlib.suppress(OSError):
             Path("/proc/self/comm").write_text(SERVER_NAME)
         from multiprocessing import forkserver
@@ -130,6 +131,17 @@ def _serve(listener: socket.socket, alive_r: int, alive_w: int, preload: Sequenc
     except BaseException:
         code = 1
     os._exit(code)
+
+
+def _unlock_the_record() -> None:
+    """The server was forked while ``prestart`` held the fork-server record's lock, so the lock is
+    held in it and in every process forked from it: a worker whose DataLoader then asked for a
+    "forkserver" context would wait on it for ever. No other thread exists here: a fresh lock."""
+    import threading
+
+    state = _state()
+    if state is not None:
+        state._lock = threading.Lock()
 
 
 def fork_flushed() -> int:

@@ -38,9 +38,17 @@ SCRIPT = textwrap.dedent(
     heap = ctx.Process(target=exec, args=(probe,))
     heap.start()
     heap.join(30)
+    # The record's lock, held by prestart while it forked the server, is free in what it forks
+    # (a held one hung a rank's DataLoader that asked for a "forkserver" context).
+    lock = ("import multiprocessing.forkserver as f, os; "
+            "os._exit(13 if f._forkserver._lock.acquire(timeout=5) else 14)")
+    locked = ctx.Process(target=exec, args=(lock,))
+    locked.start()
+    locked.join(30)
     comm = open(f"/proc/{first}/comm").read().strip()
     cmdline = open(f"/proc/{first}/cmdline", "rb").read().split(b"\\0")[0].decode()
     print(json.dumps({"server": first, "code": child.exitcode, "heap": heap.exitcode, "comm": comm,
+                      "lock": locked.exitcode,
                       "cmdline": cmdline, "exit_dir": os.environ.get("HPCPIPE_EXIT_DIR", "")}))
     """
 )
@@ -54,6 +62,7 @@ def test_the_launcher_forks_a_named_server_that_starts_processes_once() -> None:
     seen = json.loads(proc.stdout.strip().splitlines()[-1])
     assert seen["code"] == 7  # a process forked by the server, its exit code passed back
     assert seen["heap"] == 11  # its heap frozen, its collector on
+    assert seen["lock"] == 13  # multiprocessing's fork-server lock free in it
     assert seen["comm"] == SERVER_NAME
     # A fork of this interpreter (same command line), not multiprocessing's `python -c ...forkserver`.
     assert seen["cmdline"] == sys.executable
