@@ -189,12 +189,15 @@ def _drop_exit_traceback(record: logging.LogRecord) -> bool:
     return not (record.exc_info and str(record.msg).startswith("failed (exitcode"))
 
 
-# torch's agent announces a SIGTERM or Ctrl-C it passes on to the workers in warnings of its own;
+# torch's agent announces a SIGTERM or Ctrl-C it passes on to the workers in warnings of its own,
+# and so does its process group when one worker failed and it stops the others still alive (which
+# of them are depends on timing: a rank that was already leaving after its own error line is not);
 # each rank then says what it did and the run ends with one line, so these only push that line
-# off a newcomer's screen. Its warning about a worker it had to SIGKILL stays.
+# off a newcomer's screen. Its warnings about a worker it had to SIGKILL stay.
 _SIGNAL_NOTICES = {
     "torch.distributed.elastic.agent.server.api": "Received %s death signal",
     "torch.distributed.elastic.multiprocessing.api": "Closing process %s via signal",
+    "torch.multiprocessing.spawn": "Terminating process %s via signal SIGTERM",
 }
 
 
