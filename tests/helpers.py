@@ -314,3 +314,25 @@ def assert_steps_close(run: dict[int, float], reference: dict[int, float], rel: 
     steps = sorted(run)
     assert steps and all(s in reference for s in steps)
     assert [run[s] for s in steps] == pytest.approx([reference[s] for s in steps], rel=rel)
+
+
+FOLLOWED = ("loss", "grad_norm", "val_loss")  # what "a layout follows one process" compares
+
+
+def metric_rows(run_dir: Path, key: str) -> dict[int, float]:
+    """``key`` by step, from the metrics rows of ``run_dir`` that carry it."""
+    from hpcpipe.observe.metrics import read_metrics
+
+    return {r["step"]: r[key] for r in read_metrics(run_dir) if key in r}
+
+
+def assert_follows(
+    run_dir: Path, reference_dir: Path, rel: float, grad_norm_rel: float | None = None
+) -> None:
+    """Every step's loss, gradient norm (clipping sees the same norm) and validation loss of
+    ``run_dir`` equal ``reference_dir``'s within ``rel`` (the norm within ``grad_norm_rel`` where
+    given). The validation losses compare only where both runs evaluate the same windows: a
+    token recipe evaluates ``eval_batches x micro_batch_size x dp`` of them."""
+    for key in FOLLOWED:
+        tolerance = grad_norm_rel if key == "grad_norm" and grad_norm_rel is not None else rel
+        assert_steps_close(metric_rows(run_dir, key), metric_rows(reference_dir, key), tolerance)

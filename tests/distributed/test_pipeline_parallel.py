@@ -16,9 +16,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from tests.helpers import assert_steps_close, run_cli, run_events, tiny_job_sets
-
-from hpcpipe.observe.metrics import read_metrics
+from tests.helpers import assert_follows, assert_steps_close, metric_rows, run_cli, run_events, tiny_job_sets
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(900)]
 
@@ -44,10 +42,6 @@ def _train(
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     return tmp / name
-
-
-def _rows(run_dir: Path, key: str) -> dict[int, float]:
-    return {r["step"]: r[key] for r in read_metrics(run_dir) if key in r}
 
 
 @pytest.fixture(scope="module")
@@ -83,15 +77,8 @@ def test_each_pipeline_follows_one_process(
     tmp: Path, runs: dict[str, Path], name: str, nproc: int, sets: tuple[str, ...]
 ) -> None:
     run = runs[name] if name in runs else _train(tmp, name, nproc, *sets)
-    losses = _rows(run, "loss")
-    assert sorted(losses) == list(range(1, 21))
-    assert_steps_close(losses, _rows(runs["single"], "loss"), RTOL)
-    assert_steps_close(
-        _rows(run, "grad_norm"), _rows(runs["single"], "grad_norm"), RTOL
-    )  # clipping: the same norm
-    assert_steps_close(
-        _rows(run, "val_loss"), _rows(runs["single"], "val_loss"), RTOL
-    )  # eval through the stages
+    assert sorted(metric_rows(run, "loss")) == list(range(1, 21))
+    assert_follows(run, runs["single"], RTOL)  # val_loss: eval through the stages
 
 
 def test_the_layout_is_logged_and_recorded(runs: dict[str, Path]) -> None:
@@ -105,7 +92,7 @@ def test_a_killed_stage_resumes_bit_for_bit(tmp: Path, runs: dict[str, Path]) ->
     env = {"HPCPIPE_CHAOS_KILL": "step=15,rank=1", "HPCPIPE_CHAOS_DIR": str(tmp / "kill-markers")}
     killed = _train(tmp, "killed", 2, "parallel.pp=2", env=env, restarts=1)
     assert [e["step"] for e in run_events(killed, "resumed")] == [10]
-    assert _rows(killed, "loss") == _rows(runs["1f1b"], "loss")
+    assert metric_rows(killed, "loss") == metric_rows(runs["1f1b"], "loss")
 
 
 @pytest.mark.parametrize(
@@ -127,8 +114,8 @@ def test_a_pipeline_checkpoint_resumes_in_another_layout(
     shutil.copytree(runs[source] / "checkpoints" / step, tmp / name / "checkpoints" / step)
     resumed = _train(tmp, name, nproc, *sets)
     assert [e["step"] for e in run_events(resumed, "resumed")] == [10]
-    assert sorted(_rows(resumed, "loss")) == list(range(11, 21))
-    assert_steps_close(_rows(resumed, "loss"), _rows(runs["single"], "loss"), RTOL)
+    assert sorted(metric_rows(resumed, "loss")) == list(range(11, 21))
+    assert_steps_close(metric_rows(resumed, "loss"), metric_rows(runs["single"], "loss"), RTOL)
 
 
 def test_the_export_of_a_pipeline_checkpoint_is_the_whole_model(tmp: Path, runs: dict[str, Path]) -> None:

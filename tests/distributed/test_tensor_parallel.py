@@ -16,13 +16,12 @@ import shutil
 from pathlib import Path
 
 import pytest
-from tests.helpers import assert_steps_close, run_cli, run_events, tiny_job_sets
-
-from hpcpipe.observe.metrics import read_metrics
+from tests.helpers import assert_follows, assert_steps_close, metric_rows, run_cli, run_events, tiny_job_sets
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(900)]
 
 RTOL = 1e-5
+HF_GRAD_NORM_RTOL = 1e-4  # fp32 sums in another order, on a randomly initialised Hugging Face Llama
 LLAMA = ("model.variant=llama", "model.n_heads=4")  # 4 heads: tp 2 splits them 2 + 2
 
 
@@ -56,7 +55,7 @@ def _train(
 
 
 def _losses(run_dir: Path) -> dict[int, float]:
-    return {r["step"]: r["loss"] for r in read_metrics(run_dir) if "loss" in r}
+    return metric_rows(run_dir, "loss")
 
 
 def _resume_from(tmp: Path, source: Path, name: str, step: int) -> Path:
@@ -77,14 +76,15 @@ def runs(tmp: Path) -> dict[str, Path]:
         "single": _train(tmp, "single", 1),
         "tp2": _train(tmp, "tp2", 2, "parallel.tp=2", sample=True),
         "llama": _train(tmp, "llama", 1, *LLAMA),
-        "llama_dp2_tp2": _train(tmp, "llama_dp2_tp2", 4, *LLAMA, "parallel.tp=2", "train.micro_batch_size=4"),
+        # micro 2 x dp 2 x 2 accumulated: the global batch of 8, and the 8 validation windows
+        # (eval_batches x micro x dp) one process with micro 4 evaluates
+        "llama_dp2_tp2": _train(tmp, "llama_dp2_tp2", 4, *LLAMA, "parallel.tp=2", "train.micro_batch_size=2"),
     }
 
 
 def test_tp2_follows_one_process(runs: dict[str, Path]) -> None:
-    tp2 = _losses(runs["tp2"])
-    assert sorted(tp2) == list(range(1, 21))
-    assert_steps_close(tp2, _losses(runs["single"]), RTOL)
+    assert sorted(_losses(runs["tp2"])) == list(range(1, 21))
+    assert_follows(runs["tp2"], runs["single"], RTOL)
     layout = run_events(runs["tp2"], "layout")[0]
     assert layout["tp"] == 2 and layout["dp"] == 1 and layout["tp_groups"] == [[0, 1]]
     sample = (runs["tp2"] / "sample.txt").read_text().removesuffix("\n")
@@ -95,7 +95,7 @@ def test_tp2_follows_one_process(runs: dict[str, Path]) -> None:
 
 
 def test_fsdp2_beside_tp_on_four_ranks_follows_one_process(runs: dict[str, Path]) -> None:
-    assert_steps_close(_losses(runs["llama_dp2_tp2"]), _losses(runs["llama"]), RTOL)
+    assert_follows(runs["llama_dp2_tp2"], runs["llama"], RTOL)
     layout = run_events(runs["llama_dp2_tp2"], "layout")[0]
     assert layout == {**layout, "strategy": "fsdp", "dp": 2, "tp": 2, "tp_groups": [[0, 1], [2, 3]]}
     manifest = json.loads((runs["llama_dp2_tp2"] / "checkpoints/step-00000020/manifest.json").read_text())
@@ -164,9 +164,11 @@ def test_a_hugging_face_llama_splits_by_module_names(tmp: Path) -> None:
         args = tiny_job_sets(hf, name, "observe.progress=false", "recipe.finetune=full", *sets)
         proc = run_cli("train", "hf-causal-lm-tiny", "--nproc", str(nproc), *args, cwd=hf, timeout=400)
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-        runs[name] = _losses(hf / name)
-    assert sorted(runs["hf_tp2"]) == list(range(1, 21))
-    assert_steps_close(runs["hf_tp2"], runs["hf_single"], RTOL)
+        runs[name] = hf / name
+    assert sorted(_losses(runs["hf_tp2"])) == list(range(1, 21))
+    # The gradient norm of the randomly initialised model: 1.7e-5 apart at step 1, within
+    # 1e-5 after (2026-12-03); the losses stay within 2.3e-7.
+    assert_follows(runs["hf_tp2"], runs["hf_single"], RTOL, grad_norm_rel=HF_GRAD_NORM_RTOL)
 
 
 def test_activation_checkpointing_composes_with_tp(killed: Path, runs: dict[str, Path]) -> None:
