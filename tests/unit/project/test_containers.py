@@ -3,6 +3,7 @@ agrees with it. No Docker daemon or Apptainer runs here: they are linted, not bu
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -90,3 +91,36 @@ def test_the_recipe_dockerfiles_are_hadolint_clean_and_check_the_recipe_is_found
         text = dockerfile.read_text()
         assert "FROM ${HPCPIPE_IMAGE}" in text and text.rstrip().splitlines()[-2] == "USER 1000"
         assert "hpcpipe recipes show" in text.rstrip().splitlines()[-1]
+
+
+def _uv() -> Path:
+    """The uv `make` installs (`.tools/bin/uv`, a prerequisite of the test environment)."""
+    found = ROOT / ".tools" / "bin" / "uv"
+    if not found.is_file():
+        pytest.skip(f"{found} missing: `make install-test` puts uv there")
+    return found
+
+
+def test_the_image_requirements_are_hashed_pins_without_torch_or_cuda(tmp_path: Path) -> None:
+    """The Dockerfile's own `uv export` line, run on the lock: every requirement pinned and hashed,
+    and none of what the base image provides (torch, triton, the CUDA wheels; NVML's bindings stay)."""
+    run = re.search(r"^RUN (skip=.*?) && uv pip install", DOCKERFILE.read_text(), re.M | re.S)
+    assert run is not None
+    requirements = tmp_path / "requirements.txt"
+    script = run.group(1).replace("/tmp/requirements.txt", str(requirements))
+    env = {**os.environ, "PATH": f"{_uv().parent}{os.pathsep}{os.environ['PATH']}"}
+    proc = subprocess.run(
+        ["bash", "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    text = requirements.read_text()
+    # one block per requirement: "name==version [; marker] \", then its hash lines
+    blocks = re.findall(r"^([A-Za-z0-9_.-]+)==\S+.*\n((?:    .*\n)*)", text, re.M)
+    names = {name.lower() for name, _ in blocks}
+    assert {"transformers", "peft", "deepspeed", "kubernetes", "opentelemetry-sdk"} <= names
+    unhashed = [name for name, lines in blocks if "--hash=sha256:" not in lines]
+    assert not unhashed, unhashed
+    provided = {
+        n for n in names if n in ("torch", "torchvision", "triton") or n.startswith(("cuda-", "nvidia-"))
+    }
+    assert provided == {"nvidia-ml-py"}, sorted(provided)
