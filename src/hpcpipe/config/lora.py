@@ -26,7 +26,7 @@ class LoraConfig(Section):
         ge=1,
         description="Adapt only the last N decoder layers (null: every layer). Backward then stops "
         "below them, since nothing beneath needs a gradient: on SmolLM2 (30 layers) on 2 CPU "
-        "cores, 20 layers train ~1.4x the tokens/s of 30.",
+        "cores, 20 layers trained at 1.29x the tokens/s of 30 (AMD EPYC, 2026-11-27: benchmarks/README.md).",
     )
     frozen_context: bool = Field(
         False,
