@@ -331,8 +331,8 @@ def assert_follows(
 ) -> None:
     """Every step's loss, gradient norm (clipping sees the same norm) and validation loss of
     ``run_dir`` equal ``reference_dir``'s within ``rel`` (the norm within ``grad_norm_rel`` where
-    given). The validation losses compare only where both runs evaluate the same windows: a
-    token recipe evaluates ``eval_batches x micro_batch_size x dp`` of them."""
+    given). The caller makes both runs evaluate the same windows: a token recipe evaluates
+    ``eval_batches x micro_batch_size x dp`` of them."""
     for key in FOLLOWED:
         tolerance = grad_norm_rel if key == "grad_norm" and grad_norm_rel is not None else rel
         assert_steps_close(metric_rows(run_dir, key), metric_rows(reference_dir, key), tolerance)

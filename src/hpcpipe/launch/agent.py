@@ -190,8 +190,8 @@ def _drop_exit_traceback(record: logging.LogRecord) -> bool:
 
 
 # torch's agent announces a SIGTERM or Ctrl-C it passes on to the workers in warnings of its own,
-# and so does its process group when one worker failed and it stops the others still alive (which
-# of them are depends on timing: a rank that was already leaving after its own error line is not);
+# and torch.multiprocessing's ProcessContext warns for each worker still alive that it SIGTERMs
+# after another one failed (which ones are still alive is timing);
 # each rank then says what it did and the run ends with one line, so these only push that line
 # off a newcomer's screen. Its warnings about a worker it had to SIGKILL stay.
 _SIGNAL_NOTICES = {

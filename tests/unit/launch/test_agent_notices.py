@@ -3,10 +3,21 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 
 import pytest
 
-from hpcpipe.launch.agent import _DropNotice, _quiet_signal_notices
+from hpcpipe.launch.agent import _SIGNAL_NOTICES, _DropNotice, _quiet_signal_notices
+
+
+@pytest.fixture(autouse=True)
+def _filters_restored() -> Iterator[None]:
+    """torch's loggers are process-wide: leave them with the filters they had."""
+    loggers = [logging.getLogger(name) for name in _SIGNAL_NOTICES]
+    before = [list(logger.filters) for logger in loggers]
+    yield
+    for logger, filters in zip(loggers, before, strict=True):
+        logger.filters = filters
 
 
 def _passes(logger: str, msg: str, *args: object) -> bool:

@@ -123,4 +123,4 @@ def test_the_image_requirements_are_hashed_pins_without_torch_or_cuda(tmp_path: 
     provided = {
         n for n in names if n in ("torch", "torchvision", "triton") or n.startswith(("cuda-", "nvidia-"))
     }
-    assert provided == {"nvidia-ml-py"}, sorted(provided)
+    assert provided <= {"nvidia-ml-py"}, sorted(provided)
