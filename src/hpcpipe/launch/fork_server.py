@@ -22,7 +22,6 @@ written here only, and on an interpreter where they are not what this module kno
 from __future__ import annotations
 
 import contextlib
-import functools
 import importlib
 import os
 import signal
@@ -33,24 +32,12 @@ from pathlib import Path
 
 from hpcpipe.launch import heap
 from hpcpipe.launch.exit import EXIT_DIR_VAR, SHIELDED_SIGNALS
+from hpcpipe.launch.exit_dir import exit_dir
 
 # The forked server's process name (/proc/PID/comm, 15 characters at most): its command line is
 # the launcher's, so this is how the agent and the chaos harness tell it from the launcher.
 SERVER_NAME = "hpcpipe-forksrv"
 _KNOWN = ("_forkserver_address", "_forkserver_alive_fd", "_forkserver_pid", "_lock")
-
-
-@functools.cache
-def exit_dir() -> str:
-    """This process's HPCPIPE_EXIT_DIR: made once, because the fork server outlives one agent
-    run (a later run reuses it, and the directory its workers were told)."""
-    import atexit
-    import shutil
-    import tempfile
-
-    path = tempfile.mkdtemp(prefix="hpcpipe-exit-")
-    atexit.register(shutil.rmtree, path, ignore_errors=True)
-    return path
 
 
 @contextlib.contextmanager

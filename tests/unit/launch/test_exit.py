@@ -5,11 +5,14 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from hpcpipe.launch import agent, fork_server
+from hpcpipe.launch import agent
+from hpcpipe.launch import exit_dir as exit_dirs
 from hpcpipe.launch.exit import (
     EXIT_DIR_VAR,
     SHIELDED_SIGNALS,
@@ -77,5 +80,62 @@ def test_a_forked_worker_starts_with_a_fresh_interpreters_defaults() -> None:
 def test_one_exit_directory_per_process_because_the_fork_server_outlives_a_run() -> None:
     # A second run_agent in the same process reuses the running server, whose workers were told
     # the first directory: a new one would lose their codes (read as 137, killed).
-    assert fork_server.exit_dir() == fork_server.exit_dir()
-    assert Path(fork_server.exit_dir()).is_dir()
+    assert exit_dirs.exit_dir() == exit_dirs.exit_dir()
+    assert Path(exit_dirs.exit_dir()).is_dir()
+
+
+def _dead_pid() -> int:
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)  # reaped: the pid names no process now
+    return pid
+
+
+def test_exit_directories_of_launchers_killed_outright_are_removed_by_the_next(tmp_path: Path) -> None:
+    namespace, gone, alive = 4026531836, _dead_pid(), os.getpid()
+    orphan = tmp_path / f"hpcpipe-exit-{namespace}-{gone}-abc"
+    (orphan / "sub").mkdir(parents=True)
+    (orphan / "1234").write_text("0")  # a worker's report, left behind
+    kept = [
+        tmp_path / f"hpcpipe-exit-{namespace}-{alive}-def",  # a launcher still running
+        tmp_path / f"hpcpipe-exit-{namespace + 1}-{gone}-ghi",  # another pid namespace's
+        tmp_path / "hpcpipe-exit-x7k2",  # the old naming: nothing to tell its owner by
+        tmp_path / f"other-{namespace}-{gone}-jkl",
+    ]
+    for path in kept:
+        path.mkdir()
+    not_a_dir = tmp_path / f"hpcpipe-exit-{namespace}-{gone}-file"
+    not_a_dir.write_text("")
+    link = tmp_path / f"hpcpipe-exit-{namespace}-{gone}-link"
+    link.symlink_to(kept[0])
+
+    removed = exit_dirs.remove_orphaned_exit_dirs(str(tmp_path), namespace)
+
+    assert removed == [str(orphan)] and not orphan.exists()
+    assert all(path.is_dir() for path in kept) and not_a_dir.is_file() and link.is_symlink()
+
+
+def test_a_sigkilled_launchers_exit_directory_goes_with_the_next_launcher(tmp_path: Path) -> None:
+    """Real launcher processes: the first makes its directory and dies by SIGKILL (no exit code
+    runs), the second sweeps it when it makes its own, and removes its own at its exit."""
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    make = "from hpcpipe.launch.exit_dir import exit_dir; print(exit_dir(), flush=True)"
+    killed = subprocess.run(
+        [sys.executable, "-c", f"{make}; import os, signal; os.kill(os.getpid(), signal.SIGKILL)"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert killed.returncode == -signal.SIGKILL
+    left = Path(killed.stdout.strip())
+    assert left.is_dir() and left.name.startswith(f"hpcpipe-exit-{os.stat('/proc/self/ns/pid').st_ino}-")
+
+    after = subprocess.run(
+        [sys.executable, "-c", make], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert after.returncode == 0, after.stderr
+    assert Path(after.stdout.strip()).parent == tmp_path != left
+    assert list(tmp_path.iterdir()) == []  # the orphan swept, the second launcher's own removed at exit
