@@ -22,6 +22,17 @@ pytestmark = pytest.mark.timeout(240)
 def _stopped(tmp: Path, name: str, sig: signal.Signals, nproc: int, *sets: str) -> tuple[int, str]:
     """Start the run, wait for its first logged step, send ``sig`` as a terminal or a scheduler
     would (Ctrl-C: the whole foreground process group; SIGTERM: the launcher), wait for the end."""
+    proc = _training(tmp, name, nproc, *sets)
+    if sig == signal.SIGINT:
+        os.killpg(proc.pid, sig)
+    else:
+        proc.send_signal(sig)
+    _, err = proc.communicate(timeout=120)
+    return proc.returncode, err
+
+
+def _training(tmp: Path, name: str, nproc: int, *sets: str) -> subprocess.Popen[str]:
+    """A long local run in its own session, once it has logged its first step."""
     args = tiny_job_sets(
         tmp, name, "train.steps=100000", "train.eval_every=0", "observe.progress=false", *sets
     )
@@ -42,12 +53,7 @@ def _stopped(tmp: Path, name: str, sig: signal.Signals, nproc: int, *sets: str) 
     while not (metrics.is_file() and metrics.stat().st_size > 0) and time.monotonic() < deadline:
         assert proc.poll() is None, proc.communicate()[1][-2000:]
         time.sleep(0.2)
-    if sig == signal.SIGINT:
-        os.killpg(proc.pid, sig)
-    else:
-        proc.send_signal(sig)
-    _, err = proc.communicate(timeout=120)
-    return proc.returncode, err
+    return proc
 
 
 def _committed(run_dir: Path) -> list[int]:
@@ -88,3 +94,37 @@ def test_sigterm_on_two_local_ranks_through_the_agent_exits_75_in_one_line(tmp_p
     assert last.startswith("preempted:") and str(tmp_path / "term-2") in last, err[-2000:]
     assert "death signal" not in err and "Closing process" not in err, err[-2000:]
     assert _committed(tmp_path / "term-2"), "a preemption always checkpoints"
+
+
+def _in_group(pgid: int) -> list[str]:
+    """The live processes of process group ``pgid`` (pid and name; zombies left out)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            name, _, rest = (entry / "stat").read_text().rpartition(")")
+            state, _ppid, group = rest.split()[:3]
+        except (OSError, ValueError):
+            continue
+        if int(group) == pgid and state != "Z":
+            found.append(f"{entry.name} {name.partition('(')[2]}")
+    return found
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
+def test_a_sigkilled_launcher_takes_its_fork_server_and_ranks_with_it(tmp_path: Path) -> None:
+    """Killed outright (by hand, by the OOM killer), the launcher runs no code of its own: its
+    fork server and both ranks must still end, not train on with nobody to stop them."""
+    proc = _training(tmp_path, "killed", 2)
+    assert len(_in_group(proc.pid)) >= 4, _in_group(proc.pid)  # launcher, server, two ranks
+    proc.kill()
+    try:
+        proc.communicate(timeout=30)  # stderr closes when the last process holding it has gone
+    except subprocess.TimeoutExpired:
+        left = _in_group(proc.pid)
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail(f"still running 30 s after the launcher was killed: {left}")
+    assert proc.returncode == -signal.SIGKILL
+    deadline = time.monotonic() + 10  # the resource tracker ends once nothing holds its pipe
+    while _in_group(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _in_group(proc.pid) == []

@@ -164,3 +164,35 @@ def is_fork_server(pid: int, command: str) -> bool:
         return Path(f"/proc/{pid}/comm").read_text().strip() == SERVER_NAME
     except OSError:
         return False
+
+
+def leave_with_the_launcher() -> None:
+    """A forked worker's first step after ``restore_fresh_defaults``: end when the launcher ends,
+    even when it is killed outright (SIGKILL by hand or by the OOM killer).
+
+    multiprocessing gives every child of its fork server a copy of the pipe end the server
+    watches for its launcher's exit, so the server lived as long as any worker did, and the
+    workers of a SIGKILLed launcher went on training with nothing to end them (measured
+    2026-12-03: a 2-rank ``hpcpipe train`` kept both cores busy after its launcher was killed).
+    The worker closes its copy and forgets the server (a "forkserver" context it asks for later
+    starts one of its own, as in a fresh interpreter), then asks Linux for SIGKILL when its
+    parent, the server, ends: the launcher's exit ends the server's loop, and the workers with
+    it, as a lost node's are."""
+    state = _state()
+    if state is not None and state._forkserver_alive_fd is not None:
+        with contextlib.suppress(OSError):
+            os.close(state._forkserver_alive_fd)
+        state._forkserver_alive_fd = state._forkserver_address = state._forkserver_pid = None
+    _die_with_the_parent()
+
+
+def _die_with_the_parent() -> None:
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    pr_set_pdeathsig = 1  # <linux/prctl.h>
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if os.getppid() == 1:  # the server ended before the request took effect
+        os._exit(137)

@@ -20,6 +20,7 @@ from hpcpipe.launch.exit import (
     restore_fresh_defaults,
     return_or_exit,
 )
+from hpcpipe.launch.fork_server import leave_with_the_launcher
 from hpcpipe.layout import RunLayout
 from hpcpipe.train.environment import DistEnv, detect_environment, node_name
 from hpcpipe.train.preempt import INTERRUPT_EXIT_CODE, Preempted
@@ -134,6 +135,7 @@ def main(argv: list[str] | None = None) -> None:
 def forked_main(*args: str) -> None:
     """A worker forked from the local agent's fork server (``launch/agent.py``)."""
     restore_fresh_defaults()
+    leave_with_the_launcher()
     return_or_exit(run(list(args)))
 
 
