@@ -96,17 +96,17 @@ def test_sigterm_on_two_local_ranks_through_the_agent_exits_75_in_one_line(tmp_p
     assert _committed(tmp_path / "term-2"), "a preemption always checkpoints"
 
 
-def _in_group(pgid: int) -> list[str]:
-    """The live processes of process group ``pgid`` (pid and name; zombies left out)."""
+def _in_group(pgid: int) -> list[tuple[int, int, str]]:
+    """The live processes of process group ``pgid``: (pid, parent pid, name); zombies left out."""
     found = []
     for entry in Path("/proc").iterdir():
         try:
             name, _, rest = (entry / "stat").read_text().rpartition(")")
-            state, _ppid, group = rest.split()[:3]
+            state, ppid, group = rest.split()[:3]
         except (OSError, ValueError):
             continue
         if int(group) == pgid and state != "Z":
-            found.append(f"{entry.name} {name.partition('(')[2]}")
+            found.append((int(entry.name), int(ppid), name.partition("(")[2]))
     return found
 
 
@@ -115,13 +115,16 @@ def test_a_sigkilled_launcher_takes_its_fork_server_and_ranks_with_it(tmp_path: 
     """Killed outright (by hand, by the OOM killer), the launcher runs no code of its own: its
     fork server and both ranks must still end, not train on with nobody to stop them."""
     proc = _training(tmp_path, "killed", 2)
-    assert len(_in_group(proc.pid)) >= 4, _in_group(proc.pid)  # launcher, server, two ranks
+    group = _in_group(proc.pid)
+    servers = [pid for pid, parent, name in group if name == "hpcpipe-forksrv" and parent == proc.pid]
+    ranks = [pid for pid, parent, _ in group if parent in servers]
+    assert len(servers) == 1 and len(ranks) == 2, group  # the server the launcher forked, its two ranks
     proc.kill()
     try:
         proc.communicate(timeout=30)  # stderr closes when the last process holding it has gone
     except subprocess.TimeoutExpired:
         left = _in_group(proc.pid)
-        os.killpg(proc.pid, signal.SIGKILL)
+        os.killpg(proc.pid, signal.SIGKILL)  # nothing left behind for the next test
         pytest.fail(f"still running 30 s after the launcher was killed: {left}")
     assert proc.returncode == -signal.SIGKILL
     deadline = time.monotonic() + 10  # the resource tracker ends once nothing holds its pipe

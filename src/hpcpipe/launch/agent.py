@@ -33,7 +33,7 @@ from types import FrameType
 from typing import Any, Literal
 
 from hpcpipe.launch.exit import EXIT_DIR_VAR, PEER_LOST_EXIT_CODE, reported_exit_code
-from hpcpipe.launch.exit_dir import exit_dir
+from hpcpipe.launch.exit_dirs import exit_dir
 from hpcpipe.launch.fork_server import is_fork_server, shielded
 from hpcpipe.launch.stopped import continuing_stopped_workers
 from hpcpipe.netutil import is_loopback

@@ -14,9 +14,10 @@ one forked after ``torch.cuda.is_available()`` cannot use CUDA. So ``prestart`` 
 verbs that know they have only read their config yet (``train``, ``run``, ``launch agent``,
 ``sweep``, ``bench throughput``/``scaling``/``collectives``, ``accept``; ARCHITECTURE.md), before
 the data preparation; everywhere else the agent starts multiprocessing's usual server.
-multiprocessing keeps its server's pid and address in private attributes: they are read and
-written here only, and on an interpreter where they are not what this module knows (``_KNOWN``)
-``prestart`` leaves the usual server to the agent.
+multiprocessing keeps its server's pid, address and the pipe it watches for the launcher in
+private attributes: they are read and written here only (``prestart`` in the launcher,
+``leave_with_the_launcher`` in a worker), and on an interpreter where they are not what this
+module knows (``_KNOWN``) ``prestart`` leaves the usual server to the agent.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from pathlib import Path
 
 from hpcpipe.launch import heap
 from hpcpipe.launch.exit import EXIT_DIR_VAR, SHIELDED_SIGNALS
-from hpcpipe.launch.exit_dir import exit_dir
+from hpcpipe.launch.exit_dirs import exit_dir
 
 # The forked server's process name (/proc/PID/comm, 15 characters at most): its command line is
 # the launcher's, so this is how the agent and the chaos harness tell it from the launcher.
@@ -53,9 +54,14 @@ def shielded() -> Iterator[None]:
 
 
 def _state():  # type: ignore[no-untyped-def]
-    """multiprocessing's fork-server record, or None where it is not the one this module knows."""
+    """multiprocessing's fork-server record where ``prestart`` can fork the server, else None."""
     if sys.version_info >= (3, 14):  # 3.14 authenticates the server: a key this fork would lack
         return None
+    return _record()
+
+
+def _record():  # type: ignore[no-untyped-def]
+    """multiprocessing's fork-server record, or None where it is not the one this module knows."""
     from multiprocessing import forkserver
 
     state = getattr(forkserver, "_forkserver", None)
@@ -174,25 +180,33 @@ def leave_with_the_launcher() -> None:
     watches for its launcher's exit, so the server lived as long as any worker did, and the
     workers of a SIGKILLed launcher went on training with nothing to end them (measured
     2026-12-03: a 2-rank ``hpcpipe train`` kept both cores busy after its launcher was killed).
-    The worker closes its copy and forgets the server (a "forkserver" context it asks for later
-    starts one of its own, as in a fresh interpreter), then asks Linux for SIGKILL when its
-    parent, the server, ends: the launcher's exit ends the server's loop, and the workers with
-    it, as a lost node's are."""
-    state = _state()
-    if state is not None and state._forkserver_alive_fd is not None:
-        with contextlib.suppress(OSError):
-            os.close(state._forkserver_alive_fd)
-        state._forkserver_alive_fd = state._forkserver_address = state._forkserver_pid = None
+    So the worker asks Linux for SIGKILL when its parent, the server, ends, then closes its copy:
+    the launcher's exit ends the server's loop, and the workers with it, as a lost node's are.
+    SIGKILL replaces the SIGINT torch's ``start_processes`` asks for: SIGINT would run the Ctrl-C
+    path, a checkpoint and a stop agreed with every rank, where the launcher that would collect
+    it is gone; a lost node is what the rest of the job already knows how to survive. The request
+    comes first: a worker that closed its copy first could end the server before asking."""
     _die_with_the_parent()
+    record = _record()
+    if record is not None and record._forkserver_alive_fd is not None:
+        with contextlib.suppress(OSError):
+            os.close(record._forkserver_alive_fd)
+        # A "forkserver" context the worker asks for later starts a server of its own, as in a
+        # fresh interpreter (its pid is None here already: the server's copy never had it).
+        record._forkserver_alive_fd = record._forkserver_address = record._forkserver_pid = None
 
 
 def _die_with_the_parent() -> None:
+    """PR_SET_PDEATHSIG with SIGKILL (Linux): where the call is refused (a seccomp sandbox) the
+    worker goes on as before, without it."""
     if not sys.platform.startswith("linux"):
         return
     import ctypes
 
+    parent = os.getppid()
     pr_set_pdeathsig = 1  # <linux/prctl.h>
     with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
-    if os.getppid() == 1:  # the server ended before the request took effect
-        os._exit(137)
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(ctypes.c_int(pr_set_pdeathsig), ctypes.c_ulong(signal.SIGKILL))
+    if os.getppid() != parent:  # the server ended before the request took effect
+        os.kill(os.getpid(), signal.SIGKILL)

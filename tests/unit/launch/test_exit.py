@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcpipe.launch import agent
-from hpcpipe.launch import exit_dir as exit_dirs
+from hpcpipe.launch import agent, exit_dirs
 from hpcpipe.launch.exit import (
     EXIT_DIR_VAR,
     SHIELDED_SIGNALS,
@@ -84,43 +83,49 @@ def test_one_exit_directory_per_process_because_the_fork_server_outlives_a_run()
     assert Path(exit_dirs.exit_dir()).is_dir()
 
 
-def _dead_pid() -> int:
-    pid = os.fork()
-    if pid == 0:
-        os._exit(0)
-    os.waitpid(pid, 0)  # reaped: the pid names no process now
-    return pid
+def _reaped_pid() -> int:
+    """A pid that names no process now: a child's, waited for."""
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return child.pid
+
+
+BOOT = "0123456789abcdef0123456789abcdef"
 
 
 def test_exit_directories_of_launchers_killed_outright_are_removed_by_the_next(tmp_path: Path) -> None:
-    namespace, gone, alive = 4026531836, _dead_pid(), os.getpid()
-    orphan = tmp_path / f"hpcpipe-exit-{namespace}-{gone}-abc"
+    namespace, gone, alive = 4026531836, _reaped_pid(), os.getpid()
+    orphan = tmp_path / f"hpcpipe-exit-{BOOT}-{namespace}-{gone}-abc"
     (orphan / "sub").mkdir(parents=True)
     (orphan / "1234").write_text("0")  # a worker's report, left behind
     kept = [
-        tmp_path / f"hpcpipe-exit-{namespace}-{alive}-def",  # a launcher still running
-        tmp_path / f"hpcpipe-exit-{namespace + 1}-{gone}-ghi",  # another pid namespace's
+        tmp_path / f"hpcpipe-exit-{BOOT}-{namespace}-{alive}-def",  # a launcher still running
+        tmp_path / f"hpcpipe-exit-{BOOT}-{namespace + 1}-{gone}-ghi",  # another pid namespace's
+        tmp_path / f"hpcpipe-exit-{BOOT[::-1]}-{namespace}-{gone}-jkl",  # another host's (shared TMPDIR)
         tmp_path / "hpcpipe-exit-x7k2",  # the old naming: nothing to tell its owner by
-        tmp_path / f"other-{namespace}-{gone}-jkl",
+        tmp_path / f"hpcpipe-exit-{BOOT}-{namespace}-99999999999999999999-mno",  # no such pid number
+        tmp_path / f"hpcpipe-exit-{BOOT}-{namespace}-\u00b2-pqr",  # a digit that int() refuses
+        tmp_path / f"other-{BOOT}-{namespace}-{gone}-stu",
     ]
     for path in kept:
         path.mkdir()
-    not_a_dir = tmp_path / f"hpcpipe-exit-{namespace}-{gone}-file"
+    not_a_dir = tmp_path / f"hpcpipe-exit-{BOOT}-{namespace}-{gone}-file"
     not_a_dir.write_text("")
-    link = tmp_path / f"hpcpipe-exit-{namespace}-{gone}-link"
+    link = tmp_path / f"hpcpipe-exit-{BOOT}-{namespace}-{gone}-link"
     link.symlink_to(kept[0])
 
-    removed = exit_dirs.remove_orphaned_exit_dirs(str(tmp_path), namespace)
+    removed = exit_dirs.remove_orphaned_exit_dirs(str(tmp_path), BOOT, namespace)
 
     assert removed == [str(orphan)] and not orphan.exists()
     assert all(path.is_dir() for path in kept) and not_a_dir.is_file() and link.is_symlink()
 
 
+@pytest.mark.skipif(not Path("/proc/self/ns/pid").exists(), reason="the owner's facts come from /proc")
 def test_a_sigkilled_launchers_exit_directory_goes_with_the_next_launcher(tmp_path: Path) -> None:
     """Real launcher processes: the first makes its directory and dies by SIGKILL (no exit code
     runs), the second sweeps it when it makes its own, and removes its own at its exit."""
     env = {**os.environ, "TMPDIR": str(tmp_path)}
-    make = "from hpcpipe.launch.exit_dir import exit_dir; print(exit_dir(), flush=True)"
+    make = "from hpcpipe.launch.exit_dirs import exit_dir; print(exit_dir(), flush=True)"
     killed = subprocess.run(
         [sys.executable, "-c", f"{make}; import os, signal; os.kill(os.getpid(), signal.SIGKILL)"],
         env=env,
@@ -131,7 +136,9 @@ def test_a_sigkilled_launchers_exit_directory_goes_with_the_next_launcher(tmp_pa
     )
     assert killed.returncode == -signal.SIGKILL
     left = Path(killed.stdout.strip())
-    assert left.is_dir() and left.name.startswith(f"hpcpipe-exit-{os.stat('/proc/self/ns/pid').st_ino}-")
+    boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip().replace("-", "")
+    namespace = os.stat("/proc/self/ns/pid").st_ino
+    assert left.is_dir() and left.name.startswith(f"hpcpipe-exit-{boot}-{namespace}-")
 
     after = subprocess.run(
         [sys.executable, "-c", make], env=env, capture_output=True, text=True, timeout=60, check=False
