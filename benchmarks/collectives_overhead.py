@@ -129,9 +129,10 @@ def worker(args: argparse.Namespace) -> None:
 def forked_main(*argv: str) -> None:
     """A rank forked from the elastic agent's fork server: the agent imports this module by name
     (benchmarks/ is on sys.path and PYTHONPATH) and calls this with the worker's arguments."""
-    from hpcpipe.launch.exit import restore_fresh_defaults, return_or_exit
+    from hpcpipe.launch.exit import return_or_exit
+    from hpcpipe.launch.fork_server import begin_forked_worker
 
-    restore_fresh_defaults()
+    begin_forked_worker()
     try:
         worker(parse_args(list(argv)))
     except Exception:

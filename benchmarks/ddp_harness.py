@@ -152,15 +152,13 @@ def spawn(worker: Callable[..., None], args: tuple[Any, ...], nproc: int, out: P
 
 
 def _rank(rank: int, worker: Callable[..., None], *args: Any) -> None:
-    """A rank started as hpcpipe starts its workers (``launch/exit.py restore_fresh_defaults``,
-    ``launch/fork_server.py leave_with_the_launcher``): the default signal dispositions and start
-    method, so its DataLoader workers fork as in a run instead of asking the server's "forkserver"
-    context for a server of their own; and its end when the script's process ends, killed or not."""
-    from hpcpipe.launch.exit import restore_fresh_defaults
-    from hpcpipe.launch.fork_server import leave_with_the_launcher
+    """A rank started as hpcpipe starts its workers (``launch/fork_server.py
+    begin_forked_worker``): the default signal dispositions and start method, so its DataLoader
+    workers fork as in a run instead of asking the server's "forkserver" context for a server of
+    their own; and its end when the script's process ends, killed or not."""
+    from hpcpipe.launch.fork_server import begin_forked_worker
 
-    restore_fresh_defaults()
-    leave_with_the_launcher()  # a killed benchmark's ranks go with it
+    begin_forked_worker()
     worker(rank, *args)
 
 

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hpcpipe.config import ParallelConfig
-from hpcpipe.launch.exit import flush_and_exit, restore_fresh_defaults, return_or_exit
-from hpcpipe.launch.fork_server import leave_with_the_launcher
+from hpcpipe.launch.exit import flush_and_exit, return_or_exit
+from hpcpipe.launch.fork_server import begin_forked_worker
 from hpcpipe.train.environment import DistEnv, detect_environment, node_name
 
 if TYPE_CHECKING:
@@ -86,8 +86,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def forked_main(*args: str) -> None:
     """A worker forked from the local agent's fork server (``launch/agent.py``)."""
-    restore_fresh_defaults()
-    leave_with_the_launcher()
+    begin_forked_worker()
     return_or_exit(run(list(args)))
 
 

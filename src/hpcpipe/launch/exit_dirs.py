@@ -61,7 +61,9 @@ def remove_orphaned_exit_dirs(root: str, boot: str, namespace: int) -> list[str]
     import shutil
 
     removed: list[str] = []
-    for entry in os.scandir(root):
+    with os.scandir(root) as listing:
+        entries = list(listing)
+    for entry in entries:
         match = _NAME.fullmatch(entry.name)
         if match is None or match[1] != boot or int(match[2]) != namespace:
             continue

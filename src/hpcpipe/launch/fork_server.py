@@ -32,7 +32,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from hpcpipe.launch import heap
-from hpcpipe.launch.exit import EXIT_DIR_VAR, SHIELDED_SIGNALS
+from hpcpipe.launch.exit import EXIT_DIR_VAR, SHIELDED_SIGNALS, restore_fresh_defaults
 from hpcpipe.launch.exit_dirs import exit_dir
 
 # The forked server's process name (/proc/PID/comm, 15 characters at most): its command line is
@@ -172,9 +172,17 @@ def is_fork_server(pid: int, command: str) -> bool:
         return False
 
 
+def begin_forked_worker() -> None:
+    """The first step of every process forked from a fork server to be a rank (hpcpipe's and
+    ``bench``'s workers, the benchmarks' ranks): what a fresh interpreter would have
+    (``exit.restore_fresh_defaults``), and an end that follows the launcher's."""
+    restore_fresh_defaults()
+    leave_with_the_launcher()
+
+
 def leave_with_the_launcher() -> None:
-    """A forked worker's first step after ``restore_fresh_defaults``: end when the launcher ends,
-    even when it is killed outright (SIGKILL by hand or by the OOM killer).
+    """End this forked worker when the launcher ends, even when it is killed outright (SIGKILL by
+    hand or by the OOM killer).
 
     multiprocessing gives every child of its fork server a copy of the pipe end the server
     watches for its launcher's exit, so the server lived as long as any worker did, and the

@@ -17,10 +17,9 @@ from hpcpipe.launch.exit import (
     PEER_LOST_EXIT_CODE,
     flush_and_exit,
     lost_a_peer,
-    restore_fresh_defaults,
     return_or_exit,
 )
-from hpcpipe.launch.fork_server import leave_with_the_launcher
+from hpcpipe.launch.fork_server import begin_forked_worker
 from hpcpipe.layout import RunLayout
 from hpcpipe.train.environment import DistEnv, detect_environment, node_name
 from hpcpipe.train.preempt import INTERRUPT_EXIT_CODE, Preempted
@@ -134,8 +133,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def forked_main(*args: str) -> None:
     """A worker forked from the local agent's fork server (``launch/agent.py``)."""
-    restore_fresh_defaults()
-    leave_with_the_launcher()
+    begin_forked_worker()
     return_or_exit(run(list(args)))
 
 
