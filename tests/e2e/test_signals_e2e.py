@@ -96,18 +96,25 @@ def test_sigterm_on_two_local_ranks_through_the_agent_exits_75_in_one_line(tmp_p
     assert _committed(tmp_path / "term-2"), "a preemption always checkpoints"
 
 
-def _in_group(pgid: int) -> list[tuple[int, int, str]]:
-    """The live processes of process group ``pgid``: (pid, parent pid, name); zombies left out."""
+def _processes() -> list[tuple[int, int, int, str]]:
+    """Every live process: (pid, parent pid, process group, name); zombies left out."""
     found = []
     for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
         try:
             name, _, rest = (entry / "stat").read_text().rpartition(")")
             state, ppid, group = rest.split()[:3]
         except (OSError, ValueError):
             continue
-        if int(group) == pgid and state != "Z":
-            found.append((int(entry.name), int(ppid), name.partition("(")[2]))
+        if state != "Z":
+            found.append((int(entry.name), int(ppid), int(group), name.partition("(")[2]))
     return found
+
+
+def _in_group(pgid: int) -> list[tuple[int, int, str]]:
+    """The live processes of process group ``pgid``: (pid, parent pid, name)."""
+    return [(pid, ppid, name) for pid, ppid, group, name in _processes() if group == pgid]
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
@@ -131,3 +138,24 @@ def test_a_sigkilled_launcher_takes_its_fork_server_and_ranks_with_it(tmp_path: 
     while _in_group(proc.pid) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert _in_group(proc.pid) == []
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
+def test_a_sigkilled_launcher_takes_its_spawned_ranks_with_it(tmp_path: Path) -> None:
+    """``parallel.worker_start: spawn``: torch's agent starts each rank as a program of its own,
+    in a session of its own (outside the launcher's process group), so nothing of the launcher's
+    reached them: they trained on after it was killed (2026-12-03). Each now asks to end with it."""
+    proc = _training(tmp_path, "killed-spawn", 2, "parallel.worker_start=spawn")
+    ranks = [pid for pid, parent, _, _ in _processes() if parent == proc.pid]
+    assert len(ranks) == 2, _processes()  # the launcher's children: its two ranks, nothing else
+    proc.kill()
+    deadline = time.monotonic() + 30
+    alive = set(ranks)
+    while alive and time.monotonic() < deadline:
+        alive &= {pid for pid, _, _, _ in _processes()}
+        time.sleep(0.1)
+    for pid in alive:  # nothing left behind for the next test
+        os.kill(pid, signal.SIGKILL)
+    assert not alive, f"ranks {sorted(alive)} still running 30 s after the launcher was killed"
+    proc.communicate(timeout=30)
+    assert proc.returncode == -signal.SIGKILL

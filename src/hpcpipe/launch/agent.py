@@ -35,6 +35,7 @@ from typing import Any, Literal
 from hpcpipe.launch.exit import EXIT_DIR_VAR, PEER_LOST_EXIT_CODE, reported_exit_code
 from hpcpipe.launch.exit_dirs import exit_dir
 from hpcpipe.launch.fork_server import is_fork_server, shielded
+from hpcpipe.launch.parent_death import ending_with_the_parent
 from hpcpipe.launch.stopped import continuing_stopped_workers
 from hpcpipe.netutil import is_loopback
 
@@ -166,10 +167,18 @@ def _entry_point(spec: AgentSpec, module: str, args: list[str]) -> tuple[Any, tu
     restarted group as fast. The workers report their exit codes through files in
     ``HPCPIPE_EXIT_DIR`` (they are the server's children, not this process's).
     """
-    if spec.wrapper:  # torch's agent runs a string entry point as a subprocess, one per worker
-        return spec.wrapper[0], (*spec.wrapper[1:], sys.executable, "-u", "-m", module, *args)
-    if spec.start_method == "spawn":
-        return sys.executable, ("-u", "-m", module, *args)
+    if spec.wrapper or spec.start_method == "spawn":
+        # torch's agent runs a string entry point as a subprocess, one per worker, in a session of
+        # its own: each link asks for a signal when its parent ends (parent_death.py), so a
+        # launcher killed outright takes its workers, and their profilers, with it: SIGKILL, as
+        # a forked worker gets. A worker under a profiler gets SIGTERM, the preemption signal,
+        # when the tool ends: the tool may end of the SIGUSR1 forwarded to its session while the
+        # worker checkpoints, and SIGTERM lets that checkpoint finish (_forward_and_wait).
+        worker = (sys.executable, "-u", "-m", module, *args)
+        if spec.wrapper:
+            worker = (*spec.wrapper, *ending_with_the_parent(worker, signal.SIGTERM))
+        command = ending_with_the_parent(worker, parent=os.getpid())  # torch's agent runs here
+        return command[0], command[1:]
     import importlib
     import multiprocessing
     from multiprocessing import forkserver

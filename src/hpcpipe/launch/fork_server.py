@@ -34,11 +34,13 @@ from pathlib import Path
 from hpcpipe.launch import heap
 from hpcpipe.launch.exit import EXIT_DIR_VAR, SHIELDED_SIGNALS, restore_fresh_defaults
 from hpcpipe.launch.exit_dirs import exit_dir
+from hpcpipe.launch.parent_death import die_with_the_parent
 
 # The forked server's process name (/proc/PID/comm, 15 characters at most): its command line is
 # the launcher's, so this is how the agent and the chaos harness tell it from the launcher.
 SERVER_NAME = "hpcpipe-forksrv"
 _KNOWN = ("_forkserver_address", "_forkserver_alive_fd", "_forkserver_pid", "_lock")
+_SERVER_PID: list[int] = []  # [the server's pid] in a server forked here and in its workers
 
 
 @contextlib.contextmanager
@@ -106,6 +108,7 @@ def prestart(preload: Sequence[str]) -> bool:
 
 def _serve(listener: socket.socket, alive_r: int, alive_w: int, preload: Sequence[str]) -> None:
     """The forked server: multiprocessing's loop until the launcher closes its end of ``alive``."""
+    _SERVER_PID[:] = [os.getpid()]  # what its workers compare their parent with (leave_with_the_launcher)
     code = 0
     try:
         os.close(alive_w)
@@ -194,7 +197,8 @@ def leave_with_the_launcher() -> None:
     path, a checkpoint and a stop agreed with every rank, where the launcher that would collect
     it is gone; a lost node is what the rest of the job already knows how to survive. The request
     comes first: a worker that closed its copy first could end the server before asking."""
-    _die_with_the_parent()
+    # Without a pid (multiprocessing's own server, not forked here): the parent found first thing.
+    die_with_the_parent(parent=_SERVER_PID[0] if _SERVER_PID else None)
     record = _record()
     if record is not None and record._forkserver_alive_fd is not None:
         with contextlib.suppress(OSError):
@@ -202,19 +206,3 @@ def leave_with_the_launcher() -> None:
         # A "forkserver" context the worker asks for later starts a server of its own, as in a
         # fresh interpreter (its pid is None here already: the server's copy never had it).
         record._forkserver_alive_fd = record._forkserver_address = record._forkserver_pid = None
-
-
-def _die_with_the_parent() -> None:
-    """PR_SET_PDEATHSIG with SIGKILL (Linux): where the call is refused (a seccomp sandbox) the
-    worker goes on as before, without it."""
-    if not sys.platform.startswith("linux"):
-        return
-    import ctypes
-
-    parent = os.getppid()
-    pr_set_pdeathsig = 1  # <linux/prctl.h>
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(ctypes.c_int(pr_set_pdeathsig), ctypes.c_ulong(signal.SIGKILL))
-    if os.getppid() != parent:  # the server ended before the request took effect
-        os.kill(os.getpid(), signal.SIGKILL)

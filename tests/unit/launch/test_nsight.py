@@ -34,6 +34,7 @@ from hpcpipe.errors import UserError
 from hpcpipe.launch import nsight
 from hpcpipe.launch.agent import AgentSpec, _entry_point
 from hpcpipe.launch.job import run_job
+from hpcpipe.launch.parent_death import ending_with_the_parent
 from hpcpipe.observe.nsys_stats import NsysEvidence, read_nsys_stats, read_summary, report_dir
 from hpcpipe.observe.trace import StepProfiler
 from hpcpipe.train.environment import DistEnv
@@ -41,6 +42,7 @@ from hpcpipe.train.environment import DistEnv
 pytestmark = pytest.mark.timeout(240)
 
 SAMPLE = Path(__file__).resolve().parents[2] / "data" / "nsys"
+ENDING = ending_with_the_parent(())[:-2]  # what starts each link of a wrapped worker
 
 
 # -- the capture window ------------------------------------------------------------------------
@@ -134,10 +136,13 @@ def test_nsys_wraps_each_worker_for_the_profiler_api_window(tmp_path: Path) -> N
     module_args = _entry_point(
         AgentSpec(nproc_per_node=2, wrapper=wrapper), "hpcpipe.launch.worker", ["c.yaml"]
     )
-    assert module_args == (
-        str(exe),
-        (*wrapper[1:], sys.executable, "-u", "-m", "hpcpipe.launch.worker", "c.yaml"),
-    )
+    # The tool, then the worker under it, each started to end with its parent (parent_death.py):
+    # the tool by SIGKILL when this process (its starter) ends, the worker by SIGTERM when the
+    # tool does (it may be checkpointing for a preemption).
+    worker = (sys.executable, "-u", "-m", "hpcpipe.launch.worker", "c.yaml")
+    tool = (*ENDING[1:], str(int(signal.SIGKILL)), str(os.getpid()), *wrapper)
+    ending = (*tool, *ENDING, str(int(signal.SIGTERM)), "0", *worker)
+    assert module_args == (sys.executable, ending)
     ranks = nsight.worker_wrapper(profile.model_copy(update={"ranks": [0, 3]}), run, "4242")
     assert ranks[4:6] == ("0 3", str(len(wrapper))) and _tool_words(ranks) == wrapper
 
@@ -381,12 +386,8 @@ def test_train_starts_the_worker_under_nsys_and_exports_its_summaries(tmp_path: 
     reports = report_dir(tmp_path / "nsys-run", "nsys")
     call = json.loads((reports / "nsys-run.rank0.nsys-rep").read_text())  # one rank, named by run
     assert "--capture-range=cudaProfilerApi" in call["options"]
-    assert call["app"][1:] == [
-        "-u",
-        "-m",
-        "hpcpipe.launch.worker",
-        str(tmp_path / "nsys-run" / "config.yaml"),
-    ]
+    worker = ["-u", "-m", "hpcpipe.launch.worker", str(tmp_path / "nsys-run" / "config.yaml")]
+    assert call["app"] == [*ENDING, str(int(signal.SIGTERM)), "0", sys.executable, *worker]
     stats = json.loads((reports / "nsys-run.rank0.stats-args").read_text())
     assert stats[:6] == [
         "stats",
@@ -446,23 +447,21 @@ def _alive(pid: int) -> bool:
         return False
 
 
-@pytest.mark.parametrize(
-    ("mode", "survives", "code"),
-    [
-        ("checkpoint", True, 75),  # the worker checkpoints; the tool passes its 75 on
-        ("ignore", False, 128 + signal.SIGUSR1),  # the tool dies; the worker must not outlive the grace
-    ],
-)
-def test_preemption_reaches_a_worker_that_the_tool_runs_as_its_child(
-    tmp_path: Path, mode: str, survives: bool, code: int
-) -> None:
+GRACE_S = 5.0  # the agent's wait for a signalled worker
+
+
+def _agent_under_a_forking_tool(
+    tmp_path: Path, mode: str, survives: bool
+) -> tuple[subprocess.Popen[bytes], Path, Path]:
+    """An agent (1 worker, a 5 s grace) whose worker runs under ``FORKING_TOOL``: the agent,
+    the folder the worker writes to, and the agent's log."""
     tool = tmp_path / "tool"
     tool.write_text(FORKING_TOOL.format(python=sys.executable, survives=survives))
     tool.chmod(0o755)
     (tmp_path / "fake_worker.py").write_text(FAKE_WORKER)
     out = tmp_path / "out"
     out.mkdir()
-    script = AGENT.format(grace=1.5, tool=str(tool), out=str(out), mode=mode)
+    script = AGENT.format(grace=GRACE_S, tool=str(tool), out=str(out), mode=mode)
     env = {
         k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR")
     }
@@ -470,16 +469,38 @@ def test_preemption_reaches_a_worker_that_the_tool_runs_as_its_child(
     log = tmp_path / "agent.log"  # not a pipe: an orphaned worker would hold it open
     with log.open("w") as fh:
         agent = subprocess.Popen([sys.executable, "-c", script], cwd=tmp_path, env=env, stdout=fh, stderr=fh)
+    return agent, out, log
+
+
+def _worker_pid(agent: subprocess.Popen[bytes], out: Path, log: Path) -> int:
+    """The fake worker's pid, once it has started."""
+    deadline = time.monotonic() + 90
+    while not (out / "pid").exists():
+        assert agent.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.05)
+    return int((out / "pid").read_text())
+
+
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as fh:
+        return int(fh.read().rsplit(")", 1)[1].split()[1])
+
+
+@pytest.mark.parametrize(
+    ("mode", "survives", "code"),
+    [
+        ("checkpoint", True, 75),  # the worker checkpoints; the tool passes its 75 on
+        ("ignore", False, 128 + signal.SIGUSR1),  # the tool dies; the worker must end with it
+    ],
+)
+def test_preemption_reaches_a_worker_that_the_tool_runs_as_its_child(
+    tmp_path: Path, mode: str, survives: bool, code: int
+) -> None:
+    agent, out, log = _agent_under_a_forking_tool(tmp_path, mode, survives)
     worker = 0
     try:
-        deadline = time.monotonic() + 90
-        while not (out / "pid").exists():
-            assert agent.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.05)
-        worker = int((out / "pid").read_text())
-        with open(f"/proc/{worker}/stat") as fh:
-            parent = int(fh.read().rsplit(")", 1)[1].split()[1])
-        assert parent != agent.pid  # the worker is the tool's child, the agent's grandchild
+        worker = _worker_pid(agent, out, log)
+        assert _parent(worker) != agent.pid  # the worker is the tool's child, the agent's grandchild
         started = time.monotonic()
         agent.send_signal(signal.SIGUSR1)
         agent.wait(timeout=60)
@@ -487,13 +508,35 @@ def test_preemption_reaches_a_worker_that_the_tool_runs_as_its_child(
         if mode == "checkpoint":
             assert (out / "checkpointed").exists()  # before the agent returned
         else:
-            assert time.monotonic() - started >= 1.5  # the agent waited out the grace for the worker
-            deadline = time.monotonic() + 5
-            while _alive(worker) and time.monotonic() < deadline:  # its SIGKILL is on the way
-                time.sleep(0.05)
+            # The tool's end sent the worker SIGTERM (it was started through parent_death.py), so
+            # the agent had no grace to wait out; before, it SIGKILLed the orphan after the grace.
+            assert time.monotonic() - started < GRACE_S
             assert not _alive(worker), "the worker outlived the agent"
     finally:
         if agent.poll() is None:
             agent.kill()
         if worker and _alive(worker):
             os.kill(worker, signal.SIGKILL)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
+def test_an_agent_killed_outright_takes_the_tool_and_its_worker_with_it(tmp_path: Path) -> None:
+    """SIGKILL runs none of the agent's code: the tool must end because its parent did, and the
+    worker because the tool did (each was started through ``parent_death.py``)."""
+    agent, out, log = _agent_under_a_forking_tool(tmp_path, "ignore", survives=True)
+    worker = tool = 0
+    try:
+        worker = _worker_pid(agent, out, log)
+        tool = _parent(worker)
+        assert tool != agent.pid and _parent(tool) == agent.pid
+        agent.kill()
+        agent.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while (_alive(tool) or _alive(worker)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(tool), "the tool outlived the agent killed outright"
+        assert not _alive(worker), "the worker outlived the tool"
+    finally:
+        for pid in (worker, tool):
+            if pid and _alive(pid):
+                os.kill(pid, signal.SIGKILL)
