@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from importlib.util import find_spec
 from pathlib import Path
@@ -336,3 +337,20 @@ def assert_follows(
     for key in FOLLOWED:
         tolerance = grad_norm_rel if key == "grad_norm" and grad_norm_rel is not None else rel
         assert_steps_close(metric_rows(run_dir, key), metric_rows(reference_dir, key), tolerance)
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs: not gone, not a zombie waiting to be reaped."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def gone_within(pid: int, seconds: float) -> bool:
+    """Whether process ``pid`` stops running within ``seconds`` (polled every 50 ms)."""
+    deadline = time.monotonic() + seconds
+    while process_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not process_alive(pid)

@@ -125,7 +125,9 @@ def test_a_sigkilled_launcher_takes_its_fork_server_and_ranks_with_it(tmp_path: 
     group = _in_group(proc.pid)
     servers = [pid for pid, parent, name in group if name == "hpcpipe-forksrv" and parent == proc.pid]
     ranks = [pid for pid, parent, _ in group if parent in servers]
-    assert len(servers) == 1 and len(ranks) == 2, group  # the server the launcher forked, its two ranks
+    if not (len(servers) == 1 and len(ranks) == 2):
+        os.killpg(proc.pid, signal.SIGKILL)  # nothing left behind for the next test
+        pytest.fail(f"not the server the launcher forked and its two ranks: {group}")
     proc.kill()
     try:
         proc.communicate(timeout=30)  # stderr closes when the last process holding it has gone
@@ -147,8 +149,11 @@ def test_a_sigkilled_launcher_takes_its_spawned_ranks_with_it(tmp_path: Path) ->
     reached them: they trained on after it was killed (2026-12-03). Each now asks to end with it."""
     proc = _training(tmp_path, "killed-spawn", 2, "parallel.worker_start=spawn")
     ranks = [pid for pid, parent, _, _ in _processes() if parent == proc.pid]
-    assert len(ranks) == 2, _processes()  # the launcher's children: its two ranks, nothing else
     proc.kill()
+    if len(ranks) != 2:  # the launcher's children: its two ranks, nothing else
+        for pid in ranks:
+            os.kill(pid, signal.SIGKILL)
+        pytest.fail(f"the launcher's children were not its two ranks: {ranks}")
     deadline = time.monotonic() + 30
     alive = set(ranks)
     while alive and time.monotonic() < deadline:

@@ -35,7 +35,8 @@ from typing import Any, Literal
 from hpcpipe.launch.exit import EXIT_DIR_VAR, PEER_LOST_EXIT_CODE, reported_exit_code
 from hpcpipe.launch.exit_dirs import exit_dir
 from hpcpipe.launch.fork_server import is_fork_server, shielded
-from hpcpipe.launch.parent_death import ending_with_the_parent
+from hpcpipe.launch.launcher_watch import LAUNCHER_VAR, launcher_identity
+from hpcpipe.launch.parent_death import command_ending_with_the_parent
 from hpcpipe.launch.stopped import continuing_stopped_workers
 from hpcpipe.netutil import is_loopback
 
@@ -169,15 +170,14 @@ def _entry_point(spec: AgentSpec, module: str, args: list[str]) -> tuple[Any, tu
     """
     if spec.wrapper or spec.start_method == "spawn":
         # torch's agent runs a string entry point as a subprocess, one per worker, in a session of
-        # its own: each link asks for a signal when its parent ends (parent_death.py), so a
-        # launcher killed outright takes its workers, and their profilers, with it: SIGKILL, as
-        # a forked worker gets. A worker under a profiler gets SIGTERM, the preemption signal,
-        # when the tool ends: the tool may end of the SIGUSR1 forwarded to its session while the
-        # worker checkpoints, and SIGTERM lets that checkpoint finish (_forward_and_wait).
+        # its own, so nothing of this process's reaches it: the program (the worker, or the
+        # profiler it runs under) asks to be SIGKILLed when this process ends (parent_death.py),
+        # and a worker under a profiler watches this process itself (launcher_watch.py).
         worker = (sys.executable, "-u", "-m", module, *args)
         if spec.wrapper:
-            worker = (*spec.wrapper, *ending_with_the_parent(worker, signal.SIGTERM))
-        command = ending_with_the_parent(worker, parent=os.getpid())  # torch's agent runs here
+            os.environ[LAUNCHER_VAR] = launcher_identity()
+            worker = (*spec.wrapper, *worker)
+        command = command_ending_with_the_parent(worker, parent=os.getpid())  # torch's agent runs here
         return command[0], command[1:]
     import importlib
     import multiprocessing

@@ -198,7 +198,8 @@ def leave_with_the_launcher() -> None:
     it is gone; a lost node is what the rest of the job already knows how to survive. The request
     comes first: a worker that closed its copy first could end the server before asking."""
     # Without a pid (multiprocessing's own server, not forked here): the parent found first thing.
-    die_with_the_parent(parent=_SERVER_PID[0] if _SERVER_PID else None)
+    # Used once: a process this worker forks has another parent.
+    die_with_the_parent(parent=_SERVER_PID.pop() if _SERVER_PID else None)
     record = _record()
     if record is not None and record._forkserver_alive_fd is not None:
         with contextlib.suppress(OSError):

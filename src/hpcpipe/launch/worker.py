@@ -20,6 +20,7 @@ from hpcpipe.launch.exit import (
     return_or_exit,
 )
 from hpcpipe.launch.fork_server import begin_forked_worker
+from hpcpipe.launch.launcher_watch import watch_the_launcher
 from hpcpipe.layout import RunLayout
 from hpcpipe.train.environment import DistEnv, detect_environment, node_name
 from hpcpipe.train.preempt import INTERRUPT_EXIT_CODE, Preempted
@@ -128,6 +129,7 @@ def _record_group_start(
 
 def main(argv: list[str] | None = None) -> None:
     """``python -m hpcpipe.launch.worker CONFIG`` (torchrun, srun, the operator, a spawned agent)."""
+    watch_the_launcher()  # under a profiler hpcpipe's agent started: end when the agent ends
     flush_and_exit(run(sys.argv[1:] if argv is None else argv))
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tests.helpers import run_cli, tiny_job_sets
+from tests.helpers import process_alive, run_cli, tiny_job_sets
 
 from hpcpipe.config import load_config
 from hpcpipe.config.observe import NsysConfig, ProfileConfig
@@ -34,7 +34,8 @@ from hpcpipe.errors import UserError
 from hpcpipe.launch import nsight
 from hpcpipe.launch.agent import AgentSpec, _entry_point
 from hpcpipe.launch.job import run_job
-from hpcpipe.launch.parent_death import ending_with_the_parent
+from hpcpipe.launch.launcher_watch import LAUNCHER_VAR, launcher_identity
+from hpcpipe.launch.parent_death import command_ending_with_the_parent
 from hpcpipe.observe.nsys_stats import NsysEvidence, read_nsys_stats, read_summary, report_dir
 from hpcpipe.observe.trace import StepProfiler
 from hpcpipe.train.environment import DistEnv
@@ -42,7 +43,7 @@ from hpcpipe.train.environment import DistEnv
 pytestmark = pytest.mark.timeout(240)
 
 SAMPLE = Path(__file__).resolve().parents[2] / "data" / "nsys"
-ENDING = ending_with_the_parent(())[:-2]  # what starts each link of a wrapped worker
+ENDING = command_ending_with_the_parent(())[:-1]  # what starts the profiler (parent_death.py)
 
 
 # -- the capture window ------------------------------------------------------------------------
@@ -118,7 +119,10 @@ def _tool_words(wrapper: tuple[str, ...]) -> tuple[str, ...]:
     return wrapper[6 : 6 + int(wrapper[5])]
 
 
-def test_nsys_wraps_each_worker_for_the_profiler_api_window(tmp_path: Path) -> None:
+def test_nsys_wraps_each_worker_for_the_profiler_api_window(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(LAUNCHER_VAR, raising=False)  # _entry_point sets it here: undone after the test
     exe = _fake_tool(tmp_path, "nsys")
     profile = ProfileConfig(
         tool="nsys", ranks="all", nsys={"executable": str(exe), "extra_args": ["--cuda-memory-usage=true"]}
@@ -136,13 +140,11 @@ def test_nsys_wraps_each_worker_for_the_profiler_api_window(tmp_path: Path) -> N
     module_args = _entry_point(
         AgentSpec(nproc_per_node=2, wrapper=wrapper), "hpcpipe.launch.worker", ["c.yaml"]
     )
-    # The tool, then the worker under it, each started to end with its parent (parent_death.py):
-    # the tool by SIGKILL when this process (its starter) ends, the worker by SIGTERM when the
-    # tool does (it may be checkpointing for a preemption).
+    # The tool, started to end with this process (its starter), runs the worker, which watches
+    # this process through the environment (launcher_watch.py).
     worker = (sys.executable, "-u", "-m", "hpcpipe.launch.worker", "c.yaml")
-    tool = (*ENDING[1:], str(int(signal.SIGKILL)), str(os.getpid()), *wrapper)
-    ending = (*tool, *ENDING, str(int(signal.SIGTERM)), "0", *worker)
-    assert module_args == (sys.executable, ending)
+    assert module_args == (sys.executable, (*ENDING[1:], str(os.getpid()), *wrapper, *worker))
+    assert os.environ[LAUNCHER_VAR] == launcher_identity()
     ranks = nsight.worker_wrapper(profile.model_copy(update={"ranks": [0, 3]}), run, "4242")
     assert ranks[4:6] == ("0 3", str(len(wrapper))) and _tool_words(ranks) == wrapper
 
@@ -386,8 +388,12 @@ def test_train_starts_the_worker_under_nsys_and_exports_its_summaries(tmp_path: 
     reports = report_dir(tmp_path / "nsys-run", "nsys")
     call = json.loads((reports / "nsys-run.rank0.nsys-rep").read_text())  # one rank, named by run
     assert "--capture-range=cudaProfilerApi" in call["options"]
-    worker = ["-u", "-m", "hpcpipe.launch.worker", str(tmp_path / "nsys-run" / "config.yaml")]
-    assert call["app"] == [*ENDING, str(int(signal.SIGTERM)), "0", sys.executable, *worker]
+    assert call["app"][1:] == [
+        "-u",
+        "-m",
+        "hpcpipe.launch.worker",
+        str(tmp_path / "nsys-run" / "config.yaml"),
+    ]
     stats = json.loads((reports / "nsys-run.rank0.stats-args").read_text())
     assert stats[:6] == [
         "stats",
@@ -419,7 +425,10 @@ sys.exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
 """
 
 # The worker (no torch): "checkpoint" takes half a second on SIGUSR1 and exits 75; "ignore" ignores it.
+# It watches its launcher first thing, as hpcpipe's worker.main does.
 FAKE_WORKER = """import os, signal, sys, time
+from hpcpipe.launch.launcher_watch import watch_the_launcher
+watch_the_launcher()
 out, mode = sys.argv[1], sys.argv[2]
 def checkpoint(*_):
     time.sleep(0.5)
@@ -439,21 +448,13 @@ sys.exit(run_agent(spec, "fake_worker", [{out!r}, {mode!r}]))
 """
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
-
-
-GRACE_S = 5.0  # the agent's wait for a signalled worker
+GRACE_S = 1.5  # the agent's wait for a signalled worker
 
 
 def _agent_under_a_forking_tool(
     tmp_path: Path, mode: str, survives: bool
 ) -> tuple[subprocess.Popen[bytes], Path, Path]:
-    """An agent (1 worker, a 5 s grace) whose worker runs under ``FORKING_TOOL``: the agent,
+    """An agent (1 worker, a 1.5 s grace) whose worker runs under ``FORKING_TOOL``: the agent,
     the folder the worker writes to, and the agent's log."""
     tool = tmp_path / "tool"
     tool.write_text(FORKING_TOOL.format(python=sys.executable, survives=survives))
@@ -490,7 +491,7 @@ def _parent(pid: int) -> int:
     ("mode", "survives", "code"),
     [
         ("checkpoint", True, 75),  # the worker checkpoints; the tool passes its 75 on
-        ("ignore", False, 128 + signal.SIGUSR1),  # the tool dies; the worker must end with it
+        ("ignore", False, 128 + signal.SIGUSR1),  # the tool dies; the worker must not outlive the grace
     ],
 )
 def test_preemption_reaches_a_worker_that_the_tool_runs_as_its_child(
@@ -508,21 +509,22 @@ def test_preemption_reaches_a_worker_that_the_tool_runs_as_its_child(
         if mode == "checkpoint":
             assert (out / "checkpointed").exists()  # before the agent returned
         else:
-            # The tool's end sent the worker SIGTERM (it was started through parent_death.py), so
-            # the agent had no grace to wait out; before, it SIGKILLed the orphan after the grace.
-            assert time.monotonic() - started < GRACE_S
-            assert not _alive(worker), "the worker outlived the agent"
+            assert time.monotonic() - started >= GRACE_S  # the agent waited out the grace for the worker
+            deadline = time.monotonic() + 5
+            while process_alive(worker) and time.monotonic() < deadline:  # its SIGKILL is on the way
+                time.sleep(0.05)
+            assert not process_alive(worker), "the worker outlived the agent"
     finally:
         if agent.poll() is None:
             agent.kill()
-        if worker and _alive(worker):
+        if worker and process_alive(worker):
             os.kill(worker, signal.SIGKILL)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
 def test_an_agent_killed_outright_takes_the_tool_and_its_worker_with_it(tmp_path: Path) -> None:
-    """SIGKILL runs none of the agent's code: the tool must end because its parent did, and the
-    worker because the tool did (each was started through ``parent_death.py``)."""
+    """SIGKILL runs none of the agent's code: the tool must end because its parent did (it was
+    started through ``parent_death.py``), and the worker because the agent it watches did."""
     agent, out, log = _agent_under_a_forking_tool(tmp_path, "ignore", survives=True)
     worker = tool = 0
     try:
@@ -532,11 +534,11 @@ def test_an_agent_killed_outright_takes_the_tool_and_its_worker_with_it(tmp_path
         agent.kill()
         agent.wait(timeout=10)
         deadline = time.monotonic() + 10
-        while (_alive(tool) or _alive(worker)) and time.monotonic() < deadline:
+        while (process_alive(tool) or process_alive(worker)) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not _alive(tool), "the tool outlived the agent killed outright"
-        assert not _alive(worker), "the worker outlived the tool"
+        assert not process_alive(tool), "the tool outlived the agent killed outright"
+        assert not process_alive(worker), "the worker outlived the agent"
     finally:
         for pid in (worker, tool):
-            if pid and _alive(pid):
+            if pid and process_alive(pid):
                 os.kill(pid, signal.SIGKILL)
