@@ -87,6 +87,15 @@ def test_hpcpipe_run_with_tensorboard_profiling_and_prometheus(env: dict[str, st
     assert (run / "export").is_dir() and list((run / "export").glob("*/model.safetensors"))
     assert list((run / "tensorboard").iterdir()) and list((run / "profile").glob("*.trace.json"))
     assert (run / "report" / "report.md").is_file() and "byte CNN" in (run / "summary.md").read_text()
+    # The last checkpoint's verification runs in the background after the last step; its event
+    # reaches TensorBoard: the trackers close after the store (they closed first, and a late event
+    # could fail the finished run).
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run / "tensorboard"), size_guidance={"tensors": 0})
+    events.Reload()
+    texts = [t.tensor_proto.string_val[0].decode() for t in events.Tensors("events/text_summary")]
+    assert any(t.startswith("`checkpoint_verified`") and '"step": 6' in t for t in texts), texts
 
 
 def test_deepspeed_zero2_trains_it_on_two_ranks(env: dict[str, str], tmp_path: Path) -> None:

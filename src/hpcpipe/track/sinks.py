@@ -1,11 +1,15 @@
 """The tracking sinks of one run, behind the three calls the trainer makes (rank 0 only).
 
-A sink that fails is logged once and dropped: tracking never ends a training run.
+A sink that fails is logged once and dropped: tracking never ends a training run. Events come
+from the training thread and from the checkpoint store's background threads (a verification, a
+durable copy), so the calls are serialised: TensorBoard's and MLflow's clients are not made to be
+called from two threads at once, and a call after ``close`` reaches no sink.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -24,6 +28,7 @@ class Sink(Protocol):
 class Trackers:
     def __init__(self, sinks: list[Sink]) -> None:
         self.sinks = sinks
+        self._lock = threading.RLock()  # re-entered, not deadlocked, should a sink ever emit an event
 
     @classmethod
     def open(
@@ -48,10 +53,15 @@ class Trackers:
         self._each("on_event", kind, fields)
 
     def close(self, finished: bool) -> None:
-        self._each("close", finished)
-        self.sinks = []
+        with self._lock:
+            self._each_held("close", finished)
+            self.sinks = []
 
     def _each(self, method: str, *args: Any) -> None:
+        with self._lock:
+            self._each_held(method, *args)
+
+    def _each_held(self, method: str, *args: Any) -> None:
         for sink in list(self.sinks):
             try:
                 getattr(sink, method)(*args)

@@ -533,10 +533,11 @@ class Trainer:
         """Finish a checkpoint in flight and background work; close the metrics files."""
         self.watchdog.stop()
         try:
-            self.trackers.close(finished=self.step >= self.cfg.steps)
             self.loader.close()
             self.store.close()  # the last checkpoint's verification and durable copy emit events
-        finally:  # even when the store raises a failed save: flush spans, stop the GPU sampler
+        finally:  # even when the store raises a failed save: close the trackers after those
+            # events (they reach TensorBoard and MLflow), flush spans, stop the GPU sampler
+            self.trackers.close(finished=self.step >= self.cfg.steps)
             self.telemetry.close({"steps": float(self.step), "finished_timestamp_seconds": time.time()})
         if self.sink is not None:
             self.sink.close()
