@@ -21,7 +21,7 @@ import threading
 from collections.abc import MutableMapping
 from typing import NoReturn
 
-__all__ = ["LAUNCHER_VAR", "launcher_identity", "watch_the_launcher"]
+__all__ = ["LAUNCHER_VAR", "launcher_identity", "start_ticks", "watch_the_launcher"]
 
 LAUNCHER_VAR = "HPCPIPE_LAUNCHER"
 
@@ -29,15 +29,16 @@ LAUNCHER_VAR = "HPCPIPE_LAUNCHER"
 def launcher_identity(pid: int | None = None) -> str:
     """``PID:START`` for this process (or ``pid``): what ``LAUNCHER_VAR`` holds."""
     pid = os.getpid() if pid is None else pid
-    return f"{pid}:{_start_time(pid)}"
+    return f"{pid}:{start_ticks(pid)}"
 
 
-def _start_time(pid: int) -> str | None:
-    """The process's start time in clock ticks since boot (/proc/PID/stat field 22); None once gone."""
+def start_ticks(pid: int | str = "self") -> int | None:
+    """When the process started, in clock ticks since boot (/proc/PID/stat field 22: what
+    tells a process from a later one given the same pid); None once it is gone, or without /proc."""
     try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return int(fh.read().rsplit(b")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
         return None
 
 
@@ -60,7 +61,7 @@ def watch_the_launcher(env: MutableMapping[str, str] = os.environ) -> bool:
             f"hpcpipe: cannot watch launcher {pid} ({exc}): this worker will not end with it", file=sys.stderr
         )
         return False
-    if _start_time(pid) != start:  # the pidfd is another process's, one that took the pid since
+    if str(start_ticks(pid)) != start:  # the pidfd is another process's, one that took the pid since
         _end(f"launcher {pid} has ended")
     threading.Thread(
         target=_end_when_readable, args=(pidfd, pid), name="hpcpipe-launcher-watch", daemon=True

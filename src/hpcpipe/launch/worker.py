@@ -20,7 +20,7 @@ from hpcpipe.launch.exit import (
     return_or_exit,
 )
 from hpcpipe.launch.fork_server import begin_forked_worker
-from hpcpipe.launch.launcher_watch import watch_the_launcher
+from hpcpipe.launch.launcher_watch import start_ticks, watch_the_launcher
 from hpcpipe.layout import RunLayout
 from hpcpipe.train.environment import DistEnv, detect_environment, node_name
 from hpcpipe.train.preempt import INTERRUPT_EXIT_CODE, Preempted
@@ -85,9 +85,10 @@ def train_worker(job: JobConfig, env: DistEnv) -> None:
 
 def process_start_time() -> float | None:
     """When this process started, wall clock (Linux ``/proc``, to 10 ms; None elsewhere)."""
+    started_ticks = start_ticks()
+    if started_ticks is None:
+        return None
     try:
-        with open("/proc/self/stat", "rb") as fh:
-            started_ticks = int(fh.read().rsplit(b")", 1)[1].split()[19])  # field 22: starttime
         with open("/proc/uptime") as fh:
             uptime = float(fh.read().split()[0])
         return time.time() - (uptime - started_ticks / os.sysconf("SC_CLK_TCK"))
