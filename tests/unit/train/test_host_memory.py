@@ -9,6 +9,7 @@ import pytest
 
 PAGES_PER_TENSOR = (16 << 20) // 4096
 STEPS = 60
+WARMUP = 10
 _LOOP = f"""
 import resource, torch
 from hpcpipe.train.host_memory import retain_freed_host_memory
@@ -20,7 +21,7 @@ def step():
     b = a * 2
     c = b + a
     del a, b, c
-for _ in range(3):
+for _ in range({WARMUP}):  # the heap reaches its steady size
     step()
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 for _ in range({STEPS}):
@@ -41,9 +42,11 @@ def test_retained_memory_removes_steady_state_page_faults() -> None:
     accepted, retained = _faults()
     assert accepted == "True"
     # 60 steps allocate 180 such tensors. Without retention glibc trims the heap top and they
-    # fault in again: 735,360 page faults in most runs here (3 tensors per step), 24,544 in the
-    # luckiest, on torch 2.11 and 2.15 alike. Retained: 0 to 8,192 (the heap grows once).
-    assert retained < 5 * PAGES_PER_TENSOR, f"{retained} page faults in {STEPS} steps"
+    # fault in again: up to 735,360 page faults (3 tensors per step), 8,192 in the luckiest runs.
+    # Retained, after 10 warm-up steps: 0 in 30 of 30 runs, 15 of them beside two busy matmul
+    # processes (2026-12-03). After only 3, the heap still grew while measured (8,192-12,288,
+    # and once 20,480 in a full suite), as much as unretained luck: the test flaked.
+    assert retained < PAGES_PER_TENSOR, f"{retained} page faults in {STEPS} steps"
 
 
 @pytest.mark.parametrize("enabled", [True, False])
