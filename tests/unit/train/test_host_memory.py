@@ -39,14 +39,20 @@ def _faults() -> tuple[str, int]:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
 def test_retained_memory_removes_steady_state_page_faults() -> None:
-    accepted, retained = _faults()
-    assert accepted == "True"
     # 60 steps allocate 180 such tensors. Without retention glibc trims the heap top and they
-    # fault in again: up to 735,360 page faults (3 tensors per step), 8,192 in the luckiest runs.
-    # Retained, after 10 warm-up steps: 0 in 30 of 30 runs, 15 of them beside two busy matmul
-    # processes (2026-12-03). After only 3, the heap still grew while measured (8,192-12,288,
-    # and once 20,480 in a full suite), as much as unretained luck: the test flaked.
-    assert retained < PAGES_PER_TENSOR, f"{retained} page faults in {STEPS} steps"
+    # fault in again: 489,600-735,360 page faults (8,160-12,256 on every step), 8,192 in the
+    # luckiest runs. Retained, after 10 warm-up steps: 0 in 29 of 30 runs beside two busy matmul
+    # processes and 1 page in the 30th (2026-12-03). The heap can still grow once, when a block
+    # that stays allocated splits its free space: 4,096 pages (one tensor) in one CI run. That is
+    # not a steady state, so a process gets up to three tries; broken retention fails all three.
+    tries = []
+    for _ in range(3):
+        accepted, retained = _faults()
+        assert accepted == "True"
+        tries.append(retained)
+        if retained < PAGES_PER_TENSOR:
+            return
+    pytest.fail(f"page faults in {STEPS} steps, three processes: {tries}")
 
 
 @pytest.mark.parametrize("enabled", [True, False])
