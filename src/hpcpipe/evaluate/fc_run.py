@@ -92,7 +92,7 @@ class CaseGrammars:
         from hpcpipe.evaluate.constrain import CallGrammars, check_template
 
         check_template(chat)
-        self.compiler = CallGrammars(chat.tokenizer, _vocab_size(model, chat.tokenizer))
+        self.compiler = CallGrammars(chat.tokenizer, logits_width(model, chat.tokenizer))
         self.by_case = [self.compiler.compile(case.conversation.tools) for case in cases]
 
     @property
@@ -103,7 +103,7 @@ class CaseGrammars:
         return self.compiler.processor([self.by_case[i] for i in index])
 
 
-def _vocab_size(model: nn.Module, tokenizer: Any) -> int:
+def logits_width(model: nn.Module, tokenizer: Any) -> int:
     """The logits' width: the model's embedding rows (padded past the tokenizer's vocabulary)."""
     config = getattr(model, "config", None)
     return int(getattr(config, "vocab_size", None) or len(tokenizer))
