@@ -69,7 +69,7 @@ def test_a_command_past_its_deadline_is_killed_with_its_group(tmp_path: Path) ->
     run = gsr.StepRun(_suite(tmp_path), "slow", time.monotonic() + 1.0)
     started = time.monotonic()
     proc, log = run.start([sys.executable, "-c", "import time; time.sleep(60)"])
-    with pytest.raises(gsr.StepFailed, match="timed out after 1 s"):
+    with pytest.raises(gsr.StepFailed, match=r"timed out after \d+ s"):
         run.finish(proc, log)
     assert time.monotonic() - started < 20 and proc.poll() is not None
 

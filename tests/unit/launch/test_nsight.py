@@ -448,13 +448,13 @@ sys.exit(run_agent(spec, "fake_worker", [{out!r}, {mode!r}]))
 """
 
 
-GRACE_S = 1.5  # the agent's wait for a signalled worker
+GRACE_S = 3.0  # the agent's wait for a signalled worker (its worker needs 0.5 s)
 
 
 def _agent_under_a_forking_tool(
     tmp_path: Path, mode: str, survives: bool
 ) -> tuple[subprocess.Popen[bytes], Path, Path]:
-    """An agent (1 worker, a 1.5 s grace) whose worker runs under ``FORKING_TOOL``: the agent,
+    """An agent (1 worker, a 3 s grace) whose worker runs under ``FORKING_TOOL``: the agent,
     the folder the worker writes to, and the agent's log."""
     tool = tmp_path / "tool"
     tool.write_text(FORKING_TOOL.format(python=sys.executable, survives=survives))
