@@ -150,14 +150,14 @@ test-latest: $(UV)
 	$(UV) pip install -q --python .venv-latest/bin/python --upgrade -e '.[test]'
 	.venv-latest/bin/ruff check src tests benchmarks
 	.venv-latest/bin/mypy
-	.venv-latest/bin/pytest -q
+	.venv-latest/bin/pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # The suite against the lowest versions pyproject.toml declares for its direct dependencies
 # (torch at its floor, too). Lint is left to the locked tools: old ruff/mypy differ in rules.
 test-lowest: $(UV)
 	$(UV) venv -q --clear --python $(PYTHON) .venv-lowest
 	$(UV) pip install -q --python .venv-lowest/bin/python --resolution lowest-direct -e '.[test]'
-	.venv-lowest/bin/pytest -q
+	.venv-lowest/bin/pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 bench: install-test fc-assets system-deps
 	$(BIN)/python benchmarks/trainer_overhead.py
