@@ -35,6 +35,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import emit, parse_with_smoke, print_table
+from hpcpipe.errors import UserError
 
 REPO = Path(__file__).resolve().parents[1]
 SMOLLM2 = REPO / "data" / "external" / "smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -129,10 +130,10 @@ def main() -> None:
     parser.add_argument("--bfcl-dir", type=Path, default=BFCL)
     parser.add_argument("--categories", default=CATEGORIES_DEFAULT)
     parser.add_argument("--split", default="dev")
-    parser.add_argument("--limit", type=int, default=30, help="cases per category")
-    parser.add_argument("--batch-size", type=int, default=8, help="as the evaluation's default")
-    parser.add_argument("--generate", type=int, default=3, help="batches decoded (minutes each)")
-    parser.add_argument("--max-new-tokens", type=int, default=256, help="as the evaluation's default")
+    parser.add_argument("--limit", type=positive, default=30, help="cases per category")
+    parser.add_argument("--batch-size", type=positive, default=8, help="as the evaluation's default")
+    parser.add_argument("--generate", type=positive, default=3, help="batches decoded (minutes each)")
+    parser.add_argument("--max-new-tokens", type=positive, default=256, help="as the evaluation's default")
     toy = {
         "target": None,
         "bfcl_dir": BFCL_SAMPLES,
@@ -143,7 +144,20 @@ def main() -> None:
         "max_new_tokens": 4,
     }
     args = parse_with_smoke(parser, toy)
+    try:
+        measure(args)
+    except UserError as exc:  # a missing file, an unknown split or category, a model that is not one
+        parser.error(str(exc))
 
+
+def positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive integer")
+    return value
+
+
+def measure(args: argparse.Namespace) -> None:
     import torch
 
     from hpcpipe.evaluate.bfcl import load_bfcl
@@ -152,9 +166,9 @@ def main() -> None:
     from hpcpipe.evaluate.function_calling import bfcl_case
 
     if args.target is not None and not args.target.exists():
-        sys.exit(f"--target: {args.target} does not exist (run `make fc-assets`)")
+        raise UserError(f"--target: {args.target} does not exist (run `make fc-assets`)")
     if not args.bfcl_dir.is_dir():
-        sys.exit(f"--bfcl-dir: {args.bfcl_dir} does not exist (run `make fc-assets`)")
+        raise UserError(f"--bfcl-dir: {args.bfcl_dir} does not exist (run `make fc-assets`)")
     cases = [
         bfcl_case(c) for c in load_bfcl(args.bfcl_dir, args.categories.split(","), args.limit, args.split)
     ]
