@@ -53,9 +53,12 @@ def test_retained_memory_removes_steady_state_page_faults() -> None:
     # pages after the first step every time; unretained faulted 12,239-12,248 on every step.
     accepted, faults = _faults_per_step()
     assert accepted == "True"
-    pages = BLOCK // 4096
-    assert faults[0] > 2 * pages  # the first step grows the heap: the count does see pages
-    assert sum(faults[1:]) < pages, f"page faults per step after the first: {faults[1:]}"
+    # In units of the first step, which faults the whole 48 MB in (12,248 pages of 4 KiB here),
+    # so the bound holds whatever the page size: with transparent huge pages on "always", the
+    # first step faulted 1,049-2,028 times, retained 0 after it (13 of 13), unretained 958 to
+    # 29,477 (13 processes).
+    assert faults[0] > 0
+    assert sum(faults[1:]) < faults[0] / 10, f"page faults per step: {faults}"
 
 
 @pytest.mark.parametrize("enabled", [True, False])
