@@ -86,12 +86,15 @@ class AfterCommit:
             problem_events(self._event, "checkpoint_verify_failed", step, path, "fast", problems)
             return
         self._event("checkpoint_verified", {"step": step, "path": str(path)})
-        resumed = self._resumed_step()
-        with self._queued_lock:
-            protected = {step} | self._queued | ({resumed} if resumed is not None else set())
-        self._prune(self.fast, protected)
+        self._prune(self.fast, lambda: self._protected_in_fast(step))
         if self.durable is not None and self._schedule.due(step, force_durable):
             self._copy_durable(path, step)
+
+    def _protected_in_fast(self, step: int) -> set[int]:
+        """This job's step, the steps queued now and the one training resumed from."""
+        resumed = self._resumed_step()
+        with self._queued_lock:
+            return {step} | self._queued | ({resumed} if resumed is not None else set())
 
     def _copy_durable(self, path: Path, step: int) -> None:
         assert self.durable is not None
@@ -106,9 +109,9 @@ class AfterCommit:
             "checkpoint_durable_copied",
             {"step": step, "path": str(final), "copy_s": time.perf_counter() - start},
         )
-        self._prune(self.durable, {step})
+        self._prune(self.durable, lambda: {step})
 
-    def _prune(self, tier: Tier, protected: set[int]) -> None:
+    def _prune(self, tier: Tier, protected: Callable[[], set[int]]) -> None:
         try:
             deleted = tier.prune(self.cfg.keep_last, self.cfg.keep_every, protected)
         except OSError as exc:

@@ -19,6 +19,7 @@ import re
 import shutil
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -83,12 +84,19 @@ class Tier:
         fsync_dir(self.root)
         shutil.rmtree(trash, ignore_errors=True)
 
-    def prune(self, keep_last: int, keep_every: int, protected: set[int]) -> list[int]:
-        """Delete committed checkpoints that ``retained_steps`` does not keep; the deleted steps."""
-        steps = [step for step, _ in self.committed()]
-        keep = retained_steps(steps, keep_last, keep_every, protected)
+    def prune(self, keep_last: int, keep_every: int, protected: Callable[[], set[int]]) -> list[int]:
+        """Delete committed checkpoints that ``retained_steps`` does not keep; the deleted steps.
+
+        Pruning runs behind the training loop (``after_commit.py``) while saves go on. One listing
+        decides and is acted on, so a checkpoint committed after it is neither counted nor
+        deleted (acting on a second listing deleted the newest checkpoint as not kept).
+        ``protected`` is asked after the listing: every listed step but the newest was committed,
+        and so queued for its own verification, before a newer one was, so it is protected when
+        still queued; the newest is kept by ``keep_last`` (at least 1)."""
+        listed = self.committed()
+        keep = retained_steps([step for step, _ in listed], keep_last, keep_every, protected())
         deleted = []
-        for step, path in self.committed():
+        for step, path in listed:
             if step not in keep:
                 self.remove(path)
                 deleted.append(step)

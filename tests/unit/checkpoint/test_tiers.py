@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from hpcpipe.checkpoint import CheckpointStore, tiers
-from hpcpipe.checkpoint.manifest import verify_dir
+from hpcpipe.checkpoint.manifest import step_dir_name, verify_dir
 from hpcpipe.config import CheckpointConfig, ModelConfig
 from hpcpipe.models.gpt import GPT
 
@@ -94,3 +94,50 @@ def test_a_copy_that_does_not_verify_never_becomes_visible(
     failed = [f for k, f in events if k == "checkpoint_durable_failed"]
     assert failed and ".distcp" in failed[0]["error"] and "BLAKE3 mismatch" in failed[0]["error"]
     assert _names(tmp_path / "fast") == ["step-00000001"]
+
+
+def test_prune_leaves_a_checkpoint_committed_while_it_ran(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Pruning runs behind the training loop, and a save may commit while it does: what was not
+    in the listing it decided on is not deleted. Acting on a second listing deleted the newest
+    checkpoint as "not kept" (a fresh clone's suite, 2026-12-04: step 5 of
+    test_durable_copies_follow_the_schedule_and_verify gone before its own verification)."""
+    for step in (3, 4):
+        (tmp_path / step_dir_name(step)).mkdir()
+    real_committed = tiers.Tier.committed
+    listings: list[int] = []
+
+    def committed_then_a_save_commits(self: tiers.Tier) -> list[tuple[int, Path]]:
+        listed = real_committed(self)
+        if not listings:
+            (tmp_path / step_dir_name(5)).mkdir()  # step 5 committed just after the first listing
+        listings.append(len(listed))
+        return listed
+
+    monkeypatch.setattr(tiers.Tier, "committed", committed_then_a_save_commits)
+    deleted = tiers.Tier("fast", tmp_path).prune(keep_last=1, keep_every=0, protected=set)
+    assert deleted == [3]
+    assert _names(tmp_path) == ["step-00000004", "step-00000005"]
+
+
+def test_prune_reads_what_is_protected_after_its_listing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Steps 4 and 5 commit while the job pruning for step 3 starts, 4 already queued for its
+    own verification: read after the listing, the queue protects 4 (read before, it would not,
+    and 4 would be deleted unverified); 5, the newest, is kept by keep_last."""
+    (tmp_path / step_dir_name(3)).mkdir()
+    queued = {3}
+    real_committed = tiers.Tier.committed
+
+    def two_saves_commit_first(self: tiers.Tier) -> list[tuple[int, Path]]:
+        for step in (4, 5):
+            (tmp_path / step_dir_name(step)).mkdir(exist_ok=True)
+        queued.add(4)
+        return real_committed(self)
+
+    monkeypatch.setattr(tiers.Tier, "committed", two_saves_commit_first)
+    tier = tiers.Tier("fast", tmp_path)
+    assert tier.prune(keep_last=1, keep_every=0, protected=lambda: set(queued)) == []
+    assert _names(tmp_path) == ["step-00000003", "step-00000004", "step-00000005"]
