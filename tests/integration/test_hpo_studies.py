@@ -1,6 +1,5 @@
-"""hpcpipe hpo end to end: real trials (hpcpipe train subprocesses) against SQLite and a throwaway
-PostgreSQL; pruning in DDP trials; a SIGKILLed worker; best --export. Optuna's journal file, shared
-by workers in processes of their own, is tests/integration/test_slurm.py's array-task study."""
+"""hpcpipe hpo end to end: real trials (hpcpipe train subprocesses) against SQLite, Optuna's journal
+file and a throwaway PostgreSQL; pruning in DDP trials; a SIGKILLed worker; best --export."""
 
 from __future__ import annotations
 
@@ -94,6 +93,24 @@ def test_diverging_ddp_trials_are_pruned_on_both_ranks_and_the_best_retrains(tmp
     assert trained.returncode == 0, trained.stderr
     rows = [json.loads(line) for line in (tmp_path / "study-best" / "metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["step"] == 6
+
+
+def test_two_workers_share_the_journal_file_store(tmp_path: Path) -> None:
+    sets = [
+        *_sets(tmp_path, "train.steps=10"),
+        "--set",
+        "hpo.pruner.name=none",
+        "--set",
+        f"hpo.storage=journal:{tmp_path}/study.log",
+    ]
+    proc = _four_trials_on_two_workers(tmp_path, sets)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = _status(tmp_path / "hpo-study", tmp_path)
+    assert [t["number"] for t in result["trials"]] == [0, 1, 2, 3]
+    assert result["counts"] == {"COMPLETE": 4} and result["storage"].startswith("journal:")
+    assert len({t["run_dir"] for t in result["trials"]}) == 4
+    assert len({t["params"]["train.lr"] for t in result["trials"]}) == 4  # workers sample apart
+    assert "[w0] trial" in proc.stdout and "[w1] trial" in proc.stdout  # both workers ran trials
 
 
 def test_a_sigkilled_worker_trial_is_failed_then_retried_from_its_checkpoint(tmp_path: Path) -> None:

@@ -54,8 +54,19 @@ class AfterCommit:
         self._schedule = DurableSchedule(cfg.durable_every_steps, cfg.durable_every_s)
         self._pool = ThreadPoolExecutor(1, "hpcpipe-ckpt-after")
         self._jobs: list[Future[None]] = []
-        self._queued: set[int] = set()  # committed steps whose job has not finished
+        self._queued: set[int] = set()  # steps reserved or committed whose job has not finished
         self._queued_lock = threading.Lock()
+
+    def reserve(self, step: int) -> None:
+        """Protect ``step`` from pruning before its checkpoint is renamed into the tier: a prune
+        running now may list it before ``queue`` is called."""
+        with self._queued_lock:
+            self._queued.add(step)
+
+    def release(self, step: int) -> None:
+        """Undo ``reserve`` for a commit that failed."""
+        with self._queued_lock:
+            self._queued.discard(step)
 
     def queue(self, step: int, force_durable: bool) -> None:
         self._jobs = [f for f in self._jobs if not f.done()]
@@ -91,7 +102,7 @@ class AfterCommit:
             self._copy_durable(path, step)
 
     def _protected_in_fast(self, step: int) -> set[int]:
-        """This job's step, the steps queued now and the one training resumed from."""
+        """This job's step, the steps reserved or queued now and the one training resumed from."""
         resumed = self._resumed_step()
         with self._queued_lock:
             return {step} | self._queued | ({resumed} if resumed is not None else set())

@@ -350,7 +350,7 @@ class CheckpointStore:
             write_manifest(tmp, manifest, sync_dir=False)  # the commit fsyncs the directory
             if self.save_point is not None:
                 self.save_point("manifest", step)
-            self.fast.commit(tmp, step)
+            self._rename_into_place(tmp, step)
         except FileNotFoundError as exc:
             self._discard(tmp)
             return (
@@ -361,6 +361,17 @@ class CheckpointStore:
             self._discard(tmp)
             return save_error_message(step, tmp, exc)
         return step
+
+    def _rename_into_place(self, tmp: Path, step: int) -> None:
+        """Rank 0: commit ``tmp`` as ``step``, reserved first: the after-commit thread may be
+        pruning this tier now, and must not delete a checkpoint it has yet to verify."""
+        assert self._after is not None
+        self._after.reserve(step)
+        try:
+            self.fast.commit(tmp, step)
+        except OSError:
+            self._after.release(step)
+            raise
 
     def _discard(self, tmp: Path) -> None:
         if self.rank == 0:

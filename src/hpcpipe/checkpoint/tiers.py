@@ -90,9 +90,10 @@ class Tier:
         Pruning runs behind the training loop (``after_commit.py``) while saves go on. One listing
         decides and is acted on, so a checkpoint committed after it is neither counted nor
         deleted (acting on a second listing deleted the newest checkpoint as not kept).
-        ``protected`` is asked after the listing: every listed step but the newest was committed,
-        and so queued for its own verification, before a newer one was, so it is protected when
-        still queued; the newest is kept by ``keep_last`` (at least 1)."""
+        ``protected`` is asked after the listing: the store reserves a step before renaming it
+        into the tier (``store.py``), so every listed checkpoint not yet verified is in it then,
+        whatever the order of the step numbers (a run that started over beside older, higher
+        steps)."""
         listed = self.committed()
         keep = retained_steps([step for step, _ in listed], keep_last, keep_every, protected())
         deleted = []

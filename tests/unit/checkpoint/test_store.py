@@ -314,6 +314,50 @@ def test_a_lagging_verifier_never_prunes_what_it_has_yet_to_verify(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000004", "step-00000005"]
 
 
+def test_a_step_renamed_into_place_while_an_older_job_prunes_is_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run that started over beside an older run's step 30, keep_last=1: the job for step 12
+    prunes just after step 14 is renamed into place, before 14 is queued. 14 was reserved before
+    its rename, so it is protected; by step order alone 30 is "the newest" and 14 was deleted
+    before its own verification."""
+    from hpcpipe.checkpoint import after_commit, tiers
+
+    save_steps(tmp_path, [30])
+    renamed, pruned = threading.Event(), threading.Event()
+    real_verify, real_commit, real_prune = after_commit.verify_dir, tiers.Tier.commit, tiers.Tier.prune
+
+    def verify_12_once_14_is_renamed(path: Path) -> Any:
+        if path.name == "step-00000012":
+            assert renamed.wait(timeout=30), "step 14 was never renamed into place"
+        return real_verify(path)
+
+    def commit_then_let_the_job_for_12_prune(self: tiers.Tier, tmp: Path, step: int) -> Path:
+        final = real_commit(self, tmp, step)
+        if step == 14:
+            renamed.set()
+            assert pruned.wait(timeout=30), "the job for step 12 never pruned"
+        return final
+
+    def prune_then_tell(self: tiers.Tier, *args: Any) -> list[int]:
+        deleted = real_prune(self, *args)
+        pruned.set()
+        return deleted
+
+    monkeypatch.setattr(after_commit, "verify_dir", verify_12_once_14_is_renamed)
+    monkeypatch.setattr(tiers.Tier, "commit", commit_then_let_the_job_for_12_prune)
+    monkeypatch.setattr(tiers.Tier, "prune", prune_then_tell)
+    events: list[tuple[str, dict[str, Any]]] = []
+    model, optimizer = make_model()
+    store = store_for(tmp_path, events, keep_last=1)
+    for step in (12, 14):
+        store.save(step, model, optimizer, {"step": step})
+    store.close()
+    assert [kind for kind, _ in events if kind.endswith("_failed")] == []
+    assert [f["step"] for kind, f in events if kind == "checkpoint_verified"] == [12, 14]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000014", "step-00000030"]
+
+
 def test_the_checkpoint_resumed_from_is_never_pruned(tmp_path: Path) -> None:
     save_steps(tmp_path, [5])
     model, optimizer = make_model()

@@ -106,13 +106,10 @@ def test_prune_leaves_a_checkpoint_committed_while_it_ran(
     for step in (3, 4):
         (tmp_path / step_dir_name(step)).mkdir()
     real_committed = tiers.Tier.committed
-    listings: list[int] = []
 
     def committed_then_a_save_commits(self: tiers.Tier) -> list[tuple[int, Path]]:
         listed = real_committed(self)
-        if not listings:
-            (tmp_path / step_dir_name(5)).mkdir()  # step 5 committed just after the first listing
-        listings.append(len(listed))
+        (tmp_path / step_dir_name(5)).mkdir(exist_ok=True)  # step 5 committed after the listing
         return listed
 
     monkeypatch.setattr(tiers.Tier, "committed", committed_then_a_save_commits)

@@ -90,10 +90,10 @@ def test_a_chaos_run_is_its_own_session_and_past_its_timeout_dies_with_its_worke
     sets = [f"run.out_dir={tmp_path}", "train.steps=100000", "observe.progress=false", "parallel.nproc=2"]
     sessions: set[int] = set()
     seen: set[int] = set()
+    ended = threading.Event()
 
     def watch() -> None:  # the run's processes and their sessions, until all four are up
-        deadline = time.monotonic() + 8
-        while len(seen) < 4 and time.monotonic() < deadline:
+        while len(seen) < 4 and not ended.is_set():
             for pid in _processes_in(tmp_path):
                 with contextlib.suppress(ProcessLookupError):
                     sessions.add(os.getsid(pid))
@@ -105,8 +105,11 @@ def test_a_chaos_run_is_its_own_session_and_past_its_timeout_dies_with_its_worke
     args = ["train", "tiny", *[a for s in sets for a in ("--set", s)]]
     # 8 s: the launcher, its fork server and both ranks were up within 2.3 s here, 3.3 s beside two
     # CPU-bound processes (2026-12-04, the zygote started cold).
-    with pytest.raises(TrialTimeout, match="ran past 8 s"):
-        run_job(args, tmp_path, 8, IDLE_RANKS, log="long")
+    try:
+        with pytest.raises(TrialTimeout, match="ran past 8 s"):
+            run_job(args, tmp_path, 8, IDLE_RANKS, log="long")
+    finally:
+        ended.set()
     watcher.join()
     assert len(seen) >= 4, seen  # the launcher, its fork server and both ranks were running
     assert os.getsid(0) not in sessions  # a terminal's Ctrl-C would not reach the run
