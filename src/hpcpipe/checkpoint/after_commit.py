@@ -103,9 +103,13 @@ class AfterCommit:
 
     def _protected_in_fast(self, step: int) -> set[int]:
         """This job's step, the steps reserved or queued now and the one training resumed from."""
-        resumed = self._resumed_step()
         with self._queued_lock:
-            return {step} | self._queued | ({resumed} if resumed is not None else set())
+            return {step} | self._queued | self._resumed()
+
+    def _resumed(self) -> set[int]:
+        """The step training resumed from, kept in every tier (``checkpoint.keep_last``)."""
+        resumed = self._resumed_step()
+        return {resumed} if resumed is not None else set()
 
     def _copy_durable(self, path: Path, step: int) -> None:
         assert self.durable is not None
@@ -120,7 +124,7 @@ class AfterCommit:
             "checkpoint_durable_copied",
             {"step": step, "path": str(final), "copy_s": time.perf_counter() - start},
         )
-        self._prune(self.durable, lambda: {step})
+        self._prune(self.durable, lambda: {step} | self._resumed())
 
     def _prune(self, tier: Tier, protected: Callable[[], set[int]]) -> None:
         try:

@@ -73,6 +73,24 @@ def test_resume_from_durable_when_the_fast_tier_is_lost(tmp_path: Path) -> None:
         assert torch.equal(value, fresh.state_dict()[key])
 
 
+def test_the_durable_copy_training_resumed_from_is_never_pruned(tmp_path: Path) -> None:
+    """checkpoint.keep_last keeps the checkpoint training resumed from in every tier: resumed
+    from the durable tier (the fast one lost), its durable copy outlives keep_last=1."""
+    events: Events = []
+    model, optimizer = _model()
+    first = _store(tmp_path, events)
+    first.save(8, model, optimizer, {"step": 8})
+    first.close()
+    shutil.rmtree(tmp_path / "fast")
+    restorer = _store(tmp_path, events, keep_last=1)
+    assert restorer.restore(model, optimizer) == {"step": 8}
+    for step in (9, 10):
+        restorer.save(step, model, optimizer, {"step": step})
+    restorer.close()
+    assert _names(tmp_path / "durable") == ["step-00000008", "step-00000010"]
+    assert _names(tmp_path / "fast") == ["step-00000010"]
+
+
 def test_a_copy_that_does_not_verify_never_becomes_visible(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
