@@ -99,6 +99,9 @@ def test_a_killed_stage_resumes_bit_for_bit(tmp: Path, runs: dict[str, Path]) ->
     ("source", "name", "nproc", "sets"),
     [
         ("1f1b", "from_pp2_to_one", 1, ()),  # pp 2 -> 1
+        # pp 2 -> DDP dp 2 on the same two ranks: another layout (the RNG streams and the micro-
+        # batch split of pp 2's ranks are not theirs), though the world and tp are unchanged
+        ("1f1b", "from_pp2_to_ddp_dp2", 2, ("parallel.strategy=ddp",)),
         (
             "pp2_tp2",
             "from_pp2_tp2_to_fsdp_dp2",

@@ -21,8 +21,9 @@ class FaultConfig(Section):
         None,
         description="On an out-of-memory error, halve the micro-batch (more gradient "
         "accumulation, same global batch) and retry the step. null: on, except under "
-        "parallel.strategy=deepspeed, whose ZeRO step cannot be rolled back half-way, and "
-        "parallel.pp > 1, whose schedule runs every micro-batch in one call.",
+        "parallel.strategy=deepspeed, whose ZeRO step cannot be rolled back half-way, "
+        "parallel.pp > 1, whose schedule runs every micro-batch in one call, and parallel.tp > 1, "
+        "whose ranks wait for each other inside every block.",
     )
     preempt_grace_s: float = Field(
         30.0,

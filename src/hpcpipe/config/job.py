@@ -132,6 +132,17 @@ class JobConfig(Section):
                 "fault.oom_recovery cannot work under parallel.pp > 1 (the pipeline schedule runs every "
                 "micro-batch in one call, nothing to halve between them); set it to null or false"
             )
+        if self.parallel.tp > 1 and self.fault.oom_recovery:
+            raise ValueError(
+                "fault.oom_recovery cannot work under parallel.tp > 1 (a rank out of memory inside a "
+                "block leaves its tensor-parallel peers waiting in that block's collective); set it to "
+                "null or false"
+            )
+        if self.parallel.pp > 1 and self.train.precision == "fp16":
+            raise ValueError(
+                "train.precision=fp16 is not available with parallel.pp > 1 (the pipeline schedule runs "
+                "the backward itself, without fp16's loss scaling); use bf16 or fp32"
+            )
         return self
 
     @model_validator(mode="after")

@@ -114,6 +114,8 @@ EVENT_KINDS: dict[str, EventKind] = {
             "checkpoint": "the checkpoint directory",
             "saved_world_size": "ranks that saved it",
             "world_size": "ranks now",
+            "micro_batch_size": "micro-batch per rank from here (an OOM's shrink kept if the config is)",
+            "accum_steps": "micro-batches per step from here",
             "restore_s": "seconds to restore",
         },
     ),

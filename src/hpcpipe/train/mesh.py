@@ -10,6 +10,7 @@ there is no mesh: the world group is the data-parallel group, as it always was.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -49,9 +50,13 @@ class Layout:
         )
         return f"pipeline {self.pp} x data {self.dp} x tensor {self.tp} ({groups})"
 
+    def shape(self) -> dict[str, int]:
+        """``{"pp": .., "dp": .., "tp": ..}``: what a checkpoint records of the layout it was saved in."""
+        return {"pp": self.pp, "dp": self.dp, "tp": self.tp}
+
     def describe(self) -> dict[str, Any]:
         """For the log, events.jsonl and checkpoint manifests."""
-        described: dict[str, Any] = {"pp": self.pp, "dp": self.dp, "tp": self.tp}
+        described: dict[str, Any] = dict(self.shape())
         if self.mesh is not None:
             grid = self.mesh.mesh  # (pp, dp, tp) global ranks
             described["tp_groups"] = grid.reshape(-1, self.tp).tolist()
@@ -72,6 +77,19 @@ def build_layout(tp: int, ctx: DistContext, pp: int = 1) -> Layout:
     return Layout(
         dp=dp, tp=tp, dp_rank=(ctx.rank // tp) % dp, pp=pp, pp_rank=ctx.rank // (dp * tp), mesh=mesh
     )
+
+
+def same_rank_places(saved: Mapping[str, Any], world_size: int, layout: Layout) -> bool:
+    """Whether every rank of this run has the place its rank had when ``saved`` (a trainer state)
+    was written: the same world and the same pp x dp x tp split. Only then are per-rank states
+    (RNG streams, a shrunk micro-batch split) meaningful as saved; a pp 2 checkpoint resumed as
+    dp 2 on the same two ranks is another layout. States written before the layout was recorded
+    hold ``world_size`` and ``tp`` only, from runs without pipeline stages when they were saved
+    (pp 1, dp = world / tp)."""
+    saved_world = int(saved["world_size"])
+    tp = int(saved.get("tp", 1))
+    shape = saved.get("layout") or {"pp": 1, "dp": saved_world // tp, "tp": tp}
+    return saved_world == world_size and {k: int(v) for k, v in shape.items()} == layout.shape()
 
 
 def data_parallel_context(ctx: DistContext, layout: Layout) -> DistContext:

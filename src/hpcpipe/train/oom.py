@@ -167,6 +167,7 @@ class OOMGuard:
             raise ValueError(f"micro-batch {micro_batch_size} and accumulation {accum_steps} must be >= 1")
         self.micro_batch_size = micro_batch_size
         self.accum_steps = accum_steps
+        self.configured = (micro_batch_size, accum_steps)  # the config's split, before any shrink
         self.enabled = enabled
         self.rank = rank
         self.strategy = "single"  # set by attach(): "single", "ddp" or "fsdp"
@@ -380,17 +381,31 @@ class OOMGuard:
         return event
 
     def state_dict(self) -> dict[str, int]:
-        return {"micro_batch_size": self.micro_batch_size, "accum_steps": self.accum_steps}
+        configured_micro, configured_accum = self.configured
+        return {
+            "micro_batch_size": self.micro_batch_size,
+            "accum_steps": self.accum_steps,
+            "configured_micro_batch_size": configured_micro,
+            "configured_accum_steps": configured_accum,
+        }
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Resume a shrunk split; refused when it would change this rank's samples per step."""
+    def load_state_dict(self, state: Mapping[str, Any]) -> bool:
+        """Resume a shrunk split; False (this run's split kept) when the config's split changed
+        since the save, since a user lowers train.micro_batch_size after an out-of-memory exit,
+        and the checkpoint's larger split would run out of memory again. Refused when it would
+        change this rank's samples per step."""
         micro, accum = int(state["micro_batch_size"]), int(state["accum_steps"])
+        if "configured_micro_batch_size" in state:  # absent from states saved before 2026-12-04
+            configured = (int(state["configured_micro_batch_size"]), int(state["configured_accum_steps"]))
+            if configured != self.configured:
+                return False
         if micro * accum != self.micro_batch_size * self.accum_steps:
             raise ConfigError(
                 f"train.micro_batch_size: the checkpoint's split {micro} x {accum} does not match this "
                 f"run's {self.micro_batch_size} x {self.accum_steps} samples per rank and step"
             )
         self.micro_batch_size, self.accum_steps = micro, accum
+        return True
 
 
 def _reset_parallel_state(model: nn.Module) -> None:

@@ -37,7 +37,7 @@ from hpcpipe.train.deepspeed import deepspeed_engine
 from hpcpipe.train.distributed import DistContext
 from hpcpipe.train.environment import node_name
 from hpcpipe.train.faults import NO_FAULTS, FaultInjector
-from hpcpipe.train.mesh import build_layout, data_parallel_context
+from hpcpipe.train.mesh import build_layout, data_parallel_context, same_rank_places
 from hpcpipe.train.oom import AllReduceMax, OOMGuard, max_over_ranks
 from hpcpipe.train.optim import build_optimizer
 from hpcpipe.train.parallel import (
@@ -152,7 +152,9 @@ class Trainer:
     def _guard_faults(self, job: JobConfig, units: Sequence[torch.nn.Module], accum: int) -> None:
         """OOM recovery, preemption and hang detection."""
         ctx = self.ctx
-        recovers = oom_recovery_on(job.fault.oom_recovery, self.strategy, pipeline=self.pipeline is not None)
+        recovers = oom_recovery_on(
+            job.fault.oom_recovery, self.strategy, self.pipeline is not None, self.layout.tp > 1
+        )
         self.oom = OOMGuard(self.cfg.micro_batch_size, accum, recovers, rank=ctx.rank)
         self.oom.attach(self.model, units)
         self.agree_max = _agreement_all_reduce(ctx)
@@ -428,6 +430,7 @@ class Trainer:
             "oom_split": self.oom.state_dict(),
             "world_size": self.ctx.world_size,
             "tp": self.layout.tp,
+            "layout": self.layout.shape(),
         }
         if self.precision.scaler is not None:
             state["grad_scaler"] = self.precision.scaler.state_dict()
@@ -444,14 +447,10 @@ class Trainer:
         self.loader.load_state_dict(extra["loader"])
         if self.precision.scaler is not None and "grad_scaler" in extra:
             self.precision.scaler.load_state_dict(extra["grad_scaler"])
-        same_world = (
-            int(extra["world_size"]) == self.ctx.world_size and int(extra.get("tp", 1)) == self.layout.tp
-        )
-        if same_world:
+        if same_rank_places(extra, self.ctx.world_size, self.layout):
             # RNG streams and a shrunk micro-batch split are per rank: only meaningful as saved.
             restore_rng_state(extra["rng"])
-            self.oom.load_state_dict(extra["oom_split"])
-            self.loader.set_micro_batch_size(self.oom.micro_batch_size)
+            self._resume_split(extra["oom_split"])
         restored = self.store.restored
         self.events.emit(
             "resumed",
@@ -460,9 +459,18 @@ class Trainer:
                 "checkpoint": str(restored.path) if restored else None,
                 "saved_world_size": int(extra["world_size"]),
                 "world_size": self.ctx.world_size,
+                "micro_batch_size": self.oom.micro_batch_size,
+                "accum_steps": self.oom.accum_steps,
                 "restore_s": time.perf_counter() - started,  # choosing, verifying, loading
             },
         )
+
+    def _resume_split(self, saved: dict[str, Any]) -> None:
+        """The micro-batch split an OOM shrank before the save, unless the config's split has
+        changed since (a user who lowered train.micro_batch_size after an OOM gets it); the
+        ``resumed`` event says which split runs."""
+        if self.oom.load_state_dict(saved):
+            self.loader.set_micro_batch_size(self.oom.micro_batch_size)
 
     def stop_for_preemption(self) -> None:
         """Every rank agreed to stop: checkpoint within the grace period, then exit. A preemption
@@ -580,11 +588,16 @@ def _agreement_all_reduce(ctx: DistContext) -> AllReduceMax | None:
     return max_over_ranks(group=group)
 
 
-def oom_recovery_on(configured: bool | None, strategy: str, pipeline: bool = False) -> bool:
+def oom_recovery_on(
+    configured: bool | None, strategy: str, pipeline: bool = False, tensor_parallel: bool = False
+) -> bool:
     """``fault.oom_recovery``; null means on, except under DeepSpeed (a ZeRO step cannot be
-    rolled back half-way through its partitioned gradients) and a pipeline (its schedule runs
-    every micro-batch in one call)."""
-    return configured if configured is not None else strategy != "deepspeed" and not pipeline
+    rolled back half-way through its partitioned gradients), a pipeline (its schedule runs
+    every micro-batch in one call) and tensor parallelism (a rank out of memory inside a block
+    leaves its peers in that block's collective, which no agreement can reach)."""
+    if configured is not None:
+        return configured
+    return strategy != "deepspeed" and not pipeline and not tensor_parallel
 
 
 def _per_item(flops_per_sample: float | None, items_per_sample: int) -> float | None:

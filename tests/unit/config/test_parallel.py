@@ -32,6 +32,12 @@ from hpcpipe.train.pipeline_parallel import bubble_fraction, split_blocks
             ["parallel.pp=2", "fault.oom_recovery=true"],
             "fault.oom_recovery cannot work under parallel.pp",
         ),
+        (
+            "tiny",
+            ["parallel.tp=2", "fault.oom_recovery=true"],
+            "fault.oom_recovery cannot work under parallel.tp > 1",
+        ),
+        ("tiny", ["parallel.pp=2", "train.precision=fp16"], "train.precision=fp16 is not available with"),
         ("tiny", ["parallel.pp_schedule=interleaved-1f1b"], "needs parallel.virtual_stages 2 or more"),
         ("tiny", ["parallel.virtual_stages=2"], "needs parallel.pp_schedule=interleaved-1f1b"),
         ("tiny", ["parallel.pp=2", "parallel.pp_split=[1,1]"], "parallel.pp_split [1, 1]: give 1 increasing"),

@@ -128,13 +128,15 @@ def test_offload_that_does_not_fit_in_host_memory_is_refused(monkeypatch: pytest
     check_offload_memory(settings, model, world_size=2, local_ranks=2)
 
 
-def test_oom_recovery_defaults_off_only_under_deepspeed() -> None:
+def test_oom_recovery_defaults_off_under_deepspeed_pipelines_and_tensor_parallelism() -> None:
     from hpcpipe.train.trainer import oom_recovery_on
 
     assert _job().fault.oom_recovery is None
     assert not oom_recovery_on(_job().fault.oom_recovery, "deepspeed")
     for strategy in ("single", "ddp", "fsdp"):
         assert oom_recovery_on(None, strategy)
+        assert not oom_recovery_on(None, strategy, pipeline=True)
+        assert not oom_recovery_on(None, strategy, tensor_parallel=True)
     assert load_config("tiny", ["fault.oom_recovery=false"]).fault.oom_recovery is False
     assert not oom_recovery_on(False, "ddp")
 

@@ -83,10 +83,28 @@ def test_state_dict_round_trip_and_mismatch() -> None:
     shrunk = OOMGuard(4, 2)
     shrunk.shrink()
     resumed = OOMGuard(4, 2)
-    resumed.load_state_dict(shrunk.state_dict())
+    assert resumed.load_state_dict(shrunk.state_dict())
     assert (resumed.micro_batch_size, resumed.accum_steps) == (2, 4)
+    before_the_config_was_recorded = {"micro_batch_size": 2, "accum_steps": 4}
+    assert OOMGuard(8, 1).load_state_dict(before_the_config_was_recorded)
     with pytest.raises(ConfigError, match=r"train\.micro_batch_size: the checkpoint's split 2 x 4"):
-        OOMGuard(4, 4).load_state_dict(shrunk.state_dict())
+        OOMGuard(4, 4).load_state_dict(before_the_config_was_recorded)
+
+
+def test_a_changed_micro_batch_size_wins_over_the_checkpoints_split() -> None:
+    """The user lowered train.micro_batch_size after an OOM (same global batch): the checkpoint's
+    split, 4 x 2 as configured then, must not bring the larger micro-batch back."""
+    saved = OOMGuard(4, 2).state_dict()
+    lowered = OOMGuard(2, 4)
+    assert not lowered.load_state_dict(saved)
+    assert (lowered.micro_batch_size, lowered.accum_steps) == (2, 4)
+    shrunk = OOMGuard(8, 1)
+    shrunk.shrink()  # 4 x 2, configured 8 x 1
+    assert not lowered.load_state_dict(shrunk.state_dict())
+    assert (lowered.micro_batch_size, lowered.accum_steps) == (2, 4)
+    raised_batch = OOMGuard(4, 4)  # a larger global batch: this run's split, not the saved one
+    assert not raised_batch.load_state_dict(saved)
+    assert (raised_batch.micro_batch_size, raised_batch.accum_steps) == (4, 4)
 
 
 def test_agree_reports_the_highest_oom_rank() -> None:
