@@ -293,9 +293,16 @@ def fashion_mnist_root(root: str | None) -> Path:
 
 def imagefolder_files(root: Path) -> dict[str, list[Path]]:
     """Every image of ``root/train/<class>/`` and ``root/test/<class>/`` (torchvision's rules)."""
+    return {split: [path for path, _ in samples] for split, samples in _imagefolder_samples(root)[1].items()}
+
+
+def _imagefolder_samples(root: Path) -> tuple[list[str], dict[str, list[tuple[Path, int]]]]:
+    """The class names and, per split, each image with its class index, as torchvision's
+    ``make_dataset`` finds them: every image anywhere below ``<split>/<class>/`` (nested folders
+    too, ``train/<class>/images/*.JPEG`` as in Tiny-ImageNet) is of that class."""
     from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
 
-    files: dict[str, list[Path]] = {}
+    samples: dict[str, list[tuple[Path, int]]] = {}
     classes: list[str] | None = None
     for split in SPLITS:
         folder = root / split
@@ -306,23 +313,22 @@ def imagefolder_files(root: Path) -> dict[str, list[Path]]:
             if classes is not None and names != classes:
                 raise DataError(f"{folder}: classes {names} differ from train/'s {classes}")
             classes = names
-            samples = make_dataset(str(folder), index, extensions=IMG_EXTENSIONS)
+            found = make_dataset(str(folder), index, extensions=IMG_EXTENSIONS)
         except FileNotFoundError as exc:  # no class folders, or a class folder without images
             raise DataError(f"{folder}: {exc}") from None
-        files[split] = [Path(path) for path, _ in samples]
-    return files
+        samples[split] = [(Path(path), label) for path, label in found]
+    assert classes is not None  # SPLITS is not empty
+    return classes, samples
 
 
 def read_imagefolder(root: Path) -> dict[str, ImageSplit]:
     """Paths and labels; every image is decoded later at the size of the first training image."""
-    from torchvision.datasets.folder import find_classes
-
-    files = imagefolder_files(root)
-    classes, index = find_classes(str(root / "train"))
-    first = decode_image_file(files["train"][0], None)
+    classes, samples = _imagefolder_samples(root)
+    first = decode_image_file(samples["train"][0][0], None)
     splits = {}
-    for split, paths in files.items():
-        labels = np.asarray([index[p.parent.name] for p in paths], dtype=np.int64)
+    for split, found in samples.items():
+        labels = np.asarray([label for _, label in found], dtype=np.int64)
+        paths = [path for path, _ in found]
         splits[split] = ImageSplit(labels, classes, None, paths, shape=tuple(first.shape))
     return splits
 

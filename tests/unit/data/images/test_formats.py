@@ -99,6 +99,29 @@ def test_an_empty_class_folder_names_the_split(tmp_path: Path) -> None:
         read_splits("imagefolder", root)
 
 
+def test_nested_imagefolder_images_take_their_class_folders_label(tmp_path: Path) -> None:
+    """Tiny-ImageNet's layout (``train/<class>/images/*.JPEG``) and a nested folder named like
+    another class: the label is the class folder's, as torchvision's ImageFolder gives it."""
+    from torchvision.datasets import ImageFolder
+
+    root = write_dataset("imagefolder", tmp_path / "f", 8, 4)
+    for split in ("train", "test"):
+        for image in sorted((root / split).glob("*/*")):
+            nested = image.parent / "images" / image.name
+            nested.parent.mkdir(exist_ok=True)
+            image.rename(nested)
+    first, second = sorted(p.name for p in (root / "train").iterdir())[:2]
+    moved = next((root / "train" / first / "images").iterdir())
+    (root / "train" / first / second).mkdir()
+    moved.rename(root / "train" / first / second / moved.name)
+    splits = read_splits("imagefolder", root)
+    for split in ("train", "test"):
+        reference = ImageFolder(str(root / split))
+        expected = {Path(path): label for path, label in reference.samples}
+        got = dict(zip(splits[split].paths, splits[split].labels.tolist(), strict=True))
+        assert got == expected
+
+
 def test_fashion_mnist_says_how_to_install_it(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     from hpcpipe.data.images import formats as images
 
