@@ -10,6 +10,7 @@ Layout under ``CACHE_ROOT``::
     <key>/.hpcpipe-staged  the completion marker, written last (its mtime: last use)
     <key>.lock             flock, exclusive: held while checking or copying (and collecting)
     <key>.use              flock, shared: held by every process reading the entry
+    .<key>.tmp-<pid>       a copy in progress (removed under .lock when its stager was killed)
 
 Every rank of a node may call ``stage`` at once: one takes ``.lock`` and copies, the others wait
 for it, then find the marker and verify. A process that reads the staged copy holds a shared
@@ -39,6 +40,7 @@ from hpcpipe.fsutil import fsync_dir
 
 MARKER = ".hpcpipe-staged"
 _KEY = re.compile(r"[0-9a-f]{64}")
+_PARTIAL = re.compile(r"\.([0-9a-f]{64})\.tmp-\d+")  # a copy in progress, or left by a killed stager
 _CHUNK = 8 << 20
 
 
@@ -139,10 +141,12 @@ def stage_for_reading(
 
 def collect_garbage(cache_root: Path, days: float, keep: frozenset[str] = frozenset()) -> list[str]:
     """Remove entries unused for ``days`` days; never one in ``keep`` or one whose lock is held
-    (being staged or read). Returns the removed keys."""
+    (being staged or read). Partial copies left by a stager killed mid-copy go whenever their
+    key's ``.lock`` is free, whatever their age. Returns the removed keys."""
     removed: list[str] = []
     if not cache_root.is_dir():
         return removed
+    _collect_partial_copies(cache_root)
     cutoff = time.time() - days * 86400
     for entry in sorted(cache_root.iterdir()):
         if not (entry.is_dir() and _KEY.fullmatch(entry.name)) or entry.name in keep:
@@ -159,6 +163,14 @@ def collect_garbage(cache_root: Path, days: float, keep: frozenset[str] = frozen
                 shutil.rmtree(entry)
                 removed.append(entry.name)
     return removed
+
+
+def _collect_partial_copies(cache_root: Path) -> None:
+    keys = {m.group(1) for p in cache_root.glob(".*.tmp-*") if (m := _PARTIAL.fullmatch(p.name))}
+    for key in sorted(keys):
+        with _try_exclusive(cache_root, key, ".lock") as idle:
+            if idle:
+                _remove_partial_copies(cache_root, key)
 
 
 # -- checks ------------------------------------------------------------------------------------
@@ -218,7 +230,7 @@ def _sha256_or_none(path: Path) -> str | None:
 def _copy_verified(source: StageSource, final: Path, workers: int) -> None:
     """Copy into a temporary sibling, hashing the bytes as they pass; rename when all match."""
     tmp = final.parent / f".{final.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
+    _remove_partial_copies(final.parent, final.name)  # we hold .lock: no other copier is alive
     try:
         tmp.mkdir()
         with ThreadPoolExecutor(workers) as pool:
@@ -231,6 +243,15 @@ def _copy_verified(source: StageSource, final: Path, workers: int) -> None:
         fsync_dir(final.parent)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _remove_partial_copies(cache_root: Path, key: str) -> list[Path]:
+    """The temporary copies of ``key`` that stagers killed mid-copy left behind (call with its
+    ``.lock`` held: a live copier holds it)."""
+    partial = sorted(cache_root.glob(f".{key}.tmp-*"))
+    for path in partial:
+        shutil.rmtree(path, ignore_errors=True)
+    return partial
 
 
 def _copy_one(root: Path, dest_root: Path, rel: str, want: str) -> None:

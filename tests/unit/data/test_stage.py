@@ -90,6 +90,40 @@ def test_a_corrupt_cache_entry_is_staged_again(dataset_dir: Path, tmp_path: Path
     assert not third.copied
 
 
+def _left_by_a_killed_stager(cache: Path, key: str, pid: int) -> Path:
+    partial = cache / f".{key}.tmp-{pid}"
+    (partial / "sub").mkdir(parents=True)
+    (partial / "sub" / "half-copied.bin").write_bytes(b"x" * 4096)
+    return partial
+
+
+def test_a_killed_stagers_copy_is_removed_by_the_next_stage(dataset_dir: Path, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    source = token_dataset_source(dataset_dir)
+    cache.mkdir()
+    partial = [_left_by_a_killed_stager(cache, source.key, pid) for pid in (11, 12)]
+    other_key = _left_by_a_killed_stager(cache, "b" * 64, 13)
+    staged = stage(source, cache)
+    staged.release()
+    assert staged.copied and not any(p.exists() for p in partial)
+    assert other_key.is_dir()  # another dataset's: its own stager or collect_garbage decides
+
+
+def test_gc_removes_partial_copies_but_not_one_being_copied(dataset_dir: Path, tmp_path: Path) -> None:
+    import fcntl
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    orphan = _left_by_a_killed_stager(cache, "b" * 64, 13)
+    in_progress = _left_by_a_killed_stager(cache, "c" * 64, 14)
+    with (cache / f"{'c' * 64}.lock").open("ab") as copying:
+        fcntl.flock(copying, fcntl.LOCK_EX)  # its copier is alive
+        assert collect_garbage(cache, days=7) == []
+        assert not orphan.exists() and in_progress.is_dir()
+    collect_garbage(cache, days=7)
+    assert not in_progress.exists()
+
+
 def test_a_missing_marker_means_not_staged(dataset_dir: Path, tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     first = stage(token_dataset_source(dataset_dir), cache)
