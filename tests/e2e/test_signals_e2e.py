@@ -84,14 +84,16 @@ def test_ctrl_c_without_checkpoints_says_so_and_exits_130(tmp_path: Path) -> Non
     assert _committed(tmp_path / "no-ckpt") == []
 
 
-def test_sigterm_on_two_local_ranks_through_the_agent_exits_75_in_one_line(tmp_path: Path) -> None:
+def test_sigterm_on_two_local_ranks_through_the_agent_exits_their_code_in_one_line(tmp_path: Path) -> None:
     """--nproc 2 starts the node agent (torch's elastic agent), whose own SIGTERM handling printed
-    torchelastic's traceback before; the workers checkpoint and the run exits 75 in one line."""
-    code, err = _stopped(tmp_path, "term-2", signal.SIGTERM, 2)
-    assert code == 75, err[-2000:]
+    torchelastic's traceback before, and answered 75 whatever the workers did; the agent passes
+    the signal on itself and exits the workers' code: fault.preempt_exit_code once they
+    checkpointed (85 here, which the agent used to replace with 75), in one line."""
+    code, err = _stopped(tmp_path, "term-2", signal.SIGTERM, 2, "fault.preempt_exit_code=85")
+    assert code == 85, err[-2000:]
     assert "Traceback" not in err, err[-3000:]
     last = err.strip().splitlines()[-1]
-    assert last.startswith("preempted:") and str(tmp_path / "term-2") in last, err[-2000:]
+    assert last.startswith("preempted") and str(tmp_path / "term-2") in last, err[-2000:]
     assert "death signal" not in err and "Closing process" not in err, err[-2000:]
     assert _committed(tmp_path / "term-2"), "a preemption always checkpoints"
 

@@ -196,7 +196,7 @@ def _report_failure(job: JobConfig, exc: WorkerFailure | Preempted) -> NoReturn:
         resume = "run again to resume" if exc.checkpointed else "set checkpoint.every_steps to resume"
         _say(f"{exc}; {resume} ({job.run_dir})")
     elif exc.exit_code == job.fault.preempt_exit_code:
-        _say(f"preempted: checkpoint committed; run again to resume ({job.run_dir})")
+        _say(f"preempted; run again to resume from the newest committed checkpoint ({job.run_dir})")
     elif exc.exit_code == INTERRUPT_EXIT_CODE:
         _say(f"interrupted (Ctrl-C); run again to resume from the newest checkpoint ({job.run_dir})")
     else:

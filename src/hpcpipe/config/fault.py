@@ -38,3 +38,10 @@ class FaultConfig(Section):
         description="Exit code after a preemption checkpoint: 75 "
         "(EX_TEMPFAIL, 'checkpointed, resubmit me'); not 143, which means killed *without* one.",
     )
+
+    @property
+    def agent_grace_s(self) -> int:
+        """How long a node's agent (and a pod's termination grace) waits for its workers after
+        passing a preemption signal on, before SIGKILL: their grace plus 30 s for the step in
+        flight (the grace timer starts at the step's end) and the exit."""
+        return int(self.preempt_grace_s) + 30

@@ -9,9 +9,11 @@ What torchrun's agent does not do, and this one does:
 
 1. **Preemption reaches the workers and its exit code comes back.** On SIGTERM torchrun's agent
    tears the group down and exits with its own code, so a checkpointed preemption (workers
-   exit 75) looks like a crash; on SIGUSR1 (Slurm's ``--signal=USR1@grace``) it simply dies.
-   Here the handler forwards the signal to the workers, waits for them to checkpoint and exit
-   (up to ``grace_s``), and the agent exits with *their* code. A worker under a profiler
+   exit 75) looks like a crash, and a crash like anything else; on SIGUSR1 (Slurm's
+   ``--signal=USR1@grace``) it simply dies. Here torch's agent is told to leave both signals
+   alone (``signals_to_handle``); the handler forwards them to the workers, waits for them to
+   checkpoint and exit (up to ``grace_s``), and the agent exits with *their* code
+   (``preempted_exit_code``). A worker under a profiler
    (``AgentSpec.wrapper``) is the tool's child: the signal, and the SIGKILL after the grace, go to
    the tool's whole session, and the agent waits for the worker too, not only for the tool.
 2. **The code of the first failed worker** (a worker's UserError exit 2 stays 2), instead of 1.
@@ -69,9 +71,10 @@ class AgentSpec:
     # between hosts (15 s).
     keep_alive_s: float | None = None
     keep_alive_misses: int = KEEP_ALIVE_MISSES
-    # Signals forwarded to the workers. Not SIGTERM by default: torch's agent installs its own
-    # SIGTERM handler whenever it starts workers (and tears them down, losing their codes).
-    preempt_signals: tuple[signal.Signals, ...] = (signal.SIGUSR1,)
+    # Signals forwarded to the workers, whose exit codes then decide the agent's: SIGUSR1 (Slurm's
+    # --signal) and SIGTERM (scancel, Kubernetes). torch's agent is told to leave them alone
+    # (its own SIGTERM handler tears the workers down and loses their codes).
+    preempt_signals: tuple[signal.Signals, ...] = (signal.SIGUSR1, signal.SIGTERM)
     preempt_exit_code: int = 75  # what the workers exit with after their preemption checkpoint
     # forkserver: workers fork from one server process that imported torch and the trainer once
     # (the module's ``forked_main``); spawn: each worker is a fresh ``python -m module`` process.
@@ -125,6 +128,7 @@ def run_agent(spec: AgentSpec, module: str, args: list[str]) -> int:
         start_method=spec.start_method,
         local_addr=node_address(spec.rdzv_endpoint, spec.local_addr),
         **_shutdown_timeout(ElasticConfig, spec.grace_s),
+        **_signals_left_to_torch(ElasticConfig, spec.preempt_signals),
     )
     forward = _forward_and_wait(spec.grace_s, spec.preempt_exit_code, whole_sessions=bool(spec.wrapper))
     previous = {sig: signal.signal(sig, forward) for sig in spec.preempt_signals}
@@ -145,9 +149,9 @@ def run_agent(spec: AgentSpec, module: str, args: list[str]) -> int:
     except ChildFailedError as exc:
         return _report_failure(exc, spec.max_restarts)
     except SignalException as exc:
-        # SIGTERM or Ctrl-C reached this agent while workers ran: torch's agent passed the signal
-        # on and waited for them (they checkpoint and exit 75, or 130 for Ctrl-C); its code only.
-        return spec.preempt_exit_code if exc.sigval == signal.SIGTERM else 128 + int(exc.sigval)
+        # Ctrl-C (or SIGHUP, SIGQUIT) reached this agent while workers ran: torch's agent passed
+        # the signal on and waited for them (Ctrl-C: they checkpoint and exit 130).
+        return 128 + int(exc.sigval)
     except RendezvousError as exc:
         cause = exc.__cause__ or exc
         print(f"agent: rendezvous at {spec.rdzv_endpoint} failed: {cause}", file=sys.stderr, flush=True)
@@ -239,6 +243,22 @@ def _shutdown_timeout(config_type: type, grace_s: float) -> dict[str, Any]:
     return {"shutdown_timeout": max(30, int(grace_s) + 5)} if "shutdown_timeout" in fields else {}
 
 
+# The signals torch's agent handles by default: it passes them on, tears the workers down and
+# raises SignalException, losing their exit codes.
+TORCH_AGENT_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
+
+
+def _signals_left_to_torch(config_type: type, ours: tuple[signal.Signals, ...]) -> dict[str, Any]:
+    """``signals_to_handle`` (torch >= 2.9): torch's agent handles all but ``ours``, which stay
+    with this agent's handler (it passes them on, reaps the workers and answers their code)."""
+    import dataclasses
+
+    if "signals_to_handle" not in {f.name for f in dataclasses.fields(config_type)}:
+        return {}
+    names = {sig.name for sig in ours}
+    return {"signals_to_handle": ",".join(name for name in TORCH_AGENT_SIGNALS if name not in names)}
+
+
 def _report_failure(exc: BaseException, max_restarts: int) -> int:
     """Name the failed rank in one line (torch's summary is long); return its exit code.
 
@@ -259,9 +279,12 @@ def _report_failure(exc: BaseException, max_restarts: int) -> int:
     return code
 
 
-def stop_early_on_preemption(exit_code: int, signals: tuple[signal.Signals, ...] = (signal.SIGUSR1,)) -> None:
+def stop_early_on_preemption(
+    exit_code: int, signals: tuple[signal.Signals, ...] = (signal.SIGUSR1, signal.SIGTERM)
+) -> None:
     """Until ``run_agent`` starts workers, a preemption signal ends the agent with ``exit_code``:
-    nothing to checkpoint yet, and dying of the signal (exit 138) would read as a crash."""
+    nothing to checkpoint yet, and dying of the signal (exit 138 or 143; a SIGTERM that a pod's
+    PID 1 ignores, then SIGKILL) would read as a crash."""
 
     def handler(_signum: int, _frame: FrameType | None) -> None:
         raise AgentPreempted(exit_code)
@@ -343,12 +366,25 @@ def _forward_and_wait(grace_s: float, preempt_exit_code: int, whole_sessions: bo
         for pid in workers:
             _signal(pid, signum, whole_session=whole_sessions)
         codes = _reap(workers, grace_s, whole_sessions=whole_sessions)
-        if not workers or preempt_exit_code in codes:  # none started yet, or a committed checkpoint
-            raise AgentPreempted(preempt_exit_code)
-        failed = [code for code in codes if code != 0]
-        raise AgentPreempted(failed[0] if failed else 128 + signum)
+        raise AgentPreempted(preempted_exit_code(codes, signum, preempt_exit_code))
 
     return handler
+
+
+def preempted_exit_code(codes: list[int], signum: int, preempt_exit_code: int) -> int:
+    """The node's exit code once its workers ended after a preemption signal it passed on.
+
+    Preempted (``preempt_exit_code``, "resubmit me") when no worker had started, when one
+    committed its checkpoint, or when the workers died of the signal itself (it came before
+    the trainer's handler was installed, or after it was removed: nothing of theirs failed).
+    Any other failure is the workers' own: a rank that crashed, or that was SIGKILLed past the
+    grace, is not turned into a preemption. 0 when every worker finished."""
+    if not codes or preempt_exit_code in codes:
+        return preempt_exit_code
+    failed = [code for code in codes if code not in (0, 128 + signum)]
+    if failed:
+        return failed[0]
+    return preempt_exit_code if 128 + signum in codes else 0
 
 
 def _worker_pids() -> list[int]:

@@ -130,6 +130,8 @@ def run_job(job: JobConfig, max_restarts: int = 0) -> Path:
             preload=worker_preload(job),
             wrapper=wrapper,
             events_dir=str(run_dir),
+            grace_s=job.fault.agent_grace_s,
+            preempt_exit_code=job.fault.preempt_exit_code,
         )
     if wrapper and job.observe.profile is not None and job.observe.profile.tool == "nsys":
         nsight.export_stats(run_dir, job.observe.profile.nsys)  # for `hpcpipe profile RUN_DIR`

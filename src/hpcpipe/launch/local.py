@@ -24,12 +24,16 @@ def launch_local(
     preload: tuple[str, ...] = (),
     wrapper: tuple[str, ...] = (),
     events_dir: str | None = None,
+    grace_s: float = 60.0,
+    preempt_exit_code: int = 75,
 ) -> int:
     """Run ``module``'s worker on ``nproc`` local ranks with ``args``; returns the group's exit code.
 
     Exit code: 0 when every rank succeeded; otherwise the first failed rank's code (so a
     worker's UserError exit 2 stays 2). ``wrapper``: a profiler the workers start under.
     ``events_dir``: the run directory whose events.jsonl records each restart's milestones.
+    ``grace_s``: how long the workers get to checkpoint after SIGTERM/SIGUSR1 before they are
+    SIGKILLed; ``preempt_exit_code``: what they exit with once they did.
     """
     spec = AgentSpec(
         nproc_per_node=nproc,
@@ -41,5 +45,7 @@ def launch_local(
         preload=preload,
         wrapper=wrapper,
         events_dir=events_dir,
+        grace_s=grace_s,
+        preempt_exit_code=preempt_exit_code,
     )
     return run_agent(spec, module, args)

@@ -81,7 +81,7 @@ def render_sbatch(sub: SlurmSubmission) -> str:
         configs=[str(RunLayout(j.run_dir.absolute()).config) for j in sub.jobs],
         hpcpipe=hpcpipe_command(slurm),
         stage=job.data.cache_dir is not None,
-        grace_s=int(job.fault.preempt_grace_s) + 30,
+        grace_s=job.fault.agent_grace_s,
         preempt_code=job.fault.preempt_exit_code,
         sweep_dir=str(sub.sweep_dir.absolute()) if sub.sweep_dir else "",
         **_profile_vars(job),

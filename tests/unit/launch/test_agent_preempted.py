@@ -1,0 +1,48 @@
+"""The node's exit code after a preemption signal the agent passed on: the workers' own outcome,
+never a guess, and torch's agent kept away from the signals hpcpipe's agent handles."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from hpcpipe.launch.agent import AgentSpec, _signals_left_to_torch, preempted_exit_code
+
+TERM, USR1 = int(signal.SIGTERM), int(signal.SIGUSR1)
+
+
+@pytest.mark.parametrize(
+    ("codes", "signum", "expected"),
+    [
+        ([], TERM, 75),  # no worker had started: nothing to checkpoint, resubmit
+        ([75, 75], TERM, 75),  # both checkpointed
+        ([75, 143], TERM, 75),  # one committed the checkpoint, the other died of the signal
+        ([143, 143], TERM, 75),  # before the trainer's handler (start-up): nothing of theirs failed
+        ([138, 0], USR1, 75),
+        ([1, 143], TERM, 1),  # a rank crashed on the way out: its code, not a preemption
+        ([143, 1], TERM, 1),
+        ([137, 75], TERM, 75),  # a checkpoint was committed, whatever the grace's SIGKILL hit
+        ([137, 137], TERM, 137),  # SIGKILLed past the grace, nothing committed
+        ([2, 2], USR1, 2),  # a user error stays one
+        ([0, 0], TERM, 0),  # the run had finished
+    ],
+)
+def test_the_exit_code_is_the_workers_outcome(codes: list[int], signum: int, expected: int) -> None:
+    assert preempted_exit_code(codes, signum, preempt_exit_code=75) == expected
+
+
+def test_a_configured_preempt_exit_code_is_the_one_answered() -> None:
+    assert preempted_exit_code([85, 85], TERM, preempt_exit_code=85) == 85
+    assert preempted_exit_code([143, 143], TERM, preempt_exit_code=85) == 85
+    assert preempted_exit_code([75, 75], TERM, preempt_exit_code=85) == 75  # not ours: a worker's own
+
+
+def test_sigterm_and_sigusr1_are_the_agents_and_torchs_agent_leaves_them() -> None:
+    """torch's LaunchConfig (>= 2.9) names the signals its agent handles; without the field torch
+    would take SIGTERM back and answer for the workers."""
+    from torch.distributed.launcher.api import LaunchConfig
+
+    ours = AgentSpec(nproc_per_node=1).preempt_signals
+    assert set(ours) == {signal.SIGTERM, signal.SIGUSR1}
+    assert _signals_left_to_torch(LaunchConfig, ours) == {"signals_to_handle": "SIGINT,SIGHUP,SIGQUIT"}
