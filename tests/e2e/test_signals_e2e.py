@@ -98,6 +98,49 @@ def test_sigterm_on_two_local_ranks_through_the_agent_exits_their_code_in_one_li
     assert _committed(tmp_path / "term-2"), "a preemption always checkpoints"
 
 
+def test_sigterm_to_a_node_agent_waiting_for_its_nodes_exits_75(tmp_path: Path) -> None:
+    """A pod evicted (SIGTERM) while its agent waits in the rendezvous: nothing to checkpoint, a
+    preemption (75, which hpcpipe-torch restarts), not 143 (or, as a pod's PID 1, a SIGTERM
+    ignored until the kubelet's SIGKILL: 137), which fails the job."""
+    import socket
+
+    from hpcpipe.netutil import free_port
+
+    config = tmp_path / "job.yaml"
+    shown = subprocess.run(
+        [sys.executable, "-m", "hpcpipe", "presets", "show", "tiny"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    config.write_text(shown.stdout.replace("out_dir: runs", f"out_dir: {tmp_path}"))
+    port = free_port()
+    command = ["launch", "agent", str(config), "--nnodes", "2", "--nproc-per-node", "1"]
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "hpcpipe", *command, "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "t"],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while True:  # its rendezvous store listens: the agent waits for the second node
+            assert agent.poll() is None and time.monotonic() < deadline, agent.communicate()[1][-2000:]
+            with socket.socket() as probe:
+                if probe.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.2)
+        agent.send_signal(signal.SIGTERM)
+        _, err = agent.communicate(timeout=60)
+    finally:
+        if agent.poll() is None:
+            os.killpg(agent.pid, signal.SIGKILL)
+    assert agent.returncode == 75, err[-2000:]
+    assert "Traceback" not in err, err[-2000:]
+
+
 def _processes() -> list[tuple[int, int, int, str]]:
     """Every live process: (pid, parent pid, process group, name); zombies left out."""
     found = []
