@@ -45,3 +45,10 @@ class FaultConfig(Section):
         passing a preemption signal on, before SIGKILL: their grace plus 30 s for the step in
         flight (the grace timer starts at the step's end) and the exit."""
         return int(self.preempt_grace_s) + 30
+
+    @property
+    def pod_grace_s(self) -> int:
+        """A Kubernetes pod's ``terminationGracePeriodSeconds``: the agent's wait for its workers,
+        then its SIGKILL of any left and its own exit (the kubelet's 30 s default would SIGKILL a
+        checkpoint being written)."""
+        return self.agent_grace_s + 15

@@ -39,6 +39,7 @@ def helm_values(
         "maxRestarts": cfg.max_restarts,
         "rdzvPort": cfg.rdzv_port,
         "preemptExitCode": job.fault.preempt_exit_code,
+        "preemptGraceSeconds": int(job.fault.preempt_grace_s),
         "image": {"repository": repository, "tag": tag, "digest": digest},
         "hpcpipeCommand": cfg.hpcpipe,
         "resources": {

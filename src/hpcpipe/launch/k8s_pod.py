@@ -58,7 +58,16 @@ def pod_parts(job: JobConfig, name: str) -> PodParts:
         )
     return PodParts(
         image=image,
-        command=[cfg.hpcpipe, "launch", "agent", CONFIG_FILE, "--rdzv-id", name],
+        command=[
+            cfg.hpcpipe,
+            "launch",
+            "agent",
+            CONFIG_FILE,
+            "--rdzv-id",
+            name,
+            "--grace",
+            str(job.fault.agent_grace_s),
+        ],
         env=ser(_env(cfg)),
         resources=ser(_resources(cfg)),
         volumes=ser(volumes),

@@ -223,6 +223,7 @@ def train_job(
         "volumes": parts.volumes,
         "containers": [{"name": NODE_CONTAINER, "volumeMounts": parts.mounts}],
     }
+    pod_spec["terminationGracePeriodSeconds"] = job.fault.pod_grace_s  # the preemption checkpoint
     if runtime == HPCPIPE_RUNTIME:  # its stage step reads the config (and the cache) too
         pod_spec["initContainers"] = [{"name": STAGE_CONTAINER, "volumeMounts": parts.mounts}]
     # On torch-distributed (no init step to patch in) the agent stages while preparing its inputs.
@@ -328,7 +329,11 @@ def pytorch_job(job: JobConfig, name: str, parts: PodParts, labels: dict[str, st
     }
     if parts.resources:
         container["resources"] = parts.resources
-    pod_spec: dict[str, Any] = {"containers": [container], "volumes": parts.volumes}
+    pod_spec: dict[str, Any] = {
+        "containers": [container],
+        "volumes": parts.volumes,
+        "terminationGracePeriodSeconds": job.fault.pod_grace_s,  # the preemption checkpoint
+    }
     if parts.stage is not None:
         pod_spec["initContainers"] = [parts.stage]
     if cfg.priority_class:

@@ -53,6 +53,7 @@ CASES = [
     ),
     pytest.param(EXAMPLE, [*RUNS_CLAIM], "pytorchjob", False, id="h200-runs-claim"),
     pytest.param("tiny", [], "trainjob", False, id="tiny"),
+    pytest.param("tiny", ["fault.preempt_grace_s=300"], "trainjob", False, id="preempt-grace"),
     # Values YAML would re-type if a template forgot to quote them: a name `no`, a numeric secret
     # key, an env value `on`, a byte-count /dev/shm, a large extended resource.
     pytest.param("tiny", [*RETYPED], "pytorchjob", False, id="values-that-yaml-would-retype"),
@@ -135,7 +136,13 @@ def test_the_defaults_render_a_tiny_trainjob_that_passes_the_schemas() -> None:
     assert k8s_schemas.check_all(docs) == ["ConfigMap", "TrainJob"]
     train_job = docs[1]
     assert train_job["metadata"]["name"] == "smoke"
-    assert train_job["spec"]["trainer"]["command"][-1] == "smoke"  # the rendezvous id is the job's name
+    command = train_job["spec"]["trainer"]["command"]
+    assert command[command.index("--rdzv-id") + 1] == "smoke"  # the rendezvous id is the job's name
+    # The default job's fault.preempt_grace_s is 30: the agent waits 60 s, the pod 75 s.
+    assert command[command.index("--grace") + 1] == "60"
+    patch = train_job["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]
+    pod = patch["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    assert pod["terminationGracePeriodSeconds"] == 75
 
 
 def test_monitoring_claims_and_an_ephemeral_node_cache_render_and_pass_the_schemas() -> None:

@@ -113,6 +113,24 @@ def test_the_hpcpipe_runtime_restarts_only_after_a_preemption() -> None:
     assert train_job["spec"]["trainer"]["numNodes"] == 32
 
 
+@pytest.mark.parametrize("api", ["trainjob", "pytorchjob"])
+def test_a_pod_outlives_the_preemption_checkpoint(api: str) -> None:
+    """fault.preempt_grace_s reaches the agent (--grace: 30 s more for the step in flight) and the
+    pod (15 s more for the agent's SIGKILL of what is left and its exit), so the kubelet's default
+    30 s does not SIGKILL a checkpoint being written."""
+    docs = render_k8s(load_config("tiny", ["fault.preempt_grace_s=300"]), api)  # type: ignore[arg-type]
+    job = docs[1]
+    if api == "trainjob":
+        command = job["spec"]["trainer"]["command"]
+        patch = job["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]
+        pod = patch["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    else:
+        pod = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
+        command = pod["containers"][0]["command"]
+    assert command[command.index("--grace") + 1] == "330"
+    assert pod["terminationGracePeriodSeconds"] == 345
+
+
 def test_the_runtime_stage_step_gets_the_config_even_without_a_cache() -> None:
     _, _, train_job = render_k8s(load_config("tiny"), "trainjob", with_runtime=True)
     patch = train_job["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]

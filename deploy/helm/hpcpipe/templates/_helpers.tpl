@@ -71,6 +71,18 @@ annotations:
 - {{ include "hpcpipe.configFile" . }}
 - --rdzv-id
 - {{ include "hpcpipe.name" . | quote }}
+- --grace
+- {{ include "hpcpipe.agentGrace" . | quote }}
+{{- end -}}
+
+{{/* The agent's wait for its workers after a preemption signal (fault.FaultConfig.agent_grace_s). */}}
+{{- define "hpcpipe.agentGrace" -}}
+{{ add (int .Values.preemptGraceSeconds) 30 }}
+{{- end -}}
+
+{{/* A pod's termination grace: the agent's wait, its SIGKILL of what is left, its exit (pod_grace_s). */}}
+{{- define "hpcpipe.podGrace" -}}
+{{ add (int .Values.preemptGraceSeconds) 45 }}
 {{- end -}}
 
 {{- define "hpcpipe.stageCommand" -}}
