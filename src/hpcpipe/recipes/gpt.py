@@ -97,27 +97,28 @@ class GPTRecipe(Recipe):
     # -- data --------------------------------------------------------------------------------
 
     def prepare(self, progress: bool) -> DataSummary:
-        from hpcpipe.data.tokens.shards import prepare_dataset
+        from hpcpipe.data.tokens.resolved import prepared
         from hpcpipe.data.tokens.summary import dataset_summary
 
         # Fill the cached property: the dataset is hashed once, not again on first use. The
-        # node's preparer verifies every staged hash; the other ranks then check sizes only.
-        dataset = prepare_dataset(self.data_cfg, progress=progress)
+        # node's preparer verifies every hash (corpus, shards, staged copy); the other ranks
+        # then find its answer by file metadata and check sizes only (data/tokens/resolved.py).
+        dataset = prepared(self.data_cfg, progress=progress)
         self.__dict__["dataset"] = self._staged(dataset, verify="full")
         _ = self.vocab_size  # model.vocab_size vs the tokenizer: fail before any worker starts
         return dataset_summary(dataset)
 
     def stage_source(self, progress: bool = False) -> Any:
         from hpcpipe.data.stage import token_dataset_source
-        from hpcpipe.data.tokens.shards import prepare_dataset
+        from hpcpipe.data.tokens.resolved import prepared
 
-        return token_dataset_source(prepare_dataset(self.data_cfg, progress=progress).path)
+        return token_dataset_source(prepared(self.data_cfg, progress=progress).path)
 
     @cached_property
     def dataset(self):  # type: ignore[no-untyped-def]  # PreparedDataset
-        from hpcpipe.data.tokens.shards import prepare_dataset
+        from hpcpipe.data.tokens.resolved import prepared
 
-        return self._staged(prepare_dataset(self.data_cfg, progress=False), verify="sizes")
+        return self._staged(prepared(self.data_cfg, quick=True), verify="sizes")
 
     def _staged(self, dataset, verify: Literal["full", "sizes"]):  # type: ignore[no-untyped-def]
         """The dataset itself, or its node-local copy when ``data.cache_dir`` is set."""

@@ -134,9 +134,10 @@ class HFCausalLMRecipe(Recipe):
 
     # -- data --------------------------------------------------------------------------------
 
-    def _prepared(self, progress: bool) -> Any:  # PreparedDataset
-        """The user's text tokenized into shards by the model's tokenizer (reused when prepared)."""
-        from hpcpipe.data.tokens.shards import prepare_dataset
+    def _prepared(self, progress: bool, quick: bool = False) -> Any:  # PreparedDataset
+        """The user's text tokenized into shards by the model's tokenizer (reused when prepared;
+        ``quick``: found by file metadata where the node's preparer recorded it)."""
+        from hpcpipe.data.tokens.resolved import prepared
         from hpcpipe.data.tokens.tokenizer import PretrainedTokenizer
         from hpcpipe.models.hf_lm import tokenizer_identity
 
@@ -147,7 +148,7 @@ class HFCausalLMRecipe(Recipe):
             )
         name = f"{Path(self.source.path).name}-{len(tok)}"
         pretrained = PretrainedTokenizer(tok.backend_tokenizer, int(tok.eos_token_id), name)
-        return prepare_dataset(self.data_cfg, progress, pretrained, tokenizer_identity(tok), self._render)
+        return prepared(self.data_cfg, progress, pretrained, tokenizer_identity(tok), self._render, quick)
 
     def prepare(self, progress: bool) -> DataSummary:
         from hpcpipe.data.stage import staged_tokens
@@ -164,7 +165,7 @@ class HFCausalLMRecipe(Recipe):
     def dataset(self):  # type: ignore[no-untyped-def]  # PreparedDataset
         from hpcpipe.data.stage import staged_tokens
 
-        return staged_tokens(self._prepared(False), self.data_cfg.cache_dir, "sizes")
+        return staged_tokens(self._prepared(False, quick=True), self.data_cfg.cache_dir, "sizes")
 
     def stage_source(self, progress: bool = False) -> Any:
         from hpcpipe.data.stage import token_dataset_source

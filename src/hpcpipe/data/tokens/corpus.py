@@ -254,7 +254,7 @@ class FingerprintBuilder:
     """
 
     def __init__(self, cfg: DataConfig, tokenizer: str | None = None) -> None:
-        self._digest = hashlib.sha256(_config_identity(cfg, tokenizer).encode())
+        self._digest = hashlib.sha256(config_identity(cfg, tokenizer).encode())
         self.files = 0
         self.skipped_files = 0
 
@@ -290,7 +290,7 @@ def corpus_fingerprint(cfg: DataConfig) -> str:
     return scan_corpus(cfg).fingerprint
 
 
-def _config_identity(cfg: DataConfig, tokenizer: str | None = None) -> str:
+def config_identity(cfg: DataConfig, tokenizer: str | None = None) -> str:
     """The config fields that change the prepared output, as canonical JSON (a pre-trained
     tokenizer by its identity, ``tokenizer``; the keys of the plain-text format unchanged, so
     datasets prepared before formats and tokenizers could vary keep their names)."""
