@@ -58,3 +58,20 @@ class ConfigError(UserError):
 
 class DataError(UserError):
     """A corpus, tokenizer or shard directory is missing, empty or inconsistent."""
+
+
+# OSErrors that name a path the user can fix: a file where a folder is due (or the reverse), a
+# folder that cannot be created under its parent, a name taken, no permission.
+_PATH_ERRORS = (NotADirectoryError, IsADirectoryError, FileExistsError, FileNotFoundError, PermissionError)
+
+
+def path_error(exc: BaseException) -> UserError | None:
+    """The one-line UserError for an OSError about a path (``exc.filename`` set), else None.
+
+    Paths come from the user (run.out_dir, checkpoint.dir, data.prepared_dir, --out, ...): a
+    checkpoint.dir that is a file must read ``error: cfg.yaml: Not a directory`` and exit 2, not
+    end in a traceback deep inside the store."""
+    if not isinstance(exc, _PATH_ERRORS) or not exc.filename:
+        return None
+    where = str(exc.filename) + (f" -> {exc.filename2}" if exc.filename2 else "")
+    return UserError(f"{where}: {exc.strerror or type(exc).__name__}")

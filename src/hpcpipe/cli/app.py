@@ -27,7 +27,7 @@ from hpcpipe.cli import report as report_cli
 from hpcpipe.cli import sweep as sweep_cli
 from hpcpipe.cli import track as track_cli
 from hpcpipe.cli import train as train_cli
-from hpcpipe.errors import USER_ERROR_EXIT_CODE, UserError, one_line
+from hpcpipe.errors import USER_ERROR_EXIT_CODE, UserError, one_line, path_error
 from hpcpipe.launch import heap
 from hpcpipe.launch.exit import flush_and_exit
 
@@ -95,6 +95,12 @@ def main() -> None:
     except UserError as exc:
         # One line in one write: ranks that fail together (unbuffered) do not interleave theirs.
         sys.stderr.write(f"error: {one_line(str(exc))}\n")
+        sys.stderr.flush()
+        code = USER_ERROR_EXIT_CODE
+    except OSError as exc:
+        if (error := path_error(exc)) is None:
+            raise  # not about a path: a bug, with its traceback
+        sys.stderr.write(f"error: {one_line(str(error))}\n")
         sys.stderr.flush()
         code = USER_ERROR_EXIT_CODE
     except SystemExit as exc:

@@ -8,7 +8,9 @@ from pydantic import BaseModel, ConfigDict
 class Section(BaseModel):
     """Base of every config section: typed, frozen, unknown keys rejected."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+    # allow_inf_nan=False: an infinite learning rate or timeout is never meant (nan fails the bounds
+    # already, inf passed them and trained to NaN weights).
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, allow_inf_nan=False)
 
 
 def one_line(value: str | None) -> str | None:

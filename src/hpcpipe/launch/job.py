@@ -179,12 +179,24 @@ def stage_source(job: JobConfig, progress: bool = False) -> StageSource | None:
 
 
 def prepare_job(job: JobConfig) -> Path:
-    """Everything before the workers: ``prepare_inputs``, then the run directory with its
-    config.yaml; returns that file."""
+    """Everything before the workers: ``prepare_inputs``, then the run directory; returns the
+    config file the workers read.
+
+    That is the run's config.yaml for a new run (or an unchanged config). A run directory that
+    holds another config keeps it: the workers read a copy in this launcher's temporary
+    directory, and rank 0 writes config.yaml once the run's checkpoint has loaded, so a job its
+    checkpoints refuse (another model shape, say) leaves the run as it was."""
     prepare_inputs(job)
     job.run_dir.mkdir(parents=True, exist_ok=True)
     config_path = RunLayout(job.run_dir).config
-    config_path.write_text(job.to_yaml())
+    text = job.to_yaml()
+    if config_path.is_file() and config_path.read_text() != text:
+        import uuid
+
+        from hpcpipe.launch.exit_dirs import exit_dir
+
+        config_path = Path(exit_dir()) / f"config-{uuid.uuid4().hex[:8]}.yaml"
+    config_path.write_text(text)
     return config_path
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import cast
 
 from hpcpipe.config import JobConfig, load_config
-from hpcpipe.errors import USER_ERROR_EXIT_CODE, UserError
+from hpcpipe.errors import USER_ERROR_EXIT_CODE, UserError, one_line, path_error
 from hpcpipe.launch.exit import (
     PEER_LOST_EXIT_CODE,
     flush_and_exit,
@@ -56,9 +56,6 @@ def train_worker(job: JobConfig, env: DistEnv) -> None:
         hosts = [str(r[0]) for r in ranks]
         if ctx.is_main:
             run_dir.mkdir(parents=True, exist_ok=True)
-            RunLayout(run_dir).config.write_text(job.to_yaml())
-            lineage = build_lineage(job.config_hash(), recipe.dataset_hash(), hosts, ctx.world_size)
-            write_lineage(run_dir, lineage)
             recipe.on_train_start(run_dir)
             _record_group_start(run_dir, ctx.world_size, hosts, _latest(ranks))
         targets = job.observe.prometheus, node_name()
@@ -68,6 +65,10 @@ def train_worker(job: JobConfig, env: DistEnv) -> None:
         hold_until_world(ctx.world_size)  # chaos only (HPCPIPE_CHAOS_HOLD): no step before the late node
         trainer = Trainer(job, recipe, ctx, run_dir, faults=installed(ctx.rank))
         try:
+            if ctx.is_main:  # once the checkpoint loaded: a job it refused leaves the run's files
+                RunLayout(run_dir).config.write_text(job.to_yaml())
+                lineage = build_lineage(job.config_hash(), recipe.dataset_hash(), hosts, ctx.world_size)
+                write_lineage(run_dir, lineage)
             trainer.fit()
             recipe.on_train_end(trainer.inference_model(), ctx.is_main, run_dir)
             if ctx.is_main:
@@ -157,6 +158,9 @@ def run(args: list[str]) -> int:
     except KeyboardInterrupt:  # Ctrl-C before the trainer's handler was installed: no traceback
         code = INTERRUPT_EXIT_CODE
     except BaseException as exc:
+        if (error := path_error(exc)) is not None:  # checkpoint.dir is a file, and the like
+            sys.stderr.write(f"error: {one_line(str(error))}\n")
+            return USER_ERROR_EXIT_CODE
         import traceback
 
         traceback.print_exc()

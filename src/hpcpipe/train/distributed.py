@@ -13,6 +13,7 @@ import torch.distributed as dist
 
 from hpcpipe.compat import loopback_tcp_store
 from hpcpipe.config import ParallelConfig
+from hpcpipe.errors import ConfigError
 from hpcpipe.netutil import loopback_bind_address, loopback_interface
 from hpcpipe.train.environment import DistEnv
 from hpcpipe.train.host_memory import retain_freed_host_memory
@@ -175,6 +176,8 @@ def _pick_device(local_rank: int) -> torch.device:
 
 
 def _pick_backend(cfg: ParallelConfig, device: torch.device) -> str:
+    if cfg.backend == "nccl" and device.type != "cuda":
+        raise ConfigError("parallel.backend=nccl needs CUDA GPUs and this rank has none; use auto or gloo")
     if cfg.backend != "auto":
         return cfg.backend
     return "nccl" if device.type == "cuda" else "gloo"

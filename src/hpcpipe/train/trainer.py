@@ -19,10 +19,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from hpcpipe.checkpoint.manifest import CheckpointError
 from hpcpipe.checkpoint.state import capture_rng_state, restore_rng_state
 from hpcpipe.checkpoint.store import CheckpointStore
 from hpcpipe.checkpoint.tiers import fast_root
 from hpcpipe.config import JobConfig, ParallelConfig, grad_accum_steps
+from hpcpipe.config.changes import describe_changes
+from hpcpipe.layout import RunLayout
 from hpcpipe.observe.metrics import EventLog, MetricsSink
 from hpcpipe.observe.peers import peer_beats
 from hpcpipe.observe.phases import PhaseTimer
@@ -103,7 +106,7 @@ class Trainer:
         self._start_telemetry(job)
         self._open_store(job, engine, faults)
         try:
-            self.resume()
+            self.resume(job)
         except BaseException:
             self.telemetry.close()  # its exporter, GPU sampler and tracer would outlive the error
             raise
@@ -436,11 +439,15 @@ class Trainer:
             state["grad_scaler"] = self.precision.scaler.state_dict()
         return state
 
-    def resume(self) -> None:
-        """Load the newest verified checkpoint, if any (all ranks load the same step)."""
+    def resume(self, job: JobConfig) -> None:
+        """Load the newest verified checkpoint, if any (all ranks load the same step); one that
+        refuses this job names the keys changed since the run's config.yaml."""
         started = time.perf_counter()
-        with self.watchdog.pause():
-            extra = self.store.restore(self.model, self.optimizer)
+        try:
+            with self.watchdog.pause():
+                extra = self.store.restore(self.model, self.optimizer)
+        except CheckpointError as exc:
+            raise CheckpointError(f"{exc}{describe_changes(RunLayout(self.run_dir).config, job)}") from None
         if extra is None:
             return
         self.step = int(extra["step"])

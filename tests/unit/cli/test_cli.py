@@ -39,6 +39,7 @@ def test_help_lists_the_verbs(cli) -> None:  # type: ignore[no-untyped-def]
         (["train", "does/not/exist.yaml"], "config file not found: does/not/exist.yaml"),
         (["train", "nopreset"], "unknown preset 'nopreset'"),
         (["data", "prepare", "tiny", "--set", "data.sources=[/no/such/dir]"], "/no/such/dir"),
+        (["train", "tiny", "--set", "train.lr=inf"], "train.lr: Input should be a finite number"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(cli, tmp_path: Path, args: list[str], needle: str) -> None:  # type: ignore[no-untyped-def]
@@ -47,6 +48,29 @@ def test_bad_input_is_one_line_and_exit_2(cli, tmp_path: Path, args: list[str], 
     )
     assert needle in _one_line_error(proc)
     assert not (tmp_path / "tiny").exists() or not (tmp_path / "tiny" / "metrics.jsonl").exists()
+
+
+def test_a_file_where_a_folder_is_due_is_one_line_naming_it(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    (tmp_path / "notes.txt").write_text("a file\n")
+    assert "notes.txt: Not a directory" in _one_line_error(cli("ckpt", "list", "notes.txt", cwd=tmp_path))
+    sets = ["--set", f"run.out_dir={tmp_path}", "--set", "train.steps=2", "--set", "checkpoint.dir=notes.txt"]
+    proc = cli("train", "tiny", *sets, cwd=tmp_path)
+    assert "notes.txt: Not a directory" in _one_line_error(proc)
+
+
+def test_a_job_the_runs_checkpoints_refuse_changes_nothing_in_the_run(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Another model shape on an existing run: refused with the keys that changed, and the run's
+    config.yaml and lineage.json stay as they were (they are what the checkpoints belong to),
+    whether the job runs in the CLI's process or on two ranks behind the launcher."""
+    sets = ["--set", f"run.out_dir={tmp_path}", "--set", "checkpoint.every_steps=2", "--set", "train.steps=2"]
+    assert cli("train", "tiny", *sets, cwd=tmp_path).returncode == 0
+    run = tmp_path / "tiny"
+    kept = {name: (run / name).read_bytes() for name in ("config.yaml", "lineage.json")}
+    for nproc in ("1", "2"):
+        proc = cli("train", "tiny", *sets, "--nproc", nproc, "--set", "model.d_model=64", cwd=tmp_path)
+        assert proc.returncode == 2, proc.stderr[-2000:]
+        assert "does not load into this model" in proc.stderr and "model.d_model 32 -> 64" in proc.stderr
+        assert {name: (run / name).read_bytes() for name in kept} == kept
 
 
 def test_presets_list_and_show(cli) -> None:  # type: ignore[no-untyped-def]

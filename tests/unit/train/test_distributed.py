@@ -34,3 +34,14 @@ def test_otherwise_the_usable_cores_are_shared_by_the_nodes_ranks(
     monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: set(range(6)), raising=False)
     assert intra_op_threads(ParallelConfig(), _env(2)) == 3  # 6 usable cores (not the machine's)
     assert intra_op_threads(ParallelConfig(), _env(8)) == 1  # never 0
+
+
+def test_nccl_without_a_gpu_is_one_line_naming_the_key() -> None:
+    import torch
+
+    from hpcpipe.errors import ConfigError
+    from hpcpipe.train.distributed import _pick_backend
+
+    with pytest.raises(ConfigError, match=r"parallel.backend=nccl needs CUDA GPUs"):
+        _pick_backend(ParallelConfig(backend="nccl"), torch.device("cpu"))
+    assert _pick_backend(ParallelConfig(), torch.device("cpu")) == "gloo"
