@@ -77,9 +77,9 @@ def verify_checkpoints(path: PathArg, json_out: JsonOption = None) -> None:
 def newest_step(run_dir: PathArg) -> None:
     """Print the newest committed checkpoint's step, 0 when there is none (for scripts: the
     Slurm script compares it before and after a run to decide whether a requeue makes sense)."""
-    steps = [0]
-    if run_dir.is_dir():
-        steps += [step for tier in _tiers(run_dir) for step, _ in tier.committed()]
+    if not run_dir.is_dir():  # a typo must not read as "no progress" to the requeue decision
+        raise UserError(f"{run_dir}: not a run directory")
+    steps = [0, *(step for tier in _tiers(run_dir) for step, _ in tier.committed())]
     print(max(steps))
 
 

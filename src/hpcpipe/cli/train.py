@@ -145,9 +145,13 @@ def run(
 
     if on not in ("local", "k8s"):
         raise UserError(f"--on {on}: use local or k8s")
+    if api not in ("trainjob", "pytorchjob"):  # before any step runs (a step that fails is recorded)
+        raise UserError(f"--api {api}: use trainjob or pytorchjob")
     if record is not None and only is None:
         raise UserError("--record: give --only STEP (one step's record)")
     job = load_job(config, [*(sets or []), *(handoff.params_overrides(params) if params else [])], nproc)
+    if record is not None and record.resolve().is_relative_to(job.run_dir.resolve()):
+        raise UserError(f"--record {record}: inside the run directory {job.run_dir}; write it elsewhere")
     handoff.check_upstream(job.run_dir, list(upstream or []))
     trace = pipeline_trace(job)  # TRACEPARENT for the workers: before the fork server copies os.environ
     if only in (None, "train") and on == "local":

@@ -133,6 +133,14 @@ class HpoConfig(Section):
 
     _one_line = field_validator("study", "dir")(one_line)
 
+    @field_validator("study")
+    @classmethod
+    def _study_is_a_plain_name(cls, study: str | None) -> str | None:
+        # The name becomes a directory under run.out_dir (hpo-<study>): it must not climb out of it.
+        if study is not None and ("/" in study or "\\" in study or study in {".", ".."}):
+            raise ValueError("must be a plain name (it names the directory hpo-<study>)")
+        return study
+
     @field_validator("storage")
     @classmethod
     def _no_password_in_url(cls, url: str | None) -> str | None:

@@ -30,6 +30,9 @@ def export_checkpoint(
 ) -> Path:
     """Verify ``ckpt``, then let its run's recipe write it to ``out`` in ``fmt``; returns ``out``.
     ``config_path`` defaults to the run's ``config.yaml`` (the checkpoint's parent's parent)."""
+    if out.resolve().is_relative_to(ckpt.resolve().parent):
+        # Files added to a committed checkpoint fail its verification: the run could not resume.
+        raise CheckpointError(f"--out {out}: inside the run's checkpoints ({ckpt.parent}); export elsewhere")
     verify_for_export(ckpt)
     config_path = config_path or find_job_config(ckpt)
     job = load_config(config_path)

@@ -98,3 +98,19 @@ def test_export_hf_from_the_cli(run_dir: Path, tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert json.loads((out / "config.json").read_text())["model_type"] == "gpt2"
     assert (out / "model.safetensors").is_file()
+
+
+def test_an_export_into_the_runs_checkpoints_is_refused_and_they_still_verify(run_dir: Path) -> None:
+    """Files added to a committed checkpoint fail its verification: the run could not resume."""
+    from hpcpipe.checkpoint.manifest import CheckpointError
+    from hpcpipe.recipes.export import export_checkpoint
+
+    ckpt = run_dir / "checkpoints" / "step-00000006"
+    for out in (ckpt, run_dir / "checkpoints" / "hf"):
+        with pytest.raises(CheckpointError, match=r"--out .*: inside the run's checkpoints"):
+            export_checkpoint(ckpt, "hf", out)
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir() if p.name.startswith("step-")) == [
+        "step-00000003",
+        "step-00000006",
+    ]
+    assert not (ckpt / "config.json").exists()

@@ -40,6 +40,9 @@ def test_help_lists_the_verbs(cli) -> None:  # type: ignore[no-untyped-def]
         (["train", "nopreset"], "unknown preset 'nopreset'"),
         (["data", "prepare", "tiny", "--set", "data.sources=[/no/such/dir]"], "/no/such/dir"),
         (["train", "tiny", "--set", "train.lr=inf"], "train.lr: Input should be a finite number"),
+        (["hpo", "run", "tiny", "--set", "hpo.study=x/../../out"], "hpo.study: must be a plain name"),
+        (["run", "tiny", "--api", "foo"], "--api foo: use trainjob or pytorchjob"),
+        (["run", "tiny", "--only", "report", "--record", "tiny/lineage.json"], "inside the run directory"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(cli, tmp_path: Path, args: list[str], needle: str) -> None:  # type: ignore[no-untyped-def]
@@ -53,6 +56,8 @@ def test_bad_input_is_one_line_and_exit_2(cli, tmp_path: Path, args: list[str], 
 def test_a_file_where_a_folder_is_due_is_one_line_naming_it(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     (tmp_path / "notes.txt").write_text("a file\n")
     assert "notes.txt: Not a directory" in _one_line_error(cli("ckpt", "list", "notes.txt", cwd=tmp_path))
+    # The Slurm script's requeue decision reads it: a typo must not print 0 ("no progress").
+    assert "no/run: not a run directory" in _one_line_error(cli("ckpt", "newest", "no/run", cwd=tmp_path))
     sets = ["--set", f"run.out_dir={tmp_path}", "--set", "train.steps=2", "--set", "checkpoint.dir=notes.txt"]
     proc = cli("train", "tiny", *sets, cwd=tmp_path)
     assert "notes.txt: Not a directory" in _one_line_error(proc)
