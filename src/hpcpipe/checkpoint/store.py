@@ -390,6 +390,7 @@ class CheckpointStore:
         """
         self.wait()
         if self.cfg.resume == "never":
+            self._refuse_to_mix_runs()
             return None
         failed: dict[str, str] = {}  # rank 0: candidates whose load found a bad file -> first problem
         while True:
@@ -407,6 +408,23 @@ class CheckpointStore:
                     "checkpoint_fallback", choice["step"], path, choice["tier"], exc.problems
                 )
                 failed[str(path)] = f"{path}/{exc.problems[0]}"
+
+    def _refuse_to_mix_runs(self) -> None:
+        """``resume=never`` beside an earlier run's committed checkpoints: refused (every rank).
+        The new run's saves would replace the old ones of the same steps and leave the higher
+        ones, which the next resume would load as this run's newest."""
+        message = None
+        if self.rank == 0:
+            tiers = [self.fast] + ([self.durable] if self.durable is not None else [])
+            newest = max((step for tier in tiers for step, _ in tier.committed()), default=None)
+            if newest is not None:
+                message = (
+                    f"checkpoint.resume=never: {self.fast.root} already holds committed checkpoints "
+                    f"(newest step {newest}); give the new run another run.name, or remove them"
+                )
+        message = self._broadcast(message)
+        if message is not None:
+            raise CheckpointError(str(message))
 
     def _choose_or_error(self, failed: dict[str, str]) -> dict[str, Any]:
         """Rank 0's choice (``resume_choice.py``), an unexpected I/O error made an answer for every rank."""

@@ -64,7 +64,9 @@ class CheckpointConfig(Section):
     resume: Literal["auto", "never", "required"] = Field(
         "auto",
         description="auto: resume from the newest verified checkpoint if any; never: "
-        "always start fresh; required: fail (exit 2) when there is nothing to resume from.",
+        "always start fresh (refused, exit 2, where the run already holds committed checkpoints: "
+        "they would mix with the new run's); required: fail (exit 2) when there is nothing to "
+        "resume from.",
     )
     scratch_if_none_verify: bool = Field(
         False,

@@ -237,8 +237,12 @@ def test_resume_modes(tmp_path: Path) -> None:
     assert restore_into_fresh(tmp_path)[0] is None  # auto, nothing there: fresh start
     with pytest.raises(CheckpointError, match="resume=required"):
         restore_into_fresh(tmp_path, resume="required")
-    save_steps(tmp_path, [1])
-    assert restore_into_fresh(tmp_path, resume="never")[0] is None
+    assert restore_into_fresh(tmp_path, resume="never")[0] is None  # nothing there: fresh
+    save_steps(tmp_path, [1, 6])
+    # An earlier run's checkpoints: a fresh start there would mix them (its step 1 replaced,
+    # step 6 left to be the next resume's "newest"), so it is refused.
+    with pytest.raises(CheckpointError, match=r"resume=never: .* \(newest step 6\); give the new run"):
+        restore_into_fresh(tmp_path, resume="never")
 
 
 def test_a_checkpoint_of_another_model_is_a_clear_error(tmp_path: Path) -> None:
