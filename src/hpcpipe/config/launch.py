@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from pydantic import Field, field_validator
 
 from hpcpipe.config.section import Section
+
+_SLURM_TIME = re.compile(r"\d+(:\d{1,2}){0,2}|\d+-\d{1,2}(:\d{1,2}){0,2}|(?i:unlimited|infinite)")
+_SHELL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 class SlurmConfig(Section):
@@ -81,6 +85,25 @@ class SlurmConfig(Section):
         if value is not None and any(c.isspace() or not c.isprintable() for c in value):
             raise ValueError("must be one word without spaces or control characters")
         return value
+
+    @field_validator("time")
+    @classmethod
+    def _a_slurm_time(cls, value: str) -> str:
+        # Slurm's forms: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS (sbatch --time).
+        if not _SLURM_TIME.fullmatch(value):
+            raise ValueError("use [D-]HH:MM:SS (or Slurm's MM, MM:SS, D-HH, D-HH:MM, UNLIMITED)")
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _shell_variable_names(cls, env: dict[str, str]) -> dict[str, str]:
+        # Each key becomes `export KEY=...` in the script: only a shell variable name is one.
+        for key in env:
+            if not _SHELL_NAME.fullmatch(key):
+                raise ValueError(
+                    f"{key!r} is not a shell variable name (letters, digits, _; not a digit first)"
+                )
+        return env
 
     @field_validator("signal")
     @classmethod

@@ -143,6 +143,9 @@ def test_only_an_elastic_run_lets_the_step_survive_a_lost_node() -> None:
         # A newline in a value would add lines to the script: #SBATCH options, or commands.
         (["--set", "launch.slurm.partition=gpu\n#SBATCH --wrap=x"], "launch.slurm.partition"),
         (["--set", "run.name=job\necho pwned"], "run.name"),
+        # `export KEY=...`: a key that is no shell name is a broken line, or a command.
+        (["--set", 'launch.slurm.env={"1X;touch /tmp/pwn;Y": v}'], "not a shell variable name"),
+        (["--time", "forever"], "launch.slurm.time"),
         (["--set", "observe.profile.tool=vtune"], "observe.profile.tool"),
         (["--profile", "ncu", "--set", "observe.profile.ncu.launch_count=-1"], "ncu.launch_count"),
         (["--profile", "nsys", "--set", "observe.profile.memory=true"], "observe.profile"),
