@@ -349,8 +349,8 @@ class EnvFaults:
         self.rank = rank
 
     def at(self, point: str, step: int, micro: int) -> None:
-        if point == "forward":
-            maybe_inject(step, self.rank, micro, "forward")
+        if point in SITES:  # forward, backward: an OOM (or a kill, a SIGTERM) injected there
+            maybe_inject(step, self.rank, micro, point)
         maybe_delay(step, self.rank, point)
 
     def at_save(self, point: str, step: int) -> None:

@@ -13,7 +13,7 @@ from typing import Protocol
 
 # The loop's points: after a micro-batch is fetched (inside the data-wait time), and at the end of
 # a micro-step's forward (inside the OOM guard, after the model's collectives).
-LOOP_POINTS = ("data", "forward")
+LOOP_POINTS = ("data", "forward", "backward")
 
 
 class FaultInjector(Protocol):

@@ -343,10 +343,14 @@ class Trainer:
 
             # Gradients are synchronised on the last micro-step only (never when benchmarking a
             # step without communication: parallel.sync_gradients=false).
+            def backward(loss: torch.Tensor, micro: int = micro) -> None:
+                self.faults.at("backward", self.step, micro)  # inside the OOM guard, as a backward's OOM
+                self._backward(loss)
+
             with gradient_sync(self.model, enabled=micro == accum - 1 and self.sync_gradients):
                 loss = self.oom.micro_step(
                     forward,
-                    self._backward,
+                    backward,
                     final=micro == accum - 1,
                     all_reduce_max=self.step_agreement,
                     step=self.step,

@@ -323,3 +323,19 @@ def test_chaos_parse_error_at_import_is_one_line() -> None:
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
     assert proc.returncode != 0
     assert "ChaosConfigError: HPCPIPE_CHAOS_HANG: step='four' is not an integer" in proc.stderr
+
+
+def test_a_backward_oom_fires_in_the_trainers_loop_and_is_recovered(tmp_path: Path) -> None:
+    """``where=backward`` is a documented site: the trainer itself reaches it (it used to reach
+    only ``forward``, so the fault was accepted and never fired)."""
+    import json
+
+    from tests.helpers import run_cli
+
+    env = {"HPCPIPE_CHAOS_OOM": "step=2,micro=0,where=backward"}
+    sets = ["--set", f"run.out_dir={tmp_path}", "--set", "train.steps=3", "--set", "observe.progress=false"]
+    proc = run_cli("train", "tiny", *sets, cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    events = [json.loads(line) for line in (tmp_path / "tiny" / "events.jsonl").read_text().splitlines()]
+    recovered = [e for e in events if e["event"] == "oom_recovered"]
+    assert [(e["step"], e["micro_step"], e["new_micro_batch_size"]) for e in recovered] == [(2, 0, 2)]
