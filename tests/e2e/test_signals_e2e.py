@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from tests.helpers import tiny_job_sets
+from tests.helpers import run_cli, tiny_job_sets
 
 from hpcpipe.checkpoint.tiers import Tier
 from hpcpipe.layout import RunLayout
@@ -209,3 +209,25 @@ def test_a_sigkilled_launcher_takes_its_spawned_ranks_with_it(tmp_path: Path) ->
     assert not alive, f"ranks {sorted(alive)} still running 30 s after the launcher was killed"
     proc.communicate(timeout=30)
     assert proc.returncode == -signal.SIGKILL
+
+
+def test_a_run_preempted_at_its_last_step_evaluates_it_when_resumed(tmp_path: Path) -> None:
+    """The last step's checkpoint comes before its evaluation: preempted there, the run exits 75
+    with the step committed, and the resumed run (nothing left to train) evaluates it, so the
+    final val_loss (what a study and a report read) is not lost."""
+    import json
+
+    sets = tiny_job_sets(
+        tmp_path,
+        "last",
+        "train.steps=4",
+        "train.eval_every=2",
+        "checkpoint.every_steps=2",
+        "observe.progress=false",
+    )
+    env = {"HPCPIPE_CHAOS_SIGTERM": "step=4,rank=0"}
+    assert run_cli("train", "tiny", *sets, cwd=tmp_path, env=env).returncode == 75
+    again = run_cli("train", "tiny", *sets, cwd=tmp_path)
+    assert again.returncode == 0, again.stderr[-2000:]
+    rows = [json.loads(line) for line in RunLayout(tmp_path / "last").metrics.read_text().splitlines()]
+    assert [row["step"] for row in rows if "val_loss" in row] == [0, 2, 4]

@@ -26,7 +26,7 @@ from hpcpipe.checkpoint.tiers import fast_root
 from hpcpipe.config import JobConfig, ParallelConfig, grad_accum_steps
 from hpcpipe.config.changes import describe_changes
 from hpcpipe.layout import RunLayout
-from hpcpipe.observe.metrics import EventLog, MetricsSink
+from hpcpipe.observe.metrics import EventLog, MetricsSink, read_metrics
 from hpcpipe.observe.peers import peer_beats
 from hpcpipe.observe.phases import PhaseTimer
 from hpcpipe.observe.progress import TrainProgress
@@ -260,8 +260,10 @@ class Trainer:
         self.preemption.install()
         try:
             with self.progress, self.watchdog:
-                if self.step == 0:
-                    result.val_losses[0] = self.evaluate_and_log()
+                if self.step == 0 or self._evaluation_missed():
+                    result.val_losses[self.step] = self.evaluate_and_log()
+                    if self.step > 0:
+                        self.report_to_study()
                 start_step = self.step
                 self.telemetry.start(self.step + 1)
                 while self.step < self.cfg.steps:
@@ -562,6 +564,20 @@ class Trainer:
             self.sink.close()
 
     # -- helpers -----------------------------------------------------------------------------
+
+    def _evaluation_missed(self) -> bool:
+        """Resumed at an evaluation step whose evaluation never ran: the step's checkpoint comes
+        before its evaluation, so a preemption there (the last step's too) or a crash during it
+        left no ``val_loss`` row for the step (rank 0 reads metrics.jsonl; every rank agrees)."""
+        every, step = self.cfg.eval_every, self.step
+        if step == 0 or not (step == self.cfg.steps or (every > 0 and step % every == 0)):
+            return False
+        missing = self.ctx.is_main and not any(
+            int(row.get("step", -1)) == step and "val_loss" in row for row in read_metrics(self.run_dir)
+        )
+        if self.agree_max is None:
+            return missing
+        return bool(self.agree_max(torch.tensor([float(missing)])).item() > 0)
 
     def _next_eval_step(self) -> int:
         every = self.cfg.eval_every
