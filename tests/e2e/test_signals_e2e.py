@@ -98,6 +98,45 @@ def test_sigterm_on_two_local_ranks_through_the_agent_exits_their_code_in_one_li
     assert _committed(tmp_path / "term-2"), "a preemption always checkpoints"
 
 
+def test_sigterm_while_forked_workers_start_is_a_preemption(tmp_path: Path) -> None:
+    """Workers forked from the fork server (the default) that have not reached training yet (held
+    here before it, as ranks waiting for a late node are) have no handler: they die of the signal
+    and report no code. The agent passes SIGTERM on and counts that as the preemption it is (75,
+    which Slurm requeues and hpcpipe-torch restarts), not as a kill past the grace (137)."""
+    env = {
+        **{
+            k: v
+            for k, v in os.environ.items()
+            if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR")
+        },
+        "HPCPIPE_CHAOS_HOLD": "world=4",  # never reached: both ranks wait before training
+        "HPCPIPE_CHAOS_DIR": str(tmp_path / "chaos"),
+    }
+    args = tiny_job_sets(tmp_path, "held", "observe.progress=false")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hpcpipe", "train", "tiny", "--nproc", "2", *args],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 150
+        while not (tmp_path / "held" / "events.jsonl").is_file():  # rank 0 recorded the group's start
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-2000:]
+            time.sleep(0.2)
+        time.sleep(1.0)  # past the event, into the hold
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 75, err[-2000:]
+    assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("preempted"), err[-2000:]
+
+
 def test_sigterm_to_a_node_agent_waiting_for_its_nodes_exits_75(tmp_path: Path) -> None:
     """A pod evicted (SIGTERM) while its agent waits in the rendezvous: nothing to checkpoint, a
     preemption (75, which hpcpipe-torch restarts), not 143 (or, as a pod's PID 1, a SIGTERM

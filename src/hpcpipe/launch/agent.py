@@ -365,7 +365,7 @@ def _forward_and_wait(grace_s: float, preempt_exit_code: int, whole_sessions: bo
         workers = _worker_pids()
         for pid in workers:
             _signal(pid, signum, whole_session=whole_sessions)
-        codes = _reap(workers, grace_s, whole_sessions=whole_sessions)
+        codes = _reap(workers, grace_s, whole_sessions=whole_sessions, signum=signum)
         raise AgentPreempted(preempted_exit_code(codes, signum, preempt_exit_code))
 
     return handler
@@ -463,16 +463,21 @@ def _sessions() -> dict[int, list[tuple[int, int]]]:
     return found
 
 
-def _reap(pids: list[int], grace_s: float, whole_sessions: bool = False) -> list[int]:
+def _reap(pids: list[int], grace_s: float, whole_sessions: bool = False, signum: int = 0) -> list[int]:
     """Exit codes of ``pids`` (128 + signal for a killed one); SIGKILL whoever outlives the grace.
     With ``whole_sessions`` a pid's session must be empty too (the worker under a profiler that
-    exited first), and the SIGKILL goes to the whole session."""
+    exited first), and the SIGKILL goes to the whole session.
+
+    A fork server's child (not this process's to wait for) that ended without reporting a code
+    died of a signal: ``signum``, the one passed on, before the grace's SIGKILL (a worker that
+    has no handler for it yet, starting up, dies of it at once), 137 after."""
     codes: dict[int, int] = {}
     deadline = time.monotonic() + grace_s
     lingering: list[int] = []
     while len(codes) < len(pids) or lingering:
+        unreported = 128 + (signum if deadline != float("inf") and signum else signal.SIGKILL)
         for pid in pids:
-            if pid not in codes and (status := _try_wait(pid)) is not None:
+            if pid not in codes and (status := _try_wait(pid, unreported)) is not None:
                 codes[pid] = status
         if whole_sessions and deadline != float("inf"):
             sessions = _sessions()
@@ -488,14 +493,15 @@ def _reap(pids: list[int], grace_s: float, whole_sessions: bool = False) -> list
     return [codes[pid] for pid in pids]
 
 
-def _try_wait(pid: int) -> int | None:
-    """The exit code of ``pid`` once it ended (None while it runs)."""
+def _try_wait(pid: int, unreported: int = 128 + signal.SIGKILL) -> int | None:
+    """The exit code of ``pid`` once it ended (None while it runs); ``unreported``: a fork
+    server's child's when it wrote none."""
     try:
         done, status = os.waitpid(pid, os.WNOHANG)
     except ChildProcessError:  # the fork server's child: gone once it no longer exists
         if os.path.exists(f"/proc/{pid}"):
             return None
-        return reported_exit_code(pid)
+        return reported_exit_code(pid, unreported)
     if done == 0:
         return None
     return os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)

@@ -58,13 +58,14 @@ def return_or_exit(code: int) -> None:
         os._exit(code)
 
 
-def reported_exit_code(pid: int) -> int:
-    """The code a forked worker reported before it ended; 137 (killed) when it could not."""
+def reported_exit_code(pid: int, unreported: int = 128 + 9) -> int:
+    """The code a forked worker reported before it ended; ``unreported`` (137, killed, unless
+    the caller knows which signal it died of) when it could not."""
     try:
         with open(os.path.join(os.environ.get(EXIT_DIR_VAR, ""), str(pid))) as fh:
             return int(fh.read())
     except (OSError, ValueError):
-        return 128 + 9
+        return unreported
 
 
 PEER_LOST_EXIT_CODE = 4

@@ -37,7 +37,8 @@ class SlurmSubmission:
 
 
 def render_sbatch(sub: SlurmSubmission) -> str:
-    """The sbatch script (a pure function of the configs: golden-file tested)."""
+    """The sbatch script (a pure function of the configs, and of whether their run directories
+    hold another config.yaml already: ``submitted_config``; golden-file tested)."""
     import jinja2
 
     from hpcpipe import __version__
@@ -78,7 +79,8 @@ def render_sbatch(sub: SlurmSubmission) -> str:
         env=env,
         array_size=array,
         output=output,
-        configs=[str(RunLayout(j.run_dir.absolute()).config) for j in sub.jobs],
+        configs=[str(submitted_config(j, sub.script_dir).absolute()) for j in sub.jobs],
+        run_dirs=[str(j.run_dir.absolute()) for j in sub.jobs],
         hpcpipe=hpcpipe_command(slurm),
         stage=job.data.cache_dir is not None,
         grace_s=job.fault.agent_grace_s,
@@ -127,11 +129,23 @@ def check_world_sizes(job: JobConfig) -> None:
     check_node_range(job, workers_per_node(job))
 
 
+def submitted_config(job: JobConfig, script_dir: Path) -> Path:
+    """The file the job's agents read: its run's config.yaml when there is none yet (or the same),
+    else ``<script_dir>/<run.name>.submitted.yaml``: the run's config.yaml stays what its
+    checkpoints belong to until the job has resumed (rank 0 writes it then), so a job they refuse
+    changes nothing there."""
+    run_config = RunLayout(job.run_dir).config
+    if run_config.is_file() and run_config.read_text() != job.to_yaml():
+        return script_dir / f"{job.run.name}.submitted.yaml"
+    return run_config
+
+
 def write_submission(sub: SlurmSubmission) -> Path:
-    """Write each run's config.yaml and the script; returns the script's path."""
+    """Write each run's config (``submitted_config``) and the script; returns the script's path."""
     for job in sub.jobs:
         job.run_dir.mkdir(parents=True, exist_ok=True)
-        RunLayout(job.run_dir).config.write_text(job.to_yaml())
+        sub.script_dir.mkdir(parents=True, exist_ok=True)
+        submitted_config(job, sub.script_dir).write_text(job.to_yaml())
     sub.script_dir.mkdir(parents=True, exist_ok=True)
     script = sub.script_dir / SCRIPT_NAME
     script.write_text(render_sbatch(sub))

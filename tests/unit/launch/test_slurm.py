@@ -188,3 +188,22 @@ def test_in_apptainer_hpcpipe_runs_in_the_image_and_the_scheduler_outside() -> N
     assert "\nsrun " in text and "scontrol show hostnames" in text
     assert "apptainer exec --nv scontrol" not in text
     assert "data stage" not in _render("two-nodes-8-gpus")  # no data.cache_dir: no staging step
+
+
+def test_a_resubmitted_job_leaves_the_runs_config_until_it_resumed(tmp_path: Path) -> None:
+    """The agents of a changed job read it beside the script; the run's config.yaml stays what
+    its checkpoints belong to (rank 0 rewrites it once they loaded), so a job they refuse
+    changes nothing there. The same job again uses the run's own file."""
+    from hpcpipe.launch.slurm import write_submission
+
+    job = load_config("tiny", [f"run.out_dir={tmp_path}"])
+    first = write_submission(SlurmSubmission([job], script_dir=job.run_dir)).read_text()
+    run_config = job.run_dir / "config.yaml"
+    assert f"  {run_config}\n" in first and f"  {job.run_dir}\n" in first
+    changed = load_config("tiny", [f"run.out_dir={tmp_path}", "model.d_model=64"])
+    script = write_submission(SlurmSubmission([changed], script_dir=changed.run_dir)).read_text()
+    submitted = changed.run_dir / "tiny.submitted.yaml"
+    assert f"  {submitted}\n" in script and f"  {changed.run_dir}\n" in script
+    assert run_config.read_text() == job.to_yaml() and submitted.read_text() == changed.to_yaml()
+    again = write_submission(SlurmSubmission([job], script_dir=job.run_dir)).read_text()
+    assert f"  {run_config}\n" in again
