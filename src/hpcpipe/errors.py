@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
+from collections.abc import Iterator
 
 USER_ERROR_EXIT_CODE = 2
 """Bad input: a config key, a flag, a path or data the user gave. One line names what to fix; nothing
@@ -75,3 +77,16 @@ def path_error(exc: BaseException) -> UserError | None:
         return None
     where = str(exc.filename) + (f" -> {exc.filename2}" if exc.filename2 else "")
     return UserError(f"{where}: {exc.strerror or type(exc).__name__}")
+
+
+@contextlib.contextmanager
+def paths_are_input() -> Iterator[None]:
+    """Within the block (a worker's set-up: data, the run's folders, the checkpoint store), an
+    OSError about a path is the user's (``path_error``); later, mid-training, it keeps its
+    traceback (a file that vanished under a running job is not a typo)."""
+    try:
+        yield
+    except OSError as exc:
+        if (error := path_error(exc)) is None:
+            raise
+        raise error from None

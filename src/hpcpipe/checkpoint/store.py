@@ -69,8 +69,9 @@ rank file clearly when it is not shared).
 from __future__ import annotations
 
 import logging
+import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -120,6 +121,7 @@ class RestoreInfo:
     tier: str
     saved_world_size: int
     extra_rank: int  # whose extra this rank got (its own, or rank 0's after a world-size change)
+    layout: dict[str, Any] | None = None  # the manifest's (pp, dp, tp, ...), where it recorded one
 
 
 class CheckpointStore:
@@ -412,15 +414,22 @@ class CheckpointStore:
     def _refuse_to_mix_runs(self) -> None:
         """``resume=never`` beside an earlier run's committed checkpoints: refused (every rank).
         The new run's saves would replace the old ones of the same steps and leave the higher
-        ones, which the next resume would load as this run's newest."""
+        ones, which the next resume would load as this run's newest. A restart of this job (the
+        elastic agent's, a Slurm requeue) starts fresh again, as it always did."""
         message = None
-        if self.rank == 0:
-            tiers = [self.fast] + ([self.durable] if self.durable is not None else [])
-            newest = max((step for tier in tiers for step, _ in tier.committed()), default=None)
-            if newest is not None:
+        if self.rank == 0 and not _a_restart(os.environ):
+            try:
+                tiers = [self.fast] + ([self.durable] if self.durable is not None else [])
+                holding = {
+                    str(tier.root): max(s for s, _ in found) for tier in tiers if (found := tier.committed())
+                }
+            except OSError as exc:
+                holding, message = {}, f"cannot read checkpoints: {exc}"
+            if holding:
+                where = ", ".join(f"{root} (newest step {step})" for root, step in holding.items())
                 message = (
-                    f"checkpoint.resume=never: {self.fast.root} already holds committed checkpoints "
-                    f"(newest step {newest}); give the new run another run.name, or remove them"
+                    f"checkpoint.resume=never: committed checkpoints of an earlier run are in {where}; "
+                    "give the new run another run.name, or remove them"
                 )
         message = self._broadcast(message)
         if message is not None:
@@ -482,7 +491,9 @@ class CheckpointStore:
     ) -> dict[str, Any]:
         extra_rank = self.rank if (path / extra_name(self.rank)).is_file() else 0
         extra = self._load_extra_everywhere(path, extra_name(extra_rank), manifest)
-        self.restored = RestoreInfo(manifest.step, path, tier, manifest.world_size, extra_rank)
+        self.restored = RestoreInfo(
+            manifest.step, path, tier, manifest.world_size, extra_rank, manifest.layout
+        )
         self._event(
             "checkpoint_restored",
             {
@@ -594,3 +605,9 @@ def _session_token() -> str:
     import uuid
 
     return uuid.uuid4().hex[:12]
+
+
+def _a_restart(env: Mapping[str, str]) -> bool:
+    """Whether this process is a restart of the same job: the elastic agent's, or a requeue."""
+    counts = (env.get(var, "0") or "0" for var in ("TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT"))
+    return any(count.isdigit() and int(count) > 0 for count in counts)

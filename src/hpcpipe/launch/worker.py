@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import cast
 
 from hpcpipe.config import JobConfig, load_config
-from hpcpipe.errors import USER_ERROR_EXIT_CODE, UserError, one_line, path_error
+from hpcpipe.errors import USER_ERROR_EXIT_CODE, UserError, paths_are_input
 from hpcpipe.launch.exit import (
     PEER_LOST_EXIT_CODE,
     flush_and_exit,
@@ -42,10 +42,11 @@ def train_worker(job: JobConfig, env: DistEnv) -> None:
     # (process start, code running, process group up) of this rank: group_start carries the latest.
     timing = (process_start_time(), running, time.time())
     try:
-        recipe = build_recipe(job)
-        # One preparer per node (idempotent, keyed by the inputs' hash); the rest reuse it.
-        if ctx.local_rank == 0:
-            recipe.prepare(progress=False)
+        with paths_are_input():  # checkpoint.dir a file, and the like: one line, exit 2
+            recipe = build_recipe(job)
+            # One preparer per node (idempotent, keyed by the inputs' hash); the rest reuse it.
+            if ctx.local_rank == 0:
+                recipe.prepare(progress=False)
         ctx.barrier()
         run_dir = job.run_dir
         ranks: list[tuple[str, float | None, float, float]] = [(node_name(), *timing)]
@@ -63,7 +64,8 @@ def train_worker(job: JobConfig, env: DistEnv) -> None:
             write_sd_targets(Path(job.run.out_dir), *targets, ctx.local_world_size, job.run.name)
         ctx.barrier()
         hold_until_world(ctx.world_size)  # chaos only (HPCPIPE_CHAOS_HOLD): no step before the late node
-        trainer = Trainer(job, recipe, ctx, run_dir, faults=installed(ctx.rank))
+        with paths_are_input():
+            trainer = Trainer(job, recipe, ctx, run_dir, faults=installed(ctx.rank))
         try:
             if ctx.is_main:  # once the checkpoint loaded: a job it refused leaves the run's files
                 RunLayout(run_dir).config.write_text(job.to_yaml())
@@ -158,9 +160,6 @@ def run(args: list[str]) -> int:
     except KeyboardInterrupt:  # Ctrl-C before the trainer's handler was installed: no traceback
         code = INTERRUPT_EXIT_CODE
     except BaseException as exc:
-        if (error := path_error(exc)) is not None:  # checkpoint.dir is a file, and the like
-            sys.stderr.write(f"error: {one_line(str(error))}\n")
-            return USER_ERROR_EXIT_CODE
         import traceback
 
         traceback.print_exc()

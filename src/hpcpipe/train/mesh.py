@@ -83,8 +83,9 @@ def same_rank_places(saved: Mapping[str, Any], world_size: int, layout: Layout) 
     """Whether every rank of this run has the place its rank had when ``saved`` (a trainer state)
     was written: the same world and the same pp x dp x tp split. Only then are per-rank states
     (RNG streams, a shrunk micro-batch split) meaningful as saved; a pp 2 checkpoint resumed as
-    dp 2 on the same two ranks is another layout. States written before the layout was recorded
-    hold ``world_size`` and ``tp`` only, from runs without pipeline stages when they were saved
+    dp 2 on the same two ranks is another layout. A state written before the layout was recorded
+    holds ``world_size`` and ``tp`` only; the caller passes the checkpoint manifest's layout in
+    its place where the manifest has one (tp or pp > 1), and without one it was data parallel
     (pp 1, dp = world / tp)."""
     saved_world = int(saved["world_size"])
     tp = int(saved.get("tp", 1))

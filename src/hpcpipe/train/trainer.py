@@ -460,11 +460,14 @@ class Trainer:
         self.loader.load_state_dict(extra["loader"])
         if self.precision.scaler is not None and "grad_scaler" in extra:
             self.precision.scaler.load_state_dict(extra["grad_scaler"])
+        restored = self.store.restored
+        if "layout" not in extra and restored is not None and restored.layout:  # saved before 2026-12-04
+            shape = {k: v for k, v in restored.layout.items() if k in ("pp", "dp", "tp")}
+            extra = {**extra, "layout": {"pp": 1, **shape}}
         if same_rank_places(extra, self.ctx.world_size, self.layout):
             # RNG streams and a shrunk micro-batch split are per rank: only meaningful as saved.
             restore_rng_state(extra["rng"])
             self._resume_split(extra["oom_split"])
-        restored = self.store.restored
         self.events.emit(
             "resumed",
             {

@@ -245,6 +245,15 @@ def test_resume_modes(tmp_path: Path) -> None:
         restore_into_fresh(tmp_path, resume="never")
 
 
+def test_resume_never_restarts_fresh_within_its_own_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The elastic agent's restart (or a requeue) of a resume=never job starts fresh, as before."""
+    save_steps(tmp_path, [1])
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    assert restore_into_fresh(tmp_path, resume="never")[0] is None
+
+
 def test_a_checkpoint_of_another_model_is_a_clear_error(tmp_path: Path) -> None:
     save_steps(tmp_path, [1])
     model = GPT(ModelConfig(n_layers=1, d_model=32, n_heads=2, seq_len=8), VOCAB)
