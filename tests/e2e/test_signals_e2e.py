@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -36,24 +37,44 @@ def _training(tmp: Path, name: str, nproc: int, *sets: str) -> subprocess.Popen[
     args = tiny_job_sets(
         tmp, name, "train.steps=100000", "train.eval_every=0", "observe.progress=false", *sets
     )
-    env = {
-        k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR")
-    }
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "hpcpipe", "train", "tiny", "--nproc", str(nproc), *args],
-        cwd=tmp,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,  # its own process group, as a shell gives a foreground job
-    )
+    proc = _hpcpipe(tmp, "train", "tiny", "--nproc", str(nproc), *args)
     metrics = RunLayout(tmp / name).metrics
     deadline = time.monotonic() + 150
     while not (metrics.is_file() and metrics.stat().st_size > 0) and time.monotonic() < deadline:
         assert proc.poll() is None, proc.communicate()[1][-2000:]
         time.sleep(0.2)
     return proc
+
+
+def _hpcpipe(tmp: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    """``python -m hpcpipe ARGS`` in a session of its own (a shell's foreground job), stderr kept."""
+    clean = {
+        k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR")
+    }
+    return subprocess.Popen(
+        [sys.executable, "-m", "hpcpipe", *args],
+        cwd=tmp,
+        env={**clean, **(env or {})},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def _terminated_once(proc: subprocess.Popen[str], ready: Callable[[], bool]) -> str:
+    """SIGTERM ``proc`` once ``ready()`` (it must run until then); its stderr once it ended. Killed
+    whole if the test fails first."""
+    try:
+        deadline = time.monotonic() + 150
+        while not ready():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-2000:]
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        return proc.communicate(timeout=120)[1]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
 
 
 def _committed(run_dir: Path) -> list[int]:
@@ -104,35 +125,13 @@ def test_sigterm_while_forked_workers_start_is_a_preemption(tmp_path: Path) -> N
     and report no code. The agent passes SIGTERM on and counts that as the preemption it is (75,
     which Slurm requeues and hpcpipe-torch restarts), not as a kill past the grace (137)."""
     env = {
-        **{
-            k: v
-            for k, v in os.environ.items()
-            if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR")
-        },
         "HPCPIPE_CHAOS_HOLD": "world=4",  # never reached: both ranks wait before training
         "HPCPIPE_CHAOS_DIR": str(tmp_path / "chaos"),
     }
     args = tiny_job_sets(tmp_path, "held", "observe.progress=false")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "hpcpipe", "train", "tiny", "--nproc", "2", *args],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        deadline = time.monotonic() + 150
-        while not (tmp_path / "held" / "events.jsonl").is_file():  # rank 0 recorded the group's start
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-2000:]
-            time.sleep(0.2)
-        time.sleep(1.0)  # past the event, into the hold
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+    proc = _hpcpipe(tmp_path, "train", "tiny", "--nproc", "2", *args, env=env)
+    started = tmp_path / "held" / "events.jsonl"  # rank 0 recorded the group's start; then the hold
+    err = _terminated_once(proc, lambda: started.is_file() and time.time() - started.stat().st_mtime > 1)
     assert proc.returncode == 75, err[-2000:]
     assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("preempted"), err[-2000:]
 
@@ -155,27 +154,13 @@ def test_sigterm_to_a_node_agent_waiting_for_its_nodes_exits_75(tmp_path: Path) 
     config.write_text(shown.stdout.replace("out_dir: runs", f"out_dir: {tmp_path}"))
     port = free_port()
     command = ["launch", "agent", str(config), "--nnodes", "2", "--nproc-per-node", "1"]
-    agent = subprocess.Popen(
-        [sys.executable, "-m", "hpcpipe", *command, "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "t"],
-        cwd=tmp_path,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        deadline = time.monotonic() + 120
-        while True:  # its rendezvous store listens: the agent waits for the second node
-            assert agent.poll() is None and time.monotonic() < deadline, agent.communicate()[1][-2000:]
-            with socket.socket() as probe:
-                if probe.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            time.sleep(0.2)
-        agent.send_signal(signal.SIGTERM)
-        _, err = agent.communicate(timeout=60)
-    finally:
-        if agent.poll() is None:
-            os.killpg(agent.pid, signal.SIGKILL)
+    agent = _hpcpipe(tmp_path, *command, "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "t")
+
+    def waiting() -> bool:  # its rendezvous store listens: the agent waits for the second node
+        with socket.socket() as probe:
+            return probe.connect_ex(("127.0.0.1", port)) == 0
+
+    err = _terminated_once(agent, waiting)
     assert agent.returncode == 75, err[-2000:]
     assert "Traceback" not in err, err[-2000:]
 
