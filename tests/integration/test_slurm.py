@@ -360,7 +360,12 @@ def test_collectives_across_namespaces_slow_down_under_a_rate_limit_and_name_the
     drop = float(free[-1]["busbw_gbps"]) / float(limited[-1]["busbw_gbps"])  # type: ignore[arg-type]
     assert drop > 5, (free[-1], limited[-1])
     assert float(limited[-1]["busbw_gbps"]) < 0.03  # type: ignore[arg-type]  # bounded by the 25 MB/s link
-    assert [r["slowest_host"] for r in limited] == ["n2"] * len(limited), limited
+    # Two ranks of a ring finish within one chunk of each other: which one's clock reads longer
+    # is that margin against the machine's noise. Measured 2026-12-04: every size named n2 in
+    # 6 runs alone; with the whole suite beside it, one run named n1 at 2 MiB. The largest size,
+    # where the link dominates, and most sizes name it.
+    named = [r["slowest_host"] for r in limited]
+    assert named[-1] == "n2" and named.count("n2") > len(named) / 2, limited
 
 
 def test_hpo_array_tasks_are_study_workers_on_a_journal_store(cluster: SlurmCluster, work: Path) -> None:
