@@ -150,8 +150,10 @@ def run_agent(spec: AgentSpec, module: str, args: list[str]) -> int:
         return _report_failure(exc, spec.max_restarts)
     except SignalException as exc:
         # Ctrl-C (or SIGHUP, SIGQUIT) reached this agent while workers ran: torch's agent passed
-        # the signal on and waited for them (Ctrl-C: they checkpoint and exit 130).
-        return 128 + int(exc.sigval)
+        # the signal on and waited for them (Ctrl-C: they checkpoint and exit 130). SIGTERM comes
+        # here only from a torch without ``signals_to_handle``, which took it back: its workers'
+        # codes are lost, and a preemption is the likelier reading, as before.
+        return spec.preempt_exit_code if exc.sigval == signal.SIGTERM else 128 + int(exc.sigval)
     except RendezvousError as exc:
         cause = exc.__cause__ or exc
         print(f"agent: rendezvous at {spec.rdzv_endpoint} failed: {cause}", file=sys.stderr, flush=True)
