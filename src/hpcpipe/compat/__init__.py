@@ -42,6 +42,7 @@ from hpcpipe.compat.elastic import (
     KEEPALIVE_JOIN_S,
     elastic_agent_step,
     keepalive_timers_stop_cleanly,
+    no_restart_after,
     quick_rendezvous,
     rendezvous_state_cache,
 )
@@ -71,6 +72,7 @@ __all__ = [
     "gather_into_tensor_fn",
     "keepalive_timers_stop_cleanly",
     "loopback_tcp_store",
+    "no_restart_after",
     "quick_rendezvous",
     "record_cuda_memory_history",
     "reduce_scatter_tensor_fn",

@@ -44,6 +44,49 @@ def _elastic_agent_probe() -> None:
             raise TorchAPIError(f"@metrics.prof on LocalElasticAgent.{method}", _AGENT)
 
 
+_NO_RESTART = "end a worker group without restarts once a worker's exit says a restart cannot help"
+
+
+def _no_restart_probe() -> None:
+    """The agent's poll exists, and its restart budget is the attribute ``no_restart_after`` zeroes."""
+    import inspect
+
+    from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+
+    require(LocalElasticAgent, "_monitor_workers", _NO_RESTART)
+    if "self._remaining_restarts" not in inspect.getsource(SimpleElasticAgent):
+        raise TorchAPIError("SimpleElasticAgent._remaining_restarts", _NO_RESTART)
+
+
+@contextlib.contextmanager
+def no_restart_after(codes: frozenset[int]) -> Iterator[None]:
+    """While the block runs, torch's local agent stops its group instead of restarting it when a
+    failed worker exited with one of ``codes``: torch restarts on any non-zero exit, and a user
+    error (2), a preemption checkpoint (75), a pruned trial (76) or Ctrl-C (130) comes back the
+    same on every attempt, or is an answer, not a failure. The group then ends with that failure
+    (the agent reports it as without restarts)."""
+    from torch.distributed.elastic.agent.server.api import WorkerState
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+
+    _no_restart_probe()
+    poll = LocalElasticAgent._monitor_workers
+
+    def monitor(self: Any, worker_group: Any) -> Any:
+        result = poll(self, worker_group)
+        if result.state == WorkerState.FAILED and any(
+            failure.exitcode in codes for failure in result.failures.values()
+        ):
+            self._remaining_restarts = 0
+        return result
+
+    LocalElasticAgent._monitor_workers = monitor  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        LocalElasticAgent._monitor_workers = poll  # type: ignore[method-assign]
+
+
 _RENDEZVOUS = "make torch's c10d rendezvous rounds cheaper (quick_rendezvous)"
 _DYNAMIC_RENDEZVOUS = "torch.distributed.elastic.rendezvous.dynamic_rendezvous"
 
@@ -215,5 +258,6 @@ PRIVATE_APIS: dict[str, Callable[[], Any]] = {
     "rendezvous.dynamic_rendezvous._delay, get_method_name": _rendezvous_probe,
     "rendezvous.dynamic_rendezvous._BackendRendezvousStateHolder._cache_duration": _rendezvous_cache_probe,
     "rendezvous.utils._PeriodicTimer._stop_thread, _thread, _ctx.stop_event": _keepalive_timer_probe,
+    "SimpleElasticAgent._remaining_restarts, LocalElasticAgent._monitor_workers": _no_restart_probe,
 }
 """The private names this module reaches, each with a probe (``hpcpipe.compat.PRIVATE_APIS``)."""

@@ -104,7 +104,7 @@ def run_agent(spec: AgentSpec, module: str, args: list[str]) -> int:
     from torch.distributed.launcher.api import LaunchConfig as ElasticConfig
     from torch.distributed.launcher.api import elastic_launch
 
-    from hpcpipe.compat import keepalive_timers_stop_cleanly, quick_rendezvous
+    from hpcpipe.compat import keepalive_timers_stop_cleanly, no_restart_after, quick_rendezvous
     from hpcpipe.launch.agent_timeline import recording_restarts
     from hpcpipe.launch.rendezvous import LOOPBACK_BACKEND, POLL_S, node_address, rendezvous_backend
 
@@ -142,12 +142,13 @@ def run_agent(spec: AgentSpec, module: str, args: list[str]) -> int:
             recording_restarts(spec.events_dir),
             quick_rendezvous(one_node=spec.max_nodes == 1, poll_s=poll_s),
             keepalive_timers_stop_cleanly(),
+            no_restart_after(terminal_exit_codes(spec.preempt_exit_code)),
         ):
             elastic_launch(config, entry)(*entry_args)
     except AgentPreempted as exc:
         return exc.exit_code
     except ChildFailedError as exc:
-        return _report_failure(exc, spec.max_restarts)
+        return _report_failure(exc, spec.max_restarts, terminal_exit_codes(spec.preempt_exit_code))
     except SignalException as exc:
         # Ctrl-C (or SIGHUP, SIGQUIT) reached this agent while workers ran: torch's agent passed
         # the signal on and waited for them (Ctrl-C: they checkpoint and exit 130). SIGTERM comes
@@ -261,7 +262,17 @@ def _signals_left_to_torch(config_type: type, ours: tuple[signal.Signals, ...]) 
     return {"signals_to_handle": ",".join(name for name in TORCH_AGENT_SIGNALS if name not in names)}
 
 
-def _report_failure(exc: BaseException, max_restarts: int) -> int:
+def terminal_exit_codes(preempt_exit_code: int) -> frozenset[int]:
+    """Worker exits a restart cannot change or must not undo: a user error (2), the preemption
+    checkpoint (``fault.preempt_exit_code``; the scheduler resubmits), a pruned trial, Ctrl-C."""
+    from hpcpipe.errors import USER_ERROR_EXIT_CODE
+    from hpcpipe.train.preempt import INTERRUPT_EXIT_CODE
+    from hpcpipe.train.trial import PRUNED_EXIT_CODE
+
+    return frozenset({USER_ERROR_EXIT_CODE, preempt_exit_code, PRUNED_EXIT_CODE, INTERRUPT_EXIT_CODE})
+
+
+def _report_failure(exc: BaseException, max_restarts: int, terminal: frozenset[int] = frozenset()) -> int:
     """Name the failed rank in one line (torch's summary is long); return its exit code.
 
     A rank that failed on its own (an exception, a signal) is named before the ranks whose
@@ -272,9 +283,14 @@ def _report_failure(exc: BaseException, max_restarts: int) -> int:
         return 1
     rank, failure = min(failures, key=lambda item: (item[1].exitcode in (0, PEER_LOST_EXIT_CODE), item[0]))
     code = failure.exitcode if failure.exitcode > 0 else 1
+    ended = (
+        "not restarted: a restart cannot change that"
+        if any(f.exitcode in terminal for _, f in failures)
+        else f"the group gave up after {max_restarts} restart(s)"
+    )
     print(
         f"agent: worker rank {rank} (local rank {failure.local_rank}, pid {failure.pid}) failed with "
-        f"exit code {failure.exitcode}; the group gave up after {max_restarts} restart(s)",
+        f"exit code {failure.exitcode}; {ended}",
         file=sys.stderr,
         flush=True,
     )

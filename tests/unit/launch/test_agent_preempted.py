@@ -3,7 +3,9 @@ never a guess, and torch's agent kept away from the signals hpcpipe's agent hand
 
 from __future__ import annotations
 
+import os
 import signal
+from pathlib import Path
 
 import pytest
 
@@ -46,3 +48,33 @@ def test_sigterm_and_sigusr1_are_the_agents_and_torchs_agent_leaves_them() -> No
     ours = AgentSpec(nproc_per_node=1).preempt_signals
     assert set(ours) == {signal.SIGTERM, signal.SIGUSR1}
     assert _signals_left_to_torch(LaunchConfig, ours) == {"signals_to_handle": "SIGINT,SIGHUP,SIGQUIT"}
+
+
+WORKER = """
+import os
+from pathlib import Path
+
+Path(os.environ["ATTEMPTS"], f"rank{os.environ['RANK']}-{os.environ['TORCHELASTIC_RESTART_COUNT']}").touch()
+os._exit(int(os.environ["EXIT_CODE"]))
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("code", "attempts"), [(2, 1), (75, 1), (3, 3)])
+def test_a_user_error_or_a_preemption_is_not_restarted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int, attempts: int
+) -> None:
+    """torch restarts a group on any non-zero exit: a config error (2) came back max_restarts
+    more times, a preemption checkpoint (75) turned into a restart in an allocation about to
+    end. Those end the group at once; another failure (3: a hang) is restarted as before."""
+    from hpcpipe.launch.agent import run_agent
+
+    (tmp_path / "exiting_worker.py").write_text(WORKER)
+    (tmp_path / "attempts").mkdir()
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("ATTEMPTS", str(tmp_path / "attempts"))
+    monkeypatch.setenv("EXIT_CODE", str(code))
+    spec = AgentSpec(nproc_per_node=1, start_method="spawn", rdzv_id=f"t{code}", max_restarts=2)
+    assert run_agent(spec, "exiting_worker", []) == code
+    assert len(list((tmp_path / "attempts").iterdir())) == attempts
