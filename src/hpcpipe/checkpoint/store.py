@@ -183,6 +183,7 @@ class CheckpointStore:
             return []
         removed = self.fast.cleanup_temporaries(spare=self._token)
         if self.durable is not None:
+            self.durable.check_writable("checkpoint.durable_dir")
             removed += self.durable.cleanup_temporaries(spare=self._token)
         if removed:
             self._event("checkpoint_temporaries_removed", {"names": removed})

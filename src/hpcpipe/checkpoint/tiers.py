@@ -103,6 +103,18 @@ class Tier:
                 deleted.append(step)
         return deleted
 
+    def check_writable(self, key: str) -> None:
+        """CheckpointError naming ``key`` unless this tier's root can be created and written: a
+        durable tier that cannot be written would fail every copy in the background, and the run
+        would end believing its checkpoints were backed up."""
+        probe = self.root / f".tmp-write-probe-{uuid.uuid4().hex[:8]}"
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as exc:
+            raise CheckpointError(f"{key} {self.root}: cannot write there ({exc.strerror or exc})") from None
+
     def cleanup_temporaries(self, spare: str | None = None) -> list[str]:
         """Remove ``.tmp-*`` / ``.trash-*`` directories left by a crash; the names removed.
 

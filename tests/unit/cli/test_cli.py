@@ -61,6 +61,10 @@ def test_a_file_where_a_folder_is_due_is_one_line_naming_it(cli, tmp_path: Path)
     sets = ["--set", f"run.out_dir={tmp_path}", "--set", "train.steps=2", "--set", "checkpoint.dir=notes.txt"]
     proc = cli("train", "tiny", *sets, cwd=tmp_path)
     assert "notes.txt: Not a directory" in _one_line_error(proc)
+    # A durable tier that cannot be written failed every copy in the background, and exit 0.
+    sets[-1] = "checkpoint.durable_dir=notes.txt/durable"
+    proc = cli("train", "tiny", *sets, cwd=tmp_path)
+    assert "checkpoint.durable_dir notes.txt/durable: cannot write there" in _one_line_error(proc)
 
 
 def test_a_job_the_runs_checkpoints_refuse_changes_nothing_in_the_run(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
