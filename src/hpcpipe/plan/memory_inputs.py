@@ -53,7 +53,13 @@ def shape_from_job(job: JobConfig) -> ShapeFlags:
     """The shape of hpcpipe's own GPT in ``job`` (recipes with ``own_transformer``); the vocabulary is
     model.vocab_size, else the BPE tokenizer's size (data.vocab_size), else unknown here."""
     from hpcpipe.models.gpt import mlp_hidden
+    from hpcpipe.recipes.registry import recipe_class
 
+    if not recipe_class(job.run.recipe).own_transformer:  # its model. keys are not a transformer's
+        raise UserError(
+            f"run.recipe {job.run.recipe!r} trains no hpcpipe transformer: give the model's shape "
+            "(--layers, --hidden, --heads, --vocab, --seq) instead of the job"
+        )
     m = job.model
     return ShapeFlags(
         layers=m.n_layers,

@@ -67,6 +67,12 @@ def test_a_file_where_a_folder_is_due_is_one_line_naming_it(cli, tmp_path: Path)
     assert "checkpoint.durable_dir notes.txt/durable: cannot write there" in _one_line_error(proc)
 
 
+def test_plan_memory_refuses_a_job_without_a_transformer(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """It printed a transformer table from the ResNet job's unused model.* defaults."""
+    proc = cli("plan", "memory", "resnet-tiny", cwd=tmp_path)
+    assert "run.recipe 'resnet-cifar' trains no hpcpipe transformer" in _one_line_error(proc)
+
+
 def test_a_job_the_runs_checkpoints_refuse_changes_nothing_in_the_run(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """Another model shape on an existing run: refused with the keys that changed, and the run's
     config.yaml and lineage.json stay as they were (they are what the checkpoints belong to),
