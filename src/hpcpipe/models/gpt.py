@@ -323,7 +323,9 @@ class GPT(nn.Module):
     def _sample(
         logits: torch.Tensor, temperature: float, top_k: int | None, generator: torch.Generator | None
     ) -> torch.Tensor:
-        """logits (B, V) -> next token ids (B, 1)."""
+        """logits (B, V) -> next token ids (B, 1); NotFinite when the model's outputs are not."""
+        if not bool(torch.isfinite(logits).all()):
+            raise NotFinite("generate: the model's logits are not finite (its weights diverged)")
         if temperature == 0:
             return logits.argmax(dim=-1, keepdim=True)  # (B, 1)
         logits = logits / temperature
@@ -332,6 +334,10 @@ class GPT(nn.Module):
             logits = logits.masked_fill(logits < kth, float("-inf"))
         probs = F.softmax(logits, dim=-1)  # (B, V)
         return torch.multinomial(probs, num_samples=1, generator=generator)  # (B, 1)
+
+
+class NotFinite(ValueError):
+    """The model's outputs hold NaN or infinity: nothing to sample from."""
 
 
 def check_fits_in_host_memory(cfg: ModelConfig, vocab_size: int) -> None:

@@ -229,6 +229,7 @@ class GPTRecipe(Recipe):
         import torch
 
         from hpcpipe.data.tokens.shards import load_tokenizer
+        from hpcpipe.models.gpt import NotFinite
 
         if self.args.sample_tokens == 0:
             return
@@ -240,12 +241,15 @@ class GPTRecipe(Recipe):
         generator = torch.Generator(device=device).manual_seed(self.seed)
         model.eval()
         tokens = min(self.args.sample_tokens, self.model_cfg.seq_len)
-        out = model.generate(  # type: ignore[operator]
-            prompt, max_new_tokens=tokens, temperature=0.8, top_k=50, generator=generator
-        )
+        try:
+            out = model.generate(  # type: ignore[operator]
+                prompt, max_new_tokens=tokens, temperature=0.8, top_k=50, generator=generator
+            )
+            text = tokenizer.decode(out[0].tolist())
+        except NotFinite:  # the same on every rank: the loss diverged (metrics.jsonl shows where)
+            text = "(no sample: the trained model's outputs are not finite; the loss diverged)"
         model.train()
         if is_main:
-            text = tokenizer.decode(out[0].tolist())
             RunLayout(run_dir).sample.write_text(text + "\n")
 
     def export(self, request: ExportRequest) -> Path:

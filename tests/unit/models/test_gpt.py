@@ -162,6 +162,19 @@ def test_generate_length_and_determinism(variant: str) -> None:
     assert torch.equal(greedy, model.generate(prompt, max_new_tokens=3, temperature=0.0))
 
 
+def test_a_diverged_model_is_named_not_sampled() -> None:
+    """NaN weights made torch.multinomial fail ("probability tensor contains either inf, nan")
+    at the end of a diverged run; the recipe writes a note in the sample's place instead."""
+    from hpcpipe.models.gpt import NotFinite
+
+    model = build("gpt2", dropout=0.0)
+    with torch.no_grad():
+        next(model.parameters()).fill_(float("nan"))
+    with pytest.raises(NotFinite, match="not finite"):
+        model.generate(torch.randint(0, VOCAB, (1, 3)), max_new_tokens=2, temperature=0.8, top_k=5)
+    assert model.training  # the mode is restored
+
+
 def test_rope_matches_hugging_face_llama() -> None:
     from transformers import LlamaConfig
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
