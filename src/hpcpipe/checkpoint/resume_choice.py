@@ -10,7 +10,7 @@ loader reads the files (``content=True``) are the hashes checked here, before an
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,7 @@ from hpcpipe.checkpoint.manifest import verify_dir
 from hpcpipe.checkpoint.tiers import Tier
 from hpcpipe.config import CheckpointConfig
 
-__all__ = ["choose_checkpoint"]
+__all__ = ["choose_checkpoint", "earlier_run"]
 
 
 def choose_checkpoint(
@@ -67,3 +67,25 @@ def choose_checkpoint(
 def _candidates(tiers: list[Tier]) -> list[tuple[int, str, Path]]:
     found = [(step, tier.name, path) for tier in tiers for step, path in tier.committed()]
     return sorted(found, key=lambda c: (-c[0], c[1] != "fast"))
+
+
+def earlier_run(tiers: list[Tier], env: Mapping[str, str]) -> str | None:
+    """Why ``checkpoint.resume=never`` must not start here, or None: the tiers hold an earlier
+    run's committed checkpoints. The new run's saves would replace the old ones of the same
+    steps and leave the higher ones, which the next resume would load as this run's newest. A
+    restart of this job (the elastic agent's, a Slurm requeue: ``env``) starts fresh again."""
+    counts = (env.get(var, "0") or "0" for var in ("TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT"))
+    if any(count.isdigit() and int(count) > 0 for count in counts):
+        return None
+    try:
+        committed = {str(tier.root): [step for step, _ in tier.committed()] for tier in tiers}
+    except OSError as exc:
+        return f"cannot read checkpoints: {exc}"
+    holding = {root: max(steps) for root, steps in committed.items() if steps}
+    if not holding:
+        return None
+    where = ", ".join(f"{root} (newest step {step})" for root, step in holding.items())
+    return (
+        f"checkpoint.resume=never: committed checkpoints of an earlier run are in {where}; "
+        "give the new run another run.name, or remove them"
+    )

@@ -71,7 +71,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,7 +98,7 @@ from hpcpipe.checkpoint.manifest import (
 )
 from hpcpipe.checkpoint.memory_tier import MemoryTier
 from hpcpipe.checkpoint.raw_format import TENSOR_FORMAT
-from hpcpipe.checkpoint.resume_choice import choose_checkpoint
+from hpcpipe.checkpoint.resume_choice import choose_checkpoint, earlier_run
 from hpcpipe.checkpoint.safe_dcp import HashedFileSystemWriter
 from hpcpipe.checkpoint.save_errors import disk_cause, save_error_message
 from hpcpipe.checkpoint.staging import Staging
@@ -413,25 +413,12 @@ class CheckpointStore:
                 failed[str(path)] = f"{path}/{exc.problems[0]}"
 
     def _refuse_to_mix_runs(self) -> None:
-        """``resume=never`` beside an earlier run's committed checkpoints: refused (every rank).
-        The new run's saves would replace the old ones of the same steps and leave the higher
-        ones, which the next resume would load as this run's newest. A restart of this job (the
-        elastic agent's, a Slurm requeue) starts fresh again, as it always did."""
+        """``resume=never`` beside an earlier run's checkpoints (``resume_choice.earlier_run``):
+        refused on every rank."""
         message = None
-        if self.rank == 0 and not _a_restart(os.environ):
-            try:
-                tiers = [self.fast] + ([self.durable] if self.durable is not None else [])
-                holding = {
-                    str(tier.root): max(s for s, _ in found) for tier in tiers if (found := tier.committed())
-                }
-            except OSError as exc:
-                holding, message = {}, f"cannot read checkpoints: {exc}"
-            if holding:
-                where = ", ".join(f"{root} (newest step {step})" for root, step in holding.items())
-                message = (
-                    f"checkpoint.resume=never: committed checkpoints of an earlier run are in {where}; "
-                    "give the new run another run.name, or remove them"
-                )
+        if self.rank == 0:
+            tiers = [self.fast] + ([self.durable] if self.durable is not None else [])
+            message = earlier_run(tiers, os.environ)
         message = self._broadcast(message)
         if message is not None:
             raise CheckpointError(str(message))
@@ -606,9 +593,3 @@ def _session_token() -> str:
     import uuid
 
     return uuid.uuid4().hex[:12]
-
-
-def _a_restart(env: Mapping[str, str]) -> bool:
-    """Whether this process is a restart of the same job: the elastic agent's, or a requeue."""
-    counts = (env.get(var, "0") or "0" for var in ("TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT"))
-    return any(count.isdigit() and int(count) > 0 for count in counts)

@@ -16,7 +16,8 @@ What torchrun's agent does not do, and this one does:
    (``preempted_exit_code``). A worker under a profiler
    (``AgentSpec.wrapper``) is the tool's child: the signal, and the SIGKILL after the grace, go to
    the tool's whole session, and the agent waits for the worker too, not only for the tool.
-2. **The code of the first failed worker** (a worker's UserError exit 2 stays 2), instead of 1.
+2. **The code of the first failed worker** (a worker's UserError exit 2 stays 2), instead of 1,
+   and no restart after an exit a restart cannot change (``terminal_exit_codes``).
 3. **A SIGSTOPped worker ends when the group is torn down** (``launch/stopped.py``), instead of
    holding the restart for the whole shutdown timeout until SIGKILL.
 """
@@ -130,6 +131,7 @@ def run_agent(spec: AgentSpec, module: str, args: list[str]) -> int:
         **_shutdown_timeout(ElasticConfig, spec.grace_s),
         **_signals_left_to_torch(ElasticConfig, spec.preempt_signals),
     )
+    terminal = terminal_exit_codes(spec.preempt_exit_code)
     forward = _forward_and_wait(spec.grace_s, spec.preempt_exit_code, whole_sessions=bool(spec.wrapper))
     previous = {sig: signal.signal(sig, forward) for sig in spec.preempt_signals}
     try:
@@ -142,13 +144,13 @@ def run_agent(spec: AgentSpec, module: str, args: list[str]) -> int:
             recording_restarts(spec.events_dir),
             quick_rendezvous(one_node=spec.max_nodes == 1, poll_s=poll_s),
             keepalive_timers_stop_cleanly(),
-            no_restart_after(terminal_exit_codes(spec.preempt_exit_code)),
+            no_restart_after(terminal),
         ):
             elastic_launch(config, entry)(*entry_args)
     except AgentPreempted as exc:
         return exc.exit_code
     except ChildFailedError as exc:
-        return _report_failure(exc, spec.max_restarts, terminal_exit_codes(spec.preempt_exit_code))
+        return _report_failure(exc, spec.max_restarts, terminal)
     except SignalException as exc:
         # Ctrl-C (or SIGHUP, SIGQUIT) reached this agent while workers ran: torch's agent passed
         # the signal on and waited for them (Ctrl-C: they checkpoint and exit 130). SIGTERM comes

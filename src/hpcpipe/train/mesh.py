@@ -79,18 +79,24 @@ def build_layout(tp: int, ctx: DistContext, pp: int = 1) -> Layout:
     )
 
 
-def same_rank_places(saved: Mapping[str, Any], world_size: int, layout: Layout) -> bool:
+def same_rank_places(
+    saved: Mapping[str, Any], world_size: int, layout: Layout, recorded: Mapping[str, Any] | None = None
+) -> bool:
     """Whether every rank of this run has the place its rank had when ``saved`` (a trainer state)
     was written: the same world and the same pp x dp x tp split. Only then are per-rank states
     (RNG streams, a shrunk micro-batch split) meaningful as saved; a pp 2 checkpoint resumed as
-    dp 2 on the same two ranks is another layout. A state written before the layout was recorded
-    holds ``world_size`` and ``tp`` only; the caller passes the checkpoint manifest's layout in
-    its place where the manifest has one (tp or pp > 1), and without one it was data parallel
-    (pp 1, dp = world / tp)."""
+    dp 2 on the same two ranks is another layout. A state written before its layout was (states
+    of 2026-12-03 and earlier) holds ``world_size`` and ``tp`` only: the layout its checkpoint's
+    manifest ``recorded`` then stands in (manifests record one where tp or pp > 1), and without
+    one the run was data parallel (pp 1, dp = world / tp)."""
     saved_world = int(saved["world_size"])
     tp = int(saved.get("tp", 1))
-    shape = saved.get("layout") or {"pp": 1, "dp": saved_world // tp, "tp": tp}
+    shape = saved.get("layout") or {"pp": 1, "dp": saved_world // tp, "tp": tp, **_shape_of(recorded)}
     return saved_world == world_size and {k: int(v) for k, v in shape.items()} == layout.shape()
+
+
+def _shape_of(recorded: Mapping[str, Any] | None) -> dict[str, Any]:
+    return {k: v for k, v in (recorded or {}).items() if k in ("pp", "dp", "tp")}
 
 
 def data_parallel_context(ctx: DistContext, layout: Layout) -> DistContext:

@@ -67,13 +67,16 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import nn
 
 from hpcpipe import compat
 from hpcpipe.errors import ConfigError
+
+if TYPE_CHECKING:
+    from hpcpipe.train.distributed import DistContext
 
 AllReduceMax = Callable[[torch.Tensor], torch.Tensor]
 """All-reduce a tensor with MAX over the ranks and return the result (in place or a new tensor)."""
@@ -431,3 +434,32 @@ def _reset_parallel_state(model: nn.Module) -> None:
     elif isinstance(model, FSDPModule):
         compat.fsdp_reset_iter_state(model)
         compat.fsdp_drop_unsharded_grads(model)
+
+
+def agreement_all_reduce(ctx: DistContext) -> AllReduceMax | None:
+    """The MAX all-reduce used for OOM and preemption agreement (None for one process).
+
+    On NCCL it runs on a separate CPU gloo group: reading a GPU result on the host would
+    synchronise the stream at every micro-step.
+    """
+    import torch.distributed as dist
+
+    if not ctx.is_distributed:
+        return None
+    if ctx.backend != "nccl":
+        return max_over_ranks()
+    group = dist.new_group(backend="gloo")
+    assert isinstance(group, dist.ProcessGroup)
+    return max_over_ranks(group=group)
+
+
+def oom_recovery_on(
+    configured: bool | None, strategy: str, pipeline: bool = False, tensor_parallel: bool = False
+) -> bool:
+    """``fault.oom_recovery``; null means on, except under DeepSpeed (a ZeRO step cannot be
+    rolled back half-way through its partitioned gradients), a pipeline (its schedule runs
+    every micro-batch in one call) and tensor parallelism (a rank out of memory inside a block
+    leaves its peers in that block's collective, which no agreement can reach)."""
+    if configured is not None:
+        return configured
+    return strategy != "deepspeed" and not pipeline and not tensor_parallel

@@ -41,7 +41,7 @@ from hpcpipe.train.distributed import DistContext
 from hpcpipe.train.environment import node_name
 from hpcpipe.train.faults import NO_FAULTS, FaultInjector
 from hpcpipe.train.mesh import build_layout, data_parallel_context, same_rank_places
-from hpcpipe.train.oom import AllReduceMax, OOMGuard, max_over_ranks
+from hpcpipe.train.oom import OOMGuard, agree_any, agreement_all_reduce, oom_recovery_on
 from hpcpipe.train.optim import build_optimizer
 from hpcpipe.train.parallel import (
     GradNorm,
@@ -160,7 +160,7 @@ class Trainer:
         )
         self.oom = OOMGuard(self.cfg.micro_batch_size, accum, recovers, rank=ctx.rank)
         self.oom.attach(self.model, units)
-        self.agree_max = _agreement_all_reduce(ctx)
+        self.agree_max = agreement_all_reduce(ctx)
         self.preemption = PreemptionHandler(job.fault.preempt_grace_s, exit_code=job.fault.preempt_exit_code)
         # The OOM guard's agreement (every micro-step) carries the preemption flag: one
         # synchronisation per step, not two (train/preempt.py).
@@ -461,13 +461,13 @@ class Trainer:
         if self.precision.scaler is not None and "grad_scaler" in extra:
             self.precision.scaler.load_state_dict(extra["grad_scaler"])
         restored = self.store.restored
-        if "layout" not in extra and restored is not None and restored.layout:  # saved before 2026-12-04
-            shape = {k: v for k, v in restored.layout.items() if k in ("pp", "dp", "tp")}
-            extra = {**extra, "layout": {"pp": 1, **shape}}
-        if same_rank_places(extra, self.ctx.world_size, self.layout):
+        recorded = restored.layout if restored is not None else None  # the manifest's, if any
+        if same_rank_places(extra, self.ctx.world_size, self.layout, recorded):
             # RNG streams and a shrunk micro-batch split are per rank: only meaningful as saved.
+            # The split stays this run's where the config's changed since (a lowered micro-batch).
             restore_rng_state(extra["rng"])
-            self._resume_split(extra["oom_split"])
+            if self.oom.load_state_dict(extra["oom_split"]):
+                self.loader.set_micro_batch_size(self.oom.micro_batch_size)
         self.events.emit(
             "resumed",
             {
@@ -480,13 +480,6 @@ class Trainer:
                 "restore_s": time.perf_counter() - started,  # choosing, verifying, loading
             },
         )
-
-    def _resume_split(self, saved: dict[str, Any]) -> None:
-        """The micro-batch split an OOM shrank before the save, unless the config's split has
-        changed since (a user who lowered train.micro_batch_size after an OOM gets it); the
-        ``resumed`` event says which split runs."""
-        if self.oom.load_state_dict(saved):
-            self.loader.set_micro_batch_size(self.oom.micro_batch_size)
 
     def stop_for_preemption(self) -> None:
         """Every rank agreed to stop: checkpoint within the grace period, then exit. A preemption
@@ -578,9 +571,7 @@ class Trainer:
         missing = self.ctx.is_main and not any(
             int(row.get("step", -1)) == step and "val_loss" in row for row in read_metrics(self.run_dir)
         )
-        if self.agree_max is None:
-            return missing
-        return bool(self.agree_max(torch.tensor([float(missing)])).item() > 0)
+        return agree_any(int(missing), self.agree_max) > 0
 
     def _next_eval_step(self) -> int:
         every = self.cfg.eval_every
@@ -601,33 +592,6 @@ class Trainer:
 
     def _to_device(self, batch: Batch) -> Batch:
         return tuple(t.to(self.ctx.device, non_blocking=True) for t in batch)
-
-
-def _agreement_all_reduce(ctx: DistContext) -> AllReduceMax | None:
-    """The MAX all-reduce used for OOM and preemption agreement (None for one process).
-
-    On NCCL it runs on a separate CPU gloo group: reading a GPU result on the host would
-    synchronise the stream at every micro-step.
-    """
-    if not ctx.is_distributed:
-        return None
-    if ctx.backend != "nccl":
-        return max_over_ranks()
-    group = dist.new_group(backend="gloo")
-    assert isinstance(group, dist.ProcessGroup)
-    return max_over_ranks(group=group)
-
-
-def oom_recovery_on(
-    configured: bool | None, strategy: str, pipeline: bool = False, tensor_parallel: bool = False
-) -> bool:
-    """``fault.oom_recovery``; null means on, except under DeepSpeed (a ZeRO step cannot be
-    rolled back half-way through its partitioned gradients), a pipeline (its schedule runs
-    every micro-batch in one call) and tensor parallelism (a rank out of memory inside a block
-    leaves its peers in that block's collective, which no agreement can reach)."""
-    if configured is not None:
-        return configured
-    return strategy != "deepspeed" and not pipeline and not tensor_parallel
 
 
 def _per_item(flops_per_sample: float | None, items_per_sample: int) -> float | None:

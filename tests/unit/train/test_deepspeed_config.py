@@ -129,7 +129,7 @@ def test_offload_that_does_not_fit_in_host_memory_is_refused(monkeypatch: pytest
 
 
 def test_oom_recovery_defaults_off_under_deepspeed_pipelines_and_tensor_parallelism() -> None:
-    from hpcpipe.train.trainer import oom_recovery_on
+    from hpcpipe.train.oom import oom_recovery_on
 
     assert _job().fault.oom_recovery is None
     assert not oom_recovery_on(_job().fault.oom_recovery, "deepspeed")

@@ -32,3 +32,13 @@ def test_a_state_saved_before_the_layout_was_recorded_reads_as_pp_1() -> None:
     assert same_rank_places(old_tp, 4, TP_2_DP_2)
     assert not same_rank_places(old_tp, 4, PP_2_TP_2)
     assert same_rank_places({"world_size": 2}, 2, DDP_2)
+
+
+def test_an_old_state_takes_its_manifests_layout() -> None:
+    """A pp 2 state saved before the trainer recorded its layout: the manifest's says pp 2, so a
+    pp 2 resume keeps the RNG streams and a DDP resume on the same ranks does not."""
+    old = {"world_size": 2, "tp": 1}
+    manifest = {"pp": 2, "dp": 1, "tp": 1, "pp_groups": [[0, 1]]}
+    assert same_rank_places(old, 2, PP_2, manifest)
+    assert not same_rank_places(old, 2, DDP_2, manifest)
+    assert not same_rank_places(old, 2, PP_2)  # no manifest layout: read as data parallel

@@ -19,6 +19,7 @@ same through a second write of the same size in that tick (as git treats a "racy
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -60,13 +61,14 @@ def record_resolved(cfg: DataConfig, key: str | None, dataset: PreparedDataset) 
         return
     folder = Path(cfg.prepared_dir) / RECORDS
     record = {"dataset": dataset.path.name, "manifest_sha256": dataset.manifest_sha256}
+    tmp = folder / f".{key}.{os.getpid()}.tmp"
     try:
         folder.mkdir(exist_ok=True)
-        tmp = folder / f".{key}.{os.getpid()}.tmp"
         tmp.write_text(json.dumps(record) + "\n")
         os.replace(tmp, folder / f"{key}.json")
-    except OSError:
-        pass  # a read-only prepared_dir: the other ranks prepare in full, as before
+    except OSError:  # a read-only or full prepared_dir: no record, the other ranks prepare in full
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
 
 
 def open_resolved(cfg: DataConfig, tokenizer: str | None = None) -> PreparedDataset | None:
