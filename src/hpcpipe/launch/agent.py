@@ -148,6 +148,9 @@ def run_agent(spec: AgentSpec, module: str, args: list[str]) -> int:
         ):
             elastic_launch(config, entry)(*entry_args)
     except AgentPreempted as exc:
+        # The handler ignores SIGTERM from here on (``_forward_and_wait``): srun's SIGTERM to the
+        # other nodes' agents, once one has exited 75, must not kill them on their way out.
+        previous.pop(signal.SIGTERM, None)
         return exc.exit_code
     except ChildFailedError as exc:
         return _report_failure(exc, spec.max_restarts, terminal)

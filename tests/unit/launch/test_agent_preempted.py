@@ -78,3 +78,49 @@ def test_a_user_error_or_a_preemption_is_not_restarted(
     spec = AgentSpec(nproc_per_node=1, start_method="spawn", rdzv_id=f"t{code}", max_restarts=2)
     assert run_agent(spec, "exiting_worker", []) == code
     assert len(list((tmp_path / "attempts").iterdir())) == attempts
+
+
+AFTER_A_PREEMPTION = """
+import os, signal, sys, threading, time
+from pathlib import Path
+from hpcpipe.launch.agent import AgentSpec, run_agent
+
+attempts = Path(os.environ["ATTEMPTS"])
+
+def preempt() -> None:
+    while not any(attempts.iterdir()):
+        time.sleep(0.05)
+    os.kill(os.getpid(), signal.SIGUSR1)
+
+threading.Thread(target=preempt, daemon=True).start()
+spec = AgentSpec(nproc_per_node=1, start_method="spawn", rdzv_id="after", grace_s=20)
+code = run_agent(spec, "sleeping_worker", [])
+print(code, signal.getsignal(signal.SIGTERM) == signal.SIG_IGN)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_sigterm_stays_ignored_after_a_preemption(tmp_path: Path) -> None:
+    """srun SIGTERMs the other nodes' agents once one exits 75; they are on their way out of
+    the same preemption (memory tier teardown, exit) and must not die of it (143: no requeue)."""
+    import subprocess
+    import sys
+
+    worker = "import os, time\nfrom pathlib import Path\n"
+    worker += "Path(os.environ['ATTEMPTS'], 'started').touch()\ntime.sleep(60)\n"
+    (tmp_path / "sleeping_worker.py").write_text(worker)
+    (tmp_path / "attempts").mkdir()
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
+        "ATTEMPTS": str(tmp_path / "attempts"),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", AFTER_A_PREEMPTION],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=100,
+        check=False,
+    )
+    assert proc.stdout.split() == ["75", "True"], proc.stdout + proc.stderr[-2000:]
