@@ -83,3 +83,13 @@ def test_a_failing_task_keeps_earlier_results_and_names_the_rank() -> None:
         failure.value
     )
     assert failure.value.partial["connectivity"]["world_size"] == 2
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(120)
+def test_sizes_beyond_memory_are_one_user_error_from_both_ranks() -> None:
+    from hpcpipe.errors import UserError
+
+    spec = CollectiveSpec.build(["all_reduce"], [1 << 50], "float32", warmup=0, iters=1)
+    with pytest.raises(UserError, match=r"^--sizes: 1024T does not fit"):
+        run_bench({"collectives": spec.to_dict()}, nproc=2, backend="gloo", timeout_s=60)

@@ -102,7 +102,7 @@ def run_collectives(spec: CollectiveSpec, ctx: DistContext) -> dict[str, Any] | 
     import torch.distributed as dist
 
     dtype = getattr(torch, spec.dtype)
-    sizes = spec.sizes if spec.sizes is not None else default_sizes(ctx)
+    sizes = default_sizes(ctx) if spec.sizes is None else _fitting(spec.sizes, ctx)
     element = torch.empty((), dtype=dtype).element_size()
     local: list[dict[str, Any]] = []
     for collective in spec.collectives:
@@ -194,22 +194,44 @@ def slow_ranks(times: list[float], tolerance: float = SLOW_RANK_TOLERANCE) -> li
 
 def default_sizes(ctx: DistContext) -> list[int]:
     """Powers of two from 1 KiB to the largest size every rank has memory for (nccl-tests' sweep)."""
-    import torch
-    import torch.distributed as dist
-
-    if ctx.device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(ctx.device)
-        budget = min(free // BUFFERS_PER_RANK, CUDA_MAX_BYTES)
-    else:
-        budget = min(available_host_memory() // (BUFFERS_PER_RANK * ctx.local_world_size), CPU_MAX_BYTES)
-    agreed = torch.tensor([budget], dtype=torch.int64, device=ctx.device)
-    dist.all_reduce(agreed, op=dist.ReduceOp.MIN)  # every rank must run the same sweep
-    high = 1 << max(int(agreed.item()).bit_length() - 1, 10)
+    cap = CUDA_MAX_BYTES if ctx.device.type == "cuda" else CPU_MAX_BYTES
+    high = 1 << max(min(agreed_budget(ctx), cap).bit_length() - 1, 10)
     sizes = []
     size = DEFAULT_MIN_BYTES
     while size <= high:
         sizes.append(size)
         size *= 2
+    return sizes
+
+
+def agreed_budget(ctx: DistContext) -> int:
+    """The largest buffer size (bytes) that fits BUFFERS_PER_RANK times in every rank's free memory
+    (the minimum over ranks, so that every rank takes the same decision)."""
+    import torch
+    import torch.distributed as dist
+
+    if ctx.device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(ctx.device)
+        budget = free // BUFFERS_PER_RANK
+    else:
+        budget = available_host_memory() // (BUFFERS_PER_RANK * ctx.local_world_size)
+    agreed = torch.tensor([budget], dtype=torch.int64, device=ctx.device)
+    dist.all_reduce(agreed, op=dist.ReduceOp.MIN)
+    return int(agreed.item())
+
+
+def _fitting(sizes: list[int], ctx: DistContext) -> list[int]:
+    """``--sizes`` as given, or a UserError on every rank (agreed, so none waits in a collective)
+    when the largest cannot be allocated: `--sizes 100T` would fail in the allocator otherwise."""
+    from hpcpipe.bench.bus import format_size
+
+    budget = agreed_budget(ctx)
+    if max(sizes) > budget:
+        raise UserError(
+            f"--sizes: {format_size(max(sizes))} does not fit: each rank holds about {BUFFERS_PER_RANK} "
+            f"buffers of that size and the free {ctx.device.type} memory allows at most "
+            f"{format_size(1 << max(budget.bit_length() - 1, 0))} per buffer here"
+        )
     return sizes
 
 

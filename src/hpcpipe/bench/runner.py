@@ -13,6 +13,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from hpcpipe.errors import USER_ERROR_EXIT_CODE, UserError
 from hpcpipe.train.environment import detect_environment
 
 WORKER_MODULE = "hpcpipe.bench.worker"
@@ -72,6 +73,9 @@ def _run_local_workers(spec: dict[str, Any], nproc: int) -> dict[str, Any]:
         spec_path.write_text(json.dumps(spec))
         code = launch_local(WORKER_MODULE, [str(spec_path), str(out_path)], nproc)
         partial = json.loads(out_path.read_text()) if out_path.is_file() else {}
+        refusal = Path(tmp) / "result.json.rank0.error"
+        if code == USER_ERROR_EXIT_CODE and refusal.is_file():
+            raise UserError(refusal.read_text().strip())
         if code != 0:
             errors = [p.read_text().strip() for p in sorted(Path(tmp).glob("result.json.rank*.error"))]
             reason = errors[0] if errors else "no rank reported a reason; see the worker output above"

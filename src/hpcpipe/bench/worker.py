@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hpcpipe.config import ParallelConfig
+from hpcpipe.errors import USER_ERROR_EXIT_CODE, UserError, one_line
 from hpcpipe.launch.exit import flush_and_exit, return_or_exit
 from hpcpipe.launch.fork_server import begin_forked_worker
 from hpcpipe.train.environment import DistEnv, detect_environment, node_name
@@ -91,7 +92,8 @@ def forked_main(*args: str) -> None:
 
 
 def run(args: list[str]) -> int:
-    """Run the spec's tasks as this rank; 0, or 1 after writing the error next to OUT.json."""
+    """Run the spec's tasks as this rank; 0, or 1 after writing the error next to OUT.json (2 and
+    rank 0's one line for input every rank refused, such as --sizes beyond memory)."""
     env = detect_environment()
     code = 0
     try:
@@ -100,6 +102,10 @@ def run(args: list[str]) -> int:
         out = Path(args[1])
         spec = json.loads(Path(args[0]).read_text())
         run_tasks(spec, env, on_result=lambda results: _write_json(out, results))
+    except UserError as exc:  # every rank refuses the same input: no traceback, exit 2
+        if len(args) == 2 and env.rank == 0:
+            Path(f"{args[1]}.rank0.error").write_text(one_line(str(exc)) + "\n")
+        code = USER_ERROR_EXIT_CODE
     except BaseException as exc:
         import traceback
 

@@ -19,6 +19,7 @@ from hpcpipe.cli.common import (
     err_console,
     load_job,
     print_whole,
+    writable_output,
     write_json,
 )
 from hpcpipe.errors import UserError
@@ -64,6 +65,18 @@ def human_console(json_out: str | None) -> Console:
     return Console(quiet=True) if json_out == "-" else console
 
 
+def _check_group_options(backend: str, timeout_s: float) -> None:
+    """--backend and --timeout-s, refused here in one line rather than by every worker's traceback."""
+    from hpcpipe.train.environment import gpu_device_present
+
+    if backend not in ("auto", "gloo", "nccl"):
+        raise UserError(f"--backend: expected auto, gloo or nccl, got {backend!r}")
+    if backend == "nccl" and not gpu_device_present():
+        raise UserError("--backend nccl needs CUDA GPUs and this host has none; use auto or gloo")
+    if not timeout_s > 0 or timeout_s == float("inf"):
+        raise UserError(f"--timeout-s: must be a positive number of seconds, got {timeout_s}")
+
+
 def _fail(exc: RuntimeError) -> typer.Exit:
     err_console.print(f"error: {escape(str(exc))}")
     return typer.Exit(1)
@@ -94,7 +107,8 @@ def collectives(
         bool, typer.Option("--check/--no-check", help="Verify each collective's result.")
     ] = True,
     plot: Annotated[
-        Path | None, typer.Option(help="Write a busbw-vs-size PNG here.", show_default=False)
+        Path | None,
+        typer.Option(help="Write a busbw-vs-size PNG here.", show_default=False, callback=writable_output),
     ] = None,
     timeout_s: Annotated[float, typer.Option(help="Process-group timeout (seconds).")] = 300.0,
     json_out: JsonOption = None,
@@ -122,8 +136,7 @@ def collectives(
     if wanted == ["all"]:
         wanted = list(COLLECTIVES)
     spec = CollectiveSpec.build(wanted, parse_sizes(sizes) if sizes else None, dtype, warmup, iters, check)
-    if backend not in ("auto", "gloo", "nccl"):
-        raise UserError(f"--backend: expected auto, gloo or nccl, got {backend!r}")
+    _check_group_options(backend, timeout_s)
     ranks = nproc or _default_nproc()
     prestart_bench_server(ranks)  # the workers fork from this process (no CUDA in it yet: _default_nproc)
     try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import tempfile
 from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Annotated, Any
@@ -69,12 +70,37 @@ MaxRestartsOption = Annotated[
         "from the newest verified checkpoint (set checkpoint.every_steps).",
     ),
 ]
+
+
+def writable_output(value: Any) -> Any:
+    """A typer callback for an output file's option (--json, --plot): refuse, before the work
+    that the file would report, a path that cannot be written (a folder there, a file where a
+    folder is due, a read-only or pseudo file system). '-' (standard output) and None pass."""
+    if value is None or str(value) == "-":
+        return value
+    path = Path(value)
+    if path.is_dir():
+        raise UserError(f"{path}: is a directory; name the output file")
+    ancestor = path.parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise UserError(f"{ancestor}: not a directory, so {path} cannot be written")
+    try:  # the only sure test (root passes os.access; /proc refuses new files)
+        with tempfile.TemporaryFile(dir=ancestor):
+            pass
+    except OSError as exc:
+        raise UserError(f"{path}: cannot write it ({exc.strerror or exc})") from None
+    return value
+
+
 JsonOption = Annotated[
     str | None,
     typer.Option(
         "--json",
         help="Write the machine-readable result to this path ('-' for standard output).",
         show_default=False,
+        callback=writable_output,
     ),
 ]
 

@@ -111,3 +111,16 @@ def test_cli_bad_input_is_one_line_exit_2(cli, args: list[str], needle: str) -> 
     assert proc.returncode == 2, proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert lines == [f"error: {lines[0][7:]}"] and needle in lines[0]
+
+
+def test_sizes_beyond_memory_are_refused_naming_the_flag(
+    one_rank: DistContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hpcpipe.bench import collectives
+
+    monkeypatch.setattr(collectives, "available_host_memory", lambda: 8 * (1 << 20))  # 1 MiB a buffer
+    spec = CollectiveSpec.build(["all_reduce"], [1024, 1 << 20], "float32", 0, 1)
+    assert run_collectives(spec, one_rank) is not None
+    too_big = CollectiveSpec.build(["all_reduce"], [1024, 1 << 21], "float32", 0, 1)
+    with pytest.raises(UserError, match=r"--sizes: 2M does not fit.*at most 1M per buffer"):
+        run_collectives(too_big, one_rank)

@@ -4,6 +4,8 @@ unable to use CUDA)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -30,3 +32,30 @@ def test_a_gpu_node_gets_one_rank_per_gpu_counted_without_a_cuda_context(
     assert bench_cli._default_nproc() == 8
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)  # CUDA_VISIBLE_DEVICES="": the CPU's two
     assert bench_cli._default_nproc() == 2
+
+
+def _refused(args: list[str]) -> str:
+    """The UserError ``bench collectives ARGS`` raises before it starts a worker (the main app
+    prints it as one line, exit 2)."""
+    from typer.testing import CliRunner
+
+    from hpcpipe.errors import UserError
+
+    result = CliRunner().invoke(bench_cli.app, ["collectives", "--nproc", "2", *args])
+    assert isinstance(result.exception, UserError), result.output
+    return str(result.exception)
+
+
+def test_bad_options_are_refused_before_any_worker_starts(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from hpcpipe.bench import runner
+
+    monkeypatch.setattr(runner, "prestart_bench_server", _no_cuda_context)  # nothing may start
+    monkeypatch.setattr(environment, "gpu_device_present", lambda: False)
+    assert "--timeout-s" in _refused(["--timeout-s", "0"])
+    assert "--backend nccl needs CUDA GPUs" in _refused(["--backend", "nccl"])
+    assert "/proc/x.png" in _refused(["--plot", "/proc/x.png"])  # procfs takes no new file
+    assert f"{tmp_path}: is a directory" in _refused(["--json", str(tmp_path)])
+    (tmp_path / "file").write_text("")
+    assert "not a directory" in _refused(["--json", str(tmp_path / "file" / "out.json")])
