@@ -27,6 +27,7 @@ import yaml
 from hpcpipe.config import JobConfig, load_config
 from hpcpipe.errors import ConfigError, UserError
 from hpcpipe.layout import RunLayout, SweepLayout
+from hpcpipe.yamlfile import read_yaml_file
 
 DONE_FILE = RunLayout.SWEEP_POINT  # in each point's run directory
 SWEEP_COLUMNS = ("point", "status")
@@ -57,9 +58,9 @@ def parse_grid_option(item: str) -> tuple[str, list[Any]]:
 def load_sweep_file(path: Path) -> dict[str, list[Any]]:
     """A sweep YAML: ``grid: {section.key: [values]}``; UserError naming the file otherwise."""
     try:
-        data = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise UserError(f"{path}: cannot read sweep file ({exc})") from None
+        data = read_yaml_file(path, "sweep file")
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read sweep file ({exc.strerror or exc})") from None
     grid = data.get("grid") if isinstance(data, dict) else None
     if not isinstance(grid, dict) or not grid:
         raise UserError(f"{path}: a sweep file needs a 'grid:' mapping of section.key: [values]")

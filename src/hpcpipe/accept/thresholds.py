@@ -12,12 +12,12 @@ from importlib import resources
 from pathlib import Path
 from typing import Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from hpcpipe.bench.bus import COLLECTIVES, parse_size
 from hpcpipe.config import load_config
 from hpcpipe.errors import UserError
+from hpcpipe.yamlfile import read_yaml_file
 
 
 class _Section(BaseModel):
@@ -124,10 +124,7 @@ def thresholds_path(source: str) -> Path:
 def load_thresholds(source: str) -> Thresholds:
     """Read and validate a thresholds file, including the presets its training sections name."""
     path = thresholds_path(source)
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError:
-        raise UserError(f"{path}: not valid YAML") from None
+    raw = read_yaml_file(path, "thresholds file")
     if not isinstance(raw, dict):
         raise UserError(f"{path}: the top level must be a mapping")
     try:

@@ -22,12 +22,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from hpcpipe.chaos.kinds import KINDS
 from hpcpipe.config import first_error
 from hpcpipe.errors import ConfigError
+from hpcpipe.yamlfile import read_yaml_file
 
 
 class Scenario(BaseModel):
@@ -62,10 +62,7 @@ def load_scenarios(path: Path) -> list[Scenario]:
     """The scenarios of ``path`` (a ConfigError naming the file and the key when invalid)."""
     if not path.is_file():
         raise ConfigError(f"scenario file not found: {path}")
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except (yaml.YAMLError, UnicodeDecodeError):
-        raise ConfigError(f"{path}: not valid YAML") from None
+    raw = read_yaml_file(path, "scenario file")
     if isinstance(raw, list):
         raw = {"scenarios": raw}
     if not isinstance(raw, dict):

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ValidationError
 from hpcpipe.config.job import JobConfig
 from hpcpipe.config.run import RunConfig
 from hpcpipe.errors import ConfigError, hide_credentials, stable_repr
+from hpcpipe.yamlfile import read_yaml_file
 
 
 def load_config(source: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> JobConfig:
@@ -70,16 +71,7 @@ def _read_source(source: str | Path) -> dict[str, Any]:
         path = preset_path(str(source))  # raises ConfigError naming the known presets
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except UnicodeDecodeError:
-        raise ConfigError(f"{path}: not valid YAML (not UTF-8 text)") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1})" if mark is not None else ""
-        raise ConfigError(f"{path}{where}: not valid YAML") from None
-    if data is None:
-        return {}
+    data = read_yaml_file(path, "job file")
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections")
     return data

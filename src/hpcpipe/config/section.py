@@ -2,15 +2,38 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+import types
+import typing
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 
 
 class Section(BaseModel):
-    """Base of every config section: typed, frozen, unknown keys rejected."""
+    """Base of every config section: typed, frozen, unknown keys rejected, no true/false for a number."""
 
     # allow_inf_nan=False: an infinite learning rate or timeout is never meant (nan fails the bounds
     # already, inf passed them and trained to NaN weights).
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_a_number(cls, value: Any, info: ValidationInfo) -> Any:
+        """pydantic reads true as 1 for an int or float key: `train.steps=true` trained one step."""
+        field = cls.model_fields.get(info.field_name or "")
+        if isinstance(value, bool) and field is not None and _is_number(field.annotation):
+            raise ValueError("expected a number, not true or false")
+        return value
+
+
+def _is_number(annotation: Any) -> bool:
+    """int, float, or an optional one (``int | None``), ``Annotated`` constraints looked through."""
+    if typing.get_origin(annotation) is typing.Annotated:
+        return _is_number(typing.get_args(annotation)[0])
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        args = [arg for arg in typing.get_args(annotation) if arg is not type(None)]
+        return bool(args) and all(_is_number(arg) for arg in args)
+    return annotation in (int, float)
 
 
 def one_line(value: str | None) -> str | None:

@@ -124,6 +124,30 @@ def test_invalid_yaml_names_file_and_line(tmp_path: Path) -> None:
         load_config(path)
 
 
+def test_a_repeated_key_or_an_empty_file_is_refused(tmp_path: Path) -> None:
+    """safe_load kept the last of two `train:` sections and trained with all defaults on an empty file."""
+    path = tmp_path / "job.yaml"
+    path.write_text("train:\n  steps: 3\nmodel:\n  d_model: 64\ntrain:\n  lr: 0.1\n")
+    with pytest.raises(ConfigError, match=r"job.yaml \(line 5\): not valid YAML: key 'train' appears twice"):
+        load_config(path)
+    path.write_text("train:\n  steps: 3\n  steps: 4\n")
+    with pytest.raises(ConfigError, match=r"\(line 3\): not valid YAML: key 'steps' appears twice"):
+        load_config(path)
+    path.write_text("# nothing yet\n")
+    with pytest.raises(ConfigError, match=r"job.yaml: the job file is empty"):
+        load_config(path)
+    path.write_text("train:\n  <<: {steps: 3, lr: 0.1}\n  steps: 5\n")  # a merge may be overridden
+    assert load_config(path).train.steps == 5
+
+
+@pytest.mark.parametrize("key", ["train.steps", "train.lr", "parallel.timeout_s", "train.grad_clip"])
+def test_true_or_false_for_a_number_is_refused(key: str) -> None:
+    """pydantic reads true as 1: `train.steps=true` trained one step."""
+    with pytest.raises(ConfigError, match=rf"{key}: expected a number, not true or false \(got True\)"):
+        load_config("tiny", [f"{key}=true"])
+    assert load_config("tiny", ["checkpoint.async=true"]).checkpoint.async_save is True
+
+
 def test_grad_accum_arithmetic() -> None:
     train = JobConfig().train.model_copy(update={"micro_batch_size": 4, "global_batch_size": 32})
     assert grad_accum_steps(train, 1) == 8

@@ -1,0 +1,53 @@
+"""Reading a YAML file a user wrote (a job, a sweep, chaos scenarios, acceptance thresholds).
+
+``yaml.safe_load`` alone keeps the last of two equal keys in one mapping without a word: a job
+with two ``train:`` sections trained with the second and ignored the first. Here a repeated key
+is an error naming its line, as is any other YAML error (with its problem), text that is not
+UTF-8, and a file that holds nothing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hpcpipe.errors import ConfigError
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.SafeLoader (no object construction) that refuses a key repeated in one mapping."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # `<<: *anchor`: merged keys may be overridden, as YAML means them to be
+            key = self.construct_object(key_node, deep=True)
+            if not isinstance(key, str | int | float | bool):
+                continue  # an unhashable key: SafeLoader's own error names it
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} appears twice in one mapping", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def read_yaml_file(path: Path, what: str = "file") -> Any:
+    """The document in ``path``; a ConfigError (one line naming the file, and the line when YAML
+    knows it) when it is not UTF-8 YAML, repeats a key, or is empty. ``what`` names the kind of
+    file in the empty-file message."""
+    try:
+        data = yaml.load(path.read_text(), Loader=_UniqueKeyLoader)
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not valid YAML (not UTF-8 text)") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark is not None else ""
+        problem = getattr(exc, "problem", None)
+        raise ConfigError(f"{path}{where}: not valid YAML" + (f": {problem}" if problem else "")) from None
+    if data is None:
+        raise ConfigError(f"{path}: the {what} is empty")
+    return data
