@@ -58,6 +58,21 @@ def atomic_replace_dir(final: Path) -> Iterator[Path]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def read_json_strict(path: Path) -> dict[str, Any]:
+    """The JSON object in ``path``; a ValueError naming the file when it is not one (a JSON decode
+    error alone says "line 1 column 2", not which of a run's files it was)."""
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        where = f"line {exc.lineno} column {exc.colno}"
+        raise ValueError(f"{path}: not valid JSON ({exc.msg}, {where})") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not valid JSON (not UTF-8 text)") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object, found {type(data).__name__}")
+    return data
+
+
 def read_json_object(path: Path) -> dict[str, Any]:
     """A JSON object from ``path``; empty when the file is absent, unreadable or not an object."""
     try:

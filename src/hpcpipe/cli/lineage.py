@@ -26,12 +26,16 @@ def lineage(
     """
     from rich.tree import Tree
 
-    from hpcpipe.observe.lineage import read_lineage
+    from hpcpipe.fsutil import read_json_strict
     from hpcpipe.pipeline.steps import STEPS
 
-    record = read_lineage(run_dir)
-    if not record:
+    path = RunLayout(run_dir).lineage
+    if not path.is_file():
         raise UserError(f"{run_dir}: no lineage.json (not a run directory, or never started)")
+    try:
+        record = read_json_strict(path)
+    except ValueError as exc:
+        raise UserError(f"{exc} (not a lineage record hpcpipe wrote)") from None
     problem = _shape_problem(record)
     if problem:
         raise UserError(f"{RunLayout(run_dir).lineage}: {problem} (not a lineage record hpcpipe wrote)")

@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import json
 import statistics
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from hpcpipe.config import validate_config
 from hpcpipe.errors import UserError
+from hpcpipe.fsutil import read_json_strict
 from hpcpipe.layout import RunLayout
 from hpcpipe.observe.metrics import read_metrics
 from hpcpipe.recipes.registry import recipe_class
+from hpcpipe.yamlfile import read_yaml_file
 
 
 def run_summary(run_dir: Path) -> dict[str, Any]:
@@ -23,9 +22,9 @@ def run_summary(run_dir: Path) -> dict[str, Any]:
     val = [r for r in rows if "val_loss" in r]
     rate_key = next((k for r in train for k in r if k.endswith("_per_s")), None)
     layout = RunLayout(run_dir)
-    config = yaml.safe_load(layout.config.read_text())
+    config = read_yaml_file(layout.config, "run's config")
     lineage_path = layout.lineage
-    lineage = json.loads(lineage_path.read_text()) if lineage_path.is_file() else {}
+    lineage = read_json_strict(lineage_path) if lineage_path.is_file() else {}
     return {
         "steps": train[-1]["step"] if train else 0,
         "final_train_loss": train[-1]["loss"] if train else None,

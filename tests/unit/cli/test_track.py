@@ -37,6 +37,27 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, args: tuple[str, ...],
     assert says in line and "pw7" not in line
 
 
+@pytest.mark.parametrize(
+    ("verb", "damaged", "says"),
+    [
+        ("lineage", "lineage.json", "lineage.json: not valid JSON (Expecting property name"),
+        ("report", "lineage.json", "lineage.json: not valid JSON (Expecting property name"),
+        ("report", "config.yaml", "config.yaml (line 2): not valid YAML"),
+    ],
+)
+def test_a_damaged_run_file_is_named(tmp_path: Path, verb: str, damaged: str, says: str) -> None:
+    """The error said "no lineage.json", or gave json's "line 1 column 2" without the file."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("run:\n  name: run\n")
+    (run / "lineage.json").write_text("{}\n")
+    (run / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\n')
+    (run / damaged).write_text("{bad\n" if damaged.endswith(".json") else "a: [\n")
+    proc = run_cli(verb, str(run), cwd=tmp_path)
+    assert proc.returncode == 2
+    assert says in _one_error_line(proc.stderr)
+
+
 def test_an_unreachable_registry_is_one_line_without_the_password(tmp_path: Path) -> None:
     pytest.importorskip("mlflow")
     port = free_port()
