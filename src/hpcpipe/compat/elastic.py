@@ -60,12 +60,18 @@ def _no_restart_probe() -> None:
 
 
 @contextlib.contextmanager
-def no_restart_after(codes: frozenset[int]) -> Iterator[None]:
+def no_restart_after(codes: frozenset[int], reported: Callable[[int], int] | None = None) -> Iterator[None]:
     """While the block runs, torch's local agent stops its group instead of restarting it when a
     failed worker exited with one of ``codes``: torch restarts on any non-zero exit, and a user
     error (2), a preemption checkpoint (75), a pruned trial (76) or Ctrl-C (130) comes back the
     same on every attempt, or is an answer, not a failure. The group then ends with that failure
-    (the agent reports it as without restarts)."""
+    (the agent reports it as without restarts).
+
+    ``reported(pid)``: a worker's exit code as it reported it itself (0 when it did not). torch's
+    multiprocessing context records one failed worker, whichever its join finds first: often a
+    victim (exit 4, its peer gone) rather than the rank whose user error (2) caused it. The
+    failures of every worker that reported one are added, so that the decision here and the
+    agent's report see them all."""
     from torch.distributed.elastic.agent.server.api import WorkerState
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
@@ -74,9 +80,11 @@ def no_restart_after(codes: frozenset[int]) -> Iterator[None]:
 
     def monitor(self: Any, worker_group: Any) -> Any:
         result = poll(self, worker_group)
-        if result.state == WorkerState.FAILED and any(
-            failure.exitcode in codes for failure in result.failures.values()
-        ):
+        if result.state != WorkerState.FAILED:
+            return result
+        if reported is not None:
+            _add_reported_failures(result.failures, worker_group.workers, reported)
+        if any(failure.exitcode in codes for failure in result.failures.values()):
             self._remaining_restarts = 0
         return result
 
@@ -85,6 +93,23 @@ def no_restart_after(codes: frozenset[int]) -> Iterator[None]:
         yield
     finally:
         LocalElasticAgent._monitor_workers = poll  # type: ignore[method-assign]
+
+
+def _add_reported_failures(
+    failures: dict[int, Any], workers: list[Any], reported: Callable[[int], int]
+) -> None:
+    """``failures`` (global rank -> ProcessFailure) with every worker that reported a non-zero
+    exit and is not in it yet (``worker.id`` is its pid in torch's local agent)."""
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    for worker in workers:
+        if worker.global_rank in failures or worker.id is None:
+            continue
+        code = reported(int(worker.id))
+        if code != 0:
+            failures[worker.global_rank] = ProcessFailure(
+                local_rank=worker.local_rank, pid=int(worker.id), exitcode=code, error_file=""
+            )
 
 
 _RENDEZVOUS = "make torch's c10d rendezvous rounds cheaper (quick_rendezvous)"

@@ -144,7 +144,7 @@ def run_agent(spec: AgentSpec, module: str, args: list[str]) -> int:
             recording_restarts(spec.events_dir),
             quick_rendezvous(one_node=spec.max_nodes == 1, poll_s=poll_s),
             keepalive_timers_stop_cleanly(),
-            no_restart_after(terminal),
+            no_restart_after(terminal, reported=None if _runs_subprocesses(spec) else _reported_failure),
         ):
             elastic_launch(config, entry)(*entry_args)
     except AgentPreempted as exc:
@@ -180,7 +180,7 @@ def _entry_point(spec: AgentSpec, module: str, args: list[str]) -> tuple[Any, tu
     restarted group as fast. The workers report their exit codes through files in
     ``HPCPIPE_EXIT_DIR`` (they are the server's children, not this process's).
     """
-    if spec.wrapper or spec.start_method == "spawn":
+    if _runs_subprocesses(spec):
         # torch's agent runs a string entry point as a subprocess, one per worker, in a session of
         # its own, so nothing of this process's reaches it: the program (the worker, or the
         # profiler it runs under) asks to be SIGKILLed when this process ends (parent_death.py),
@@ -205,6 +205,17 @@ def _entry_point(spec: AgentSpec, module: str, args: list[str]) -> tuple[Any, tu
         # A server `fork_server.prestart` forked is running already; otherwise multiprocessing's own.
         forkserver.ensure_running()  # and the resource tracker: both ignore SHIELDED_SIGNALS
     return importlib.import_module(module).forked_main, tuple(args)
+
+
+def _runs_subprocesses(spec: AgentSpec) -> bool:
+    """Whether torch's agent starts each worker as a subprocess (a wrapper, or spawn), not as a
+    process forked from the fork server (which reports its exit code in ``HPCPIPE_EXIT_DIR``)."""
+    return bool(spec.wrapper) or spec.start_method == "spawn"
+
+
+def _reported_failure(pid: int) -> int:
+    """A forked worker's own exit code, 0 when it reported none (still running, or SIGKILLed)."""
+    return reported_exit_code(pid, unreported=0)
 
 
 def _drop_exit_traceback(record: logging.LogRecord) -> bool:

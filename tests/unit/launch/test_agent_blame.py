@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -42,3 +46,48 @@ def test_the_rank_that_failed_is_named_before_its_victims(
 def test_a_gloo_peer_loss_is_recognised() -> None:
     assert lost_a_peer(RuntimeError(GLOO_PEER_GONE))
     assert not lost_a_peer(RuntimeError("chaos: rank 1 fails at step 3 (HPCPIPE_CHAOS_FAIL)"))
+
+
+VICTIM_WORKER = """
+import os, time
+from pathlib import Path
+from hpcpipe.launch.exit import return_or_exit
+from hpcpipe.launch.fork_server import begin_forked_worker
+
+def forked_main(*args):
+    begin_forked_worker()
+    rank = os.environ["RANK"]
+    Path(os.environ["ATTEMPTS"], f"rank{rank}-{os.environ['TORCHELASTIC_RESTART_COUNT']}").touch()
+    if rank == "1":
+        return_or_exit(2)  # a user error only this rank saw (its shard of the data, say)
+    time.sleep(0.3)  # then rank 0's collective loses its peer
+    return_or_exit(4)
+"""
+
+RUN_AGENT = """
+from hpcpipe.launch.agent import AgentSpec, run_agent
+spec = AgentSpec(nproc_per_node=2, rdzv_id="victim", max_restarts=2, monitor_interval_s=1.0)
+print(run_agent(spec, "victim_worker", []))
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_forked_ranks_user_error_is_seen_behind_its_victim(tmp_path: Path) -> None:
+    """torch's multiprocessing context records the first failed worker its join finds: rank 0,
+    the victim (4), when both have exited by the agent's poll. The user error of rank 1 (2) was
+    lost: the group was restarted twice more and the node answered 4, so an HPO worker retried
+    the trial. Every worker's reported exit now counts."""
+    (tmp_path / "victim_worker.py").write_text(VICTIM_WORKER)
+    attempts = tmp_path / "attempts"
+    attempts.mkdir()
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
+        "ATTEMPTS": str(attempts),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", RUN_AGENT], env=env, capture_output=True, text=True, timeout=100, check=False
+    )
+    assert proc.stdout.split() == ["2"], proc.stdout + proc.stderr[-2000:]
+    assert sorted(p.name for p in attempts.iterdir()) == ["rank0-0", "rank1-0"]
+    assert "worker rank 1 " in proc.stderr and "not restarted" in proc.stderr
