@@ -99,7 +99,11 @@ def export(
     ] = None,
     dtype: Annotated[
         Literal["fp32", "bf16"],
-        typer.Option("--dtype", help="merged: dtype of the written weights (the merge itself runs in fp32)."),
+        typer.Option(
+            "--dtype",
+            help="dtype of the written weights: the fp32 master weights, rounded once (a LoRA merge "
+            "itself runs in fp32).",
+        ),
     ] = "fp32",
     out: Annotated[
         Path | None,

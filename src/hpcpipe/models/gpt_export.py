@@ -38,15 +38,22 @@ __all__ = ["export_gpt", "hf_config", "hf_state_dict", "load_gpt"]
 
 
 def export_gpt(
-    ckpt: Path, fmt: str, out: Path, model_cfg: ModelConfig, prepared_dir: str, run_dir: Path
+    ckpt: Path,
+    fmt: str,
+    out: Path,
+    model_cfg: ModelConfig,
+    prepared_dir: str,
+    run_dir: Path,
+    dtype: torch.dtype = torch.float32,
 ) -> Path:
-    """Write the verified checkpoint ``ckpt`` of a ``gpt`` run as ``fmt`` into ``out``."""
+    """Write the verified checkpoint ``ckpt`` of a ``gpt`` run as ``fmt`` into ``out``, its
+    weights in ``dtype`` (the checkpoint's fp32 master weights, rounded once)."""
     model = load_gpt(ckpt, model_cfg)
     out.mkdir(parents=True, exist_ok=True)
     if fmt == "safetensors":
-        _write_safetensors(model, out / "model.safetensors", read_manifest(ckpt).step)
+        _write_safetensors(model.to(dtype), out / "model.safetensors", read_manifest(ckpt).step)
     else:
-        _write_hf(model, prepared_dir, run_dir, out)
+        _write_hf(model, prepared_dir, run_dir, out, dtype)
     return out
 
 
@@ -201,7 +208,7 @@ def _rope_kwargs(cfg: ModelConfig) -> dict[str, Any]:
     return {"rope_theta": cfg.rope_theta}
 
 
-def _write_hf(model: GPT, prepared_dir: str, run_dir: Path, out: Path) -> None:
+def _write_hf(model: GPT, prepared_dir: str, run_dir: Path, out: Path, dtype: torch.dtype) -> None:
     from transformers import GPT2LMHeadModel, LlamaForCausalLM
     from transformers.utils import logging as hf_logging
 
@@ -218,7 +225,8 @@ def _write_hf(model: GPT, prepared_dir: str, run_dir: Path, out: Path) -> None:
     if unexpected or any(name in weights for name in missing):
         raise CheckpointError(f"HF export: names did not map (missing {missing}, unexpected {unexpected})")
     hf_model.eval()
-    hf_model.save_pretrained(out)
+    torch.nn.Module.to(hf_model, dtype)  # (transformers wraps .to in a decorator mypy misreads)
+    hf_model.save_pretrained(out)  # config.json records the dtype
     if dataset and dataset.get("tokenizer"):
         shutil.copyfile(dataset["tokenizer"], out / "tokenizer.json")
 

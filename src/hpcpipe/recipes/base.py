@@ -95,7 +95,13 @@ class ExportRequest:
     fmt: str
     out: Path
     run_dir: Path
-    dtype: str = "fp32"
+    dtype: str = "fp32"  # of the written weights (``--dtype``): "fp32" or "bf16"
+
+    def torch_dtype(self) -> torch.dtype:
+        """``dtype`` as torch's, for ``model.to(...)`` before the weights are written."""
+        import torch
+
+        return {"fp32": torch.float32, "bf16": torch.bfloat16}[self.dtype]
 
 
 class Recipe(ABC):

@@ -256,7 +256,9 @@ class GPTRecipe(Recipe):
         from hpcpipe.models.gpt_export import export_gpt
 
         r = request  # the run's tokenizer (data.prepared_dir) goes into an hf export
-        return export_gpt(r.checkpoint, r.fmt, r.out, self.model_cfg, self.data_cfg.prepared_dir, r.run_dir)
+        return export_gpt(
+            r.checkpoint, r.fmt, r.out, self.model_cfg, self.data_cfg.prepared_dir, r.run_dir, r.torch_dtype()
+        )
 
     def load_export(self, fmt: str, path: Path) -> Any:
         if fmt == "hf":

@@ -135,7 +135,7 @@ class TorchvisionClassifier(ImageClassifierRecipe):
         return shard_units(model)
 
     def export(self, request: ExportRequest) -> Path:
-        """The checkpoint's weights as safetensors, with what rebuilds the model."""
+        """The checkpoint's weights as safetensors (in ``request.dtype``), with what rebuilds the model."""
         from safetensors.torch import save_model
 
         from hpcpipe.checkpoint.export import load_weights
@@ -143,7 +143,7 @@ class TorchvisionClassifier(ImageClassifierRecipe):
         model = self._classifier(start=False)  # every weight comes from the checkpoint
         load_weights(request.checkpoint, model)
         request.out.mkdir(parents=True, exist_ok=True)
-        save_model(model, str(request.out / EXPORT_FILE))
+        save_model(model.to(request.torch_dtype()), str(request.out / EXPORT_FILE))
         info = {
             "arch": self.args.arch,
             "num_classes": len(self.info.classes),

@@ -80,6 +80,24 @@ def test_safetensors_export_round_trips(tmp_path: Path) -> None:
         assert torch.equal(loaded.eval()(idx), model(idx))
 
 
+@pytest.mark.parametrize("fmt", ["safetensors", "hf"])
+def test_dtype_bf16_writes_bf16_weights(tmp_path: Path, fmt: str) -> None:
+    """`--dtype bf16` was ignored for gpt runs: float32 was written without a word."""
+    from safetensors.torch import load_file
+
+    model, ckpt, _ = make_run(tmp_path / "run", "llama")
+    out = export_checkpoint(ckpt, fmt, tmp_path / fmt, dtype="bf16")
+    tensors = load_file(str(out / "model.safetensors"))
+    assert {t.dtype for t in tensors.values()} == {torch.bfloat16}
+    rounded = model.tok_emb.weight.detach().to(torch.bfloat16)
+    names = ["model.embed_tokens.weight"] if fmt == "hf" else ["tok_emb.weight", "lm_head.weight"]
+    assert torch.equal(next(tensors[n] for n in names if n in tensors), rounded)  # tied: stored once
+    if fmt == "hf":
+        from transformers import AutoModelForCausalLM
+
+        assert AutoModelForCausalLM.from_pretrained(out).dtype == torch.bfloat16  # config.json says so
+
+
 def test_export_refuses_a_damaged_checkpoint(tmp_path: Path) -> None:
     _, ckpt, _ = make_run(tmp_path / "run", "gpt2")
     shard = sorted(ckpt.glob("*.distcp"))[0]
