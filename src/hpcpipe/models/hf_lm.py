@@ -48,6 +48,11 @@ def resolve_source(cfg: ModelConfig, prepared_dir: str) -> ModelSource:
     from hpcpipe.models.tiny_lm import TINY_NAME, TINY_RANDOM_NAME, default_tiny_dir
 
     name = cfg.name_or_path or ""
+    if cfg.gguf_file and (name in (TINY_NAME, TINY_RANDOM_NAME) or name.startswith(RANDOM_PREFIX)):
+        raise ConfigError(
+            f"model.gguf_file: not read with model.name_or_path={name} (a model hpcpipe builds); "
+            "set model.name_or_path to the GGUF file's directory, or null, or drop model.gguf_file"
+        )
     if name in (TINY_NAME, TINY_RANDOM_NAME):
         return ModelSource(str(default_tiny_dir(Path(prepared_dir) / "models", name == TINY_NAME)), None)
     if name.startswith(RANDOM_PREFIX):

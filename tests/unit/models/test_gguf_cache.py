@@ -74,3 +74,15 @@ def test_copies_are_kept_once_per_machine_and_under_the_prepared_dir_when_that_c
     monkeypatch.setenv("HPCPIPE_CACHE_DIR", "")
     assert kept_root(None) is None
     assert resolve_source(cfg, str(tmp_path / "one")).cache_dir == str(tmp_path / "one" / "models")
+
+
+@pytest.mark.parametrize("name", ["@tiny-llama", "@tiny-llama-random", "@random:d64-l2-h4-kv2"])
+def test_a_gguf_file_beside_a_built_model_is_refused(tmp_path: Path, name: str) -> None:
+    """The built model was trained and model.gguf_file ignored without a word."""
+    from hpcpipe.config import ModelConfig
+    from hpcpipe.errors import ConfigError
+    from hpcpipe.models.hf_lm import resolve_source
+
+    cfg = ModelConfig(name_or_path=name, gguf_file="smollm2.gguf")
+    with pytest.raises(ConfigError, match=f"model.gguf_file: not read with model.name_or_path={name}"):
+        resolve_source(cfg, str(tmp_path))
