@@ -160,10 +160,17 @@ def run(args: list[str]) -> int:
     except KeyboardInterrupt:  # Ctrl-C before the trainer's handler was installed: no traceback
         code = INTERRUPT_EXIT_CODE
     except BaseException as exc:
-        import traceback
+        if not lost_a_peer(exc):
+            import traceback
 
-        traceback.print_exc()
-        code = PEER_LOST_EXIT_CODE if lost_a_peer(exc) else 1
+            traceback.print_exc()
+            return 1
+        # A victim: the rank that failed first prints why (a one-line refusal, or its traceback);
+        # this rank's traceback of gloo's "Connection reset by peer" would bury it.
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        rank = os.environ.get("RANK", "0")
+        sys.stderr.write(f"rank {rank}: lost a peer ({message}); the rank that failed says why\n")
+        code = PEER_LOST_EXIT_CODE
     return code
 
 

@@ -67,6 +67,17 @@ def test_a_file_where_a_folder_is_due_is_one_line_naming_it(cli, tmp_path: Path)
     assert "checkpoint.durable_dir notes.txt/durable: cannot write there" in _one_line_error(proc)
 
 
+def test_a_refusal_of_rank_0_alone_is_not_buried_under_its_peers_traceback(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Rank 1, waiting in a broadcast for rank 0, printed gloo's "Connection reset by peer"
+    traceback (30 lines) around rank 0's one-line error."""
+    sets = ["--set", f"run.out_dir={tmp_path}", "--set", "train.steps=2", "--set", "checkpoint.every_steps=2"]
+    proc = cli("train", "tiny", "--nproc", "2", *sets, "--set", "checkpoint.durable_dir=/proc/durable")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert any(line.startswith("error: checkpoint.durable_dir /proc/durable: cannot write") for line in lines)
+    assert [line for line in lines if line.startswith("rank 1: lost a peer (")], proc.stderr
+
+
 def test_plan_memory_refuses_a_job_without_a_transformer(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """It printed a transformer table from the ResNet job's unused model.* defaults."""
     proc = cli("plan", "memory", "resnet-tiny", cwd=tmp_path)
