@@ -26,6 +26,19 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def fsync_tree(root: Path) -> None:
+    """Make every file under ``root``, and the entries of its directories, durable: a directory
+    renamed into place after a crash must not hold empty or partial files under a complete name."""
+    for folder, _, files in os.walk(root):
+        for name in files:
+            fd = os.open(os.path.join(folder, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fsync_dir(Path(folder))
+
+
 def machine_cache_dir() -> Path | None:
     """Where hpcpipe keeps what it built and every run on this machine may reuse (the pre-trained
     ``@tiny-llama``): ``$HPCPIPE_CACHE_DIR``, else ``$XDG_CACHE_HOME/hpcpipe``, else
@@ -41,13 +54,15 @@ def machine_cache_dir() -> Path | None:
 def atomic_replace_dir(final: Path) -> Iterator[Path]:
     """Yield a temporary sibling directory; on success it becomes ``final`` with one rename.
 
-    A reader therefore sees either no ``final`` or a complete one; an interrupted build leaves
-    only a ``.tmp-*`` directory. When another process committed ``final`` first, its copy wins.
+    A reader therefore sees either no ``final`` or a complete one, also after a power loss (the
+    files are fsynced before the rename); an interrupted build leaves only a ``.tmp-*`` directory.
+    When another process committed ``final`` first, its copy wins.
     """
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=final.parent))
     try:
         yield tmp
+        fsync_tree(tmp)  # the contents first: the rename below is what readers trust
         try:
             os.replace(tmp, final)
         except OSError:

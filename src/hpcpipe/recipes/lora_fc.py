@@ -138,12 +138,20 @@ class LoraFCRecipe(Recipe):
         return prepared_path(self.data_cfg.prepared_dir, key)
 
     def prepare(self, progress: bool) -> DataSummary:
-        from hpcpipe.data.function_calling.prepare import REPORT_FILE, prepare, prepared_summary, read_split
+        from hpcpipe.data.function_calling.prepare import (
+            REPORT_FILE,
+            prepare,
+            prepared_summary,
+            read_split,
+            verify_prepared,
+        )
         from hpcpipe.models.hf_lm import check_source
 
         check_source(self.source, self.lora_cfg)
         reused = (self.data_dir / REPORT_FILE).is_file()
-        if not reused:
+        if reused:
+            verify_prepared(self.data_dir, older_ok=True)  # a damaged file is named before training
+        else:
             data = read_split(self.data_cfg, self.seed)
             prepare(self.data_cfg, data, self.chat, self.model_cfg.seq_len, self.data_dir)
         return prepared_summary(self.data_dir, reused, self.dataset_hash() or "")

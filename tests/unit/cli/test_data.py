@@ -88,11 +88,16 @@ def test_prepare_function_calling_then_reuse_and_verify(cli, tmp_path: Path) -> 
         fh.write("\n")
     damaged = runner.invoke(app, ["verify", str(path)])
     assert isinstance(damaged.exception, DataError) and "heldout.jsonl" in str(damaged.exception)
+    reuse = cli(*_fc_args(tmp_path, "data.synthetic_rows=60"), cwd=tmp_path)  # was reused as it was
+    assert reuse.returncode == 2 and f"{path}/heldout.jsonl: corrupted" in reuse.stderr, reuse.stderr
+    assert f"delete {path} and run again" in reuse.stderr
     report = json.loads((path / "data_report.json").read_text())
     del report["files"]  # prepared before the hashes were recorded
     (path / "data_report.json").write_text(json.dumps(report))
     old = runner.invoke(app, ["verify", str(path)])
     assert isinstance(old.exception, DataError) and "hpcpipe data prepare" in str(old.exception)
+    older = cli(*_fc_args(tmp_path, "data.synthetic_rows=60"), cwd=tmp_path)
+    assert older.returncode == 0, older.stderr  # reused unchecked, as before
 
 
 def test_verify_names_both_kinds_of_prepared_directory(tmp_path: Path) -> None:

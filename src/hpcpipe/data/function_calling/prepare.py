@@ -205,11 +205,14 @@ def read_report(root: Path) -> dict[str, Any]:
     return report
 
 
-def verify_prepared(root: Path) -> dict[str, Any]:
+def verify_prepared(root: Path, older_ok: bool = False) -> dict[str, Any]:
     """The report, after checking every data file against its SHA-256 in it; DataError names the
-    first missing or changed file, or says how to prepare again when no hashes were recorded."""
+    first missing or changed file, or says how to prepare again when no hashes were recorded
+    (``older_ok``: a directory an older hpcpipe prepared, without hashes, passes unchecked)."""
     report = read_report(root)
     files = report.get("files")
+    if older_ok and "files" not in report:
+        return report
     if not isinstance(files, dict) or set(files) != set(DATA_FILES):
         raise DataError(
             f"{root}: {REPORT_FILE} records no file hashes (prepared by an older hpcpipe); delete the "
@@ -217,10 +220,11 @@ def verify_prepared(root: Path) -> dict[str, Any]:
         )
     for name in DATA_FILES:
         path = Path(root) / name
+        again = f"delete {root} and run again to prepare it anew"
         if not path.is_file():
-            raise DataError(f"{path}: missing")
+            raise DataError(f"{path}: missing; {again}")
         if _sha256(path) != files[name]:
-            raise DataError(f"{path}: corrupted (SHA-256 does not match {REPORT_FILE})")
+            raise DataError(f"{path}: corrupted (SHA-256 does not match {REPORT_FILE}); {again}")
     return report
 
 
