@@ -13,6 +13,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from hpcpipe.bench.worker import LOST_A_PEER
 from hpcpipe.errors import USER_ERROR_EXIT_CODE, UserError
 from hpcpipe.train.environment import detect_environment
 
@@ -78,6 +79,7 @@ def _run_local_workers(spec: dict[str, Any], nproc: int) -> dict[str, Any]:
             raise UserError(refusal.read_text().strip())
         if code != 0:
             errors = [p.read_text().strip() for p in sorted(Path(tmp).glob("result.json.rank*.error"))]
+            errors.sort(key=lambda line: f": {LOST_A_PEER}: " in line)  # the cause before its victims
             reason = errors[0] if errors else "no rank reported a reason; see the worker output above"
             raise BenchFailure(f"benchmark workers failed (exit code {code}): {reason}", partial)
         return partial

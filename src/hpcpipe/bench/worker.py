@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from hpcpipe.config import ParallelConfig
 from hpcpipe.errors import USER_ERROR_EXIT_CODE, UserError, one_line
-from hpcpipe.launch.exit import flush_and_exit, return_or_exit
+from hpcpipe.launch.exit import flush_and_exit, lost_a_peer, return_or_exit
 from hpcpipe.launch.fork_server import begin_forked_worker
 from hpcpipe.train.environment import DistEnv, detect_environment, node_name
 
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from hpcpipe.train.distributed import DistContext
 
 TASKS = ("connectivity", "collectives", "compute")
+LOST_A_PEER = "lost a peer"  # a victim's error line; the driver names another rank's first
 
 
 def run_tasks(
@@ -107,11 +108,16 @@ def run(args: list[str]) -> int:
             Path(f"{args[1]}.rank0.error").write_text(one_line(str(exc)) + "\n")
         code = USER_ERROR_EXIT_CODE
     except BaseException as exc:
-        import traceback
+        victim = lost_a_peer(exc)  # the rank that failed prints its own traceback
+        if victim:
+            print(f"rank {env.rank}: {LOST_A_PEER} ({one_line(str(exc))})", file=sys.stderr, flush=True)
+        else:
+            import traceback
 
-        traceback.print_exc()
+            traceback.print_exc()
         if len(args) == 2:
-            message = f"rank {env.rank} on {node_name()}: {type(exc).__name__}: {exc}"
+            what = LOST_A_PEER if victim else type(exc).__name__
+            message = f"rank {env.rank} on {node_name()}: {what}: {exc}"
             Path(f"{args[1]}.rank{env.rank}.error").write_text(message.splitlines()[0] + "\n")
         code = 1
     return code

@@ -1,0 +1,42 @@
+"""A benchmark worker that lost its peer says so in one line, and the driver names the rank that
+failed first, not its victim (rank 0, whose collective lost rank 1, came first by rank order)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hpcpipe.bench import runner, worker
+
+GLOO_RESET = "[pair.cc:545] Read error [127.0.0.1]:35203: Connection reset by peer. This is typically ..."
+
+
+def test_a_victim_writes_one_line_and_no_traceback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def lose_the_peer(*_: Any, **__: Any) -> None:
+        raise RuntimeError(GLOO_RESET)
+
+    monkeypatch.setattr(worker, "run_tasks", lose_the_peer)
+    spec, out = tmp_path / "spec.json", tmp_path / "result.json"
+    spec.write_text(json.dumps({"tasks": {}}))
+    assert worker.run([str(spec), str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.startswith("rank 0: lost a peer ([pair.cc:545]"), err
+    assert ": lost a peer: [pair.cc:545]" in (tmp_path / "result.json.rank0.error").read_text()
+
+
+def test_the_driver_names_the_cause_before_its_victim(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hpcpipe.launch import local
+
+    def two_failed_ranks(_module: str, args: list[str], _nproc: int) -> int:
+        Path(f"{args[1]}.rank0.error").write_text(f"rank 0 on n1: lost a peer: {GLOO_RESET}\n")
+        Path(f"{args[1]}.rank1.error").write_text("rank 1 on n1: MemoryError: out of memory\n")
+        return 1
+
+    monkeypatch.setattr(local, "launch_local", two_failed_ranks)
+    with pytest.raises(runner.BenchFailure, match=r"\(exit code 1\): rank 1 on n1: MemoryError"):
+        runner.run_bench({"collectives": {}}, nproc=2)
