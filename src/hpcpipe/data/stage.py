@@ -40,7 +40,8 @@ from hpcpipe.fsutil import fsync_dir
 
 MARKER = ".hpcpipe-staged"
 _KEY = re.compile(r"[0-9a-f]{64}")
-_PARTIAL = re.compile(r"\.([0-9a-f]{64})\.tmp-\d+")  # a copy in progress, or left by a killed stager
+# A copy in progress, or left by a killed stager (and a damaged entry it had moved aside).
+_PARTIAL = re.compile(r"\.([0-9a-f]{64})\.tmp-\d+(-damaged)?")
 _CHUNK = 8 << 20
 
 
@@ -230,6 +231,7 @@ def _sha256_or_none(path: Path) -> str | None:
 def _copy_verified(source: StageSource, final: Path, workers: int) -> None:
     """Copy into a temporary sibling, hashing the bytes as they pass; rename when all match."""
     tmp = final.parent / f".{final.name}.tmp-{os.getpid()}"
+    damaged = final.parent / f".{final.name}.tmp-{os.getpid()}-damaged"
     _remove_partial_copies(final.parent, final.name)  # we hold .lock: no other copier is alive
     try:
         tmp.mkdir()
@@ -238,11 +240,16 @@ def _copy_verified(source: StageSource, final: Path, workers: int) -> None:
         marker: dict[str, Any] = {"key": source.key, "source": str(source.root), "files": source.files}
         (tmp / MARKER).write_text(json.dumps(marker, indent=1) + "\n")
         if final.exists():
-            shutil.rmtree(final)  # an entry that failed verification: staged again
+            # An entry that failed verification, which jobs on this node may still be reading:
+            # renamed aside, not removed in place, so a reader opening its next file (an image)
+            # finds the new copy an instant later, not a gap as long as the removal. Files they
+            # hold open stay readable until closed.
+            os.replace(final, damaged)
         os.replace(tmp, final)
         fsync_dir(final.parent)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(damaged, ignore_errors=True)
 
 
 def _remove_partial_copies(cache_root: Path, key: str) -> list[Path]:

@@ -90,6 +90,32 @@ def test_a_corrupt_cache_entry_is_staged_again(dataset_dir: Path, tmp_path: Path
     assert not third.copied
 
 
+def test_a_damaged_entry_is_never_missing_while_it_is_replaced(
+    dataset_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It was removed in place before the new copy was renamed in: a job reading the entry (an
+    image per sample) found no file for as long as the removal took."""
+    from hpcpipe.data import stage as staging
+
+    cache = tmp_path / "cache"
+    first = stage(token_dataset_source(dataset_dir), cache)
+    first.release()
+    shard = next(first.path.glob("train-*.bin"))
+    shard.write_bytes(b"garbage")
+    seen: list[bytes] = []
+    remove = staging.shutil.rmtree
+
+    def removing(path: Path, *args: Any, **kwargs: Any) -> None:
+        seen.append(shard.read_bytes())  # what a reader would open at this moment
+        remove(path, *args, **kwargs)
+
+    monkeypatch.setattr(staging.shutil, "rmtree", removing)
+    again = stage(token_dataset_source(dataset_dir), cache)
+    again.release()
+    assert again.copied and seen and set(seen) == {(dataset_dir / shard.name).read_bytes()}
+    assert not list(cache.glob(".*tmp*"))
+
+
 def _left_by_a_killed_stager(cache: Path, key: str, pid: int) -> Path:
     partial = cache / f".{key}.tmp-{pid}"
     (partial / "sub").mkdir(parents=True)
