@@ -32,6 +32,7 @@ class ThroughputMeter:
         self.flops_per_item = flops_per_item
         self.device = device
         self.peak_flops = device_peak_flops(device, peak_precision(precision), peak_tflops_override)
+        self._counts: dict[str, torch.Tensor] = {}  # the recipe's counts of the completed steps
         self.start()
 
     def start(self) -> None:
@@ -40,9 +41,18 @@ class ThroughputMeter:
         self._steps = 0
         self._data_time = 0.0
 
-    def add_step(self, data_time_s: float) -> None:
+    def add_step(self, data_time_s: float, counts: dict[str, torch.Tensor] | None = None) -> None:
+        """A completed step: its data-loading time and the recipe's counts for it (``counts``:
+        those of a step's final attempt only; an attempt an OOM cut short runs again)."""
         self._steps += 1
         self._data_time += data_time_s
+        for key, count in (counts or {}).items():
+            self._counts[key] = self._counts[key] + count if key in self._counts else count
+
+    def take_counts(self) -> dict[str, torch.Tensor]:
+        """The recipe's counts since the last call (on this rank, on the device), reset."""
+        counts, self._counts = self._counts, {}
+        return counts
 
     def read(self, counts: dict[str, float] | None = None) -> dict[str, float | None]:
         """Figures for the interval since the last read; starts the next interval.

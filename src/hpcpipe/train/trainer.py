@@ -285,7 +285,7 @@ class Trainer:
             self.step += 1
             logs = self.step % self.observe.log_every == 0 or self.step == stop_step
             out = self.train_step(measure_norm=logs)
-            self.meter.add_step(out.data_time_s)
+            self.meter.add_step(out.data_time_s, self.recipe.interval_counts())
             self.telemetry.on_step(self.meter.items_per_step / self.ctx.world_size)
             self.watchdog.beat(self.step)
             if logs:
@@ -309,7 +309,9 @@ class Trainer:
             group["lr"] = lr
         step_start = self.loader.state_dict()
         while (out := self._pipeline_step() if self.pipeline else self._forward_backward()) is None:
-            # Some rank ran out of memory: every rank halves the micro-batch and retries the step.
+            # Some rank ran out of memory: every rank halves the micro-batch and retries the step
+            # (the recipe's counts of the cut attempt are dropped: its micro-batches run again).
+            self.recipe.interval_counts()
             self.telemetry.on_oom(self.step)
             event = self.oom.recover(self.step, self.optimizer, self.loader, step_start)
             self.events.emit("oom_recovered", event)
@@ -510,7 +512,7 @@ class Trainer:
     def log_train(self, out: StepOutput) -> float:
         with self.phases.region("all_reduce_metrics"):  # the loss and the interval's item counts
             loss = self.ctx.mean_over_ranks(out.loss)
-            counts = self.ctx.sum_over_ranks(self.recipe.interval_counts())
+            counts = self.ctx.sum_over_ranks(self.meter.take_counts())
         row: dict[str, Any] = {
             "step": self.step,
             "loss": loss.item(),

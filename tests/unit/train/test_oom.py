@@ -339,3 +339,41 @@ def test_a_backward_oom_fires_in_the_trainers_loop_and_is_recovered(tmp_path: Pa
     events = [json.loads(line) for line in (tmp_path / "tiny" / "events.jsonl").read_text().splitlines()]
     recovered = [e for e in events if e["event"] == "oom_recovered"]
     assert [(e["step"], e["micro_step"], e["new_micro_batch_size"]) for e in recovered] == [(2, 0, 2)]
+
+
+COUNTING_RECIPE = '''
+import torch
+from hpcpipe.recipes.gpt import GPTRecipe
+
+
+class CountingGPT(GPTRecipe):
+    """The gpt recipe counting its training rows, as lora-function-calling counts supervised tokens."""
+
+    def loss(self, model, batch):
+        if model.training:  # the gpt recipe's evaluation calls loss too
+            rows = torch.tensor(float(batch[0].shape[0]))
+            self.rows = self.__dict__.get("rows", torch.tensor(0.0)) + rows
+        return super().loss(model, batch)
+
+    def interval_counts(self):
+        counts = {"rows": self.__dict__.pop("rows")} if "rows" in self.__dict__ else {}
+        return counts
+'''
+
+
+def test_a_recipes_counts_leave_out_the_attempt_an_oom_cut_short(tmp_path: Path) -> None:
+    """The counts of a step's attempt that ran out of memory were logged with those of its retry:
+    lora-function-calling's supervised tokens per second rose by half at a recovered OOM."""
+    import json
+
+    from tests.helpers import run_cli
+
+    (tmp_path / "counting_recipe.py").write_text(COUNTING_RECIPE)
+    env = {"HPCPIPE_CHAOS_OOM": "step=2,micro=0,where=backward", "PYTHONPATH": str(tmp_path)}
+    sets = [f"run.out_dir={tmp_path}", "run.recipe=counting_recipe:CountingGPT", "train.steps=3"]
+    sets += ["observe.progress=false", "observe.log_every=1"]
+    proc = run_cli("train", "tiny", *(a for s in sets for a in ("--set", s)), cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [json.loads(line) for line in (tmp_path / "tiny" / "metrics.jsonl").read_text().splitlines()]
+    counted = [r["rows_per_s_per_device"] * r["step_time_s"] for r in rows if "loss" in r]
+    assert counted == pytest.approx([8.0, 8.0, 8.0])  # global batch 8 on one rank, every step
