@@ -23,7 +23,9 @@ ROOT_PACKAGE = "hpcpipe"
 # key is a unit: the cycle check between packages runs on these keys.
 ROOMS: dict[str, int] = {
     # The package root holds only __version__ and the public API's re-exports.
-    **dict.fromkeys(["__init__", "config", "errors", "compat", "fsutil", "netutil", "presets", "layout"], 0),
+    **dict.fromkeys(
+        ["__init__", "config", "errors", "compat", "fsutil", "netutil", "yamlfile", "presets", "layout"], 0
+    ),
     # The recipe API's base, its argument schema and the registry that finds a recipe's class: the
     # config validates a job against the class run.recipe names.
     **dict.fromkeys(["recipes.base", "recipes.args", "recipes.registry"], 0),
