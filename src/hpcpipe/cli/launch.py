@@ -256,6 +256,33 @@ def finished(run_dir: Annotated[Path, typer.Argument(help="A run directory.", sh
     raise typer.Exit(0 if done else 1)
 
 
+@app.command("preempted")
+def preempted(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory.", show_default=False)],
+    after_step: Annotated[
+        int, typer.Option(help="Count only a checkpoint newer than this step (the job's start).")
+    ] = 0,
+) -> None:
+    """Exit 0 when the run checkpointed on a preemption after step AFTER_STEP, 1 otherwise (for
+    scripts: srun reports its highest task code, so an elastic job's node lost on the way, 137,
+    hides the others' preemption code, and the job would not be requeued)."""
+    from hpcpipe.config import load_config
+    from hpcpipe.observe.metrics import read_events
+
+    code = load_config(RunLayout(run_dir).config).fault.preempt_exit_code
+    done = any(
+        e.get("event") == "preempted"
+        and e.get("checkpointed") is True
+        and e.get("exit_code") == code
+        and isinstance(e.get("step"), int)
+        and e["step"] > after_step
+        for e in read_events(run_dir)
+    )
+    said = "checkpointed on a preemption" if done else "no preemption checkpoint"
+    console.print(f"{run_dir}: {said} after step {after_step}")
+    raise typer.Exit(0 if done else 1)
+
+
 @app.command("collect")
 def collect(
     sweep_dir: Annotated[

@@ -207,3 +207,83 @@ def test_a_resubmitted_job_leaves_the_runs_config_until_it_resumed(tmp_path: Pat
     assert run_config.read_text() == job.to_yaml() and submitted.read_text() == changed.to_yaml()
     again = write_submission(SlurmSubmission([job], script_dir=job.run_dir)).read_text()
     assert f"  {run_config}\n" in again
+
+
+SRUN_STUB = """#!/bin/bash
+case "$*" in
+  *"launch agent"*)  # the node kept training after the other was lost, then was preempted
+    echo 4 > "$STATE/newest"
+    [ -n "${PREEMPTED:-}" ] && echo "$PREEMPTED" >> "$RUN_DIR/events.jsonl"
+    exit 137 ;;  # srun's highest task code: the lost node's
+esac
+"""
+HPCPIPE_STUB = """#!/bin/bash
+case "$1 $2" in
+  "ckpt newest") cat "$STATE/newest" ;;
+  "launch finished"|"launch preempted") exec "$REAL_HPCPIPE" "$@" ;;
+  *) echo "unexpected: $*" >&2; exit 99 ;;
+esac
+"""
+SCONTROL_STUB = """#!/bin/bash
+if [ "$1" = show ]; then echo n1; else echo "$*" >> "$STATE/scontrol"; fi
+"""
+
+
+@pytest.mark.parametrize(("preempted", "exit_code"), [(True, 75), (False, 137)])
+def test_an_elastic_job_preempted_after_losing_a_node_is_requeued(
+    tmp_path: Path, preempted: bool, exit_code: int
+) -> None:
+    """srun reported the lost node's 137 over the survivors' 75: the job ended FAILED, not requeued."""
+    import json
+
+    job = load_config("tiny", [f"run.out_dir={tmp_path}/runs", "run.name=e", "parallel.nnodes=1:2"])
+    script = tmp_path / "job.sbatch"
+    script.write_text(render_sbatch(SlurmSubmission([job], script_dir=tmp_path)))
+    job.run_dir.mkdir(parents=True)
+    (job.run_dir / "config.yaml").write_text(job.to_yaml())
+    bin_dir, state = tmp_path / "bin", tmp_path / "state"
+    bin_dir.mkdir()
+    state.mkdir()
+    (state / "newest").write_text("2\n")
+    for name, text in (("srun", SRUN_STUB), ("hpcpipe", HPCPIPE_STUB), ("scontrol", SCONTROL_STUB)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    event = {"event": "preempted", "step": 4, "checkpointed": True, "exit_code": 75}
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "STATE": str(state),
+        "RUN_DIR": str(job.run_dir),
+        "REAL_HPCPIPE": str(Path(sys.executable).parent / "hpcpipe"),
+        "PREEMPTED": json.dumps(event) if preempted else "",
+        "SLURM_JOB_ID": "41",
+        "SLURM_JOB_NODELIST": "n[1-2]",
+    }
+    proc = subprocess.run(
+        ["bash", str(script)], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert proc.returncode == exit_code, proc.stdout + proc.stderr
+    requeued = (state / "scontrol").read_text() if (state / "scontrol").exists() else ""
+    assert requeued == ("requeue 41\n" if preempted else ""), proc.stdout
+
+
+def test_launch_preempted_counts_only_a_preemption_checkpoint_of_this_start(tmp_path: Path) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from hpcpipe.cli.launch import app
+
+    job = load_config("tiny", [f"run.out_dir={tmp_path}", "run.name=e"])
+    job.run_dir.mkdir(parents=True)
+    (job.run_dir / "config.yaml").write_text(job.to_yaml())
+    events = job.run_dir / "events.jsonl"
+
+    def says(after: int, **event: object) -> int:
+        events.write_text(json.dumps({"event": "preempted", **event}) + "\n")
+        return CliRunner().invoke(app, ["preempted", str(job.run_dir), "--after-step", str(after)]).exit_code
+
+    assert says(2, step=4, checkpointed=True, exit_code=75) == 0
+    assert says(4, step=4, checkpointed=True, exit_code=75) == 1  # an earlier start's
+    assert says(2, step=4, checkpointed=False, exit_code=75) == 1
+    assert says(2, step=4, checkpointed=True, exit_code=130) == 1  # Ctrl-C: not the scheduler's
