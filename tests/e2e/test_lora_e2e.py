@@ -144,6 +144,13 @@ def test_adapter_and_merged_exports_give_the_trained_models_logits(run: Path, tm
     assert diff < 0.1 * expected.abs().max().item()  # bf16 weights: ~3 significant digits
     with adapter_model.disable_adapter():  # the adapter changed the model: the base alone differs
         assert (_logits(adapter_model, ids) - expected).abs().max() > 1e-2
+    # --dtype bf16 of the adapter format wrote fp32 (in process here: the CLI is shown above).
+    from safetensors.torch import load_file
+
+    from hpcpipe.recipes.export import export_checkpoint
+
+    bf16 = export_checkpoint(ckpt, "adapter", tmp / "export-adapter-bf16", dtype="bf16")
+    assert {t.dtype for t in load_file(str(bf16 / "adapter_model.safetensors")).values()} == {torch.bfloat16}
 
 
 def test_eval_cli_scores_a_run_on_heldout_and_bfcl_files(run: Path, tmp: Path) -> None:

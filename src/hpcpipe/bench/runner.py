@@ -74,9 +74,9 @@ def _run_local_workers(spec: dict[str, Any], nproc: int) -> dict[str, Any]:
         spec_path.write_text(json.dumps(spec))
         code = launch_local(WORKER_MODULE, [str(spec_path), str(out_path)], nproc)
         partial = json.loads(out_path.read_text()) if out_path.is_file() else {}
-        refusal = Path(tmp) / "result.json.rank0.error"
-        if code == USER_ERROR_EXIT_CODE and refusal.is_file():
-            raise UserError(refusal.read_text().strip())
+        refused = sorted(Path(tmp).glob("result.json.rank*.refused"))
+        if code == USER_ERROR_EXIT_CODE and refused:
+            raise UserError(refused[0].read_text().strip())
         if code != 0:
             errors = [p.read_text().strip() for p in sorted(Path(tmp).glob("result.json.rank*.error"))]
             errors.sort(key=lambda line: f": {LOST_A_PEER}: " in line)  # the cause before its victims

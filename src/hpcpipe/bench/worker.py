@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from hpcpipe.config import ParallelConfig
 from hpcpipe.errors import USER_ERROR_EXIT_CODE, UserError, one_line
-from hpcpipe.launch.exit import flush_and_exit, lost_a_peer, return_or_exit
+from hpcpipe.launch.exit import flush_and_exit, lost_a_peer_in_a_collective, return_or_exit
 from hpcpipe.launch.fork_server import begin_forked_worker
 from hpcpipe.train.environment import DistEnv, detect_environment, node_name
 
@@ -93,8 +93,8 @@ def forked_main(*args: str) -> None:
 
 
 def run(args: list[str]) -> int:
-    """Run the spec's tasks as this rank; 0, or 1 after writing the error next to OUT.json (2 and
-    rank 0's one line for input every rank refused, such as --sizes beyond memory)."""
+    """Run the spec's tasks as this rank; 0, or 1 after writing the error next to OUT.json (2
+    after writing ``OUT.json.rank<R>.refused``: input every rank refuses, --sizes beyond memory)."""
     env = detect_environment()
     code = 0
     try:
@@ -104,11 +104,11 @@ def run(args: list[str]) -> int:
         spec = json.loads(Path(args[0]).read_text())
         run_tasks(spec, env, on_result=lambda results: _write_json(out, results))
     except UserError as exc:  # every rank refuses the same input: no traceback, exit 2
-        if len(args) == 2 and env.rank == 0:
-            Path(f"{args[1]}.rank0.error").write_text(one_line(str(exc)) + "\n")
+        if len(args) == 2:  # each rank: the agent may stop the others before they write
+            Path(f"{args[1]}.rank{env.rank}.refused").write_text(one_line(str(exc)) + "\n")
         code = USER_ERROR_EXIT_CODE
     except BaseException as exc:
-        victim = lost_a_peer(exc)  # the rank that failed prints its own traceback
+        victim = lost_a_peer_in_a_collective(exc)  # the rank that failed prints its own traceback
         if victim:
             print(f"rank {env.rank}: {LOST_A_PEER} ({one_line(str(exc))})", file=sys.stderr, flush=True)
         else:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import tempfile
 from collections.abc import Collection, Sequence
@@ -81,6 +82,10 @@ def writable_output(value: Any) -> Any:
     path = Path(value)
     if path.is_dir():
         raise UserError(f"{path}: is a directory; name the output file")
+    if path.exists():  # a file, /dev/null, /dev/fd/63 of a shell's >(...): the file's own permission
+        if not os.access(path, os.W_OK):
+            raise UserError(f"{path}: cannot write it (Permission denied)")
+        return value
     ancestor = path.parent
     while not ancestor.exists() and ancestor != ancestor.parent:
         ancestor = ancestor.parent

@@ -58,6 +58,16 @@ def return_or_exit(code: int) -> None:
         os._exit(code)
 
 
+def forget_exit_report() -> None:
+    """A forked worker's first step: remove any exit report under its pid, left by an earlier
+    worker of this launcher whose pid it reuses (a worker killed before it could report leaves
+    none, and the agent would read the earlier one's code as this worker's)."""
+    report = os.environ.get(EXIT_DIR_VAR)
+    if report:
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(report, str(os.getpid())))
+
+
 def reported_exit_code(pid: int, unreported: int = 128 + 9) -> int:
     """The code a forked worker reported before it ended; ``unreported`` (137, killed, unless
     the caller knows which signal it died of) when it could not."""
@@ -81,3 +91,16 @@ def lost_a_peer(exc: BaseException) -> bool:
 
     network_error = getattr(dist, "DistNetworkError", ())
     return isinstance(exc, network_error) or any(sign in str(exc) for sign in _PEER_LOST_SIGNS)
+
+
+def lost_a_peer_in_a_collective(exc: BaseException) -> bool:
+    """``lost_a_peer``, raised inside a collective of ``torch.distributed`` (not while the group
+    formed, and not by this rank's own connections: an HTTP reset, a DataLoader pipe, a TCPStore
+    it could not reach). Only then is this rank's traceback noise that buries the cause's."""
+    import traceback
+
+    if not lost_a_peer(exc):
+        return False
+    frames = traceback.extract_tb(exc.__traceback__)
+    in_c10d = [f.name for f in frames if f.filename.endswith("distributed_c10d.py")]
+    return bool(in_c10d) and "init_process_group" not in in_c10d

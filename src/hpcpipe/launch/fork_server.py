@@ -32,7 +32,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from hpcpipe.launch import heap
-from hpcpipe.launch.exit import EXIT_DIR_VAR, SHIELDED_SIGNALS, restore_fresh_defaults
+from hpcpipe.launch.exit import EXIT_DIR_VAR, SHIELDED_SIGNALS, forget_exit_report, restore_fresh_defaults
 from hpcpipe.launch.exit_dirs import exit_dir
 from hpcpipe.launch.parent_death import die_with_the_parent
 
@@ -180,6 +180,7 @@ def begin_forked_worker() -> None:
     ``bench``'s workers, the benchmarks' ranks): what a fresh interpreter would have
     (``exit.restore_fresh_defaults``), and an end that follows the launcher's."""
     restore_fresh_defaults()
+    forget_exit_report()
     leave_with_the_launcher()
 
 

@@ -17,6 +17,7 @@ from hpcpipe.launch.exit import (
     PEER_LOST_EXIT_CODE,
     flush_and_exit,
     lost_a_peer,
+    lost_a_peer_in_a_collective,
     return_or_exit,
 )
 from hpcpipe.launch.fork_server import begin_forked_worker
@@ -160,11 +161,11 @@ def run(args: list[str]) -> int:
     except KeyboardInterrupt:  # Ctrl-C before the trainer's handler was installed: no traceback
         code = INTERRUPT_EXIT_CODE
     except BaseException as exc:
-        if not lost_a_peer(exc):
+        if not lost_a_peer_in_a_collective(exc):
             import traceback
 
             traceback.print_exc()
-            return 1
+            return PEER_LOST_EXIT_CODE if lost_a_peer(exc) else 1
         # A victim: the rank that failed first prints why (a one-line refusal, or its traceback);
         # this rank's traceback of gloo's "Connection reset by peer" would bury it.
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

@@ -77,9 +77,10 @@ def load_with_adapter(source: ModelSource, adapter_dir: Path, base_dtype: str = 
 
 def write_lora_export(model: nn.Module, fmt: str, out: Path, dtype: str, tokenizer: Any = None) -> Path:
     """A peft model with its trained adapters loaded, on the CPU in fp32: ``adapter`` writes the
-    peft adapter directory, anything else (``merged``, ``hf``) the merged model in ``dtype``."""
+    peft adapter directory (its weights in ``dtype``), anything else (``merged``, ``hf``) the
+    merged model in ``dtype``."""
     if fmt == "adapter":
-        state = {name: p.data for name, p in model.named_parameters() if p.requires_grad}
+        state = {name: p.data.to(DTYPES[dtype]) for name, p in model.named_parameters() if p.requires_grad}
         return save_adapter(model, state, out, tokenizer)
     return save_merged(model, out, dtype, tokenizer)
 

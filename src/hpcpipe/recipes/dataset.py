@@ -203,12 +203,13 @@ class DatasetRecipe(Recipe):
         return 3.0 * flops if flops else None
 
     def export(self, request: ExportRequest) -> Path:
-        """The checkpoint's weights in a freshly built model, handed to ``save_export``."""
+        """The checkpoint's weights in a freshly built model, in ``request.dtype``, handed to
+        ``save_export``."""
         from hpcpipe.checkpoint.export import load_weights
 
         model = self.build_model()
         load_weights(request.checkpoint, model, trainable_only=self.checkpoint_trainable_only)
-        model.eval()
+        model.eval().to(request.torch_dtype())  # --dtype: the weights as written
         request.out.mkdir(parents=True, exist_ok=True)
         self.save_export(model, request.fmt, request.out)
         info = {"recipe": self.name, "format": request.fmt, "checkpoint": request.checkpoint.name}

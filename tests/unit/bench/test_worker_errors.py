@@ -14,13 +14,41 @@ from hpcpipe.bench import runner, worker
 GLOO_RESET = "[pair.cc:545] Read error [127.0.0.1]:35203: Connection reset by peer. This is typically ..."
 
 
+def in_a_collective(message: str, name: str = "broadcast") -> Any:
+    """A function raising ``message`` from a frame of torch's ``distributed_c10d.py`` (as a
+    collective whose peer went away does), so the worker tells it from its own connections'."""
+    namespace: dict[str, Any] = {}
+    code = f"def {name}(*args, **kwargs):\n    raise RuntimeError({message!r})\n"
+    exec(compile(code, "/site-packages/torch/distributed/distributed_c10d.py", "exec"), namespace)
+    return namespace[name]
+
+
+def test_only_a_collectives_lost_peer_is_a_victims() -> None:
+    """An HTTP or DataLoader "Connection reset by peer", or a store unreachable while the group
+    forms, is this rank's own failure: it keeps its traceback."""
+    from hpcpipe.launch.exit import lost_a_peer, lost_a_peer_in_a_collective
+
+    def caught(call: Any) -> BaseException:
+        try:
+            call()
+        except BaseException as exc:
+            return exc
+        raise AssertionError("no exception")
+
+    def own() -> None:
+        raise ConnectionResetError(104, "Connection reset by peer")
+
+    assert lost_a_peer_in_a_collective(caught(in_a_collective(GLOO_RESET)))
+    assert lost_a_peer(caught(own)) and not lost_a_peer_in_a_collective(caught(own))
+    forming = in_a_collective(GLOO_RESET, name="init_process_group")
+    assert not lost_a_peer_in_a_collective(caught(forming))
+    assert not lost_a_peer_in_a_collective(caught(in_a_collective("shape mismatch")))
+
+
 def test_a_victim_writes_one_line_and_no_traceback(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    def lose_the_peer(*_: Any, **__: Any) -> None:
-        raise RuntimeError(GLOO_RESET)
-
-    monkeypatch.setattr(worker, "run_tasks", lose_the_peer)
+    monkeypatch.setattr(worker, "run_tasks", in_a_collective(GLOO_RESET))
     spec, out = tmp_path / "spec.json", tmp_path / "result.json"
     spec.write_text(json.dumps({"tasks": {}}))
     assert worker.run([str(spec), str(out)]) == 1

@@ -112,3 +112,25 @@ def test_export_needs_the_run_config(tmp_path: Path) -> None:
     (tmp_path / "run" / "config.yaml").unlink()
     with pytest.raises(CheckpointError, match=r"config\.yaml"):
         export_checkpoint(ckpt, "hf", tmp_path / "hf")
+
+
+def test_a_dataset_recipe_exports_in_the_dtype_asked(tmp_path: Path) -> None:
+    """A user's DatasetRecipe wrote float32 whatever --dtype said."""
+    from safetensors.torch import load_file
+
+    from hpcpipe.config import apply_values
+    from hpcpipe.recipes.registry import recipe_class
+
+    job = apply_values(load_config("tiny"), {"run.recipe": "tests.recipes_for_tests:Tiny"})
+    root = tmp_path / "run"
+    root.mkdir()
+    (root / "config.yaml").write_text(job.to_yaml())
+    model = recipe_class(job.run.recipe).from_job(job).build_model()
+    store = CheckpointStore(job.checkpoint, root / "checkpoints")
+    store.save(3, model, torch.optim.AdamW(model.parameters()), {})
+    store.close()
+    ckpt = root / "checkpoints" / "step-00000003"
+    out = export_checkpoint(ckpt, "safetensors", tmp_path / "out", dtype="bf16")
+    weights = load_file(str(out / "model.safetensors"))
+    assert {t.dtype for t in weights.values()} == {torch.bfloat16}
+    assert torch.equal(weights["0.weight"], model[0].weight.detach().to(torch.bfloat16))

@@ -59,3 +59,19 @@ def test_bad_options_are_refused_before_any_worker_starts(
     assert f"{tmp_path}: is a directory" in _refused(["--json", str(tmp_path)])
     (tmp_path / "file").write_text("")
     assert "not a directory" in _refused(["--json", str(tmp_path / "file" / "out.json")])
+
+
+def test_an_existing_writable_output_file_passes_whatever_its_folder() -> None:
+    """/dev/null, and a shell's >(jq .) (/dev/fd/N): a file exists there and can be written,
+    though no new file can be made in /dev or /dev/fd."""
+    import os
+
+    from hpcpipe.cli.common import writable_output
+
+    assert writable_output("/dev/null") == "/dev/null"
+    read, write = os.pipe()
+    try:
+        assert writable_output(f"/dev/fd/{write}") == f"/dev/fd/{write}"
+    finally:
+        os.close(read)
+        os.close(write)

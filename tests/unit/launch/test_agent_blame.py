@@ -91,3 +91,17 @@ def test_a_forked_ranks_user_error_is_seen_behind_its_victim(tmp_path: Path) -> 
     assert proc.stdout.split() == ["2"], proc.stdout + proc.stderr[-2000:]
     assert sorted(p.name for p in attempts.iterdir()) == ["rank0-0", "rank1-0"]
     assert "worker rank 1 " in proc.stderr and "not restarted" in proc.stderr
+
+
+def test_a_forked_worker_forgets_an_earlier_workers_report_under_its_pid(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The exit directory lives as long as the launcher: a worker reusing an earlier one's pid,
+    then killed before it could report, would have been read as exiting with the earlier code."""
+    from hpcpipe.launch.exit import EXIT_DIR_VAR, forget_exit_report, reported_exit_code
+
+    monkeypatch.setenv(EXIT_DIR_VAR, str(tmp_path))
+    (tmp_path / str(os.getpid())).write_text("2")
+    assert reported_exit_code(os.getpid(), unreported=0) == 2
+    forget_exit_report()
+    assert reported_exit_code(os.getpid(), unreported=0) == 0
