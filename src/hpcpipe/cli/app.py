@@ -118,8 +118,21 @@ def _exit(code: int | str | None) -> None:
     would turn a finished torchrun/srun worker into a failed one.
     """
     distributed = sys.modules.get("hpcpipe.train.distributed")
-    if distributed is None or not distributed.joined_a_group():
+    joined = distributed is not None and distributed.joined_a_group()
+    if not joined and "triton._C.libtriton" not in sys.modules:
         sys.exit(code)
+    if not joined:
+        # torch's optimizers import torch._dynamo, which loads triton: triton 3.9's nanobind
+        # bindings then print ~60 lines of "leaked" objects at interpreter teardown
+        # (triton-lang/triton#11552). What an exit does before its teardown still happens (the
+        # other threads finish, the exit handlers run); the teardown is skipped.
+        import atexit
+        import threading
+
+        for thread in threading.enumerate():
+            if thread is not threading.current_thread() and not thread.daemon:
+                thread.join()
+        atexit._run_exitfuncs()
     if isinstance(code, str):
         print(code, file=sys.stderr)
         code = 1

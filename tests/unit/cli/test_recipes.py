@@ -53,6 +53,17 @@ def test_check_runs_the_properties_it_is_asked_for(tmp_path: Path) -> None:
     assert "recipe.hidden='not a value' refused" in report["results"][2]["detail"]
 
 
+def test_a_check_that_built_an_optimizer_ends_without_triton_s_leak_report(tmp_path: Path) -> None:
+    """torch's optimizers load triton (torch._dynamo); triton 3.9's bindings printed ~60 lines of
+    "nanobind: leaked ..." at interpreter teardown, after the PASS line."""
+    only = ["--only", "checkpoint-round-trip", "--only", "parity-fsdp"]  # these two leave the report
+    # A fresh interpreter (prefix []): a run forked from the test's zygote leaves without a teardown.
+    args = ["recipe", "check", "tests.recipes_for_tests:Tiny", *only, "--work", str(tmp_path)]
+    proc = run_cli(*args, prefix=[])
+    assert proc.returncode == 0, proc.stderr
+    assert "nanobind" not in proc.stderr and "PASS recipe" in proc.stdout, proc.stderr[-2000:]
+
+
 def test_new_recipe_writes_a_package_and_refuses_a_bad_name_or_a_used_directory(tmp_path: Path) -> None:
     proc = run_cli("new", "recipe", "my-model", "--dir", str(tmp_path / "pkg"))
     assert proc.returncode == 0, proc.stderr
