@@ -31,7 +31,7 @@ def train_worker(job: JobConfig, env: DistEnv) -> None:
     """Train ``job`` as the rank described by ``env`` (joins and leaves the process group)."""
     import torch.distributed as dist
 
-    from hpcpipe.observe.lineage import build_lineage, write_lineage
+    from hpcpipe.observe.lineage import build_lineage, with_earlier_dataset, write_lineage
     from hpcpipe.observe.prometheus import remove_sd_targets, write_sd_targets
     from hpcpipe.recipes import build_recipe
     from hpcpipe.train.distributed import init_distributed, shutdown_distributed
@@ -71,7 +71,10 @@ def train_worker(job: JobConfig, env: DistEnv) -> None:
             if ctx.is_main:  # once the checkpoint loaded: a job it refused leaves the run's files
                 RunLayout(run_dir).config.write_text(job.to_yaml())
                 lineage = build_lineage(job.config_hash(), recipe.dataset_hash(), hosts, ctx.world_size)
+                lineage, earlier = with_earlier_dataset(run_dir, lineage, trainer.step)
                 write_lineage(run_dir, lineage)
+                if earlier is not None:
+                    _note_dataset_change(run_dir, trainer.step, earlier, lineage["dataset_manifest_sha256"])
             trainer.fit()
             recipe.on_train_end(trainer.inference_model(), ctx.is_main, run_dir)
             if ctx.is_main:
@@ -85,6 +88,19 @@ def train_worker(job: JobConfig, env: DistEnv) -> None:
             remove_sd_targets(Path(job.run.out_dir), *targets, job.run.name)
     finally:
         shutdown_distributed()
+
+
+def _note_dataset_change(run_dir: Path, step: int, earlier: str, now: str) -> None:
+    """A run resumed on other data: said once, recorded in events.jsonl (lineage.json keeps both)."""
+    from hpcpipe.observe.metrics import append_event
+
+    append_event(run_dir, "dataset_changed", step=step, earlier=earlier, now=now)
+    print(
+        f"note: resumed at step {step} on another dataset ({earlier[:12]} -> {now[:12]}); "
+        "lineage.json records both",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def process_start_time() -> float | None:

@@ -72,12 +72,35 @@ def read_lineage(run_dir: Path) -> dict[str, Any]:
     return read_json_object(RunLayout(run_dir).lineage)
 
 
+# Kept from the lineage.json already there when a new one is written without them: the pipeline's
+# step records, and the datasets a resumed run trained on before its current one.
+KEPT = ("steps", "earlier_datasets")
+
+
 def write_lineage(run_dir: Path, lineage: dict[str, Any]) -> Path:
-    """Write ``lineage.json``; the pipeline's step records (``steps``) already there are kept."""
-    steps = read_lineage(run_dir).get("steps")
-    merged = {**lineage, "steps": steps} if steps and "steps" not in lineage else lineage
+    """Write ``lineage.json``; the ``KEPT`` records already there are kept."""
+    previous = read_lineage(run_dir)
+    merged = {**{key: previous[key] for key in KEPT if previous.get(key) and key not in lineage}, **lineage}
     path = RunLayout(run_dir).lineage
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(merged, indent=2) + "\n")
     tmp.replace(path)  # a reader never sees half a file
     return path
+
+
+def with_earlier_dataset(
+    run_dir: Path, lineage: dict[str, Any], resumed_at: int
+) -> tuple[dict[str, Any], str | None]:
+    """``lineage`` with the dataset the run trained on until ``resumed_at`` added to
+    ``earlier_datasets`` when the resumed run now reads another one (same item count: the
+    checkpoint's data position fits it), and that earlier dataset's hash; else None. A fresh
+    start (``resumed_at`` 0) begins the list again: the earlier run's datasets are not its own."""
+    previous = read_lineage(run_dir)
+    if resumed_at <= 0:
+        return {**lineage, "earlier_datasets": []} if previous.get("earlier_datasets") else lineage, None
+    old, new = previous.get("dataset_manifest_sha256"), lineage.get("dataset_manifest_sha256")
+    if not old or not new or old == new:
+        return lineage, None
+    until = {"dataset_manifest_sha256": old, "until_step": resumed_at}
+    earlier = [*(previous.get("earlier_datasets") or []), until]
+    return {**lineage, "earlier_datasets": earlier}, str(old)

@@ -1,0 +1,39 @@
+"""lineage.json across resumes: a run resumed on another dataset keeps the one it trained on before."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hpcpipe.observe.lineage import read_lineage, with_earlier_dataset, write_lineage
+
+A, B, C = "a" * 64, "b" * 64, "c" * 64
+
+
+def test_a_resume_on_another_dataset_keeps_the_earlier_one(tmp_path: Path) -> None:
+    """It was overwritten: lineage.json named only the dataset of the last start."""
+    write_lineage(tmp_path, {"dataset_manifest_sha256": A, "steps": {"train": {"status": "done"}}})
+    lineage, earlier = with_earlier_dataset(tmp_path, {"dataset_manifest_sha256": B}, resumed_at=40)
+    assert earlier == A
+    write_lineage(tmp_path, lineage)
+    lineage, earlier = with_earlier_dataset(tmp_path, {"dataset_manifest_sha256": C}, resumed_at=90)
+    write_lineage(tmp_path, lineage)
+    written = read_lineage(tmp_path)
+    assert written["dataset_manifest_sha256"] == C and "train" in written["steps"]
+    assert written["earlier_datasets"] == [
+        {"dataset_manifest_sha256": A, "until_step": 40},
+        {"dataset_manifest_sha256": B, "until_step": 90},
+    ]
+    write_lineage(tmp_path, {"dataset_manifest_sha256": C})  # a restart on the same data keeps them
+    assert len(read_lineage(tmp_path)["earlier_datasets"]) == 2
+
+
+def test_a_fresh_start_or_the_same_dataset_is_no_change(tmp_path: Path) -> None:
+    write_lineage(tmp_path, {"dataset_manifest_sha256": A})
+    assert with_earlier_dataset(tmp_path, {"dataset_manifest_sha256": A}, resumed_at=40)[1] is None
+    assert with_earlier_dataset(tmp_path, {"dataset_manifest_sha256": B}, resumed_at=0)[1] is None
+    assert with_earlier_dataset(tmp_path, {"dataset_manifest_sha256": None}, resumed_at=40)[1] is None
+    lineage, _ = with_earlier_dataset(tmp_path, {"dataset_manifest_sha256": B}, resumed_at=40)
+    write_lineage(tmp_path, lineage)
+    lineage, _ = with_earlier_dataset(tmp_path, {"dataset_manifest_sha256": C}, resumed_at=0)
+    write_lineage(tmp_path, lineage)  # a new run in the directory: the old run's history is not its own
+    assert not read_lineage(tmp_path).get("earlier_datasets")
