@@ -29,7 +29,7 @@ from hpcpipe.cli import track as track_cli
 from hpcpipe.cli import train as train_cli
 from hpcpipe.errors import USER_ERROR_EXIT_CODE, UserError, one_line, path_error
 from hpcpipe.launch import heap
-from hpcpipe.launch.exit import flush_and_exit
+from hpcpipe.launch.exit import finish_as_exit_would, flush_and_exit
 
 app = typer.Typer(
     name="hpcpipe",
@@ -124,15 +124,9 @@ def _exit(code: int | str | None) -> None:
     if not joined:
         # torch's optimizers import torch._dynamo, which loads triton: triton 3.9's nanobind
         # bindings then print ~60 lines of "leaked" objects at interpreter teardown
-        # (triton-lang/triton#11552). What an exit does before its teardown still happens (the
-        # other threads finish, the exit handlers run); the teardown is skipped.
-        import atexit
-        import threading
-
-        for thread in threading.enumerate():
-            if thread is not threading.current_thread() and not thread.daemon:
-                thread.join()
-        atexit._run_exitfuncs()
+        # (triton-lang/triton#11552). What an exit does before its teardown still happens; the
+        # teardown is skipped.
+        finish_as_exit_would()
     if isinstance(code, str):
         print(code, file=sys.stderr)
         code = 1

@@ -259,13 +259,13 @@ def finished(run_dir: Annotated[Path, typer.Argument(help="A run directory.", sh
 @app.command("preempted")
 def preempted(
     run_dir: Annotated[Path, typer.Argument(help="A run directory.", show_default=False)],
-    after_step: Annotated[
-        int, typer.Option(help="Count only a checkpoint newer than this step (the job's start).")
-    ] = 0,
+    since: Annotated[
+        float, typer.Option(help="Count only a preemption after this time (seconds since the epoch).")
+    ] = 0.0,
 ) -> None:
-    """Exit 0 when the run checkpointed on a preemption after step AFTER_STEP, 1 otherwise (for
-    scripts: srun reports its highest task code, so an elastic job's node lost on the way, 137,
-    hides the others' preemption code, and the job would not be requeued)."""
+    """Exit 0 when the run checkpointed on a preemption after SINCE, 1 otherwise, 2 when RUN_DIR is
+    no run (for scripts: srun reports its highest task code, so an elastic job's node lost on the
+    way, 137, hides the others' preemption code, and the job would not be requeued)."""
     from hpcpipe.config import load_config
     from hpcpipe.observe.metrics import read_events
 
@@ -274,12 +274,12 @@ def preempted(
         e.get("event") == "preempted"
         and e.get("checkpointed") is True
         and e.get("exit_code") == code
-        and isinstance(e.get("step"), int)
-        and e["step"] > after_step
+        and isinstance(e.get("time"), int | float)
+        and e["time"] > since
         for e in read_events(run_dir)
     )
     said = "checkpointed on a preemption" if done else "no preemption checkpoint"
-    console.print(f"{run_dir}: {said} after step {after_step}")
+    console.print(f"{run_dir}: {said} since {since:.0f}")
     raise typer.Exit(0 if done else 1)
 
 

@@ -40,6 +40,22 @@ def restore_fresh_defaults() -> None:
     multiprocessing.set_start_method(None, force=True)
 
 
+def finish_as_exit_would() -> None:
+    """What interpreter exit does before its teardown: wait for the non-daemon threads (and stop
+    idle thread-pool workers), run the exit handlers, flush Python's and C's stdio buffers. For
+    a process that then leaves with ``os._exit``: a forked CLI run, or one whose teardown misbehaves."""
+    import atexit
+    import ctypes
+    import threading
+
+    threading._shutdown()  # type: ignore[attr-defined]  # as interpreter exit does (private CPython)
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    ctypes.CDLL(None).fflush(None)  # what C extensions buffered in stdio, as exit() would flush
+
+
 def return_or_exit(code: int) -> None:
     """How a worker forked from the agent's fork server ends: torch's elastic agent collects a
     successful worker's return value, so code 0 returns; any other code leaves at once with it
@@ -94,13 +110,27 @@ def lost_a_peer(exc: BaseException) -> bool:
 
 
 def lost_a_peer_in_a_collective(exc: BaseException) -> bool:
-    """``lost_a_peer``, raised inside a collective of ``torch.distributed`` (not while the group
-    formed, and not by this rank's own connections: an HTTP reset, a DataLoader pipe, a TCPStore
-    it could not reach). Only then is this rank's traceback noise that buries the cause's."""
+    """``lost_a_peer``, raised by a collective (not while the group formed, and not by this
+    rank's own connections: an HTTP reset, a DataLoader pipe, a TCPStore it could not reach).
+    Only then is this rank's traceback noise that buries the cause's. A collective fails inside
+    ``torch.distributed`` (c10d, FSDP2, pipelining, DCP) or inside a backward (DDP's gradient
+    all-reduce runs in autograd); the exception's causes are looked through (DCP wraps them)."""
     import traceback
 
-    if not lost_a_peer(exc):
+    chain: list[BaseException] = []
+    link: BaseException | None = exc
+    while link is not None and link not in chain:
+        chain.append(link)
+        link = link.__cause__ or link.__context__
+    if not any(lost_a_peer(e) for e in chain):
         return False
-    frames = traceback.extract_tb(exc.__traceback__)
-    in_c10d = [f.name for f in frames if f.filename.endswith("distributed_c10d.py")]
-    return bool(in_c10d) and "init_process_group" not in in_c10d
+    frames = [f for e in chain for f in traceback.extract_tb(e.__traceback__)]
+    path = [f.filename.replace("\\", "/") for f in frames]
+    names = {f.name for f in frames}
+    if names & _GROUP_FORMING or any("/torch/distributed/elastic/" in p for p in path):
+        return False  # the group was forming: a store or rendezvous this rank could not reach
+    return any("/torch/distributed/" in p or "/torch/autograd/" in p for p in path)
+
+
+# Functions of a group being formed: a failure there is this rank's (its store, its address).
+_GROUP_FORMING = frozenset({"init_process_group", "_store_based_barrier", "rendezvous", "new_group"})

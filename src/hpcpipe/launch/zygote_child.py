@@ -5,15 +5,12 @@ would, without the module teardown (``become_hpcpipe``, ``become_script``)."""
 
 from __future__ import annotations
 
-import atexit
-import contextlib
 import os
 import signal
 import sys
-import threading
 from collections.abc import Callable
 
-from hpcpipe.launch.exit import SHIELDED_SIGNALS
+from hpcpipe.launch.exit import SHIELDED_SIGNALS, finish_as_exit_would
 
 
 def become(request: dict[str, object], fds: list[int]) -> None:
@@ -100,13 +97,13 @@ def _run_as_main(run: Callable[[], object]) -> None:
     except SystemExit as exc:
         code = _exit_code(exc.code)
     except KeyboardInterrupt:  # the interpreter ends itself with SIGINT
-        _leave()
+        finish_as_exit_would()
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
     except BaseException:
         sys.excepthook(*sys.exc_info())
         code = 1
-    _leave()
+    finish_as_exit_would()
     os._exit(code)
 
 
@@ -117,14 +114,3 @@ def _exit_code(code: object) -> int:
         return code & 0xFF
     print(code, file=sys.stderr)
     return 1
-
-
-def _leave() -> None:
-    import ctypes
-
-    threading._shutdown()  # type: ignore[attr-defined]  # waits for non-daemon threads, as interpreter exit does
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError, ValueError):
-            stream.flush()
-    ctypes.CDLL(None).fflush(None)  # what C extensions buffered in stdio, as exit() would flush

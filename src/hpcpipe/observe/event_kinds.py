@@ -93,6 +93,15 @@ EVENT_KINDS: dict[str, EventKind] = {
         "Training ended normally.",
         {**_STEP, "world_size": "ranks at the end"},
     ),
+    "dataset_changed": EventKind(
+        "launch.worker (rank 0)",
+        "The run resumed on another dataset than it trained on before (lineage.json's earlier_datasets).",
+        {
+            **_STEP,
+            "earlier": "the dataset manifest hash trained on until this step",
+            "now": "the dataset manifest hash from this step on",
+        },
+    ),
     # -- the trainer ----------------------------------------------------------------------------
     "layout": EventKind(
         "train.trainer (rank 0)",

@@ -14,12 +14,14 @@ from hpcpipe.bench import runner, worker
 GLOO_RESET = "[pair.cc:545] Read error [127.0.0.1]:35203: Connection reset by peer. This is typically ..."
 
 
-def in_a_collective(message: str, name: str = "broadcast") -> Any:
-    """A function raising ``message`` from a frame of torch's ``distributed_c10d.py`` (as a
-    collective whose peer went away does), so the worker tells it from its own connections'."""
+def in_a_collective(
+    message: str, name: str = "broadcast", file: str = "distributed/distributed_c10d.py"
+) -> Any:
+    """A function raising ``message`` from a frame of torch's ``file`` (as a collective whose
+    peer went away does), so the worker tells it from its own connections'."""
     namespace: dict[str, Any] = {}
     code = f"def {name}(*args, **kwargs):\n    raise RuntimeError({message!r})\n"
-    exec(compile(code, "/site-packages/torch/distributed/distributed_c10d.py", "exec"), namespace)
+    exec(compile(code, f"/site-packages/torch/{file}", "exec"), namespace)
     return namespace[name]
 
 
@@ -42,6 +44,21 @@ def test_only_a_collectives_lost_peer_is_a_victims() -> None:
     assert lost_a_peer(caught(own)) and not lost_a_peer_in_a_collective(caught(own))
     forming = in_a_collective(GLOO_RESET, name="init_process_group")
     assert not lost_a_peer_in_a_collective(caught(forming))
+    store = in_a_collective(GLOO_RESET, name="next_rendezvous", file="distributed/elastic/rendezvous/x.py")
+    assert not lost_a_peer_in_a_collective(caught(store))
+    # DDP's gradient all-reduce fails inside the backward; FSDP2's waits in its own files.
+    ddp = in_a_collective(GLOO_RESET, name="run_backward", file="autograd/graph.py")
+    assert lost_a_peer_in_a_collective(caught(ddp))
+    fsdp = in_a_collective(GLOO_RESET, name="wait", file="distributed/fsdp/_fully_shard/_fsdp_collectives.py")
+    assert lost_a_peer_in_a_collective(caught(fsdp))
+
+    def dcp_wrapped() -> None:  # DCP raises its own exception from the collective's
+        try:
+            in_a_collective(GLOO_RESET)()
+        except RuntimeError as exc:
+            raise ValueError("CheckpointException ranks:{1}") from exc
+
+    assert lost_a_peer_in_a_collective(caught(dcp_wrapped))
     assert not lost_a_peer_in_a_collective(caught(in_a_collective("shape mismatch")))
 
 

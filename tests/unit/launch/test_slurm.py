@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -248,7 +249,7 @@ def test_an_elastic_job_preempted_after_losing_a_node_is_requeued(
     for name, text in (("srun", SRUN_STUB), ("hpcpipe", HPCPIPE_STUB), ("scontrol", SCONTROL_STUB)):
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(0o755)
-    event = {"event": "preempted", "step": 4, "checkpointed": True, "exit_code": 75}
+    event = {"time": time.time() + 5, "event": "preempted", "step": 4, "checkpointed": True, "exit_code": 75}
     env = {
         **os.environ,
         "PATH": f"{bin_dir}:{os.environ['PATH']}",
@@ -279,11 +280,11 @@ def test_launch_preempted_counts_only_a_preemption_checkpoint_of_this_start(tmp_
     (job.run_dir / "config.yaml").write_text(job.to_yaml())
     events = job.run_dir / "events.jsonl"
 
-    def says(after: int, **event: object) -> int:
-        events.write_text(json.dumps({"event": "preempted", **event}) + "\n")
-        return CliRunner().invoke(app, ["preempted", str(job.run_dir), "--after-step", str(after)]).exit_code
+    def says(since: float, **event: object) -> int:
+        events.write_text(json.dumps({"time": 1000.5, "event": "preempted", "step": 4, **event}) + "\n")
+        return CliRunner().invoke(app, ["preempted", str(job.run_dir), "--since", str(since)]).exit_code
 
-    assert says(2, step=4, checkpointed=True, exit_code=75) == 0
-    assert says(4, step=4, checkpointed=True, exit_code=75) == 1  # an earlier start's
-    assert says(2, step=4, checkpointed=False, exit_code=75) == 1
-    assert says(2, step=4, checkpointed=True, exit_code=130) == 1  # Ctrl-C: not the scheduler's
+    assert says(990, checkpointed=True, exit_code=75) == 0
+    assert says(1001, checkpointed=True, exit_code=75) == 1  # an earlier start's
+    assert says(990, checkpointed=False, exit_code=75) == 1
+    assert says(990, checkpointed=True, exit_code=130) == 1  # Ctrl-C: not the scheduler's

@@ -37,3 +37,24 @@ def test_a_fresh_start_or_the_same_dataset_is_no_change(tmp_path: Path) -> None:
     lineage, _ = with_earlier_dataset(tmp_path, {"dataset_manifest_sha256": C}, resumed_at=0)
     write_lineage(tmp_path, lineage)  # a new run in the directory: the old run's history is not its own
     assert not read_lineage(tmp_path).get("earlier_datasets")
+
+
+def test_the_dataset_change_is_a_listed_event(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """The suite checks every events.jsonl line against observe/event_kinds.py (CHECK_EVENTS_VAR)."""
+    import json
+
+    from hpcpipe.launch.worker import _note_dataset_change
+
+    _note_dataset_change(tmp_path, 40, A, B)
+    (line,) = (tmp_path / "events.jsonl").read_text().splitlines()
+    assert json.loads(line) | {"time": 0} == {
+        "time": 0,
+        "event": "dataset_changed",
+        "step": 40,
+        "earlier": A,
+        "now": B,
+    }
+    assert (
+        "note: resumed at step 40 on another dataset (aaaaaaaaaaaa -> bbbbbbbbbbbb)"
+        in capsys.readouterr().err
+    )
