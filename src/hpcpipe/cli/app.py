@@ -87,6 +87,25 @@ app.add_typer(jobs_cli.app, name="jobs")
 app.add_typer(plan_cli.app, name="plan")
 
 
+def command() -> None:
+    """The ``hpcpipe`` command (its console script, ``python -m hpcpipe``): ``main``, in a process
+    of its own. torch's optimizers import torch._dynamo, which loads triton, and triton 3.9's
+    nanobind bindings print ~60 lines of "leaked" objects at interpreter teardown
+    (triton-lang/triton#11552): such a process does what exit does before its teardown, then
+    leaves without it. (``main`` itself ends with SystemExit, for callers in their own process.)"""
+    try:
+        main()
+    except SystemExit as exc:
+        if "triton._C.libtriton" not in sys.modules:
+            raise
+        code = exc.code
+        if isinstance(code, str):
+            print(code, file=sys.stderr)
+            code = 1
+        finish_as_exit_would()
+        flush_and_exit(code or 0)
+
+
 def main() -> None:
     heap.start_up()  # the collector mostly idle while the verb imports (launch/heap.py)
     code: int | str | None = 0
@@ -118,15 +137,8 @@ def _exit(code: int | str | None) -> None:
     would turn a finished torchrun/srun worker into a failed one.
     """
     distributed = sys.modules.get("hpcpipe.train.distributed")
-    joined = distributed is not None and distributed.joined_a_group()
-    if not joined and "triton._C.libtriton" not in sys.modules:
+    if distributed is None or not distributed.joined_a_group():
         sys.exit(code)
-    if not joined:
-        # torch's optimizers import torch._dynamo, which loads triton: triton 3.9's nanobind
-        # bindings then print ~60 lines of "leaked" objects at interpreter teardown
-        # (triton-lang/triton#11552). What an exit does before its teardown still happens; the
-        # teardown is skipped.
-        finish_as_exit_would()
     if isinstance(code, str):
         print(code, file=sys.stderr)
         code = 1
