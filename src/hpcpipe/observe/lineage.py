@@ -91,16 +91,22 @@ def write_lineage(run_dir: Path, lineage: dict[str, Any]) -> Path:
 def with_earlier_dataset(
     run_dir: Path, lineage: dict[str, Any], resumed_at: int
 ) -> tuple[dict[str, Any], str | None]:
-    """``lineage`` with the dataset the run trained on until ``resumed_at`` added to
-    ``earlier_datasets`` when the resumed run now reads another one (same item count: the
-    checkpoint's data position fits it), and that earlier dataset's hash; else None. A fresh
-    start (``resumed_at`` 0) begins the list again: the earlier run's datasets are not its own."""
+    """``lineage`` with ``earlier_datasets``: the datasets the resumed model was trained on before
+    this start's, each with the step it ended at; and the hash of the one it was trained on at
+    ``resumed_at`` when this start reads another one (same item count: the checkpoint's data
+    position fits it), else None. A resume that fell back past a switch drops the entries after
+    its step. A fresh start (``resumed_at`` 0) begins the list again."""
     previous = read_lineage(run_dir)
     if resumed_at <= 0:
         return {**lineage, "earlier_datasets": []} if previous.get("earlier_datasets") else lineage, None
-    old, new = previous.get("dataset_manifest_sha256"), lineage.get("dataset_manifest_sha256")
-    if not old or not new or old == new:
+    entries = list(previous.get("earlier_datasets") or [])
+    kept = [e for e in entries if e.get("until_step", 0) < resumed_at]
+    later = [e for e in entries if e.get("until_step", 0) >= resumed_at]
+    at_resume = later[0].get("dataset_manifest_sha256") if later else previous.get("dataset_manifest_sha256")
+    new = lineage.get("dataset_manifest_sha256")
+    changed = bool(at_resume and new and at_resume != new)
+    if changed:
+        kept.append({"dataset_manifest_sha256": at_resume, "until_step": resumed_at})
+    if kept == entries and not changed:
         return lineage, None
-    until = {"dataset_manifest_sha256": old, "until_step": resumed_at}
-    earlier = [*(previous.get("earlier_datasets") or []), until]
-    return {**lineage, "earlier_datasets": earlier}, str(old)
+    return {**lineage, "earlier_datasets": kept}, str(at_resume) if changed else None

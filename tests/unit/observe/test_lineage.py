@@ -27,6 +27,29 @@ def test_a_resume_on_another_dataset_keeps_the_earlier_one(tmp_path: Path) -> No
     assert len(read_lineage(tmp_path)["earlier_datasets"]) == 2
 
 
+def test_a_resume_that_fell_back_past_a_switch_drops_the_later_entries(tmp_path: Path) -> None:
+    """Trained on A to step 40, B to 90, then C; the newest checkpoints failed verification and
+    the run resumed at step 50 (trained on A, then B) on D: the model's data were A and B."""
+    write_lineage(
+        tmp_path,
+        {
+            "dataset_manifest_sha256": C,
+            "earlier_datasets": [
+                {"dataset_manifest_sha256": A, "until_step": 40},
+                {"dataset_manifest_sha256": B, "until_step": 90},
+            ],
+        },
+    )
+    lineage, earlier = with_earlier_dataset(tmp_path, {"dataset_manifest_sha256": "d" * 64}, resumed_at=50)
+    assert earlier == B
+    assert lineage["earlier_datasets"] == [
+        {"dataset_manifest_sha256": A, "until_step": 40},
+        {"dataset_manifest_sha256": B, "until_step": 50},
+    ]
+    lineage, earlier = with_earlier_dataset(tmp_path, {"dataset_manifest_sha256": A}, resumed_at=30)
+    assert earlier is None and lineage["earlier_datasets"] == []  # back in A's stretch, on A again
+
+
 def test_a_fresh_start_or_the_same_dataset_is_no_change(tmp_path: Path) -> None:
     write_lineage(tmp_path, {"dataset_manifest_sha256": A})
     assert with_earlier_dataset(tmp_path, {"dataset_manifest_sha256": A}, resumed_at=40)[1] is None
