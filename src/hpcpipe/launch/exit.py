@@ -84,6 +84,25 @@ def forget_exit_report() -> None:
             os.unlink(os.path.join(report, str(os.getpid())))
 
 
+def first_to_say(message: str) -> bool:
+    """Whether this forked worker is the first of its node's group to print ``message``: ranks
+    refusing the same job say so once per node, not once per rank (8 equal lines on 8 GPUs).
+    A worker without an exit directory (torchrun, srun, a spawned worker) always says it."""
+    report = os.environ.get(EXIT_DIR_VAR)
+    if not report:
+        return True
+    import hashlib
+
+    said = os.path.join(report, "said-" + hashlib.sha256(message.encode()).hexdigest()[:16])
+    try:
+        os.close(os.open(said, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
 def reported_exit_code(pid: int, unreported: int = 128 + 9) -> int:
     """The code a forked worker reported before it ended; ``unreported`` (137, killed, unless
     the caller knows which signal it died of) when it could not."""

@@ -15,6 +15,7 @@ from hpcpipe.config import JobConfig, load_config
 from hpcpipe.errors import USER_ERROR_EXIT_CODE, UserError, paths_are_input
 from hpcpipe.launch.exit import (
     PEER_LOST_EXIT_CODE,
+    first_to_say,
     flush_and_exit,
     lost_a_peer,
     lost_a_peer_in_a_collective,
@@ -168,7 +169,8 @@ def run(args: list[str]) -> int:
             raise UserError("usage: python -m hpcpipe.launch.worker RUN_DIR/config.yaml")
         train_worker(load_config(Path(args[0])), detect_environment())
     except UserError as exc:
-        sys.stderr.write(f"error: {exc}\n")  # one write: ranks' lines must not interleave
+        if first_to_say(str(exc)):  # the same refusal of every rank: one line per node
+            sys.stderr.write(f"error: {exc}\n")  # one write: ranks' lines must not interleave
         code = USER_ERROR_EXIT_CODE
     except Preempted as exc:
         world = int(os.environ.get("WORLD_SIZE", "1"))  # each rank says it stopped, and which it is

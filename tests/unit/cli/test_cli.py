@@ -97,6 +97,8 @@ def test_a_job_the_runs_checkpoints_refuse_changes_nothing_in_the_run(cli, tmp_p
         assert proc.returncode == 2, proc.stderr[-2000:]
         assert "does not load into this model" in proc.stderr and "model.d_model 32 -> 64" in proc.stderr
         assert {name: (run / name).read_bytes() for name in kept} == kept
+        # Both ranks refuse: the node says it once (it printed one line per rank).
+        assert proc.stderr.count("does not load into this model") == 1, proc.stderr
 
 
 def test_presets_list_and_show(cli) -> None:  # type: ignore[no-untyped-def]
