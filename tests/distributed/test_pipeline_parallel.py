@@ -89,7 +89,11 @@ def test_the_layout_is_logged_and_recorded(runs: dict[str, Path]) -> None:
 
 
 def test_a_killed_stage_resumes_bit_for_bit(tmp: Path, runs: dict[str, Path]) -> None:
-    env = {"HPCPIPE_CHAOS_KILL": "step=15,rank=1", "HPCPIPE_CHAOS_DIR": str(tmp / "kill-markers")}
+    # where=backward: after the schedule's backwards (it never fired under pp before)
+    env = {
+        "HPCPIPE_CHAOS_KILL": "step=15,rank=1,where=backward",
+        "HPCPIPE_CHAOS_DIR": str(tmp / "kill-markers"),
+    }
     killed = _train(tmp, "killed", 2, "parallel.pp=2", env=env, restarts=1)
     assert [e["step"] for e in run_events(killed, "resumed")] == [10]
     assert metric_rows(killed, "loss") == metric_rows(runs["1f1b"], "loss")

@@ -67,7 +67,9 @@ SLOW_SITES = ("data", "forward")
 DIR_VAR = "HPCPIPE_CHAOS_DIR"
 SITES = ("forward", "backward")
 """Call sites: ``forward`` at the end of a micro-step's forward (inside the OOM guard, after the
-model's collectives, see ``hpcpipe.train.oom``), ``backward`` just before a micro-step's backward."""
+model's collectives, see ``hpcpipe.train.oom``), ``backward`` just before a micro-step's backward.
+Under pipeline parallelism the schedule runs both: once per step (``micro`` 0), ``forward`` before
+the schedule and ``backward`` after its last backward."""
 
 _SIGNALS = {"TERM": signal.SIGTERM, "USR1": signal.SIGUSR1, "KILL": signal.SIGKILL}
 

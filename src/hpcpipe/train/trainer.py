@@ -310,8 +310,7 @@ class Trainer:
         step_start = self.loader.state_dict()
         while (out := self._pipeline_step() if self.pipeline else self._forward_backward()) is None:
             # Some rank ran out of memory: every rank halves the micro-batch and retries the step
-            # (the recipe's counts of the cut attempt are dropped: its micro-batches run again).
-            self.recipe.interval_counts()
+            self.recipe.interval_counts()  # (the cut attempt's counts: its micro-batches run again)
             self.telemetry.on_oom(self.step)
             event = self.oom.recover(self.step, self.optimizer, self.loader, step_start)
             self.events.emit("oom_recovered", event)
@@ -375,9 +374,10 @@ class Trainer:
         self.faults.at("data", self.step, 0)
         data_time = time.perf_counter() - t0
         self.phases.begin("forward")  # forward, backward and the stages' sends, interleaved
-        self.faults.at("forward", self.step, 0)  # the chaos suite's site: once per step here
+        self.faults.at("forward", self.step, 0)  # the chaos suite's sites: once per step here
         with self.precision.autocast():
             loss = self.pipeline.train_step(batch)  # type: ignore[union-attr]
+        self.faults.at("backward", self.step, 0)  # after the schedule's last backward
         return loss, data_time
 
     def _backward(self, loss: torch.Tensor) -> None:
