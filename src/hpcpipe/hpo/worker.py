@@ -103,7 +103,7 @@ def run_worker(
             break
         trial = study.ask()
         if _is_surplus(study, storage, trial, hpo.n_trials):
-            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            _told(study, trial, state=optuna.trial.TrialState.FAIL)
             continue
         outcomes.append(run_trial(plan, study, storage, trial, nproc, say, stop))
     return outcomes
@@ -118,7 +118,23 @@ def _budget_spent(study: optuna.Study, n_trials: int) -> bool:
 
     trials = study.get_trials(deepcopy=False)
     waiting = any(t.state == optuna.trial.TrialState.WAITING for t in trials)
-    return not waiting and len(_originals(trials)) >= n_trials
+    if waiting:
+        return False
+    grid = study.sampler  # a grid has run its points: asking again would repeat one
+    exhausted = isinstance(grid, optuna.samplers.GridSampler) and grid.is_exhausted(study)
+    return exhausted or len(_originals(trials)) >= n_trials
+
+
+def _told(study: optuna.Study, trial: optuna.trial.Trial, *args: Any, **kwargs: Any) -> Any:
+    """``study.tell``: the frozen trial. After a grid's last point, Optuna's GridSampler calls
+    ``study.stop()``, which raises outside ``study.optimize`` once the trial is stored: that trial
+    is told, and the worker's loop ends at its budget check (``_budget_spent``)."""
+    try:
+        return study.tell(trial, *args, **kwargs)
+    except RuntimeError as exc:
+        if "Study.stop" not in str(exc):
+            raise
+        return study.get_trials(deepcopy=False)[trial.number]
 
 
 def _is_surplus(
@@ -157,7 +173,7 @@ def run_trial(
         job = trial_config(plan.base, values, run_dir.name, str(run_dir.parent))
     except UserError as exc:
         trial_note(storage, trial, str(exc))
-        study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        _told(study, trial, state=optuna.trial.TrialState.FAIL)
         say(f"trial {trial.number}: {shown}: bad config, failed ({exc})")
         return TrialOutcome(trial.number, "FAIL", None, run_dir, 0.0, str(exc))
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -223,12 +239,12 @@ def _tell(
     if code == 0:
         value = final_metric(run_dir, plan.hpo.metric)
         if value is not None:
-            study.tell(trial, value, skip_if_finished=True)
+            _told(study, trial, value, skip_if_finished=True)
             say(f"{head}{plan.hpo.metric}={value:.5g} ({seconds:.0f} s)")
             return TrialOutcome(trial.number, "COMPLETE", value, run_dir, seconds)
         note = f"finished without an evaluation row holding {plan.hpo.metric!r}"
     elif code == PRUNED_EXIT_CODE:
-        frozen = study.tell(trial, state=state.PRUNED, skip_if_finished=True)
+        frozen = _told(study, trial, state=state.PRUNED, skip_if_finished=True)
         say(f"{head}pruned at step {max(frozen.intermediate_values, default=0)} ({seconds:.0f} s)")
         return TrialOutcome(trial.number, "PRUNED", frozen.value, run_dir, seconds)
     elif code == PREEMPT_EXIT_CODE:
@@ -238,7 +254,7 @@ def _tell(
     else:
         note = f"exit code {code} (see {RunLayout(run_dir).train_log})"
     trial_note(storage, trial, note)
-    frozen = study.tell(trial, state=state.FAIL, skip_if_finished=True)
+    frozen = _told(study, trial, state=state.FAIL, skip_if_finished=True)
     retried = code != USER_ERROR_EXIT_CODE and retry(study, frozen, plan.hpo.max_retries)
     say(f"{head}failed: {note}{'; retry enqueued' if retried else ''}")
     return TrialOutcome(trial.number, "FAIL", None, run_dir, seconds, note)

@@ -270,6 +270,24 @@ def test_how_a_trial_process_ended_decides_its_state_and_retry(tmp_path: Path) -
     assert study.get_trials()[3].user_attrs["hpcpipe:failure"] == outcomes[2].note
 
 
+def test_a_grid_study_tells_its_last_point_and_ends(tmp_path: Path) -> None:
+    """Optuna's GridSampler calls study.stop() after the last point, which raises outside
+    study.optimize: the worker died with a traceback on every grid study's last trial."""
+    grid = "hpo.space={train.optimizer: {type: categorical, choices: [adamw, sgd]}}"
+    plan, study, storage = _study(tmp_path, grid, "hpo.sampler.name=grid", "hpo.n_trials=10")
+    run_dir = tmp_path / "trial"
+    run_dir.mkdir()
+    (run_dir / "metrics.jsonl").write_text('{"step": 5, "val_loss": 2.5}\n')
+    said: list[str] = []
+    for _ in range(2):
+        assert not _budget_spent(study, 10)
+        trial = study.ask()
+        suggest(trial, plan.hpo.space)
+        assert _tell(plan, study, storage, trial, 0, run_dir, 1.0, said.append).state == "COMPLETE"
+    assert [t.state.name for t in study.get_trials()] == ["COMPLETE", "COMPLETE"]
+    assert _budget_spent(study, 10)  # every point ran: asking again would repeat one
+
+
 def test_the_tiny_hpo_preset_is_a_valid_study() -> None:
     job = load_config("tiny-hpo")
     check_space(job)
