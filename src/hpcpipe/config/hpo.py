@@ -8,7 +8,7 @@ The space's keys are checked against the job's own keys when the study starts
 from __future__ import annotations
 
 from typing import Any, Literal
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 from pydantic import Field, field_validator, model_validator
 
@@ -54,6 +54,8 @@ class ParamSpec(Section):
             raise ValueError("'log' and 'step' cannot be combined (Optuna's rule)")
         if self.type == "int" and not (float(self.low).is_integer() and float(self.high).is_integer()):
             raise ValueError("an int parameter needs whole-number low and high")
+        if self.type == "int" and self.step is not None and not float(self.step).is_integer():
+            raise ValueError(f"an int parameter needs a whole-number step (got {self.step:g})")
         return self
 
 
@@ -144,7 +146,11 @@ class HpoConfig(Section):
     @field_validator("storage")
     @classmethod
     def _no_password_in_url(cls, url: str | None) -> str | None:
-        if url is not None and "://" in url and urlsplit(url).password is not None:
+        parts = urlsplit(url) if url is not None and "://" in url else None
+        in_query = parts is not None and any(
+            key.lower() == "password" for key, _ in parse_qsl(parts.query, keep_blank_values=True)
+        )
+        if parts is not None and (parts.password is not None or in_query):
             raise ValueError(
                 "holds a password: config.yaml is saved with every trial; set PGPASSWORD "
                 "(or ~/.pgpass) in the workers' environment instead"

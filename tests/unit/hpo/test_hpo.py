@@ -40,6 +40,8 @@ def test_param_shapes_and_storage_passwords_are_checked() -> None:
         "hpo.space={train.optimizer: {type: categorical}}": "choices",
         "hpo.space={train.lr: {type: float, low: 2, high: 1}}": "above high",
         "hpo.storage=postgresql://me:secret@db:5432/hpo": "PGPASSWORD",
+        "hpo.storage=postgresql://me@db:5432/hpo?sslmode=require&password=secret": "PGPASSWORD",
+        "hpo.space={model.n_layers: {type: int, low: 1, high: 8, step: 0.5}}": "whole-number step",
         "hpo.heartbeat_s=30": "grace_s",
     }
     for item, needle in bad.items():
@@ -86,7 +88,20 @@ def test_grid_space_needs_steps_for_floats_and_no_conditions(tmp_path: Path) -> 
         ],
     )
     grid = grid_space(job.hpo.space)
-    assert grid["model.n_layers"] == [1, 2, 3] and [round(v, 6) for v in grid["train.lr"]] == [0.1, 0.2, 0.3]
+    assert grid["model.n_layers"] == [1, 2, 3] and grid["train.lr"] == [
+        0.1,
+        0.2,
+        0.3,
+    ]  # no 0.30000000000000004
+    # Points stay within [low, high]: round() gave 1, 3, 5 and 0, 0.3, 0.6.
+    uneven = (
+        "hpo.space={model.n_layers: {type: int, low: 1, high: 4, step: 2}, "
+        "train.lr: {type: float, low: 0, high: 0.5, step: 0.3}}"
+    )
+    assert grid_space(load_config("tiny", [uneven]).hpo.space) == {
+        "model.n_layers": [1, 3],
+        "train.lr": [0.0, 0.3],
+    }
     with pytest.raises(UserError, match="conditional"):
         grid_space(_job(tmp_path).hpo.space)
 
