@@ -96,6 +96,9 @@ def warn_if_parallel_sqlite(plan: StudyPlan, workers: int) -> str | None:
     return None
 
 
+METRIC_ATTR = "hpcpipe:metric"  # the study's hpo.metric, in the storage: every worker sees it
+
+
 def write_record(plan: StudyPlan) -> None:
     plan.study_dir.mkdir(parents=True, exist_ok=True)
     plan.layout.base.write_text(plan.base.to_yaml())
@@ -131,13 +134,14 @@ def require_optuna() -> Any:
     return optuna
 
 
-def build_sampler(hpo: HpoConfig, worker: int = 0) -> optuna.samplers.BaseSampler:
-    """The sampler; worker W seeds it with ``hpo.seed + W``: workers seeded alike would draw the
-    same random start-up points and run the same trials side by side."""
+def build_sampler(hpo: HpoConfig, worker: int = 0, held: int = 0) -> optuna.samplers.BaseSampler:
+    """The sampler; worker W of a study holding ``held`` trials seeds it with ``hpo.seed + W +
+    10007 x held``: workers seeded alike would draw the same random start-up points and run the
+    same trials side by side, and a continued study would draw its first run's points again."""
     import optuna
 
     startup = hpo.sampler.n_startup_trials
-    seed = None if hpo.seed is None else hpo.seed + worker
+    seed = None if hpo.seed is None else hpo.seed + worker + 10_007 * held
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         if hpo.sampler.name == "random":
@@ -192,4 +196,20 @@ def open_study(
         raise UserError(
             f"study {plan.name!r} exists with direction {study.direction.name.lower()}; hpo.direction differs"
         )
+    if create:
+        _same_metric(study, plan)
+    study.sampler = build_sampler(plan.hpo, worker, held=len(study.get_trials(deepcopy=False)))
     return study, storage
+
+
+def _same_metric(study: optuna.Study, plan: StudyPlan) -> None:
+    """A study ranks its trials by one metric: continuing it with another compared, say, val_ppl
+    with val_loss (best trial, the median pruner). Studies older than the record get it now."""
+    recorded = study.user_attrs.get(METRIC_ATTR)
+    if recorded is None:
+        study.set_user_attr(METRIC_ATTR, plan.hpo.metric)
+    elif recorded != plan.hpo.metric:
+        raise UserError(
+            f"study {plan.name!r} ranks its trials by {recorded}; hpo.metric is {plan.hpo.metric} "
+            "(continue it with the same metric, or give the new search another hpo.study)"
+        )

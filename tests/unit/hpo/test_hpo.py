@@ -319,6 +319,18 @@ def test_workers_seed_their_samplers_apart(tmp_path: Path) -> None:
     assert firsts[0] == firsts[2] and firsts[0] != firsts[1]
 
 
+def test_a_continued_study_keeps_its_metric_and_draws_new_points(tmp_path: Path) -> None:
+    """Continuing with another hpo.metric compared val_ppl with val_loss; continuing at all
+    (a second `hpo run`, worker 0 again) drew the first run's random points one for one."""
+    random = ("hpo.sampler.name=random", "hpo.seed=3")
+    plan, study, _ = _study(tmp_path, *random)
+    first = [suggest(study.ask(), plan.hpo.space)["train.lr"] for _ in range(2)]
+    again, _ = open_study(plan_study(_job(tmp_path, *random)), create=True)
+    assert suggest(again.ask(), plan.hpo.space)["train.lr"] not in first
+    with pytest.raises(UserError, match=r"ranks its trials by val_loss; hpo.metric is val_ppl"):
+        open_study(plan_study(_job(tmp_path, *random, "hpo.metric=val_ppl")), create=True)
+
+
 def test_every_verb_that_takes_a_study_accepts_its_directory_or_the_job_and_out_dir(tmp_path: Path) -> None:
     """status, best, plots and worker find the same study from STUDY_DIR or from JOB --set run.out_dir."""
     from typer.testing import CliRunner
