@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hpcpipe.config import JobConfig, apply_values, with_overrides
+from hpcpipe.config import JobConfig, apply_values, load_config, with_overrides
 from hpcpipe.config.hpo import HpoConfig
 from hpcpipe.errors import ConfigError, UserError
 from hpcpipe.hpo.liveness import retried_from
@@ -77,14 +77,19 @@ def best_row(study: optuna.Study) -> dict[str, Any] | None:
 
 
 def best_config(plan: StudyPlan, study: optuna.Study, sets: list[str]) -> JobConfig:
-    """The base job with the best trial's values, ``--set`` overrides on top (more steps, more
-    nodes), named ``<study>-best``; its hpo section is reset (it trains, it does not search)."""
+    """The best trial's own config (its ``config.yaml``: what it trained with, though a later
+    ``hpo run`` may have changed the study's base), else the base job with its values; ``--set``
+    overrides on top (more steps, more nodes), named ``<study>-best`` in the base's
+    ``run.out_dir``; its hpo section is reset (it trains, it does not search)."""
     best = best_row(study)
     if best is None:
         raise UserError(
             f"study {plan.name!r} has no completed trial yet (hpcpipe hpo status {plan.study_dir})"
         )
-    job = apply_values(plan.base, {**best["params"], "run.name": f"{plan.name}-best"})
+    trained = Path(best["run_dir"]) / "config.yaml" if best["run_dir"] else None
+    base = load_config(trained) if trained is not None and trained.is_file() else plan.base
+    named = {"run.name": f"{plan.name}-best", "run.out_dir": plan.base.run.out_dir}
+    job = apply_values(base, {**best["params"], **named})
     job = job.model_copy(update={"hpo": HpoConfig()})
     try:
         return with_overrides(job, sets)

@@ -199,6 +199,17 @@ def test_best_config_sets_the_values_and_the_overrides(tmp_path: Path) -> None:
     assert job.run.name == "tiny-best" and job.hpo.space == {}
     with pytest.raises(UserError, match=r"train\.stepz"):
         best_config(plan, study, ["train.stepz=1"])
+    # The best trial's own config.yaml wins over the study's base, which a later `hpo run
+    # --set train.steps=100` rewrote: the export reproduces what the trial trained with.
+    run_dir = tmp_path / "trained"
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text(_job(tmp_path, "train.steps=7", "train.lr=0.004").to_yaml())
+    trial = optuna.create_trial(params={"train.lr": 0.004}, distributions={"train.lr": lr}, value=1.0)
+    trial.set_user_attr(RUN_DIR_ATTR, str(run_dir))
+    study.add_trial(trial)
+    job = best_config(plan, study, [])
+    assert (job.train.steps, job.train.lr, job.run.name) == (7, 0.004, "tiny-best")
+    assert job.run.out_dir == plan.base.run.out_dir and job.hpo.space == {}
 
 
 def test_the_cli_names_bad_input_in_one_line(tmp_path: Path) -> None:
