@@ -19,6 +19,7 @@ interleave; a trial asked past it is closed as surplus and never trained.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import signal
 import threading
@@ -30,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from hpcpipe.errors import USER_ERROR_EXIT_CODE, UserError
 from hpcpipe.hpo.liveness import Heartbeat, fail_stale_trials, retried_from, retry
-from hpcpipe.hpo.space import suggest, trial_config
+from hpcpipe.hpo.space import maximize, suggest, trial_config
 from hpcpipe.hpo.study import StudyPlan, open_study
 from hpcpipe.layout import RunLayout
 from hpcpipe.train.preempt import PREEMPT_EXIT_CODE
@@ -238,6 +239,10 @@ def _tell(
     head = f"trial {trial.number}: "
     if code == 0:
         value = final_metric(run_dir, plan.hpo.metric)
+        if value is not None and math.isnan(value):
+            # Diverged: ranked worst, as the pruner saw it (Optuna would FAIL a NaN while the
+            # worker said COMPLETE, and TPE would never learn that region is bad).
+            value = -math.inf if maximize(plan.base) else math.inf
         if value is not None:
             _told(study, trial, value, skip_if_finished=True)
             say(f"{head}{plan.hpo.metric}={value:.5g} ({seconds:.0f} s)")

@@ -314,6 +314,20 @@ def test_a_grid_study_tells_its_last_point_and_ends(tmp_path: Path) -> None:
     assert _budget_spent(study, 10)  # every point ran: asking again would repeat one
 
 
+def test_a_diverged_trial_is_complete_and_ranked_worst(tmp_path: Path) -> None:
+    """A NaN final metric was passed to Optuna, which FAILed the trial while the worker counted
+    it COMPLETE; TPE never learnt that the region diverges."""
+    plan, study, storage = _study(tmp_path)
+    run_dir = tmp_path / "trial"
+    run_dir.mkdir()
+    (run_dir / "metrics.jsonl").write_text('{"step": 5, "val_loss": NaN}\n')
+    trial = study.ask()
+    suggest(trial, plan.hpo.space)
+    outcome = _tell(plan, study, storage, trial, 0, run_dir, 1.0, lambda _: None)
+    assert outcome.state == "COMPLETE" and outcome.value == float("inf")
+    assert study.get_trials()[0].state.name == "COMPLETE" and study.get_trials()[0].value == float("inf")
+
+
 def test_the_tiny_hpo_preset_is_a_valid_study() -> None:
     job = load_config("tiny-hpo")
     check_space(job)
