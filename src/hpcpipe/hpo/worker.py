@@ -164,8 +164,15 @@ def run_trial(
     """Train one trial in a child process while marking it alive; tell the study the result."""
     import optuna
 
-    values = suggest(trial, plan.hpo.space)
     run_dir = Path(trial.user_attrs.get(RUN_DIR_ATTR) or plan.layout.trial_dir(trial.number))
+    try:
+        values = suggest(trial, plan.hpo.space)
+    except ValueError as exc:  # a retry's fixed values, against a space changed since (Optuna's check)
+        note = f"its values do not fit the changed hpo.space ({str(exc).splitlines()[0]})"
+        trial_note(storage, trial, note)
+        _told(study, trial, state=optuna.trial.TrialState.FAIL)
+        say(f"trial {trial.number}: failed, not retried: {note}")
+        return TrialOutcome(trial.number, "FAIL", None, run_dir, 0.0, note)
     trial.set_user_attr(RUN_DIR_ATTR, str(run_dir))
     trial.set_user_attr("hpcpipe:worker", f"{os.uname().nodename}:{os.getpid()}")
     shown = ", ".join(f"{k}={_short(v)}" for k, v in values.items())

@@ -328,6 +328,19 @@ def test_a_diverged_trial_is_complete_and_ranked_worst(tmp_path: Path) -> None:
     assert study.get_trials()[0].state.name == "COMPLETE" and study.get_trials()[0].value == float("inf")
 
 
+def test_a_retry_whose_values_left_the_changed_space_fails_in_one_line(tmp_path: Path) -> None:
+    """A retry waits with its original's values; the study was continued with other choices:
+    Optuna's check raised in the worker, which died and left the trial RUNNING."""
+    from hpcpipe.hpo.worker import StopFlag, run_trial
+
+    plan, study, storage = _study(tmp_path)
+    study.enqueue_trial({"train.lr": 0.01, "train.optimizer": "lion"})  # the old space's choice
+    said: list[str] = []
+    outcome = run_trial(plan, study, storage, study.ask(), 1, said.append, StopFlag())
+    assert outcome.state == "FAIL" and "do not fit the changed hpo.space" in said[0]
+    assert study.get_trials()[0].state.name == "FAIL"
+
+
 def test_the_tiny_hpo_preset_is_a_valid_study() -> None:
     job = load_config("tiny-hpo")
     check_space(job)
