@@ -59,7 +59,7 @@ from hpcpipe.train.precision import Precision
 from hpcpipe.train.preempt import Preempted, PreemptionHandler
 from hpcpipe.train.schedule import lr_at, resolve_steps
 from hpcpipe.train.tensor_parallel import apply_tensor_parallel, tensor_parallel_plan
-from hpcpipe.train.trial import Pruned, TrialLink
+from hpcpipe.train.trial import ENDED, Pruned, TrialLink
 
 
 @dataclass
@@ -500,11 +500,10 @@ class Trainer:
         why = self.trial.should_stop(self.step, self.last_eval, self.agree_max)
         if why is None or self.step >= self.cfg.steps:  # the last report completes the trial
             return
-        self.save_checkpoint(final=True)
-        self.events.emit(
-            "pruned",
-            {"step": self.step, "why": why, self.trial.metric: self.last_eval.get(self.trial.metric)},
-        )
+        if why != ENDED:  # ended: the study failed it (its worker went silent); a retry may own the dir
+            self.save_checkpoint(final=True)
+            metric = self.last_eval.get(self.trial.metric)
+            self.events.emit("pruned", {"step": self.step, "why": why, self.trial.metric: metric})
         raise Pruned(self.step, why)
 
     # -- logging -----------------------------------------------------------------------------

@@ -341,6 +341,21 @@ def test_a_retry_whose_values_left_the_changed_space_fails_in_one_line(tmp_path:
     assert study.get_trials()[0].state.name == "FAIL"
 
 
+def test_a_trial_the_study_already_failed_leaves_its_run_dir_alone(tmp_path: Path) -> None:
+    """A trial whose worker was SIGKILLed trains on, orphaned, while another worker fails and
+    retries it in the same directory: at its next evaluation it committed a checkpoint there."""
+    plan, study, _ = _study(tmp_path, "hpo.pruner.name=none")
+    trial = study.ask()
+    study.tell(trial, state=optuna.trial.TrialState.FAIL)  # the stale check failed it
+    env = {ENV_STORAGE: plan.storage_url, ENV_STUDY: plan.name, ENV_TRIAL: str(trial._trial_id)}
+    sets = [f"run.out_dir={tmp_path}", "train.steps=6", "train.eval_every=2", "checkpoint.every_steps=4"]
+    proc = run_cli("train", "tiny", *(a for s in sets for a in ("--set", s)), cwd=tmp_path, env=env)
+    assert proc.returncode == PRUNED_EXIT_CODE, proc.stderr[-2000:]
+    run = tmp_path / "tiny"
+    assert not (run / "checkpoints").exists() or not list((run / "checkpoints").glob("step-*"))
+    assert '"pruned"' not in (run / "events.jsonl").read_text()
+
+
 def test_the_tiny_hpo_preset_is_a_valid_study() -> None:
     job = load_config("tiny-hpo")
     check_space(job)
