@@ -100,8 +100,14 @@ METRIC_ATTR = "hpcpipe:metric"  # the study's hpo.metric, in the storage: every 
 
 
 def write_record(plan: StudyPlan) -> None:
+    """``study.json`` and ``base.yaml``. A storage path given relative to the directory `hpo run`
+    started in is saved absolute: `hpo status` from another directory found no study there."""
     plan.study_dir.mkdir(parents=True, exist_ok=True)
-    plan.layout.base.write_text(plan.base.to_yaml())
+    given = plan.hpo.storage
+    base = plan.base
+    if given not in (None, "journal") and given != plan.storage_url:  # made absolute by plan_study
+        base = base.model_copy(update={"hpo": plan.hpo.model_copy(update={"storage": plan.storage_url})})
+    plan.layout.base.write_text(base.to_yaml())
     record = {"study": plan.name, "storage": plan.storage_shown, "metric": plan.hpo.metric}
     plan.layout.record.write_text(json.dumps(record, indent=1) + "\n")
 

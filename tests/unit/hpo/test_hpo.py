@@ -356,6 +356,25 @@ def test_a_trial_the_study_already_failed_leaves_its_run_dir_alone(tmp_path: Pat
     assert '"pruned"' not in (run / "events.jsonl").read_text()
 
 
+def test_a_relative_storage_path_is_found_from_any_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`hpo.storage=journal:shared/s.log` was saved as given: `hpo status STUDY_DIR` from another
+    directory looked for shared/s.log there and said the study did not exist."""
+    from hpcpipe.hpo.study import load_plan
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "shared").mkdir()
+    plan, study, _ = _study(tmp_path, "hpo.storage=journal:shared/s.log")
+    study.tell(study.ask(), 1.0)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    again = load_plan(plan.study_dir)
+    assert again.storage_url == f"journal:{tmp_path / 'shared/s.log'}"
+    assert len(open_study(again)[0].get_trials()) == 1
+
+
 def test_the_tiny_hpo_preset_is_a_valid_study() -> None:
     job = load_config("tiny-hpo")
     check_space(job)
