@@ -37,7 +37,9 @@ def trial_rows(study: optuna.Study) -> list[dict[str, Any]]:
                 "seconds": seconds,
                 "params": dict(t.params),
                 "retry_of": retried_from(t),
-                "note": t.user_attrs.get("hpcpipe:failure", ""),
+                # A retry inherits its original's attributes, failure note included: the note
+                # is its own only when it failed too.
+                "note": t.user_attrs.get("hpcpipe:failure", "") if t.state.name == "FAIL" else "",
                 "run_dir": t.user_attrs.get(RUN_DIR_ATTR),
             }
         )

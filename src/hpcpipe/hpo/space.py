@@ -66,10 +66,16 @@ def check_space(job: JobConfig) -> None:
     for key, spec in hpo.space.items():
         if key.startswith("hpo.") or key.startswith("run."):
             raise UserError(f"hpo.space.{key}: the study's own settings and run names cannot be searched")
-        for other in spec.when:
+        for other, wanted in spec.when.items():
             if other not in seen:
                 raise UserError(
                     f"hpo.space.{key}.when: {other!r} must be a parameter declared before {key!r}"
+                )
+            choices = hpo.space[other].choices
+            if choices is not None and wanted not in choices:  # the key would never be sampled
+                raise UserError(
+                    f"hpo.space.{key}.when: {other} never takes {wanted!r} (its choices: "
+                    f"{', '.join(map(str, choices))})"
                 )
         for value in _extremes(spec):
             try:

@@ -59,6 +59,11 @@ def test_space_keys_values_conditions_and_metric_are_named(tmp_path: Path) -> No
             "declared before"
         ),
         "hpo.metric=val_acc": "evaluates val_loss, val_ppl",
+        # SGD for sgd: momentum was never sampled, without a word
+        "hpo.space={train.optimizer: {type: categorical, choices: [adamw, sgd]}, "
+        "train.momentum: {type: float, low: 0.8, high: 0.9, when: {train.optimizer: SGD}}}": (
+            "train.optimizer never takes 'SGD' \\(its choices: adamw, sgd\\)"
+        ),
     }
     for item, needle in cases.items():
         with pytest.raises(UserError, match=needle):
@@ -294,6 +299,13 @@ def test_how_a_trial_process_ended_decides_its_state_and_retry(tmp_path: Path) -
     assert retries == [2, 4]  # preempted and crashed trials come back; a refused config does not
     assert "refused its config" in outcomes[2].note
     assert study.get_trials()[3].user_attrs["hpcpipe:failure"] == outcomes[2].note
+    # The preempted trial's retry completes: it inherits the note ("preempted"), shown no longer.
+    from hpcpipe.hpo.results import trial_rows
+
+    retry_of_preempted = study.ask()
+    assert retried_from(study.get_trials()[retry_of_preempted.number]) == 2
+    study.tell(retry_of_preempted, 1.0)
+    assert [r["note"] for r in trial_rows(study) if r["number"] == retry_of_preempted.number] == [""]
 
 
 def test_a_grid_study_tells_its_last_point_and_ends(tmp_path: Path) -> None:
