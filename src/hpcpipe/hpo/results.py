@@ -11,7 +11,7 @@ from hpcpipe.errors import ConfigError, UserError
 from hpcpipe.hpo.liveness import retried_from
 from hpcpipe.hpo.study import StudyPlan
 from hpcpipe.hpo.worker import RUN_DIR_ATTR, SURPLUS_ATTR
-from hpcpipe.layout import StudyLayout
+from hpcpipe.layout import RunLayout, StudyLayout
 
 if TYPE_CHECKING:
     import optuna
@@ -88,7 +88,7 @@ def best_config(plan: StudyPlan, study: optuna.Study, sets: list[str]) -> JobCon
         raise UserError(
             f"study {plan.name!r} has no completed trial yet (hpcpipe hpo status {plan.study_dir})"
         )
-    trained = Path(best["run_dir"]) / "config.yaml" if best["run_dir"] else None
+    trained = RunLayout(Path(best["run_dir"])).config if best["run_dir"] else None
     base = load_config(trained) if trained is not None and trained.is_file() else plan.base
     named = {"run.name": f"{plan.name}-best", "run.out_dir": plan.base.run.out_dir}
     job = apply_values(base, {**best["params"], **named})
