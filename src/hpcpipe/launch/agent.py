@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any, Literal
 
-from hpcpipe.launch.exit import EXIT_DIR_VAR, PEER_LOST_EXIT_CODE, reported_exit_code
+from hpcpipe.launch.exit import EXIT_DIR_VAR, PEER_LOST_EXIT_CODE, forget_what_was_said, reported_exit_code
 from hpcpipe.launch.exit_dirs import exit_dir
 from hpcpipe.launch.fork_server import is_fork_server, shielded
 from hpcpipe.launch.launcher_watch import LAUNCHER_VAR, launcher_identity
@@ -113,6 +113,7 @@ def run_agent(spec: AgentSpec, module: str, args: list[str]) -> int:
     # workers; a separate store per round is reliable.
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     entry, entry_args = _entry_point(spec, module, args)
+    forget_what_was_said()  # an earlier run's refusal in this process must not silence this one's
     _quiet_signal_notices()
     backend = rendezvous_backend(spec.rdzv_endpoint)  # loopback-only for a local endpoint
     poll_s = POLL_S if backend == LOOPBACK_BACKEND else None  # torch's 1 s between hosts

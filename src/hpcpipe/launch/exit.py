@@ -84,6 +84,21 @@ def forget_exit_report() -> None:
             os.unlink(os.path.join(report, str(os.getpid())))
 
 
+SAID_PREFIX = "said-"  # first_to_say's markers in the exit directory
+
+
+def forget_what_was_said() -> None:
+    """The agent's step before it starts a group: the exit directory outlives one agent run (the
+    fork server's workers were told it), and a later job's same refusal must be said again."""
+    report = os.environ.get(EXIT_DIR_VAR)
+    if not report:
+        return
+    with contextlib.suppress(OSError):
+        for name in os.listdir(report):
+            if name.startswith(SAID_PREFIX):
+                os.unlink(os.path.join(report, name))
+
+
 def first_to_say(message: str) -> bool:
     """Whether this forked worker is the first of its node's group to print ``message``: ranks
     refusing the same job say so once per node, not once per rank (8 equal lines on 8 GPUs).
@@ -93,7 +108,7 @@ def first_to_say(message: str) -> bool:
         return True
     import hashlib
 
-    said = os.path.join(report, "said-" + hashlib.sha256(message.encode()).hexdigest()[:16])
+    said = os.path.join(report, SAID_PREFIX + hashlib.sha256(message.encode()).hexdigest()[:16])
     try:
         os.close(os.open(said, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
     except FileExistsError:

@@ -105,3 +105,19 @@ def test_a_forked_worker_forgets_an_earlier_workers_report_under_its_pid(
     assert reported_exit_code(os.getpid(), unreported=0) == 2
     forget_exit_report()
     assert reported_exit_code(os.getpid(), unreported=0) == 0
+
+
+def test_a_refusal_is_said_once_per_group_and_again_in_the_next(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The exit directory outlives one agent run (accept, bench: several groups in one process):
+    a later job's same refusal was silenced by the first job's marker."""
+    from hpcpipe.launch.exit import EXIT_DIR_VAR, first_to_say, forget_what_was_said
+
+    monkeypatch.setenv(EXIT_DIR_VAR, str(tmp_path))
+    assert [first_to_say("no"), first_to_say("no"), first_to_say("other")] == [True, False, True]
+    forget_what_was_said()  # what the agent does before it starts the next group
+    assert first_to_say("no")
+    (tmp_path / "1234").write_text("2")  # a worker's exit report stays
+    forget_what_was_said()
+    assert (tmp_path / "1234").is_file()
