@@ -14,6 +14,7 @@ from typing import Any
 from hpcpipe.fsutil import read_json_object
 from hpcpipe.layout import RunLayout
 from hpcpipe.observe.metrics import read_metrics
+from hpcpipe.yamlfile import read_yaml_file
 
 RUN_COLUMNS = (
     "run_id",
@@ -40,10 +41,8 @@ RUN_COLUMNS = (
 
 def summarize_run_dir(run_dir: Path, skip_rows: int = 1) -> dict[str, Any]:
     """The row for ``run_dir``; medians over training rows after the first ``skip_rows`` (warm-up)."""
-    import yaml
-
     layout = RunLayout(run_dir)
-    config = yaml.safe_load(layout.config.read_text()) or {}
+    config = read_yaml_file(layout.config, "run's config")
     lineage = read_json_object(layout.lineage)
     rows = read_metrics(run_dir)
     train = [r for r in rows if "loss" in r]

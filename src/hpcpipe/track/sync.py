@@ -12,8 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from hpcpipe.errors import UserError
 from hpcpipe.layout import RunLayout
 from hpcpipe.observe.metrics import read_events, read_metrics
@@ -21,6 +19,7 @@ from hpcpipe.track.artifacts import log_run_artifacts
 from hpcpipe.track.mlflow_client import make_client, open_run, resolve_uri
 from hpcpipe.track.mlflow_run import BATCH, metric_values, param_batches
 from hpcpipe.track.params import lineage_tags
+from hpcpipe.yamlfile import read_yaml_file
 
 
 @dataclass(frozen=True)
@@ -76,7 +75,7 @@ def _run_config(run_dir: Path) -> dict[str, Any]:
     path = RunLayout(run_dir).config
     if not path.is_file():
         raise UserError(f"{run_dir}: not a run directory (no config.yaml)")
-    config = yaml.safe_load(path.read_text())
+    config = read_yaml_file(path, "run's config")
     if not isinstance(config, dict) or "run" not in config:
         raise UserError(f"{path}: not an hpcpipe job config")
     return config

@@ -43,6 +43,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, args: tuple[str, ...],
         ("lineage", "lineage.json", "lineage.json: not valid JSON (Expecting property name"),
         ("report", "lineage.json", "lineage.json: not valid JSON (Expecting property name"),
         ("report", "config.yaml", "config.yaml (line 2): not valid YAML"),
+        ("track sync", "config.yaml", "config.yaml (line 2): not valid YAML"),
     ],
 )
 def test_a_damaged_run_file_is_named(tmp_path: Path, verb: str, damaged: str, says: str) -> None:
@@ -53,7 +54,7 @@ def test_a_damaged_run_file_is_named(tmp_path: Path, verb: str, damaged: str, sa
     (run / "lineage.json").write_text("{}\n")
     (run / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\n')
     (run / damaged).write_text("{bad\n" if damaged.endswith(".json") else "a: [\n")
-    proc = run_cli(verb, str(run), cwd=tmp_path)
+    proc = run_cli(*verb.split(), str(run), cwd=tmp_path)
     assert proc.returncode == 2
     assert says in _one_error_line(proc.stderr)
 
