@@ -41,6 +41,7 @@ class ParamSpec(Section):
                 raise ValueError("a categorical parameter needs a non-empty 'choices' list")
             if self.low is not None or self.high is not None:
                 raise ValueError("a categorical parameter takes 'choices', not low/high")
+            _plain_distinct(self.choices)
             return self
         if self.choices is not None:
             raise ValueError(f"a {self.type} parameter takes low/high, not 'choices'")
@@ -57,6 +58,20 @@ class ParamSpec(Section):
         if self.type == "int" and self.step is not None and not float(self.step).is_integer():
             raise ValueError(f"an int parameter needs a whole-number step (got {self.step:g})")
         return self
+
+
+def _plain_distinct(choices: list[Any]) -> None:
+    """Optuna stores a choice as a plain value and finds it again by ``==``: a nested list is not
+    storable, and ``[1, true]`` or ``[1, 1.0]`` are one choice twice (``1 == True``), so the grid
+    and the samplers would silently search one value where the user listed two."""
+    for i, choice in enumerate(choices):
+        if choice is not None and not isinstance(choice, str | int | float | bool):
+            raise ValueError(f"choice {choice!r} is not a plain value (null, a boolean, a number or a text)")
+        for earlier in choices[:i]:
+            if earlier == choice:
+                raise ValueError(
+                    f"choices {earlier!r} and {choice!r} are the same value to Optuna; list each value once"
+                )
 
 
 class SamplerConfig(Section):

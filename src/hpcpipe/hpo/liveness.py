@@ -19,7 +19,24 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import optuna
 
-HEARTBEAT_ATTR = "hpcpipe:heartbeat"  # seconds since the epoch (workers' clocks must agree: NTP)
+# [trial id, seconds since the epoch] (workers' clocks must agree: NTP). The id tells a trial's own
+# beat from the one a retry inherits with its original's system attributes.
+HEARTBEAT_ATTR = "hpcpipe:heartbeat"
+
+
+def mark_alive(storage: optuna.storages.BaseStorage, trial_id: int, at: float | None = None) -> None:
+    """Record that ``trial_id``'s worker is alive now (or ``at``)."""
+    storage.set_trial_system_attr(trial_id, HEARTBEAT_ATTR, [trial_id, time.time() if at is None else at])
+
+
+def last_alive(trial: optuna.trial.FrozenTrial) -> float | None:
+    """When the trial's own worker last marked it alive (None before its first mark). Optuna's
+    ``datetime_start`` is a naive local time of the host that asked: read on a host in another
+    time zone it is hours off, so it only stands in for the moment between ask and the first mark."""
+    value = trial.system_attrs.get(HEARTBEAT_ATTR)
+    if isinstance(value, list) and len(value) == 2 and value[0] == trial._trial_id:
+        return float(value[1])
+    return None
 
 
 class Heartbeat:
@@ -42,7 +59,7 @@ class Heartbeat:
 
     def beat(self) -> None:
         try:
-            self.storage.set_trial_system_attr(self.trial_id, HEARTBEAT_ATTR, time.time())
+            mark_alive(self.storage, self.trial_id)
         except Exception as exc:  # the store is briefly unreachable: the next beat may succeed
             if not self._warned:
                 print(f"hpcpipe: trial heartbeat failed ({type(exc).__name__}); retrying", file=sys.stderr)
@@ -63,9 +80,9 @@ def fail_stale_trials(
     now = time.time()
     failed = []
     for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-        started = trial.datetime_start.timestamp() if trial.datetime_start else now
-        # A retry inherits its original's system attributes: a copied heartbeat is older than its start.
-        alive = max(float(trial.system_attrs.get(HEARTBEAT_ATTR, 0.0)), started)
+        alive = last_alive(trial)
+        if alive is None:  # asked a moment ago, not yet marked (workers mark right after asking)
+            alive = trial.datetime_start.timestamp() if trial.datetime_start else now
         if now - alive <= grace_s:
             continue
         note = f"no heartbeat for {now - alive:.0f} s"

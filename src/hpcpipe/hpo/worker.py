@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hpcpipe.errors import USER_ERROR_EXIT_CODE, UserError
-from hpcpipe.hpo.liveness import Heartbeat, fail_stale_trials, retried_from, retry
+from hpcpipe.hpo.liveness import Heartbeat, fail_stale_trials, mark_alive, retried_from, retry
 from hpcpipe.hpo.space import maximize, suggest, trial_config
 from hpcpipe.hpo.study import StudyPlan, open_study
 from hpcpipe.layout import RunLayout
@@ -103,6 +103,7 @@ def run_worker(
         if _budget_spent(study, hpo.n_trials):
             break
         trial = study.ask()
+        mark_alive(storage, trial._trial_id)  # before anything else: see liveness.last_alive
         if _is_surplus(study, storage, trial, hpo.n_trials):
             _told(study, trial, state=optuna.trial.TrialState.FAIL)
             continue

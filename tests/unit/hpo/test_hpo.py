@@ -15,7 +15,7 @@ from tests.helpers import run_cli
 
 from hpcpipe.config import load_config
 from hpcpipe.errors import ConfigError, UserError
-from hpcpipe.hpo.liveness import HEARTBEAT_ATTR, fail_stale_trials, retried_from
+from hpcpipe.hpo.liveness import HEARTBEAT_ATTR, fail_stale_trials, mark_alive, retried_from
 from hpcpipe.hpo.results import best_config
 from hpcpipe.hpo.space import check_space, grid_space, maximize, suggest
 from hpcpipe.hpo.study import build_sampler, open_study, plan_study, warn_if_parallel_sqlite, write_record
@@ -43,6 +43,9 @@ def test_param_shapes_and_storage_passwords_are_checked() -> None:
         "hpo.storage=postgresql://me@db:5432/hpo?sslmode=require&password=secret": "PGPASSWORD",
         "hpo.space={model.n_layers: {type: int, low: 1, high: 8, step: 0.5}}": "whole-number step",
         "hpo.heartbeat_s=30": "grace_s",
+        # 1 == True to Optuna: the grid searched one value where the user listed two
+        "hpo.space={train.compile: {type: categorical, choices: [1, true]}}": "1 and True are the same",
+        "hpo.space={train.lr: {type: categorical, choices: [0.1, [0.2]]}}": "not a plain value",
     }
     for item, needle in bad.items():
         with pytest.raises(ConfigError, match=needle) as info:
@@ -142,8 +145,8 @@ def test_a_trial_without_heartbeats_is_failed_and_retried_in_its_run_dir(tmp_pat
         suggest(trial, plan.hpo.space)
         trial.set_user_attr(RUN_DIR_ATTR, f"/runs/trial-{trial.number}")
     time.sleep(1.5)  # both started 1.5 s ago; one beat since, one did not
-    storage.set_trial_system_attr(dead._trial_id, HEARTBEAT_ATTR, time.time() - 60)
-    storage.set_trial_system_attr(alive._trial_id, HEARTBEAT_ATTR, time.time())
+    mark_alive(storage, dead._trial_id, time.time() - 60)
+    mark_alive(storage, alive._trial_id)
     assert fail_stale_trials(study, storage, 1.0, 1) == [0]
     assert fail_stale_trials(study, storage, 1.0, 1) == []  # the second sweep finds nothing
     trials = study.get_trials()
@@ -155,10 +158,31 @@ def test_a_trial_without_heartbeats_is_failed_and_retried_in_its_run_dir(tmp_pat
     # The retry fails again: max_retries=1 is used up, nothing more is enqueued.
     started = study.ask()
     assert started.number == 2
-    storage.set_trial_system_attr(started._trial_id, HEARTBEAT_ATTR, time.time() - 60)
+    assert storage.get_trial(started._trial_id).system_attrs[HEARTBEAT_ATTR][0] == dead._trial_id  # inherited
     time.sleep(0.01)
-    assert fail_stale_trials(study, storage, 0.0, 1) == [2]
+    assert fail_stale_trials(study, storage, 5.0, 1) == []  # the inherited beat is not its own: just asked
+    mark_alive(storage, started._trial_id, time.time() - 60)
+    assert fail_stale_trials(study, storage, 5.0, 1) == [2]
     assert len(study.get_trials()) == 3
+
+
+def test_a_dead_trial_is_failed_when_the_sweeping_worker_is_in_another_time_zone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Optuna's datetime_start is the asking host's naive local time: read 10 h west of it, the
+    trial had started in the future, and a dead trial looked alive for 10 hours."""
+    _, study, storage = _study(tmp_path)
+    monkeypatch.setenv("TZ", "UTC-5")  # POSIX: five hours east of UTC
+    time.tzset()
+    trial = study.ask()
+    mark_alive(storage, trial._trial_id, time.time() - 60)  # its worker died a minute ago
+    monkeypatch.setenv("TZ", "UTC+5")
+    time.tzset()
+    try:
+        assert fail_stale_trials(study, storage, 10.0, 0) == [0]
+    finally:
+        monkeypatch.undo()
+        time.tzset()
 
 
 def test_exactly_n_trials_run_however_the_asks_interleave(tmp_path: Path) -> None:
