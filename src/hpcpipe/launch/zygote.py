@@ -37,7 +37,8 @@ colour as for a captured run (``prestart`` declines where its caller is on a ter
 Protocol, over a socketpair: the caller sends one JSON request (argv, env, cwd, session) with three
 file descriptors (stdin, stdout, stderr); the zygote forks, answers the child's pid, waits for it
 and answers its wait status and CPU seconds (``os.wait4``). The caller kills the pid (or its tree)
-on timeout.
+on timeout. A caller killed outright closes its end without a word: the zygote then kills the run
+(``_end_if_the_caller_goes``), as nobody is left to wait for it.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ import contextlib
 import json
 import locale
 import os
+import select
 import signal
 import socket
 import struct
@@ -501,11 +503,48 @@ def serve(sock: socket.socket) -> dict[str, object]:
         try:
             send_message(sock, {"pid": pid})
         finally:  # reaped even when the caller went away
+            _end_if_the_caller_goes(sock, pid, bool(request.get("session")))
             _, status, usage = os.wait4(pid, 0)
         try:
             send_message(sock, {"status": status, "cpu_s": usage.ru_utime + usage.ru_stime})
         except OSError:
             os._exit(0)
+
+
+def _end_if_the_caller_goes(sock: socket.socket, pid: int, own_session: bool) -> None:
+    """Return once run ``pid`` has ended; SIGKILL it (its process group, when it has its own
+    session) if the caller's end closes first. A caller killed outright (an HPO worker SIGKILLed)
+    runs no code of its own, so this is what ends its run: nobody would wait for it, and an HPO
+    retry would resume in its run directory while it still trained there. Its workers end with it
+    (``parent_death``). The caller sends nothing while a run runs: readable means end of file."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except (AttributeError, OSError):  # no pidfd (not Linux >= 5.3): wait as before
+        return
+    try:
+        poller = select.poll()
+        poller.register(pidfd, select.POLLIN)
+        poller.register(sock, select.POLLIN | select.POLLHUP)
+        while all(fd != pidfd for fd, _ in poller.poll()):
+            try:
+                if sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT):
+                    poller.unregister(sock)  # not the caller's end: keep waiting for the run alone
+                    continue
+            except (BlockingIOError, InterruptedError):
+                continue
+            except OSError:
+                pass  # the caller's end is broken: gone as well
+            _kill_run(pid, own_session)
+            return
+    finally:
+        os.close(pidfd)
+
+
+def _kill_run(pid: int, own_session: bool) -> None:
+    if own_session:  # its group, once its setsid has made one (before that, the run alone)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+    kill_pid(pid)
 
 
 def serve_preloaded(sock: socket.socket, preload: tuple[str, ...]) -> None:

@@ -224,3 +224,50 @@ def test_a_forked_script_matches_a_fresh_interpreter(tmp_path: Path) -> None:
     )
     assert (forked.returncode, forked.stdout, forked.stderr) == (3, fresh.stdout, fresh.stderr)
     assert fresh.returncode == 3 and fresh.stdout.startswith("__main__ ['--smoke', 'x'] sibling")
+
+
+ORPHANED = """
+import os, sys
+from pathlib import Path
+from hpcpipe.launch import zygote
+cwd = Path(sys.argv[1])
+env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+how = zygote.Launch(timeout=300, new_session=sys.argv[2] == "1")
+zygote.run_script(cwd / "sleeper.py", [], cwd, env, how)
+"""
+
+
+@pytest.mark.parametrize("own_session", [False, True])
+def test_a_run_ends_when_its_caller_is_killed_outright(tmp_path: Path, own_session: bool) -> None:
+    """An HPO worker SIGKILLed: its trial, forked from the worker's zygote, trained on as an orphan
+    until its next evaluation, while the trial's retry resumed in the same run directory."""
+    import signal
+    import time
+
+    (tmp_path / "sleeper.py").write_text(
+        "import os, time\nopen('pid.tmp', 'w').write(str(os.getpid()))\nos.rename('pid.tmp', 'pid')\n"
+        "time.sleep(120)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "HPCPIPE_FRESH_INTERPRETERS"}
+    command = [sys.executable, "-c", ORPHANED, str(tmp_path), "1" if own_session else "0"]
+    caller = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        pid_file = tmp_path / "pid"
+        deadline = time.monotonic() + 120
+        while not pid_file.exists() and caller.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert pid_file.exists(), caller.stderr.read() if caller.stderr else ""
+        run = int(pid_file.read_text())
+        caller.kill()
+        caller.wait(timeout=30)
+        deadline = time.monotonic() + 20
+        while Path(f"/proc/{run}").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        alive = Path(f"/proc/{run}").exists()
+        if alive:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(run, signal.SIGKILL)
+        assert not alive, "the run outlived its caller"
+    finally:
+        caller.kill()
+        caller.wait(timeout=30)
