@@ -2,7 +2,8 @@
 
 Only rank 0 writes. Rows are appended and flushed as they come, so a crashed run keeps every row
 it logged. Opening a sink at ``start_step`` drops rows after that step: a resumed run continues
-the history it resumed from instead of duplicating it.
+the history it resumed from instead of duplicating it. A run that starts from step 0 (no
+checkpoint to resume) starts an empty history: it evaluates step 0 again itself.
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ class MetricsSink:
         layout = RunLayout(run_dir)
         self.jsonl_path = layout.metrics
         self.csv_path = layout.metrics_csv
-        kept = [row for row in read_metrics(run_dir) if int(row.get("step", 0)) <= start_step]
+        rows = read_metrics(run_dir) if start_step > 0 else []
+        kept = [row for row in rows if int(row.get("step", 0)) <= start_step]
         self._jsonl = self.jsonl_path.open("w")
         self._csv_file = self.csv_path.open("w", newline="")
         self._csv = csv.DictWriter(self._csv_file, fieldnames=CSV_KEYS, extrasaction="ignore")
@@ -72,27 +74,25 @@ class MetricsSink:
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     """Rows of ``metrics.jsonl`` (empty when absent); a torn last line is skipped."""
-    path = RunLayout(run_dir).metrics
-    if not path.is_file():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return rows
+    return _json_rows(RunLayout(run_dir).metrics)
 
 
 def read_events(run_dir: Path) -> list[dict[str, Any]]:
     """Rows of ``events.jsonl`` (empty when absent); a torn line is skipped."""
-    path = RunLayout(run_dir).events
+    return _json_rows(RunLayout(run_dir).events)
+
+
+def _json_rows(path: Path) -> list[dict[str, Any]]:
+    """The JSON objects, one per line, of ``path``: a line torn by a crash, or one that holds
+    another JSON value (``null``, a list: not a row hpcpipe writes), is skipped."""
     rows = []
     for line in path.read_text().splitlines() if path.is_file() else []:
         try:
-            rows.append(json.loads(line))
+            row = json.loads(line)
         except json.JSONDecodeError:
             continue
+        if isinstance(row, dict):
+            rows.append(row)
     return rows
 
 

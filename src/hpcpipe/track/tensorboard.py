@@ -32,7 +32,7 @@ class TensorBoardSink:
                 "observe.tensorboard needs tensorboard: pip install 'hpcpipe[tensorboard]'"
             ) from None
         self.writer = SummaryWriter(
-            str(RunLayout(run_dir).tensorboard), purge_step=start_step + 1 if start_step else None
+            str(RunLayout(run_dir).tensorboard), purge_step=start_step + 1 if start_step else 0
         )
         if start_step == 0:
             text = "```yaml\n" + yaml.safe_dump(config, sort_keys=False) + "```"

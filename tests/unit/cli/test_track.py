@@ -71,6 +71,25 @@ def test_an_unreachable_registry_is_one_line_without_the_password(tmp_path: Path
     assert f"127.0.0.1:{port}" in line and "pw7" not in line and "alice" not in line
 
 
+def test_a_fresh_tensorboard_run_in_the_same_directory_replaces_the_earlier_curves(tmp_path: Path) -> None:
+    """A second fresh start (step 0) purged nothing: TensorBoard drew both runs' losses as one."""
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from hpcpipe.config import load_config
+    from hpcpipe.track.tensorboard import TensorBoardSink
+
+    config = load_config("tiny").to_dict()
+    for base in (10.0, 100.0):
+        sink = TensorBoardSink(tmp_path, config, start_step=0)
+        for step in range(1, 4):
+            sink.on_row({"step": step, "loss": base - step})
+        sink.close(finished=True)
+    events = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"scalars": 0})
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("train/loss")] == [(1, 99.0), (2, 98.0), (3, 97.0)]
+
+
 def test_tensorboard_files_hold_rows_events_and_hparams_and_a_resume_purges(tmp_path: Path) -> None:
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
