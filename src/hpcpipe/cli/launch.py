@@ -248,10 +248,10 @@ def finished(run_dir: Annotated[Path, typer.Argument(help="A run directory.", sh
     """Exit 0 when the run trained to its last step, 1 otherwise (for scripts: an elastic job
     whose lost node failed its task still finished on the others)."""
     from hpcpipe.config import load_config
-    from hpcpipe.observe.metrics import read_events
+    from hpcpipe.observe.metrics import trained_to_the_end
 
     steps = load_config(RunLayout(run_dir).config).train.steps
-    done = any(e.get("event") == "run_finished" and e.get("step") == steps for e in read_events(run_dir))
+    done = trained_to_the_end(run_dir, steps)
     console.print(f"{run_dir}: {'finished' if done else 'not finished'} (train.steps={steps})")
     raise typer.Exit(0 if done else 1)
 

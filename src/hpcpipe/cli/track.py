@@ -62,10 +62,12 @@ def sync(run_dir: RunDirArg, tracking_uri: UriOption = None, json_out: JsonOptio
     with server_errors(f"track sync {run_dir}"):
         result = sync_run(_run_dir(run_dir), tracking_uri)
     if json_out != "-":
+        refused = ", ".join(result.refused)
         console.print(
             f"synced {run_dir} -> MLflow run {result.run_id}: {result.params} params, "
             f"{result.metrics} metric values, {result.artifacts} artifacts"
             + (" (finished)" if result.finished else "")
+            + (f"; not sent (MLflow refuses these metric names): {refused}" if refused else "")
         )
     write_json(result.__dict__, json_out)
 
@@ -147,7 +149,7 @@ def show(
         for v in model["versions"]:
             tags = v["tags"]
             evals = ", ".join(
-                f"{k.removeprefix('eval.')} {float(x):.4g}" for k, x in tags.items() if k.startswith("eval.")
+                f"{k.removeprefix('eval.')} {_number(x)}" for k, x in tags.items() if k.startswith("eval.")
             )
             short = {
                 k: str(tags.get(f"hpcpipe.{k}", ""))[:12]
@@ -158,3 +160,11 @@ def show(
         headers = ("version", "aliases", "run", "git sha", "config", "dataset", "eval")
         print_table(headers, cells, typed={"version", "run"})
     write_json(model, json_out)
+
+
+def _number(text: str) -> str:
+    """An eval tag's value, shortened when it is a number (a tag is any text)."""
+    try:
+        return f"{float(text):.4g}"
+    except ValueError:
+        return text

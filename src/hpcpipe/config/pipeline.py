@@ -3,9 +3,25 @@ report). Its own module so the steps downstream of training can be fingerprinted
 
 from __future__ import annotations
 
-from pydantic import Field
+import re
+
+from pydantic import Field, field_validator
 
 from hpcpipe.config.section import Section
+
+# MLflow's rules for a registered model's alias (mlflow.utils.validation): checked before a
+# version is created, so a refused alias does not leave a version behind on every retry.
+_ALIAS = re.compile(r"^[\w\-]{1,255}$")
+_VERSION_ALIAS = re.compile(r"^[vV]\d+$")
+
+
+def alias_problem(alias: str) -> str | None:
+    """Why MLflow would refuse ``alias`` (None when it takes it)."""
+    if not _ALIAS.match(alias):
+        return f"alias {alias!r}: only letters, digits, _ and - (1 to 255 of them)"
+    if alias.lower() == "latest" or _VERSION_ALIAS.match(alias):
+        return f"alias {alias!r} is reserved by MLflow (latest, v<number>)"
+    return None
 
 
 class PipelineConfig(Section):
@@ -27,4 +43,14 @@ class PipelineConfig(Section):
     aliases: list[str] = Field(
         default_factory=list, description="Aliases the new version takes (e.g. [candidate])."
     )
+
+    @field_validator("aliases")
+    @classmethod
+    def _mlflow_takes_them(cls, aliases: list[str]) -> list[str]:
+        for alias in aliases:
+            problem = alias_problem(alias)
+            if problem:
+                raise ValueError(problem)
+        return aliases
+
     report: bool = Field(True, description="Write report.md and report.html under <run_dir>/report.")

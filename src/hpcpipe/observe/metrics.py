@@ -96,6 +96,11 @@ def _json_rows(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def trained_to_the_end(run_dir: Path, steps: int) -> bool:
+    """A ``run_finished`` event at ``steps`` (one at an earlier, shorter ``train.steps`` is not)."""
+    return any(e.get("event") == "run_finished" and e.get("step") == steps for e in read_events(run_dir))
+
+
 def append_event(run_dir: Path, kind: str, **fields: Any) -> None:
     """One line in ``events.jsonl`` (restarts, OOM recoveries, checkpoint commits, ...)."""
     if checking_events():  # the suite's contract check (event_kinds.py); never in production

@@ -17,7 +17,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from hpcpipe.errors import UserError, hide_credentials
-from hpcpipe.fsutil import read_json_object
+from hpcpipe.fsutil import read_json_strict
 from hpcpipe.layout import RunLayout
 
 # {"run_id", "experiment_id"} of the run directory, relative to it
@@ -87,27 +87,46 @@ def experiment_id(client: Any, name: str) -> str:
 
 
 def recorded_run(run_dir: Path) -> dict[str, Any]:
-    """The MLflow run a run directory logs to (empty when it never reached MLflow)."""
-    return read_json_object(run_dir / RUN_FILE)
+    """The MLflow run a run directory logs to (empty when it never reached MLflow). A damaged
+    record is an error naming it: read as "none", the run would be split into a new MLflow run."""
+    path = run_dir / RUN_FILE
+    if not path.is_file():
+        return {}
+    try:
+        return read_json_strict(path)
+    except ValueError as exc:
+        raise UserError(f"{exc}; delete it to start a new MLflow run for {run_dir}") from None
 
 
 def record_run(run_dir: Path, run_id: str, experiment: str) -> None:
     path = run_dir / RUN_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"run_id": run_id, "experiment_id": experiment}) + "\n")
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps({"run_id": run_id, "experiment_id": experiment}) + "\n")
+    tmp.replace(path)
 
 
-def open_run(client: Any, run_dir: Path, experiment: str, run_name: str, tags: dict[str, str]) -> str:
-    """The recorded MLflow run if the server has it, else a new one (recorded); its id."""
+def open_run(
+    client: Any, run_dir: Path, experiment: str, run_name: str, tags: dict[str, str], resume: bool = True
+) -> str:
+    """The recorded MLflow run if the server has it, else a new one (recorded); its id. ``resume``
+    (training goes on in it) marks it RUNNING; a replay (``track sync``) leaves its status."""
     known = recorded_run(run_dir).get("run_id")
     if known:
         try:
-            client.get_run(known)
-            client.update_run(known, status="RUNNING")
-            return str(known)
+            found = client.get_run(known)
         except Exception as exc:
             if "RESOURCE_DOES_NOT_EXIST" not in str(exc) and "not found" not in str(exc).lower():
                 raise
+        else:
+            if found.info.lifecycle_stage == "deleted":
+                raise UserError(
+                    f"{run_dir}: its MLflow run {known} was deleted; restore it (`mlflow runs restore "
+                    f"--run-id {known}`) or delete {run_dir / RUN_FILE} to log to a new run"
+                )
+            if resume:
+                client.update_run(known, status="RUNNING")
+            return str(known)
     exp = experiment_id(client, experiment)
     run_id = str(client.create_run(exp, run_name=run_name, tags=tags).info.run_id)
     record_run(run_dir, run_id, exp)

@@ -11,7 +11,9 @@ first batch; artifacts and the run's final status at the end.
 from __future__ import annotations
 
 import logging
+import posixpath
 import queue
+import re
 import threading
 import time
 from pathlib import Path
@@ -30,15 +32,37 @@ PARAM_BATCH = 100  # ... and on params
 REQUEST_TIMEOUT_S = 5
 
 
+# MLflow's rule for metric names (mlflow.utils.validation): letters, digits, _ - . / and spaces,
+# and a normalised relative path. One name it refuses fails the whole batch it is in, so every
+# later value of every metric would wait behind it: such a key is never sent (``refused_names``).
+_MLFLOW_NAME = re.compile(r"^[/\w.\- ]*$")
+
+
+def mlflow_takes(key: str) -> bool:
+    norm = posixpath.normpath(key)
+    return bool(_MLFLOW_NAME.match(key)) and norm == key and norm != "." and not norm.startswith(("..", "/"))
+
+
 def metric_values(row: dict[str, Any]) -> list[tuple[str, float, int, int]]:
-    """(key, value, timestamp ms, step) for every number in a metrics row."""
-    step = int(row["step"])
+    """(key, value, timestamp ms, step) for every number in a metrics row MLflow takes (none for a
+    row without a whole-number step)."""
+    step = row.get("step")
+    if not isinstance(step, int) or isinstance(step, bool):
+        return []
     stamp = int(float(row.get("time", time.time())) * 1000)
     return [
         (key, float(value), stamp, step)
         for key, value in row.items()
-        if key not in ("step", "time") and isinstance(value, int | float) and not isinstance(value, bool)
+        if key not in ("step", "time")
+        and isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and mlflow_takes(key)
     ]
+
+
+def refused_names(row: dict[str, Any]) -> list[str]:
+    """The row's numeric keys MLflow refuses as metric names."""
+    return [k for k, v in row.items() if isinstance(v, int | float) and not mlflow_takes(k)]
 
 
 def param_batches(config: dict[str, Any]) -> list[list[tuple[str, str]]]:
@@ -58,7 +82,6 @@ class MlflowSink:
         self._held = 0
         self._held_lock = threading.Lock()
         self.dropped = 0
-        self.unsent = 0
         self._warned: set[str] = set()
         self._closing = threading.Event()
         self._status = "FINISHED"
@@ -69,6 +92,11 @@ class MlflowSink:
 
     def on_row(self, row: dict[str, Any]) -> None:
         values = metric_values(row)
+        refused = refused_names(row)
+        if refused:
+            self._warn_once(
+                "names", f"MLflow refuses the metric names {', '.join(map(repr, refused))}: not sent"
+            )
         with self._held_lock:
             room = max(self.cfg.queue_size - self._held, 0)
             kept = values[:room]
@@ -80,17 +108,18 @@ class MlflowSink:
             self._warn_once("full", f"MLflow queue full ({self.cfg.queue_size} values): dropping values")
 
     def on_event(self, kind: str, fields: dict[str, Any]) -> None:
-        """Events stay in events.jsonl (an artifact at the end)."""
+        """Events stay in the run directory's events.jsonl (MLflow gets the metrics alone)."""
 
     def close(self, finished: bool) -> None:
         self._status = "FINISHED" if finished else "FAILED"
         self._closing.set()
         self._thread.join(self.cfg.close_timeout_s)
-        if self._thread.is_alive() or self.unsent or self.dropped:
+        unsent = self._held  # queued, or in the batch being retried
+        if self._thread.is_alive() or unsent or self.dropped:
             log.warning(
                 "MLflow at %s did not get every value (%d dropped, %d unsent); "
                 "replay with: hpcpipe track sync %s",
-                redact(self.uri), self.dropped, self.unsent + self.queue.qsize(), self.run_dir,
+                redact(self.uri), self.dropped, unsent, self.run_dir,
             )  # fmt: skip
 
     # -- the sender thread ---------------------------------------------------------------------
@@ -108,7 +137,6 @@ class MlflowSink:
                 batch, backoff = [], 1.0
                 continue
             if self._closing.is_set():  # unreachable at the end: leave the rest to `track sync`
-                self.unsent = len(batch) + self.queue.qsize()
                 return
             self._closing.wait(backoff)
             backoff = min(backoff * 2, 30.0)

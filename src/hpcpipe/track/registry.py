@@ -1,9 +1,11 @@
 """The MLflow model registry: a run's export as a new model version, with its lineage.
 
-``register_run`` uploads the export directory into the run's MLflow run (``model/``) and
-registers ``runs:/<id>/model`` as a new version of NAME. The version's tags say what made it:
-the hpcpipe run, git SHA, config hash, dataset manifest hash, and the evaluation metrics;
-aliases (MLflow 3: ``champion``, ``candidate``...; stages are deprecated) point at it.
+``register_run`` uploads the export directory into the run's MLflow run
+(``model/<export name>``: each export its own folder, so a version registered earlier never
+changes its files) and registers ``runs:/<id>/model/<export name>`` as a new version of NAME.
+The version's tags say what made it: the hpcpipe run, git SHA, config hash, dataset manifest
+hash, and the evaluation metrics; aliases (MLflow 3: ``champion``, ``candidate``...; stages
+are deprecated) point at it.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hpcpipe.config.pipeline import alias_problem
 from hpcpipe.errors import UserError
 from hpcpipe.fsutil import read_json_object
 from hpcpipe.layout import RunLayout
@@ -54,18 +57,24 @@ def register_run(
 ) -> Registered:
     """A new version of ``name`` from the run's export; the run must be in MLflow (sync first)."""
     export = export or newest_export(run_dir)
+    if not export.is_dir() or not any(export.iterdir()):
+        raise UserError(f"{export}: not an export directory (export/<step>-<format> with its files)")
+    problems = [p for p in map(alias_problem, aliases) if p]
+    if problems:
+        raise UserError(problems[0])
     run_id = recorded_run(run_dir).get("run_id")
     if not run_id:
         raise UserError(
             f"{run_dir}: not in MLflow yet (no tracking/mlflow.json); run `hpcpipe track sync {run_dir}`"
         )
-    client.log_artifacts(run_id, str(export), "model")
+    artifact_path = f"model/{export.name}"
+    client.log_artifacts(run_id, str(export), artifact_path)
     try:
         client.create_registered_model(name, description="Registered by hpcpipe.")
     except Exception as exc:
         if "RESOURCE_ALREADY_EXISTS" not in str(exc) and "already exists" not in str(exc):
             raise
-    source = f"runs:/{run_id}/model"
+    source = f"runs:/{run_id}/{artifact_path}"
     version = client.create_model_version(
         name, source=source, run_id=run_id, tags=version_tags(run_dir, export),
         description=f"hpcpipe run {run_dir.name}, export {export.name}",
@@ -80,11 +89,16 @@ def register_run(
 
 
 def list_models(client: Any) -> list[dict[str, Any]]:
-    rows = []
-    for model in client.search_registered_models():
-        latest = max((int(v.version) for v in model.latest_versions or []), default=None)
-        rows.append({"name": model.name, "latest_version": latest, "aliases": dict(model.aliases or {})})
-    return rows
+    """Every registered model (MLflow answers a page of at most 100 at a time)."""
+    rows, token = [], None
+    while True:
+        page = client.search_registered_models(max_results=100, page_token=token)
+        for model in page:
+            latest = max((int(v.version) for v in model.latest_versions or []), default=None)
+            rows.append({"name": model.name, "latest_version": latest, "aliases": dict(model.aliases or {})})
+        token = getattr(page, "token", None)
+        if not token:
+            return rows
 
 
 def show_model(client: Any, name: str) -> dict[str, Any]:

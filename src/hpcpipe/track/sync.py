@@ -14,10 +14,10 @@ from typing import Any
 
 from hpcpipe.errors import UserError
 from hpcpipe.layout import RunLayout
-from hpcpipe.observe.metrics import read_events, read_metrics
+from hpcpipe.observe.metrics import read_metrics, trained_to_the_end
 from hpcpipe.track.artifacts import log_run_artifacts
 from hpcpipe.track.mlflow_client import make_client, open_run, resolve_uri
-from hpcpipe.track.mlflow_run import BATCH, metric_values, param_batches
+from hpcpipe.track.mlflow_run import BATCH, metric_values, param_batches, refused_names
 from hpcpipe.track.params import lineage_tags
 from hpcpipe.yamlfile import read_yaml_file
 
@@ -29,6 +29,7 @@ class SyncResult:
     metrics: int
     artifacts: int
     finished: bool
+    refused: list[str]  # metric names MLflow does not take (never sent)
 
 
 def sync_run(run_dir: Path, tracking_uri: str | None = None, experiment: str | None = None) -> SyncResult:
@@ -36,11 +37,11 @@ def sync_run(run_dir: Path, tracking_uri: str | None = None, experiment: str | N
     from mlflow.entities import Metric, Param
 
     config = _run_config(run_dir)
-    mlflow_cfg = (config.get("observe") or {}).get("mlflow") or {}
+    mlflow_cfg = config["observe"]["mlflow"]
     client = make_client(resolve_uri(tracking_uri or mlflow_cfg.get("tracking_uri")))
     tags = lineage_tags(run_dir) | {"hpcpipe.recipe": str(config["run"]["recipe"])}
     name = experiment or mlflow_cfg.get("experiment") or "hpcpipe"
-    run_id = open_run(client, run_dir, name, str(config["run"]["name"]), tags)
+    run_id = open_run(client, run_dir, name, str(config["run"]["name"]), tags, resume=False)
     for key, value in tags.items():
         client.set_tag(run_id, key, value)
     logged = client.get_run(run_id).data.params
@@ -50,14 +51,18 @@ def sync_run(run_dir: Path, tracking_uri: str | None = None, experiment: str | N
         params += len(fresh)
         if fresh:
             client.log_batch(run_id, params=fresh)
-    missing = _missing_values(client, run_id, read_metrics(run_dir))
+    rows = read_metrics(run_dir)
+    refused = sorted({key for row in rows for key in refused_names(row)})
+    missing = _missing_values(client, run_id, rows)
     for start in range(0, len(missing), BATCH):
         client.log_batch(run_id, metrics=[Metric(*v) for v in missing[start : start + BATCH]])
     artifacts = log_run_artifacts(client, run_id, run_dir)
-    finished = any(e.get("event") == "run_finished" for e in read_events(run_dir))
+    train = config.get("train")
+    steps = train.get("steps") if isinstance(train, dict) else None
+    finished = trained_to_the_end(run_dir, steps) if isinstance(steps, int) else False
     if finished:  # otherwise the run may still be training: its status stays as it is
         client.set_terminated(run_id, status="FINISHED")
-    return SyncResult(run_id, params, len(missing), artifacts, finished)
+    return SyncResult(run_id, params, len(missing), artifacts, finished, refused)
 
 
 def _missing_values(
@@ -76,6 +81,11 @@ def _run_config(run_dir: Path) -> dict[str, Any]:
     if not path.is_file():
         raise UserError(f"{run_dir}: not a run directory (no config.yaml)")
     config = read_yaml_file(path, "run's config")
-    if not isinstance(config, dict) or "run" not in config:
-        raise UserError(f"{path}: not an hpcpipe job config")
-    return config
+    run = config.get("run") if isinstance(config, dict) else None
+    if not isinstance(run, dict) or not {"recipe", "name"} <= run.keys():
+        raise UserError(f"{path}: not an hpcpipe job config (no run.recipe and run.name)")
+    observe = config.get("observe") or {}
+    mlflow = observe.get("mlflow") if isinstance(observe, dict) else None
+    if not isinstance(observe, dict) or not isinstance(mlflow or {}, dict):
+        raise UserError(f"{path}: observe.mlflow is not a section")
+    return {**config, "observe": {**observe, "mlflow": mlflow or {}}}

@@ -23,6 +23,8 @@ def _one_error_line(proc_stderr: str) -> str:
         (("register", "{tmp}", "--name", "m"), "not a run directory (no config.yaml)"),
         (("track", "sync", "{tmp}"), "not a run directory (no config.yaml)"),
         (("lineage", "{tmp}"), "no lineage.json"),
+        (("track", "sync", "{tmp}/bare"), "no run.recipe and run.name"),  # KeyError 'recipe' before
+        (("track", "sync", "{tmp}/no-section"), "observe.mlflow is not a section"),
         (("run", "tiny", "--from", "deploy", "--set", "run.out_dir={tmp}"), "--from deploy: no such step"),
         (
             ("train", "tiny", "--set", "observe.mlflow.tracking_uri=http://al:pw7@h:5000"),
@@ -31,6 +33,12 @@ def _one_error_line(proc_stderr: str) -> str:
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, args: tuple[str, ...], says: str) -> None:
+    for name, config in (
+        ("bare", "run: {name: x}\n"),
+        ("no-section", "run: {name: x, recipe: gpt}\nobserve: 3\n"),
+    ):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.yaml").write_text(config)
     proc = run_cli(*(a.replace("{tmp}", str(tmp_path)) for a in args), cwd=tmp_path)
     assert proc.returncode == 2
     line = _one_error_line(proc.stderr)

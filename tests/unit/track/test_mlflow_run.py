@@ -15,7 +15,7 @@ from hpcpipe.config.observe import MlflowConfig
 from hpcpipe.errors import ConfigError
 from hpcpipe.netutil import free_port
 from hpcpipe.track.mlflow_client import redact, scrub
-from hpcpipe.track.mlflow_run import MlflowSink, metric_values
+from hpcpipe.track.mlflow_run import MlflowSink, metric_values, refused_names
 from hpcpipe.track.params import flatten
 from hpcpipe.track.sinks import Trackers
 
@@ -41,6 +41,47 @@ def test_rows_become_metric_values_and_configs_flat_params() -> None:
     assert flatten({"train": {"lr": 0.1, "betas": [0.9, 0.95]}, "lora": {}}) == {
         "train.lr": 0.1, "train.betas": [0.9, 0.95], "lora": {},
     }  # fmt: skip
+
+
+def test_names_mlflow_refuses_are_kept_out_of_every_batch() -> None:
+    """One refused name failed the whole batch: no value of any metric reached MLflow, ever."""
+    row = {"step": 3, "loss": 1.0, "acc@1": 0.5, "top/5": 0.7, "../x": 1.0, "a b-c.d": 2.0}
+    assert [k for k, *_ in metric_values(row)] == ["loss", "top/5", "a b-c.d"]
+    assert refused_names(row) == ["acc@1", "../x"]
+    assert metric_values({"loss": 1.0}) == [] and metric_values({"step": "3", "loss": 1.0}) == []
+
+
+def test_registry_input_is_checked_before_anything_is_created(tmp_path: Path) -> None:
+    """A refused alias left a new version behind on every retry; a missing export registered an
+    empty model with exit 0."""
+    from hpcpipe.errors import UserError
+    from hpcpipe.track.registry import register_run
+
+    with pytest.raises(ConfigError, match="alias 'latest' is reserved"):
+        load_config("tiny", ["pipeline.aliases=[candidate, latest]"])
+    with pytest.raises(ConfigError, match="alias 'a b': only letters"):
+        load_config("tiny", ["pipeline.aliases=[a b]"])
+    export = tmp_path / "export" / "10-hf"
+    with pytest.raises(UserError, match="10-hf: not an export directory"):
+        register_run(None, tmp_path, "m", [], export)
+    export.mkdir(parents=True)
+    (export / "config.json").write_text("{}")
+    with pytest.raises(UserError, match="alias 'V2' is reserved"):
+        register_run(None, tmp_path, "m", ["V2"], export)  # the client is never reached
+
+
+def test_a_damaged_run_record_is_named_not_replaced(tmp_path: Path) -> None:
+    """Read as 'no record', a damaged tracking/mlflow.json split the run into a new MLflow run."""
+    from hpcpipe.errors import UserError
+    from hpcpipe.track.mlflow_client import record_run, recorded_run
+
+    assert recorded_run(tmp_path) == {}
+    record_run(tmp_path, "abc", "1")
+    assert recorded_run(tmp_path) == {"run_id": "abc", "experiment_id": "1"}
+    record = tmp_path / "tracking" / "mlflow.json"
+    record.write_text('{"run_id": "ab')
+    with pytest.raises(UserError, match=r"mlflow\.json: not valid JSON.*delete it"):
+        recorded_run(tmp_path)
 
 
 def test_an_unreachable_server_never_blocks_training(
@@ -91,3 +132,29 @@ def test_a_failing_sink_is_dropped_with_one_warning(caplog: pytest.LogCaptureFix
         trackers.on_row({"step": 1})
         trackers.on_row({"step": 2})
     assert good.rows == 2 and caplog.text.count("_Broken stopped: disk full") == 1
+
+
+def test_a_replay_leaves_the_runs_status_and_a_deleted_run_is_named(tmp_path: Path) -> None:
+    """`track sync` marked a FAILED run RUNNING for good; a deleted one failed every sync with
+    MLflow's 'must be in the active state'."""
+    from types import SimpleNamespace
+
+    from hpcpipe.errors import UserError
+    from hpcpipe.track.mlflow_client import open_run, record_run
+
+    class Client:
+        def __init__(self, stage: str) -> None:
+            self.stage, self.updates = stage, list[str]()
+
+        def get_run(self, run_id: str) -> Any:
+            return SimpleNamespace(info=SimpleNamespace(lifecycle_stage=self.stage))
+
+        def update_run(self, run_id: str, status: str) -> None:
+            self.updates.append(status)
+
+    record_run(tmp_path, "r1", "0")
+    client = Client("active")
+    assert open_run(client, tmp_path, "e", "n", {}, resume=False) == "r1" and client.updates == []
+    assert open_run(client, tmp_path, "e", "n", {}) == "r1" and client.updates == ["RUNNING"]
+    with pytest.raises(UserError, match="r1 was deleted; restore it"):
+        open_run(Client("deleted"), tmp_path, "e", "n", {})
