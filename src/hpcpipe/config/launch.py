@@ -5,12 +5,20 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from hpcpipe.config.section import Section
 
 _SLURM_TIME = re.compile(r"\d+(:\d{1,2}){0,2}|\d+-\d{1,2}(:\d{1,2}){0,2}|(?i:unlimited|infinite)")
 _SHELL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# Kubernetes' own rules (apimachinery), checked here so a rendered manifest is not refused by the
+# API server: a resource quantity (no sign: an amount), a DNS-1123 label and subdomain, a label
+# value, and a Secret's key.
+_QUANTITY = re.compile(r"([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+|[numkMGTPE]|[KMGTPE]i)?")
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_DNS_SUBDOMAIN = re.compile(r"(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_LABEL_VALUE = re.compile(r"(?=.{0,63}$)([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?")
+_SECRET_KEY = re.compile(r"[-._a-zA-Z0-9]{1,253}")
 
 
 class SlurmConfig(Section):
@@ -216,7 +224,49 @@ class K8sConfig(Section):
             secret, _, key = ref.partition("/")
             if not secret or not key or "/" in key:
                 raise ValueError(f"{name}: give 'secret-name/key', not a value")
+            if not _DNS_SUBDOMAIN.fullmatch(secret) or not _SECRET_KEY.fullmatch(key):
+                raise ValueError(
+                    f"{name}: {ref!r} is not a Secret's name/key (a lower-case DNS name, then "
+                    "letters, digits, '-', '_' or '.')"
+                )
         return value
+
+    @field_validator("cpu", "memory", "shm_size")
+    @classmethod
+    def _quantity(cls, value: str | None) -> str | None:
+        if value is not None and not _QUANTITY.fullmatch(value):
+            raise ValueError("not a Kubernetes quantity (e.g. 32, 500m, 200Gi, 16G)")
+        return value
+
+    @field_validator("namespace")
+    @classmethod
+    def _namespace(cls, value: str) -> str:
+        if not _DNS_LABEL.fullmatch(value):
+            raise ValueError("a namespace is a DNS label (a-z, 0-9 and '-', at most 63)")
+        return value
+
+    @field_validator("queue")
+    @classmethod
+    def _queue(cls, value: str | None) -> str | None:
+        if value is not None and not (value and _LABEL_VALUE.fullmatch(value)):
+            raise ValueError("a queue name is a label value (letters, digits, '-', '_', '.')")
+        return value
+
+    @field_validator("data_mount", "checkpoint_mount", "runs_mount")
+    @classmethod
+    def _absolute(cls, value: str) -> str:
+        if not value.startswith("/"):
+            raise ValueError("a mount path is absolute")
+        return value
+
+    @model_validator(mode="after")
+    def _a_gpu_per_process(self) -> K8sConfig:
+        if self.gpus_per_node and self.nproc_per_node and self.nproc_per_node > self.gpus_per_node:
+            raise ValueError(
+                f"nproc_per_node {self.nproc_per_node} is more than gpus_per_node {self.gpus_per_node}: "
+                "ranks would share a GPU (NCCL refuses: 'Duplicate GPU detected')"
+            )
+        return self
 
 
 class LaunchConfig(Section):

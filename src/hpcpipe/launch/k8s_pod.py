@@ -54,6 +54,7 @@ def pod_parts(job: JobConfig, name: str) -> PodParts:
                 # A copy needs no secrets and no GPU: none are given to it.
                 env=[V1EnvVar(name="PYTHONUNBUFFERED", value="1")],
                 volume_mounts=mounts,
+                resources=_stage_resources(cfg),
             )
         )
     return PodParts(
@@ -122,6 +123,17 @@ def _resources(cfg: K8sConfig) -> Any:
     amounts |= {key: str(value) for key, value in sorted(cfg.extra_resources.items())}
     # Requests equal limits: the Guaranteed QoS class, and what extended resources require.
     return V1ResourceRequirements(limits=amounts or None, requests=dict(amounts) or None)
+
+
+def _stage_resources(cfg: K8sConfig) -> Any:
+    """The node's CPU and memory, requests equal to limits, for the init container too: Kubernetes
+    gives a pod the Guaranteed QoS class (exclusive CPUs under the CPU manager, NUMA alignment)
+    only when every container has them, init containers included. It costs the pod nothing: an
+    init container runs alone, so the pod's request is the larger of the two, the node's."""
+    from kubernetes.client import V1ResourceRequirements
+
+    amounts = {key: value for key, value in (("cpu", cfg.cpu), ("memory", cfg.memory)) if value}
+    return V1ResourceRequirements(limits=amounts, requests=dict(amounts)) if amounts else None
 
 
 def _volumes(job: JobConfig, name: str) -> tuple[list[Any], list[Any]]:

@@ -17,6 +17,7 @@ Every document is checked against the operators' published models (``k8s_validat
 
 from __future__ import annotations
 
+import posixpath
 import re
 from pathlib import PurePosixPath
 from typing import Any, Literal
@@ -142,6 +143,7 @@ def _check_claims(job: JobConfig) -> None:
             f"run.out_dir {job.run.out_dir!r} is not under launch.k8s.checkpoint_mount "
             f"{cfg.checkpoint_mount!r}: checkpoints would not reach the claim {cfg.checkpoint_pvc}"
         )
+    _check_tiers_on_claims(job)
     tiers = [t for t in (job.checkpoint.dir, job.checkpoint.durable_dir) if t]
     if cfg.checkpoint_pvc and cfg.runs_pvc and not any(_under(t, cfg.checkpoint_mount) for t in tiers):
         raise ConfigError(
@@ -170,8 +172,30 @@ def _check_metrics(job: JobConfig, api: Api, runtime: str) -> None:
         )
 
 
+def _check_tiers_on_claims(job: JobConfig) -> None:
+    """Where the job mounts claims, a checkpoint tier set outside them is on the pod's own disk:
+    gone with the pod, and unseen by the other nodes' ranks. The fast tier may stay there only
+    on one node with a durable tier on a claim (what a recreated pod resumes from)."""
+    cfg = job.launch.k8s
+    mounts = [
+        m for pvc, m in ((cfg.runs_pvc, cfg.runs_mount), (cfg.checkpoint_pvc, cfg.checkpoint_mount)) if pvc
+    ]
+    if not mounts:
+        return
+    tiers = {"checkpoint.durable_dir": job.checkpoint.durable_dir, "checkpoint.dir": job.checkpoint.dir}
+    off = {k: path for k, path in tiers.items() if path and not any(_under(path, m) for m in mounts)}
+    if job.parallel.node_range[1] == 1 and job.checkpoint.durable_dir and "checkpoint.durable_dir" not in off:
+        off.pop("checkpoint.dir", None)  # one node: a fast tier on its disk, the durable one on a claim
+    for key, path in off.items():
+        raise ConfigError(
+            f"{key} {path!r} is on each pod's own disk (no claim is mounted there): put it under "
+            f"{' or '.join(mounts)}, or leave it null"
+        )
+
+
 def _under(path: str, mount: str) -> bool:
-    return PurePosixPath(path).is_relative_to(PurePosixPath(mount))
+    """``path`` lies under ``mount`` once normalised (``/checkpoints/../tmp`` does not)."""
+    return PurePosixPath(posixpath.normpath(path)).is_relative_to(PurePosixPath(posixpath.normpath(mount)))
 
 
 def _labels(job: JobConfig, name: str) -> dict[str, str]:

@@ -262,3 +262,19 @@ def test_helm_package_builds_the_chart_archive_offline(tmp_path: Path) -> None:
         assert files["files/alerts.yml"] == (ROOT / "deploy" / "prometheus" / "alerts.yml").read_text()
         values = {"api": "pytorchjob", "metrics": {"port": 9400}, "monitoring": {"enabled": True}}
         assert "kind: PrometheusRule" in chart.render(values, name="x")["hpcpipe/templates/monitoring.yaml"]
+
+
+def _notes(values: dict[str, Any]) -> str:
+    with helm.Chart.load(str(CHART)) as chart:
+        files = chart.render(values, name="smoke", namespace="default")
+    return next(text for path, text in files.items() if path.endswith("NOTES.txt"))
+
+
+def test_the_notes_say_where_the_run_directory_is() -> None:
+    """With a checkpoints claim, NOTES.txt said the run directory was on it although `preset: tiny`
+    writes to the relative `runs`, the pod's own disk."""
+    claim = {"persistence": {"checkpoints": {"enabled": True}}}
+    assert "runs, not under /checkpoints" in _notes({**claim, "config": "preset: tiny\n"})
+    on_claim = _notes({**claim, "config": "preset: tiny\nrun: {out_dir: /checkpoints/runs}\n"})
+    assert "(run.out_dir /checkpoints/runs) is on the claim smoke-checkpoints" in on_claim
+    assert "stay on the pods' own disks" in _notes({"config": "preset: tiny\n"})

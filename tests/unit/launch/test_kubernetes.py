@@ -83,6 +83,11 @@ def test_the_seed_renders_as_an_elastic_pytorchjob() -> None:
     assert container["name"] == "pytorch" and container["resources"]["limits"]["nvidia.com/gpu"] == "8"
     assert "@sha256:" in container["image"]
     assert pod["initContainers"][0]["command"][1:4] == ["data", "stage", "--job"]
+    # Guaranteed QoS: cpu and memory, requests equal to limits, on every container, init ones too
+    # (the stage container had none, so the pod was Burstable).
+    for each in [*pod["initContainers"], *pod["containers"]]:
+        amounts = each["resources"]["limits"]
+        assert {"cpu", "memory"} <= amounts.keys() and each["resources"]["requests"] == amounts, each["name"]
     claims = {v["persistentVolumeClaim"]["claimName"] for v in pod["volumes"] if "persistentVolumeClaim" in v}
     assert claims == {"cephfs-datasets", "cephfs-checkpoints"}
     secret = next(e for e in container["env"] if e["name"] == "MLFLOW_TRACKING_PASSWORD")
@@ -176,6 +181,27 @@ def test_required_fields_and_enums_are_checked_too() -> None:
             ["launch.k8s.runs_pvc=r", "run.out_dir=/runs", "launch.k8s.checkpoint_pvc=c"],
             "point checkpoint.durable_dir",
         ),
+        # Checkpoints on the pods' own disks, the claim mounted beside them; a path that only reads as on it.
+        (
+            ["launch.k8s.checkpoint_pvc=c", "run.out_dir=/checkpoints/r", "checkpoint.dir=/scratch"],
+            "own disk",
+        ),
+        (
+            ["launch.k8s.checkpoint_pvc=c", "run.out_dir=/checkpoints/r", "checkpoint.durable_dir=/x"],
+            "own disk",
+        ),
+        (
+            ["launch.k8s.checkpoint_pvc=c", "run.out_dir=/checkpoints/../tmp"],
+            "not under launch.k8s.checkpoint",
+        ),
+        (["launch.k8s.gpus_per_node=2", "launch.k8s.nproc_per_node=4"], "ranks would share a GPU"),
+        (["launch.k8s.memory=lots"], "not a Kubernetes quantity"),
+        (["launch.k8s.cpu=-3"], "not a Kubernetes quantity"),
+        (["launch.k8s.shm_size=huge"], "not a Kubernetes quantity"),
+        (["launch.k8s.namespace=Bad_NS"], "DNS label"),
+        (["launch.k8s.queue=my_queue!"], "label value"),
+        (["launch.k8s.data_mount=relative"], "absolute"),
+        (["launch.k8s.secret_env={X: a b/key}"], "not a Secret's name/key"),
         (["launch.k8s.priority_class=high"], "priority_class"),
         (["launch.k8s.name=Bad_Name"], "launch.k8s.name"),
         (["launch.k8s.gpus_per_node=16"], "must be a multiple"),  # tiny's batch of 8 over 16 ranks

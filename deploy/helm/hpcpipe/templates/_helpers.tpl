@@ -217,8 +217,25 @@ requests:
     value: "1"
   image: {{ include "hpcpipe.image" . | quote }}
   name: stage
+  {{- with include "hpcpipe.stageResources" . }}
+  resources:
+    {{- . | nindent 4 }}
+  {{- end }}
   volumeMounts:
     {{- include "hpcpipe.mounts" . | nindent 4 }}
+{{- end -}}
+
+{{/* The node's CPU and memory for the init container too: Guaranteed QoS needs them on every container. */}}
+{{- define "hpcpipe.stageResources" -}}
+{{- $amounts := dict -}}
+{{- if .Values.resources.cpu -}}{{- $_ := set $amounts "cpu" (toString .Values.resources.cpu) -}}{{- end -}}
+{{- if .Values.resources.memory -}}{{- $_ := set $amounts "memory" (toString .Values.resources.memory) -}}{{- end -}}
+{{- if $amounts -}}
+limits:
+  {{- toYaml $amounts | nindent 2 }}
+requests:
+  {{- toYaml $amounts | nindent 2 }}
+{{- end -}}
 {{- end -}}
 
 {{/* metrics-<local rank>: one exporter port per process (deploy/k8s/podmonitor.yaml keeps these). */}}
