@@ -37,13 +37,19 @@ def test_submit_follow_and_cancel_a_trainjob(tmp_path: Path) -> None:
         assert set(api.tokens) == {f"Bearer {TOKEN}"}
         assert json.loads((run_dir / "k8s_job.json").read_text())["kind"] == "TrainJob"
 
-        # A second job re-applies the shared runtime (409 -> replace) but may not reuse the name.
+        # A second job finds the shared runtime as it would render it (409, left as it is) but may
+        # not reuse the name; one whose runtime differs may not replace it under the others' jobs.
         code, _, err = _cli(kubeconfig, "launch", "k8s", "tiny", *sets, "--submit", "--runtime", cwd=tmp_path)
         assert code == 2 and "already exists" in err and len(err.strip().splitlines()) == 1
-        assert (
-            "PUT",
-            "/apis/trainer.kubeflow.org/v1alpha1/clustertrainingruntimes/hpcpipe-torch",
-        ) in api.requests
+        runtime = ("clustertrainingruntimes", "", "hpcpipe-torch")
+        before = json.dumps(api.objects[runtime], sort_keys=True)
+        other = [*sets, "--set", "launch.k8s.priority_class=low", "--set", "run.name=other"]
+        code, _, err = _cli(
+            kubeconfig, "launch", "k8s", "tiny", *other, "--submit", "--runtime", cwd=tmp_path
+        )
+        assert code == 2 and "exists with other settings" in err and len(err.strip().splitlines()) == 1
+        assert json.dumps(api.objects[runtime], sort_keys=True) == before
+        assert not any(method == "PUT" for method, _ in api.requests)
 
         api.objects[("trainjobs", "ml", "tiny")]["status"] = {
             "conditions": [{"type": "Created", "status": "True", "reason": "JobSetCreated", "message": ""}]

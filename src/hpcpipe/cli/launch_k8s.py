@@ -80,7 +80,7 @@ def k8s(
     """
     from hpcpipe.config import load_config
     from hpcpipe.launch import k8s_cluster
-    from hpcpipe.launch.kubernetes import APIS, job_name, render_k8s, to_yaml
+    from hpcpipe.launch.kubernetes import APIS, job_name, render_k8s, runtime_note, to_yaml
 
     if api not in APIS:
         raise UserError(f"--api {api}: use trainjob or pytorchjob")
@@ -93,6 +93,8 @@ def k8s(
     connection = k8s_cluster.connect(kubeconfig, context) if submit else None  # fail before writing
     docs = render_k8s(job, api, runtime)  # type: ignore[arg-type]  # checked against APIS above
     note_image(job)
+    if note := runtime_note(job, api, runtime):
+        err_console.print(note, markup=False, highlight=False)
     text = to_yaml(docs)
     if dry_run:
         typer.echo(text, nl=False)

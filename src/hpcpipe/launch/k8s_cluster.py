@@ -167,10 +167,25 @@ def _create_or_replace_cluster_object(api: Any, doc: dict[str, Any]) -> None:
         if exc.status != 409:
             raise
         current = objects.get_cluster_custom_object(group, version, plural, name)
-        body = doc | {
-            "metadata": doc["metadata"] | {"resourceVersion": current["metadata"]["resourceVersion"]}
-        }
-        objects.replace_cluster_custom_object(group, version, plural, name, body)
+        if not _holds(current.get("spec"), doc["spec"]):  # other jobs run on it: never replaced
+            raise UserError(
+                f"{doc['kind']} {name} exists with other settings (priority class, ports, image, "
+                f"restarts), and other jobs may run on it: submit without --runtime to run on it as "
+                f"it is, or delete it (kubectl delete {plural} {name}) to install this job's"
+            ) from None
+
+
+def _holds(current: Any, wanted: Any) -> bool:
+    """``current`` has every field of ``wanted`` with its value (the API server adds defaults)."""
+    if isinstance(wanted, dict):
+        return isinstance(current, dict) and all(_holds(current.get(k), v) for k, v in wanted.items())
+    if isinstance(wanted, list):
+        return (
+            isinstance(current, list)
+            and len(current) == len(wanted)
+            and all(_holds(c, w) for c, w in zip(current, wanted, strict=True))
+        )
+    return bool(current == wanted)
 
 
 def record_submission(run_dir: Path, job: K8sJobRef) -> Path:

@@ -172,6 +172,27 @@ def _check_metrics(job: JobConfig, api: Api, runtime: str) -> None:
         )
 
 
+def runtime_note(job: JobConfig, api: str, with_runtime: bool) -> str | None:
+    """What a TrainJob on ``hpcpipe-torch`` rendered without its runtime leaves to the runtime the
+    cluster has: the priority class and the metrics ports live there (Trainer v2's runtime
+    patches cannot set them), so this job's values take effect only where that runtime has them."""
+    cfg = job.launch.k8s
+    if api != "trainjob" or with_runtime or cfg.runtime != HPCPIPE_RUNTIME:
+        return None
+    settings = {
+        "launch.k8s.priority_class": cfg.priority_class,
+        "observe.prometheus.port": job.observe.prometheus.port,
+    }
+    kept = [key for key, value in settings.items() if value is not None]
+    if not kept:
+        return None
+    return (
+        f"note: {' and '.join(kept)} {'are' if len(kept) > 1 else 'is'} set in the {HPCPIPE_RUNTIME} "
+        "runtime, not in the TrainJob: "
+        f"they apply only as the cluster's {HPCPIPE_RUNTIME} has them (--runtime renders it from this job)"
+    )
+
+
 def _check_tiers_on_claims(job: JobConfig) -> None:
     """Where the job mounts claims, a checkpoint tier set outside them is on the pod's own disk:
     gone with the pod, and unseen by the other nodes' ranks. The fast tier may stay there only

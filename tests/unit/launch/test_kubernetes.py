@@ -301,3 +301,14 @@ def test_exporter_ports_are_declared_for_the_podmonitor() -> None:
 def test_an_exporter_a_pod_cannot_expose_is_named(overrides: list[str], api: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         render_k8s(load_config("tiny", ["train.micro_batch_size=1", *overrides]), api)  # type: ignore[arg-type]
+
+
+def test_a_trainjob_on_the_shared_runtime_says_what_it_leaves_to_it() -> None:
+    """Without --runtime, the priority class and the metrics ports were dropped without a word."""
+    from hpcpipe.launch.kubernetes import runtime_note
+
+    job = load_config("tiny", ["launch.k8s.runtime=hpcpipe-torch", "launch.k8s.priority_class=high"])
+    note = runtime_note(job, "trainjob", with_runtime=False)
+    assert note is not None and "launch.k8s.priority_class is set in the hpcpipe-torch runtime" in note
+    assert runtime_note(job, "trainjob", with_runtime=True) is None
+    assert runtime_note(load_config("tiny", ["launch.k8s.runtime=hpcpipe-torch"]), "trainjob", False) is None
