@@ -41,6 +41,11 @@ class ThroughputMeter:
         self._steps = 0
         self._data_time = 0.0
 
+    def exclude(self, seconds: float) -> None:
+        """Leave ``seconds`` of the current interval out (a checkpoint save: its cost is in the
+        events and goodput, not in the training rate, the step time or the phase shares)."""
+        self._t0 += seconds
+
     def add_step(self, data_time_s: float, counts: dict[str, torch.Tensor] | None = None) -> None:
         """A completed step: its data-loading time and the recipe's counts for it (``counts``:
         those of a step's final attempt only; an attempt an OOM cut short runs again)."""

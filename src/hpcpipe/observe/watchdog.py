@@ -113,8 +113,10 @@ class Watchdog:
         try:
             yield
         finally:
-            self._paused -= 1
+            # The clock first: a check between the two would see the pause over and the beat
+            # from before it, and end a healthy run after any pause longer than the timeout.
             self._last_beat = time.monotonic()
+            self._paused -= 1
 
     def stop(self) -> None:
         """Stop the thread (idempotent)."""

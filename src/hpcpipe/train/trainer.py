@@ -421,6 +421,7 @@ class Trainer:
     # -- checkpoints, resume, preemption ---------------------------------------------------------
 
     def save_checkpoint(self, final: bool = False) -> None:
+        started = time.perf_counter()
         with self.watchdog.pause(), self.phases.region("checkpoint_save"):
             if self.syncs_buffers:
                 with self.phases.region("broadcast_buffers"):
@@ -428,6 +429,7 @@ class Trainer:
             self.store.save(self.step, self.model, self.optimizer, self.trainer_state(), force_durable=final)
             if final:
                 self.store.wait()
+        self.meter.exclude(time.perf_counter() - started)  # a save is no training: out of the rate
         self.telemetry.after_pause()
 
     def trainer_state(self) -> dict[str, Any]:
