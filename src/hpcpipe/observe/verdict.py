@@ -133,7 +133,12 @@ def evidence_from_rows(rows: list[dict[str, Any]]) -> Evidence:
 
 def read_trace(path: Path, top: int = 8) -> tuple[float | None, list[tuple[str, float]]]:
     """(GPU kernel-busy fraction of the traced steps or None without GPU kernels, top CPU ops)."""
-    events = json.loads(path.read_text()).get("traceEvents", [])
+    trace = json.loads(path.read_text())
+    # Chrome's trace format: an object with traceEvents, or the bare array of events.
+    events = trace.get("traceEvents", []) if isinstance(trace, dict) else trace
+    if not isinstance(events, list):
+        raise ValueError("no list of trace events")
+    events = [e for e in events if isinstance(e, dict)]
     steps = [e for e in events if str(e.get("name", "")).startswith("ProfilerStep#") and "dur" in e]
     kernels = [e for e in events if e.get("cat") == "kernel" and "dur" in e]
     busy = None

@@ -7,10 +7,11 @@ Reads files only (``study.json``, ``trials.csv``, ``plots/*.png``, written by ``
 from __future__ import annotations
 
 import csv
-import json
 from pathlib import Path
 from typing import Any
 
+from hpcpipe.errors import UserError
+from hpcpipe.fsutil import read_json_strict
 from hpcpipe.layout import StudyLayout
 from hpcpipe.report.run_tables import Table, fmt
 
@@ -25,12 +26,23 @@ def is_hpo_study(path: Path) -> bool:
 def hpo_study_parts(path: Path) -> tuple[str, list[Table], list[Path]]:
     """The section's title, its trials table (when trials.csv exists) and the plot files."""
     layout = StudyLayout(path)
-    record = json.loads(layout.record.read_text())
+    try:
+        record = read_json_strict(layout.record)
+    except (OSError, ValueError) as exc:
+        raise UserError(str(exc)) from None
     title = f"Hyper-parameter study {record.get('study')} ({record.get('metric')}, {record.get('storage')})"
     tables = []
     if layout.trials_csv.is_file():
         with layout.trials_csv.open(newline="") as f:
-            rows = list(csv.DictReader(f))
+            reader = csv.DictReader(f)
+            rows = list(reader)
+        missing = [
+            c
+            for c in ("number", "state", "value", "last_step", "seconds")
+            if c not in (reader.fieldnames or [])
+        ]
+        if missing:
+            raise UserError(f"{layout.trials_csv}: no {', '.join(missing)} column (written by hpcpipe hpo?)")
         params = [c for c in (rows[0].keys() if rows else []) if c not in FIXED_COLUMNS]
         header = ["trial", "state", str(record.get("metric")), "last step", "seconds", *params]
         body = [

@@ -99,15 +99,19 @@ def build_report(paths: list[Path], out: Path | None = None) -> dict[str, Any]:
 
 
 def load_runs(run_dirs: list[Path]) -> list[RunData]:
-    """The runs, labelled by run.name, or by directory name where names repeat (sweep points)."""
+    """The runs, labelled by run.name, or by directory name where names repeat (sweep points);
+    ``#N`` (its place on the command line) where that label is taken too: a label names one run,
+    in the tables, series.csv and the plots' legends."""
     runs = [load_run(d) for d in run_dirs]
     labels = [run.label for run in runs]
     names = [run.path.name for run in runs]
     for index, run in enumerate(runs):
         if labels.count(run.label) > 1:
-            unique = names.count(run.path.name) == 1
-            run.label = run.path.name if unique else f"{run.path.name}#{index + 1}"
-            run.rows = [row._replace(run=run.label) for row in run.rows]
+            by_dir = run.path.name
+            taken = names.count(by_dir) > 1 or by_dir in labels
+            run.label = f"{by_dir}#{index + 1}" if taken else by_dir
+    for run in runs:
+        run.rows = [row._replace(run=run.label) for row in run.rows]
     return runs
 
 

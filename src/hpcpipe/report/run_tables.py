@@ -149,7 +149,8 @@ def eval_tables(run: RunData) -> list[Table]:
     if isinstance(result.get("metrics"), dict) and result["metrics"]:
         rows = [[str(name), fmt(value)] for name, value in result["metrics"].items()]
         tables.append(Table(f"eval.json metrics (step {fmt(result.get('step'))})", ["metric", "value"], rows))
-    for name, table in (result.get("tables") or {}).items():
+    named = result.get("tables")
+    for name, table in (named if isinstance(named, dict) else {}).items():
         if isinstance(table, dict):
             tables.append(_nested_table(f"eval.json: {name}", table))
     return tables

@@ -30,14 +30,35 @@ KNOBS = (
 )
 
 
-def read_csv_rows(path: Path) -> list[dict[str, Any]]:
-    """Rows with numbers parsed; UserError naming the file when it is not a readable CSV."""
+# What each study CSV must hold for the plots and tables: its columns, and which are numbers
+# (a sweep's throughput is empty for a point that did not train; such rows are left out).
+SCALING_NUMBERS = ("nproc", "per_s", "efficiency", "global_batch_size", "step_time_s")
+SCALING_COLUMNS = ("mode", *SCALING_NUMBERS)
+SWEEP_NUMBERS = ("throughput",)
+SWEEP_COLUMNS = ("run_id", *SWEEP_NUMBERS)
+
+
+def read_csv_rows(
+    path: Path, columns: tuple[str, ...] = (), numbers: tuple[str, ...] = ()
+) -> list[dict[str, Any]]:
+    """Rows with numbers parsed; UserError naming the file when it is not a readable CSV, lacks
+    one of ``columns``, or holds text where one of ``numbers`` belongs."""
     try:
         with path.open(newline="") as f:
-            rows = list(csv.DictReader(f))
+            reader = csv.DictReader(f)
+            rows = list(reader)
+            fields = reader.fieldnames or []
     except (OSError, UnicodeDecodeError, csv.Error) as exc:
         raise UserError(f"{path}: cannot read CSV ({exc})") from None
-    return [{key: _number(value) for key, value in row.items()} for row in rows]
+    missing = [c for c in columns if c not in fields]
+    if missing:
+        raise UserError(f"{path}: no {', '.join(missing)} column (is it a study CSV hpcpipe wrote?)")
+    parsed = [{key: _number(value) for key, value in row.items()} for row in rows]
+    for line, row in enumerate(parsed, start=2):
+        for key in numbers:
+            if not (row.get(key) is None or isinstance(row[key], int | float)):
+                raise UserError(f"{path} line {line}: {key} {row[key]!r} is not a number")
+    return parsed
 
 
 def _number(text: str | None) -> Any:
@@ -67,8 +88,18 @@ def build_study(root: Path, out: Path | None = None) -> dict[str, Any]:
     """Read the CSVs under ``root``, draw the plots and write ``study.md``; returns what was made."""
     out = out or root / RunLayout.REPORT  # DIR/report, as a run's report
     scaling_paths, sweep_paths = find_study_csvs(root)
-    scaling = [row for path in scaling_paths for row in read_csv_rows(path)]
-    sweep = [row for path in sweep_paths for row in read_csv_rows(path) if row.get("throughput") is not None]
+    scaling = [row for path in scaling_paths for row in read_csv_rows(path, SCALING_COLUMNS, SCALING_NUMBERS)]
+    scaling = [
+        row
+        for row in scaling
+        if all(row.get(k) is not None for k in ("nproc", "per_s", "efficiency", "step_time_s"))
+    ]
+    sweep = [
+        row
+        for path in sweep_paths
+        for row in read_csv_rows(path, SWEEP_COLUMNS, SWEEP_NUMBERS)
+        if row.get("throughput") is not None
+    ]
     made: dict[str, Any] = {"scaling_rows": len(scaling), "sweep_rows": len(sweep), "plots": []}
     if scaling:
         made["plots"] += [
@@ -183,7 +214,8 @@ def plot_sweep(rows: list[dict[str, Any]], path: Path) -> Path:
 
 
 def optimization_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per knob that varies: each value against the first one, in runs equal in every other knob.
+    """Per knob that varies: each value against the first one, in runs equal in everything else
+    swept (the other knobs, the devices and nodes, and every other key the point overrides).
 
     The ratio is the median over such matched pairs of throughput(value) / throughput(baseline).
     """
@@ -196,7 +228,11 @@ def optimization_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             ratios = []
             for after in (r for r in rows if r[knob] == value):
                 match = [
-                    b for b in rows if b[knob] == baseline and all(b.get(k) == after.get(k) for k in others)
+                    b
+                    for b in rows
+                    if b[knob] == baseline
+                    and all(b.get(k) == after.get(k) for k in others)
+                    and _rest_of_the_point(b) == _rest_of_the_point(after)
                 ]
                 ratios += [after["throughput"] / b["throughput"] for b in match if b["throughput"]]
             if ratios:
@@ -205,6 +241,14 @@ def optimization_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     {"knob": knob, "before": baseline, "after": value, "ratio": ratio, "pairs": len(ratios)}
                 )
     return table
+
+
+def _rest_of_the_point(row: dict[str, Any]) -> tuple[Any, ...]:
+    """What a sweep row was run with besides the knobs: devices, nodes, and the point's other
+    overrides (``train.lr=0.1 model.n_layers=4``; a knob is the last part of its key)."""
+    overrides = str(row.get("point") or "").split()
+    rest = sorted(o for o in overrides if o.partition("=")[0].rsplit(".", 1)[-1] not in KNOBS)
+    return (row.get("devices"), row.get("nodes"), *rest)
 
 
 def weak_variation(rows: list[dict[str, Any]]) -> float | None:

@@ -35,12 +35,19 @@ def run_summary(run_dir: Path) -> dict[str, Any]:
         "val_acc_first": val[0].get("val_acc") if val else None,
         "val_acc_last": val[-1].get("val_acc") if val else None,
         "rate_key": rate_key,
-        # The first interval holds start-up (and compilation): leave it out when there are more.
-        "median_rate": statistics.median(r[rate_key] for r in train[1:] or train) if rate_key else None,
+        "median_rate": _median_rate(train, rate_key),
         "world_size": train[-1].get("world_size") if train else lineage.get("world_size"),
         "config": config,
         "lineage": lineage,
     }
+
+
+def _median_rate(train: list[dict[str, Any]], rate_key: str | None) -> float | None:
+    """The median rate; the first interval holds start-up (and compilation): left out when there
+    are more. A row without a number there (a hand-edited or foreign row) is skipped."""
+    rates = [r.get(rate_key) for r in train[1:] or train] if rate_key else []
+    numbers = [x for x in rates if isinstance(x, int | float) and not isinstance(x, bool)]
+    return statistics.median(numbers) if numbers else None
 
 
 def _model_and_unit(config: dict[str, Any]) -> tuple[str, str]:

@@ -166,3 +166,19 @@ def test_profile_cli_prints_the_verdict_and_writes_json(tmp_path: Path) -> None:
     empty.mkdir()
     none = run_cli("profile", str(empty), cwd=tmp_path)
     assert none.returncode == 2 and "metrics.jsonl" in none.stderr
+
+
+def test_a_trace_saved_as_the_bare_array_of_events_is_read(tmp_path: Path) -> None:
+    """Chrome's trace format allows a top-level array: it ended `hpcpipe profile` in AttributeError."""
+    events = [
+        {"name": "ProfilerStep#1", "ph": "X", "ts": 0, "dur": 1000},
+        {"name": "aten::mm", "ph": "X", "cat": "cpu_op", "ts": 10, "dur": 400},
+        "not an event",
+    ]
+    bare, wrapped = tmp_path / "bare.json", tmp_path / "wrapped.json"
+    bare.write_text(json.dumps(events))
+    wrapped.write_text(json.dumps({"traceEvents": events}))
+    assert read_trace(bare) == read_trace(wrapped)
+    (tmp_path / "odd.json").write_text('{"traceEvents": 3}')
+    with pytest.raises(ValueError, match="no list of trace events"):
+        read_trace(tmp_path / "odd.json")
