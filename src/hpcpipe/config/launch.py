@@ -198,6 +198,11 @@ class K8sConfig(Section):
     queue: str | None = Field(None, description="Kueue LocalQueue (label kueue.x-k8s.io/queue-name).")
     priority_class: str | None = Field(None, description="PriorityClass of the pods.")
     service_account: str | None = Field(None, description="ServiceAccount of the pods.")
+    image_pull_secrets: list[str] = Field(
+        default_factory=list,
+        description="Secrets (kubernetes.io/dockerconfigjson) the pods pull the image with: a private "
+        "registry. Names only; the Secrets live in the job's namespace.",
+    )
     node_selector: dict[str, str] = Field(default_factory=dict, description="Pod nodeSelector.")
     tolerations: list[dict[str, Any]] = Field(
         default_factory=list,
@@ -229,6 +234,14 @@ class K8sConfig(Section):
                     f"{name}: {ref!r} is not a Secret's name/key (a lower-case DNS name, then "
                     "letters, digits, '-', '_' or '.')"
                 )
+        return value
+
+    @field_validator("image_pull_secrets")
+    @classmethod
+    def _secret_names(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if not _DNS_SUBDOMAIN.fullmatch(name):
+                raise ValueError(f"{name!r} is not a Secret's name (lower-case letters, digits, '-' and '.')")
         return value
 
     @field_validator("cpu", "memory", "shm_size")

@@ -67,6 +67,7 @@ def helm_values(
         "queue": cfg.queue or "",
         "priorityClassName": cfg.priority_class or "",
         "serviceAccountName": cfg.service_account or "",
+        "imagePullSecrets": list(cfg.image_pull_secrets),
         "nodeSelector": dict(cfg.node_selector),
         "tolerations": [dict(t) for t in cfg.tolerations],
         "metrics": {"port": job.observe.prometheus.port},

@@ -244,6 +244,8 @@ def _scheduling(job: JobConfig) -> dict[str, Any]:
         fields["tolerations"] = [dict(t) for t in cfg.tolerations]
     if cfg.service_account:
         fields["serviceAccountName"] = cfg.service_account
+    if cfg.image_pull_secrets:
+        fields["imagePullSecrets"] = [{"name": name} for name in cfg.image_pull_secrets]
     return fields
 
 

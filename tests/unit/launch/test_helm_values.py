@@ -61,6 +61,8 @@ CASES = [
     pytest.param("resnet18-cifar10", ["launch.k8s.image=registry.local:5000/hpcpipe"], "pytorchjob", False,
                  id="resnet18-registry-port"),
     pytest.param("lora-fc-smollm2", ["launch.k8s.env={HF_HOME: /cache/hf}"], "trainjob", False, id="lora"),
+    pytest.param("tiny", ["launch.k8s.image_pull_secrets=[regcred, other.cred]"], "pytorchjob", False,
+                 id="pull-secrets"),
 ]  # fmt: skip
 
 

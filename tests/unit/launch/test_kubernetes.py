@@ -312,3 +312,19 @@ def test_a_trainjob_on_the_shared_runtime_says_what_it_leaves_to_it() -> None:
     assert note is not None and "launch.k8s.priority_class is set in the hpcpipe-torch runtime" in note
     assert runtime_note(job, "trainjob", with_runtime=True) is None
     assert runtime_note(load_config("tiny", ["launch.k8s.runtime=hpcpipe-torch"]), "trainjob", False) is None
+
+
+@pytest.mark.parametrize("api", ["trainjob", "pytorchjob"])
+def test_pull_secrets_reach_the_pods_of_either_api(api: str) -> None:
+    """A private registry: the pods had no way to pull the image but the service account's secrets."""
+    _, doc = render_k8s(load_config("tiny", ["launch.k8s.image_pull_secrets=[regcred]"]), api)  # type: ignore[arg-type]
+    if api == "trainjob":
+        [patch] = doc["spec"]["runtimePatches"]
+        pod = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"][
+            "template"
+        ]
+    else:
+        pod = doc["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]
+    assert pod["spec"]["imagePullSecrets"] == [{"name": "regcred"}]
+    with pytest.raises(ConfigError, match="not a Secret's name"):
+        load_config("tiny", ["launch.k8s.image_pull_secrets=[Reg_Cred]"])

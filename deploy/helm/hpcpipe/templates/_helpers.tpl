@@ -260,6 +260,12 @@ tolerations:
 {{- with .Values.serviceAccountName }}
 serviceAccountName: {{ . | quote }}
 {{- end }}
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+{{- range . }}
+- name: {{ . | quote }}
+{{- end }}
+{{- end }}
 {{- end -}}
 
 {{/* The runtime a TrainJob runs on, and the rules launch k8s enforces for it. */}}
