@@ -56,14 +56,19 @@ def finish_as_exit_would() -> None:
     ctypes.CDLL(None).fflush(None)  # what C extensions buffered in stdio, as exit() would flush
 
 
+def _exit_report(pid: int | None = None) -> str | None:
+    """Where the worker ``pid`` (this process) reports its exit code; None without an exit directory."""
+    report = os.environ.get(EXIT_DIR_VAR)
+    return os.path.join(report, str(os.getpid() if pid is None else pid)) if report else None
+
+
 def return_or_exit(code: int) -> None:
     """How a worker forked from the agent's fork server ends: torch's elastic agent collects a
     successful worker's return value, so code 0 returns; any other code leaves at once with it
     (``os._exit``: no interpreter teardown, where gloo may abort)."""
-    report = os.environ.get(EXIT_DIR_VAR)
-    if report:
+    path = _exit_report()
+    if path:
         with contextlib.suppress(OSError):
-            path = os.path.join(report, str(os.getpid()))
             with open(path + ".tmp", "w") as fh:
                 fh.write(str(code))
             os.replace(path + ".tmp", path)
@@ -78,10 +83,10 @@ def forget_exit_report() -> None:
     """A forked worker's first step: remove any exit report under its pid, left by an earlier
     worker of this launcher whose pid it reuses (a worker killed before it could report leaves
     none, and the agent would read the earlier one's code as this worker's)."""
-    report = os.environ.get(EXIT_DIR_VAR)
-    if report:
+    path = _exit_report()
+    if path:
         with contextlib.suppress(OSError):
-            os.unlink(os.path.join(report, str(os.getpid())))
+            os.unlink(path)
 
 
 SAID_PREFIX = "said-"  # first_to_say's markers in the exit directory
@@ -121,8 +126,11 @@ def first_to_say(message: str) -> bool:
 def reported_exit_code(pid: int, unreported: int = 128 + 9) -> int:
     """The code a forked worker reported before it ended; ``unreported`` (137, killed, unless
     the caller knows which signal it died of) when it could not."""
+    path = _exit_report(pid)
     try:
-        with open(os.path.join(os.environ.get(EXIT_DIR_VAR, ""), str(pid))) as fh:
+        if path is None:  # no exit directory: nothing was reported (not a file named PID here)
+            return unreported
+        with open(path) as fh:
             return int(fh.read())
     except (OSError, ValueError):
         return unreported

@@ -146,3 +146,18 @@ def test_a_sigkilled_launchers_exit_directory_goes_with_the_next_launcher(tmp_pa
     assert after.returncode == 0, after.stderr
     assert Path(after.stdout.strip()).parent == tmp_path != left
     assert list(tmp_path.iterdir()) == []  # the orphan swept, the second launcher's own removed at exit
+
+
+def test_without_an_exit_directory_nothing_is_read_as_a_report(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The report path was joined onto '' without an exit directory: a file named like the pid
+    in the working directory was read as the worker's exit code."""
+    from hpcpipe.launch.exit import EXIT_DIR_VAR, reported_exit_code
+
+    monkeypatch.delenv(EXIT_DIR_VAR, raising=False)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "4242").write_text("0")
+    assert reported_exit_code(4242) == 137
+    monkeypatch.setenv(EXIT_DIR_VAR, str(tmp_path))
+    assert reported_exit_code(4242) == 0
