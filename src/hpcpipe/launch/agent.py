@@ -35,7 +35,14 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any, Literal
 
-from hpcpipe.launch.exit import EXIT_DIR_VAR, PEER_LOST_EXIT_CODE, forget_what_was_said, reported_exit_code
+from hpcpipe.errors import USER_ERROR_EXIT_CODE
+from hpcpipe.launch.exit import (
+    EXIT_DIR_VAR,
+    PEER_LOST_EXIT_CODE,
+    a_refusal_was_said,
+    forget_what_was_said,
+    reported_exit_code,
+)
 from hpcpipe.launch.exit_dirs import exit_dir
 from hpcpipe.launch.fork_server import is_fork_server, shielded
 from hpcpipe.launch.launcher_watch import LAUNCHER_VAR, launcher_identity
@@ -282,7 +289,6 @@ def _signals_left_to_torch(config_type: type, ours: tuple[signal.Signals, ...]) 
 def terminal_exit_codes(preempt_exit_code: int) -> frozenset[int]:
     """Worker exits a restart cannot change or must not undo: a user error (2), the preemption
     checkpoint (``fault.preempt_exit_code``; the scheduler resubmits), a pruned trial, Ctrl-C."""
-    from hpcpipe.errors import USER_ERROR_EXIT_CODE
     from hpcpipe.train.preempt import INTERRUPT_EXIT_CODE
     from hpcpipe.train.trial import PRUNED_EXIT_CODE
 
@@ -300,6 +306,8 @@ def _report_failure(exc: BaseException, max_restarts: int, terminal: frozenset[i
         return 1
     rank, failure = min(failures, key=lambda item: (item[1].exitcode in (0, PEER_LOST_EXIT_CODE), item[0]))
     code = failure.exitcode if failure.exitcode > 0 else 1
+    if code == USER_ERROR_EXIT_CODE and a_refusal_was_said():  # in one line; the launcher says the rest
+        return code
     ended = (
         "not restarted: a restart cannot change that"
         if any(f.exitcode in terminal for _, f in failures)

@@ -123,6 +123,16 @@ def first_to_say(message: str) -> bool:
     return True
 
 
+def a_refusal_was_said() -> bool:
+    """Whether a worker of this node's group has printed a refusal (``first_to_say``): its peers,
+    whose collectives then failed, have nothing to add to that one line."""
+    report = os.environ.get(EXIT_DIR_VAR)
+    try:
+        return bool(report) and any(name.startswith(SAID_PREFIX) for name in os.listdir(report or "."))
+    except OSError:
+        return False
+
+
 def reported_exit_code(pid: int, unreported: int = 128 + 9) -> int:
     """The code a forked worker reported before it ended; ``unreported`` (137, killed, unless
     the caller knows which signal it died of) when it could not."""

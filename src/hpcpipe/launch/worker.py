@@ -15,6 +15,7 @@ from hpcpipe.config import JobConfig, load_config
 from hpcpipe.errors import USER_ERROR_EXIT_CODE, UserError, paths_are_input
 from hpcpipe.launch.exit import (
     PEER_LOST_EXIT_CODE,
+    a_refusal_was_said,
     first_to_say,
     flush_and_exit,
     lost_a_peer,
@@ -188,7 +189,8 @@ def run(args: list[str]) -> int:
         # this rank's traceback of gloo's "Connection reset by peer" would bury it.
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         rank = os.environ.get("RANK", "0")
-        sys.stderr.write(f"rank {rank}: lost a peer ({message}); the rank that failed says why\n")
+        if not a_refusal_was_said():  # a peer's one-line refusal is the whole story
+            sys.stderr.write(f"rank {rank}: lost a peer ({message}); the rank that failed says why\n")
         code = PEER_LOST_EXIT_CODE
     return code
 

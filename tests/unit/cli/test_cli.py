@@ -74,8 +74,11 @@ def test_a_refusal_of_rank_0_alone_is_not_buried_under_its_peers_traceback(cli, 
     proc = cli("train", "tiny", "--nproc", "2", *sets, "--set", "checkpoint.durable_dir=/proc/durable")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     lines = proc.stderr.splitlines()
-    assert any(line.startswith("error: checkpoint.durable_dir /proc/durable: cannot write") for line in lines)
-    # Rank 1 says so in one line, or is stopped by the agent before it noticed (no line at all).
+    # The refusal and the launcher's summary: rank 1 (its peer's line said it all) and the agent
+    # (the worker said why) add nothing; they added "rank 1: lost a peer (...)" and "agent: ...".
+    assert len(lines) == 2, proc.stderr
+    assert lines[0].startswith("error: checkpoint.durable_dir /proc/durable: cannot write")
+    assert lines[1].startswith("error: a worker rejected the job (see its message above)")
 
 
 def test_plan_memory_refuses_a_job_without_a_transformer(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
