@@ -44,6 +44,9 @@ def bench_job(
     # eval_every 0 leaves only the final evaluation; one batch keeps it short (it is not timed).
     raw["train"].update(steps=warmup + steps, epochs=None, eval_every=0, eval_batches=1)
     raw["parallel"]["sync_gradients"] = sync_gradients
+    # Measured fresh every time: a rerun in the same run directory resumed from the last run's
+    # checkpoint, trained nothing and reported that run's rows again (and accept passed on them).
+    raw["checkpoint"].update(every_steps=0, durable_dir=None, resume="never")
     if raw["data"]["format"] != "tokens":  # the final evaluation is not timed: keep it one batch
         raw["data"]["max_eval_samples"] = raw["train"]["micro_batch_size"]
     if global_batch_size is not None:

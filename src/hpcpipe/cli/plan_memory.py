@@ -175,7 +175,7 @@ def _layout(
         tp=tp_,
         pp=pp_,
         dp=dp_,
-        zero=_zero(job, zero),
+        zero=_zero(job, zero, tp_),
         virtual_stages=virtual_,
         micro_batch=micro_,
         micro_batches=micro_batches(batch, micro_, dp_),
@@ -192,7 +192,9 @@ def _pick(flag: str, given: int | None, from_job: int | None, default: int) -> i
     return int(value)
 
 
-def _zero(job: Any, zero: int | None) -> int:
+def _zero(job: Any, zero: int | None, tp: int) -> int:
+    """The ZeRO stage the job trains with: ``auto`` is DDP (0), or FSDP2 (3) beside tensor
+    parallelism, as the trainer resolves it (``train/parallel.py resolve_strategy``)."""
     if zero is not None:
         return zero
     if job is None:
@@ -200,7 +202,9 @@ def _zero(job: Any, zero: int | None) -> int:
     strategy = job.parallel.strategy
     if strategy == "deepspeed":
         return job.parallel.zero_stage if job.parallel.zero_stage is not None else 3
-    return 0 if strategy == "ddp" else 3
+    if strategy == "auto":
+        return 3 if tp > 1 else 0
+    return 0 if strategy in ("ddp", "single") else 3
 
 
 def _print_memory(shape: ModelShape, layout: Layout, parts: dict[str, float]) -> None:

@@ -114,7 +114,9 @@ def _per_split(
             continue  # fewer micro-batches than stages: most of every step is bubble
         virtuals = [1] if pp == 1 else [v for v in (1, 2, 4, 8) if pp * v <= shape.layers]
         for v in virtuals:
-            schedule = "interleaved-1f1b" if v > 1 else base.schedule
+            # One chunk per stage is plain 1F1B (p micro-batches in flight), whatever the base ran.
+            plain = "1f1b" if base.schedule == "interleaved-1f1b" else base.schedule
+            schedule = "interleaved-1f1b" if v > 1 else plain
             zeros = (0, 1, 2, 3) if dp > 1 else (0,)
             for zero in zeros:
                 for recompute in RECOMPUTE_ORDER:

@@ -95,3 +95,10 @@ def test_real_run_of_the_tiny_preset(tmp_path: Path) -> None:
     assert result["runs"][0]["steps_measured"] == 4
     assert result["mfu"] is None  # no known peak for a CPU
     assert Path(result["runs"][0]["run_dir"]) == tmp_path / "runs" / "tiny-throughput-0"
+    # Again in the same directory, from a job that checkpoints: measured again, not resumed from
+    # the first run's last checkpoint (which trained nothing and reported the old rows).
+    saving = load_config("tiny", [f"data.prepared_dir={tmp_path}/prepared", "checkpoint.every_steps=2"])
+    first = measure_throughput(saving, steps=4, warmup=2, repeats=1, out_dir=tmp_path / "again", nproc=1)
+    again = measure_throughput(saving, steps=4, warmup=2, repeats=1, out_dir=tmp_path / "again", nproc=1)
+    assert first is not None and again is not None and first["runs"] != again["runs"]
+    assert not (tmp_path / "again" / "tiny-throughput-0" / "checkpoints").exists()

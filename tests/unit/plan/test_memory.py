@@ -173,3 +173,28 @@ def test_the_cli_plans_a_preset_and_searches(tmp_path: Path) -> None:
     assert result["fits"]["h100"] and result["search"]["fitting_layouts"] > 0
     assert result["bytes_per_gpu"]["total"] / GIB < 80
     assert "layouts of 8 x H100 80GB SXM fit" in proc.stdout
+
+
+def test_a_search_from_an_interleaved_job_models_one_chunk_layouts_as_plain_1f1b() -> None:
+    """v=1 layouts kept the base's interleaved schedule: 2p-1 micro-batches in flight, not p."""
+    from hpcpipe.plan.layouts import candidate_layouts
+
+    base = Layout(pp=8, virtual_stages=2, schedule="interleaved-1f1b")
+    found = list(candidate_layouts(MEGATRON_1T, 64, 8, 512, base))
+    assert {(c.virtual_stages, c.schedule) for c in found if c.pp > 1} == {
+        (1, "1f1b"),
+        (2, "interleaved-1f1b"),
+        (4, "interleaved-1f1b"),
+        (8, "interleaved-1f1b"),
+    }
+
+
+def test_plan_memory_takes_the_zero_stage_the_job_trains_with(tmp_path: Path) -> None:
+    """strategy auto trains with DDP (FSDP2 only beside tensor parallelism): it was planned as ZeRO-3,
+    under-counting weights, gradients and optimizer state by the data-parallel degree."""
+    from hpcpipe.cli.plan_memory import _zero
+    from hpcpipe.config import load_config
+
+    auto = load_config("gpt-124m", ["parallel.strategy=auto"])
+    assert (_zero(auto, None, 1), _zero(auto, None, 2), _zero(auto, 1, 1)) == (0, 3, 1)
+    assert _zero(load_config("gpt-124m"), None, 1) == 3  # fsdp
