@@ -26,6 +26,13 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def fsync_dirs(root: Path) -> None:
+    """Make the entries of ``root`` and every directory under it durable (the files' own data
+    the writer fsynced): a subdirectory's entries are not covered by its parent's fsync."""
+    for folder, _, _ in os.walk(root, topdown=False):
+        fsync_dir(Path(folder))
+
+
 def fsync_tree(root: Path) -> None:
     """Make every file under ``root``, and the entries of its directories, durable: a directory
     renamed into place after a crash must not hold empty or partial files under a complete name."""

@@ -55,6 +55,7 @@ class AfterCommit:
         self._pool = ThreadPoolExecutor(1, "hpcpipe-ckpt-after")
         self._jobs: list[Future[None]] = []
         self._queued: set[int] = set()  # steps reserved or committed whose job has not finished
+        self._failed: set[int] = set()  # fast-tier steps that failed verification (retention skips them)
         self._queued_lock = threading.Lock()
 
     def reserve(self, step: int) -> None:
@@ -95,9 +96,11 @@ class AfterCommit:
         _, problems = verify_dir(path)
         if problems:
             problem_events(self._event, "checkpoint_verify_failed", step, path, "fast", problems)
+            self._failed.add(step)
             return
+        self._failed.discard(step)  # saved again, and whole this time
         self._event("checkpoint_verified", {"step": step, "path": str(path)})
-        self._prune(self.fast, lambda: self._protected_in_fast(step))
+        self._prune(self.fast, lambda: self._protected_in_fast(step), frozenset(self._failed))
         if self.durable is not None and self._schedule.due(step, force_durable):
             self._copy_durable(path, step)
 
@@ -126,9 +129,11 @@ class AfterCommit:
         )
         self._prune(self.durable, lambda: {step} | self._resumed())
 
-    def _prune(self, tier: Tier, protected: Callable[[], set[int]]) -> None:
+    def _prune(
+        self, tier: Tier, protected: Callable[[], set[int]], unusable: frozenset[int] = frozenset()
+    ) -> None:
         try:
-            deleted = tier.prune(self.cfg.keep_last, self.cfg.keep_every, protected)
+            deleted = tier.prune(self.cfg.keep_last, self.cfg.keep_every, protected, unusable)
         except OSError as exc:
             self._event("checkpoint_prune_failed", {"tier": tier.name, "error": str(exc)})
             return

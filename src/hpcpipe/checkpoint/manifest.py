@@ -118,7 +118,16 @@ class Manifest:
 
     @classmethod
     def from_json(cls, text: str) -> Manifest:
-        """Parse and type-check; ValueError/KeyError/TypeError on anything malformed."""
+        """Parse and type-check; ValueError/KeyError/TypeError on anything malformed (a number
+        out of range, ``1e999``, or nesting too deep for the parser is a ValueError too: as
+        OverflowError or RecursionError it crashed resume instead of falling back)."""
+        try:
+            return cls._from_json(text)
+        except (OverflowError, RecursionError) as exc:
+            raise ValueError(f"{type(exc).__name__}: {exc}") from None
+
+    @classmethod
+    def _from_json(cls, text: str) -> Manifest:
         body = json.loads(text)
         if body.get("format") != FORMAT:
             raise ValueError(f"unknown manifest format {body.get('format')!r}")

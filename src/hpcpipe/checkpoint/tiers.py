@@ -26,17 +26,20 @@ from pathlib import Path
 from hpcpipe.checkpoint.manifest import (
     MANIFEST_NAME,
     CheckpointError,
-    fsync_dir,
     parse_step,
     read_manifest,
     step_dir_name,
     verify_dir,
 )
+from hpcpipe.fsutil import fsync_dir, fsync_dirs
 from hpcpipe.layout import RunLayout
 
 __all__ = ["DurableSchedule", "Tier", "fast_root", "retained_steps"]
 
 _TEMP_RE = re.compile(r"^\.(tmp|trash)-step-\d{8}-[0-9a-z-]+$")
+# A committed checkpoint moved aside while the same step's new save is renamed in: whole until
+# that rename is done, so a crash between the two renames leaves it to restore, not to delete.
+_REPLACED_RE = re.compile(r"^\.replaced-(step-\d{8})-[0-9a-z]+$")
 
 
 @dataclass(frozen=True)
@@ -64,13 +67,23 @@ class Tier:
         return self.root / f".tmp-{step_dir_name(step)}-{token}"
 
     def commit(self, tmp: Path, step: int) -> Path:
-        """Rename a finished temporary directory to ``step-NNNNNNNN`` (replacing an older one)."""
+        """Rename a finished temporary directory to ``step-NNNNNNNN``. The same step saved again
+        (after a resume, a pruned HPO trial) replaces it, newest wins: the old copy is renamed
+        aside, the new one in, and only then is the old one deleted (deleting it first left a
+        crash during that deletion with neither; ``cleanup_temporaries`` restores a copy moved
+        aside whose step has none)."""
         final = self.root / step_dir_name(step)
-        fsync_dir(tmp)
-        if final.exists():
-            self.remove(final)  # the same step saved again (e.g. after a resume): newest wins
+        fsync_dirs(tmp)  # extra/, deepspeed/...: their entries, not only the top folder's
+        aside = self.root / f".replaced-{step_dir_name(step)}-{uuid.uuid4().hex[:12]}"
+        try:
+            os.replace(final, aside)
+            replaced = True
+        except FileNotFoundError:
+            replaced = False
         os.replace(tmp, final)
         fsync_dir(self.root)
+        if replaced:
+            shutil.rmtree(aside, ignore_errors=True)
         return final
 
     def remove(self, path: Path) -> None:
@@ -84,7 +97,13 @@ class Tier:
         fsync_dir(self.root)
         shutil.rmtree(trash, ignore_errors=True)
 
-    def prune(self, keep_last: int, keep_every: int, protected: Callable[[], set[int]]) -> list[int]:
+    def prune(
+        self,
+        keep_last: int,
+        keep_every: int,
+        protected: Callable[[], set[int]],
+        unusable: frozenset[int] = frozenset(),
+    ) -> list[int]:
         """Delete committed checkpoints that ``retained_steps`` does not keep; the deleted steps.
 
         Pruning runs behind the training loop (``after_commit.py``) while saves go on. One listing
@@ -93,9 +112,9 @@ class Tier:
         ``protected`` is asked after the listing: the store reserves a step before renaming it
         into the tier (``store.py``), so every listed checkpoint not yet verified is in it then,
         whatever the order of the step numbers (a run that started over beside older, higher
-        steps)."""
+        steps). ``unusable``: steps known to fail verification, which count for nothing."""
         listed = self.committed()
-        keep = retained_steps([step for step, _ in listed], keep_last, keep_every, protected())
+        keep = retained_steps([step for step, _ in listed], keep_last, keep_every, protected(), unusable)
         deleted = []
         for step, path in listed:
             if step not in keep:
@@ -132,6 +151,17 @@ class Tier:
             if _TEMP_RE.match(entry.name) and entry.is_dir(follow_symlinks=False) and not ours_now:
                 shutil.rmtree(entry.path, ignore_errors=True)
                 removed.append(entry.name)
+        for entry in entries:  # after the temporaries: a crash between commit's two renames
+            replaced = _REPLACED_RE.match(entry.name)
+            if replaced is None or not entry.is_dir(follow_symlinks=False):
+                continue
+            final = self.root / replaced.group(1)
+            if final.exists():
+                shutil.rmtree(entry.path, ignore_errors=True)
+                removed.append(entry.name)
+            else:  # the new copy never arrived: the old one, whole, is the step again
+                os.replace(entry.path, final)
+                fsync_dir(self.root)
         return sorted(removed)
 
     def copy_in(self, src: Path, step: int, token: str = "copy") -> Path:
@@ -161,11 +191,20 @@ def fast_root(checkpoint_dir: str | None, run_dir: Path) -> Path:
     return Path(checkpoint_dir) if checkpoint_dir else RunLayout(run_dir).checkpoints
 
 
-def retained_steps(steps: list[int], keep_last: int, keep_every: int, protected: set[int]) -> set[int]:
-    """The steps retention keeps: the ``keep_last`` newest, multiples of ``keep_every``, protected."""
-    keep = set(sorted(steps, reverse=True)[:keep_last]) | (protected & set(steps))
+def retained_steps(
+    steps: list[int],
+    keep_last: int,
+    keep_every: int,
+    protected: set[int],
+    unusable: frozenset[int] = frozenset(),
+) -> set[int]:
+    """The steps retention keeps: the ``keep_last`` newest, multiples of ``keep_every``, protected.
+    An ``unusable`` step (it failed verification) is neither counted nor kept: counted, it took
+    the place of an older good checkpoint, which was deleted."""
+    usable = [step for step in steps if step not in unusable]
+    keep = set(sorted(usable, reverse=True)[:keep_last]) | (protected & set(steps))
     if keep_every > 0:
-        keep |= {step for step in steps if step % keep_every == 0}
+        keep |= {step for step in usable if step % keep_every == 0}
     return keep
 
 

@@ -77,8 +77,16 @@ def verify_checkpoints(path: PathArg, json_out: JsonOption = None) -> None:
 def newest_step(run_dir: PathArg) -> None:
     """Print the newest committed checkpoint's step, 0 when there is none (for scripts: the
     Slurm script compares it before and after a run to decide whether a requeue makes sense)."""
+    from hpcpipe.checkpoint.manifest import MANIFEST_NAME, parse_step
+
     if not run_dir.is_dir():  # a typo must not read as "no progress" to the requeue decision
         raise UserError(f"{run_dir}: not a run directory")
+    if (run_dir / MANIFEST_NAME).is_file():  # one checkpoint: its own step (it printed 0)
+        step = parse_step(run_dir.name)
+        if step is None:
+            raise UserError(f"{run_dir}: a checkpoint, but not named step-NNNNNNNN")
+        print(step)
+        return
     steps = [0, *(step for tier in _tiers(run_dir) for step, _ in tier.committed())]
     print(max(steps))
 
@@ -140,8 +148,13 @@ def export(
 
     if not (path / MANIFEST_NAME).is_file():
         raise UserError(f"{path}: not a committed checkpoint (no {MANIFEST_NAME})")
-    fmt = fmt or default_export(load_config(config or find_job_config(path)))
-    target = out or RunLayout(path.resolve().parent.parent).export_dir(path.name, fmt)
+    job_config = config or find_job_config(path)
+    fmt = fmt or default_export(load_config(job_config))
+    # The run's own export/: the directory of the run's config.yaml, wherever the checkpoint
+    # lies (a durable tier, a checkpoint.dir of its own), else the checkpoint's run directory.
+    run = job_config.resolve().parent
+    run = run if RunLayout(run).config == job_config.resolve() else path.resolve().parent.parent
+    target = out or RunLayout(run).export_dir(path.name, fmt)
     written = export_checkpoint(path, fmt, target, config, dtype)
     console.print(f"[green]exported[/] {path} -> {written} ({fmt})")
 

@@ -134,3 +134,22 @@ def test_a_dataset_recipe_exports_in_the_dtype_asked(tmp_path: Path) -> None:
     weights = load_file(str(out / "model.safetensors"))
     assert {t.dtype for t in weights.values()} == {torch.bfloat16}
     assert torch.equal(weights["0.weight"], model[0].weight.detach().to(torch.bfloat16))
+
+
+def test_the_cli_exports_into_the_runs_own_directory_and_newest_reads_one_checkpoint(tmp_path: Path) -> None:
+    """A checkpoint of a durable tier, exported with --config: it went to the tier's parent's
+    export/, not the run's; `ckpt newest` on one checkpoint printed 0 ('no progress')."""
+    import shutil
+
+    from tests.helpers import run_cli
+
+    _, ckpt, _ = make_run(tmp_path / "run", "gpt2")
+    durable = tmp_path / "durable" / ckpt.name
+    shutil.copytree(ckpt, durable)
+    config = tmp_path / "run" / "config.yaml"
+    proc = run_cli("ckpt", "export", str(durable), "--config", str(config), "--format", "safetensors")
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "run" / "export" / "step-00000012-safetensors" / "model.safetensors").is_file()
+    assert not (tmp_path / "export").exists()
+    assert run_cli("ckpt", "newest", str(ckpt)).stdout.strip() == "12"
+    assert run_cli("ckpt", "newest", str(tmp_path / "run")).stdout.strip() == "12"

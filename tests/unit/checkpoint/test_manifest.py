@@ -61,6 +61,13 @@ def test_missing_or_malformed_manifest(tmp_path: Path) -> None:
     assert [p.file for p in verify_dir(tmp_path)[1]] == ["manifest.json"]
     (tmp_path / "manifest.json").write_text("{not json")
     assert "malformed" in verify_dir(tmp_path)[1][0].reason
+    # A number out of range, nesting too deep: OverflowError and RecursionError crashed resume.
+    ckpt = _checkpoint(tmp_path / "c", {"a": b"a"})
+    body = json.loads((ckpt / "manifest.json").read_text())
+    (ckpt / "manifest.json").write_text(json.dumps(body).replace('"step": 3', '"step": 1e999'))
+    assert "OverflowError" in verify_dir(ckpt)[1][0].reason
+    (ckpt / "manifest.json").write_text("[" * 100_000 + "]" * 100_000)
+    assert "malformed" in verify_dir(ckpt)[1][0].reason
 
 
 @pytest.mark.parametrize("name", ["../outside", "/etc/passwd", "a/../../b"])

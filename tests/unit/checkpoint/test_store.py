@@ -525,3 +525,32 @@ def test_a_short_write_in_torchs_zip_writer_is_named_by_the_space_left(
     assert expected in message and message.endswith("earlier checkpoints are intact")
     bug = CheckpointException("save", {0: (RuntimeError("a bug"), None)})
     assert save_errors.short_write(bug, tmp_path) is None
+
+
+def test_a_checkpoint_that_failed_verification_takes_no_place_in_retention(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """keep_last=2 counted step 15, known bad, and deleted step 10: one usable checkpoint was
+    left, and nothing to fall back to if step 20 were lost."""
+    from hpcpipe.checkpoint import after_commit
+    from hpcpipe.checkpoint.manifest import Problem
+
+    real_verify = after_commit.verify_dir
+
+    def fifteen_is_damaged(path: Path) -> Any:
+        found, problems = real_verify(path)
+        return (
+            (found, [Problem("__0_0.distcp", "sha256 mismatch")])
+            if path.name.endswith("15")
+            else (found, problems)
+        )
+
+    monkeypatch.setattr(after_commit, "verify_dir", fifteen_is_damaged)
+    events: list[tuple[str, dict[str, Any]]] = []
+    model, optimizer = make_model()
+    store = store_for(tmp_path, events, keep_last=2)
+    for step in (10, 15, 20):
+        store.save(step, model, optimizer, {"step": step})
+    store.close()
+    assert [f["step"] for kind, f in events if kind == "checkpoint_verify_failed"] == [15]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000010", "step-00000020"]

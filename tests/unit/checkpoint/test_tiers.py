@@ -156,3 +156,63 @@ def test_prune_reads_what_is_protected_after_its_listing(
     tier = tiers.Tier("fast", tmp_path)
     assert tier.prune(keep_last=1, keep_every=0, protected=lambda: set(queued)) == []
     assert _names(tmp_path) == ["step-00000003", "step-00000004", "step-00000005"]
+
+
+class _Crash(BaseException):
+    """The process killed at that point (nothing after it runs)."""
+
+
+def _saved(tier: tiers.Tier, step: int, text: str) -> Path:
+    tmp = tier.new_temporary(step, "tok")
+    tmp.mkdir(parents=True)
+    (tmp / "weights").write_text(text)
+    return tmp
+
+
+@pytest.mark.parametrize("crash_in", ["rmtree", "second_rename"])
+def test_a_crash_while_a_step_is_saved_again_keeps_one_whole_copy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, crash_in: str
+) -> None:
+    """The old copy was deleted before the new one was renamed in: killed during that deletion
+    (minutes on a shared file system), the run had neither, and the next start removed the new
+    one as a temporary."""
+    tier = tiers.Tier("fast", tmp_path)
+    tier.commit(_saved(tier, 20, "old"), 20)
+    real_replace = tiers.os.replace
+
+    def crashing_rmtree(*args: Any, **kwargs: Any) -> None:
+        raise _Crash
+
+    def crashing_replace(src: Any, dest: Any) -> None:
+        if Path(src).name.startswith(".tmp-"):
+            raise _Crash
+        real_replace(src, dest)
+
+    if crash_in == "rmtree":
+        monkeypatch.setattr(tiers.shutil, "rmtree", crashing_rmtree)
+    else:
+        monkeypatch.setattr(tiers.os, "replace", crashing_replace)
+    with pytest.raises(_Crash):
+        tier.commit(_saved(tier, 20, "new"), 20)
+    monkeypatch.undo()
+    tier.cleanup_temporaries()  # the next start
+    [(step, path)] = tier.committed()
+    assert step == 20 and (path / "weights").read_text() == ("new" if crash_in == "rmtree" else "old")
+    assert _names(tmp_path) == ["step-00000020"]
+
+
+def test_a_commit_makes_every_directory_of_the_checkpoint_durable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only the top folder was fsynced: after a power loss a committed step could lack
+    extra/rank-N.pt (a subdirectory's entries are its own)."""
+    from hpcpipe import fsutil
+
+    synced: list[str] = []
+    monkeypatch.setattr(fsutil, "fsync_dir", lambda path: synced.append(Path(path).name))
+    tier = tiers.Tier("fast", tmp_path)
+    tmp = _saved(tier, 5, "w")
+    (tmp / "extra").mkdir()
+    (tmp / "extra" / "rank-00000.pt").write_bytes(b"x")
+    tier.commit(tmp, 5)
+    assert "extra" in synced and synced.index("extra") < synced.index(tmp.name)
