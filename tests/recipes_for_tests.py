@@ -16,6 +16,9 @@ class TinyArgs(BaseModel):
     activation: str = Field("relu", description="relu or tanh.")
     val_samples: int = Field(16, ge=1, description="Validation samples.")
     dropout: float = Field(0.0, ge=0, lt=1, description="Dropout after the hidden layer.")
+    inputs: str = Field(
+        "float32", description="The inputs' dtype (float64: a mistake, the model is float32)."
+    )
 
 
 class Tiny(hpcpipe.DatasetRecipe):
@@ -43,6 +46,7 @@ class Tiny(hpcpipe.DatasetRecipe):
         n = self.args.samples + self.args.val_samples
         x = torch.randn(n, 4, generator=g)
         y = x.sum(dim=1, keepdim=True)
+        x = x.to(getattr(torch, self.args.inputs))  # float64: torch's own RuntimeError in the loss
         cut = self.args.samples
         return hpcpipe.Datasets(TensorDataset(x[:cut], y[:cut]), TensorDataset(x[cut:], y[cut:]))
 

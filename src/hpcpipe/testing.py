@@ -41,5 +41,7 @@ def assert_recipe_passes(
             lines.append(f"- {result.name}: {result.detail}")
             if result.traceback:
                 lines.append(result.traceback)
+        if report.kept:
+            lines.append(f"the runs and their logs are kept in {report.kept}")
         raise AssertionError("\n".join(lines))
     return report

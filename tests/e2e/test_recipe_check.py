@@ -64,3 +64,23 @@ def test_a_failing_property_is_reported_with_the_recipes_traceback(tmp_path: Pat
     assert proc.returncode == 1, proc.stderr
     assert "checkpoint-round-trip\tFAIL" in proc.stdout and "loader-repeatable\tPASS" in proc.stdout
     assert "the recipe's code raised" in proc.stderr and "recipes_for_tests.py" in proc.stderr
+
+
+def test_a_torch_error_in_the_recipe_shows_its_traceback_and_the_failed_runs_are_kept() -> None:
+    """torch raises RuntimeErrors (float64 inputs into a float32 model): they were reported as a
+    property failing, without the traceback the docs promise, and the logs the report named were
+    already deleted with the temporary work directory."""
+    import re
+    import shutil
+
+    only = ["--only", "checkpoint-round-trip", "--only", "export-loads"]
+    proc = run_cli("recipe", "check", "tests.recipes_for_tests:Tiny", "--set", "recipe.inputs=float64", *only)
+    assert proc.returncode == 1, proc.stderr
+    assert "checkpoint-round-trip\tFAIL" in proc.stdout and "export-loads\tFAIL" in proc.stdout
+    assert proc.stderr.count("the recipe's code raised") == 2 and "recipes_for_tests.py" in proc.stderr
+    kept = re.search(r"kept in (\S+) ", proc.stderr)
+    assert kept is not None, proc.stderr
+    try:
+        assert (Path(kept.group(1)) / "job.yaml").is_file()
+    finally:
+        shutil.rmtree(kept.group(1), ignore_errors=True)

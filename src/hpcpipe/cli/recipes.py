@@ -221,12 +221,13 @@ def _print_report(report: Any) -> None:
     rows = [(r.name, marks[(r.passed, r.skipped)], f"{r.seconds:.1f}", r.detail) for r in report.results]
     print_table(("property", "result", "s", "detail"), rows, typed={"property", "result"})
     for result in report.results:
-        if result.traceback:
-            err_console.print(
-                f"[bold]{result.name}[/]: the recipe's code raised:\n{result.traceback}",
-                markup=True,
-                highlight=False,
-            )
+        if result.traceback:  # the traceback as it is: "x[0]" is no markup
+            err_console.print(f"[bold]{result.name}[/]: the recipe's code raised:", highlight=False)
+            err_console.print(result.traceback, markup=False, highlight=False)
+    if report.kept:
+        err_console.print(
+            f"the runs and their logs are kept in {report.kept} (remove it when done)", markup=False
+        )
     verdict = "[green]PASS[/]" if report.passed else "[red]FAIL[/]"
     console.print(
         f"{verdict} recipe {report.recipe} in {report.seconds:.0f} s (parity: relative {report.rtol:g})"

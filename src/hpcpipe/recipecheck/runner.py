@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcpipe.config import JobConfig
-from hpcpipe.errors import one_line
+from hpcpipe.errors import UserError, one_line
 from hpcpipe.recipecheck import loader, training
 from hpcpipe.recipecheck.job import check_job
 from hpcpipe.recipes.base import Recipe
@@ -63,6 +63,7 @@ class CheckReport:
     seconds: float
     rtol: float
     results: list[PropertyResult] = field(default_factory=list)
+    kept: str | None = None  # the temporary work directory, kept for a failure's runs and logs
 
 
 class _Runs:
@@ -81,7 +82,7 @@ class _Runs:
                 self._done[name] = exc
         found = self._done[name]
         if isinstance(found, Exception):
-            raise RuntimeError(f"the {name} run failed: {found}")
+            raise training.RunFailed(f"the {name} run failed: {found}") from found
         return found
 
     def _start(self, name: str) -> Path:
@@ -129,28 +130,31 @@ def check_recipe(
     rtol: float = RTOL,
 ) -> CheckReport:
     """Every property (or ``only`` those) of recipe ``ref``, checked with ``config`` or its own
-    test-size job, in ``work`` (a temporary directory, removed after, when None). Bad input (an
+    test-size job, in ``work`` (a temporary directory when None, removed after unless a property
+    failed: then kept for the runs and logs the report names, ``CheckReport.kept``). Bad input (an
     unknown recipe, a bad config, data it cannot read) raises UserError before any property runs."""
     started = time.perf_counter()
     recipe_class(ref)  # ConfigError when ref names no usable recipe
     temporary = work is None
     root = Path(tempfile.mkdtemp(prefix="hpcpipe-check-")) if temporary else Path(work or ".").absolute()
     root.mkdir(parents=True, exist_ok=True)
+    results: list[PropertyResult] = []
+    passed = keep = False
     try:
         job = check_job(ref, config, list(sets), root)
         recipe = recipe_class(ref).from_job(job)
         recipe.prepare(progress=False)
         checks = _properties(recipe, job, _Runs(root, worker_imports(ref)), rtol)
-        results = []
         for name in only or PROPERTIES:
             if say is not None:
                 say(name)
             results.append(_run(name, checks[name]))
+        passed = all(r.passed or r.skipped for r in results)
+        keep = temporary and not passed  # the failed runs' directories and logs, which the report names
     finally:
-        if temporary:
+        if temporary and not keep:
             shutil.rmtree(root, ignore_errors=True)
-    passed = all(r.passed or r.skipped for r in results)
-    return CheckReport(ref, passed, time.perf_counter() - started, rtol, results)
+    return CheckReport(ref, passed, time.perf_counter() - started, rtol, results, str(root) if keep else None)
 
 
 def _run(name: str, check: Callable[[], str]) -> PropertyResult:
@@ -159,9 +163,15 @@ def _run(name: str, check: Callable[[], str]) -> PropertyResult:
         detail = check()
     except training.Skip as exc:
         return PropertyResult(name, False, True, str(exc), time.perf_counter() - started)
-    except (AssertionError, RuntimeError) as exc:
+    except AssertionError as exc:  # the property does not hold: the detail says how
         return PropertyResult(name, False, False, one_line(str(exc)), time.perf_counter() - started)
-    except Exception as exc:  # the recipe's own code raised: its author needs the traceback
+    except training.RunFailed as exc:  # with the traceback of what the recipe raised in this process
+        cause = exc.__cause__
+        trace = None
+        if cause is not None and not isinstance(cause, training.RunFailed | UserError):
+            trace = "".join(traceback.format_exception(cause))
+        return PropertyResult(name, False, False, one_line(str(exc)), time.perf_counter() - started, trace)
+    except Exception as exc:  # the recipe's own code raised (torch's RuntimeErrors too): its traceback
         trace = "".join(traceback.format_exception(exc))
         detail = one_line(f"{type(exc).__name__}: {exc}")
         return PropertyResult(name, False, False, detail, time.perf_counter() - started, trace)

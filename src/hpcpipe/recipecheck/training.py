@@ -31,7 +31,7 @@ def train(
     restarts: int = 0,
     preload: tuple[str, ...] = (),
 ) -> Path:
-    """``hpcpipe train work/job.yaml`` as run ``name``; its run directory. RuntimeError with the
+    """``hpcpipe train work/job.yaml`` as run ``name``; its run directory. RunFailed with the
     run's last line of output when it fails. ``preload``: what the recipe's workers import (the
     runs are forked from a zygote that imports it once, ``launch/zygote.py``)."""
     sets = [f"run.name={name}", f"parallel.strategy={strategy}"]
@@ -41,7 +41,7 @@ def train(
     # named by an import path resolve as they did here; the logs go to the work directory.
     proc = run_hpcpipe(args, Path.cwd(), RUN_TIMEOUT_S, env=env, log=name, log_dir=work, preload=preload)
     if proc.returncode != 0:
-        raise RuntimeError(
+        raise RunFailed(
             f"{name} run exited {proc.returncode}: {last_line(proc.stderr)} (log: {work / name}.err)"
         )
     return work / "runs" / name
@@ -266,3 +266,8 @@ def _refused(job: JobConfig, values: dict[str, Any], key: str) -> None:
 
 class Skip(Exception):
     """The property does not apply to this recipe (the report says why)."""
+
+
+class RunFailed(Exception):
+    """A run a property needs failed: its last line and log (a run in another process), or, as
+    its ``__cause__``, the exception the recipe's code raised in this one."""
