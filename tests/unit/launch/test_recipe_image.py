@@ -52,6 +52,7 @@ def test_slurm_writes_the_recipe_section_into_the_runs_config(tmp_path: Path) ->
     config = yaml.safe_load((job.run_dir / "config.yaml").read_text())
     assert config["run"]["recipe"] == OWN
     want = {"hidden": 24, "samples": 64, "activation": "relu", "val_samples": 16, "dropout": 0.0}
+    want["inputs"] = "float32"
     assert config["recipe"] == want
     assert str(job.run_dir / "config.yaml") in script.read_text()  # what the nodes' agents read
 

@@ -86,6 +86,7 @@ def test_an_import_path_names_a_recipe_of_the_users_own() -> None:
     job = _job(TINY)
     assert recipe_class(job.run.recipe).name == "tiny-regression"
     defaults = {"hidden": 8, "samples": 64, "activation": "relu", "val_samples": 16, "dropout": 0.0}
+    defaults["inputs"] = "float32"
     assert job.recipe == defaults  # every default filled in
     assert "recipe:\n  hidden: 8" in job.to_yaml()
 
