@@ -113,3 +113,12 @@ class NoArgs(Tiny):
     @args.setter
     def args(self, value: Any) -> None:
         pass
+
+
+class BadDefaultArgs(TinyArgs):
+    hidden: int = Field(0, ge=1, description="A default its own rule refuses.")
+
+
+class BadDefault(Tiny):
+    name = "bad-default"
+    Args = BadDefaultArgs

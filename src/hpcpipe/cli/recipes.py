@@ -53,7 +53,7 @@ def list_recipes(json_out: JsonOption = None) -> None:
             {
                 "name": name,
                 "package": " + ".join(e.package for e in entries),
-                "summary": f"[red]unusable[/]: {collision_message(name, entries)}",
+                "summary": f"[red]unusable[/]: {escape(collision_message(name, entries))}",
             }
         )
     if json_out != "-":

@@ -50,16 +50,16 @@ def apply_values(job: JobConfig, values: dict[str, Any]) -> JobConfig:
                 node[part] = {}
             node = node[part]
         node[key.rsplit(".", 1)[-1]] = value
-    return validate_config(raw, origin=", ".join(f"{k}={v}" for k, v in values.items()))
+    return validate_config(raw, origin=", ".join(f"{k}={v}" for k, v in values.items()) or "config")
 
 
 def validate_config(raw: dict[str, Any], origin: str = "config") -> JobConfig:
     try:
         return JobConfig.model_validate(raw)
     except ValidationError as exc:
-        raise ConfigError(f"{origin}: {first_error(exc)}") from None
+        raise ConfigError(f"{origin or 'config'}: {first_error(exc)}") from None
     except ConfigError as exc:  # the recipe's checks (run.recipe, recipe.<key>) name their key
-        raise ConfigError(f"{origin}: {exc}") from None
+        raise ConfigError(f"{origin or 'config'}: {exc}") from None
 
 
 def _read_source(source: str | Path) -> dict[str, Any]:

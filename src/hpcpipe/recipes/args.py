@@ -50,12 +50,26 @@ def validate_args(schema: type | None, raw: Mapping[str, Any] | None, recipe: st
     except ValidationError as exc:
         raise ConfigError(_first_error(exc)) from None
     dumped: dict[str, Any] = adapter.dump_python(value, mode="json")
+    try:  # pydantic leaves defaults unchecked: written out, a bad one failed the recipe's start
+        adapter.validate_python(dumped)
+    except ValidationError as exc:
+        loc = exc.errors()[0]["loc"]
+        given = bool(loc) and str(loc[0]) in raw
+        where = "" if given else f" (its default in the Args of recipe {recipe!r} breaks its own rule)"
+        raise ConfigError(_first_error(exc) + where) from None
     return dumped
 
 
 def parse_args(schema: type | None, raw: Mapping[str, Any] | None) -> Any:
     """The typed instance of a checked ``recipe:`` section (None without a schema)."""
-    return None if schema is None else _adapter(schema).validate_python(dict(raw or {}))
+    if schema is None:
+        return None
+    from pydantic import ValidationError
+
+    try:
+        return _adapter(schema).validate_python(dict(raw or {}))
+    except ValidationError as exc:  # a section that was not checked by validate_args
+        raise ConfigError(_first_error(exc)) from None
 
 
 def args_fields(schema: type) -> dict[str, tuple[Any, Any, str]]:

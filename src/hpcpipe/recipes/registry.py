@@ -32,6 +32,7 @@ import sys
 import types
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hpcpipe.errors import ConfigError
@@ -142,6 +143,12 @@ def _import(target: str, where: str) -> Any:
     module_name, _, attr = target.partition(":")
     if not module_name or not attr:
         raise ConfigError(f"{where}: an import path is package.module:Class")
+    if module_name.startswith(".") or "/" in module_name or module_name.endswith(".py"):
+        dotted = module_name.removesuffix(".py").lstrip("./").replace("/", ".")
+        raise ConfigError(
+            f"{where}: an import path names a module, not a file: write {dotted}:{attr}, run "
+            "from the file's folder (or put that folder on PYTHONPATH)"
+        )
     try:
         module = _import_module(module_name)
     except ModuleNotFoundError as exc:
@@ -149,12 +156,28 @@ def _import(target: str, where: str) -> Any:
         if module_name == missing or module_name.startswith(missing + "."):
             raise ConfigError(f"{where}: cannot import {module_name!r} (no module {missing!r})") from None
         raise  # the recipe's module imports something missing: its author needs the traceback
+    _not_shadowed(module_name, where)
     obj: Any = module
     for part in attr.split("."):
         if not hasattr(obj, part):
             raise ConfigError(f"{where}: module {module_name!r} has no attribute {attr!r}")
         obj = getattr(obj, part)
     return obj
+
+
+def _not_shadowed(module_name: str, where: str) -> None:
+    """A file of the working directory named like an installed package (``datasets.py``) loses
+    to it: the error would blame a missing attribute of the other package."""
+    top = module_name.split(".", maxsplit=1)[0]
+    here = Path.cwd()
+    ours = (here / f"{top}.py").is_file() or (here / top / "__init__.py").is_file()
+    found = sys.modules.get(top)
+    origin = getattr(found, "__file__", None)
+    if ours and origin is not None and not Path(origin).resolve().is_relative_to(here.resolve()):
+        raise ConfigError(
+            f"{where}: {top!r} is the installed package at {Path(origin).parent}, not the {top} in "
+            f"{here}: rename your module (an installed package of that name comes first)"
+        )
 
 
 def _import_module(name: str) -> types.ModuleType:

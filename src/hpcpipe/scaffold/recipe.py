@@ -38,6 +38,12 @@ def names_for(name: str) -> Names:
         raise UserError(
             f"NAME {name!r}: use lower-case letters, digits and '-', starting with a letter (e.g. my-recipe)"
         )
+    from hpcpipe.recipes.registry import registry
+
+    taken = registry()
+    holder = taken.recipes.get(name) or next(iter(taken.collisions.get(name, ())), None)
+    if holder is not None:  # installed, the two packages' recipe would be unusable, the built-in too
+        raise UserError(f"NAME {name!r}: a recipe of {holder.package} has that name; choose another")
     module = name.replace("-", "_")
     if importlib.util.find_spec(module) is not None:
         raise UserError(

@@ -75,4 +75,7 @@ def test_new_recipe_writes_a_package_and_refuses_a_bad_name_or_a_used_directory(
     assert again.returncode == 2 and "exists and is not empty" in again.stderr
     bad = run_cli("new", "recipe", "My Model", cwd=tmp_path)
     assert bad.returncode == 2 and "NAME 'My Model': use lower-case letters" in bad.stderr
+    # A built-in's name: installed, the package's recipe and hpcpipe's own became unusable.
+    taken = run_cli("new", "recipe", "resnet-cifar", cwd=tmp_path)
+    assert taken.returncode == 2 and "a recipe of hpcpipe has that name" in taken.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pkg"]  # nothing written for the bad name

@@ -104,12 +104,33 @@ def test_an_import_path_names_a_recipe_of_the_users_own() -> None:
         ("tests.recipes_for_tests:NoValLoss", "metric_goals must map each evaluation metric"),
         ("tests.recipes_for_tests:BadName", ".name must be a class attribute of 1-63 lower-case"),
         ("no-such-recipe", "unknown recipe 'no-such-recipe' (registered: gpt,"),
+        # A file where a module belongs: a TypeError traceback, or "no module 'good.py'".
+        ("./tests/recipes_for_tests.py:Tiny", "not a file: write tests.recipes_for_tests:Tiny"),
+        (".recipes_for_tests:Tiny", "not a file: write recipes_for_tests:Tiny"),
+        ("recipes_for_tests.py:Tiny", "not a file: write recipes_for_tests:Tiny"),
     ],
 )
 def test_a_recipe_that_cannot_be_used_is_one_line_naming_it(ref: str, needle: str) -> None:
     with pytest.raises(ConfigError) as err:
         load_config("tiny", [f"run.recipe={ref}"])
     assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_module_of_the_working_directory_that_an_installed_package_hides_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """yaml.py here: the error was "module 'yaml' has no attribute 'Mine'", about PyYAML."""
+    (tmp_path / "yaml.py").write_text("class Mine: pass\n")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=r"'yaml' is the installed package at .*rename your module"):
+        recipe_class("yaml:Mine")
+
+
+def test_an_args_default_that_breaks_its_own_rule_is_named_when_the_job_loads() -> None:
+    """Pydantic leaves defaults unchecked: the default was written out and the recipe's start
+    ended in a ValidationError traceback."""
+    with pytest.raises(ConfigError, match=r"recipe.hidden: .* \(got 0\) \(its default in the Args of recipe"):
+        load_config("tiny", ["run.recipe=tests.recipes_for_tests:BadDefault"])
 
 
 def test_a_missing_method_is_named() -> None:
@@ -202,6 +223,12 @@ def test_an_installed_package_registers_a_recipe_and_one_that_reuses_a_builtin_n
             "run.recipe 'gpt'" in message
             and "evil-recipes reuses the name of hpcpipe's built-in recipe" in message
         )
+        from typer.testing import CliRunner
+
+        from hpcpipe.cli.app import app
+
+        listed = CliRunner().invoke(app, ["recipes", "list"], env={"COLUMNS": "400"})
+        assert '[project.entry-points."hpcpipe.recipes"]' in listed.output  # rich ate it as markup
     finally:
         monkeypatch.undo()
         registry.refresh()
