@@ -30,6 +30,7 @@ from torch.utils.data import DataLoader, Dataset, default_collate
 
 from hpcpipe.config import DataConfig
 from hpcpipe.data.order import SampleOrder
+from hpcpipe.errors import DataError
 from hpcpipe.recipes.base import Batch, PaddingBatch
 
 _MASK64 = (1 << 64) - 1
@@ -46,9 +47,17 @@ def mix64(seed: int, position: int) -> int:
 
 def collate_tuple(items: list[Any]) -> Batch:
     """torch's ``default_collate``, as the tuple of tensors the trainer moves to the device: a
-    dataset item is a tuple of tensors or numbers (or one tensor)."""
+    dataset item is a tuple of tensors or numbers (or one tensor). Any other item (a dict, a
+    string) is a DataError saying so: it failed deep in the trainer, blamed on the recipe."""
     batch = default_collate(items)
-    return tuple(batch) if isinstance(batch, list | tuple) else (batch,)
+    batch = tuple(batch) if isinstance(batch, list | tuple) else (batch,)
+    for part in batch:
+        if not isinstance(part, torch.Tensor):
+            raise DataError(
+                f"a dataset item collates to {type(part).__name__}, not tensors: return a tuple of "
+                "tensors or numbers from __getitem__ (x, y), or write the recipe's collate() to make one"
+            )
+    return batch
 
 
 class SeededSamples(Dataset[Any]):

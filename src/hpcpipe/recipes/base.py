@@ -309,10 +309,24 @@ def no_plan_message(recipe_name: str, tp: int) -> str:
     )
 
 
+def checked_loss(loss: Any) -> Any:
+    """``loss`` when it is one number (a 0-d tensor); a UserError saying what to return otherwise
+    (a per-sample loss failed later, blaming the evaluation or autograd)."""
+    dim = getattr(loss, "dim", None)
+    if dim is None or dim() != 0:
+        shape = tuple(loss.shape) if hasattr(loss, "shape") else type(loss).__name__
+        raise UserError(
+            f"the recipe's loss() returned {shape}: return one number, the mean over the micro-batch "
+            "(a 0-d tensor: e.g. reduction='mean')"
+        )
+    return loss
+
+
 def mean_loss_sums(loss: torch.Tensor, batch: Batch) -> dict[str, torch.Tensor]:
     """``loss``, the mean over ``batch``, as the sums the ranks add up: the loss times the batch's
     size (its first tensor's length) and that ``count``, both float64 scalars."""
     import torch
 
+    loss = checked_loss(loss)
     count = torch.tensor(float(len(batch[0])), dtype=torch.float64, device=batch[0].device)
     return {"loss": loss.double() * count, "count": count}

@@ -162,6 +162,13 @@ class DatasetRecipe(Recipe):
     def samples_per_epoch(self) -> int | None:
         return len(self.data.train)
 
+    def dataset_hash(self) -> str | None:
+        """A fingerprint of the datasets this process built (``data/fingerprint.py``): lineage
+        records it, and a resume on other data is noticed (it trained on silently)."""
+        from hpcpipe.data.fingerprint import datasets_fingerprint
+
+        return datasets_fingerprint(self.data)
+
     def train_loader(self, rank: int, world_size: int) -> TrainLoader:
         from hpcpipe.data.map_style import MapStyleTrainLoader, SeededSamples
 

@@ -33,7 +33,7 @@ from hpcpipe.observe.progress import TrainProgress
 from hpcpipe.observe.telemetry import RankInfo, Telemetry
 from hpcpipe.observe.throughput import ThroughputMeter, peak_memory_bytes
 from hpcpipe.observe.watchdog import Watchdog
-from hpcpipe.recipes.base import Batch, PaddingBatch, Recipe
+from hpcpipe.recipes.base import Batch, PaddingBatch, Recipe, checked_loss
 from hpcpipe.track.sinks import Trackers
 from hpcpipe.train.activation_checkpointing import apply_activation_checkpointing
 from hpcpipe.train.deepspeed import deepspeed_engine
@@ -337,7 +337,7 @@ class Trainer:
 
             def forward(batch: Batch = batch, micro: int = micro) -> torch.Tensor:
                 with self.precision.autocast():
-                    loss = self.recipe.loss(self.model, batch)
+                    loss = checked_loss(self.recipe.loss(self.model, batch))
                 self.faults.at("forward", self.step, micro)
                 # Until backward: the OOM guard's agreement when the backward has collectives
                 # (DDP's last micro-step, FSDP2); train/oom.py's protocol.
