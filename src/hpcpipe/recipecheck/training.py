@@ -81,6 +81,7 @@ def check_parity(single: Path, other: Path, what: str, rtol: float) -> str:
     of 1 process. The check's runs do not clip (job.py): the norm is the one thing the layouts
     compute in another order, so it is compared here on its own rather than fed back into the
     weights, where a chaotic start amplifies its rounding."""
+    _same_data(single, other, what)
     loss, problem = compare_series(losses(single), losses(other), rtol)
     norm, norm_problem = (
         (0.0, None) if problem else compare_series(_grad_norms(single), _grad_norms(other), rtol, "grad_norm")
@@ -91,6 +92,22 @@ def check_parity(single: Path, other: Path, what: str, rtol: float) -> str:
         f"losses of {STEPS} steps within relative {loss:.1e} of 1 process, gradient norms within "
         f"{norm:.1e} (tolerance {rtol:g})"
     )
+
+
+def _same_data(single: Path, other: Path, what: str) -> None:
+    """The two runs' processes built the same datasets (lineage's fingerprint): a recipe whose
+    data differ between processes failed parity, blamed on DDP or FSDP2."""
+    from hpcpipe.fsutil import read_json_object
+    from hpcpipe.layout import RunLayout
+
+    key = "dataset_manifest_sha256"
+    mine, theirs = (read_json_object(RunLayout(run).lineage).get(key) for run in (single, other))
+    if mine and theirs and mine != theirs:
+        raise AssertionError(
+            f"the {what} run built other data than 1 process (dataset fingerprint {theirs[:12]} against "
+            f"{mine[:12]}): datasets() must build the same data in every process (seed random data; "
+            "no order taken from a set of strings)"
+        )
 
 
 def _grad_norms(run_dir: Path) -> dict[int, float]:

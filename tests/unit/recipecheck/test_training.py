@@ -59,3 +59,14 @@ def test_the_checked_job_does_not_clip_whatever_the_config_says(tmp_path: Path) 
     job = check_job("gpt", None, ["train.grad_clip=1.0"], tmp_path)
     assert job.train.grad_clip == 0.0
     assert "grad_clip: 0.0" in (tmp_path / "job.yaml").read_text()
+
+
+def test_runs_that_built_other_data_are_named_before_their_losses(tmp_path: Path) -> None:
+    """A recipe whose datasets() differ between processes failed parity as '2 DDP ranks: loss
+    9.54 against 5.39', blamed on DDP."""
+    single = _run(tmp_path, "single", LOSSES, NORMS)
+    other = _run(tmp_path, "ddp", [x * 2 for x in LOSSES], NORMS)
+    for run, digest in ((single, "a" * 64), (other, "b" * 64)):
+        RunLayout(run).lineage.write_text(json.dumps({"dataset_manifest_sha256": digest}))
+    with pytest.raises(AssertionError, match=r"built other data than 1 process \(dataset fingerprint bbbb"):
+        check_parity(single, other, "2 DDP ranks", 1e-4)
