@@ -66,6 +66,8 @@ def measure(
             }
         except RuntimeError as exc:
             result = {name: {"error": f"{type(exc).__name__}: {exc}"} for name in tasks}
+        except UserError as exc:  # a size that cannot fit here: its rows fail, the report is still written
+            result = {name: {"error": str(exc)} for name in tasks}
         measurements.update(result or {})
     if th.throughput is not None:
         log(f"accept: training throughput of {th.throughput.preset}")

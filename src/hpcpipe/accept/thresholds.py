@@ -47,11 +47,13 @@ class CollectiveThresholds(_Section):
         for name, sizes in value.items():
             if name not in COLLECTIVES:
                 raise ValueError(f"unknown collective {name!r} (known: {', '.join(COLLECTIVES)})")
-            for size in sizes:
+            for size, minimum in sizes.items():
                 try:
                     parse_size(str(size), flag=f"size {size!r} of {name}")
                 except UserError as exc:
                     raise ValueError(str(exc)) from None
+                if not minimum > 0:  # a floor of 0 or less passes a link that moves nothing
+                    raise ValueError(f"{name} {size}: the minimum bus bandwidth must be > 0 (got {minimum})")
         return value
 
 
@@ -59,6 +61,15 @@ class ComputeThresholds(_Section):
     matmul_tflops: dict[Literal["fp32", "tf32", "bf16", "fp16"], float] = Field(
         default_factory=dict, description="dtype -> minimum matmul TFLOP/s on every device."
     )
+
+    @field_validator("matmul_tflops")
+    @classmethod
+    def _positive(cls, value: dict[str, float]) -> dict[str, float]:
+        for dtype, minimum in value.items():
+            if not minimum > 0:
+                raise ValueError(f"{dtype}: the minimum TFLOP/s must be > 0 (got {minimum})")
+        return value
+
     memory_bandwidth_gbps: float | None = Field(None, gt=0, description="Device memory copy, read + write.")
     host_to_device_gbps: float | None = Field(None, gt=0, description="Pinned host -> device copy.")
     device_to_host_gbps: float | None = Field(None, gt=0, description="Device -> pinned host copy.")
@@ -87,6 +98,15 @@ class ScalingThresholds(TrainingRun):
         "weak", description="Fixed global (strong) or per-rank (weak) batch."
     )
     min_efficiency: float = Field(gt=0, le=1.5, description="Minimum efficiency at every larger world size.")
+
+    @field_validator("nproc")
+    @classmethod
+    def _a_baseline_and_more(cls, value: list[int]) -> list[int]:
+        if any(n < 1 for n in value) or len(set(value)) < 2:  # one size makes no row: nothing judged
+            raise ValueError(
+                f"give two or more world sizes of 1 or more, the smallest the baseline (got {value})"
+            )
+        return value
 
 
 class Thresholds(_Section):

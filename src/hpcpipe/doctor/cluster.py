@@ -29,10 +29,11 @@ def check_slurm(probe: Probe) -> list[Check]:
     if out is None:
         return [Check("slurm", SKIPPED, why)]
     rows = [line.split("|") for line in out.splitlines() if line.count("|") == 3]
+    # sinfo's suffixes: * not responding (unavailable), ~ # powered off or powering up (power saving).
     bad = [
         f"{p}: {n} node(s) {s}"
         for p, _, n, s in rows
-        if re.match(r"(down|drain|drng|fail|maint)", s.rstrip("*~#"))
+        if s.endswith("*") or re.match(r"(down|drain|drng|fail|maint)", s.rstrip("~#"))
     ]
     version_out, _ = probe.run(["scontrol", "--version"])
     version = version_out.strip() if version_out else "scontrol unavailable"

@@ -110,7 +110,8 @@ def check_topology(probe: Probe) -> list[Check]:
     out, why = probe.run(["nvidia-smi", "topo", "-m"])
     if out is None:
         return [Check("gpu topology", SKIPPED, why)]
-    gpus = [line.split()[0] for line in out.splitlines() if re.match(r"^\s*GPU\d+\s", line)]
+    # A matrix row starts at the line's start; the header ("\tGPU0\tGPU1...") is indented.
+    gpus = [line.split()[0] for line in out.splitlines() if re.match(r"^GPU\d+\s", line)]
     nvlinked = bool(re.search(r"\bNV\d+\b", out))
     details = {"matrix": out.strip()}
     if len(gpus) > 1 and not nvlinked:

@@ -221,6 +221,10 @@ def test_shipped_thresholds_load(name: str) -> None:
             "throughput: unknown preset 'nopreset'",
         ),
         ("name: [x\n", "not valid YAML"),
+        # Floors that pass anything, and a scaling section that makes no row: nothing was judged.
+        ("name: x\ncollectives: {busbw_gbps: {all_reduce: {1M: -1}}}\n", "must be > 0 (got -1"),
+        ("name: x\ncompute: {matmul_tflops: {fp32: 0}}\n", "must be > 0 (got 0"),
+        ("name: x\nscaling: {preset: tiny, nproc: [4], min_efficiency: 0.7}\n", "two or more world sizes"),
     ],
 )
 def test_bad_thresholds_name_the_file(tmp_path: Path, text: str, needle: str) -> None:

@@ -40,3 +40,23 @@ def test_the_server_imports_the_trainer_only_when_a_section_trains() -> None:
     assert _training_preload(_th()) == ()
     for trains in ({"throughput": THROUGHPUT}, {"scaling": SCALING}):
         assert _training_preload(_th(**trains)) == (WORKER_MODULE, *WORKER_PRELOAD)
+
+
+def test_a_size_refused_before_the_sweep_fails_its_rows_and_the_report_is_still_made(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """A collective size that does not fit in memory ended `accept` with exit 2 and no report,
+    the connectivity measured with it lost."""
+    from hpcpipe.accept import suite
+    from hpcpipe.bench import runner
+    from hpcpipe.errors import UserError
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise UserError("--sizes: 4G does not fit in this host's memory")
+
+    monkeypatch.setattr(runner, "run_bench", refuse)
+    monkeypatch.setattr(runner, "prestart_bench_server", lambda *a, **k: None)
+    th = _th(collectives={"busbw_gbps": {"all_reduce": {"4G": 0.01}}}, connectivity={"max_rtt_ms": 5})
+    measured = suite.measure(th, None, tmp_path)
+    assert measured is not None and set(measured) == set(suite.bench_tasks(th))
+    assert all("does not fit" in m["error"] for m in measured.values())

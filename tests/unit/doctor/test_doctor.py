@@ -129,6 +129,18 @@ def test_slurm_with_drained_nodes(node: Probe) -> None:
     (check,) = check_slurm(node)
     assert check.status == WARN
     assert check.summary == "slurm 23.11.4; 2 partition(s); unavailable: gpu*: 2 node(s) drain"
+    # Not responding ("idle*") read as healthy; powered off for power saving ("idle~") is.
+    tool(bin_dir, "sinfo", "print('gpu|up|4|idle*'); print('gpu|up|8|idle~')")
+    (check,) = check_slurm(node)
+    assert check.status == WARN and check.summary.endswith("unavailable: gpu: 4 node(s) idle*")
+
+
+def test_the_topology_matrix_header_is_no_gpu(node: Probe) -> None:
+    """The header line, indented ("\tGPU0\tNIC0"), was counted: one GPU read as two on PCIe."""
+    matrix = "\tGPU0\tNIC0\tCPU Affinity\nGPU0\t X \tPHB\t0-31\nNIC0\tPHB\t X \t\n"
+    tool(Path(node.env["PATH"]), "nvidia-smi", f"print({matrix!r}, end='')")
+    (check,) = check_topology(node)
+    assert (check.status, check.summary) == (OK, "1 GPU(s)")
 
 
 class FakeNVML(types.SimpleNamespace):
