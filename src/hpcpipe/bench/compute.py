@@ -61,10 +61,15 @@ class ComputeSpec:
             raise UserError("--matmul-n must be >= 16")
         if min_time_s <= 0 or repeats < 1:
             raise UserError("--min-time must be > 0 and --repeats >= 1")
+        if copy_bytes is not None and copy_bytes < MIN_COPY_BYTES:  # it reported "0 MiB copy, 0 GB/s"
+            raise UserError(f"--copy-size must be 1M or more (got {copy_bytes} bytes)")
         return cls(list(dict.fromkeys(dtypes)), matmul_n, copy_bytes, min_time_s, repeats)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+MIN_COPY_BYTES = 1 << 20
 
 
 def figure(value: float | None, unit: str, detail: str = "", skipped: str | None = None) -> dict[str, Any]:
@@ -188,11 +193,27 @@ def _memory_copy(device: torch.device, spec: ComputeSpec) -> dict[str, Any]:
     import torch
 
     size = spec.copy_bytes or _default_copy_bytes(device)
+    _fits_twice(size, device)
     count = size // 4
     src = torch.ones(count, dtype=torch.float32, device=device)
     dst = torch.empty_like(src)
     seconds = time_callable(lambda: dst.copy_(src), _syncer(device), spec.min_time_s, spec.repeats)
     return figure(2 * count * 4 / seconds / 1e9, "GB/s", f"{count * 4 >> 20} MiB copy, read + write")
+
+
+def _fits_twice(size: int, device: torch.device) -> None:
+    """The copy's two buffers fit the free memory of ``device``; a UserError naming --copy-size
+    otherwise (``--copy-size 1T`` failed in the allocator, with its traceback)."""
+    import torch
+
+    from hpcpipe.bench.host import available_host_memory
+
+    free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else available_host_memory()
+    if 2 * size > free:
+        raise UserError(
+            f"--copy-size: two buffers of {size >> 20} MiB do not fit in the {free >> 20} MiB of free "
+            f"{device.type} memory"
+        )
 
 
 def _host_device(device: torch.device, spec: ComputeSpec) -> dict[str, dict[str, Any]]:

@@ -11,6 +11,7 @@ from rich.table import Table
 
 from hpcpipe.cli.common import JsonOption, console, load_job, print_whole, write_json
 from hpcpipe.errors import UserError
+from hpcpipe.plan.layouts import Bandwidths
 from hpcpipe.plan.memory import GIB, GPUS, HEADROOM, Layout, ModelShape, fits, memory_per_gpu
 from hpcpipe.plan.memory_inputs import (
     ShapeFlags,
@@ -105,6 +106,11 @@ def memory(
       hpcpipe plan memory --layers 32 --hidden 4096 --heads 32 --kv-heads 8 --ffn 14336
       --vocab 128256 --seq 8192 --tp 2 --dp 4 --micro-batch 1 --global-batch 64
     """
+    if gpus is not None and gpus < 1:
+        raise UserError(f"--gpus must be 1 or more (got {gpus})")
+    if gpus is not None and (gpus_per_node < 1 or top < 1):  # refused before any table is printed
+        raise UserError("--gpus-per-node and --top must be 1 or more")
+    bw = bandwidths(intra_gbs, inter_gbs, intra_bench, inter_bench) if gpus is not None else None
     job = load_job(source, None) if source is not None else None
     given = ShapeFlags(layers, hidden, heads, kv_heads, ffn, vocab, seq, _gated(mlp), None)
     shape = resolve_shape(shape_from_job(job) if job is not None else None, given)
@@ -125,10 +131,8 @@ def memory(
         "headroom": HEADROOM,
     }
     _print_memory(shape, layout, parts)
-    if gpus is not None:
-        result["search"] = _search(
-            shape, layout, gpus, gpus_per_node, target, top, intra_gbs, inter_gbs, intra_bench, inter_bench
-        )
+    if gpus is not None and bw is not None:
+        result["search"] = _search(shape, layout, gpus, gpus_per_node, target, top, bw)
     write_json(result, json_out)
 
 
@@ -240,16 +244,10 @@ def _search(
     gpus_per_node: int,
     gpu: Any,
     top: int,
-    intra_gbs: float | None,
-    inter_gbs: float | None,
-    intra_bench: Path | None,
-    inter_bench: Path | None,
+    bw: Bandwidths,
 ) -> dict[str, Any]:
     from hpcpipe.plan.layouts import rank_of, search
 
-    if gpus_per_node < 1 or top < 1:
-        raise UserError("--gpus-per-node and --top must be 1 or more")
-    bw = bandwidths(intra_gbs, inter_gbs, intra_bench, inter_bench)
     global_batch = given.micro_batch * given.micro_batches * given.dp
     found = search(shape, gpus, gpu, bw, global_batch, gpus_per_node, given)
     rank = rank_of(found, given)

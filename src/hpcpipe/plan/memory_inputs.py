@@ -154,9 +154,18 @@ def bandwidths(
     sources = []
     intra = intra_gbs if intra_gbs is not None else _bench_busbw(intra_bench, "--intra-bench")
     inter = inter_gbs if inter_gbs is not None else _bench_busbw(inter_bench, "--inter-bench")
-    for flag, value in (("--intra-gbs", intra), ("--inter-gbs", inter)):
-        if value is not None and not value > 0:
-            raise UserError(f"{flag} must be a number > 0 (got {value:g})")
+    for name, value, given, bench in (
+        ("intra", intra, intra_gbs, intra_bench),
+        ("inter", inter, inter_gbs, inter_bench),
+    ):
+        if value is None or value > 0:
+            continue
+        if given is None:  # measured: a one-rank file (it named a flag the user did not pass)
+            raise UserError(
+                f"--{name}-bench {bench}: its all_reduce bus bandwidth is {value:g} GB/s (one rank "
+                "moves nothing): measure on 2 or more ranks"
+            )
+        raise UserError(f"--{name}-gbs must be a number > 0 (got {value:g})")
     if intra is not None:
         bw = replace(bw, intra_node_gbs=intra)
         sources.append("intra-node " + ("given" if intra_gbs is not None else f"measured ({intra_bench})"))
@@ -174,10 +183,21 @@ def _bench_busbw(path: Path | None, flag: str) -> float | None:
         body = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise UserError(f"{flag} {path}: not a readable JSON file ({exc})") from None
-    rows = [r for r in body.get("results", []) if isinstance(r, dict) and r.get("collective") == "all_reduce"]
+    results = body.get("results", []) if isinstance(body, dict) else []
+    results = results if isinstance(results, list) else []
+    rows = [
+        r
+        for r in results
+        if isinstance(r, dict) and r.get("collective") == "all_reduce" and _number(r.get("busbw_gbps"))
+    ]
     if not rows:
         raise UserError(
-            f"{flag} {path}: no all_reduce results (run hpcpipe bench collectives -c all_reduce --json FILE)"
+            f"{flag} {path}: no all_reduce results with busbw_gbps "
+            "(run hpcpipe bench collectives -c all_reduce --json FILE)"
         )
-    largest = max(rows, key=lambda r: r.get("size_bytes", 0))
+    largest = max(rows, key=lambda r: r.get("size_bytes", 0) if _number(r.get("size_bytes")) else 0)
     return float(largest["busbw_gbps"])
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)

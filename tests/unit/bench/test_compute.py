@@ -77,3 +77,17 @@ def test_cli_json_is_what_roofline_reads(cli, tmp_path: Path) -> None:  # type: 
     assert roofs.peak_flops == pytest.approx(data["figures"]["matmul_fp32"]["value"] * 1e12)
     bad = cli("bench", "compute", "--device", "tpu:0")
     assert bad.returncode == 2 and "--device" in bad.stderr
+
+
+def test_a_copy_size_that_cannot_be_measured_is_named() -> None:
+    """--copy-size 3 reported '0 MiB copy, 0 GB/s'; --copy-size 1T failed in the allocator."""
+    import torch
+
+    from hpcpipe.bench.compute import ComputeSpec, _fits_twice
+    from hpcpipe.errors import UserError
+
+    with pytest.raises(UserError, match="--copy-size must be 1M or more"):
+        ComputeSpec.build(["fp32"], None, 3, 0.3, 1)
+    with pytest.raises(UserError, match="--copy-size: two buffers of 1048576 MiB do not fit"):
+        _fits_twice(1 << 40, torch.device("cpu"))
+    _fits_twice(1 << 20, torch.device("cpu"))

@@ -198,3 +198,24 @@ def test_plan_memory_takes_the_zero_stage_the_job_trains_with(tmp_path: Path) ->
     auto = load_config("gpt-124m", ["parallel.strategy=auto"])
     assert (_zero(auto, None, 1), _zero(auto, None, 2), _zero(auto, 1, 1)) == (0, 3, 1)
     assert _zero(load_config("gpt-124m"), None, 1) == 3  # fsdp
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("[1, 2]", "no all_reduce results with busbw_gbps"),  # AttributeError before
+        ('{"results": [{"collective": "all_reduce", "size_bytes": 1}]}', "no all_reduce results"),  # KeyError
+        (
+            '{"results": [{"collective": "all_reduce", "size_bytes": 1, "busbw_gbps": 0}]}',
+            "its all_reduce bus bandwidth is 0 GB/s (one rank moves nothing)",  # named --intra-gbs
+        ),
+    ],
+)
+def test_a_bench_file_the_planner_cannot_use_is_one_line_before_any_table(
+    tmp_path: Path, text: str, says: str
+) -> None:
+    bench = tmp_path / "bench.json"
+    bench.write_text(text)
+    proc = run_cli("plan", "memory", "gpt-124m", "--gpus", "8", "--intra-bench", str(bench))
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout
+    assert proc.stderr.count("\n") == 1 and says in proc.stderr, proc.stderr
