@@ -49,6 +49,15 @@ FLAG_NAMES = {
 }
 
 
+def _tokenizer_vocab(job: JobConfig) -> int:
+    """The tokenizer's vocabulary: the BPE's configured size, or the byte tokenizer's."""
+    if job.data.tokenizer == "bytes":
+        from hpcpipe.data.tokens.tokenizer import BYTE_VOCAB_SIZE
+
+        return BYTE_VOCAB_SIZE
+    return job.data.vocab_size
+
+
 def shape_from_job(job: JobConfig) -> ShapeFlags:
     """The shape of hpcpipe's own GPT in ``job`` (recipes with ``own_transformer``); the vocabulary is
     model.vocab_size, else the BPE tokenizer's size (data.vocab_size), else unknown here."""
@@ -67,7 +76,7 @@ def shape_from_job(job: JobConfig) -> ShapeFlags:
         heads=m.n_heads,
         kv_heads=m.kv_heads,
         ffn=mlp_hidden(m),
-        vocab=m.vocab_size or (job.data.vocab_size if job.data.tokenizer == "bpe" else None),
+        vocab=m.vocab_size or _tokenizer_vocab(job),
         seq_len=m.seq_len,
         gated_mlp=m.variant == "llama",
         tied_embeddings=True,  # the GPT ties its LM head to the token embedding

@@ -219,3 +219,11 @@ def test_a_bench_file_the_planner_cannot_use_is_one_line_before_any_table(
     proc = run_cli("plan", "memory", "gpt-124m", "--gpus", "8", "--intra-bench", str(bench))
     assert proc.returncode == 2 and proc.stdout == "", proc.stdout
     assert proc.stderr.count("\n") == 1 and says in proc.stderr, proc.stderr
+
+
+def test_a_job_on_the_byte_tokenizer_is_planned_with_its_vocabulary() -> None:
+    """`plan memory tiny` asked for --vocab although the byte tokenizer's size is known."""
+    from hpcpipe.config import load_config
+    from hpcpipe.plan.memory_inputs import shape_from_job
+
+    assert shape_from_job(load_config("tiny", ["data.tokenizer=bytes"])).vocab == 257
