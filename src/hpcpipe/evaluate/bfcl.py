@@ -113,6 +113,10 @@ def _load_category(data_dir: Path, category: str, limit: int | None, split: str)
         raise DataError(f"unknown BFCL category {category!r} (known: {', '.join(CATEGORIES)})")
     path = data_dir / f"BFCL_v4_{stem}.json"
     entries = _read_jsonl(path)
+    for entry in entries:  # a question of another shape crashed the split or the case (KeyError 0)
+        question = entry.get("question")
+        if not isinstance(question, list) or not all(isinstance(turn, list) for turn in question):
+            raise DataError(f"{path}: case {entry.get('id')} has no 'question' list of turns")
     single = [e for e in entries if len(e.get("question") or []) == 1]
     if len(single) < len(entries):
         log.warning("%s: skipped %d multi-turn case(s)", path, len(entries) - len(single))
@@ -122,6 +126,9 @@ def _load_category(data_dir: Path, category: str, limit: int | None, split: str)
     if "irrelevance" not in category:
         answer_path = data_dir / "possible_answer" / path.name
         answers = {str(a["id"]): a.get("ground_truth") for a in _read_jsonl(answer_path)}
+        if broken := [k for k, truth in answers.items() if not isinstance(truth, list)]:
+            # A case without its calls read as "no call expected": a plain reply passed it.
+            raise DataError(f"{answer_path}: answer {broken[0]} has no 'ground_truth' list of calls")
         if missing := [str(e["id"]) for e in chosen if str(e["id"]) not in answers]:
             raise DataError(f"{answer_path}: no answer for {missing[0]} ({len(missing)} case(s) without one)")
     return [_case(entry, category, answers, path) for entry in chosen]

@@ -126,9 +126,9 @@ def score(case: Case, reply: str) -> dict[str, Any]:
             return result
         result["error"] = "invalid_call"
         return result
-    if expects:
-        want = sorted(next(iter(g)) for g in case.ground_truth or [])
-        result["name"] = sorted(c["name"] for c in parsed.calls) == want
+    if expects:  # a dotted name (math.factorial) may be called as math_factorial, as the AST check allows
+        want = sorted(next(iter(g)).replace(".", "_") for g in case.ground_truth or [])
+        result["name"] = sorted(c["name"].replace(".", "_") for c in parsed.calls) == want
     check = check_calls(parsed.calls, case.functions, case.ground_truth, case.check_category)
     result["ast"] = check.valid
     result["error"] = check.error_type

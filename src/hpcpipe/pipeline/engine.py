@@ -7,11 +7,13 @@ hpcpipe's version. On each ``hpcpipe run`` a step is skipped when its record in
 hash as recorded; otherwise it runs. So a second run skips everything, a changed key re-runs the
 steps downstream of it, and a step that failed runs again while the ones before it are skipped
 (training itself resumes from its newest checkpoint). The code's git SHA is recorded in the
-lineage but is not an input: commit-by-commit retraining is opt-in (``--from train``).
+lineage but is not an input: a new commit trains anew under a new ``run.name``. A step that
+refuses its input (a ``UserError``) leaves its last record as it was.
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import time
@@ -61,6 +63,7 @@ class Step:
     run: Callable[[StepContext], None]
     outputs: Callable[[StepContext], dict[str, str]]  # hashes of what it produced, from disk
     describe: str
+    ignores: tuple[str, ...] = ()  # dotted keys inside ``reads`` that never change its outputs
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,12 @@ def config_value(tree: dict[str, Any], key: str) -> Any:
 
 
 def step_inputs(step: Step, config: dict[str, Any], records: dict[str, Any]) -> dict[str, Any]:
+    config = copy.deepcopy(config)
+    for key in step.ignores:  # a launcher's timeouts retrained the whole run
+        section, _, name = key.rpartition(".")
+        parent = config_value(config, section)
+        if isinstance(parent, dict):
+            parent.pop(name, None)
     return {
         "config": {key: config_value(config, key) for key in step.reads},
         "upstream": {name: (records.get(name) or {}).get("outputs") for name in step.after},
@@ -121,6 +130,8 @@ def run_pipeline(
 ) -> list[Decision]:
     """Run the steps in order (from ``start``, or ``only`` one); returns what was decided."""
     names = [s.name for s in steps]
+    if start is not None and only is not None:  # --from was ignored without a word
+        raise UserError("--from and --only: give one (--from STEP runs it and every later step)")
     for flag, name in (("--from", start), ("--only", only)):
         if name is not None and name not in names:
             raise UserError(f"{flag} {name}: no such step (steps: {', '.join(names)})")
@@ -174,6 +185,8 @@ def _run_step(step: Step, ctx: StepContext, inputs: dict[str, Any], fp: str) -> 
             ctx.run_dir, step.name, record | {"status": NOT_APPLICABLE, "reason": str(why), "outputs": {}}
         )
         return NOT_APPLICABLE
+    except UserError:  # bad input, said in one line by the CLI: the step's last record stays true
+        raise
     except BaseException as exc:
         error = f"{type(exc).__name__}: {exc}"[:500]
         _record(ctx.run_dir, step.name, record | {"status": FAILED, "error": error, "outputs": None})

@@ -10,9 +10,10 @@ import json
 import time
 from pathlib import Path
 
-from hpcpipe.config.job import TRAINING_KEYS
+from hpcpipe.checkpoint.manifest import parse_step
+from hpcpipe.config.job import TRAINING_KEYS, WAITING_KEYS
 from hpcpipe.layout import RunLayout
-from hpcpipe.pipeline.engine import NotApplicable, Step, StepContext, file_sha256, tree_sha256
+from hpcpipe.pipeline.engine import DONE, NotApplicable, Step, StepContext, file_sha256, tree_sha256
 
 # -- prepare: the dataset (tokens, images, conversations), keyed by its inputs' hash ---------------
 
@@ -65,6 +66,7 @@ def stage_outputs(ctx: StepContext) -> dict[str, str]:
 def train(ctx: StepContext) -> None:
     from hpcpipe.launch.job import run_job
 
+    _nothing_left_to_train_with_new_settings(ctx)
     started = time.perf_counter()
     if ctx.on == "k8s":
         from hpcpipe.launch.k8s_train import train_on_k8s
@@ -73,6 +75,44 @@ def train(ctx: StepContext) -> None:
     else:
         run_job(ctx.job, max_restarts=ctx.max_restarts)
     ctx.results["wall_time_s"] = time.perf_counter() - started
+
+
+def _nothing_left_to_train_with_new_settings(ctx: StepContext) -> None:
+    """A training key changed after the run trained to its last step: resumed, it would train
+    nothing, and the lineage would record the new settings for a model trained with the old."""
+    from hpcpipe.errors import UserError
+    from hpcpipe.observe.lineage import read_lineage
+    from hpcpipe.pipeline.engine import step_inputs
+
+    record = (read_lineage(ctx.run_dir).get("steps") or {}).get("train") or {}
+    newest = newest_checkpoint(ctx)
+    reached = parse_step(newest.name) if newest is not None else None
+    if record.get("status") != DONE or reached is None or reached < ctx.job.train.steps:
+        return
+    before = (record.get("inputs") or {}).get("config") or {}
+    now = step_inputs(TRAIN_STEP, ctx.job.to_dict(), {})["config"]
+    changed = [
+        f"{key} {old!r} -> {new!r}"
+        for section in TRAINING_KEYS
+        for key, old, new in _differences(section, before.get(section), now.get(section))
+    ]
+    if changed:
+        raise UserError(
+            f"{ctx.run_dir} already trained to step {reached} with other settings "
+            f"({', '.join(changed[:3])}{' ...' if len(changed) > 3 else ''}): resumed, nothing would be "
+            "trained with them; give a new run.name to train anew (or raise train.steps to train on)"
+        )
+
+
+def _differences(key: str, old: object, new: object) -> list[tuple[str, object, object]]:
+    """(dotted key, old, new) of every leaf that differs between two config values."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        return [
+            d
+            for k in sorted(old.keys() | new.keys())
+            for d in _differences(f"{key}.{k}", old.get(k), new.get(k))
+        ]
+    return [] if old == new else [(key, old, new)]
 
 
 def newest_checkpoint(ctx: StepContext) -> Path | None:
@@ -216,17 +256,37 @@ def _upload_report(ctx: StepContext) -> None:
 
 
 def report_outputs(ctx: StepContext) -> dict[str, str]:
-    digest = file_sha256(RunLayout(ctx.run_dir).report_markdown)
-    return {"report": digest} if digest else {}
+    """Every file the step writes: one of them deleted is written again (report.md alone was
+    checked; summary.md, the loss curve and report.html stayed missing)."""
+    layout = RunLayout(ctx.run_dir)
+    files = {
+        "report": layout.report_markdown,
+        "report_html": layout.report_html,
+        "summary": layout.summary,
+        "loss_curve": layout.loss_curve,
+    }
+    digests = {name: file_sha256(path) for name, path in files.items()}
+    return {name: digest for name, digest in digests.items() if digest}
 
+
+# The final checkpoint (checkpoint.every_steps) is what export and evaluation read: a run trained
+# without one is trained again for it. The launcher's timeouts never change what is trained.
+TRAIN_STEP = Step(
+    "train",
+    (*TRAINING_KEYS, "checkpoint.every_steps"),
+    ("prepare",),
+    train,
+    train_outputs,
+    "the workers; resumes from the newest verified checkpoint",
+    ignores=WAITING_KEYS,
+)
 
 STEPS = [
     Step("prepare", ("run.recipe", "recipe", "data", "model", "lora"), (), prepare, prepare_outputs,
          "dataset preparation (tokens, images, conversations), keyed by its inputs"),
     Step("stage", ("data.cache_dir",), ("prepare",), stage, stage_outputs,
          "a verified copy on the node-local cache (data.cache_dir)"),
-    Step("train", TRAINING_KEYS, ("prepare",), train, train_outputs,
-         "the workers; resumes from the newest verified checkpoint"),
+    TRAIN_STEP,
     Step("evaluate", (), ("train",), evaluate, evaluate_outputs,
          "eval.json: held-out metrics of the final model"),
     Step("export", ("pipeline.export_format",), ("train",), export, export_outputs,

@@ -127,3 +127,24 @@ def test_bad_split_input_is_one_line_and_exit_2_before_any_model_loads(
     assert out.returncode == 2, out.stderr
     assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert line in out.stderr
+
+
+def test_cases_and_answers_of_another_shape_are_named(tmp_path: Path) -> None:
+    """A question that is an object ended in KeyError 0; an answer without ground_truth made its
+    case 'no call expected', so a plain-text reply passed it."""
+    from hpcpipe.evaluate.bfcl import FILE_STEMS
+
+    name = f"BFCL_v4_{FILE_STEMS['simple']}.json"
+    (tmp_path / "possible_answer").mkdir()
+    case = {"id": "simple_0", "question": {"a": 1}, "function": []}
+    (tmp_path / name).write_text(json.dumps(case) + "\n")
+    (tmp_path / "possible_answer" / name).write_text(
+        json.dumps({"id": "simple_0", "ground_truth": []}) + "\n"
+    )
+    with pytest.raises(DataError, match=r"case simple_0 has no 'question' list of turns"):
+        load_bfcl(tmp_path, ["simple"], split="all")
+    case["question"] = [[{"role": "user", "content": "hi"}]]
+    (tmp_path / name).write_text(json.dumps(case) + "\n")
+    (tmp_path / "possible_answer" / name).write_text(json.dumps({"id": "simple_0"}) + "\n")
+    with pytest.raises(DataError, match=r"answer simple_0 has no 'ground_truth' list of calls"):
+        load_bfcl(tmp_path, ["simple"], split="all")

@@ -73,6 +73,15 @@ def test_score_per_outcome() -> None:
     assert not broken["parsed"] and broken["error"] == "invalid_call"
 
 
+def test_a_dotted_function_called_with_underscores_has_the_right_name_as_it_passes_the_ast() -> None:
+    """math.factorial called as math_factorial passed the AST check (BFCL's rule) but counted as
+    the wrong name: name accuracy could fall below AST accuracy."""
+    doc = {"name": "math.factorial", "parameters": {"type": "dict", "properties": {"n": {"type": "integer"}}}}
+    case = Case("c", "simple", "simple", Conversation(()), [doc], [{"math.factorial": {"n": [5]}}])
+    got = score(case, '<tool_call>{"name": "math_factorial", "arguments": {"n": 5}}')
+    assert got["ast"] and got["name"]
+
+
 def test_irrelevance_follows_bfcl_where_an_undecodable_reply_is_no_call() -> None:
     broken = '<tool_call>{"name": '
     assert score(_case("irrelevance", None), broken)["ast"]  # BFCL's rule for its categories

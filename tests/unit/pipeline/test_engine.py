@@ -113,6 +113,36 @@ def test_from_and_only(tmp_path: Path) -> None:
     assert _run(tmp_path, job, only="train")[0] == ["train"]
     with pytest.raises(UserError, match="--from deploy: no such step"):
         _run(tmp_path, job, start="deploy")
+    with pytest.raises(UserError, match="--from and --only: give one"):  # --from was ignored
+        _run(tmp_path, job, start="report", only="train")
+
+
+def test_a_key_a_step_ignores_and_a_refusal_change_nothing(tmp_path: Path) -> None:
+    """parallel.timeout_s retrained the whole run; a step's UserError recorded it as failed (and
+    the next run 'resumed' it)."""
+    from dataclasses import replace
+
+    log: list[str] = []
+    steps = [
+        replace(step, reads=("train", "parallel"), ignores=("parallel.timeout_s",))
+        for step in _steps(log, set())[:2]
+    ]
+    job = _job(tmp_path)
+    run_pipeline(steps, StepContext(job, job.run_dir, say=lambda _: None))
+    assert log == ["prepare", "train"]
+    log.clear()
+    slower = _job(tmp_path, "parallel.timeout_s=999")
+    run_pipeline(steps, StepContext(slower, slower.run_dir, say=lambda _: None))
+    assert log == []
+    before = (job.run_dir / "lineage.json").read_text()
+
+    def refuse(ctx: StepContext) -> None:
+        raise UserError("train: refused")
+
+    refusing = [steps[0], replace(steps[1], run=refuse)]
+    with pytest.raises(UserError, match="refused"):
+        run_pipeline(refusing, StepContext(job, job.run_dir, say=lambda _: None), start="train")
+    assert (job.run_dir / "lineage.json").read_text() == before
 
 
 def test_a_restart_of_the_workers_keeps_the_step_records(tmp_path: Path) -> None:

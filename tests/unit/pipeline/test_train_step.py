@@ -1,0 +1,29 @@
+"""The train and report steps of `hpcpipe run` on a real one-process run: what a changed key
+does to a run that has trained to its last step, and what the report step checks on disk."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.helpers import run_cli
+
+
+def test_a_training_key_changed_after_the_last_step_is_refused_and_a_deleted_report_file_rewritten(
+    tmp_path: Path,
+) -> None:
+    """train.lr changed after the last step: the step resumed, trained nothing, and recorded the
+    new lr for a model trained with the old; report.md alone was checked on disk."""
+    sets = ["--set", f"run.out_dir={tmp_path}", "--set", "train.steps=4", "--set", "checkpoint.every_steps=2"]
+    assert run_cli("run", "tiny", *sets, cwd=tmp_path).returncode == 0
+    lineage = tmp_path / "tiny" / "lineage.json"
+    before = lineage.read_text()
+    proc = run_cli("run", "tiny", *sets, "--set", "train.lr=0.01", cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "already trained to step 4 with other settings (train.lr 0.003 -> 0.01)" in proc.stderr
+    assert lineage.read_text() == before  # nothing recorded, nothing claimed
+    (tmp_path / "tiny" / "summary.md").unlink()
+    again = run_cli("run", "tiny", *sets, cwd=tmp_path)
+    assert again.returncode == 0 and "run  report: outputs changed or missing on disk" in again.stdout
+    assert (tmp_path / "tiny" / "summary.md").is_file()
+    assert json.loads(lineage.read_text())["steps"]["train"]["inputs"]["config"]["train"]["lr"] == 0.003
