@@ -185,21 +185,27 @@ def agent(
     from hpcpipe.launch import nsight
     from hpcpipe.launch.agent import AgentPreempted, AgentSpec, stop_early_on_preemption
     from hpcpipe.launch.job import prestart_node_fork_server, worker_preload
+    from hpcpipe.launch.rendezvous import split_endpoint
 
     job = load_config(config)  # bad config: one line, before anything starts
+    low, _, high = nnodes.partition(":")
+    if not (low.isdigit() and (high or low).isdigit()) or not 1 <= int(low) <= int(high or low):
+        raise UserError(f"--nnodes {nnodes}: give N or MIN:MAX, 1 <= MIN <= MAX")
+    endpoint = rdzv_endpoint or _endpoint_from_env(os.environ)
+    try:
+        split_endpoint(endpoint)
+    except ValueError:
+        raise UserError(f"--rdzv-endpoint {endpoint}: give HOST:PORT, the port a number") from None
     preempted = job.fault.preempt_exit_code
     stop_early_on_preemption(preempted)  # until the workers run: a signal now is a clean 75
     prestart_node_fork_server(job)  # before the data preparation computes anything
-    low, _, high = nnodes.partition(":")
-    if not (low.isdigit() and (high or low).isdigit()):
-        raise UserError(f"--nnodes {nnodes}: give N or MIN:MAX")
     # Under Nsight each worker starts as its own process under the tool (launch/nsight.py).
     wrapper = nsight.worker_wrapper(job.observe.profile, job.run_dir, nsight.report_tag(job.run.name))
     spec = AgentSpec(
         nproc_per_node=nproc_per_node,
         min_nodes=int(low),
         max_nodes=int(high or low),
-        rdzv_endpoint=rdzv_endpoint or _endpoint_from_env(os.environ),
+        rdzv_endpoint=endpoint,
         rdzv_id=rdzv_id,
         max_restarts=max_restarts,
         local_addr=local_addr or os.environ.get("SLURMD_NODENAME"),

@@ -148,7 +148,7 @@ class HpoConfig(Section):
         1, ge=0, description="Retries of a failed, crashed or preempted trial (same values; resumes)."
     )
 
-    _one_line = field_validator("study", "dir")(one_line)
+    _one_line = field_validator("study", "dir", "storage")(one_line)  # in the array's script
 
     @field_validator("study")
     @classmethod

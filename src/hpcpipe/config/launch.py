@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
-from hpcpipe.config.section import Section
+from hpcpipe.config.section import Section, one_line
 
 _SLURM_TIME = re.compile(r"\d+(:\d{1,2}){0,2}|\d+-\d{1,2}(:\d{1,2}){0,2}|(?i:unlimited|infinite)")
 _SHELL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -125,6 +125,8 @@ class SlurmConfig(Section):
         if name not in ("USR1", "TERM"):
             raise ValueError("use USR1 or TERM: the signals hpcpipe's workers checkpoint on")
         return name
+
+    _one_line = field_validator("hpcpipe", "container", "partition", "account", "qos", "constraint")(one_line)
 
 
 class K8sConfig(Section):

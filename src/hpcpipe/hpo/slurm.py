@@ -8,12 +8,11 @@ the environment, the container command and the submission.
 
 from __future__ import annotations
 
-import shlex
 from pathlib import Path
 
 from hpcpipe.errors import UserError
 from hpcpipe.hpo.study import StudyPlan
-from hpcpipe.launch.slurm import hpcpipe_command
+from hpcpipe.launch.slurm import hpcpipe_command, sbatch_templates
 
 
 def check_shared_storage(plan: StudyPlan) -> None:
@@ -27,7 +26,6 @@ def check_shared_storage(plan: StudyPlan) -> None:
 
 
 def render_array(plan: StudyPlan, workers: int) -> str:
-    import jinja2
 
     from hpcpipe import __version__
 
@@ -36,13 +34,7 @@ def render_array(plan: StudyPlan, workers: int) -> str:
     env = dict(slurm.env)
     if slurm.cpus_per_task:
         env.setdefault("OMP_NUM_THREADS", str(max(1, slurm.cpus_per_task // nproc)))
-    template = jinja2.Environment(
-        loader=jinja2.PackageLoader("hpcpipe.launch", "templates"),
-        undefined=jinja2.StrictUndefined,
-        keep_trailing_newline=True,
-        autoescape=False,  # a shell script: values are quoted with the `quote` filter
-    )
-    template.filters["quote"] = lambda value: shlex.quote(str(value))
+    template = sbatch_templates()
     return template.get_template("hpo.sbatch.j2").render(
         study=plan.name,
         storage=plan.storage_shown,

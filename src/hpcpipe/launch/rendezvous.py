@@ -34,7 +34,7 @@ TIMEOUTS = ("join", "last_call", "close", "heartbeat")  # torch's <name>_timeout
 def rendezvous_backend(endpoint: str) -> str:
     """The rendezvous backend for ``endpoint`` (``host:port``): ``hpcpipe-loopback`` (registered
     with torch on the way) for a loopback host, else torch's ``c10d``."""
-    if not is_loopback(_split(endpoint)[0]):
+    if not is_loopback(split_endpoint(endpoint)[0]):
         return "c10d"
     from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
 
@@ -46,11 +46,11 @@ def node_address(endpoint: str, local_addr: str | None) -> str | None:
     """This node's address as the agent tells its peers and workers (MASTER_ADDR on the node
     that ends up rank 0): the one given, else the loopback address for a loopback endpoint (torch
     would take the machine's name, which may resolve to any interface), else torch's choice."""
-    host = _split(endpoint)[0]
+    host = split_endpoint(endpoint)[0]
     return local_addr or (loopback_bind_address(host) if is_loopback(host) else None)
 
 
-def _split(endpoint: str) -> tuple[str, int]:
+def split_endpoint(endpoint: str) -> tuple[str, int]:
     """``host:port``, ``[v6]:port`` or a bare host -> (host, port)."""
     host, colon, port = endpoint.strip().rpartition(":")
     if not colon or (":" in host and not host.endswith("]")):  # a bare host, IPv6 included
@@ -124,7 +124,7 @@ def _store(params: Any) -> Any:
 
     from hpcpipe.compat import loopback_tcp_store
 
-    host, port = _split(params.endpoint)
+    host, port = split_endpoint(params.endpoint)
     host = loopback_bind_address(host)
     timeout = timedelta(seconds=params.get_as_int("read_timeout", 60))
     is_host = params.get_as_bool("is_host")

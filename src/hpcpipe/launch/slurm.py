@@ -12,6 +12,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hpcpipe.config import JobConfig
 from hpcpipe.config.launch import SlurmConfig
@@ -20,7 +21,11 @@ from hpcpipe.launch.job import check_node_range
 from hpcpipe.layout import RunLayout, SweepLayout
 from hpcpipe.observe.nsys_stats import STATS_ARGS
 
+if TYPE_CHECKING:
+    import jinja2
+
 SCRIPT_NAME = RunLayout.SLURM_SCRIPT
+SIGNAL_MARGIN_S = 30  # after the agents' grace: the job step's end, `ckpt newest`, the requeue
 
 
 @dataclass(frozen=True)
@@ -39,8 +44,6 @@ class SlurmSubmission:
 def render_sbatch(sub: SlurmSubmission) -> str:
     """The sbatch script (a pure function of the configs, and of whether their run directories
     hold another config.yaml already: ``submitted_config``; golden-file tested)."""
-    import jinja2
-
     from hpcpipe import __version__
 
     job = sub.first
@@ -53,13 +56,9 @@ def render_sbatch(sub: SlurmSubmission) -> str:
     env = dict(slurm.env)
     if slurm.cpus_per_task:  # every worker gets its share of the node's cores
         env.setdefault("OMP_NUM_THREADS", str(max(1, slurm.cpus_per_task // nproc)))
-    template = jinja2.Environment(
-        loader=jinja2.PackageLoader("hpcpipe.launch", "templates"),
-        undefined=jinja2.StrictUndefined,
-        keep_trailing_newline=True,
-        autoescape=False,  # a shell script: values are quoted with the `quote` filter instead
-    )
-    template.filters["quote"] = lambda value: shlex.quote(str(value))
+    _check_signal_lead(job)
+    _same_resources(sub)
+    template = sbatch_templates()
     title = (
         f"{len(sub.jobs)} sweep points of {job.run.recipe}" if array else f"{job.run.recipe}: {job.run_dir}"
     )
@@ -86,8 +85,78 @@ def render_sbatch(sub: SlurmSubmission) -> str:
         grace_s=job.fault.agent_grace_s,
         preempt_code=job.fault.preempt_exit_code,
         sweep_dir=str(sub.sweep_dir.absolute()) if sub.sweep_dir else "",
+        # Slurm 22.05 and 23.02 do not pass sbatch's --cpus-per-task on to srun: each step asks.
+        cpus=f" --cpus-per-task={slurm.cpus_per_task}" if slurm.cpus_per_task else "",
         **_profile_vars(job),
     )
+
+
+def sbatch_templates() -> jinja2.Environment:
+    """The sbatch templates, with their filters: ``quote`` (a shell word), ``sbatch_word`` and
+    ``sbatch_path`` (an #SBATCH directive's value: sbatch splits those on whitespace, and expands
+    ``%`` in file names)."""
+    import jinja2
+
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("hpcpipe.launch", "templates"),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        autoescape=False,  # a shell script: values are quoted with the filters instead
+    )
+    env.filters["quote"] = lambda value: shlex.quote(str(value))
+    env.filters["sbatch_word"] = _sbatch_word
+    env.filters["sbatch_path"] = _sbatch_path
+    return env
+
+
+def _sbatch_word(value: object) -> str:
+    text = str(value)
+    if '"' in text or "\n" in text:
+        raise UserError(f"{text!r}: an #SBATCH value cannot hold a double quote or a line break")
+    return text if text and not any(c.isspace() for c in text) else f'"{text}"'
+
+
+def _sbatch_path(value: object) -> str:
+    """An output path: ``%`` in its folders doubled (literal), its file name's patterns (``%j``,
+    ``%A_%a``) kept for sbatch to expand."""
+    path = Path(str(value))
+    return _sbatch_word(f"{str(path.parent).replace('%', '%%')}/{path.name}")
+
+
+def _check_signal_lead(job: JobConfig) -> None:
+    """The signal must come early enough for the agent's grace and the requeue decision after it:
+    otherwise the time limit ends the checkpoint, and the job (TIMEOUT) is never requeued."""
+    lead, grace = job.launch.slurm.signal_grace_s, job.fault.agent_grace_s
+    if lead < grace + SIGNAL_MARGIN_S:
+        raise UserError(
+            f"launch.slurm.signal_grace_s {lead}: the agents wait up to {grace} s for the checkpoint "
+            f"(fault.preempt_grace_s + 30); give {grace + SIGNAL_MARGIN_S} or more"
+        )
+
+
+# Keys whose values a job array takes from its first point (one #SBATCH header, one srun line).
+_ARRAY_WIDE = ("launch", "parallel.nnodes", "parallel.nproc", "fault", "data.cache_dir")
+
+
+def _same_resources(sub: SlurmSubmission) -> None:
+    """A sweep's points share the script's resources: a grid over them ran every point with the
+    first point's nodes, time and ranks without a word."""
+    first = sub.first.to_dict()
+    for job in sub.jobs[1:]:
+        other = job.to_dict()
+        for key in _ARRAY_WIDE:
+            if _value(first, key) != _value(other, key):
+                raise UserError(
+                    f"--grid over {key}: the points of one Slurm array share its nodes, time and "
+                    "ranks; sweep it as separate `hpcpipe launch slurm` jobs"
+                )
+
+
+def _value(tree: dict[str, object], key: str) -> object:
+    node: object = tree
+    for part in key.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
 
 
 def _profile_vars(job: JobConfig) -> dict[str, str]:
@@ -166,9 +235,10 @@ def check_partition(partition: str | None) -> None:
         return
     proc = _run(["sinfo", "--noheader", "--format=%R"])
     known = sorted(set(proc.stdout.split()))
-    if proc.returncode == 0 and known and partition not in known:
+    unknown = [p for p in partition.split(",") if p not in known]  # Slurm takes a list: gpu,gpu2
+    if proc.returncode == 0 and known and unknown:
         raise UserError(
-            f"launch.slurm.partition: unknown partition {partition!r} (known: {', '.join(known)})"
+            f"launch.slurm.partition: unknown partition {unknown[0]!r} (known: {', '.join(known)})"
         )
 
 

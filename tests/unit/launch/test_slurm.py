@@ -132,6 +132,41 @@ def test_a_profiled_run_exports_nsys_summaries_after_the_job_step(tmp_path: Path
 def test_only_an_elastic_run_lets_the_step_survive_a_lost_node() -> None:
     assert "srun --kill-on-bad-exit=1 " in _render("two-nodes-8-gpus")
     assert "srun --kill-on-bad-exit=0 --no-kill " in _render("elastic-cpu")
+    # The allocation too: a DOWN node revoked the whole job, whatever the step asked.
+    assert "#SBATCH --no-kill\n" in _render("elastic-cpu") and "#SBATCH --no-kill" not in _render(
+        "two-nodes-8-gpus"
+    )
+
+
+def test_each_job_step_asks_for_the_cpus_and_odd_names_and_paths_stay_one_value(tmp_path: Path) -> None:
+    """Slurm 22.05/23.02 do not pass sbatch's --cpus-per-task to srun: the agent and its workers
+    were bound to one CPU. A space split #SBATCH --job-name; a % in a folder was a pattern."""
+    text = _render("two-nodes-8-gpus")
+    assert "#SBATCH --cpus-per-task=64" in text and "--ntasks-per-node=1 --cpus-per-task=64 \\\n" in text
+    job = load_config("tiny", [f"run.out_dir={tmp_path}/my%runs", "run.name=my run"])
+    script = render_sbatch(SlurmSubmission([job], script_dir=job.run_dir))
+    assert '#SBATCH --job-name="my run"\n' in script
+    assert f'#SBATCH --output="{tmp_path}/my%%runs/my run/slurm-%j.out"\n' in script
+
+
+@pytest.mark.parametrize(
+    ("sets", "grid", "says"),
+    [
+        (["fault.preempt_grace_s=600"], [], "launch.slurm.signal_grace_s 120: the agents wait up to 630 s"),
+        ([], ["parallel.nnodes=[1,2]"], "--grid over parallel.nnodes"),
+        ([], ["launch.slurm.time=[00:10:00,02:00:00]"], "--grid over launch"),
+        (["launch.slurm.hpcpipe=hpcpipe\ntouch x"], [], "launch.slurm.hpcpipe"),
+        (["hpo.storage=journal:/x\ntouch x"], [], "hpo.storage"),
+    ],
+)
+def test_a_script_that_would_not_run_as_configured_is_refused(
+    tmp_path: Path, sets: list[str], grid: list[str], says: str
+) -> None:
+    """The time limit ending the checkpoint; every point of a grid given the first's nodes or
+    time; a line break into the script."""
+    args = [a for s in sets for a in ("--set", s)] + [a for g in grid for a in ("--grid", g)]
+    proc = run_cli("launch", "slurm", "tiny", "--set", f"run.out_dir={tmp_path}/runs", "--dry-run", *args)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and says in proc.stderr, proc.stderr
 
 
 @pytest.mark.parametrize(
@@ -288,3 +323,65 @@ def test_launch_preempted_counts_only_a_preemption_checkpoint_of_this_start(tmp_
     assert says(1001, checkpointed=True, exit_code=75) == 1  # an earlier start's
     assert says(990, checkpointed=False, exit_code=75) == 1
     assert says(990, checkpointed=True, exit_code=130) == 1  # Ctrl-C: not the scheduler's
+
+
+def test_a_step_that_cannot_be_read_is_no_progress(tmp_path: Path) -> None:
+    """`ckpt newest` failing left both steps empty: `[ "" -le "" ]` erred, and the job requeued."""
+    job = load_config("tiny", [f"run.out_dir={tmp_path}/runs", "run.name=r"])
+    script = tmp_path / "job.sbatch"
+    script.write_text(render_sbatch(SlurmSubmission([job], script_dir=tmp_path)))
+    bin_dir, state = tmp_path / "bin", tmp_path / "state"
+    bin_dir.mkdir()
+    state.mkdir()
+    stubs = {
+        "srun": "#!/bin/bash\nexit 75\n",
+        "hpcpipe": "#!/bin/bash\necho 'error: no' >&2; exit 2\n",
+        "scontrol": SCONTROL_STUB,
+    }
+    for name, text in stubs.items():
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "STATE": str(state), "SLURM_JOB_ID": "7"}
+    env["SLURM_JOB_NODELIST"] = "n1"
+    proc = subprocess.run(
+        ["bash", str(script)], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert proc.returncode == 75 and "the checkpoint step could not be read" in proc.stdout, proc.stdout
+    assert not (state / "scontrol").exists()
+
+
+def test_the_hpo_array_worker_gets_the_preemption_signal() -> None:
+    """--signal=TERM without B: signals job steps, and the array task runs the worker in the batch
+    shell without one: the 120 s of warning reached nobody."""
+    from hpcpipe.hpo.slurm import render_array
+    from hpcpipe.hpo.study import plan_study
+
+    text = render_array(plan_study(load_config("tiny-hpo")), 2)
+    assert "#SBATCH --signal=B:TERM@120\n" in text and "\nexec hpcpipe hpo worker " in text
+
+
+def test_a_partition_list_is_checked_name_by_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hpcpipe.errors import UserError
+    from hpcpipe.launch.slurm import check_partition
+
+    sinfo = tmp_path / "sinfo"
+    sinfo.write_text("#!/bin/bash\nprintf 'cpu\\ngpu\\ngpu2\\n'\n")
+    sinfo.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    check_partition("gpu,gpu2")  # Slurm takes a list: it was "unknown partition 'gpu,gpu2'"
+    with pytest.raises(UserError, match="unknown partition 'gpu3'"):
+        check_partition("gpu,gpu3")
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--nnodes", "2:1"], "--nnodes 2:1: give N or MIN:MAX"),
+        (["--nnodes", "0"], "--nnodes 0: give N or MIN:MAX"),
+        (["--rdzv-endpoint", "host:abc"], "--rdzv-endpoint host:abc: give HOST:PORT"),
+    ],
+)
+def test_the_agents_bad_flags_are_one_line(tmp_path: Path, args: list[str], says: str) -> None:
+    """A torch ValueError traceback (exit 1) for each."""
+    proc = run_cli("launch", "agent", "tiny", *args, cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and says in proc.stderr, proc.stderr
