@@ -122,3 +122,12 @@ class BadDefaultArgs(TinyArgs):
 class BadDefault(Tiny):
     name = "bad-default"
     Args = BadDefaultArgs
+
+
+class EvalModeTiny(Tiny):
+    """Built in eval mode, as Hugging Face's from_pretrained returns a model."""
+
+    name = "eval-mode-tiny"
+
+    def build_model(self) -> Any:
+        return super().build_model().eval()

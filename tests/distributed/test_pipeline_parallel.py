@@ -99,6 +99,17 @@ def test_a_killed_stage_resumes_bit_for_bit(tmp: Path, runs: dict[str, Path]) ->
     assert metric_rows(killed, "loss") == metric_rows(runs["1f1b"], "loss")
 
 
+def test_a_stage_with_dropout_resumes_bit_for_bit(tmp: Path) -> None:
+    """The schedule's shape pass, at a process's first step, drew dropout's random numbers: a
+    resumed process drew them at its first step after the checkpoint, and its losses differed."""
+    sets = ("parallel.pp=2", "model.dropout=0.1", "train.steps=12")
+    whole = _train(tmp, "dropout", 2, *sets)
+    env = {"HPCPIPE_CHAOS_KILL": "step=11,rank=1", "HPCPIPE_CHAOS_DIR": str(tmp / "dropout-markers")}
+    killed = _train(tmp, "dropout_killed", 2, *sets, env=env, restarts=1)
+    assert [e["step"] for e in run_events(killed, "resumed")] == [10]
+    assert metric_rows(killed, "loss") == metric_rows(whole, "loss")
+
+
 @pytest.mark.parametrize(
     ("source", "name", "nproc", "sets"),
     [

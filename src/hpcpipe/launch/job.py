@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
@@ -103,9 +104,11 @@ def run_job(job: JobConfig, max_restarts: int = 0) -> Path:
         return job.run_dir
 
     from hpcpipe.launch import nsight
+    from hpcpipe.train import fault_injection
 
     nproc = job.parallel.nproc
     check_world(job, nproc, nproc)
+    fault_injection.check(os.environ)  # the workers' fork server would abort on a bad value
     run_dir = job.run_dir
     # Under Nsight every worker is its own process: checked before the data preparation.
     wrapper = nsight.worker_wrapper(job.observe.profile, run_dir, nsight.report_tag(job.run.name))

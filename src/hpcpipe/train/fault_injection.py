@@ -242,6 +242,17 @@ def parse_hold(value: str, marker_dir: Path | None) -> int:
     return world
 
 
+def check(env: Mapping[str, str]) -> None:
+    """ChaosConfigError (one line) for a malformed ``HPCPIPE_CHAOS_*`` value in ``env``, nothing
+    configured: a launcher's check before its workers start (in a fork server the import would
+    fail, and the run end in an unexplained abort)."""
+    _, marker_dir = parse_faults(env)
+    if slow := env.get(SLOW_VAR, "").strip():
+        parse_delay(slow)
+    if hold := env.get(HOLD_VAR, "").strip():
+        parse_hold(hold, marker_dir)
+
+
 def configure(env: Mapping[str, str] | None = None) -> None:
     """(Re)read the faults from ``env`` (default: ``os.environ``); forgets which ones fired."""
     global _FAULTS, _MARKER_DIR, _DELAYS, _HOLD_WORLD  # noqa: PLW0603 (read once per process, swapped by tests)

@@ -181,7 +181,11 @@ class Pipeline:
         micro = tuple(t[: len(t) // self.micro_batches] for t in batch)
         inputs: dict[int, torch.Tensor] = {}
         outputs: dict[int, torch.Tensor] = {}
-        self.forward(micro, inputs, outputs)
+        # Built at a process's first step: its pass must not draw from the generators (dropout),
+        # or a resumed process's steps would differ from the uninterrupted run's.
+        device = batch[0].device
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            self.forward(micro, inputs, outputs)
         return self.make_schedule(inputs, outputs)
 
     @torch.no_grad()

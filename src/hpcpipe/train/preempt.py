@@ -134,6 +134,8 @@ class PreemptionHandler:
         if self.signum is None:  # the first signal starts the grace period; repeats change nothing
             self.received_at = time.monotonic()
             self.signum = signum
+        elif self.signum == signal.SIGINT and signum != signal.SIGINT:
+            self.signum = signum  # a preemption after Ctrl-C wins (exit 75: resubmitted), its clock kept
 
     def requested_locally(self) -> bool:
         """Whether this rank received a preemption signal."""

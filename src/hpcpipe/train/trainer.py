@@ -10,6 +10,7 @@ train/preempt.py, observe/watchdog.py) and are only called from here.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from hpcpipe.checkpoint.store import CheckpointStore
 from hpcpipe.checkpoint.tiers import fast_root
 from hpcpipe.config import JobConfig, ParallelConfig, grad_accum_steps
 from hpcpipe.config.changes import describe_changes
+from hpcpipe.errors import UserError
 from hpcpipe.layout import RunLayout
 from hpcpipe.observe.metrics import EventLog, MetricsSink, read_metrics
 from hpcpipe.observe.peers import peer_beats
@@ -265,6 +267,9 @@ class Trainer:
                     if self.step > 0:
                         self.report_to_study()
                 start_step = self.step
+                # Train mode whether or not an evaluation ran just now: a Hugging Face model comes
+                # from from_pretrained in eval mode (no dropout, no gradient checkpointing).
+                unwrap(self.model).train()
                 self.telemetry.start(self.step + 1)
                 while self.step < self.cfg.steps:
                     result.final_loss = self.train_until(self._next_eval_step())
@@ -291,6 +296,7 @@ class Trainer:
             if logs:
                 last_loss = self.log_train(out)
             if self.ckpt_every > 0 and self.step % self.ckpt_every == 0 and self.step < self.cfg.steps:
+                self._require_finite(last_loss if logs else self.ctx.mean_over_ranks(out.loss).item())
                 self.save_checkpoint()
             if self.preemption.should_stop(self.agree_max):
                 self.stop_for_preemption()
@@ -533,7 +539,18 @@ class Trainer:
             row["time_per_epoch_s"] = row["step_time_s"] * steps_per_epoch
         self._write(row)
         self.progress.show(row)
+        self._require_finite(row["loss"])
         return float(row["loss"])
+
+    def _require_finite(self, loss: float | None) -> None:
+        """Stop a diverged run before it saves: checkpoints of NaN weights would, through
+        keep_last, push out every good one. The loss is the mean over the ranks: all agree. An
+        HPO trial runs on: its non-finite metric is told to the study as the worst value."""
+        if loss is not None and not math.isfinite(loss) and not self.trial.active:
+            raise UserError(
+                f"training diverged: the loss is {loss} at step {self.step} (lower train.lr, set "
+                "train.grad_clip, or check the data); the checkpoints before it are kept"
+            )
 
     def evaluate_and_log(self) -> float:
         with self.watchdog.pause(), self.phases.region("evaluate"):

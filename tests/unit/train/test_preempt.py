@@ -56,6 +56,18 @@ def test_sigterm_too_and_the_first_signal_is_kept(handler: PreemptionHandler) ->
     assert handler.signum == signal.SIGTERM and handler.received_at == first
 
 
+def test_a_preemption_after_ctrl_c_wins() -> None:
+    """Ctrl-C first kept the interrupt (exit 130, no requeue) though the scheduler then preempted."""
+    h = PreemptionHandler(grace_s=5)
+    h._on_signal(signal.SIGINT, None)
+    first = h.received_at
+    h._on_signal(signal.SIGTERM, None)
+    assert h.should_stop(None) and not h.interrupted and h.stop_exit_code == PREEMPT_EXIT_CODE
+    assert h.received_at == first
+    h._on_signal(signal.SIGINT, None)  # and stays
+    assert h.signum == signal.SIGTERM
+
+
 def test_uninstall_restores_the_previous_handlers(handler: PreemptionHandler) -> None:
     assert signal.getsignal(signal.SIGTERM) == handler._on_signal
     handler.install()  # twice: must not record its own handler as "previous"

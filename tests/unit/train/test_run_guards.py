@@ -1,0 +1,57 @@
+"""What a training run guards on its own: train mode after a resume (as after the step-0 evaluation),
+no checkpoint of a diverged model, and the chaos variables checked before two ranks start."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.helpers import run_cli
+
+OWN = "tests.recipes_for_tests:EvalModeTiny"  # built in eval mode, as from_pretrained returns one
+
+
+def _losses(run_dir: Path) -> list[float]:
+    rows = (json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines())
+    return [row["loss"] for row in rows if "loss" in row]
+
+
+def test_a_resume_without_an_evaluation_trains_with_dropout_bitwise_as_uninterrupted(tmp_path: Path) -> None:
+    """Only evaluate() set train mode: a Hugging Face model resumed without one trained in eval mode
+    (no dropout, no gradient checkpointing) until its next evaluation."""
+    sets = [
+        f"run.recipe={OWN}", "recipe.dropout=0.5", f"run.out_dir={tmp_path}", "checkpoint.every_steps=2",
+        "train.eval_every=0", "observe.log_every=1",
+    ]  # fmt: skip
+
+    def train(name: str, steps: int) -> None:
+        args = [a for s in [*sets, f"run.name={name}", f"train.steps={steps}"] for a in ("--set", s)]
+        proc = run_cli("train", "tiny", *args, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+
+    train("resumed", 2)
+    train("resumed", 4)  # resumes at step 2: its evaluation ran, no new one
+    train("uninterrupted", 4)
+    assert _losses(tmp_path / "resumed") == _losses(tmp_path / "uninterrupted")
+
+
+def test_a_diverged_run_stops_before_it_saves_a_nan_checkpoint(tmp_path: Path) -> None:
+    """The loss went NaN and the run checkpointed NaN weights at steps 5 and 10, exit 0: through
+    keep_last they would push out every good checkpoint."""
+    sets = ["train.lr=1e8", "train.grad_clip=0", "checkpoint.every_steps=5", f"run.out_dir={tmp_path}"]
+    proc = run_cli("train", "tiny", *[a for s in sets for a in ("--set", s)], cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "training diverged: the loss is nan at step" in proc.stderr
+    diverged = int(proc.stderr.split(" at step ")[1].split()[0])
+    saved = [int(p.name[5:]) for p in (tmp_path / "tiny" / "checkpoints").glob("step-*")]
+    assert all(step < diverged for step in saved), (saved, diverged)  # none of NaN weights
+
+
+def test_a_bad_chaos_variable_under_two_ranks_is_one_line(tmp_path: Path) -> None:
+    """The fork server's import of the faults failed: the run ended in 'Aborted.', exit 1."""
+    proc = run_cli(
+        "train", "tiny", "--nproc", "2", "--set", f"run.out_dir={tmp_path}",
+        cwd=tmp_path, env={"HPCPIPE_CHAOS_OOM": "step=10,bogus=1"},
+    )  # fmt: skip
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "HPCPIPE_CHAOS_OOM: unknown key 'bogus'" in proc.stderr
