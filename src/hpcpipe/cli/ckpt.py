@@ -152,8 +152,10 @@ def export(
     fmt = fmt or default_export(load_config(job_config))
     # The run's own export/: the directory of the run's config.yaml, wherever the checkpoint
     # lies (a durable tier, a checkpoint.dir of its own), else the checkpoint's run directory.
-    run = job_config.resolve().parent
-    run = run if RunLayout(run).config == job_config.resolve() else path.resolve().parent.parent
+    layout = RunLayout(job_config.resolve().parent)  # a run's config.yaml: beside what a run leaves
+    ran_there = layout.lineage.is_file() or layout.metrics.is_file() or layout.checkpoints.is_dir()
+    is_a_run = layout.config == job_config.resolve() and ran_there  # not any file named config.yaml
+    run = job_config.resolve().parent if is_a_run else path.resolve().parent.parent
     target = out or RunLayout(run).export_dir(path.name, fmt)
     written = export_checkpoint(path, fmt, target, config, dtype)
     console.print(f"[green]exported[/] {path} -> {written} ({fmt})")

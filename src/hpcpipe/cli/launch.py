@@ -256,8 +256,9 @@ def finished(run_dir: Annotated[Path, typer.Argument(help="A run directory.", sh
     from hpcpipe.config import load_config
     from hpcpipe.observe.metrics import trained_to_the_end
 
-    steps = load_config(RunLayout(run_dir).config).train.steps
-    done = trained_to_the_end(run_dir, steps)
+    train = load_config(RunLayout(run_dir).config).train
+    steps = train.steps
+    done = trained_to_the_end(run_dir, steps, train.epochs)
     console.print(f"{run_dir}: {'finished' if done else 'not finished'} (train.steps={steps})")
     raise typer.Exit(0 if done else 1)
 

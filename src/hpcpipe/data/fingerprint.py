@@ -35,7 +35,7 @@ def datasets_fingerprint(splits: Sequence[Any]) -> str:
 
 def _feed(digest: Any, item: Any) -> None:
     """An item's content: tensors and arrays by dtype, shape and bytes; containers in order;
-    anything else by its repr (numbers, strings)."""
+    numbers and strings by their repr; anything else by its type alone."""
     import torch
 
     if isinstance(item, torch.Tensor):
@@ -51,11 +51,16 @@ def _feed(digest: Any, item: Any) -> None:
         digest.update(f"{type(item).__name__} {len(item)}\n".encode())
         for part in item:
             _feed(digest, part)
-    elif hasattr(item, "tobytes") and hasattr(item, "dtype"):  # a numpy array
-        digest.update(f"array {item.dtype} {getattr(item, 'shape', ())}\n".encode())
-        digest.update(item.tobytes())
-    else:
+    elif isinstance(item, str | bytes | int | float | bool | type(None)):
         digest.update(f"{type(item).__name__} {item!r}\n".encode())
+    elif callable(getattr(item, "tobytes", None)):  # a numpy array, a PIL image: their contents
+        shape = getattr(item, "shape", None) or getattr(item, "size", None)
+        digest.update(
+            f"{type(item).__name__} {getattr(item, 'dtype', getattr(item, 'mode', ''))} {shape}\n".encode()
+        )
+        digest.update(item.tobytes())
+    else:  # its type only: a default repr holds a memory address, another in every process
+        digest.update(f"{type(item).__module__}.{type(item).__qualname__}\n".encode())
 
 
 @contextmanager
@@ -67,7 +72,7 @@ def _seeded(seed: int = 0) -> Iterator[None]:
     numpy = sys.modules.get("numpy")
     numpy_state = numpy.random.get_state() if numpy is not None else None
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+        torch.default_generator.manual_seed(seed)  # the CPU's only: torch.manual_seed reseeds CUDA too
         random.seed(seed)
         if numpy is not None:
             numpy.random.seed(seed)

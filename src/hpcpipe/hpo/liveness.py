@@ -80,9 +80,11 @@ def fail_stale_trials(
     now = time.time()
     failed = []
     for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        started = trial.datetime_start.timestamp() if trial.datetime_start else now
         alive = last_alive(trial)
         if alive is None:  # asked a moment ago, not yet marked (workers mark right after asking)
-            alive = trial.datetime_start.timestamp() if trial.datetime_start else now
+            legacy = trial.system_attrs.get(HEARTBEAT_ATTR)  # a bare time: a worker of an older hpcpipe
+            alive = max(float(legacy), started) if isinstance(legacy, int | float) else started
         if now - alive <= grace_s:
             continue
         note = f"no heartbeat for {now - alive:.0f} s"

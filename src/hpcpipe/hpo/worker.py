@@ -103,7 +103,8 @@ def run_worker(
         if _budget_spent(study, hpo.n_trials):
             break
         trial = study.ask()
-        mark_alive(storage, trial._trial_id)  # before anything else: see liveness.last_alive
+        with contextlib.suppress(Exception):  # the store briefly unreachable: the heartbeat retries
+            mark_alive(storage, trial._trial_id)  # before anything else: see liveness.last_alive
         if _is_surplus(study, storage, trial, hpo.n_trials):
             _told(study, trial, state=optuna.trial.TrialState.FAIL)
             continue

@@ -119,7 +119,8 @@ def _in_cluster() -> bool:
 
 @_one_line_errors
 def create(api: Any, docs: list[dict[str, Any]]) -> K8sJobRef:
-    """Create the objects: a shared runtime first (replaced when it exists), then the ConfigMap,
+    """Create the objects: a shared runtime first (left as it is when it already holds this
+    job's settings, refused when it holds others: it is never replaced), then the ConfigMap,
     then the job; when the job is refused, its ConfigMap is deleted again."""
     from kubernetes import client
 

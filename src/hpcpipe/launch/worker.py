@@ -82,7 +82,13 @@ def train_worker(job: JobConfig, env: DistEnv) -> None:
             if ctx.is_main:
                 from hpcpipe.observe.metrics import append_event
 
-                append_event(run_dir, "run_finished", step=trainer.step, world_size=ctx.world_size)
+                append_event(
+                    run_dir,
+                    "run_finished",
+                    step=trainer.step,
+                    world_size=ctx.world_size,
+                    epochs=job.train.epochs,
+                )
         finally:
             trainer.close()
         ctx.barrier()

@@ -91,7 +91,11 @@ EVENT_KINDS: dict[str, EventKind] = {
     "run_finished": EventKind(
         "launch.worker (rank 0)",
         "Training ended normally.",
-        {**_STEP, "world_size": "ranks at the end"},
+        {
+            **_STEP,
+            "world_size": "ranks at the end",
+            "epochs": "train.epochs it trained to (null: train.steps)",
+        },
     ),
     "dataset_changed": EventKind(
         "launch.worker (rank 0)",

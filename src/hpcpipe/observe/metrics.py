@@ -96,9 +96,18 @@ def _json_rows(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def trained_to_the_end(run_dir: Path, steps: int) -> bool:
-    """A ``run_finished`` event at ``steps`` (one at an earlier, shorter ``train.steps`` is not)."""
-    return any(e.get("event") == "run_finished" and e.get("step") == steps for e in read_events(run_dir))
+def trained_to_the_end(run_dir: Path, steps: int, epochs: float | None = None) -> bool:
+    """A ``run_finished`` event of this length: at ``steps``, or, for a job counted in epochs
+    (``train.steps`` then unused), at ``epochs`` (an event written before it recorded them counts).
+    One of an earlier, shorter run is not."""
+    for event in read_events(run_dir):
+        if event.get("event") != "run_finished":
+            continue
+        if epochs is None and event.get("step") == steps and event.get("epochs") is None:
+            return True
+        if epochs is not None and event.get("epochs", epochs) == epochs:
+            return True
+    return False
 
 
 def append_event(run_dir: Path, kind: str, **fields: Any) -> None:

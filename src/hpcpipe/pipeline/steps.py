@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 from hpcpipe.checkpoint.manifest import parse_step
 from hpcpipe.config.job import TRAINING_KEYS, WAITING_KEYS
@@ -82,26 +83,39 @@ def _nothing_left_to_train_with_new_settings(ctx: StepContext) -> None:
     nothing, and the lineage would record the new settings for a model trained with the old."""
     from hpcpipe.errors import UserError
     from hpcpipe.observe.lineage import read_lineage
+    from hpcpipe.observe.metrics import read_events
     from hpcpipe.pipeline.engine import step_inputs
 
     record = (read_lineage(ctx.run_dir).get("steps") or {}).get("train") or {}
     newest = newest_checkpoint(ctx)
     reached = parse_step(newest.name) if newest is not None else None
-    if record.get("status") != DONE or reached is None or reached < ctx.job.train.steps:
-        return
+    ended = reached is not None and any(  # its last step (train.steps, or its epochs' steps)
+        e.get("event") == "run_finished" and e.get("step") == reached for e in read_events(ctx.run_dir)
+    )
     before = (record.get("inputs") or {}).get("config") or {}
+    if record.get("status") != DONE or not ended or _trains_on(ctx.job.train, before, reached or 0):
+        return
     now = step_inputs(TRAIN_STEP, ctx.job.to_dict(), {})["config"]
     changed = [
         f"{key} {old!r} -> {new!r}"
         for section in TRAINING_KEYS
         for key, old, new in _differences(section, before.get(section), now.get(section))
+        if key not in WAITING_KEYS  # recorded by older versions; never what is trained
     ]
     if changed:
         raise UserError(
             f"{ctx.run_dir} already trained to step {reached} with other settings "
             f"({', '.join(changed[:3])}{' ...' if len(changed) > 3 else ''}): resumed, nothing would be "
-            "trained with them; give a new run.name to train anew (or raise train.steps to train on)"
+            "trained with them; give a new run.name to train anew"
         )
+
+
+def _trains_on(train: Any, before: dict[str, Any], reached: int) -> bool:
+    """More steps asked than the run reached: raised train.steps, or raised train.epochs."""
+    if train.epochs is None:
+        return bool(train.steps > reached)
+    was = (before.get("train") or {}).get("epochs")
+    return isinstance(was, int | float) and train.epochs > was
 
 
 def _differences(key: str, old: object, new: object) -> list[tuple[str, object, object]]:
@@ -241,10 +255,15 @@ def report(ctx: StepContext) -> None:
 
 def _upload_report(ctx: StepContext) -> None:
     """The report's files go to the run's MLflow run too (a failure is a warning, not an error)."""
+    from hpcpipe.errors import UserError
     from hpcpipe.track.artifacts import log_run_artifacts
     from hpcpipe.track.mlflow_client import make_client, recorded_run, resolve_uri, scrub
 
-    run_id = recorded_run(ctx.run_dir).get("run_id")
+    try:
+        run_id = recorded_run(ctx.run_dir).get("run_id")
+    except UserError as exc:  # a damaged record: the report is written, its upload says why not
+        ctx.say(f"     report not uploaded to MLflow ({exc})")
+        return
     if not run_id:
         return
     try:

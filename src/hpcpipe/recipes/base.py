@@ -312,14 +312,14 @@ def no_plan_message(recipe_name: str, tp: int) -> str:
 def checked_loss(loss: Any) -> Any:
     """``loss`` when it is one number (a 0-d tensor); a UserError saying what to return otherwise
     (a per-sample loss failed later, blaming the evaluation or autograd)."""
-    dim = getattr(loss, "dim", None)
-    if dim is None or dim() != 0:
+    numel = getattr(loss, "numel", None)
+    if numel is None or numel() != 1:
         shape = tuple(loss.shape) if hasattr(loss, "shape") else type(loss).__name__
         raise UserError(
             f"the recipe's loss() returned {shape}: return one number, the mean over the micro-batch "
             "(a 0-d tensor: e.g. reduction='mean')"
         )
-    return loss
+    return loss.reshape(())  # one number in any shape, (1,) say: as a scalar
 
 
 def mean_loss_sums(loss: torch.Tensor, batch: Batch) -> dict[str, torch.Tensor]:

@@ -156,10 +156,10 @@ def _import(target: str, where: str) -> Any:
         if module_name == missing or module_name.startswith(missing + "."):
             raise ConfigError(f"{where}: cannot import {module_name!r} (no module {missing!r})") from None
         raise  # the recipe's module imports something missing: its author needs the traceback
-    _not_shadowed(module_name, where)
     obj: Any = module
     for part in attr.split("."):
         if not hasattr(obj, part):
+            _not_shadowed(module_name, where)  # the installed one of that name lacks it
             raise ConfigError(f"{where}: module {module_name!r} has no attribute {attr!r}")
         obj = getattr(obj, part)
     return obj

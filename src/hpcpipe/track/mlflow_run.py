@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcpipe.config.observe import MlflowConfig
+from hpcpipe.errors import UserError
 from hpcpipe.track.artifacts import log_run_artifacts
 from hpcpipe.track.mlflow_client import make_client, open_run, redact, resolve_uri, scrub
 from hpcpipe.track.params import as_text, flatten, lineage_tags
@@ -32,15 +33,23 @@ PARAM_BATCH = 100  # ... and on params
 REQUEST_TIMEOUT_S = 5
 
 
-# MLflow's rule for metric names (mlflow.utils.validation): letters, digits, _ - . / and spaces,
-# and a normalised relative path. One name it refuses fails the whole batch it is in, so every
-# later value of every metric would wait behind it: such a key is never sent (``refused_names``).
-_MLFLOW_NAME = re.compile(r"^[/\w.\- ]*$")
+# MLflow's rule for metric names on Linux (mlflow.utils.validation): letters, digits, _ - . / :
+# and spaces, at most 250 characters, a normalised relative path. One name it refuses fails the
+# whole batch it is in, so every later value of every metric would wait behind it: such a key is
+# never sent (``refused_names``).
+_MLFLOW_NAME = re.compile(r"^[/\w.\- :]*$")
+_MLFLOW_KEY_LENGTH = 250
 
 
 def mlflow_takes(key: str) -> bool:
     norm = posixpath.normpath(key)
-    return bool(_MLFLOW_NAME.match(key)) and norm == key and norm != "." and not norm.startswith(("..", "/"))
+    return (
+        bool(_MLFLOW_NAME.match(key))
+        and len(key) <= _MLFLOW_KEY_LENGTH
+        and norm == key
+        and norm != "."
+        and not norm.startswith(("..", "/"))
+    )
 
 
 def metric_values(row: dict[str, Any]) -> list[tuple[str, float, int, int]]:
@@ -168,6 +177,12 @@ class MlflowSink:
             if self.run_id is None:
                 self.run_id = self._open()
             self.client.log_batch(self.run_id, metrics=[Metric(*value) for value in batch])
+            with self._held_lock:
+                self._held -= len(batch)
+            return True
+        except UserError as exc:  # the run's record: damaged, or its MLflow run deleted; no retry helps
+            self._warn_once("record", f"MLflow: nothing sent ({exc})")
+            self.dropped += len(batch)
             with self._held_lock:
                 self._held -= len(batch)
             return True

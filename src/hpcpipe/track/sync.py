@@ -57,9 +57,11 @@ def sync_run(run_dir: Path, tracking_uri: str | None = None, experiment: str | N
     for start in range(0, len(missing), BATCH):
         client.log_batch(run_id, metrics=[Metric(*v) for v in missing[start : start + BATCH]])
     artifacts = log_run_artifacts(client, run_id, run_dir)
-    train = config.get("train")
-    steps = train.get("steps") if isinstance(train, dict) else None
-    finished = trained_to_the_end(run_dir, steps) if isinstance(steps, int) else False
+    section = config.get("train")
+    train: dict[str, Any] = section if isinstance(section, dict) else {}
+    steps, epochs = train.get("steps"), train.get("epochs")
+    epochs = epochs if isinstance(epochs, int | float) and not isinstance(epochs, bool) else None
+    finished = isinstance(steps, int) and trained_to_the_end(run_dir, steps, epochs)
     if finished:  # otherwise the run may still be training: its status stays as it is
         client.set_terminated(run_id, status="FINISHED")
     return SyncResult(run_id, params, len(missing), artifacts, finished, refused)

@@ -52,3 +52,23 @@ def test_items_the_trainer_cannot_move_and_a_loss_per_sample_are_named() -> None
     with pytest.raises(UserError, match=r"loss\(\) returned \(8, 1\): return one number"):
         checked_loss(torch.zeros(8, 1))
     assert checked_loss(torch.tensor(1.5)).item() == 1.5
+    assert checked_loss(torch.tensor([1.5])).shape == ()  # one number in another shape trains
+
+
+def test_the_fingerprint_reads_images_by_their_pixels_and_leaves_the_gpus_generators(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A PIL image was hashed by its repr ('... at 0x7F...'): another fingerprint in every process,
+    a false dataset_changed note on every resume. torch.manual_seed(0) reseeded every GPU: rank 0's
+    dropout then ignored run.seed and the checkpoint's random state."""
+    from PIL import Image
+
+    class Opaque:  # a default repr, with its address
+        pass
+
+    def images(value: int) -> list[tuple[Image.Image, Opaque]]:
+        return [(Image.new("L", (4, 4), color=value), Opaque()) for _ in range(3)]
+
+    monkeypatch.setattr(torch.cuda, "manual_seed_all", lambda seed: pytest.fail("reseeded the GPUs"))
+    assert datasets_fingerprint([images(7)]) == datasets_fingerprint([images(7)])
+    assert datasets_fingerprint([images(7)]) != datasets_fingerprint([images(8)])

@@ -166,6 +166,16 @@ def test_a_trial_without_heartbeats_is_failed_and_retried_in_its_run_dir(tmp_pat
     assert len(study.get_trials()) == 3
 
 
+def test_a_heartbeat_of_an_older_worker_still_counts(tmp_path: Path) -> None:
+    """A bare time (the format before the trial id) read as no heartbeat: a live trial of a worker
+    still on the older version was failed and retried into its own run directory."""
+    _, study, storage = _study(tmp_path)
+    trial = study.ask()
+    time.sleep(1.2)
+    storage.set_trial_system_attr(trial._trial_id, HEARTBEAT_ATTR, time.time())  # alive just now
+    assert fail_stale_trials(study, storage, 1.0, 0) == []
+
+
 def test_a_dead_trial_is_failed_when_the_sweeping_worker_is_in_another_time_zone(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from hpcpipe.observe.metrics import MetricsSink, read_events, read_metrics
+from hpcpipe.observe.metrics import MetricsSink, read_events, read_metrics, trained_to_the_end
 
 
 def _sink_run(run_dir: Path, start_step: int, rows: list[dict[str, float]]) -> None:
@@ -34,3 +34,15 @@ def test_lines_that_are_not_rows_are_skipped(tmp_path: Path) -> None:
     assert read_metrics(tmp_path) == [{"step": 1, "loss": 2.0}]
     assert read_events(tmp_path) == [{"event": "started"}]
     assert json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])["step"] == 1
+
+
+def test_a_run_counted_in_epochs_is_finished_at_its_epochs(tmp_path: Path) -> None:
+    """train.steps is unused when train.epochs is set: a finished epoch run (step 469 of a default
+    train.steps of 100) never read as finished, so track sync left it RUNNING."""
+    events = [
+        {"event": "run_finished", "step": 20, "world_size": 1, "epochs": None},
+        {"event": "run_finished", "step": 469, "world_size": 1, "epochs": 2.0},
+    ]
+    (tmp_path / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    assert trained_to_the_end(tmp_path, 20) and not trained_to_the_end(tmp_path, 40)
+    assert trained_to_the_end(tmp_path, 100, epochs=2.0) and not trained_to_the_end(tmp_path, 100, epochs=3.0)

@@ -45,9 +45,10 @@ def test_rows_become_metric_values_and_configs_flat_params() -> None:
 
 def test_names_mlflow_refuses_are_kept_out_of_every_batch() -> None:
     """One refused name failed the whole batch: no value of any metric reached MLflow, ever."""
-    row = {"step": 3, "loss": 1.0, "acc@1": 0.5, "top/5": 0.7, "../x": 1.0, "a b-c.d": 2.0}
-    assert [k for k, *_ in metric_values(row)] == ["loss", "top/5", "a b-c.d"]
-    assert refused_names(row) == ["acc@1", "../x"]
+    row = {"step": 3, "loss": 1.0, "acc@1": 0.5, "top/5": 0.7, "../x": 1.0, "a b-c.d": 2.0, "val:acc": 0.1}
+    row["x" * 251] = 1.0  # too long for MLflow
+    assert [k for k, *_ in metric_values(row)] == ["loss", "top/5", "a b-c.d", "val:acc"]
+    assert refused_names(row) == ["acc@1", "../x", "x" * 251]
     assert metric_values({"loss": 1.0}) == [] and metric_values({"step": "3", "loss": 1.0}) == []
 
 

@@ -27,3 +27,11 @@ def test_a_training_key_changed_after_the_last_step_is_refused_and_a_deleted_rep
     assert again.returncode == 0 and "run  report: outputs changed or missing on disk" in again.stdout
     assert (tmp_path / "tiny" / "summary.md").is_file()
     assert json.loads(lineage.read_text())["steps"]["train"]["inputs"]["config"]["train"]["lr"] == 0.003
+    # A record of an older hpcpipe, which hashed the launcher's timeouts in: the train step runs
+    # again (its inputs changed), resumes, trains nothing, and is not refused for them.
+    record = json.loads(lineage.read_text())
+    record["steps"]["train"]["inputs"]["config"]["parallel"]["timeout_s"] = 600.0
+    record["steps"]["train"]["fingerprint"] = "older"
+    lineage.write_text(json.dumps(record))
+    older = run_cli("run", "tiny", *sets, cwd=tmp_path)
+    assert older.returncode == 0 and "run  train: inputs changed" in older.stdout, older.stderr
