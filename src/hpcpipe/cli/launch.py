@@ -250,13 +250,24 @@ def _run_node_agent(job: JobConfig, config: Path, spec: AgentSpec) -> int:
 
 
 @app.command("finished")
-def finished(run_dir: Annotated[Path, typer.Argument(help="A run directory.", show_default=False)]) -> None:
+def finished(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory.", show_default=False)],
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            help="The config the job ran (default: the run's config.yaml). A job resubmitted with "
+            "more steps runs from its submitted copy until it resumed; judged by the run's older "
+            "config.yaml, the earlier, shorter run's end would read as this job's.",
+            show_default=False,
+        ),
+    ] = None,
+) -> None:
     """Exit 0 when the run trained to its last step, 1 otherwise (for scripts: an elastic job
     whose lost node failed its task still finished on the others)."""
     from hpcpipe.config import load_config
     from hpcpipe.observe.metrics import trained_to_the_end
 
-    train = load_config(RunLayout(run_dir).config).train
+    train = load_config(config or RunLayout(run_dir).config).train
     steps = train.steps
     done = trained_to_the_end(run_dir, steps, train.epochs)
     console.print(f"{run_dir}: {'finished' if done else 'not finished'} (train.steps={steps})")

@@ -156,13 +156,18 @@ class GpuSampler:
         if self.gpu_index is None:
             self.off_reason = "no GPU on this rank"
             return False
+        nvml, initialized = None, False
         try:
             nvml = self._nvml or _import_nvml()
             nvml.nvmlInit()
+            initialized = True
             handle = self._handle(nvml)
             self.latest = read_sample(nvml, handle, self.gpu_index)
         except Exception as exc:  # the library, the driver, or the device: all mean "no telemetry"
             self.off_reason = f"NVML unavailable: {exc or type(exc).__name__}"
+            if nvml is not None and initialized:  # NVML counts its inits: this one is undone
+                with contextlib.suppress(Exception):
+                    nvml.nvmlShutdown()
             return False
         self._thread = threading.Thread(
             target=self._run, args=(nvml, handle), name="hpcpipe-gpu", daemon=True

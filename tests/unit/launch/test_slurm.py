@@ -385,3 +385,22 @@ def test_the_agents_bad_flags_are_one_line(tmp_path: Path, args: list[str], says
     """A torch ValueError traceback (exit 1) for each."""
     proc = run_cli("launch", "agent", "tiny", *args, cwd=tmp_path)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and says in proc.stderr, proc.stderr
+
+
+def test_launch_finished_judges_the_config_the_job_ran(tmp_path: Path) -> None:
+    """A job resubmitted with more steps reads its submitted copy until it resumed: judged by the
+    run's older config.yaml, the earlier 20-step run's end read as this 40-step job's (COMPLETED)."""
+    import json
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text(load_config("tiny", ["train.steps=20"]).to_yaml())
+    submitted = tmp_path / "run.submitted.yaml"
+    submitted.write_text(load_config("tiny", ["train.steps=40"]).to_yaml())
+    (run / "events.jsonl").write_text(
+        json.dumps({"event": "run_finished", "step": 20, "world_size": 1}) + "\n"
+    )
+    assert run_cli("launch", "finished", str(run)).returncode == 0  # the 20-step run did finish
+    later = run_cli("launch", "finished", str(run), "--config", str(submitted))
+    assert later.returncode == 1 and "not finished" in later.stdout
+    assert 'launch finished "$run_dir" --config "$config"' in _render("elastic-cpu")

@@ -162,3 +162,16 @@ def test_no_gpu_costs_nothing_and_says_why() -> None:
         pytest.skip("this machine has an NVIDIA driver")
     assert no_driver.off_reason is not None and no_driver.off_reason.startswith("NVML unavailable")
     assert no_driver._thread is None
+
+
+def test_a_start_that_fails_after_nvml_init_undoes_the_init() -> None:
+    """NVML counts its inits: a device that could not be read left the library initialised."""
+
+    class Unreadable(FakeNVML):
+        def nvmlDeviceGetUtilizationRates(self, handle: Any) -> Any:
+            raise RuntimeError("GPU is lost")  # not an NVMLError: the sample fails
+
+    nvml = Unreadable()
+    sampler = GpuSampler(5, gpu_index=0, uuid="GPU-abc", nvml=nvml)
+    assert not sampler.start() and sampler.off_reason == "NVML unavailable: GPU is lost"
+    assert (nvml.inits, nvml.shutdowns) == (1, 1)
