@@ -7,6 +7,7 @@ capability (not root, no CAP_NET_ADMIN, packages absent); CI installs the packag
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import os
@@ -239,16 +240,18 @@ ELASTIC = [
 def _kill_node(cluster: SlurmCluster, node: Node) -> int:
     """SIGKILL every hpcpipe process in the node's namespace (its agent and workers): a lost node."""
     pids = cluster.run("ip", "netns", "pids", node.netns).stdout.split()
-    killed = 0
-    for pid in pids:
+    ours = []
+    for pid in pids:  # all found before any is killed: a worker ends with its killed agent at once
         try:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             continue
         if b"hpcpipe" in cmdline and b"slurmstepd" not in cmdline:
-            os.kill(int(pid), signal.SIGKILL)
-            killed += 1
-    return killed
+            ours.append(int(pid))
+    for pid in ours:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return len(ours)
 
 
 def _membership(run: Path) -> list[tuple[int, int]]:

@@ -19,6 +19,7 @@ _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 _DNS_SUBDOMAIN = re.compile(r"(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _LABEL_VALUE = re.compile(r"(?=.{0,63}$)([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?")
 _SECRET_KEY = re.compile(r"[-._a-zA-Z0-9]{1,253}")
+OWN_LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/instance")  # launch/kubernetes.py sets them
 
 
 class SlurmConfig(Section):
@@ -236,6 +237,14 @@ class K8sConfig(Section):
                     f"{name}: {ref!r} is not a Secret's name/key (a lower-case DNS name, then "
                     "letters, digits, '-', '_' or '.')"
                 )
+        return value
+
+    @field_validator("labels")
+    @classmethod
+    def _not_hpcpipes_own(cls, value: dict[str, str]) -> dict[str, str]:
+        for key in value:
+            if key in OWN_LABELS:  # the PodMonitor and `hpcpipe jobs` find the pods by them
+                raise ValueError(f"{key!r} is set by hpcpipe (it selects the job's pods); use another key")
         return value
 
     @field_validator("image_pull_secrets")

@@ -152,7 +152,7 @@ EVENT_KINDS: dict[str, EventKind] = {
         {
             **_STEP,
             "checkpointed": "a checkpoint was written before exiting",
-            "signal": "the signal's name",
+            "signal": "the signal's name (rank 0's, else one another rank received)",
             "signalled_here": "this process received it (not only a peer)",
             "since_signal_s": "seconds from the signal to the event",
             "grace_s": "fault.preempt_grace_s",

@@ -105,6 +105,7 @@ class PreemptionHandler:
         self.exit_code = exit_code
         self.signum: int | None = None  # the first signal received by this rank
         self.received_at: float | None = None  # time.monotonic() when it arrived
+        self.agreed_signum: int | None = None  # a signal some rank received, once the ranks agreed
         self.stop_agreed = False  # set once should_stop returned True
         # What the ranks agreed on: a preemption (checkpoint, exit_code) wins over an interrupt.
         self.agreed_interrupt = False
@@ -192,10 +193,17 @@ class PreemptionHandler:
         """The code this rank exits with after the stop."""
         return INTERRUPT_EXIT_CODE if self.interrupted else self.exit_code
 
+    def agree_signal(self, all_reduce_max: AllReduceMax | None) -> None:
+        """Every rank learns a signal some rank received (the largest number: a preemption's over
+        Ctrl-C's), for the event rank 0 writes: when only another rank was signalled, its
+        ``signal`` was null. A collective: every rank calls it at the agreed stop."""
+        self.agreed_signum = agree_any(int(self.signum or 0), all_reduce_max) or None
+
     def describe(self) -> dict[str, Any]:
         """Fields for the ``preempted`` event in events.jsonl."""
+        signum = self.signum if self.signum is not None else self.agreed_signum
         return {
-            "signal": signal.Signals(self.signum).name if self.signum is not None else None,
+            "signal": signal.Signals(signum).name if signum is not None else None,
             "signalled_here": self.requested_locally(),
             "since_signal_s": None if self.received_at is None else time.monotonic() - self.received_at,
             "grace_s": self.grace_s,

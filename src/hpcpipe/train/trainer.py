@@ -497,6 +497,7 @@ class Trainer:
         # Agreed on every rank (Ctrl-C reaches the whole process group, so all ranks saw SIGINT).
         save = not self.preemption.interrupted or self.ckpt_every > 0
         self.preemption.start_grace_timer()
+        self.preemption.agree_signal(self.agree_max)  # for the event: which signal, on any rank
         if save:
             self.save_checkpoint(final=True)
         self.preemption.cancel()

@@ -280,3 +280,9 @@ def test_the_notes_say_where_the_run_directory_is() -> None:
     on_claim = _notes({**claim, "config": "preset: tiny\nrun: {out_dir: /checkpoints/runs}\n"})
     assert "(run.out_dir /checkpoints/runs) is on the claim smoke-checkpoints" in on_claim
     assert "stay on the pods' own disks" in _notes({"config": "preset: tiny\n"})
+
+
+def test_the_chart_refuses_labels_that_select_the_pods() -> None:
+    """A user label overriding app.kubernetes.io/instance left the PodMonitor selecting nothing."""
+    with pytest.raises(Exception, match=r"app\.kubernetes\.io/instance|propertyNames|labels"):
+        _notes({"config": "preset: tiny\n", "labels": {"app.kubernetes.io/instance": "other"}})

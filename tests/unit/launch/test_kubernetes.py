@@ -201,6 +201,8 @@ def test_required_fields_and_enums_are_checked_too() -> None:
         (["launch.k8s.namespace=Bad_NS"], "DNS label"),
         (["launch.k8s.queue=my_queue!"], "label value"),
         (["launch.k8s.data_mount=relative"], "absolute"),
+        # The PodMonitor and `hpcpipe jobs` select the pods by it: overridden, they found none.
+        (['launch.k8s.labels={"app.kubernetes.io/instance": other}'], "set by hpcpipe"),
         (["launch.k8s.secret_env={X: a b/key}"], "not a Secret's name/key"),
         (["launch.k8s.priority_class=high"], "priority_class"),
         (["launch.k8s.name=Bad_Name"], "launch.k8s.name"),
