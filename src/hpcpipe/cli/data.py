@@ -7,6 +7,7 @@ image paths: the recipes' modules import it inside the methods that need it."""
 from __future__ import annotations
 
 import contextlib
+import json
 import sys
 import time
 from pathlib import Path
@@ -205,12 +206,38 @@ def make_images(
 
     Example: hpcpipe data make-images cifar10 data/generated/cifar10 && hpcpipe train resnet-tiny
     """
-    from hpcpipe.data.images.generator import GENERATED_FORMATS, write_dataset
+    from hpcpipe.data.images.generator import (
+        GENERATED_CLASSES,
+        GENERATED_FORMATS,
+        GENERATED_MARKER,
+        write_dataset,
+    )
     from hpcpipe.errors import UserError
 
     if fmt not in GENERATED_FORMATS:
         raise UserError(f"FORMAT: unknown format {fmt!r} (known: {', '.join(GENERATED_FORMATS)})")
+    classes = GENERATED_CLASSES[fmt]
+    for option, count in (("--train", train), ("--test", test)):
+        if count < classes:
+            raise UserError(f"{option}: {count} images cannot hold one of each of {fmt}'s {classes} classes")
+    asked = {"format": fmt, "train": train, "test": test, "seed": seed}
+    marker = out / GENERATED_MARKER
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        if _generated_with(marker) == asked:  # the same files again: re-running the docs' command is fine
+            console.print(f"{out} already holds this dataset; use --set data.root={out}")
+            return
+        # Writing into old files would mix two datasets under one name (the same file names, other images).
+        raise UserError(f"{out}: exists and holds other files (choose a new directory, or delete it)")
     write_dataset(fmt, out, train, test, seed)
+    marker.write_text(json.dumps(asked) + "\n")
     console.print(
         f"wrote {fmt} ({train} train, {test} test images) to [bold]{out}[/]; use --set data.root={out}"
     )
+
+
+def _generated_with(marker: Path) -> object:
+    """The options ``make-images`` wrote a directory with (None when it did not, or cannot say)."""
+    try:
+        return json.loads(marker.read_text())
+    except (OSError, ValueError):
+        return None

@@ -266,13 +266,23 @@ def read_idx_array(path: Path) -> np.ndarray:
 
 
 def read_idx(root: Path, classes: list[str] | None = None) -> dict[str, ImageSplit]:
-    splits = {}
+    """Both splits; without ``classes``, one class per label up to the highest in either split.
+
+    The class list must be one for both: the model is sized from the train split's, and a test
+    label beyond it would crash the first evaluation after all the training.
+    """
+    arrays = {}
     for split, (images_path, labels_path) in idx_files(root).items():
         images, labels = read_idx_array(images_path), read_idx_array(labels_path).astype(np.int64)
         if images.ndim != 3 or labels.ndim != 1 or len(images) != len(labels):
             raise DataError(f"{images_path}: expected (N, H, W) images and N labels in {labels_path.name}")
-        names = classes or [str(i) for i in range(int(labels.max()) + 1)]
-        if len(labels) and labels.max() >= len(names):
+        if len(labels) == 0:
+            raise DataError(f"{labels_path}: no images in the {split} split")
+        arrays[split] = images, labels, labels_path
+    names = classes or [str(i) for i in range(max(int(a[1].max()) for a in arrays.values()) + 1)]
+    splits = {}
+    for split, (images, labels, labels_path) in arrays.items():
+        if labels.max() >= len(names):
             raise DataError(f"{labels_path}: labels outside [0, {len(names)})")
         _, h, w = images.shape
         splits[split] = ImageSplit(labels, names, images[:, None], shape=(1, h, w))  # (N, 1, H, W)

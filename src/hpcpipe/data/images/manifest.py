@@ -121,10 +121,27 @@ def channel_stats(split: ImageSplit) -> tuple[list[float], list[float]]:
         size = split.shape[1:]
         step = max(1, len(split.paths) // STATS_SAMPLE)
         pixels = np.stack([decode_image_file(p, size).numpy() for p in split.paths[::step]])
-    per_channel = pixels.transpose(1, 0, 2, 3).reshape(pixels.shape[1], -1)  # (C, N*H*W)
-    mean = per_channel.mean(axis=1, dtype=np.float64) / 255.0
-    std = per_channel.std(axis=1, dtype=np.float64) / 255.0
+    mean, std = _chunked_mean_std(pixels)
+    mean, std = mean / 255.0, std / 255.0
     return [round(float(m), 6) for m in mean], [round(max(float(s), 1e-3), 6) for s in std]
+
+
+def _chunked_mean_std(pixels: np.ndarray, chunk: int = 2048) -> tuple[np.ndarray, np.ndarray]:
+    """Per-channel mean and (population) std of (N, C, H, W) uint8 pixels, two passes in float64.
+
+    In chunks of images: float64 temporaries of the whole split are 8x its size (GBs for
+    EMNIST-sized IDX) on the node that records the manifest.
+    """
+    count = pixels.shape[0] * pixels.shape[2] * pixels.shape[3]
+    total = np.zeros(pixels.shape[1])
+    for start in range(0, len(pixels), chunk):
+        total += pixels[start : start + chunk].sum(axis=(0, 2, 3), dtype=np.float64)
+    mean = total / count  # (C,)
+    squares = np.zeros(pixels.shape[1])
+    for start in range(0, len(pixels), chunk):
+        centred = pixels[start : start + chunk].astype(np.float64) - mean[None, :, None, None]
+        squares += (centred * centred).sum(axis=(0, 2, 3))
+    return mean, np.sqrt(squares / count)
 
 
 def _load(path: Path) -> dict[str, Any]:

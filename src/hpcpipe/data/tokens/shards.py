@@ -141,14 +141,30 @@ def _check_manifest(manifest: Any, where: Path) -> None:
         )
     try:
         np.dtype(manifest["dtype"])
-        files = [manifest["tokenizer"]["file"] or BPE_FILE]
+        tokenizer = manifest["tokenizer"]
+        files = [tokenizer["file"] or BPE_FILE]
+        _require_count(tokenizer, ("vocab_size", "eos_id"), "tokenizer", where)
         for split in SPLITS:
-            files += [str(shard["file"]) for shard in manifest["splits"][split]["shards"]]
+            entry = manifest["splits"][split]
+            _require_count(entry, ("documents",), f"splits.{split}", where)
+            for i, shard in enumerate(entry["shards"]):
+                _require_count(shard, ("tokens",), f"splits.{split}.shards[{i}]", where)
+                if not isinstance(shard["sha256"], str):
+                    raise DataError(f"{where}: splits.{split}.shards[{i}].sha256 is not a string")
+                files.append(str(shard["file"]))
     except (KeyError, TypeError) as exc:
         raise DataError(f"{where}: incomplete manifest (missing {exc})") from None
     for name in files:
         if Path(name).name != name or name in {"", ".", ".."}:
             raise DataError(f"{where}: file entry {name!r} is not a plain file name")
+
+
+def _require_count(entry: dict[str, Any], keys: tuple[str, ...], section: str, where: Path) -> None:
+    """Each key holds a non-negative int (readers do arithmetic on them; bool is not a count)."""
+    for key in keys:
+        value = entry[key]
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise DataError(f"{where}: {section}.{key} is {value!r}, not a non-negative integer")
 
 
 def verify_tokenizer_file(dataset: PreparedDataset) -> None:

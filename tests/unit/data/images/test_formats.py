@@ -140,6 +140,16 @@ def test_the_real_fashion_mnist_is_found_and_read() -> None:
     assert np.bincount(splits["test"].labels).tolist() == [1000] * 10
 
 
+def test_idx_splits_share_one_class_list_and_an_empty_split_is_named(tmp_path: Path) -> None:
+    root = write_dataset("idx", tmp_path / "idx", 8, 32)  # 8 train images hold classes 0-7 only
+    splits = read_splits("idx", root)
+    assert splits["train"].classes == splits["test"].classes == [str(i) for i in range(10)]
+    (root / "t10k-labels-idx1-ubyte.gz").write_bytes(gzip.compress(idx_bytes(np.zeros(0, np.uint8))))
+    (root / "t10k-images-idx3-ubyte.gz").write_bytes(gzip.compress(idx_bytes(np.zeros((0, 28, 28), np.uint8))))
+    with pytest.raises(DataError, match=r"t10k-labels-idx1-ubyte\.gz: no images in the test split$"):
+        read_splits("idx", root)
+
+
 def test_the_manifest_is_written_on_first_read_and_catches_a_change(tmp_path: Path) -> None:
     root = write_dataset("idx", tmp_path / "idx", 30, 10)
     cfg = DataConfig(format="idx", root=str(root), prepared_dir=str(tmp_path / "prepared"))
@@ -174,12 +184,21 @@ def test_image_cli_errors_are_one_line_exit_2(cli, tmp_path: Path) -> None:  # t
 
 
 def test_make_images_cli_writes_a_dataset_prepare_records_it(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    proc = cli("data", "make-images", "cifar100-binary", str(tmp_path / "d"), "--train", "20", "--test", "5")
+    args = ["data", "make-images", "cifar100-binary", str(tmp_path / "d"), "--train", "100", "--test", "100"]
+    proc = cli(*args)
     assert proc.returncode == 0, proc.stderr
+    assert cli(*args).returncode == 0  # the same command again: the same dataset, nothing written
+    proc = cli(*args[:-1], "101")  # other images under the same file names would mix two datasets
+    assert proc.returncode == 2 and proc.stderr.strip() == (
+        f"error: {tmp_path / 'd'}: exists and holds other files (choose a new directory, or delete it)"
+    )
+    proc = cli("data", "make-images", "cifar100", str(tmp_path / "e"), "--train", "20")
+    assert proc.returncode == 2 and not (tmp_path / "e").exists()
+    assert proc.stderr.strip() == "error: --train: 20 images cannot hold one of each of cifar100's 100 classes"
     sets = ["--set", f"data.root={tmp_path / 'd'}", "--set", "data.format=cifar100-binary"]
     sets += ["--set", f"data.prepared_dir={tmp_path}/prepared"]
     proc = cli("data", "prepare", "resnet-tiny", *sets, "--json", "-")
     assert proc.returncode == 0, proc.stderr
-    assert '"train_samples": 20' in proc.stdout and '"verified": false' in proc.stdout
+    assert '"train_samples": 100' in proc.stdout and '"verified": false' in proc.stdout
     proc = cli("data", "prepare", "resnet-tiny", *sets, "--json", "-")
     assert '"verified": true' in proc.stdout

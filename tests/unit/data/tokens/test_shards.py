@@ -147,3 +147,32 @@ def test_bad_dataset_directories(tmp_path: Path, prepared: PreparedDataset) -> N
     (prepared.path / MANIFEST_FILE).write_text("{")
     with pytest.raises(DataError, match="not valid JSON"):
         verify_dataset(prepared.path)
+
+
+@pytest.mark.parametrize(
+    ("edit", "needle"),
+    [
+        (
+            lambda m: m["splits"]["train"]["shards"][0].pop("tokens"),
+            r"incomplete manifest \(missing 'tokens'\)",
+        ),
+        (
+            lambda m: m["splits"]["train"]["shards"][0].update(tokens="abc"),
+            r"splits\.train\.shards\[0\]\.tokens is 'abc', not a non-negative integer",
+        ),
+        (lambda m: m["splits"]["val"].update(documents=-1), r"splits\.val\.documents is -1"),
+        (lambda m: m["tokenizer"].update(vocab_size=None), r"tokenizer\.vocab_size is None"),
+        (
+            lambda m: m["splits"]["train"]["shards"][0].update(sha256=7),
+            r"shards\[0\]\.sha256 is not a string",
+        ),
+    ],
+)
+def test_a_damaged_manifest_field_is_named_before_anything_reads_it(
+    prepared: PreparedDataset, edit: Any, needle: str
+) -> None:
+    manifest = json.loads((prepared.path / MANIFEST_FILE).read_text())
+    edit(manifest)
+    (prepared.path / MANIFEST_FILE).write_text(json.dumps(manifest))
+    with pytest.raises(DataError, match=needle):
+        open_dataset(prepared.path)  # verify, staging and training all open it through here
