@@ -145,7 +145,8 @@ def test_idx_splits_share_one_class_list_and_an_empty_split_is_named(tmp_path: P
     splits = read_splits("idx", root)
     assert splits["train"].classes == splits["test"].classes == [str(i) for i in range(10)]
     (root / "t10k-labels-idx1-ubyte.gz").write_bytes(gzip.compress(idx_bytes(np.zeros(0, np.uint8))))
-    (root / "t10k-images-idx3-ubyte.gz").write_bytes(gzip.compress(idx_bytes(np.zeros((0, 28, 28), np.uint8))))
+    no_images = idx_bytes(np.zeros((0, 28, 28), np.uint8))
+    (root / "t10k-images-idx3-ubyte.gz").write_bytes(gzip.compress(no_images))
     with pytest.raises(DataError, match=r"t10k-labels-idx1-ubyte\.gz: no images in the test split$"):
         read_splits("idx", root)
 
@@ -194,7 +195,8 @@ def test_make_images_cli_writes_a_dataset_prepare_records_it(cli, tmp_path: Path
     )
     proc = cli("data", "make-images", "cifar100", str(tmp_path / "e"), "--train", "20")
     assert proc.returncode == 2 and not (tmp_path / "e").exists()
-    assert proc.stderr.strip() == "error: --train: 20 images cannot hold one of each of cifar100's 100 classes"
+    refusal = "error: --train: 20 images cannot hold one of each of cifar100's 100 classes"
+    assert proc.stderr.strip() == refusal
     sets = ["--set", f"data.root={tmp_path / 'd'}", "--set", "data.format=cifar100-binary"]
     sets += ["--set", f"data.prepared_dir={tmp_path}/prepared"]
     proc = cli("data", "prepare", "resnet-tiny", *sets, "--json", "-")
