@@ -87,6 +87,7 @@ def test_hpcpipe_run_with_tensorboard_profiling_and_prometheus(env: dict[str, st
     assert (run / "export").is_dir() and list((run / "export").glob("*/model.safetensors"))
     assert list((run / "tensorboard").iterdir()) and list((run / "profile").glob("*.trace.json"))
     assert (run / "report" / "report.md").is_file() and "byte CNN" in (run / "summary.md").read_text()
+    assert list((tmp_path / "prometheus-targets").iterdir()) == []  # finished: no longer a scrape target
     # The last checkpoint's verification runs in the background after the last step; its event
     # reaches TensorBoard: the trackers close after the store (they closed first, and a late event
     # could fail the finished run).

@@ -62,8 +62,15 @@ def _start(
     config: str, sets: list[str] | None, nproc: int | None, trials: int | None, workers: int
 ) -> StudyPlan:
     """Validate the job and its space, create the study once, write study.json and base.yaml."""
+    plan = _checked_plan(config, sets, nproc, trials)
+    _create(plan, workers)
+    return plan
+
+
+def _checked_plan(config: str, sets: list[str] | None, nproc: int | None, trials: int | None) -> StudyPlan:
+    """The study's plan from a job whose space is checked (nothing is written)."""
     from hpcpipe.hpo.space import check_space, grid_size
-    from hpcpipe.hpo.study import open_study, plan_study, warn_if_parallel_sqlite, write_record
+    from hpcpipe.hpo.study import plan_study
 
     job = load_job(config, [*(sets or []), *([f"hpo.n_trials={trials}"] if trials else [])], nproc)
     check_space(job)
@@ -71,13 +78,18 @@ def _start(
         size = grid_size(job.hpo.space)
         err_console.print(f"note: the grid has {size} points; hpo.n_trials {job.hpo.n_trials} -> {size}")
         job = load_job(config, [*(sets or []), f"hpo.n_trials={size}"], nproc)
-    plan = plan_study(job)
+    return plan_study(job)
+
+
+def _create(plan: StudyPlan, workers: int) -> None:
+    from hpcpipe.hpo.study import check_record, open_study, warn_if_parallel_sqlite, write_record
+
     warning = warn_if_parallel_sqlite(plan, workers)
     if warning:
         err_console.print(escape(warning), style="yellow")
+    check_record(plan)  # before the store is created in another study's directory
     open_study(plan, create=True)
     write_record(plan)
-    return plan
 
 
 def run(
@@ -348,18 +360,13 @@ def launch_slurm(
     from hpcpipe.hpo.slurm import check_shared_storage, render_array, write_array
     from hpcpipe.launch.slurm import check_partition, submit
 
+    plan = _checked_plan(config, sets, nproc, trials)  # a dry run refuses what a launch would
+    check_shared_storage(plan)
     if dry_run:
-        from hpcpipe.hpo.study import plan_study
-
-        plan = plan_study(
-            load_job(config, [*(sets or []), *([f"hpo.n_trials={trials}"] if trials else [])], nproc)
-        )
-        check_shared_storage(plan)
         sys.stdout.write(render_array(plan, workers))
         return
-    plan = _start(config, sets, nproc, trials, workers=1)
-    check_shared_storage(plan)
     check_partition(plan.base.launch.slurm.partition)
+    _create(plan, workers=1)  # after every check: a refused launch writes nothing
     script = write_array(plan, workers)
     job_id = submit(script)
     _say(f"submitted array job {job_id} ({workers} workers) for study {plan.name}; script {script}")

@@ -10,6 +10,7 @@ user attribute, so the retry resumes the dead trial's checkpoint) up to ``hpo.ma
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -85,9 +86,9 @@ def fail_stale_trials(
         if alive is None:  # asked a moment ago, not yet marked (workers mark right after asking)
             legacy = trial.system_attrs.get(HEARTBEAT_ATTR)  # a bare time: a worker of an older hpcpipe
             alive = max(float(legacy), started) if isinstance(legacy, int | float) else started
-        if now - alive <= grace_s:
+        if now - alive <= grace_s and not _worker_gone(trial):
             continue
-        note = f"no heartbeat for {now - alive:.0f} s"
+        note = f"no heartbeat for {now - alive:.0f} s" if now - alive > grace_s else "its worker died"
         try:  # the note first: a finished trial takes no attributes
             storage.set_trial_user_attr(trial._trial_id, "hpcpipe:failure", note)
             if not storage.set_trial_state_values(trial._trial_id, optuna.trial.TrialState.FAIL):
@@ -97,6 +98,25 @@ def fail_stale_trials(
         failed.append(trial.number)
         retry(study, storage.get_trial(trial._trial_id), max_retries)
     return failed
+
+
+WORKER_ATTR = "hpcpipe:worker"  # "<host>:<pid>" of the worker that runs the trial
+
+
+def _worker_gone(trial: optuna.trial.FrozenTrial) -> bool:
+    """The trial's worker ran on this host and its process is gone (SIGKILL, the OOM killer): the
+    trial is dead now, not after hpo.grace_s, by which time a worker started again at once had
+    found only a RUNNING trial, run nothing and exited 0."""
+    host, _, pid = str(trial.user_attrs.get(WORKER_ATTR, "")).rpartition(":")
+    if host != os.uname().nodename or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # another user's process of that pid: alive as far as we can tell
+        return False
+    return False
 
 
 def retry(study: optuna.Study, trial: optuna.trial.FrozenTrial, max_retries: int) -> bool:

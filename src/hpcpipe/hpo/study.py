@@ -97,6 +97,19 @@ def warn_if_parallel_sqlite(plan: StudyPlan, workers: int) -> str | None:
 
 
 METRIC_ATTR = "hpcpipe:metric"  # the study's hpo.metric, in the storage: every worker sees it
+DIR_ATTR = "hpcpipe:study_dir"  # where its trials train: one search per study
+
+
+def check_record(plan: StudyPlan) -> None:
+    """A study directory holds one study: a second name there would share its trial folders."""
+    if not plan.layout.record.is_file():
+        return
+    recorded = read_json_object(plan.layout.record).get("study")
+    if recorded != plan.name:
+        raise UserError(
+            f"{plan.study_dir}: holds study {recorded!r}, not {plan.name!r} (their trials would share "
+            "its trial folders; give hpo.dir another directory)"
+        )
 
 
 def write_record(plan: StudyPlan) -> None:
@@ -204,6 +217,7 @@ def open_study(
         )
     if create:
         _same_metric(study, plan)
+        _same_directory(study, plan)
     study.sampler = build_sampler(plan.hpo, worker, held=len(study.get_trials(deepcopy=False)))
     return study, storage
 
@@ -218,4 +232,17 @@ def _same_metric(study: optuna.Study, plan: StudyPlan) -> None:
         raise UserError(
             f"study {plan.name!r} ranks its trials by {recorded}; hpo.metric is {plan.hpo.metric} "
             "(continue it with the same metric, or give the new search another hpo.study)"
+        )
+
+
+def _same_directory(study: optuna.Study, plan: StudyPlan) -> None:
+    """Two searches of one name on a shared store (another run.out_dir or hpo.dir) would merge:
+    the second ran none of its own trials and reported the first's best as its own."""
+    recorded = study.user_attrs.get(DIR_ATTR)
+    if recorded is None:
+        study.set_user_attr(DIR_ATTR, str(plan.study_dir))
+    elif recorded != str(plan.study_dir):
+        raise UserError(
+            f"study {plan.name!r} in {plan.storage_shown} is the search of {recorded}, not of "
+            f"{plan.study_dir} (continue it from there, or give this search another hpo.study)"
         )

@@ -19,6 +19,7 @@ interleave; a trial asked past it is closed as surplus and never trained.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import os
 import signal
@@ -30,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hpcpipe.errors import USER_ERROR_EXIT_CODE, UserError
-from hpcpipe.hpo.liveness import Heartbeat, fail_stale_trials, mark_alive, retried_from, retry
+from hpcpipe.hpo.liveness import WORKER_ATTR, Heartbeat, fail_stale_trials, mark_alive, retried_from, retry
 from hpcpipe.hpo.space import maximize, suggest, trial_config
 from hpcpipe.hpo.study import StudyPlan, open_study
 from hpcpipe.layout import RunLayout
@@ -101,6 +102,7 @@ def run_worker(
                 f"trial {number}: its worker stopped sending heartbeats; failed (retried if retries are left)"
             )
         if _budget_spent(study, hpo.n_trials):
+            _say_still_running(study, hpo.grace_s, say)
             break
         trial = study.ask()
         with contextlib.suppress(Exception):  # the store briefly unreachable: the heartbeat retries
@@ -110,6 +112,20 @@ def run_worker(
             continue
         outcomes.append(run_trial(plan, study, storage, trial, nproc, say, stop))
     return outcomes
+
+
+def _say_still_running(study: optuna.Study, grace_s: float, say: Callable[[str], None]) -> None:
+    """Trials other workers still run count toward the budget; one whose worker died elsewhere
+    is retried only by a worker that sweeps after hpo.grace_s."""
+    import optuna
+
+    running = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+    if running:
+        numbers = ", ".join(str(t.number) for t in running)
+        say(
+            f"trials {numbers} still run in other workers; if one's worker died, `hpcpipe hpo run` "
+            f"again after hpo.grace_s ({grace_s:g} s) retries it"
+        )
 
 
 def _originals(trials: list[optuna.trial.FrozenTrial]) -> list[optuna.trial.FrozenTrial]:
@@ -166,7 +182,10 @@ def run_trial(
     """Train one trial in a child process while marking it alive; tell the study the result."""
     import optuna
 
-    run_dir = Path(trial.user_attrs.get(RUN_DIR_ATTR) or plan.layout.trial_dir(trial.number))
+    retry_of = trial.user_attrs.get(RUN_DIR_ATTR)  # a retry resumes its original's folder
+    run_dir = Path(retry_of or plan.layout.trial_dir(trial.number))
+    if retry_of is None and run_dir.exists():
+        say(f"trial {trial.number}: {run_dir} holds an earlier study's trial; moved to {_set_aside(run_dir)}")
     try:
         values = suggest(trial, plan.hpo.space)
     except ValueError as exc:  # a retry's fixed values, against a space changed since (Optuna's check)
@@ -176,7 +195,7 @@ def run_trial(
         say(f"trial {trial.number}: failed, not retried: {note}")
         return TrialOutcome(trial.number, "FAIL", None, run_dir, 0.0, note)
     trial.set_user_attr(RUN_DIR_ATTR, str(run_dir))
-    trial.set_user_attr("hpcpipe:worker", f"{os.uname().nodename}:{os.getpid()}")
+    trial.set_user_attr(WORKER_ATTR, f"{os.uname().nodename}:{os.getpid()}")
     shown = ", ".join(f"{k}={_short(v)}" for k, v in values.items())
     started = time.monotonic()
     try:
@@ -192,6 +211,17 @@ def run_trial(
     with Heartbeat(storage, trial._trial_id, plan.hpo.heartbeat_s):
         code = _train(run_dir, nproc, _trial_env(plan, trial), stop)
     return _tell(plan, study, storage, trial, code, run_dir, time.monotonic() - started, say)
+
+
+def _set_aside(run_dir: Path) -> Path:
+    """Move an earlier study's folder (the store was reset or replaced) out of a new trial's way:
+    the new trial would resume its checkpoint and report its result without training."""
+    for n in itertools.count(1):
+        aside = run_dir.with_name(f"{run_dir.name}.earlier-{n}")
+        if not aside.exists():
+            run_dir.rename(aside)
+            return aside
+    raise AssertionError("unreachable")
 
 
 def _trial_env(plan: StudyPlan, trial: optuna.trial.Trial) -> dict[str, str]:
@@ -246,6 +276,12 @@ def _tell(
 
     state = optuna.trial.TrialState
     head = f"trial {trial.number}: "
+    if storage.get_trial(trial._trial_id).state.is_finished():
+        # Failed meanwhile by a stale sweep (the heartbeat lapsed), which enqueued its retry: a
+        # second retry here would train the same values in the same folder twice.
+        note = "the study had already failed it (its heartbeat lapsed); its retry, if any, resumes it"
+        say(f"{head}{note}")
+        return TrialOutcome(trial.number, "FAIL", None, run_dir, seconds, note)
     if code == 0:
         value = final_metric(run_dir, plan.hpo.metric)
         if value is not None and math.isnan(value):

@@ -62,9 +62,10 @@ def train_worker(job: JobConfig, env: DistEnv) -> None:
             run_dir.mkdir(parents=True, exist_ok=True)
             recipe.on_train_start(run_dir)
             _record_group_start(run_dir, ctx.world_size, hosts, _latest(ranks))
-        targets = job.observe.prometheus, node_name()
         if ctx.local_rank == 0:  # this node's exporter endpoints, for Prometheus file discovery
-            write_sd_targets(Path(job.run.out_dir), *targets, ctx.local_world_size, job.run.name)
+            write_sd_targets(
+                Path(job.run.out_dir), job.observe.prometheus, node_name(), ctx.local_world_size, job.run.name
+            )
         ctx.barrier()
         hold_until_world(ctx.world_size)  # chaos only (HPCPIPE_CHAOS_HOLD): no step before the late node
         with paths_are_input():
@@ -93,7 +94,9 @@ def train_worker(job: JobConfig, env: DistEnv) -> None:
             trainer.close()
         ctx.barrier()
         if ctx.local_rank == 0:  # finished: Prometheus stops scraping this node's endpoints
-            remove_sd_targets(Path(job.run.out_dir), *targets, job.run.name)
+            remove_sd_targets(
+                Path(job.run.out_dir), job.observe.prometheus, run=job.run.name, node=node_name()
+            )
     finally:
         shutdown_distributed()
 

@@ -9,8 +9,9 @@ writes a file-service-discovery target file (``write_sd_targets``) for its ranks
 Names follow Prometheus conventions: the ``hpcpipe_`` prefix, base units in the name, ``_total``
 on counters. Time fractions come from counters: ``rate(hpcpipe_phase_seconds_total[5m]) /
 rate(hpcpipe_step_duration_seconds_sum[5m])`` is each phase's share of step time. Checkpoint
-series come from rank 0, which commits. A port already taken logs one warning and training goes
-on without this rank's endpoint. ``pushgateway`` sends an end-of-run summary from rank 0.
+series come from rank 0, which commits; so do OOM recoveries, which every rank goes through. A
+port already taken logs one warning and training goes on without this rank's endpoint.
+``pushgateway`` sends an end-of-run summary from rank 0.
 """
 
 from __future__ import annotations
@@ -80,11 +81,19 @@ class Exporter:
             registry=reg, buckets=SAVE_BUCKETS,
         )  # fmt: skip
         self.fallbacks = counter("hpcpipe_checkpoint_fallbacks", "Checkpoints that failed verification.")
-        self.ooms = counter("hpcpipe_oom_recoveries", "Steps retried with a smaller micro-batch after OOM.")
+        self.ooms = counter(
+            "hpcpipe_oom_recoveries", "Steps retried with a smaller micro-batch after OOM (rank 0)."
+        )
         self.restarts = gauge("hpcpipe_restarts", "Restarts of the worker group so far (elastic agent).")
         self.imbalance = gauge("hpcpipe_imbalance_ratio", "(max - min) / median of the ranks' busy time.")
         self.slowest = gauge("hpcpipe_slowest_rank", "Rank with the most busy time at the last check.")
         self.imbalance_events = counter("hpcpipe_imbalance_events", "Checks above the imbalance threshold.")
+        # Every counter of this rank's labels exported at 0 from the start: a series born at 1 has
+        # no rise for increase() to see, and the first failed save (often the run's only one)
+        # never fired HpcpipeCheckpointFailing.
+        counters = (self.steps, self.items, self.saves, self.save_failures, self.fallbacks, self.ooms)
+        for unlabelled in (*counters, self.imbalance_events):
+            unlabelled.labels(**self.labels)
         build = Info("hpcpipe_build", "hpcpipe version and git commit.", registry=reg)
         build.info(build_info())
         self.restarts.labels(**self.labels).set(float(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0))
@@ -138,7 +147,7 @@ class Exporter:
             self.save_failures.labels(**own).inc()
         elif kind == "checkpoint_fallback":
             self.fallbacks.labels(**own).inc()
-        elif kind == "oom_recovered":
+        elif kind == "oom_recovered" and own["rank"] == "0":  # every rank emits it: one recovery, one count
             self.ooms.labels(**own).inc()
 
     def on_imbalance(self, ratio: float, slowest_rank: int, raised: bool) -> None:
@@ -155,6 +164,16 @@ class Exporter:
             self._server = None
         if summary is not None and self.cfg.pushgateway:
             push_summary(self.cfg.pushgateway, self.labels["run"], summary)
+
+
+def end_of_run_summary(step: int, steps: int) -> dict[str, float]:
+    """The gauges ``push_summary`` sends when a process ends: ``completed`` tells a run that reached
+    ``train.steps`` from one preempted, crashed or stopped by divergence (they all end here)."""
+    return {
+        "steps": float(step),
+        "completed": float(step >= steps),
+        "finished_timestamp_seconds": time.time(),
+    }
 
 
 def push_summary(url: str, run: str, summary: dict[str, float]) -> bool:
@@ -232,6 +251,8 @@ def write_sd_targets(
     return out
 
 
-def remove_sd_targets(out_dir: Path, cfg: PrometheusConfig, run: str, node: str) -> None:
+def remove_sd_targets(out_dir: Path, cfg: PrometheusConfig, *, run: str, node: str) -> None:
+    # Keyword-only: called (cfg, node, run) it unlinked a file that never existed (missing_ok),
+    # and every finished run stayed a target (HpcpipeRankDown for ever; rates counted twice).
     if cfg.port is not None:
         sd_targets_path(out_dir, cfg, run, node).unlink(missing_ok=True)

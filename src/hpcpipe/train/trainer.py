@@ -10,6 +10,7 @@ train/preempt.py, observe/watchdog.py) and are only called from here.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Iterator, Sequence
@@ -32,6 +33,7 @@ from hpcpipe.observe.metrics import EventLog, MetricsSink, read_metrics
 from hpcpipe.observe.peers import peer_beats
 from hpcpipe.observe.phases import PhaseTimer
 from hpcpipe.observe.progress import TrainProgress
+from hpcpipe.observe.prometheus import end_of_run_summary
 from hpcpipe.observe.telemetry import RankInfo, Telemetry
 from hpcpipe.observe.throughput import ThroughputMeter, peak_memory_bytes
 from hpcpipe.observe.watchdog import Watchdog
@@ -104,6 +106,7 @@ class Trainer:
         # tensor-parallel group (its replicated activations must stay equal); a function of the seed.
         torch.manual_seed(job.run.seed + self.layout.dp_rank)
         self.step = 0
+        self._compiled = False  # this process ran its first (compiling) step
         self._guard_faults(job, units, accum)
         self._start_telemetry(job)
         self._open_store(job, engine, faults)
@@ -289,7 +292,8 @@ class Trainer:
         while self.step < stop_step:
             self.step += 1
             logs = self.step % self.observe.log_every == 0 or self.step == stop_step
-            out = self.train_step(measure_norm=logs)
+            with self._compiling():
+                out = self.train_step(measure_norm=logs)
             self.meter.add_step(out.data_time_s, self.recipe.interval_counts())
             self.telemetry.on_step(self.meter.items_per_step / self.ctx.world_size)
             self.watchdog.beat(self.step)
@@ -576,11 +580,19 @@ class Trainer:
         finally:  # even when the store raises a failed save: close the trackers after those
             # events (they reach TensorBoard and MLflow), flush spans, stop the GPU sampler
             self.trackers.close(finished=self.step >= self.cfg.steps)
-            self.telemetry.close({"steps": float(self.step), "finished_timestamp_seconds": time.time()})
+            self.telemetry.close(end_of_run_summary(self.step, self.cfg.steps))
         if self.sink is not None:
             self.sink.close()
 
     # -- helpers -----------------------------------------------------------------------------
+
+    def _compiling(self) -> contextlib.AbstractContextManager[None]:
+        """The watchdog paused over this process's first compiled step: compiling takes minutes
+        on large models, and ended a healthy run as hung (exit 3) before its first beat."""
+        if self.cfg.compile and not self._compiled:
+            self._compiled = True
+            return self.watchdog.pause()
+        return contextlib.nullcontext()
 
     def _evaluation_missed(self) -> bool:
         """Resumed at an evaluation step whose evaluation never ran: the step's checkpoint comes

@@ -470,3 +470,81 @@ def test_every_verb_that_takes_a_study_accepts_its_directory_or_the_job_and_out_
         assert plots.exit_code == 0, (form, plots.output)
     elsewhere = runner.invoke(app, ["hpo", "best", "tiny-hpo", "--set", f"run.out_dir={tmp_path / 'none'}"])
     assert isinstance(elsewhere.exception, UserError)
+
+
+def test_a_new_trial_moves_an_earlier_studys_folder_aside(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store reset (journal deleted, SQLite -> journal): trial 0 resumed the old trial 0's
+    checkpoint and reported its value without training."""
+    from hpcpipe.hpo import worker
+
+    plan, study, storage = _study(tmp_path)
+    old = plan.layout.trial_dir(0)
+    old.mkdir(parents=True)
+    (old / "metrics.jsonl").write_text('{"step": 20, "val_loss": 4.2111}\n')
+
+    def train(run_dir: Path, *_: object) -> int:
+        assert not (run_dir / "metrics.jsonl").exists()  # a fresh folder
+        (run_dir / "metrics.jsonl").write_text('{"step": 20, "val_loss": 3.5}\n')
+        return 0
+
+    monkeypatch.setattr(worker, "_train", train)
+    said: list[str] = []
+    outcome = worker.run_trial(plan, study, storage, study.ask(), 1, said.append, worker.StopFlag())
+    assert outcome.value == 3.5 and f"moved to {old}.earlier-1" in said[0]
+    assert (old.parent / f"{old.name}.earlier-1" / "metrics.jsonl").read_text().endswith("4.2111}\n")
+
+
+def test_one_search_per_study_name_and_per_study_directory(tmp_path: Path) -> None:
+    """A second search of the same name on a shared store ran none of its trials and reported the
+    first's best as its own; a second study in one hpo.dir shared its trial folders."""
+    from hpcpipe.hpo.study import check_record
+
+    shared = f"hpo.storage=journal:{tmp_path}/shared.log"
+    _study(tmp_path / "a", shared)
+    with pytest.raises(UserError, match=r"is the search of .*/a/hpo-tiny, not of .*/b/hpo-tiny"):
+        open_study(plan_study(_job(tmp_path / "b", shared)), create=True)
+    open_study(plan_study(_job(tmp_path / "a", shared)), create=True)  # continuing it is fine
+    other = plan_study(_job(tmp_path / "a", "hpo.study=other", f"hpo.dir={tmp_path}/a/hpo-tiny"))
+    with pytest.raises(UserError, match=r"holds study 'tiny', not 'other'"):
+        check_record(other)
+
+
+def test_a_trial_failed_meanwhile_by_a_sweep_is_not_retried_twice(tmp_path: Path) -> None:
+    plan, study, storage = _study(tmp_path, "hpo.max_retries=3")
+    trial = study.ask()
+    suggest(trial, plan.hpo.space)
+    mark_alive(storage, trial._trial_id, time.time() - 600)
+    assert fail_stale_trials(study, storage, 60.0, 3) == [0]  # and enqueued its retry
+    said: list[str] = []
+    outcome = _tell(plan, study, storage, trial, -9, tmp_path, 1.0, said.append)
+    assert outcome.state == "FAIL" and "already failed it" in said[0]
+    assert [t.state.name for t in study.get_trials()] == ["FAIL", "WAITING"]
+
+
+def test_a_trial_whose_worker_died_on_this_host_is_failed_at_once(tmp_path: Path) -> None:
+    import os
+    import sys
+
+    from hpcpipe.hpo.liveness import WORKER_ATTR
+
+    _, study, storage = _study(tmp_path, "hpo.max_retries=1")
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], check=True, capture_output=True, text=True
+    )
+    dead, alive = study.ask(), study.ask()
+    for trial, pid in ((dead, gone.stdout.strip()), (alive, str(os.getpid()))):
+        trial.set_user_attr(WORKER_ATTR, f"{os.uname().nodename}:{pid}")
+        mark_alive(storage, trial._trial_id)  # beats are fresh: hpo.grace_s has not passed
+    assert fail_stale_trials(study, storage, 600.0, 1) == [0]
+    assert study.get_trials()[0].user_attrs["hpcpipe:failure"] == "its worker died"
+
+
+def test_hpo_launch_slurm_checks_everything_before_it_writes(tmp_path: Path) -> None:
+    proc = run_cli("hpo", "launch", "slurm", "tiny", "--set", SPACE, cwd=tmp_path)  # SQLite
+    assert proc.returncode == 2 and "cannot share SQLite" in proc.stderr
+    assert list(tmp_path.iterdir()) == []  # no study.db, study.json or base.yaml
+    bad = "hpo.space={train.lrr: {type: float, low: 0.1, high: 1}}"
+    proc = run_cli("hpo", "launch", "slurm", "tiny", "--dry-run", "--set", bad, cwd=tmp_path)
+    assert proc.returncode == 2 and "hpo.space.train.lrr" in proc.stderr

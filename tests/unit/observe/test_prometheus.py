@@ -19,7 +19,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from hpcpipe.config.observe import PrometheusConfig
 from hpcpipe.netutil import free_port
-from hpcpipe.observe.prometheus import Exporter, push_summary, remove_sd_targets, write_sd_targets
+from hpcpipe.observe.prometheus import (
+    Exporter,
+    end_of_run_summary,
+    push_summary,
+    remove_sd_targets,
+    write_sd_targets,
+)
 
 LABELS = {"run": "r1", "rank": "1", "node": "n1", "recipe": "gpt"}
 
@@ -89,6 +95,22 @@ def test_names_types_and_labels_follow_prometheus_conventions() -> None:
     assert phases == pytest.approx(expected_phases)
 
 
+def test_counters_start_at_zero_and_an_oom_counts_once_over_the_ranks() -> None:
+    """A counter exported first at 1 has no rise for increase(): the first failed save never
+    fired HpcpipeCheckpointFailing. Every rank goes through an OOM recovery: one count, rank 0's."""
+    fresh = Exporter(PrometheusConfig(), LABELS, "tokens", local_rank=0)
+    samples = {s.name: s.value for f in _families(fresh).values() for s in f.samples}
+    for name in ("steps", "tokens", "checkpoint_saves", "checkpoint_save_failures", "oom_recoveries"):
+        assert samples[f"hpcpipe_{name}_total"] == 0, name
+    assert samples["hpcpipe_imbalance_events_total"] == 0
+    counts = []
+    for rank in ("0", "1"):
+        exporter = Exporter(PrometheusConfig(), LABELS | {"rank": rank}, "tokens", local_rank=int(rank))
+        exporter.on_event("oom_recovered", {"step": 2})
+        counts.append(exporter.ooms.labels(**exporter.labels)._value.get())
+    assert counts == [1, 0]
+
+
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool absent (apt-get install prometheus)")
 def test_promtool_accepts_the_exposition() -> None:
     text = generate_latest(_fed_exporter().registry)
@@ -143,7 +165,7 @@ def test_file_sd_targets_list_every_local_rank_and_go_away(tmp_path: Path) -> No
     wide = write_sd_targets(tmp_path, PrometheusConfig(port=9400, host="0.0.0.0"), "node7", 1, "run-b")
     assert wide is not None
     assert json.loads(wide.read_text())[0]["targets"] == [f"{socket.getfqdn('node7')}:9400"]
-    remove_sd_targets(tmp_path, cfg, "run-a", "node7")
+    remove_sd_targets(tmp_path, cfg, run="run-a", node="node7")
     assert not path.exists()
     assert write_sd_targets(tmp_path, PrometheusConfig(), "node7", 4, "run-c") is None
 
@@ -191,3 +213,10 @@ def test_build_info_names_this_checkout() -> None:
     )
     expected = head.stdout.strip() if head.returncode == 0 else "unknown"
     assert build_info() == {"version": __version__, "git_sha": expected}
+
+
+def test_the_end_of_run_summary_tells_a_completed_run_from_a_stopped_one() -> None:
+    """Every process ends through Trainer.close: a preempted run pushed what a finished one did."""
+    assert end_of_run_summary(1411, 4000)["completed"] == 0.0
+    assert end_of_run_summary(4000, 4000)["completed"] == 1.0
+    assert end_of_run_summary(4000, 4000)["steps"] == 4000.0

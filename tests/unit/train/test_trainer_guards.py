@@ -55,3 +55,20 @@ def test_a_bad_chaos_variable_under_two_ranks_is_one_line(tmp_path: Path) -> Non
     )  # fmt: skip
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert "HPCPIPE_CHAOS_OOM: unknown key 'bogus'" in proc.stderr
+
+
+def test_the_first_compiled_step_of_a_process_pauses_the_watchdog(tmp_path: Path) -> None:
+    """Compiling took longer than fault.hang_timeout_s: a healthy run ended as hung (exit 3)."""
+    from types import SimpleNamespace
+
+    from hpcpipe.observe.watchdog import Watchdog
+    from hpcpipe.train.trainer import Trainer
+
+    for compiled, paused_steps in ((True, [1, 0, 0]), (False, [0, 0, 0])):
+        trainer = SimpleNamespace(cfg=SimpleNamespace(compile=compiled), _compiled=False)
+        trainer.watchdog = Watchdog(60.0, tmp_path, rank=0)
+        seen = []
+        for _ in range(3):
+            with Trainer._compiling(trainer):  # type: ignore[arg-type]
+                seen.append(trainer.watchdog._paused)
+        assert seen == paused_steps
