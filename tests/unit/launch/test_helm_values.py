@@ -167,6 +167,8 @@ def test_monitoring_claims_and_an_ephemeral_node_cache_render_and_pass_the_schem
     [claim] = [d for d in docs if d["kind"] == "PersistentVolumeClaim"]
     assert claim["metadata"]["name"] == "big-dataset"  # created; the checkpoints claim exists already
     assert claim["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    [monitor] = [d for d in docs if d["kind"] == "PodMonitor"]
+    assert monitor["spec"]["jobLabel"] == "app.kubernetes.io/name"  # job="hpcpipe" for HpcpipeRankDown
     [rule] = [d for d in docs if d["kind"] == "PrometheusRule"]
     alerts = yaml.safe_load((ROOT / "deploy" / "prometheus" / "alerts.yml").read_text())
     assert rule["spec"] == alerts  # the promtool-tested rules, unchanged

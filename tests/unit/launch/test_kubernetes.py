@@ -291,6 +291,9 @@ def test_exporter_ports_are_declared_for_the_podmonitor() -> None:
     assert selector.items() <= pod["metadata"]["labels"].items()
     (keep,) = monitor["spec"]["podMetricsEndpoints"][0]["relabelings"]
     assert [name for name in ports if re.fullmatch(keep["regex"], name)] == [f"metrics-{i}" for i in range(4)]
+    # The targets' job label is the pods' label value: the one the HpcpipeRankDown alert selects.
+    alerts = (ROOT / "deploy" / "prometheus" / "alerts.yml").read_text()
+    assert f'up{{job="{pod["metadata"]["labels"][monitor["spec"]["jobLabel"]]}"}}' in alerts
 
 
 @pytest.mark.parametrize(
