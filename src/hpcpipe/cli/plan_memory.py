@@ -86,20 +86,21 @@ def memory(
 
     Memory (plan/memory.py): weights, gradients and AdamW state at 2 + 2 + 12 bytes per parameter
     in bf16 (ZeRO's accounting), sharded by tp x pp and by the ZeRO stage over dp; activations per
-    layer as Korthikanti et al. (2022) count them with flash attention (34 s b h bytes for GPT-2's
-    MLP, / t with sequence parallelism), times the micro-batches the first pipeline stage holds
-    (1F1B: p; interleaved: p (1 + (p-1)/(p v)); GPipe: all); logits; communication buffers. A
-    layout fits when it needs at most 90% of the GPU.
+    layer as Korthikanti et al. (2022) count them with flash attention (34 s b h bytes per GPT-2
+    layer: attention, MLP and norms; / t with sequence parallelism), times the micro-batches the
+    first pipeline stage holds (1F1B: p; interleaved: p (1 + (p-1)/(p v)); GPipe: all); logits;
+    communication buffers. A layout fits when it needs at most 90% of the GPU.
 
     Ranking (plan/layouts.py): compute 6 P T / (G peak) over (1 - bubble), bubble (p-1)/(v m + p-1),
     4 TP all-reduces per layer and micro-batch on the intra-node bandwidth, the data-parallel
-    reduce-scatter and all-gather(s) on the inter-node bandwidth, none overlapped.
+    reduce-scatter and all-gather(s) on the inter-node bandwidth, none overlapped: compute at full
+    peak, communication never hidden. A model to rank layouts by, not a prediction of step time.
 
     Examples:
 
-      hpcpipe plan memory gpt-1t --gpu a100-80             (Megatron-LM's 1T layout)
+      hpcpipe plan memory gpt-1t --gpu a100-80 --zero 0              (Megatron-LM's 1T layout)
 
-      hpcpipe plan memory gpt-1t --gpu a100-80 --gpus 3072  (and the layouts that fit, ranked)
+      hpcpipe plan memory gpt-1t --gpu a100-80 --zero 0 --gpus 3072  (and the layouts that fit, ranked)
 
       hpcpipe plan memory llama-405b --gpus 16384 --intra-bench busbw-node.json
 
@@ -246,20 +247,23 @@ def _search(
     top: int,
     bw: Bandwidths,
 ) -> dict[str, Any]:
-    from hpcpipe.plan.layouts import rank_of, search
+    from hpcpipe.plan.layouts import rank_of, rank_of_split, search
 
     global_batch = given.micro_batch * given.micro_batches * given.dp
     found = search(shape, gpus, gpu, bw, global_batch, gpus_per_node, given)
-    rank = rank_of(found, given)
+    rank, split_rank = rank_of(found, given), rank_of_split(found, given)
     _print_search(found[:top], gpu, bw, gpus, global_batch, len(found))
-    if rank is not None:
-        slower = found[rank - 1].step_s / found[0].step_s - 1
+    for what, at in (
+        ("the given layout", rank),
+        ("the fastest layout of its tp x pp x dp split", split_rank),
+    ):
+        if at is not None:
+            slower = found[at - 1].step_s / found[0].step_s - 1
+            console.print(f"{what} ranks #{at} of {len(found)}: {slower:.1%} above the best step time")
+    if rank is None:
         console.print(
-            f"the given layout (tp x pp x dp) ranks #{rank} of {len(found)}: "
-            f"{slower:.1%} above the best step time"
+            "the given layout does not fit, or is not among the searched ones (micro-batch 1, 2, 4, 8)"
         )
-    else:
-        console.print("the given layout does not fit, or is not among these GPUs' splits")
     return {
         "gpu": gpu.name,
         "gpus": gpus,
@@ -269,6 +273,7 @@ def _search(
         "given_layout_rank": rank,
         "best_step_s": found[0].step_s if found else None,
         "given_layout_step_s": found[rank - 1].step_s if rank else None,
+        "given_split_best_rank": split_rank,
         "top": [
             {"layout": asdict(c.layout), "bytes_per_gpu": c.memory["total"], "step": c.parts_s}
             for c in found[:top]

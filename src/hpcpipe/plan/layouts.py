@@ -16,8 +16,9 @@ The model of one optimizer step on each GPU, every term a closed form (nothing i
 - pipeline point-to-point: an activation and its gradient per micro-batch and stage boundary over the
   inter-node bandwidth.
 
-Communication is counted as not overlapped with compute: the ranking is pessimistic about layouts
-that communicate much, and the step time is an upper bound, not a prediction.
+Compute runs at the GPU's full dense peak (real runs reach 40-60% of it) and communication is
+counted as not overlapped with compute: the model is optimistic about compute and pessimistic
+about layouts that communicate much. It ranks layouts; its step time is not a prediction.
 """
 
 from __future__ import annotations
@@ -155,13 +156,31 @@ def search(
     return found
 
 
+def _searched_fields(layout: Layout) -> tuple[object, ...]:
+    """What the search varies: a layout is found only with every one of them equal."""
+    return (
+        layout.tp, layout.pp, layout.dp, layout.virtual_stages, layout.zero, layout.micro_batch,
+        layout.recompute,
+    )  # fmt: skip
+
+
 def rank_of(candidates: list[Candidate], layout: Layout) -> int | None:
-    """1-based rank of the first candidate with ``layout``'s tp, pp, dp (and v when > 1), or None."""
-    for index, c in enumerate(candidates, start=1):
-        same = (c.layout.tp, c.layout.pp, c.layout.dp) == (layout.tp, layout.pp, layout.dp)
-        if same and (layout.virtual_stages in (1, c.layout.virtual_stages)):
-            return index
-    return None
+    """1-based rank of ``layout`` itself among ``candidates`` (None: it does not fit, or the search
+    does not try it). Matching tp x pp x dp alone ranked the split's fastest variant (another ZeRO
+    stage, recomputation or micro-batch) as if it were the given layout."""
+    wanted = _searched_fields(layout)
+    return next((i for i, c in enumerate(candidates, start=1) if _searched_fields(c.layout) == wanted), None)
 
 
-__all__ = ["GPUS", "Bandwidths", "Candidate", "candidate_layouts", "rank_of", "search", "step_time"]
+def rank_of_split(candidates: list[Candidate], layout: Layout) -> int | None:
+    """1-based rank of the fastest candidate with ``layout``'s tp, pp and dp (None when none fits)."""
+    split = (layout.tp, layout.pp, layout.dp)
+    return next(
+        (i for i, c in enumerate(candidates, start=1) if (c.layout.tp, c.layout.pp, c.layout.dp) == split),
+        None,
+    )
+
+
+__all__ = [
+    "GPUS", "Bandwidths", "Candidate", "candidate_layouts", "rank_of", "rank_of_split", "search", "step_time"
+]  # fmt: skip
