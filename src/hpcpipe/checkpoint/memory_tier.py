@@ -9,8 +9,8 @@ checkpoint back from shared memory skips the disk (DLRover's flash checkpoint do
   off rather than being used) and holds a shared ``flock`` on its ``.lock`` file; the last agent
   to let go removes the directory, so a worker that crashes leaves the copy to its successor and
   nothing outlives the job (an agent killed with SIGKILL drops its lock with its life and leaves
-  the directory to the next agent of the same checkpoint dir, or to a reboot). Workers use the
-  directory only while some agent holds the lock: one process without an agent has none.
+  the directory to the next agent on the node, which removes every tier no agent holds). Workers
+  use the directory only while some agent holds the lock: one process without an agent has none.
 - **Written by the save path, behind the durable tiers.** After a checkpoint committed on disk,
   each rank copies the files it wrote into ``<root>/step-NNNNNNNN/`` (in the background: the
   save does not wait), then removes older steps. The disk checkpoint stays the source of truth.
@@ -96,6 +96,7 @@ def owned(fast_dir: Path, limit_gb: float | None, shm: Path = SHM_ROOT) -> Itera
         return
     limit_bytes(limit_gb, shm)
     root = tier_root(fast_dir, shm)
+    _sweep_abandoned(shm, keep=root)
     lock = _hold_shared(root)
     if lock is None:
         log.warning("memory tier off: %s exists and is not a private directory of this user", root)
@@ -112,6 +113,27 @@ def owned(fast_dir: Path, limit_gb: float | None, shm: Path = SHM_ROOT) -> Itera
             pass
         finally:
             os.close(lock)
+
+
+def _sweep_abandoned(shm: Path, keep: Path) -> None:
+    """Remove this user's tiers that no agent holds: an agent killed with SIGKILL (a scheduler's
+    last word) left its copy in RAM until a reboot, one per job on a shared node. A tier whose
+    lock can be taken exclusively has no owner; an agent that arrives meanwhile finds its lock
+    file gone and makes the tier again (``_hold_shared``)."""
+    for root in shm.glob(f"hpcpipe-ckpt-{os.getuid()}-*"):
+        if root == keep or not _ours(root):
+            continue
+        try:
+            fd = os.open(root / _LOCK, os.O_RDWR)
+        except OSError:  # no lock file yet: an agent between mkdir and its lock; leave it
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            shutil.rmtree(root, ignore_errors=True)
+        except BlockingIOError:
+            pass  # held: a live agent's tier
+        finally:
+            os.close(fd)
 
 
 def _hold_shared(root: Path) -> int | None:

@@ -161,7 +161,14 @@ def agent(
     max_restarts: Annotated[
         int, typer.Option(min=0, help="Worker-group restarts.", envvar="PET_MAX_RESTARTS")
     ] = 0,
-    grace: Annotated[float, typer.Option(min=0, help="Seconds the workers get after a preemption.")] = 60.0,
+    grace: Annotated[
+        float | None,
+        typer.Option(
+            min=0,
+            help="Seconds the workers get after a preemption (default: fault.agent_grace_s).",
+            show_default=False,
+        ),
+    ] = None,
     local_addr: Annotated[
         str | None,
         typer.Option(
@@ -195,7 +202,7 @@ def agent(
     try:
         split_endpoint(endpoint)
     except ValueError:
-        raise UserError(f"--rdzv-endpoint {endpoint}: give HOST:PORT, the port a number") from None
+        raise UserError(f"--rdzv-endpoint {endpoint}: give HOST:PORT, the port in 0-65535") from None
     preempted = job.fault.preempt_exit_code
     stop_early_on_preemption(preempted)  # until the workers run: a signal now is a clean 75
     prestart_node_fork_server(job)  # before the data preparation computes anything
@@ -209,7 +216,7 @@ def agent(
         rdzv_id=rdzv_id,
         max_restarts=max_restarts,
         local_addr=local_addr or os.environ.get("SLURMD_NODENAME"),
-        grace_s=grace,
+        grace_s=job.fault.agent_grace_s if grace is None else grace,
         last_call_s=job.parallel.rdzv_last_call_s,
         keep_alive_s=job.parallel.rdzv_keep_alive_s,
         keep_alive_misses=job.parallel.rdzv_keep_alive_misses,

@@ -305,7 +305,9 @@ def _report_failure(exc: BaseException, max_restarts: int, terminal: frozenset[i
     if not failures:
         return 1
     rank, failure = min(failures, key=lambda item: (item[1].exitcode in (0, PEER_LOST_EXIT_CODE), item[0]))
-    code = failure.exitcode if failure.exitcode > 0 else 1
+    # Killed by signal N (the OOM killer's SIGKILL): 128 + N, as ARCHITECTURE's exit codes say; 1
+    # would read as a Python exception.
+    code = failure.exitcode if failure.exitcode > 0 else 128 - failure.exitcode if failure.exitcode < 0 else 1
     if code == USER_ERROR_EXIT_CODE and a_refusal_was_said():  # in one line; the launcher says the rest
         return code
     ended = (

@@ -51,11 +51,18 @@ def node_address(endpoint: str, local_addr: str | None) -> str | None:
 
 
 def split_endpoint(endpoint: str) -> tuple[str, int]:
-    """``host:port``, ``[v6]:port`` or a bare host -> (host, port)."""
+    """``host:port``, ``[v6]:port`` or a bare host -> (host, port); ValueError for no host or a
+    port outside 0-65535 (the store's bind raised an OverflowError traceback after the data
+    preparation). Port 0: any free one (one host's runs)."""
     host, colon, port = endpoint.strip().rpartition(":")
     if not colon or (":" in host and not host.endswith("]")):  # a bare host, IPv6 included
-        return endpoint.strip().strip("[]"), DEFAULT_PORT
-    return host.strip("[]"), int(port) if port else DEFAULT_PORT
+        host, number = endpoint.strip(), DEFAULT_PORT
+    else:
+        number = int(port) if port else DEFAULT_PORT
+    host = host.strip("[]")
+    if not host or not 0 <= number <= 65535:
+        raise ValueError(endpoint)
+    return host, number
 
 
 def _create_handler(params: Any) -> Any:

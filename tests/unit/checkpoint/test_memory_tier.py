@@ -148,3 +148,27 @@ def test_a_name_someone_else_made_in_shm_is_not_used(tmp_path: Path) -> None:
     finally:
         planted.unlink()
     assert [p.name for p in victim.iterdir()] == ["step-00000001"]
+
+
+def test_an_agent_removes_the_tiers_no_agent_holds(tmp_path: Path) -> None:
+    """An agent killed with SIGKILL left its tier in RAM until a reboot (1,731 of them here)."""
+    import fcntl
+    import os
+
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    abandoned, held = memory_tier.tier_root(tmp_path / "a", shm), memory_tier.tier_root(tmp_path / "b", shm)
+    making = memory_tier.tier_root(tmp_path / "c", shm)  # an agent between its mkdir and its lock
+    for root in (abandoned, held, making):
+        (root / "step-00000005").mkdir(parents=True, mode=0o700)
+        root.chmod(0o700)
+    for root in (abandoned, held):
+        (root / ".lock").touch()
+    holder = os.open(held / ".lock", os.O_RDWR)
+    fcntl.flock(holder, fcntl.LOCK_SH)  # a live agent
+    try:
+        with memory_tier.owned(tmp_path / "mine", None, shm) as tier:
+            assert tier is not None and tier.is_dir()
+            assert not abandoned.exists() and (held / "step-00000005").is_dir() and making.is_dir()
+    finally:
+        os.close(holder)

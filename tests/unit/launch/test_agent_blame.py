@@ -30,7 +30,7 @@ def _failed(**codes: int) -> SimpleNamespace:
     ("codes", "named", "exit_code"),
     [
         ({"r0": PEER_LOST_EXIT_CODE, "r1": 1}, 1, 1),  # rank 1 raised; rank 0's all-reduce lost it
-        ({"r0": PEER_LOST_EXIT_CODE, "r1": -9}, 1, 1),  # rank 1 SIGKILLed
+        ({"r0": PEER_LOST_EXIT_CODE, "r1": -9}, 1, 137),  # rank 1 SIGKILLed (the OOM killer): 128 + 9
         ({"r0": 3, "r1": 1}, 0, 3),  # two failures of their own: the lowest rank
         ({"r0": PEER_LOST_EXIT_CODE, "r1": PEER_LOST_EXIT_CODE}, 0, PEER_LOST_EXIT_CODE),
     ],

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+import typer
 from tests.helpers import run_cli
 
 from hpcpipe.config import load_config
@@ -379,6 +380,8 @@ def test_a_partition_list_is_checked_name_by_name(tmp_path: Path, monkeypatch: p
         (["--nnodes", "2:1"], "--nnodes 2:1: give N or MIN:MAX"),
         (["--nnodes", "0"], "--nnodes 0: give N or MIN:MAX"),
         (["--rdzv-endpoint", "host:abc"], "--rdzv-endpoint host:abc: give HOST:PORT"),
+        (["--rdzv-endpoint", "127.0.0.1:99999"], "--rdzv-endpoint 127.0.0.1:99999: give HOST:PORT"),
+        (["--rdzv-endpoint", ":29400"], "--rdzv-endpoint :29400: give HOST:PORT"),
     ],
 )
 def test_the_agents_bad_flags_are_one_line(tmp_path: Path, args: list[str], says: str) -> None:
@@ -404,3 +407,22 @@ def test_launch_finished_judges_the_config_the_job_ran(tmp_path: Path) -> None:
     later = run_cli("launch", "finished", str(run), "--config", str(submitted))
     assert later.returncode == 1 and "not finished" in later.stdout
     assert 'launch finished "$run_dir" --config "$config"' in _render("elastic-cpu")
+
+
+def test_a_hand_started_agent_gives_the_workers_the_jobs_grace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--grace defaulted to 60 s: with fault.preempt_grace_s 120 the agent SIGKILLed the workers
+    during the checkpoint they believed they had 120 s for."""
+    from hpcpipe.cli import launch
+
+    seen: list[float] = []
+    monkeypatch.setattr(launch, "_run_node_agent", lambda job, config, spec: seen.append(spec.grace_s) or 0)
+    monkeypatch.setattr("hpcpipe.launch.job.prestart_node_fork_server", lambda job: None)
+    monkeypatch.setattr("hpcpipe.launch.agent.stop_early_on_preemption", lambda code: None)
+    config = tmp_path / "config.yaml"
+    config.write_text(load_config("tiny", ["fault.preempt_grace_s=120"]).to_yaml())
+    for grace, expected in ((None, 150.0), (45.0, 45.0)):
+        with pytest.raises(typer.Exit):
+            launch.agent(config, rdzv_endpoint="127.0.0.1:29400", grace=grace)
+        assert seen[-1] == expected
