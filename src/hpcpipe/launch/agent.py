@@ -137,6 +137,7 @@ def run_agent(spec: AgentSpec, module: str, args: list[str]) -> int:
         start_method=spec.start_method,
         local_addr=node_address(spec.rdzv_endpoint, spec.local_addr),
         **_shutdown_timeout(ElasticConfig, spec.grace_s),
+        **_logs_in_exit_dir(ElasticConfig),
         **_signals_left_to_torch(ElasticConfig, spec.preempt_signals),
     )
     terminal = terminal_exit_codes(spec.preempt_exit_code)
@@ -268,6 +269,18 @@ def _shutdown_timeout(config_type: type, grace_s: float) -> dict[str, Any]:
 
     fields = {f.name for f in dataclasses.fields(config_type)}
     return {"shutdown_timeout": max(30, int(grace_s) + 5)} if "shutdown_timeout" in fields else {}
+
+
+def _logs_in_exit_dir(config_type: type) -> dict[str, Any]:
+    """torch's per-run log directory inside this launcher's exit directory, which goes with it
+    (and is swept after a SIGKILL): by default each run left a /tmp/torchelastic_* behind."""
+    import dataclasses
+
+    if "logs_specs" not in {f.name for f in dataclasses.fields(config_type)}:
+        return {}
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+
+    return {"logs_specs": DefaultLogsSpecs(log_dir=os.path.join(exit_dir(), "torchelastic"))}
 
 
 # The signals torch's agent handles by default: it passes them on, tears the workers down and
