@@ -193,7 +193,7 @@ def test_a_sigkilled_launcher_takes_its_fork_server_and_ranks_with_it(tmp_path: 
     proc = _training(tmp_path, "killed", 2)
     group = _in_group(proc.pid)
     servers = [pid for pid, parent, name in group if name == "hpcpipe-forksrv" and parent == proc.pid]
-    ranks = [pid for pid, parent, _ in group if parent in servers]
+    ranks = [pid for pid, parent, name in group if parent in servers and name == "hpcpipe-worker"]  # named
     if not (len(servers) == 1 and len(ranks) == 2):
         os.killpg(proc.pid, signal.SIGKILL)  # nothing left behind for the next test
         pytest.fail(f"not the server the launcher forked and its two ranks: {group}")

@@ -39,6 +39,9 @@ from hpcpipe.launch.parent_death import die_with_the_parent
 # The forked server's process name (/proc/PID/comm, 15 characters at most): its command line is
 # the launcher's, so this is how the agent and the chaos harness tell it from the launcher.
 SERVER_NAME = "hpcpipe-forksrv"
+# Its workers' name: keeping the server's, every rank read as a fork server (the chaos harness
+# counted a rank's own children as ranks) and `ps` showed N + 1 servers.
+WORKER_NAME = "hpcpipe-worker"
 _KNOWN = ("_forkserver_address", "_forkserver_alive_fd", "_forkserver_pid", "_lock")
 _SERVER_PID: list[int] = []  # [the server's pid] in a server forked here and in its workers
 
@@ -181,6 +184,8 @@ def begin_forked_worker() -> None:
     (``exit.restore_fresh_defaults``), and an end that follows the launcher's."""
     restore_fresh_defaults()
     forget_exit_report()
+    with contextlib.suppress(OSError):
+        Path("/proc/self/comm").write_text(WORKER_NAME)
     leave_with_the_launcher()
 
 
