@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 from pathlib import Path
@@ -131,12 +132,15 @@ def train(
     env: dict[str, str] | None = None,
     max_restarts: int = 0,
     nproc: int | None = None,
+    log: str | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """``hpcpipe train JOB --nproc N`` into ``ctx.work / name``."""
+    """``hpcpipe train JOB --nproc N`` into ``ctx.work / name``; its output in ``LOG.out|err``
+    (default ``NAME``: a second start of the same run names its own, or it would replace the
+    first's post-mortem)."""
     sets = job_sets(ctx, name, ctx.work, *extra_sets)
     args = ["train", ctx.scenario.job, "--nproc", str(nproc or ctx.scenario.nproc)]
     args += ["--max-restarts", str(max_restarts), *[a for s in sets for a in ("--set", s)]]
-    return run_hpcpipe(args, ctx.work, ctx.scenario.timeout_s, env, log=name)
+    return run_hpcpipe(args, ctx.work, ctx.scenario.timeout_s, env, log=log or name)
 
 
 def losses(run_dir: Path) -> dict[int, float]:
@@ -159,12 +163,15 @@ def reference_losses(ctx: TrialContext, *extra_sets: str, nproc: int | None = No
     out = ctx.shared / "references" / key
     sets = job_sets(ctx, "reference", out, *extra_sets)
     args = ["train", ctx.scenario.job, "--nproc", str(ranks), *[a for s in sets for a in ("--set", s)]]
-    out.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(out, ignore_errors=True)  # an interrupted reference would resume: not uninterrupted
+    out.mkdir(parents=True)
     proc = run_hpcpipe(args, out, ctx.scenario.timeout_s, log="reference")
     if proc.returncode != 0:
         raise RuntimeError(f"the reference run failed (exit {proc.returncode}): {last_line(proc.stderr)}")
     found = losses(out / "reference")
-    cache.write_text(json.dumps(found))
+    partial = cache.with_suffix(".json.tmp")
+    partial.write_text(json.dumps(found))
+    partial.replace(cache)  # whole or absent
     return found
 
 

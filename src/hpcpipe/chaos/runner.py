@@ -73,7 +73,10 @@ class ChaosPlan:
         return list(range(scenario.trials or self.trials))
 
     def replay(self, scenario: Scenario, trial: int) -> str:
-        return f"hpcpipe chaos run {self.file} --seed {self.seed} --only {scenario.name} --trial {trial}"
+        # Its own --out: the default one may hold results already, which a new run refuses.
+        out = f"{self.out}/replay-{scenario.name}-{trial}"
+        which = f"--seed {self.seed} --only {scenario.name} --trial {trial}"
+        return f"hpcpipe chaos run {self.file} {which} --out {out}"
 
 
 def start_output(plan: ChaosPlan) -> set[tuple[str, int]]:

@@ -86,6 +86,12 @@ def oom(ctx: TrialContext) -> TrialResult:
     checks.exit_code(proc, 0, "the run with an OOM")
     recovered = jobs.events(run, "oom_recovered")
     checks.check([e.get("rank") for e in recovered] == [rank], f"oom_recovered events: {recovered}")
+    # Halved, not retried as it was (the simulated OOM fires once: a plain retry also succeeds).
+    splits = [(e.get("new_micro_batch_size"), e.get("new_accum_steps")) for e in recovered]
+    halved = [(e.get("old_micro_batch_size", 0) // 2, 2 * e.get("old_accum_steps", 0)) for e in recovered]
+    checks.check(
+        splits == halved and all(m >= 1 for m, _ in halved), f"not a halved micro-batch: {recovered}"
+    )
     # Same global batch, accumulated in two halves: equal up to float summation order.
     lost = jobs.lost_steps(reference, jobs.losses(run), rel=ctx.param("rel_tolerance", 1e-4))
     ttr = jobs.time_to_recover(run, jobs.fault_time(ctx.work / "markers"))
