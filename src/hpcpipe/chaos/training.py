@@ -170,13 +170,19 @@ def slow_rank(ctx: TrialContext) -> TrialResult:
     checks.check(
         len(named) == len(found), f"events name {[(e.get('slowest_rank'), e.get('phase')) for e in found]}"
     )
-    ttr = named[0]["time"] - _first_row_time(run) if named else None
+    ttr = named[0]["time"] - _first_step_began(run) if named else None
     return checks.result(f"rank {rank} slowed in {where}; named with its phase", place, ttr_s=ttr)
 
 
-def _first_row_time(run: Path) -> float:
-    times = [float(r["time"]) for r in read_metrics(run) if "time" in r]
-    return min(times) if times else 0.0
+def _first_step_began(run: Path) -> float:
+    """When step 1, the first slowed one, began: the first logged row (step N, every
+    ``observe.log_every``) less its N steps at the row's mean step time. Its own time left the
+    first N slowed steps out of the time to detect."""
+    rows = [r for r in read_metrics(run) if "loss" in r and "time" in r and "step_time_s" in r]
+    if not rows:
+        return 0.0
+    first = min(rows, key=lambda r: float(r["time"]))
+    return float(first["time"]) - int(first["step"]) * float(first["step_time_s"])
 
 
 def lost_node(ctx: TrialContext) -> TrialResult:
