@@ -114,6 +114,11 @@ def _check_study(job: JobConfig) -> None:
     check_space(job)  # keys exist and take their extremes; the recipe evaluates the metric
     if len(set(map(param_name, space))) < len(space):
         raise UserError("hpo.space: two keys give the same Katib parameter name (dots become '-')")
+    if not hpo.metric.startswith("val_"):
+        # Katib's StdOut collector reads the evaluation lines, which print the val_* metrics only.
+        raise UserError(
+            f"hpo.metric {hpo.metric}: Katib reads the trials' evaluation lines, which show val_* metrics"
+        )
     if job.parallel.node_range != (1, 1):
         raise UserError(f"parallel.nnodes {job.parallel.nnodes}: a Katib trial is one pod; set it to 1")
     if hpo.seed is not None and hpo.seed < 0:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -116,7 +117,7 @@ def write_trials_csv(rows: list[dict[str, Any]], study_dir: Path) -> Path:
     params = sorted({key for row in rows for key in row["params"]})
     columns = ["number", "state", "value", "last_step", "seconds", "retry_of", *params, "run_dir", "note"]
     path = StudyLayout(study_dir).trials_csv
-    tmp = path.with_name(f".{path.name}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # `hpo status` and workers write it at once
     with tmp.open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
         writer.writeheader()

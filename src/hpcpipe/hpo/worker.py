@@ -70,6 +70,9 @@ class StopFlag:
 
     def started(self, pid: int) -> None:
         self.child = pid
+        if self.event.is_set():  # the signal came while the trial was starting: it was not passed on
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
 
     def _on_signal(self, signum: int, _frame: object) -> None:
         self.event.set()
@@ -205,6 +208,12 @@ def run_trial(
         _told(study, trial, state=optuna.trial.TrialState.FAIL)
         say(f"trial {trial.number}: {shown}: bad config, failed ({exc})")
         return TrialOutcome(trial.number, "FAIL", None, run_dir, 0.0, str(exc))
+    if stop.event.is_set():  # stopped since the ask (Slurm's signal before the time limit)
+        note = "the worker was stopped before the trial started"
+        trial_note(storage, trial, note)
+        retry(study, _told(study, trial, state=optuna.trial.TrialState.FAIL), plan.hpo.max_retries)
+        say(f"trial {trial.number}: {note}; retry enqueued")
+        return TrialOutcome(trial.number, "FAIL", None, run_dir, 0.0, note)
     run_dir.mkdir(parents=True, exist_ok=True)
     RunLayout(run_dir).config.write_text(job.to_yaml())
     say(f"trial {trial.number}: {shown} -> {run_dir}")

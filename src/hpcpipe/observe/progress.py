@@ -71,7 +71,7 @@ class TrainProgress:
 
 def format_row(row: dict[str, Any]) -> str:
     if "val_loss" in row:
-        return "  ".join(f"{key} {value:.4f}" for key, value in row.items() if key.startswith("val_"))
+        return "  ".join(f"{key} {_metric(value)}" for key, value in row.items() if key.startswith("val_"))
     rate_key = next((k for k in row if k.endswith("_per_s")), None)
     parts = [f"loss {row['loss']:.4f}", f"lr {row['lr']:.2e}", f"gnorm {row['grad_norm']:.2f}"]
     if rate_key is not None:
@@ -79,3 +79,9 @@ def format_row(row: dict[str, Any]) -> str:
     if row.get("mfu") is not None:
         parts.append(f"mfu {100 * row['mfu']:.1f}%")
     return "  ".join(parts)
+
+
+def _metric(value: float) -> str:
+    """Four decimals, or four significant digits below 0.01: Katib's collector reads these lines,
+    and every metric under 5e-5 read 0.0000."""
+    return f"{value:.4f}" if value == 0 or abs(value) >= 0.01 else f"{value:.4g}"

@@ -548,3 +548,15 @@ def test_hpo_launch_slurm_checks_everything_before_it_writes(tmp_path: Path) -> 
     bad = "hpo.space={train.lrr: {type: float, low: 0.1, high: 1}}"
     proc = run_cli("hpo", "launch", "slurm", "tiny", "--dry-run", "--set", bad, cwd=tmp_path)
     assert proc.returncode == 2 and "hpo.space.train.lrr" in proc.stderr
+
+
+def test_a_worker_stopped_since_the_ask_starts_no_trial_and_retries_it(tmp_path: Path) -> None:
+    from hpcpipe.hpo.worker import StopFlag, run_trial
+
+    plan, study, storage = _study(tmp_path, "hpo.max_retries=1")
+    stop = StopFlag()
+    stop.event.set()
+    said: list[str] = []
+    outcome = run_trial(plan, study, storage, study.ask(), 1, said.append, stop)
+    assert outcome.state == "FAIL" and not outcome.run_dir.exists()
+    assert [t.state.name for t in study.get_trials()] == ["FAIL", "WAITING"]

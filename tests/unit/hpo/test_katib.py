@@ -13,6 +13,7 @@ import yaml
 
 from hpcpipe.config import JobConfig, load_config
 from hpcpipe.errors import ConfigError, UserError
+from hpcpipe.hpo import katib
 from hpcpipe.hpo.katib import (
     TRIAL_NAME,
     experiment_warnings,
@@ -114,6 +115,16 @@ def test_metrics_filter_reads_the_trainers_evaluation_lines(capsys: pytest.Captu
     lines = capsys.readouterr().out.splitlines()
     assert re.findall(pattern, lines[0]) == [("val_loss", "2.1000")]
     assert re.findall(pattern, lines[1]) == []
+    progress.show({"step": 60, "val_loss": 3.25e-5})  # it read 0.0000: every such trial tied
+    assert re.findall(pattern, capsys.readouterr().out) == [("val_loss", "3.25e-05")]
+
+
+def test_a_metric_the_evaluation_lines_do_not_show_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plugin recipe's metric without the val_ prefix: the Experiment rendered, and its
+    trials never reported it."""
+    monkeypatch.setattr(katib, "check_space", lambda job: None)  # say the recipe evaluates it
+    with pytest.raises(UserError, match=r"hpo\.metric bleu: Katib reads the trials' evaluation lines"):
+        _experiment("hpo.metric=bleu")
 
 
 def test_yaml_round_trip() -> None:

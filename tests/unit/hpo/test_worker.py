@@ -26,3 +26,16 @@ def test_a_signal_between_trials_only_stops_the_worker() -> None:
     stop = StopFlag()
     stop._on_signal(signal.SIGINT, None)  # no trial runs: nothing to forward
     assert stop.event.is_set() and stop.child is None
+
+
+def test_a_signal_while_the_trial_starts_is_passed_on_when_it_has_started() -> None:
+    """The signal came between the ask and the child's start: nothing forwarded it, and the trial
+    trained on until the scheduler's SIGKILL, without a checkpoint."""
+    stop = StopFlag()
+    stop._on_signal(signal.SIGTERM, None)
+    trial = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        stop.started(trial.pid)
+        assert trial.wait(timeout=10) == -signal.SIGTERM
+    finally:
+        trial.kill()
