@@ -10,11 +10,13 @@ user attribute, so the retry resumes the dead trial's checkpoint) up to ``hpo.ma
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -41,13 +43,27 @@ def last_alive(trial: optuna.trial.FrozenTrial) -> float | None:
 
 
 class Heartbeat:
-    """While a trial runs: mark it alive every ``interval_s`` from a daemon thread."""
+    """While a trial runs: mark it alive every ``interval_s`` from a daemon thread.
 
-    def __init__(self, storage: optuna.storages.BaseStorage, trial_id: int, interval_s: float) -> None:
+    ``on_lapse`` is called once when no beat reached the store for ``lapse_s``: other workers
+    fail a trial they have not heard from for hpo.grace_s and start its retry in the same run
+    directory, so the trial must stop before then (the worker passes half the grace)."""
+
+    def __init__(
+        self,
+        storage: optuna.storages.BaseStorage,
+        trial_id: int,
+        interval_s: float,
+        lapse_s: float = math.inf,
+        on_lapse: Callable[[], None] | None = None,
+    ) -> None:
         self.storage, self.trial_id, self.interval_s = storage, trial_id, interval_s
+        self.lapse_s, self.on_lapse = lapse_s, on_lapse
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="hpo-heartbeat", daemon=True)
         self._warned = False
+        self._last_beat = time.monotonic()
+        self._lapsed = False
 
     def __enter__(self) -> Heartbeat:
         self.beat()
@@ -61,10 +77,16 @@ class Heartbeat:
     def beat(self) -> None:
         try:
             mark_alive(self.storage, self.trial_id)
+            self._last_beat = time.monotonic()
         except Exception as exc:  # the store is briefly unreachable: the next beat may succeed
             if not self._warned:
                 print(f"hpcpipe: trial heartbeat failed ({type(exc).__name__}); retrying", file=sys.stderr)
                 self._warned = True
+            if time.monotonic() - self._last_beat > self.lapse_s and not self._lapsed:
+                self._lapsed = True
+                print("hpcpipe: no heartbeat reached the study; stopping the trial", file=sys.stderr)
+                if self.on_lapse is not None:
+                    self.on_lapse()
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):

@@ -76,9 +76,13 @@ class StopFlag:
 
     def _on_signal(self, signum: int, _frame: object) -> None:
         self.event.set()
+        self.stop_child()
+
+    def stop_child(self) -> None:
+        """SIGTERM the running trial: it checkpoints and exits 75."""
         if self.child is not None:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(self.child, signal.SIGTERM)  # the trial checkpoints and exits 75
+                os.kill(self.child, signal.SIGTERM)
 
 
 def run_worker(
@@ -217,7 +221,7 @@ def run_trial(
     run_dir.mkdir(parents=True, exist_ok=True)
     RunLayout(run_dir).config.write_text(job.to_yaml())
     say(f"trial {trial.number}: {shown} -> {run_dir}")
-    with Heartbeat(storage, trial._trial_id, plan.hpo.heartbeat_s):
+    with Heartbeat(storage, trial._trial_id, plan.hpo.heartbeat_s, plan.hpo.grace_s / 2, stop.stop_child):
         code = _train(run_dir, nproc, _trial_env(plan, trial), stop)
     return _tell(plan, study, storage, trial, code, run_dir, time.monotonic() - started, say)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import time
 
 from hpcpipe.hpo.worker import StopFlag
 
@@ -39,3 +40,21 @@ def test_a_signal_while_the_trial_starts_is_passed_on_when_it_has_started() -> N
         assert trial.wait(timeout=10) == -signal.SIGTERM
     finally:
         trial.kill()
+
+
+def test_a_trial_whose_heartbeat_cannot_reach_the_study_is_stopped() -> None:
+    """Other workers fail a trial unheard of for hpo.grace_s and start its retry in the same run
+    directory: a trial that went on training (its store unreachable) shared it with the retry."""
+    from hpcpipe.hpo.liveness import Heartbeat
+
+    class Unreachable:
+        def set_trial_system_attr(self, *args: object) -> None:
+            raise ConnectionError("store down")
+
+    stopped: list[bool] = []
+    beat = Heartbeat(Unreachable(), 0, interval_s=0.05, lapse_s=0.2, on_lapse=lambda: stopped.append(True))  # type: ignore[arg-type]
+    with beat:
+        deadline = time.monotonic() + 5
+        while not stopped and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert stopped == [True]  # once
