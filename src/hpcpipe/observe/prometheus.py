@@ -29,6 +29,7 @@ from urllib.parse import urlsplit
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
 
 from hpcpipe.config.observe import PrometheusConfig
+from hpcpipe.observe.phases import PhaseListener
 
 log = logging.getLogger("hpcpipe.observe.prometheus")
 
@@ -39,8 +40,12 @@ SAVE_BUCKETS = (0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0)
 EVAL_KEYS = ("val_loss", "val_ppl", "val_acc")
 
 
-class Exporter:
-    """The metrics of one rank. ``start()`` serves them; the ``on_*`` calls update them."""
+LONG_PHASES = ("evaluate", "checkpoint_save")  # no step is expected while one runs (HpcpipeRunStalled)
+
+
+class Exporter(PhaseListener):
+    """The metrics of one rank. ``start()`` serves them; the ``on_*`` calls update them; as the
+    trainer's phase listener (when it serves) it says when the rank evaluates or saves."""
 
     def __init__(self, cfg: PrometheusConfig, labels: dict[str, str], unit: str, local_rank: int) -> None:
         self.cfg = cfg
@@ -88,6 +93,11 @@ class Exporter:
         self.imbalance = gauge("hpcpipe_imbalance_ratio", "(max - min) / median of the ranks' busy time.")
         self.slowest = gauge("hpcpipe_slowest_rank", "Rank with the most busy time at the last check.")
         self.imbalance_events = counter("hpcpipe_imbalance_events", "Checks above the imbalance threshold.")
+        self.long_phase = gauge(
+            "hpcpipe_long_phase", "1 while the rank evaluates or saves a checkpoint.", "phase"
+        )
+        for phase in LONG_PHASES:
+            self.long_phase.labels(**self.labels, phase=phase).set(0)
         # Every counter of this rank's labels exported at 0 from the start: a series born at 1 has
         # no rise for increase() to see, and the first failed save (often the run's only one)
         # never fired HpcpipeCheckpointFailing.
@@ -149,6 +159,14 @@ class Exporter:
             self.fallbacks.labels(**own).inc()
         elif kind == "oom_recovered" and own["rank"] == "0":  # every rank emits it: one recovery, one count
             self.ooms.labels(**own).inc()
+
+    def phase_begin(self, phase: str) -> None:
+        if phase in LONG_PHASES:
+            self.long_phase.labels(**self.labels, phase=phase).set(1)
+
+    def phase_end(self, phase: str) -> None:
+        if phase in LONG_PHASES:
+            self.long_phase.labels(**self.labels, phase=phase).set(0)
 
     def on_imbalance(self, ratio: float, slowest_rank: int, raised: bool) -> None:
         self.imbalance.labels(**self.labels).set(ratio)

@@ -83,7 +83,8 @@ class Telemetry:
 
     def phase_listeners(self) -> list[PhaseListener]:
         """What the trainer attaches to its ``PhaseTimer``."""
-        return [listener for listener in (self.nvtx, self.tracing) if listener is not None]
+        served = self.exporter if self.exporter.port is not None else None  # says when it evaluates or saves
+        return [listener for listener in (self.nvtx, self.tracing, served) if listener is not None]
 
     def start(self, next_step: int) -> None:
         """Training starts (or resumes) at ``next_step``."""

@@ -72,6 +72,7 @@ def test_names_types_and_labels_follow_prometheus_conventions() -> None:
         "hpcpipe_restarts": "gauge",
         "hpcpipe_imbalance_ratio": "gauge",
         "hpcpipe_slowest_rank": "gauge",
+        "hpcpipe_long_phase": "gauge",
         "hpcpipe_build_info": "gauge",  # an Info metric: a gauge of 1 with the labels
     }
     for name, kind in expected.items():
@@ -220,3 +221,23 @@ def test_the_end_of_run_summary_tells_a_completed_run_from_a_stopped_one() -> No
     assert end_of_run_summary(1411, 4000)["completed"] == 0.0
     assert end_of_run_summary(4000, 4000)["completed"] == 1.0
     assert end_of_run_summary(4000, 4000)["steps"] == 4000.0
+
+
+def test_a_long_phase_is_exported_while_it_runs() -> None:
+    """HpcpipeRunStalled fired during long evaluations and checkpoint saves: no step finishes then."""
+    import torch
+
+    from hpcpipe.observe.phases import PhaseTimer
+
+    exporter = Exporter(PrometheusConfig(port=9400), LABELS, "tokens", local_rank=0)
+    timer = PhaseTimer(torch.device("cpu"))
+    timer.listeners.append(exporter)
+
+    def saving() -> float:
+        return exporter.long_phase.labels(**LABELS, phase="checkpoint_save")._value.get()
+
+    with timer.region("checkpoint_save"):
+        assert saving() == 1
+        timer.begin("forward")  # a step's phases leave it alone
+        assert saving() == 1
+    assert saving() == 0
