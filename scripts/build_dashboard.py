@@ -75,10 +75,15 @@ PANELS: dict[str, list[Panel]] = {
         ts("GPU memory used", "bytes", (f"hpcpipe_gpu_memory_used_bytes{R}", BY_GPU)),
     ],
     "Fault tolerance": [
-        st("Checkpoints committed", "none", f"max by (run) (hpcpipe_checkpoint_saves_total{R})"),
+        # Over the dashboard's range: each process counts from 0 (every resume, every restart).
+        st(
+            "Checkpoints committed",
+            "none",
+            f"sum by (run) (increase(hpcpipe_checkpoint_saves_total{R}[$__range]))",
+        ),
         ts("Save time p95", "s", (quantile(0.95, "hpcpipe_checkpoint_save_duration_seconds"), "{{run}}")),
         st("Restarts", "none", f"max by (run) (hpcpipe_restarts{R})"),
-        st("OOM recoveries", "none", f"sum by (run) (hpcpipe_oom_recoveries_total{R})"),
+        st("OOM recoveries", "none", f"sum by (run) (increase(hpcpipe_oom_recoveries_total{R}[$__range]))"),
         st("Since the last step", "s", f"time() - max by (run) (hpcpipe_last_step_timestamp_seconds{R})"),
     ],
 }

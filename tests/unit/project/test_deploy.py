@@ -36,7 +36,7 @@ def _promtool(*args: str, cwd: Path | None = None) -> subprocess.CompletedProces
 
 def concrete(expr: str) -> str:
     """A dashboard expression with Grafana's variables replaced, as Prometheus would receive it."""
-    return expr.replace("$__rate_interval", "1m").replace("$run", ".*")
+    return expr.replace("$__rate_interval", "1m").replace("$__range", "1h").replace("$run", ".*")
 
 
 def test_committed_dashboard_is_what_the_generator_makes(tmp_path: Path) -> None:
