@@ -294,24 +294,46 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
 class ParamCounts:
     trainable: int
     frozen: int
+    lookup_trainable: int = 0  # of those, an input embedding not tied to the LM head: a lookup
+    lookup_frozen: int = 0
 
     @property
     def fraction(self) -> float:
         return self.trainable / max(self.trainable + self.frozen, 1)
 
-    def training_flops_per_token(self, recompute: bool) -> float:
-        """6N for weights that train (forward 2N, input and weight gradients 4N), 4N for frozen
-        ones (no weight gradients), 2N more each when activations are recomputed (gradient
-        checkpointing). Attention scores are left out."""
-        extra = 2.0 if recompute else 0.0
-        return (4.0 + extra) * self.frozen + (6.0 + extra) * self.trainable
+    def training_flops_per_token(self) -> float:
+        """Model FLOPs for MFU (``observe/flops.py``: recomputation not credited): 6N for weights
+        that train (forward 2N, input and weight gradients 4N), 4N for frozen ones (no weight
+        gradients), over the matmul weights only: an untied input embedding is a lookup.
+        Attention scores are left out."""
+        return 4.0 * (self.frozen - self.lookup_frozen) + 6.0 * (self.trainable - self.lookup_trainable)
 
 
 def param_counts(model: nn.Module) -> ParamCounts:
-    """Trainable and frozen parameter counts (full sizes, also under FSDP2: DTensor numel is global)."""
+    """Trainable and frozen parameter counts (full sizes, also under FSDP2: DTensor numel is global),
+    and the input embedding's when it is not the LM head's weight."""
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     frozen = sum(p.numel() for p in model.parameters() if not p.requires_grad)
-    return ParamCounts(trainable, frozen)
+    lookup = _untied_input_embedding(model)
+    if lookup is None:
+        return ParamCounts(trainable, frozen)
+    size = lookup.numel()
+    return ParamCounts(
+        trainable, frozen, size if lookup.requires_grad else 0, 0 if lookup.requires_grad else size
+    )
+
+
+def _untied_input_embedding(model: nn.Module) -> nn.Parameter | None:
+    """A Hugging Face model's input embedding weight, None when the LM head shares it (or no such
+    accessors)."""
+    try:
+        inputs, outputs = model.get_input_embeddings(), model.get_output_embeddings()  # type: ignore[operator]
+    except (AttributeError, NotImplementedError, TypeError):
+        return None
+    weight = getattr(inputs, "weight", None)
+    if not isinstance(weight, nn.Parameter) or weight is getattr(outputs, "weight", None):
+        return None
+    return weight
 
 
 def _first_line(exc: BaseException) -> str:

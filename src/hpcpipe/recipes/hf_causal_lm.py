@@ -267,7 +267,7 @@ class HFCausalLMRecipe(Recipe):
         """The model's training FLOPs per token (``ParamCounts.training_flops_per_token``) x seq_len."""
         if self.counts is None:
             return None
-        per_token = self.counts.training_flops_per_token(self.model_cfg.gradient_checkpointing)
+        per_token = self.counts.training_flops_per_token()
         return per_token * self.model_cfg.seq_len
 
     # -- artifacts ---------------------------------------------------------------------------

@@ -12,7 +12,8 @@
 - Throughput: all tokens per step (``tokens_per_s``) and, separately, the real (non-padding) and
   supervised tokens (``real_tokens_per_s_per_device``, ``supervised_tokens_per_s_per_device``).
 - FLOPs per token for MFU: 4N for the frozen base (forward 2N + input gradients 2N, no weight
-  gradients), 6N with gradient checkpointing (one more forward); 6N (8N) for the adapters.
+  gradients), 6N for the adapters, N over matmul weights (an untied input embedding is a lookup);
+  gradient checkpointing's recomputation is not credited (model FLOPs, as PaLM counts them).
   Attention score FLOPs are left out.
 - Checkpoints hold the adapters and their optimizer state only (the base is rebuilt from its
   source); ``on_train_end`` exports the adapter (peft format, full tensors gathered on every rank)
@@ -266,7 +267,7 @@ class LoraFCRecipe(Recipe):
         """The model's training FLOPs per token (``ParamCounts.training_flops_per_token``) x seq_len."""
         if self.counts is None:
             return None
-        per_token = self.counts.training_flops_per_token(self.model_cfg.gradient_checkpointing)
+        per_token = self.counts.training_flops_per_token()
         return per_token * self.model_cfg.seq_len
 
     # -- artifacts ---------------------------------------------------------------------------
@@ -293,9 +294,7 @@ class LoraFCRecipe(Recipe):
             "gguf_file": self.model_cfg.gguf_file,
             "params": {"trainable": counts.trainable, "frozen": counts.frozen, "fraction": counts.fraction},
             "lora": self.lora_cfg.model_dump(),
-            "flops_per_token": "6N frozen + 8N adapters (gradient checkpointing)"
-            if self.model_cfg.gradient_checkpointing
-            else "4N frozen + 6N adapters",
+            "flops_per_token": "4N frozen + 6N adapters",  # matmul weights; recomputation not credited
             "adapter": ADAPTER_DIR,
             "dataset": self.data_dir.name,
             "base_dtype": resolve_base_dtype(self.model_cfg.base_dtype),
