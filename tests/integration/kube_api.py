@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -124,6 +125,7 @@ class KubeApi:
                 if key in api.objects:
                     return self._status(409, "AlreadyExists", f'{key[0]} "{key[2]}" already exists')
                 body["metadata"]["resourceVersion"] = "1"
+                body["metadata"]["uid"] = str(uuid.uuid4())
                 api.objects[key] = body
                 self._send(201, body)
 
@@ -165,9 +167,19 @@ class KubeApi:
             def do_DELETE(self) -> None:
                 match, _ = self._route()
                 assert match is not None
-                obj = api.objects.pop((match["plural"], match["ns"] or "", match["name"]), None)
+                key = (match["plural"], match["ns"] or "", match["name"])
+                options = self._body() if int(self.headers.get("Content-Length") or 0) else {}
+                wanted = (options.get("preconditions") or {}).get("uid")
+                obj = api.objects.get(key)
                 if obj is None:
                     return self._status(404, "NotFound", f'{match["plural"]} "{match["name"]}" not found')
+                if wanted and wanted != obj["metadata"].get("uid"):  # as the API server answers
+                    found = obj["metadata"].get("uid")
+                    message = (
+                        f"Precondition failed: UID in precondition: {wanted}, UID in object meta: {found}"
+                    )
+                    return self._status(409, "Conflict", message)
+                api.objects.pop(key)
                 self._send(200, {"kind": "Status", "status": "Success"})
 
         return Handler

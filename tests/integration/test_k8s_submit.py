@@ -101,8 +101,18 @@ def test_submit_an_elastic_pytorchjob_and_a_missing_job_is_one_line(tmp_path: Pa
             job["spec"]["elasticPolicy"]["minReplicas"] == 1
             and job["spec"]["elasticPolicy"]["maxReplicas"] == 2
         )
+        # The run's job ended and someone submitted another of the same name: cancel leaves it.
+        run_dir = str(tmp_path / "runs" / "tiny")
+        job["metadata"]["uid"] = "a-colleagues-job"
+        code, _, err = _cli(kubeconfig, "jobs", "cancel", run_dir, cwd=tmp_path)
+        assert code == 2 and "is another job now" in err and len(err.strip().splitlines()) == 1
+        assert ("pytorchjobs", "default", "tiny") in api.objects and (
+            "configmaps",
+            "default",
+            "tiny-config",
+        ) in api.objects
         del api.objects[("pytorchjobs", "default", "tiny")]
-        code, _, err = _cli(kubeconfig, "jobs", "status", str(tmp_path / "runs" / "tiny"), cwd=tmp_path)
+        code, _, err = _cli(kubeconfig, "jobs", "status", run_dir, cwd=tmp_path)
         assert code == 2 and "not found" in err and "Traceback" not in err
 
 

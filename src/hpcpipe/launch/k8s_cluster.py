@@ -5,6 +5,7 @@ where and as whom; nothing here reads or prints a credential.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from collections.abc import Callable
@@ -43,6 +44,7 @@ class K8sJobRef:
     name: str
     namespace: str
     api_version: str  # group/version
+    uid: str | None = None  # the object the API server made: a later job of the same name is another
 
     @property
     def group(self) -> str:
@@ -139,11 +141,14 @@ def create(api: Any, docs: list[dict[str, Any]]) -> K8sJobRef:
     except client.ApiException as exc:
         raise UserError(f"{job.kind} {job.namespace}/{job.name}: {_reason(exc)} ({_hint(exc)})") from None
     try:
-        objects.create_namespaced_custom_object(job.group, job.version, job.namespace, job.plural, job_doc)
+        made = objects.create_namespaced_custom_object(
+            job.group, job.version, job.namespace, job.plural, job_doc
+        )
     except client.ApiException as exc:
         core.delete_namespaced_config_map(config_map["metadata"]["name"], job.namespace)
         raise UserError(f"{job.kind} {job.namespace}/{job.name}: {_reason(exc)} ({_hint(exc)})") from None
-    return job
+    uid = made.get("metadata", {}).get("uid") if isinstance(made, dict) else None
+    return dataclasses.replace(job, uid=uid)
 
 
 def _hint(exc: Any) -> str:
@@ -352,7 +357,7 @@ def reuse_or_clear(api: Any, docs: list[dict[str, Any]], poll_s: float) -> tuple
         for c in obj.get("status", {}).get("conditions", [])
     )
     if obj is not None and not failed and config == config_map["data"].get(RunLayout.CONFIG):
-        return ref, True
+        return dataclasses.replace(ref, uid=obj.get("metadata", {}).get("uid")), True
     delete_and_wait(api, ref, poll_s)
     return ref, False
 
@@ -380,21 +385,32 @@ def logs(api: Any, job: K8sJobRef, tail: int | None) -> dict[str, str]:
 
 @_one_line_errors
 def cancel(api: Any, job: K8sJobRef) -> None:
-    """Delete the job (its pods go with it) and its ConfigMap."""
+    """Delete the job (its pods go with it) and its ConfigMap; only the job this run submitted
+    (its uid, where recorded): names come from run.name, and an old run directory, or a
+    colleague's run of the same name, named whichever job holds the name now."""
     from kubernetes import client
 
-    deletions = (
-        lambda: client.CustomObjectsApi(api).delete_namespaced_custom_object(
-            job.group, job.version, job.namespace, job.plural, job.name, propagation_policy="Foreground"
-        ),
-        lambda: client.CoreV1Api(api).delete_namespaced_config_map(f"{job.name}-config", job.namespace),
+    options = client.V1DeleteOptions(
+        propagation_policy="Foreground",
+        preconditions=client.V1Preconditions(uid=job.uid) if job.uid else None,
     )
-    for delete in deletions:  # each on its own: a job already gone may leave its ConfigMap behind
-        try:
-            delete()
-        except client.ApiException as exc:
-            if exc.status != 404:
-                raise UserError(f"deleting {job.kind} {job.name}: {_reason(exc)}") from None
+    try:
+        client.CustomObjectsApi(api).delete_namespaced_custom_object(
+            job.group, job.version, job.namespace, job.plural, job.name, body=options
+        )
+    except client.ApiException as exc:
+        if exc.status == 409 and job.uid:
+            raise UserError(
+                f"{job.kind} {job.namespace}/{job.name} is another job now, not the one this run "
+                "submitted; nothing deleted"
+            ) from None
+        if exc.status != 404:
+            raise UserError(f"deleting {job.kind} {job.name}: {_reason(exc)}") from None
+    try:  # on its own: a job already gone may leave its ConfigMap behind
+        client.CoreV1Api(api).delete_namespaced_config_map(f"{job.name}-config", job.namespace)
+    except client.ApiException as exc:
+        if exc.status != 404:
+            raise UserError(f"deleting {job.kind} {job.name}: {_reason(exc)}") from None
 
 
 def _pods(api: Any, job: K8sJobRef) -> list[Any]:
