@@ -152,3 +152,14 @@ def test_the_export_of_a_pipeline_checkpoint_is_the_whole_model(tmp: Path, runs:
         # AdamW divides each update by the gradient's running RMS: near-zero weights move by up
         # to ~1e-5 for a relative 1e-7 in their gradients over 20 steps (measured: 4.6e-5 at most).
         torch.testing.assert_close(exported["pp2_tp2"][key], value, rtol=1e-4, atol=1e-4)
+
+
+def test_evaluation_through_the_stages_runs_in_train_precision(tmp: Path, runs: dict[str, Path]) -> None:
+    """The stages evaluated in fp32 under train.precision=bf16: val_loss depended on the layout."""
+    short = ("train.steps=2", "train.eval_every=2", "train.precision=bf16")
+    single = _train(tmp, "single_bf16", 1, *short)
+    staged = _train(tmp, "pp2_bf16", 2, "parallel.pp=2", *short)
+    fp32 = float(metric_rows(runs["single"], "val_loss")[0])  # step 0: the same weights, fp32
+    bf16 = float(metric_rows(single, "val_loss")[0])
+    assert bf16 != fp32
+    assert abs(float(metric_rows(staged, "val_loss")[0]) - bf16) < abs(fp32 - bf16) / 4

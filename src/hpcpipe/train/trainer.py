@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from hpcpipe.checkpoint.manifest import CheckpointError
 from hpcpipe.checkpoint.state import capture_rng_state, restore_rng_state
@@ -43,6 +42,7 @@ from hpcpipe.train.activation_checkpointing import apply_activation_checkpointin
 from hpcpipe.train.deepspeed import deepspeed_engine
 from hpcpipe.train.distributed import DistContext
 from hpcpipe.train.environment import node_name
+from hpcpipe.train.evaluation import eval_sums, summed_over_ranks
 from hpcpipe.train.faults import NO_FAULTS, FaultInjector
 from hpcpipe.train.mesh import build_layout, data_parallel_context, same_rank_places
 from hpcpipe.train.oom import OOMGuard, agree_any, agreement_all_reduce, oom_recovery_on
@@ -405,28 +405,17 @@ class Trainer:
                 sync_buffers(self.model)  # every rank evaluates rank 0's BatchNorm statistics
         model = unwrap(self.model)
         model.eval()
-        if self.pipeline is not None:  # the loss, through the stages in order
-            metrics = self.recipe.eval_metrics(
-                self.pipeline.evaluate_all(self._eval_batches(), self.ctx.dp_group)
-            )
-            model.train()
-            return metrics
-        sums: dict[str, torch.Tensor] = {}
-        for item in self.recipe.eval_batches(self.layout.dp_rank, self.layout.dp):
-            padding = isinstance(item, PaddingBatch)  # run for FSDP2's collectives only: counts 0
-            batch = item.batch if isinstance(item, PaddingBatch) else item
+        if self.pipeline is not None:  # the loss, through the stages in order, in train.precision
             with self.precision.autocast():
-                batch_sums = self.recipe.eval_sums(model, self._to_device(batch))
-            for key, value in batch_sums.items():
-                add = torch.zeros_like(value, dtype=torch.float64) if padding else value.double()
-                sums[key] = sums[key] + add if key in sums else add
+                totals = self.pipeline.evaluate_all(self._eval_batches(), self.ctx.dp_group)
+            model.train()
+            return self.recipe.eval_metrics(totals)
+        items = self.recipe.eval_batches(self.layout.dp_rank, self.layout.dp)
+        sums = eval_sums(model, self.recipe, items, self.precision.autocast, self._to_device)
         model.train()
-        keys = sorted(sums)  # every rank runs the same recipe: the same keys in the same order
-        totals = torch.stack([sums[k].reshape(()) for k in keys])  # (K,) this rank's sums
-        if self.layout.dp > 1:  # the tp ranks of a group computed the same sums
-            with self.phases.region("all_reduce_eval"):
-                dist.all_reduce(totals, group=self.ctx.dp_group)
-        return self.recipe.eval_metrics(dict(zip(keys, totals.tolist(), strict=True)))
+        with self.phases.region("all_reduce_eval"):  # the tp ranks of a group computed the same sums
+            totals = summed_over_ranks(sums, self.ctx.dp_group, self.layout.dp)
+        return self.recipe.eval_metrics(totals)
 
     # -- checkpoints, resume, preemption ---------------------------------------------------------
 
