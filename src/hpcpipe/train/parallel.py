@@ -216,23 +216,28 @@ def clip_grad_norm(model: nn.Module, max_norm: float, norm: GradNorm = GradNorm(
     else:
         total = _total_norm([p.grad for p in params if p.grad is not None])
     if max_norm > 0:
-        for kind in (True, False):  # DTensors and plain tensors apart: one kind per foreach kernel
-            same = [p for p in params if isinstance(p, DTensor) == kind]
-            if same:
-                torch.nn.utils.clip_grads_with_norm_(same, max_norm, total)
+        # One foreach kernel per kind of tensor: plain ones, and DTensors by mesh and placements
+        # (FSDP2 beside tensor parallelism puts a plan's weights on the 2-D mesh and the norms it
+        # left alone on the dp mesh: one kernel over both raised "different meshes").
+        for same in _by_layout(params).values():
+            torch.nn.utils.clip_grads_with_norm_(same, max_norm, total)
     return total
+
+
+def _by_layout(tensors: list[Any]) -> dict[Any, list[Any]]:
+    groups: dict[Any, list[Any]] = {}
+    for tensor in tensors:
+        key = (tensor.device_mesh, tensor.placements) if isinstance(tensor, DTensor) else None
+        groups.setdefault(key, []).append(tensor)
+    return groups
 
 
 def _total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
     """The L2 norm of all ``grads`` together. DTensors of different meshes or placements (tensor
     parallelism beside FSDP2, or parameters a plan left replicated) cannot meet in one foreach
     norm: each group's norm is reduced over its mesh, then the groups' squares are added."""
-    groups: dict[Any, list[torch.Tensor]] = {}
-    for grad in grads:
-        key = (grad.device_mesh, grad.placements) if isinstance(grad, DTensor) else None
-        groups.setdefault(key, []).append(grad)
     norms = []
-    for group in groups.values():
+    for group in _by_layout(grads).values():
         norm = torch.nn.utils.get_total_norm(group, norm_type=2.0)
         norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
     if len(norms) == 1:
@@ -254,9 +259,12 @@ def settle_gradients(params: list[nn.Parameter]) -> None:
 def _world_norm(grads: list[torch.Tensor], plain_copies: int) -> torch.Tensor:
     """The L2 norm of gradients on a pp x dp x tp mesh in one all-reduce over the world: each rank
     adds the squares of its local pieces, each divided by the number of ranks that hold the same
-    piece (a DTensor's replicated mesh dimensions; ``plain_copies`` for a plain tensor), so every
-    element counts once; pipeline stages hold different parameters and simply add up. DTensor's
-    own reduction would all-reduce once per mesh dimension and per placement group."""
+    piece, so every element counts once; pipeline stages hold different parameters and simply add
+    up. ``plain_copies`` ranks of a stage hold each parameter: a plain tensor whole on each, a
+    DTensor in as many distinct pieces as its sharded mesh dimensions give. (Counting only the
+    replicated dimensions of its own mesh missed the tp ranks holding a norm that FSDP2 sharded on
+    the dp mesh alone.) DTensor's own reduction would all-reduce once per mesh dimension and per
+    placement group."""
     device = grads[0].device if grads else torch.device("cpu")
     total = torch.zeros((), dtype=torch.float32, device=device)
     for grad in grads:
@@ -264,7 +272,12 @@ def _world_norm(grads: list[torch.Tensor], plain_copies: int) -> torch.Tensor:
         if isinstance(grad, DTensor):
             local = grad.to_local()
             mesh = grad.device_mesh
-            copies = math.prod(mesh.size(dim) for dim, p in enumerate(grad.placements) if p.is_replicate())
+            # Distinct pieces: its mesh dimensions that do not replicate it (FSDP2's _StridedShard
+            # beside tensor parallelism is no Shard to is_shard()).
+            pieces = math.prod(
+                mesh.size(dim) for dim, p in enumerate(grad.placements) if not p.is_replicate()
+            )
+            copies = max(1, plain_copies // pieces)
         total += torch.linalg.vector_norm(local.float()).square() / copies
     dist.all_reduce(total)
     return total.sqrt()
