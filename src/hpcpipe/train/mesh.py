@@ -104,3 +104,11 @@ def data_parallel_context(ctx: DistContext, layout: Layout) -> DistContext:
     if layout.mesh is None:
         return ctx
     return replace(ctx, dp_group=layout.dp_mesh.get_group(), dp_size_=layout.dp)
+
+
+def dropout_seed(seed: int, layout: Layout) -> int:
+    """This rank's seed for the random numbers of training (dropout), from ``run.seed``: another
+    per data-parallel rank (the data differ too) and per pipeline stage (other layers: one stream
+    drew stage 0's masks again in every stage), the same within a tensor-parallel group (its
+    replicated activations must stay equal)."""
+    return seed + layout.dp_rank + layout.dp * layout.pp_rank

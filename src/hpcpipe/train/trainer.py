@@ -44,7 +44,7 @@ from hpcpipe.train.distributed import DistContext
 from hpcpipe.train.environment import node_name
 from hpcpipe.train.evaluation import eval_sums, summed_over_ranks
 from hpcpipe.train.faults import NO_FAULTS, FaultInjector
-from hpcpipe.train.mesh import build_layout, data_parallel_context, same_rank_places
+from hpcpipe.train.mesh import build_layout, data_parallel_context, dropout_seed, same_rank_places
 from hpcpipe.train.oom import OOMGuard, agree_any, agreement_all_reduce, oom_recovery_on
 from hpcpipe.train.optim import build_optimizer
 from hpcpipe.train.parallel import (
@@ -102,9 +102,7 @@ class Trainer:
         units = self._build_model(job, accum)
         engine = self._build_optimizer(job, accum)
         self.loader = recipe.train_loader(self.layout.dp_rank, self.layout.dp)
-        # Dropout streams differ per data-parallel rank (the data differ too) and agree within a
-        # tensor-parallel group (its replicated activations must stay equal); a function of the seed.
-        torch.manual_seed(job.run.seed + self.layout.dp_rank)
+        torch.manual_seed(dropout_seed(job.run.seed, self.layout))
         self.step = 0
         self._compiled = False  # this process ran its first (compiling) step
         self._guard_faults(job, units, accum)

@@ -42,3 +42,18 @@ def test_an_old_state_takes_its_manifests_layout() -> None:
     assert same_rank_places(old, 2, PP_2, manifest)
     assert not same_rank_places(old, 2, DDP_2, manifest)
     assert not same_rank_places(old, 2, PP_2)  # no manifest layout: read as data parallel
+
+
+def test_dropout_streams_differ_per_data_rank_and_stage_and_agree_within_tp() -> None:
+    from hpcpipe.train.mesh import Layout, dropout_seed
+
+    seeds = {
+        (pp_rank, dp_rank, tp_rank): dropout_seed(
+            7, Layout(dp=2, tp=2, dp_rank=dp_rank, pp=2, pp_rank=pp_rank)
+        )
+        for pp_rank in range(2)
+        for dp_rank in range(2)
+        for tp_rank in range(2)  # not a field: the tp ranks of a group share dp_rank and pp_rank
+    }
+    assert len(set(seeds.values())) == 4  # pp 2 x dp 2 streams; a stage drew stage 0's masks again
+    assert all(seeds[(p, d, 0)] == seeds[(p, d, 1)] for p in range(2) for d in range(2))
