@@ -343,16 +343,13 @@ class NotFinite(ValueError):
 def check_fits_in_host_memory(cfg: ModelConfig, vocab_size: int) -> None:
     """ConfigError when the whole model's fp32 weights would not fit in this host's available
     memory (every rank builds it whole, from the seed, before anything shards it)."""
-    import os
-
     from hpcpipe.errors import ConfigError
 
     width, kv = cfg.d_model, cfg.kv_heads * (cfg.d_model // cfg.n_heads)
     mlp = (2 if cfg.variant == "gpt2" else 3) * width * mlp_hidden(cfg)
     params = cfg.n_layers * (2 * width * width + 2 * width * kv + mlp) + vocab_size * width
-    try:
-        available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError):
+    available = _available_host_bytes()
+    if available is None:
         return
     if params * 4 > available:
         raise ConfigError(
@@ -361,6 +358,24 @@ def check_fits_in_host_memory(cfg: ModelConfig, vocab_size: int) -> None:
             "hpcpipe does not build models on the meta device yet: plan it (hpcpipe plan memory) and "
             "render its launch, or train a smaller shape"
         )
+
+
+def _available_host_bytes() -> int | None:
+    """Linux's MemAvailable (free memory plus the page cache it can reclaim); free pages alone
+    where /proc/meminfo does not say (a data node's page cache made MemFree refuse models that fit)."""
+    import os
+
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return None
 
 
 def embed(tok_emb: nn.Module, pos_emb: nn.Module | None, idx: torch.Tensor) -> torch.Tensor:

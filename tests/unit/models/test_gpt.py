@@ -240,3 +240,21 @@ def test_generation_pads_for_sequence_parallel_lengths() -> None:
     plain = model.generate(prompt, max_new_tokens=4, temperature=0.0)
     model.sequence_multiple = 4
     assert torch.equal(model.generate(prompt, max_new_tokens=4, temperature=0.0), plain)
+
+
+def test_the_host_memory_check_counts_what_linux_can_reclaim(monkeypatch: pytest.MonkeyPatch) -> None:
+    """MemFree left out the page cache: a data node refused models that fit."""
+    import builtins
+    import io
+
+    from hpcpipe.models import gpt
+
+    real_open = builtins.open
+
+    def meminfo(path: object, *args: object, **kwargs: object) -> object:
+        if path == "/proc/meminfo":
+            return io.StringIO("MemTotal: 100 kB\nMemFree: 10 kB\nMemAvailable: 80 kB\n")
+        return real_open(path, *args, **kwargs)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(builtins, "open", meminfo)
+    assert gpt._available_host_bytes() == 80 * 1024
