@@ -73,17 +73,31 @@ def load_sweep_file(path: Path) -> dict[str, list[Any]]:
 def plan_points(source: str, sets: list[str], grid: dict[str, list[Any]], out_dir: Path) -> list[SweepPoint]:
     """Every combination, validated up front (a bad key or value fails before anything trains)."""
     base = load_config(source, sets)
-    points = []
+    points: dict[Path, SweepPoint] = {}
     for values in itertools.product(*grid.values()):
         overrides = tuple(f"{key}={_text(value)}" for key, value in zip(grid, values, strict=True))
         name = f"{base.run.name}-{point_slug(overrides)}"
         extra = [f"run.name={name}", f"run.out_dir={out_dir}"]
         try:
             job = load_config(source, [*sets, *overrides, *extra])
+            job = load_config(source, [*sets, *overrides, *extra, *_own_checkpoint_dirs(job, name)])
         except ConfigError as exc:
             raise UserError(f"sweep point {', '.join(overrides)}: {exc}") from None
-        points.append(SweepPoint(overrides, job))
-    return points
+        if job.run_dir in points:  # 0.003 and 0.0030 are one value once parsed
+            raise UserError(f"sweep: {', '.join(overrides)} is one point twice (the grid repeats a value)")
+        points[job.run_dir] = SweepPoint(overrides, job)
+    return list(points.values())
+
+
+def _own_checkpoint_dirs(job: JobConfig, name: str) -> list[str]:
+    """A checkpoint.dir or durable_dir given outside the run directory, made the point's own: one
+    shared directory had every point resume the one before it (trained 0 steps, its results)."""
+    ckpt = job.checkpoint
+    return [
+        f"checkpoint.{key}={Path(value) / name}"
+        for key, value in (("dir", ckpt.dir), ("durable_dir", ckpt.durable_dir))
+        if value
+    ]
 
 
 def point_slug(overrides: tuple[str, ...]) -> str:
@@ -118,6 +132,9 @@ def run_sweep(
             status[point.run_dir] = "skipped"
             report(f"{label}: done before, skipped")
             continue
+        earlier = _set_aside_other_config(point)
+        if earlier is not None:
+            report(f"{label}: its run directory holds another config; moved to {earlier}")
         report(f"{label}: training -> {point.run_dir}")
         try:
             train(point.job)
@@ -131,6 +148,28 @@ def run_sweep(
     path = write_sweep_csv(rows, SweepLayout(out_dir).csv)
     counts = {s: sum(1 for v in status.values() if v == s) for s in ("trained", "skipped", "failed")}
     return {"csv": str(path), "rows": rows, **counts}
+
+
+def _set_aside_other_config(point: SweepPoint) -> Path | None:
+    """Move the point's run directory aside when it holds a run of another config (the sweep ran
+    again with another base config): the point resumed that run's final checkpoint, trained
+    nothing and reported its results under the new config. An interrupted run of the same config
+    stays, to resume."""
+    config = RunLayout(point.run_dir).config
+    if not config.is_file():
+        return None
+    try:
+        same = load_config(config).config_hash() == point.job.config_hash()
+    except ConfigError:
+        same = False
+    if same:
+        return None
+    for n in itertools.count(1):
+        aside = point.run_dir.with_name(f"{point.run_dir.name}.earlier-{n}")
+        if not aside.exists():
+            point.run_dir.rename(aside)
+            return aside
+    raise AssertionError("unreachable")
 
 
 def mark_done(job: JobConfig) -> None:
@@ -199,7 +238,13 @@ def write_sweep_csv(rows: list[dict[str, Any]], path: Path) -> Path:
 
 
 def _text(value: Any) -> str:
-    """A grid value as --set text (YAML scalars stay as written: 25, bf16, true)."""
+    """A grid value as --set text (YAML scalars stay as written: 25, bf16, true; null stays null,
+    it was the string "None")."""
     if isinstance(value, bool):
         return "true" if value else "false"
-    return str(value)
+    text = str(value)
+    if yaml.safe_load(text) == value:
+        return text
+    return (
+        str(yaml.safe_dump(value, default_flow_style=True, width=2**16)).strip().removesuffix("...").strip()
+    )

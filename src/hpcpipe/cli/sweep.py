@@ -57,6 +57,8 @@ def sweep(
     grid = load_sweep_file(file) if file else {}
     for item in grids or []:
         key, values = parse_grid_option(item)
+        if key in grid:  # a second --grid of one key (or one the file has) replaced the first
+            raise UserError(f"--grid {key}: given twice (once with every value)")
         grid[key] = values
     if not grid:
         raise UserError("sweep: give at least one --grid section.key=[values] or --file sweep.yaml")

@@ -1,0 +1,57 @@
+"""Sweep points: their own checkpoint directories, a grid value once, null as null, and a run of
+another config never taken for the point's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hpcpipe.config import JobConfig
+from hpcpipe.errors import UserError
+from hpcpipe.layout import RunLayout
+from hpcpipe.sweep import plan_points, run_sweep
+
+
+def test_a_checkpoint_dir_outside_the_runs_is_each_points_own(tmp_path: Path) -> None:
+    """One shared directory: every point resumed the one before it and trained 0 steps."""
+    sets = [f"checkpoint.dir={tmp_path}/ck", f"checkpoint.durable_dir={tmp_path}/durable"]
+    points = plan_points("tiny", sets, {"train.lr": [0.003, 0.0003]}, tmp_path / "out")
+    dirs = [(p.job.checkpoint.dir, p.job.checkpoint.durable_dir) for p in points]
+    assert dirs == [
+        (f"{tmp_path}/ck/{p.run_dir.name}", f"{tmp_path}/durable/{p.run_dir.name}") for p in points
+    ]
+
+
+def test_a_repeated_value_and_a_null_value(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="is one point twice"):
+        plan_points("tiny", [], {"train.lr": [0.003, 0.0030]}, tmp_path)
+    (point,) = plan_points("tiny", [], {"checkpoint.dir": [None]}, tmp_path)  # it was "None": ./None
+    assert point.job.checkpoint.dir is None and point.overrides == ("checkpoint.dir=null",)
+
+
+def test_a_run_of_another_config_is_moved_aside_and_the_point_trains_anew(tmp_path: Path) -> None:
+    """Run again with another base config, the point resumed the old run's final checkpoint,
+    trained nothing and reported its results under the new config."""
+    trained: list[str] = []
+
+    def train(job: JobConfig) -> Path:
+        job.run_dir.mkdir(parents=True, exist_ok=True)
+        assert not (job.run_dir / "old-checkpoint").exists()
+        RunLayout(job.run_dir).config.write_text(job.to_yaml())
+        trained.append(job.run_dir.name)
+        return job.run_dir
+
+    out = tmp_path / "out"
+    said: list[str] = []
+    first = plan_points("tiny", ["train.lr=0.003"], {"train.micro_batch_size": [4]}, out)
+    run_sweep(first, out, train, said.append)
+    (first[0].run_dir / "old-checkpoint").mkdir()
+    (RunLayout(first[0].run_dir).sweep_point).unlink()  # as if interrupted: same config resumes
+    run_sweep(first, out, lambda job: trained.append("resumed") or job.run_dir, said.append)
+    assert trained[-1] == "resumed" and (first[0].run_dir / "old-checkpoint").is_dir()
+    again = plan_points("tiny", ["train.lr=0.0003"], {"train.micro_batch_size": [4]}, out)
+    (RunLayout(first[0].run_dir).sweep_point).unlink()
+    run_sweep(again, out, train, said.append)
+    aside = out / f"{first[0].run_dir.name}.earlier-1"
+    assert (aside / "old-checkpoint").is_dir() and any("holds another config" in line for line in said)
