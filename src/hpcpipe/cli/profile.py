@@ -38,8 +38,9 @@ def profile(
     profiler trace when observe.profile recorded one (GPU kernel-busy fraction, top operators),
     and the `nsys stats` CSV exports of an Nsight Systems run (profile/nsys/*_nvtx_sum.csv and
     *_cuda_gpu_kern_sum.csv: NVTX step and phase times, NCCL share of kernel time, top kernels).
-    The limiter furthest over its threshold wins; none over: compute-bound. The first logged row
-    (warm-up) is left out. Thresholds default to the usual targets (DataLoader idle < 5%,
+    The limiter furthest over its threshold wins; none over: compute-bound. Only the run's last
+    start counts (a resumed run's earlier attempts, their traces and events are left out), and
+    its first logged row (warm-up). Thresholds default to the usual targets (DataLoader idle < 5%,
     communication < 20%, GPU busy > 80%).
 
     Examples:
@@ -54,6 +55,13 @@ def profile(
 
     if not run_dir.is_dir():
         raise UserError(f"{run_dir}: no such run directory")
+    for option, share in (
+        ("--input-share", input_share),
+        ("--comm-share", comm_share),
+        ("--host-share", host_share),
+    ):
+        if share <= 0:  # a share over a threshold of 0 divides by it
+            raise UserError(f"{option} {share:g}: give a share above 0 (a share of step time, at most 1)")
     limits = Thresholds(input_share, comm_share, host_share, gpu_busy)
     verdict, trace = profile_run(run_dir, limits)
     ev = verdict.evidence

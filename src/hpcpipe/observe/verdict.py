@@ -105,6 +105,16 @@ KNOBS = {
 }
 
 
+def last_start(run_dir: Path) -> float:
+    """When the run's last start (a resume, a restart) brought its process group up; 0 for a run
+    that recorded none. Rows, traces and events before it describe an earlier attempt: a resumed
+    run was judged by the slow data of the attempt before, and by its trace."""
+    starts = [
+        float(e["time"]) for e in read_events(run_dir) if e.get("event") == "group_start" and "time" in e
+    ]
+    return max(starts, default=0.0)
+
+
 def training_rows(run_dir: Path) -> list[dict[str, Any]]:
     return [r for r in read_metrics(run_dir) if "loss" in r and r.get("step_time_s")]
 
@@ -207,11 +217,14 @@ def profile_run(run_dir: Path, limits: Thresholds) -> tuple[Verdict, Path | None
     """The verdict for ``run_dir`` and the trace it used (None: phase timers only)."""
     from hpcpipe.errors import UserError
 
-    rows = training_rows(run_dir)
+    started = last_start(run_dir)
+    rows = [r for r in training_rows(run_dir) if float(r.get("time", started)) >= started]
     if not rows:
         raise UserError(f"{run_dir}: no training rows in metrics.jsonl (is it a run directory?)")
     evidence = evidence_from_rows(rows)
-    traces = sorted(RunLayout(run_dir).profile.glob("rank*.trace.json"))
+    traces = sorted(
+        t for t in RunLayout(run_dir).profile.glob("rank*.trace.json") if t.stat().st_mtime >= started
+    )
     trace = traces[0] if traces else None
     if trace is not None:
         try:
@@ -222,7 +235,11 @@ def profile_run(run_dir: Path, limits: Thresholds) -> tuple[Verdict, Path | None
             evidence = replace(evidence, gpu_busy=busy, gpu_busy_source="trace")
         evidence = replace(evidence, top_ops=ops)
     evidence = _with_nsys(evidence, read_nsys_stats(run_dir))
-    straggler = [e for e in read_events(run_dir) if e.get("event") == "imbalance"]
+    straggler = [
+        e
+        for e in read_events(run_dir)
+        if e.get("event") == "imbalance" and float(e.get("time", started)) >= started
+    ]
     if straggler:
         evidence = replace(evidence, straggler=_straggler(straggler[-1], len(straggler)))
     return classify(evidence, limits), trace

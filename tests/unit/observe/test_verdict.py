@@ -166,6 +166,8 @@ def test_profile_cli_prints_the_verdict_and_writes_json(tmp_path: Path) -> None:
     empty.mkdir()
     none = run_cli("profile", str(empty), cwd=tmp_path)
     assert none.returncode == 2 and "metrics.jsonl" in none.stderr
+    zero = run_cli("profile", str(run), "--comm-share", "0", cwd=tmp_path)  # a ZeroDivisionError traceback
+    assert zero.returncode == 2 and zero.stderr.startswith("error: --comm-share 0: give a share above 0")
 
 
 def test_a_trace_saved_as_the_bare_array_of_events_is_read(tmp_path: Path) -> None:
@@ -182,3 +184,19 @@ def test_a_trace_saved_as_the_bare_array_of_events_is_read(tmp_path: Path) -> No
     (tmp_path / "odd.json").write_text('{"traceEvents": 3}')
     with pytest.raises(ValueError, match="no list of trace events"):
         read_trace(tmp_path / "odd.json")
+
+
+def test_a_resumed_run_is_judged_by_its_last_start(tmp_path: Path) -> None:
+    """The attempt before a resume (its slow data, its trace) decided the verdict of the run after."""
+    from hpcpipe.observe.verdict import Thresholds, profile_run
+
+    def row(step: int, data: float, at: float) -> dict[str, float]:
+        return {"step": step, "loss": 3.0, "step_time_s": 0.1, "data_time_s": data, "forward_time_s": 0.03,
+                "backward_time_s": 0.05, "optimizer_time_s": 0.01, "time": at}  # fmt: skip
+
+    rows = [row(s, 0.05, 100 + s) for s in range(1, 11)] + [row(s, 0.001, 300 + s) for s in range(11, 31)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    starts = [{"event": "group_start", "time": 99.0}, {"event": "group_start", "time": 300.0}]
+    (tmp_path / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in starts))
+    verdict, _ = profile_run(tmp_path, Thresholds(0.05, 0.2, 0.15, 0.8))
+    assert verdict.kind != "input-bound" and verdict.evidence.rows == 19  # 20 rows, the first dropped
