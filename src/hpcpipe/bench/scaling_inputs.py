@@ -1,10 +1,11 @@
 """Observations for scaling-law fits, from a CSV (params,tokens,loss) or from run directories.
 
-A run directory gives one observation: N = the model's non-embedding parameters (counted on the
-model itself, built on the meta device, so the count is the model's own), D = tokens trained
-(the step of the final evaluation x global batch x sequence length, from config.yaml), L = the
-final ``val_loss`` in metrics.jsonl. A directory that is not a run but holds runs (``runs/``)
-contributes each of them; runs without a validation loss there are listed as skipped.
+A run directory gives one observation: N and D as its recipe counts them
+(``Recipe.scaling_law_size``: hpcpipe's GPT counts the non-embedding parameters on the model
+itself, built on the meta device, and D = the step of the final evaluation x global batch x
+sequence length), L = the final ``val_loss`` in metrics.jsonl. A directory that is not a run but
+holds runs (``runs/``) contributes each of them; runs without a validation loss there, or of a
+recipe that gives no counts, are listed as skipped.
 """
 
 from __future__ import annotations
@@ -13,25 +14,12 @@ import csv
 from pathlib import Path
 from typing import Any
 
-from hpcpipe.config import JobConfig, ModelConfig, load_config
+from hpcpipe.config import JobConfig, load_config
 from hpcpipe.errors import ConfigError, UserError
 from hpcpipe.layout import RunLayout
+from hpcpipe.recipes.registry import recipe_class
 
 REQUIRED_COLUMNS = ("params", "tokens", "loss")
-
-
-def non_embedding_params(model: ModelConfig) -> int:
-    """Non-embedding parameters of ``hpcpipe.models.gpt.GPT`` (Kaplan et al.'s N), without allocating.
-
-    The head is tied to the token embedding, so the vocabulary does not change the count.
-    """
-    import torch
-
-    from hpcpipe.models.gpt import GPT
-
-    with torch.device("meta"):
-        net = GPT(model, vocab_size=model.vocab_size or 2)
-    return int(net.num_params(non_embedding=True))
 
 
 def read_csv(path: Path) -> list[dict[str, Any]]:
@@ -71,12 +59,10 @@ def read_run_dir(run_dir: Path) -> dict[str, Any]:
         raise UserError(f"{run_dir}: metrics.jsonl has no val_loss (did the run finish its evaluation?)")
     final = evals[-1]
     steps = int(final.get("step", job.train.steps))
-    return {
-        "params": float(non_embedding_params(job.model)),
-        "tokens": float(steps * job.train.global_batch_size * job.model.seq_len),
-        "loss": float(final["val_loss"]),
-        "source": str(run_dir),
-    }
+    size = recipe_class(job.run.recipe).scaling_law_size(job, steps)
+    if size is None:  # N and D of hpcpipe's GPT read off another recipe's config were no sizes
+        raise UserError(f"{run_dir}: recipe {job.run.recipe!r} gives no parameter and token counts for a fit")
+    return {"params": size[0], "tokens": size[1], "loss": float(final["val_loss"]), "source": str(run_dir)}
 
 
 def load_observations(inputs: list[str]) -> tuple[list[dict[str, Any]], list[str]]:

@@ -198,15 +198,38 @@ def fit_all(
         for key in flat
         if samples and all(np.isfinite(s[key]) for s in samples)
     }
+    quality = chinchilla_quality(points, main["chinchilla"]["theta"])
     main["chinchilla"].pop("theta")
     return {
         **main,
+        "quality": quality,
         "intervals": intervals,
         "bootstrap": len(samples),
         "confidence": confidence,
         "seed": seed,
         "n_points": len(points.loss),
     }
+
+
+def chinchilla_quality(points: Points, theta: np.ndarray) -> dict[str, float]:
+    """How well L(N, D) describes the runs and predicts each one it did not see: the RMSE of
+    log-loss residuals in sample, and leave-one-out (each run's loss predicted by a fit of the
+    others). Five parameters through a few points fit anything (an outlier gave alpha 23.8); the
+    held-out error says whether it is a law or a description of these points."""
+    import numpy as np
+
+    def rmse(fit: dict[str, Any], index: np.ndarray) -> float:
+        sample = points.take(index)
+        residual = np.log(predict(fit, sample.params, sample.tokens)) - np.log(sample.loss)
+        return float(np.sqrt(np.mean(residual**2)))
+
+    everything = np.arange(len(points.loss))
+    errors = []
+    for held in everything:
+        others = points.take(everything[everything != held])
+        errors.append(rmse(chinchilla_fit(others, init=theta), np.array([held])))
+    in_sample = rmse(chinchilla_fit(points, init=theta), everything)
+    return {"log_rmse": in_sample, "loo_log_rmse": float(np.sqrt(np.mean(np.square(errors))))}
 
 
 def _fit_once(points: Points, flops: float | None, init: np.ndarray | None) -> dict[str, Any]:
@@ -236,9 +259,13 @@ def _flatten(result: dict[str, Any]) -> dict[str, float]:
 def _check_points(points: Points) -> None:
     import numpy as np
 
-    if len(points.loss) < len(CHINCHILLA_PARAMS):
+    values = np.concatenate([points.params, points.tokens, points.loss])
+    if not np.isfinite(values).all():  # a diverged run's NaN loss left the fit at its grid start
+        raise UserError("scaling-law fit: params, tokens and loss must be finite (a diverged run?)")
+    if len(points.loss) <= len(CHINCHILLA_PARAMS):  # as many points as parameters fit anything
         raise UserError(
-            f"scaling-law fit: need at least {len(CHINCHILLA_PARAMS)} runs, got {len(points.loss)}"
+            f"scaling-law fit: need more runs than L(N, D)'s {len(CHINCHILLA_PARAMS)} parameters, "
+            f"got {len(points.loss)}"
         )
     if len(np.unique(points.params)) < 2 or len(np.unique(points.tokens)) < 2:
         raise UserError("scaling-law fit: the runs need at least two model sizes and two token counts")

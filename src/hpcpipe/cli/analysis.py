@@ -153,7 +153,7 @@ def fit(
 
       hpcpipe scaling-law fit runs/                   (every finished run under runs/)
 
-      hpcpipe scaling-law fit sweep.csv --flops 1e21 --bootstrap 200 --json fit.json
+      hpcpipe scaling-law fit runs.csv --flops 1e21 --bootstrap 200 --json fit.json  (params,tokens,loss)
     """
     import numpy as np
 
@@ -202,6 +202,11 @@ def _print_fit(result: dict[str, Any]) -> None:
         shown = f"[{low_high[0]:.4g}, {low_high[1]:.4g}]" if low_high else "-"
         table.add_row(law, name, f"{value:.4g}", shown)
     print_whole(table)
+    quality = result["quality"]
+    console.print(
+        f"L(N, D) log-loss RMSE: {quality['log_rmse']:.4f} in sample, {quality['loo_log_rmse']:.4f} "
+        "leaving each run out (far above the first: it describes these runs, it predicts none)"
+    )
     for line in result["skipped"]:
         console.print(f"[yellow]skipped[/yellow] {escape(line)}")
     console.print(f"plot: {result['png']}")

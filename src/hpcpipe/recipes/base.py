@@ -189,6 +189,13 @@ class Recipe(ABC):
         """The model in a few words (``hpcpipe presets list``, summary.md)."""
         return cls.name
 
+    @classmethod
+    def scaling_law_size(cls, job: JobConfig, steps: int) -> tuple[float, float] | None:
+        """(N, D) of a run of ``job`` trained ``steps`` steps, for ``hpcpipe scaling-law fit``: the
+        model's non-embedding parameters and the tokens it trained on. None (the default): the
+        recipe's runs are no observations of a language model's scaling law."""
+        return None
+
     @property
     def fsdp_param_dtype(self) -> torch.dtype | None:
         """The dtype FSDP2 gathers parameters in (one per unit); None keeps each parameter's own."""

@@ -90,6 +90,20 @@ class GPTRecipe(Recipe):
         shape = f"{m.n_layers} layers, {m.n_heads} heads, width {m.d_model}, context {m.seq_len}"
         return f"{m.variant}, {shape}"
 
+    @classmethod
+    def scaling_law_size(cls, job: JobConfig, steps: int) -> tuple[float, float] | None:
+        """Kaplan's N, counted on the model itself built on the meta device (the head is tied to
+        the token embedding: the vocabulary does not change it), and D = steps x global batch x
+        sequence length."""
+        import torch
+
+        from hpcpipe.models.gpt import GPT
+
+        with torch.device("meta"):
+            net = GPT(job.model, vocab_size=job.model.vocab_size or 2)
+        tokens = steps * job.train.global_batch_size * job.model.seq_len
+        return float(net.num_params(non_embedding=True)), float(tokens)
+
     @property
     def items_per_sample(self) -> int:
         return self.model_cfg.seq_len
