@@ -108,15 +108,22 @@ def run_scaling(
     if not nprocs or any(n < 1 for n in nprocs):
         raise UserError("--nproc: give world sizes >= 1, e.g. --nproc 1,2,4")
     plans = [(mode, n, *batch_sizes(cfg, mode, n)) for mode in modes for n in sorted(set(nprocs))]
-    rows = []
+    rows: list[dict[str, Any]] = []
     for mode, nproc, global_batch, micro in plans:
         name = f"{cfg.run.name}-scaling-{mode}-n{nproc}"
         job = bench_job(cfg, name, out_dir, steps, warmup, nproc, global_batch, micro)
-        row = {"mode": mode, "nproc": nproc, **scaling_row(run_job(job), warmup)}
-        nosync = None
-        if bottlenecks and nproc > 1:
-            twin = bench_job(cfg, f"{name}-nosync", out_dir, steps, warmup, nproc, global_batch, micro, False)
-            nosync = summarize_run(run_job(twin), warmup)["step_time_s"]
+        try:
+            row = {"mode": mode, "nproc": nproc, **scaling_row(run_job(job), warmup)}
+            nosync = None
+            if bottlenecks and nproc > 1:
+                twin = bench_job(
+                    cfg, f"{name}-nosync", out_dir, steps, warmup, nproc, global_batch, micro, False
+                )
+                nosync = summarize_run(run_job(twin), warmup)["step_time_s"]
+        except BaseException:
+            if rows:  # the world sizes measured before the one that failed (an OOM at N=4) are kept
+                write_csv(add_efficiency(rows), out_dir / "scaling.csv")
+            raise
         rows.append(with_bottleneck(row, nosync))
     add_efficiency(rows)
     csv_path = write_csv(rows, out_dir / "scaling.csv")
