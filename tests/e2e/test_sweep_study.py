@@ -50,6 +50,18 @@ def test_bottleneck_verdicts() -> None:
     assert exposed_communication(0.5, 0.6) == 0.0 and exposed_communication(0.5, 0.3) == pytest.approx(0.2)
 
 
+def test_optimization_table_pairs_runs_of_one_sweep_only() -> None:
+    """Two sweeps of the same knob on other base configs: their rows paired across the sweeps."""
+    rows = [
+        {"sweep": "small", "precision": "fp32", "throughput": 100.0},
+        {"sweep": "small", "precision": "bf16", "throughput": 150.0},
+        {"sweep": "large", "precision": "fp32", "throughput": 10.0},
+        {"sweep": "large", "precision": "bf16", "throughput": 12.0},
+    ]
+    (row,) = optimization_table(rows)
+    assert row["pairs"] == 2 and row["ratio"] == pytest.approx((1.5 + 1.2) / 2)  # 4 pairs, 8.5x
+
+
 def test_optimization_table_matches_runs_that_differ_in_one_knob() -> None:
     rows = [
         {"precision": "fp32", "num_workers": 0, "throughput": 100.0},

@@ -95,7 +95,7 @@ def build_study(root: Path, out: Path | None = None) -> dict[str, Any]:
         if all(row.get(k) is not None for k in ("nproc", "per_s", "efficiency", "step_time_s"))
     ]
     sweep = [
-        row
+        {**row, "sweep": _sweep_name(path, root)}  # pairs are matched within one sweep only
         for path in sweep_paths
         for row in read_csv_rows(path, SWEEP_COLUMNS, SWEEP_NUMBERS)
         if row.get("throughput") is not None
@@ -202,7 +202,9 @@ def plot_sweep(rows: list[dict[str, Any]], path: Path) -> Path:
     ordered = sorted(rows, key=lambda r: r["throughput"])
     fig, (ax,) = _figure()
     fig.set_size_inches(8, max(3.0, 0.35 * len(ordered) + 1))
-    ax.barh([str(r.get("point") or r["run_id"]) for r in ordered], [r["throughput"] for r in ordered])
+    several = len({r.get("sweep") for r in ordered}) > 1  # which sweep each bar is from
+    labels = [(f"{r['sweep']}: " if several else "") + str(r.get("point") or r["run_id"]) for r in ordered]
+    ax.barh(labels, [r["throughput"] for r in ordered])
     ax.set_xlabel(f"throughput ({ordered[0].get('throughput_unit', 'samples')}/s)")
     ax.set_title("sweep: throughput per point")
     ax.tick_params(axis="y", labelsize=7)
@@ -244,11 +246,20 @@ def optimization_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _rest_of_the_point(row: dict[str, Any]) -> tuple[Any, ...]:
-    """What a sweep row was run with besides the knobs: devices, nodes, and the point's other
+    """What a sweep row was run with besides the knobs: its sweep (another sweep's base config
+    differs: a 6-layer run was paired with a 2-layer one), devices, nodes, and the point's other
     overrides (``train.lr=0.1 model.n_layers=4``; a knob is the last part of its key)."""
     overrides = str(row.get("point") or "").split()
     rest = sorted(o for o in overrides if o.partition("=")[0].rsplit(".", 1)[-1] not in KNOBS)
-    return (row.get("devices"), row.get("nodes"), *rest)
+    return (row.get("sweep"), row.get("devices"), row.get("nodes"), *rest)
+
+
+def _sweep_name(csv_path: Path, root: Path) -> str:
+    """A sweep.csv's directory, relative to the study root ("." for the root's own)."""
+    try:
+        return str(csv_path.parent.relative_to(root))
+    except ValueError:
+        return str(csv_path.parent)
 
 
 def weak_variation(rows: list[dict[str, Any]]) -> float | None:
