@@ -33,7 +33,12 @@ def train_worker(job: JobConfig, env: DistEnv) -> None:
     """Train ``job`` as the rank described by ``env`` (joins and leaves the process group)."""
     import torch.distributed as dist
 
-    from hpcpipe.observe.lineage import build_lineage, with_earlier_dataset, write_lineage
+    from hpcpipe.observe.lineage import (
+        build_lineage,
+        with_earlier_dataset,
+        with_earlier_starts,
+        write_lineage,
+    )
     from hpcpipe.observe.prometheus import remove_sd_targets, write_sd_targets
     from hpcpipe.recipes import build_recipe
     from hpcpipe.train.distributed import init_distributed, shutdown_distributed
@@ -75,6 +80,7 @@ def train_worker(job: JobConfig, env: DistEnv) -> None:
                 RunLayout(run_dir).config.write_text(job.to_yaml())
                 lineage = build_lineage(job.config_hash(), recipe.dataset_hash(), hosts, ctx.world_size)
                 lineage, earlier = with_earlier_dataset(run_dir, lineage, trainer.step)
+                lineage = with_earlier_starts(run_dir, lineage, trainer.step)
                 write_lineage(run_dir, lineage)
                 if earlier is not None:
                     _note_dataset_change(run_dir, trainer.step, earlier, lineage["dataset_manifest_sha256"])

@@ -73,8 +73,8 @@ def read_lineage(run_dir: Path) -> dict[str, Any]:
 
 
 # Kept from the lineage.json already there when a new one is written without them: the pipeline's
-# step records, and the datasets a resumed run trained on before its current one.
-KEPT = ("steps", "earlier_datasets")
+# step records, and the datasets, configs and code a resumed run trained with before its current ones.
+KEPT = ("steps", "earlier_datasets", "earlier_starts")
 
 
 def write_lineage(run_dir: Path, lineage: dict[str, Any]) -> Path:
@@ -110,3 +110,22 @@ def with_earlier_dataset(
     if kept == entries and not changed:
         return lineage, None
     return {**lineage, "earlier_datasets": kept}, str(at_resume) if changed else None
+
+
+def with_earlier_starts(run_dir: Path, lineage: dict[str, Any], resumed_at: int) -> dict[str, Any]:
+    """``lineage`` with ``earlier_starts``: the config hash and git commit the resumed model was
+    trained with before this start's, each with the step it ended at, where they differ. A resume
+    rewrote both with the last start's: a model trained entirely at another learning rate named
+    the new one. A fresh start (``resumed_at`` 0) begins the list again; a resume that fell back
+    past an entry drops it."""
+    previous = read_lineage(run_dir)
+    if resumed_at <= 0:
+        return {**lineage, "earlier_starts": []} if previous.get("earlier_starts") else lineage
+    keys = ("config_hash", "git_sha")
+    earlier = list(previous.get("earlier_starts") or [])
+    entries = [e for e in earlier if e.get("until_step", 0) < resumed_at]
+    later = [e for e in earlier if e.get("until_step", 0) >= resumed_at]
+    at_resume = {key: (later[0] if later else previous).get(key) for key in keys}  # what made the step
+    if previous and at_resume != {key: lineage.get(key) for key in keys}:
+        entries.append({**at_resume, "until_step": resumed_at})
+    return {**lineage, "earlier_starts": entries} if entries or earlier else lineage

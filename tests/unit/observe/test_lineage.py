@@ -81,3 +81,26 @@ def test_the_dataset_change_is_a_listed_event(tmp_path: Path, capsys) -> None:  
         "note: resumed at step 40 on another dataset (aaaaaaaaaaaa -> bbbbbbbbbbbb)"
         in capsys.readouterr().err
     )
+
+
+def test_a_resume_with_another_config_keeps_the_earlier_ones() -> None:
+    """A resume rewrote config_hash and git_sha: a model trained at lr 0.003 named lr 0.0003's."""
+    import tempfile
+    from pathlib import Path
+
+    from hpcpipe.observe.lineage import with_earlier_starts
+
+    run = Path(tempfile.mkdtemp())
+    write_lineage(run, {"config_hash": "a", "git_sha": "s1"})
+    same = with_earlier_starts(run, {"config_hash": "a", "git_sha": "s1"}, resumed_at=20)
+    assert "earlier_starts" not in same  # resumed as it was
+    lineage = with_earlier_starts(run, {"config_hash": "b", "git_sha": "s1"}, resumed_at=20)
+    assert lineage["earlier_starts"] == [{"config_hash": "a", "git_sha": "s1", "until_step": 20}]
+    write_lineage(run, lineage)
+    later = with_earlier_starts(run, {"config_hash": "c", "git_sha": "s2"}, resumed_at=40)
+    assert [e["until_step"] for e in later["earlier_starts"]] == [20, 40]
+    fell_back = with_earlier_starts(run, {"config_hash": "c", "git_sha": "s2"}, resumed_at=10)
+    assert fell_back["earlier_starts"] == [
+        {"config_hash": "a", "git_sha": "s1", "until_step": 10}
+    ]  # a made it
+    assert with_earlier_starts(run, {"config_hash": "d"}, resumed_at=0)["earlier_starts"] == []
