@@ -52,6 +52,17 @@ def test_every_kind_resolves_to_a_function() -> None:
         ("scenarios: []", "scenarios"),
         ("just text", "expected a list of scenarios"),
         ("- [unclosed", "not valid YAML"),
+        # Checked when the file loads: a misspelt key took its default; -1 failed the first trial.
+        (
+            "- {name: a, kind: kill_rank, params: {max_restart: 5}}",
+            "params.max_restart: kind kill_rank takes",
+        ),
+        (
+            "- {name: a, kind: always_fail, params: {max_restarts: -1}}",
+            "params.max_restarts: -1 is not an int",
+        ),
+        ("- {name: a, kind: kill_rank, params: {max_restarts: two}}", "'two' is not an int >= 0"),
+        ("- {name: a, kind: always_pass, params: {x: 1}}", "takes no such param (it takes: none)"),
     ],
 )
 def test_a_bad_scenario_file_is_one_error_naming_the_file(tmp_path: Path, text: str, message: str) -> None:
@@ -61,8 +72,10 @@ def test_a_bad_scenario_file_is_one_error_naming_the_file(tmp_path: Path, text: 
     assert message in str(caught.value)
 
 
-def test_a_wrong_param_type_names_the_scenario_and_key(tmp_path: Path) -> None:
-    scenario = Scenario.model_validate({"name": "k", "kind": "kill_rank", "params": {"max_restarts": "two"}})
+def test_a_param_the_file_did_not_check_names_the_scenario_and_key(tmp_path: Path) -> None:
+    scenario = Scenario.model_construct(
+        name="k", kind="kill_rank", params={"max_restarts": "two"}
+    )  # unchecked
     ctx = TrialContext(scenario, 0, 0, trial_rng(0, "k", 0), tmp_path, tmp_path)
     with pytest.raises(ConfigError, match=r"scenario k: params.max_restarts must be a int"):
         ctx.param("max_restarts", 1)

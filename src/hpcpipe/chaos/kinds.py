@@ -30,3 +30,17 @@ KINDS: tuple[str, ...] = (
     "secrets",
     "loopback_only",
 )
+
+# The params each kind reads (``TrialContext.param``): name -> (type, smallest value). Checked when
+# the scenario file loads: an unknown key was ignored (a misspelt one silently took its default),
+# and a value out of range failed the scenario's first trial, maybe hours in, as "not recovered".
+KIND_PARAMS: dict[str, dict[str, tuple[type, float]]] = {
+    "kill_rank": {"max_restarts": (int, 0)},
+    "always_fail": {"max_restarts": (int, 0)},
+    "oom": {"rel_tolerance": (float, 0.0)},
+    "stall": {"hang_timeout_s": (float, 0.1)},
+    "slow_rank": {"seconds": (float, 0.001)},
+    "lost_node": {"rel_tolerance": (float, 0.0)},
+    "fuzz_config": {"cases": (int, 1)},
+    "loopback_only": {"steps": (int, 1)},
+}

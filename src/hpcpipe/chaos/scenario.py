@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from hpcpipe.chaos.kinds import KINDS
+from hpcpipe.chaos.kinds import KIND_PARAMS, KINDS
 from hpcpipe.config import first_error
 from hpcpipe.errors import ConfigError
 from hpcpipe.yamlfile import read_yaml_file
@@ -50,6 +50,21 @@ class Scenario(BaseModel):
         if kind not in KINDS:
             raise ValueError(f"unknown kind {kind!r}; one of {sorted(KINDS)}")
         return kind
+
+    @model_validator(mode="after")
+    def _known_params(self) -> Scenario:
+        known = KIND_PARAMS.get(self.kind, {})
+        for key, value in self.params.items():
+            if key not in known:
+                takes = ", ".join(sorted(known)) or "none"
+                raise ValueError(f"params.{key}: kind {self.kind} takes no such param (it takes: {takes})")
+            kind, low = known[key]
+            number = isinstance(value, int | float) and not isinstance(value, bool)
+            if not number or (kind is int and not isinstance(value, int)) or not value >= low:
+                raise ValueError(
+                    f"params.{key}: {value!r} is not {'an int' if kind is int else 'a number'} >= {low:g}"
+                )
+        return self
 
 
 class ScenarioFile(BaseModel):
