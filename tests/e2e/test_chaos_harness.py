@@ -236,3 +236,23 @@ def test_an_out_that_is_a_file_is_one_line_and_exit_2(tmp_path: Path) -> None:
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
         f"error: --out {tmp_path / 'taken'}: cannot create it (File exists)"
     ], proc.stderr
+
+
+def test_the_disk_full_scenario_is_refused_up_front_without_root(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each of its trials failed, counted as a recovery that did not happen."""
+    from typer.testing import CliRunner
+
+    from hpcpipe.cli import chaos
+    from hpcpipe.cli.app import app
+
+    monkeypatch.setattr(chaos.os, "geteuid", lambda: 1000)
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["chaos", "run", "shipped", "--only", "disk-full", "--out", str(out)])
+    refusal = str(result.exception)  # a UserError: one line, exit 2, under hpcpipe's own main
+    assert (
+        type(result.exception).__name__ == "UserError"
+        and "disk-full mounts a small tmpfs, which needs root" in refusal
+    )
+    assert not out.exists()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -92,6 +93,12 @@ def run(
         )
     if only:
         chosen = [s for s in chosen if s.name in only]
+    needs_root = [s.name for s in chosen if s.kind == "disk_full"]
+    if needs_root and os.geteuid() != 0:  # each trial failed, counted as a recovery that did not happen
+        raise UserError(
+            f"scenario {needs_root[0]} mounts a small tmpfs, which needs root: run as root, or choose "
+            "the others with --only"
+        )
     # The replay line names `shipped` as the user wrote it; a file by its absolute path.
     label = Path(scenarios) if scenarios in SHIPPED else path.resolve()
     # The root command this verb runs under: the fuzz kinds run the whole CLI in-process.
