@@ -58,6 +58,24 @@ def shielded() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
+_SUN_PATH_MAX = 107  # bytes of a Unix socket's path (sockaddr_un.sun_path, less its NUL)
+
+
+def _listener_address(address: str) -> str:
+    """multiprocessing's socket path in $TMPDIR, or one in a private directory of /tmp when that
+    is too long for a Unix socket (a scheduler's job-scoped TMPDIR: "AF_UNIX path too long" ended
+    every multi-rank run). Never the abstract namespace: any local user could connect there."""
+    if len(os.fsencode(address)) <= _SUN_PATH_MAX:
+        return address
+    import atexit
+    import shutil
+    import tempfile
+
+    private = tempfile.mkdtemp(prefix="hpcpipe-fs-", dir="/tmp")  # mode 0700
+    atexit.register(shutil.rmtree, private, ignore_errors=True)
+    return os.path.join(private, "listener")
+
+
 def _state():  # type: ignore[no-untyped-def]
     """multiprocessing's fork-server record where ``prestart`` can fork the server, else None."""
     if sys.version_info >= (3, 14):  # 3.14 authenticates the server: a key this fork would lack
@@ -92,7 +110,7 @@ def prestart(preload: Sequence[str]) -> bool:
         resource_tracker.ensure_running()  # one tracker for this process, the server and workers
         if state._forkserver_pid is not None:
             return True
-        address = connection.arbitrary_address("AF_UNIX")  # type: ignore[attr-defined]
+        address = _listener_address(connection.arbitrary_address("AF_UNIX"))  # type: ignore[attr-defined]
         listener = socket.socket(socket.AF_UNIX)
         listener.bind(address)
         if not util.is_abstract_socket_namespace(address):

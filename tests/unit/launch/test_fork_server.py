@@ -91,3 +91,15 @@ def test_helpers_running_sees_a_resource_tracker() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[False, True]"
+
+
+def test_a_socket_path_too_long_for_unix_moves_to_a_private_directory() -> None:
+    """A scheduler's job-scoped TMPDIR: "AF_UNIX path too long" ended every multi-rank run."""
+    import stat
+
+    from hpcpipe.launch.fork_server import _listener_address
+
+    assert _listener_address("/tmp/pymp-x/listener-y") == "/tmp/pymp-x/listener-y"
+    moved = _listener_address("/scratch/" + "j" * 120 + "/pymp-x/listener-y")
+    assert len(moved.encode()) <= 107 and moved.startswith("/tmp/hpcpipe-fs-")
+    assert stat.S_IMODE(os.stat(os.path.dirname(moved)).st_mode) == 0o700  # no other user reaches it
