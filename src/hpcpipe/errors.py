@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import errno
+import itertools
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from typing import NamedTuple
 
 USER_ERROR_EXIT_CODE = 2
 """Bad input: a config key, a flag, a path or data the user gave. One line names what to fix; nothing
@@ -26,20 +29,55 @@ def hide_credentials(text: str) -> str:
     return _BEARER.sub("Bearer ***", text)
 
 
-def stable_repr(value: object) -> str:
+def stable_repr(value: object, limit: int = 200) -> str:
     """``repr(value)``, the same in every process: a set's members sorted (iterating a set of
     strings follows the hash seed, ``PYTHONHASHSEED``, so a YAML ``!!set`` quoted in an error would
-    read differently from run to run), inside lists, tuples and dicts too."""
+    read differently from run to run), inside lists, tuples and dicts too. At most about ``limit``
+    characters, and the walk stops there: a YAML alias bomb quoted whole was a 35 MB error line
+    (and minutes), a self-referencing alias a RecursionError."""
+    budget = [limit]
+    text = _bounded_repr(value, budget, depth=0)
+    return text if budget[0] >= 0 else text[:limit] + "..."
+
+
+def _bounded_repr(value: object, budget: list[int], depth: int) -> str:
+    if budget[0] < 0 or depth > 8:
+        budget[0] = -1
+        return "..."
+
+    def items(parts: Iterable[object]) -> str:
+        shown = []
+        for part in parts:
+            shown.append(_bounded_repr(part, budget, depth + 1))
+            if budget[0] < 0:
+                break
+        return ", ".join(shown)
+
     if isinstance(value, set | frozenset) and value:
-        members = "{" + ", ".join(sorted(stable_repr(member) for member in value)) + "}"
-        return members if isinstance(value, set) else f"frozenset({members})"
-    if type(value) is list:
-        return "[" + ", ".join(stable_repr(item) for item in value) + "]"
-    if type(value) is tuple:
-        return "(" + ", ".join(stable_repr(item) for item in value) + ("," if len(value) == 1 else "") + ")"
-    if type(value) is dict:
-        return "{" + ", ".join(f"{stable_repr(k)}: {stable_repr(v)}" for k, v in value.items()) + "}"
-    return repr(value)
+        members = (
+            "{"
+            + ", ".join(sorted(_bounded_repr(m, budget, depth + 1) for m in itertools.islice(value, 64)))
+            + "}"
+        )
+        text = members if isinstance(value, set) else f"frozenset({members})"
+    elif type(value) is list:
+        text = "[" + items(value) + "]"
+    elif type(value) is tuple:
+        text = "(" + items(value) + ("," if len(value) == 1 else "") + ")"
+    elif type(value) is dict:
+        pairs = (_Pair(k, v) for k, v in value.items())
+        text = "{" + items(pairs) + "}"
+    elif isinstance(value, _Pair):
+        text = f"{_bounded_repr(value.key, budget, depth)}: {_bounded_repr(value.value, budget, depth)}"
+    else:
+        text = repr(value)[: max(budget[0], 0) + 1]
+    budget[0] -= len(text) if not isinstance(value, list | tuple | dict | set | frozenset | _Pair) else 2
+    return text
+
+
+class _Pair(NamedTuple):
+    key: object
+    value: object
 
 
 def one_line(text: str) -> str:
@@ -73,7 +111,9 @@ def path_error(exc: BaseException) -> UserError | None:
     Paths come from the user (run.out_dir, checkpoint.dir, data.prepared_dir, --out, ...): a
     checkpoint.dir that is a file must read ``error: cfg.yaml: Not a directory`` and exit 2, not
     end in a traceback deep inside the store."""
-    if not isinstance(exc, _PATH_ERRORS) or not exc.filename:
+    if not isinstance(exc, OSError) or not exc.filename:
+        return None
+    if not isinstance(exc, _PATH_ERRORS) and exc.errno not in (errno.ENAMETOOLONG, errno.ELOOP):
         return None
     where = str(exc.filename) + (f" -> {exc.filename2}" if exc.filename2 else "")
     return UserError(f"{where}: {exc.strerror or type(exc).__name__}")

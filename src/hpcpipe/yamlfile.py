@@ -8,6 +8,7 @@ UTF-8, and a file that holds nothing.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -35,14 +36,35 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+def _construct_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> Any:
+    """An int as YAML 1.2 (and every reader since) reads it: YAML 1.1's ``010`` was octal 8 (a
+    job of ``steps: 010`` trained 8 steps) and ``1:30`` base 60 (90); now 10 and the text "1:30"."""
+    text = str(loader.construct_scalar(node)).replace("_", "")
+    if ":" in text:
+        return text
+    if re.fullmatch(r"[-+]?0[0-7]+", text):
+        return int(text, 10)
+    return yaml.SafeLoader.construct_yaml_int(loader, node)
+
+
+_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)
+
+
+def load_yaml_text(text: str) -> Any:
+    """``text`` as the job files are read (repeated keys refused, YAML 1.2 ints)."""
+    return yaml.load(text, Loader=_UniqueKeyLoader)
+
+
 def read_yaml_file(path: Path, what: str = "file") -> Any:
     """The document in ``path``; a ConfigError (one line naming the file, and the line when YAML
     knows it) when it is not UTF-8 YAML, repeats a key, or is empty. ``what`` names the kind of
     file in the empty-file message."""
     try:
-        data = yaml.load(path.read_text(), Loader=_UniqueKeyLoader)
+        data = load_yaml_text(path.read_text())
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: not valid YAML (not UTF-8 text)") from None
+    except RecursionError:  # nested past Python's recursion limit
+        raise ConfigError(f"{path}: not valid YAML: nested too deeply") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark is not None else ""

@@ -23,6 +23,7 @@ each operation, and whether it is memory- or compute-bound, carries over to trai
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -179,8 +180,10 @@ def roofline(job: JobConfig, ceilings: Ceilings) -> dict[str, Any]:
 
 def ceilings_from_compute(data: dict[str, Any], precision: str, source: str) -> Ceilings:
     """Ceilings from a ``bench compute --json`` result (one device, or the per-rank list of accept)."""
-    devices = data.get("ranks") or [data]
     key = f"matmul_{precision}"
+    if not isinstance(data, dict):  # a list or a string: an AttributeError traceback
+        raise UserError(f"{source}: not the output of `hpcpipe bench compute --json` (a JSON object)")
+    devices = data.get("ranks") or [data]
     try:
         flops = min(float(d["figures"][key]["value"]) * 1e12 for d in devices)
         bandwidth = min(float(d["figures"]["memory_copy"]["value"]) * 1e9 for d in devices)
@@ -189,6 +192,6 @@ def ceilings_from_compute(data: dict[str, Any], precision: str, source: str) -> 
             f"{source}: needs figures.{key}.value and figures.memory_copy.value "
             f"(the output of `hpcpipe bench compute --json`)"
         ) from None
-    if flops <= 0 or bandwidth <= 0:
-        raise UserError(f"{source}: ceilings must be positive")
+    if not (0 < flops < math.inf and 0 < bandwidth < math.inf):
+        raise UserError(f"{source}: ceilings must be positive and finite")
     return Ceilings(flops, bandwidth, source)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -57,6 +58,9 @@ def roofline(
     from hpcpipe.bench.roofline import roofline as analyse
     from hpcpipe.report.plots_bench import plot_roofline
 
+    for option, roof in (("--peak-tflops", peak_tflops), ("--bandwidth-gbps", bandwidth_gbps)):
+        if roof is not None and not 0 < roof < math.inf:  # 0 divided by zero; nan broke the plot
+            raise UserError(f"{option} {roof}: give a positive, finite number")
     job = load_job(config, sets)
     roofs = _ceilings(job.train.precision, ceilings, peak_tflops, bandwidth_gbps)
     if (peak_tflops is None) != (bandwidth_gbps is None):  # one roof given, the other measured

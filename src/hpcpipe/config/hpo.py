@@ -134,7 +134,9 @@ class HpoConfig(Section):
     timeout_s: float | None = Field(
         None, gt=0, description="A worker starts no new trial after this many seconds."
     )
-    seed: int | None = Field(0, description="Sampler seed (null: random).")
+    seed: int | None = Field(
+        0, ge=0, le=2**31 - 1, description="Sampler seed (null: random); workers add their index to it."
+    )  # Optuna's samplers take seeds below 2**32: the workers' offsets keep within it
     sampler: SamplerConfig = Field(default_factory=SamplerConfig)
     pruner: PrunerConfig = Field(default_factory=PrunerConfig)
     space: dict[str, ParamSpec] = Field(default_factory=dict, description="section.key: parameter.")

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ValidationError
 from hpcpipe.config.job import JobConfig
 from hpcpipe.config.run import RunConfig
 from hpcpipe.errors import ConfigError, hide_credentials, stable_repr
-from hpcpipe.yamlfile import read_yaml_file
+from hpcpipe.yamlfile import load_yaml_text, read_yaml_file
 
 
 def load_config(source: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> JobConfig:
@@ -56,6 +56,8 @@ def apply_values(job: JobConfig, values: dict[str, Any]) -> JobConfig:
 def validate_config(raw: dict[str, Any], origin: str = "config") -> JobConfig:
     try:
         return JobConfig.model_validate(raw)
+    except RecursionError:  # a self-referencing YAML alias (`steps: &a [*a]`), or deep nesting
+        raise ConfigError(f"{origin or 'config'}: a value refers to itself or is nested too deeply") from None
     except ValidationError as exc:
         raise ConfigError(f"{origin or 'config'}: {first_error(exc)}") from None
     except ConfigError as exc:  # the recipe's checks (run.recipe, recipe.<key>) name their key
@@ -66,7 +68,9 @@ def _read_source(source: str | Path) -> dict[str, Any]:
     from hpcpipe.presets import preset_path
 
     path = Path(source)
-    looks_like_path = path.suffix in {".yaml", ".yml"} or "/" in str(source)
+    looks_like_path = path.suffix.lower() in {".yaml", ".yml"} or "/" in str(source)
+    if looks_like_path and path.is_dir():  # a bare name is a preset, whatever the directory holds
+        raise ConfigError(f"{path}: a directory, not a job file (give its config.yaml, or a preset)")
     if not looks_like_path:
         path = preset_path(str(source))  # raises ConfigError naming the known presets
     if not path.is_file():
@@ -88,6 +92,10 @@ def _switching_recipe(raw: dict[str, Any], values: list[tuple[str, Any]]) -> Non
     new = [str(value).strip() for key, value in values if key.strip() == "run.recipe"]
     if new and new[-1] != _current_recipe(raw):
         raw["recipe"] = {}
+        # Before any recipe.* override is read: given ahead of run.recipe, they were checked
+        # against the old recipe's keys ("unknown config key 'recipe.finetune'").
+        if isinstance(raw.get("run"), dict) or raw.get("run") is None:
+            raw["run"] = {**(raw.get("run") or {}), "recipe": new[-1]}
 
 
 def _apply_override(raw: dict[str, Any], item: str) -> None:
@@ -169,7 +177,9 @@ def _parse_value(text: str, annotation: Any) -> Any:
         optional = type(None) in typing.get_args(annotation)
         return None if optional and text.strip() in {"null", "~"} else text
     try:
-        return yaml.safe_load(text) if text.strip() else None
+        return load_yaml_text(text) if text.strip() else None
+    except RecursionError:
+        raise ConfigError(f"--set value {text[:40]!r}: nested too deeply") from None
     except yaml.YAMLError:
         return text
 

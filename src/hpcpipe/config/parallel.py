@@ -287,6 +287,8 @@ def read_deepspeed_config(path: str) -> dict[str, Any]:
         raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from None
     try:
         body = json.loads(text)
+    except RecursionError:
+        raise ValueError(f"{path} is nested too deeply") from None
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path} is not JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
     if not isinstance(body, dict):

@@ -12,7 +12,7 @@ class RunConfig(Section):
 
     name: str = Field("run", min_length=1, description="Run name; the run directory is <out_dir>/<name>.")
     out_dir: str = Field("runs", description="Parent directory of run directories.")
-    seed: int = Field(0, ge=0, description="Seed for model init, data order and dropout.")
+    seed: int = Field(0, ge=0, le=2**62, description="Seed for model init, data order and dropout.")
     recipe: str = Field(
         "gpt",
         min_length=1,
@@ -37,4 +37,6 @@ class RunConfig(Section):
         # The name becomes a directory under out_dir: it must not climb out of it.
         if "/" in self.name or "\\" in self.name or self.name in {".", ".."}:
             raise ValueError(f"run.name must be a plain directory name, got {self.name!r}")
+        if len(self.name.encode()) > 200:  # a file name holds 255 bytes; sweeps and trials add to it
+            raise ValueError(f"run.name is {len(self.name.encode())} bytes long; at most 200")
         return self

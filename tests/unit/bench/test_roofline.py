@@ -110,3 +110,17 @@ def test_cli(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     bad.write_text("{not json")
     proc = cli("roofline", "tiny", "--ceilings", str(bad))
     assert proc.returncode == 2 and proc.stderr.strip() == f"error: --ceilings: cannot read JSON from {bad}"
+
+
+def test_ceilings_that_are_no_object_or_no_number_are_one_line(tmp_path: Path) -> None:
+    """A JSON list was an AttributeError traceback; --peak-tflops 0 a ZeroDivisionError; nan a
+    matplotlib traceback; -1 plotted a broken roofline."""
+    from tests.helpers import run_cli
+
+    with pytest.raises(UserError, match="not the output of `hpcpipe bench compute --json`"):
+        ceilings_from_compute([], "bf16", "l.json")  # type: ignore[arg-type]
+    for roof in ("0", "nan", "-1", "inf"):
+        proc = run_cli("roofline", "tiny", "--peak-tflops", roof, "--bandwidth-gbps", "100", cwd=tmp_path)
+        assert proc.returncode == 2 and proc.stderr.startswith(f"error: --peak-tflops {float(roof)}"), (
+            proc.stderr
+        )

@@ -1,0 +1,73 @@
+"""Bad job input, each one line naming the key or file: alias bombs and self-references, deep
+nesting, over-long names, out-of-range seeds, YAML 1.1 numbers, the order of --set flags."""
+
+from __future__ import annotations
+
+import errno
+import time
+from pathlib import Path
+
+import pytest
+
+from hpcpipe.config import load_config
+from hpcpipe.errors import ConfigError, path_error
+
+
+def _job(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "job.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_an_alias_bomb_is_one_short_line(tmp_path: Path) -> None:
+    """305 bytes expanded to a 35 MB error line (nine levels ran for minutes)."""
+    levels = ["a: &l0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    levels += [f"b{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]" for i in range(1, 9)]
+    text = "x:\n" + "".join(f"  {line}\n" for line in levels) + "run: {name: *l8}\n"
+    started = time.monotonic()
+    with pytest.raises(ConfigError) as caught:
+        load_config(_job(tmp_path, text))
+    assert len(str(caught.value)) < 400 and "run.name" in str(caught.value)
+    assert time.monotonic() - started < 10
+
+
+def test_self_references_and_deep_nesting_are_named(tmp_path: Path) -> None:
+    # A RecursionError traceback quoting the value (128 KB); now one line naming the key.
+    with pytest.raises(ConfigError, match=r"train\.steps: Input should be a valid integer \(got \[\[\["):
+        load_config(_job(tmp_path, "train: {steps: &a [*a]}\n"))
+    with pytest.raises(ConfigError, match=r"train\.steps: Input should be a valid integer"):
+        load_config("tiny", ["train.steps=&a [*a]"])
+    with pytest.raises(ConfigError, match=r"job\.yaml: not valid YAML: nested too deeply"):
+        load_config(_job(tmp_path, "train: " + "[" * 5000 + "]" * 5000 + "\n"))
+
+
+def test_names_and_seeds_the_system_cannot_take_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"run\.name is 300 bytes long; at most 200"):
+        load_config("tiny", ["run.name=" + "b" * 300])
+    with pytest.raises(ConfigError, match=r"run\.seed"):  # torch.manual_seed overflowed in the worker
+        load_config("tiny", ["run.seed=18446744073709551616"])
+    with pytest.raises(ConfigError, match=r"hpo\.seed"):  # it blamed hpo.storage
+        load_config("tiny", ["hpo.seed=-5"])
+    too_long = OSError(errno.ENAMETOOLONG, "File name too long", "runs/" + "b" * 300)
+    error = path_error(too_long)
+    assert error is not None and str(error).endswith(": File name too long")
+
+
+def test_numbers_read_as_yaml_1_2_reads_them(tmp_path: Path) -> None:
+    """YAML 1.1: 010 was octal (8 steps) and 1:30 base 60 (90), without a word."""
+    assert load_config("tiny", ["train.steps=010"]).train.steps == 10
+    assert load_config(_job(tmp_path, "train: {steps: 010}\n")).train.steps == 10
+    with pytest.raises(ConfigError, match=r"train\.steps"):
+        load_config("tiny", ["train.steps=1:30"])
+
+
+def test_recipe_keys_may_come_before_the_recipe_that_takes_them() -> None:
+    sets = ["recipe.finetune=full", "run.recipe=hf-causal-lm", "model.variant=hf-causal-lm"]
+    job = load_config("tiny", [*sets, "model.name_or_path=@tiny-llama-random"])
+    assert job.run.recipe == "hf-causal-lm" and job.recipe["finetune"] == "full"
+
+
+def test_a_directory_given_as_a_job_file_is_named(tmp_path: Path) -> None:
+    (tmp_path / "somedir.yaml").mkdir()
+    with pytest.raises(ConfigError, match="a directory, not a job file"):
+        load_config(str(tmp_path / "somedir.yaml"))
