@@ -30,6 +30,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
 from hpcpipe.config.observe import PrometheusConfig
 from hpcpipe.observe.phases import PhaseListener
+from hpcpipe.observe.regions import LONG_PHASES
 
 log = logging.getLogger("hpcpipe.observe.prometheus")
 
@@ -38,9 +39,6 @@ PHASES = ("data", "forward", "backward", "optimizer", "comm")
 STEP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 SAVE_BUCKETS = (0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0)
 EVAL_KEYS = ("val_loss", "val_ppl", "val_acc")
-
-
-LONG_PHASES = ("evaluate", "checkpoint_save")  # no step is expected while one runs (HpcpipeRunStalled)
 
 
 class Exporter(PhaseListener):

@@ -84,7 +84,9 @@ class Telemetry:
     def phase_listeners(self) -> list[PhaseListener]:
         """What the trainer attaches to its ``PhaseTimer``."""
         served = self.exporter if self.exporter.port is not None else None  # says when it evaluates or saves
-        return [listener for listener in (self.nvtx, self.tracing, served) if listener is not None]
+        window = self.profiler if self.profiler.enabled else None  # marks them in its trace
+        listeners = (self.nvtx, self.tracing, served, window)
+        return [listener for listener in listeners if listener is not None]
 
     def start(self, next_step: int) -> None:
         """Training starts (or resumes) at ``next_step``."""

@@ -27,6 +27,8 @@ import torch
 from hpcpipe import compat
 from hpcpipe.config.observe import ProfileConfig
 from hpcpipe.layout import RunLayout
+from hpcpipe.observe.phases import PhaseListener
+from hpcpipe.observe.regions import ANNOTATION, LONG_PHASES
 
 log = logging.getLogger("hpcpipe.observe.trace")
 
@@ -35,7 +37,10 @@ def trace_dir(run_dir: Path) -> Path:
     return RunLayout(run_dir).profile
 
 
-class StepProfiler:
+class StepProfiler(PhaseListener):
+    """The window; as the trainer's phase listener it marks evaluations and checkpoint saves
+    that fall inside it, which ``hpcpipe profile`` leaves out of the traced steps."""
+
     def __init__(self, cfg: ProfileConfig | None, rank: int, run_dir: Path, device: torch.device) -> None:
         self.cfg = cfg
         self.rank = rank
@@ -47,6 +52,17 @@ class StepProfiler:
         self.trace_path: Path | None = None
         self._next_step = 0  # nsys/ncu: the step that runs next
         self._capturing = False
+        self._marks: list[Any] = []  # open record_function ranges of long phases
+
+    def phase_begin(self, phase: str) -> None:
+        if self._prof is not None and phase in LONG_PHASES:
+            mark = torch.profiler.record_function(ANNOTATION.format(phase=phase))
+            mark.__enter__()
+            self._marks.append(mark)
+
+    def phase_end(self, phase: str) -> None:
+        if self._marks and phase in LONG_PHASES:
+            self._marks.pop().__exit__(None, None, None)
 
     def start(self, next_step: int) -> None:
         """Arm the window; ``next_step`` is the first step this process will run."""

@@ -31,6 +31,7 @@ from typing import Any
 from hpcpipe.layout import RunLayout
 from hpcpipe.observe.metrics import read_events, read_metrics
 from hpcpipe.observe.nsys_stats import NsysEvidence, read_nsys_stats
+from hpcpipe.observe.regions import ANNOTATION, LONG_PHASES
 
 PHASE_KEYS = ("data", "forward", "backward", "optimizer", "comm")
 
@@ -148,19 +149,33 @@ def read_trace(path: Path, top: int = 8) -> tuple[float | None, list[tuple[str, 
     events = trace.get("traceEvents", []) if isinstance(trace, dict) else trace
     if not isinstance(events, list):
         raise ValueError("no list of trace events")
-    events = [e for e in events if isinstance(e, dict)]
+    events = [e for e in events if isinstance(e, dict) and _number(e.get("ts")) and _number(e.get("dur", 0))]
+    # An evaluation or checkpoint save inside the window (marked by the trainer): not a step's work.
+    long_phases = {ANNOTATION.format(phase=phase) for phase in LONG_PHASES}
+    left_out = [
+        (float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in events if e.get("name") in long_phases
+    ]
+
+    def in_a_step(e: dict[str, Any]) -> bool:
+        return not any(a <= float(e["ts"]) < b for a, b in left_out)
+
     steps = [e for e in events if str(e.get("name", "")).startswith("ProfilerStep#") and "dur" in e]
-    kernels = [e for e in events if e.get("cat") == "kernel" and "dur" in e]
+    kernels = [e for e in events if e.get("cat") == "kernel" and "dur" in e and in_a_step(e)]
     busy = None
     if steps and kernels:
         start = min(float(e["ts"]) for e in steps)
         end = max(float(e["ts"]) + float(e["dur"]) for e in steps)
-        busy = min(1.0, _union_us(kernels, start, end) / max(end - start, 1e-9))
+        skipped = sum(min(b, end) - max(a, start) for a, b in left_out if min(b, end) > max(a, start))
+        busy = min(1.0, _union_us(kernels, start, end) / max(end - start - skipped, 1e-9))
     ops: dict[str, float] = defaultdict(float)
     for e in events:
-        if e.get("cat") == "cpu_op" and "dur" in e:
+        if e.get("cat") == "cpu_op" and "dur" in e and in_a_step(e):
             ops[str(e["name"])] += float(e["dur"]) / 1e6
     return busy, sorted(ops.items(), key=lambda kv: -kv[1])[:top]
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _union_us(kernels: list[dict[str, Any]], start: float, end: float) -> float:

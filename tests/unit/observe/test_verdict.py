@@ -200,3 +200,28 @@ def test_a_resumed_run_is_judged_by_its_last_start(tmp_path: Path) -> None:
     (tmp_path / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in starts))
     verdict, _ = profile_run(tmp_path, Thresholds(0.05, 0.2, 0.15, 0.8))
     assert verdict.kind != "input-bound" and verdict.evidence.rows == 19  # 20 rows, the first dropped
+
+
+def test_an_evaluation_inside_the_traced_steps_is_marked_and_left_out(tmp_path: Path) -> None:
+    """The traced steps held the evaluation and checkpoint save that fell in the window: their
+    forwards were most of the "top operators" and of the GPU busy figure."""
+    import torch
+
+    from hpcpipe.config.observe import ProfileConfig
+    from hpcpipe.observe.trace import StepProfiler
+
+    profiler = StepProfiler(ProfileConfig(start_step=2, warmup=1, active=2), 0, tmp_path, torch.device("cpu"))
+    profiler.start(1)
+    for step in (1, 2, 3):
+        torch.mm(torch.ones(64, 64), torch.ones(64, 64))  # the step's work
+        if step == 2:
+            profiler.phase_begin("evaluate")
+            for _ in range(20):
+                torch.addmm(torch.ones(64, 64), torch.ones(64, 64), torch.ones(64, 64))  # the evaluation's
+            profiler.phase_end("evaluate")
+        profiler.step()
+    profiler.close()
+    assert profiler.trace_path is not None
+    _, ops = read_trace(profiler.trace_path)
+    names = [name for name, _ in ops]
+    assert "aten::mm" in names and "aten::addmm" not in names
