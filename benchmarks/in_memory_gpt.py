@@ -79,6 +79,7 @@ def quickstart_job(out: Path, nproc: int, batch: int, vocab: int, extra: list[st
             f"train.global_batch_size={batch * nproc}",
             f"model.vocab_size={vocab}",
             f"run.out_dir={out}",
+            "checkpoint.every_steps=0",  # the preset saves every 100 steps: inside one timed block only
             *extra,
         ],
     )
