@@ -48,6 +48,7 @@ def _make_dataset(root: Path, files: int, mb: int) -> StageSource:
     manifest = json.dumps(digests, sort_keys=True).encode()
     (root / "manifest.json").write_bytes(manifest)
     digests["manifest.json"] = hashlib.sha256(manifest).hexdigest()
+    os.sync()  # the source on disk now: the cp arm's global `sync` wrote it back in its first round
     return StageSource(root=root, files=digests, key=digests["manifest.json"])
 
 
