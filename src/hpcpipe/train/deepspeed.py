@@ -86,6 +86,11 @@ def deepspeed_engine(
         raise ConfigError(
             f"parallel.deepspeed_config: DeepSpeed's {exc.title} refuses {where}: {error.get('msg')}"
         ) from None
+    except Exception as exc:  # its other config checks: DeepSpeedConfigError, asserts (exit 1, restarts)
+        if not _a_config_refusal(exc):
+            raise
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(f"parallel.deepspeed_config: DeepSpeed refuses it: {first}") from None
     _load_checkpoints_safely(engine)
     if ctx.is_main:
         for note in settings.notes:
@@ -175,3 +180,15 @@ def _load_checkpoints_safely(engine: Any) -> None:
         return safe_torch_load(Path(path), map_location)
 
     current.load = load
+
+
+def _a_config_refusal(exc: BaseException) -> bool:
+    """DeepSpeed's refusal of its config (``DeepSpeedConfigError``, or an assert in its config
+    parser), not a failure of the run."""
+    if type(exc).__name__ == "DeepSpeedConfigError":
+        return True
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    where = tb.tb_frame.f_code.co_filename.replace("\\", "/") if tb is not None else ""
+    return isinstance(exc, AssertionError | ValueError) and "deepspeed/runtime" in where and "config" in where

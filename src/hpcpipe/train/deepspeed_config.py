@@ -5,7 +5,8 @@ Rules (each override is named in the notes the trainer logs once):
 - Batch sizes come from the job (``train.micro_batch_size``, the accumulation it implies, the
   global batch). A different value in the file is an error naming both; ``"auto"`` (the Hugging
   Face convention) or an absent key takes the job's.
-- ``train.*`` settings always win: precision (``bf16``/``fp16`` sections), ``gradient_clipping``.
+- ``train.*`` settings always win: precision (``bf16``/``fp16`` sections, ``torch_autocast`` off:
+  hpcpipe autocasts itself), ``gradient_clipping``.
   The file's ``optimizer`` and ``scheduler`` sections are dropped: hpcpipe's optimizer and
   learning-rate schedule drive every step (DeepSpeed refuses a client optimizer beside them).
 - ``parallel.zero_stage`` / ``offload_optimizer`` / ``offload_params`` win when the job sets them
@@ -58,8 +59,8 @@ def deepspeed_settings(job: JobConfig, world_size: int, accum: int) -> DeepSpeed
     cfg.setdefault("wall_clock_breakdown", False)
     # hpcpipe hands DeepSpeed a plain torch optimizer (train.optimizer), offloaded or not: no
     # compiled DeepSpeedCPUAdam, and the same update rule as under DDP/FSDP2.
-    cfg["zero_allow_untested_optimizer"] = True
-    cfg["zero_force_ds_cpu_optimizer"] = False
+    for key, value in (("zero_allow_untested_optimizer", True), ("zero_force_ds_cpu_optimizer", False)):
+        _set(settings, key, value, "train.optimizer")
     return settings
 
 
@@ -96,6 +97,13 @@ def _drop_sections(settings: DeepSpeedSettings) -> None:
 
 
 def _precision(settings: DeepSpeedSettings, precision: str) -> None:
+    autocast = settings.config.get("torch_autocast")
+    if isinstance(autocast, dict) and autocast.get("enabled"):  # a run of fp32 trained under bf16 autocast
+        settings.notes.append(
+            f"deepspeed_config: torch_autocast.enabled overridden by train.precision={precision} "
+            "(hpcpipe's own autocast)"
+        )
+        settings.config["torch_autocast"] = {**autocast, "enabled": False}
     for section, name in (("bf16", "bf16"), ("fp16", "fp16")):
         want = precision == name
         block = settings.config.get(section)
@@ -119,7 +127,11 @@ def _set(settings: DeepSpeedSettings, key: str, value: Any, ours: str) -> None:
 def _zero(settings: DeepSpeedSettings, job: JobConfig) -> None:
     par = job.parallel
     zero = settings.config.get("zero_optimization")
-    zero = dict(zero) if isinstance(zero, dict) else {}
+    if isinstance(zero, bool):  # DeepSpeed's legacy form: false is stage 0, true stage 1 (it ran ZeRO-3)
+        zero = {"stage": int(zero)}
+    elif zero is not None and not isinstance(zero, dict):
+        raise ConfigError(f"parallel.deepspeed_config: zero_optimization={zero!r} is not a mapping")
+    zero = dict(zero or {})
     stage = zero.get("stage", DEFAULT_STAGE)
     if par.zero_stage is not None:
         if "stage" in zero and zero["stage"] != par.zero_stage:

@@ -1,7 +1,8 @@
 """Out-of-memory recovery: every rank agrees, halves the micro-batch, doubles accumulation, retries.
 
-The global batch (``micro x accum x world``) and therefore the update stay the same; only the
-number of forward/backward passes per step changes.
+The global batch (``micro x accum x world``) and therefore the update stay the same for a loss
+averaged over samples, in a model without BatchNorm (whose statistics are then taken over half
+the samples); only the number of forward/backward passes per step changes.
 
 Why agreement needs a protocol
 ------------------------------

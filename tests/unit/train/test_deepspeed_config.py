@@ -235,3 +235,38 @@ def test_a_checkpoint_resumes_only_under_the_engine_and_world_size_that_wrote_it
         check_resumable(tmp_path, "deepspeed", 2, "dcp", 2)
     with pytest.raises(CheckpointError, match=r"ZeRO state of 2 ranks cannot load into 4; resume with 2"):
         check_resumable(tmp_path, "deepspeed", 2, "deepspeed", 4)
+
+
+def test_train_precision_and_the_optimizer_win_over_the_files_legacy_and_autocast_keys() -> None:
+    """torch_autocast trained an fp32 run under bf16; zero_optimization: false ran ZeRO-3; the
+    forced optimizer keys were overridden without the note the docs promise."""
+    given = {
+        "torch_autocast": {"enabled": True, "dtype": "torch.bfloat16"},
+        "zero_optimization": False,
+        "zero_force_ds_cpu_optimizer": True,
+    }
+    settings = deepspeed_settings(
+        _job(f"parallel.deepspeed_config={json.dumps(given)}"), world_size=2, accum=2
+    )
+    assert settings.config["torch_autocast"]["enabled"] is False
+    assert settings.stage == 0 and settings.config["zero_force_ds_cpu_optimizer"] is False
+    notes = " ".join(settings.notes)
+    assert (
+        "torch_autocast.enabled overridden" in notes
+        and "zero_force_ds_cpu_optimizer=True overridden" in notes
+    )
+    with pytest.raises(ConfigError, match="zero_optimization='x' is not a mapping"):
+        deepspeed_settings(
+            _job('parallel.deepspeed_config={"zero_optimization": "x"}'), world_size=2, accum=2
+        )
+
+
+def test_deepspeeds_own_config_refusals_are_one_line() -> None:
+    """DeepSpeedConfigError and its config parser's asserts were a traceback and exit 1."""
+    from hpcpipe.train.deepspeed import _a_config_refusal
+
+    class DeepSpeedConfigError(Exception):
+        pass
+
+    assert _a_config_refusal(DeepSpeedConfigError("NVIDIA Apex AMP integration has been removed"))
+    assert not _a_config_refusal(RuntimeError("CUDA out of memory"))
