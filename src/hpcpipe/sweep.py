@@ -25,9 +25,10 @@ from typing import Any
 import yaml
 
 from hpcpipe.config import JobConfig, load_config
+from hpcpipe.config.checkpoint import own_checkpoint_dirs
 from hpcpipe.errors import ConfigError, UserError
 from hpcpipe.layout import RunLayout, SweepLayout
-from hpcpipe.yamlfile import read_yaml_file
+from hpcpipe.yamlfile import load_yaml_text, read_yaml_file
 
 DONE_FILE = RunLayout.SWEEP_POINT  # in each point's run directory
 SWEEP_COLUMNS = ("point", "status")
@@ -47,7 +48,7 @@ def parse_grid_option(item: str) -> tuple[str, list[Any]]:
     """``'train.precision=[fp32,bf16]'`` -> (key, values); UserError naming the option otherwise."""
     key, sep, text = item.partition("=")
     try:
-        values = yaml.safe_load(text) if sep else None
+        values = load_yaml_text(text) if sep else None
     except yaml.YAMLError:
         values = None
     if not key.strip() or not isinstance(values, list) or not values:
@@ -80,24 +81,14 @@ def plan_points(source: str, sets: list[str], grid: dict[str, list[Any]], out_di
         extra = [f"run.name={name}", f"run.out_dir={out_dir}"]
         try:
             job = load_config(source, [*sets, *overrides, *extra])
-            job = load_config(source, [*sets, *overrides, *extra, *_own_checkpoint_dirs(job, name)])
+            own = [f"{key}={value}" for key, value in own_checkpoint_dirs(job.checkpoint, name).items()]
+            job = load_config(source, [*sets, *overrides, *extra, *own])
         except ConfigError as exc:
             raise UserError(f"sweep point {', '.join(overrides)}: {exc}") from None
         if job.run_dir in points:  # 0.003 and 0.0030 are one value once parsed
             raise UserError(f"sweep: {', '.join(overrides)} is one point twice (the grid repeats a value)")
         points[job.run_dir] = SweepPoint(overrides, job)
     return list(points.values())
-
-
-def _own_checkpoint_dirs(job: JobConfig, name: str) -> list[str]:
-    """A checkpoint.dir or durable_dir given outside the run directory, made the point's own: one
-    shared directory had every point resume the one before it (trained 0 steps, its results)."""
-    ckpt = job.checkpoint
-    return [
-        f"checkpoint.{key}={Path(value) / name}"
-        for key, value in (("dir", ckpt.dir), ("durable_dir", ckpt.durable_dir))
-        if value
-    ]
 
 
 def point_slug(overrides: tuple[str, ...]) -> str:
@@ -164,10 +155,21 @@ def _set_aside_other_config(point: SweepPoint) -> Path | None:
         same = False
     if same:
         return None
+    # Its own checkpoint directories outside the run (own_checkpoint_dirs) go with it: left in
+    # place, the new config resumed their final checkpoint all the same.
+    own = [Path(d) for d in (point.job.checkpoint.dir, point.job.checkpoint.durable_dir) if d]
+    for directory in (d for d in own if d.name == point.run_dir.name and d.exists()):
+        directory.rename(_free_name(directory))
+    aside = _free_name(point.run_dir)
+    point.run_dir.rename(aside)
+    return aside
+
+
+def _free_name(directory: Path) -> Path:
+    """``<name>.earlier-N`` with the first N not taken."""
     for n in itertools.count(1):
-        aside = point.run_dir.with_name(f"{point.run_dir.name}.earlier-{n}")
+        aside = directory.with_name(f"{directory.name}.earlier-{n}")
         if not aside.exists():
-            point.run_dir.rename(aside)
             return aside
     raise AssertionError("unreachable")
 
@@ -243,7 +245,7 @@ def _text(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     text = str(value)
-    if yaml.safe_load(text) == value:
+    if load_yaml_text(text) == value:
         return text
     return (
         str(yaml.safe_dump(value, default_flow_style=True, width=2**16)).strip().removesuffix("...").strip()

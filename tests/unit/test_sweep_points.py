@@ -55,3 +55,29 @@ def test_a_run_of_another_config_is_moved_aside_and_the_point_trains_anew(tmp_pa
     run_sweep(again, out, train, said.append)
     aside = out / f"{first[0].run_dir.name}.earlier-1"
     assert (aside / "old-checkpoint").is_dir() and any("holds another config" in line for line in said)
+
+
+def test_its_own_checkpoint_directory_goes_aside_with_the_run(tmp_path: Path) -> None:
+    """The run directory went aside, its checkpoint.dir stayed: the new config resumed it."""
+    out, sets = tmp_path / "out", [f"checkpoint.dir={tmp_path}/ck"]
+
+    def train(job: JobConfig) -> Path:
+        job.run_dir.mkdir(parents=True, exist_ok=True)
+        RunLayout(job.run_dir).config.write_text(job.to_yaml())
+        assert job.checkpoint.dir is not None and not Path(job.checkpoint.dir).exists()  # nothing to resume
+        Path(job.checkpoint.dir, "step-00000004").mkdir(parents=True)
+        return job.run_dir
+
+    first = plan_points("tiny", [*sets, "train.lr=0.003"], {"train.micro_batch_size": [4]}, out)
+    run_sweep(first, out, train, lambda line: None)
+    again = plan_points("tiny", [*sets, "train.lr=0.0003"], {"train.micro_batch_size": [4]}, out)
+    RunLayout(first[0].run_dir).sweep_point.unlink()
+    run_sweep(again, out, train, lambda line: None)
+    name = first[0].run_dir.name
+    assert (tmp_path / "ck" / f"{name}.earlier-1" / "step-00000004").is_dir()
+
+
+def test_grid_values_are_read_as_yaml_1_2() -> None:
+    from hpcpipe.sweep import parse_grid_option
+
+    assert parse_grid_option("train.steps=[010, 020]") == ("train.steps", [10, 20])  # it was [8, 16]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import ConfigDict, Field
@@ -93,3 +94,11 @@ class CheckpointConfig(Section):
         description="Most the memory tier may hold per node, in GB (null: half of /dev/shm); a "
         "checkpoint larger than this is not kept in memory. Larger than /dev/shm: refused.",
     )
+
+
+def own_checkpoint_dirs(checkpoint: CheckpointConfig, name: str) -> dict[str, str]:
+    """``checkpoint.dir`` and ``durable_dir`` given outside the run directory, made one run's own
+    (``<dir>/<name>``) for runs started side by side from one config (sweep points, HPO trials):
+    one shared directory had every run resume the one before it (trained 0 steps, its results)."""
+    given = {"checkpoint.dir": checkpoint.dir, "checkpoint.durable_dir": checkpoint.durable_dir}
+    return {key: str(Path(value) / name) for key, value in given.items() if value}

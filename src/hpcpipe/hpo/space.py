@@ -11,6 +11,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from hpcpipe.config import JobConfig, apply_values
+from hpcpipe.config.checkpoint import own_checkpoint_dirs
 from hpcpipe.config.hpo import ParamSpec
 from hpcpipe.errors import ConfigError, UserError
 from hpcpipe.recipes.registry import recipe_class
@@ -120,7 +121,8 @@ def grid_size(space: dict[str, ParamSpec]) -> int:
 
 def trial_config(base: JobConfig, values: dict[str, Any], name: str, out_dir: str) -> JobConfig:
     """The trial's config: the base job with the sampled values, its own run name and directory."""
+    own = own_checkpoint_dirs(base.checkpoint, name)  # a shared checkpoint.dir: trial 1 resumed trial 0
     try:
-        return apply_values(base, {**values, "run.name": name, "run.out_dir": out_dir})
+        return apply_values(base, {**values, **own, "run.name": name, "run.out_dir": out_dir})
     except ConfigError as exc:
         raise UserError(f"trial {name}: {exc}") from None

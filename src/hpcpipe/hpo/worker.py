@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hpcpipe.config.checkpoint import own_checkpoint_dirs
 from hpcpipe.errors import USER_ERROR_EXIT_CODE, UserError
 from hpcpipe.hpo.liveness import WORKER_ATTR, Heartbeat, fail_stale_trials, mark_alive, retried_from, retry
 from hpcpipe.hpo.space import maximize, suggest, trial_config
@@ -191,8 +192,11 @@ def run_trial(
 
     retry_of = trial.user_attrs.get(RUN_DIR_ATTR)  # a retry resumes its original's folder
     run_dir = Path(retry_of or plan.layout.trial_dir(trial.number))
-    if retry_of is None and run_dir.exists():
-        say(f"trial {trial.number}: {run_dir} holds an earlier study's trial; moved to {_set_aside(run_dir)}")
+    if retry_of is None:  # its folder, and its own checkpoint directories outside it, are new
+        own = own_checkpoint_dirs(plan.base.checkpoint, run_dir.name).values()
+        for directory in (d for d in (run_dir, *map(Path, own)) if d.exists()):
+            aside = _set_aside(directory)
+            say(f"trial {trial.number}: {directory} holds an earlier study's trial; moved to {aside}")
     try:
         values = suggest(trial, plan.hpo.space)
     except ValueError as exc:  # a retry's fixed values, against a space changed since (Optuna's check)

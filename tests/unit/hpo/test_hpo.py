@@ -560,3 +560,12 @@ def test_a_worker_stopped_since_the_ask_starts_no_trial_and_retries_it(tmp_path:
     outcome = run_trial(plan, study, storage, study.ask(), 1, said.append, stop)
     assert outcome.state == "FAIL" and not outcome.run_dir.exists()
     assert [t.state.name for t in study.get_trials()] == ["FAIL", "WAITING"]
+
+
+def test_each_trial_has_its_own_checkpoint_directory(tmp_path: Path) -> None:
+    """A checkpoint.dir outside the trials: trial 1 resumed trial 0's checkpoint."""
+    from hpcpipe.hpo.space import trial_config
+
+    plan, _, _ = _study(tmp_path, f"checkpoint.dir={tmp_path}/ck")
+    dirs = {trial_config(plan.base, {}, f"trial-{n:04d}", str(tmp_path)).checkpoint.dir for n in (0, 1)}
+    assert dirs == {f"{tmp_path}/ck/trial-0000", f"{tmp_path}/ck/trial-0001"}
