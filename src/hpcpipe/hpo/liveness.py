@@ -123,14 +123,27 @@ def fail_stale_trials(
 
 
 WORKER_ATTR = "hpcpipe:worker"  # "<host>:<pid>" of the worker that runs the trial
+WORKER_NS_ATTR = "hpcpipe:worker_pids"  # its boot id and pid namespace: where that pid means it
+
+
+def pid_namespace() -> str | None:
+    """This host's boot and this process's pid namespace: containers sharing a host name (host
+    networking) have pids of their own; None where /proc does not say."""
+    from hpcpipe.launch.exit_dirs import this_host_and_namespace
+
+    owner = this_host_and_namespace()
+    return None if owner is None else f"{owner[0]}:{owner[1]}"
 
 
 def _worker_gone(trial: optuna.trial.FrozenTrial) -> bool:
-    """The trial's worker ran on this host and its process is gone (SIGKILL, the OOM killer): the
-    trial is dead now, not after hpo.grace_s, by which time a worker started again at once had
-    found only a RUNNING trial, run nothing and exited 0."""
+    """The trial's worker ran on this host, in this pid namespace, and its process is gone
+    (SIGKILL, the OOM killer): the trial is dead now, not after hpo.grace_s, by which time a worker
+    started again at once had found only a RUNNING trial, run nothing and exited 0."""
     host, _, pid = str(trial.user_attrs.get(WORKER_ATTR, "")).rpartition(":")
     if host != os.uname().nodename or not pid.isdigit():
+        return False
+    here = pid_namespace()
+    if here is None or trial.user_attrs.get(WORKER_NS_ATTR) != here:
         return False
     try:
         os.kill(int(pid), 0)

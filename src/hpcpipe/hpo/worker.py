@@ -32,7 +32,16 @@ from typing import TYPE_CHECKING, Any
 
 from hpcpipe.config.checkpoint import own_checkpoint_dirs
 from hpcpipe.errors import USER_ERROR_EXIT_CODE, UserError
-from hpcpipe.hpo.liveness import WORKER_ATTR, Heartbeat, fail_stale_trials, mark_alive, retried_from, retry
+from hpcpipe.hpo.liveness import (
+    WORKER_ATTR,
+    WORKER_NS_ATTR,
+    Heartbeat,
+    fail_stale_trials,
+    mark_alive,
+    pid_namespace,
+    retried_from,
+    retry,
+)
 from hpcpipe.hpo.space import maximize, suggest, trial_config
 from hpcpipe.hpo.study import StudyPlan, open_study
 from hpcpipe.layout import RunLayout
@@ -207,6 +216,7 @@ def run_trial(
         return TrialOutcome(trial.number, "FAIL", None, run_dir, 0.0, note)
     trial.set_user_attr(RUN_DIR_ATTR, str(run_dir))
     trial.set_user_attr(WORKER_ATTR, f"{os.uname().nodename}:{os.getpid()}")
+    trial.set_user_attr(WORKER_NS_ATTR, pid_namespace())
     shown = ", ".join(f"{k}={_short(v)}" for k, v in values.items())
     started = time.monotonic()
     try:

@@ -30,7 +30,7 @@ def exit_dir() -> str:
     import tempfile
 
     root = tempfile.gettempdir()
-    owner = _this_host_and_namespace()
+    owner = this_host_and_namespace()
     if owner is not None:
         with contextlib.suppress(Exception):  # tidying up must never stop a launcher
             remove_orphaned_exit_dirs(root, *owner)
@@ -40,7 +40,7 @@ def exit_dir() -> str:
     return path
 
 
-def _this_host_and_namespace() -> tuple[str, int] | None:
+def this_host_and_namespace() -> tuple[str, int] | None:
     """This host's boot id and this process's pid namespace (its inode), or None where /proc
     does not say. A pid means something only on its host and in its namespace, and one /tmp may
     be shared by containers or, as a scratch TMPDIR, by the nodes of a cluster."""

@@ -527,15 +527,21 @@ def test_a_trial_whose_worker_died_on_this_host_is_failed_at_once(tmp_path: Path
     import os
     import sys
 
-    from hpcpipe.hpo.liveness import WORKER_ATTR
+    from hpcpipe.hpo.liveness import WORKER_ATTR, WORKER_NS_ATTR, pid_namespace
 
     _, study, storage = _study(tmp_path, "hpo.max_retries=1")
     gone = subprocess.run(
         [sys.executable, "-c", "import os; print(os.getpid())"], check=True, capture_output=True, text=True
     )
     dead, alive = study.ask(), study.ask()
-    for trial, pid in ((dead, gone.stdout.strip()), (alive, str(os.getpid()))):
+    elsewhere = study.ask()  # another container of this host name (host networking): other pids
+    for trial, pid in (
+        (dead, gone.stdout.strip()),
+        (alive, str(os.getpid())),
+        (elsewhere, gone.stdout.strip()),
+    ):
         trial.set_user_attr(WORKER_ATTR, f"{os.uname().nodename}:{pid}")
+        trial.set_user_attr(WORKER_NS_ATTR, pid_namespace() if trial is not elsewhere else "other-boot:1")
         mark_alive(storage, trial._trial_id)  # beats are fresh: hpo.grace_s has not passed
     assert fail_stale_trials(study, storage, 600.0, 1) == [0]
     assert study.get_trials()[0].user_attrs["hpcpipe:failure"] == "its worker died"
