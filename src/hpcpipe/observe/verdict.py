@@ -107,13 +107,16 @@ KNOBS = {
 
 
 def last_start(run_dir: Path) -> float:
-    """When the run's last start (a resume, a restart) brought its process group up; 0 for a run
-    that recorded none. Rows, traces and events before it describe an earlier attempt: a resumed
-    run was judged by the slow data of the attempt before, and by its trace."""
-    starts = [
+    """When the run's last start that trained (a resume, a restart) brought its process group up;
+    0 for a run that recorded none. Rows, traces and events before it describe an earlier attempt:
+    a resumed run was judged by the slow data of the attempt before, and by its trace. A start
+    that trained nothing (a finished run started again) is passed over."""
+    starts = sorted(
         float(e["time"]) for e in read_events(run_dir) if e.get("event") == "group_start" and "time" in e
-    ]
-    return max(starts, default=0.0)
+    )
+    rows = [float(r["time"]) for r in training_rows(run_dir) if "time" in r]
+    trained = [start for start in starts if any(t >= start for t in rows)]
+    return trained[-1] if trained else 0.0
 
 
 def training_rows(run_dir: Path) -> list[dict[str, Any]]:

@@ -200,6 +200,10 @@ def test_a_resumed_run_is_judged_by_its_last_start(tmp_path: Path) -> None:
     (tmp_path / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in starts))
     verdict, _ = profile_run(tmp_path, Thresholds(0.05, 0.2, 0.15, 0.8))
     assert verdict.kind != "input-bound" and verdict.evidence.rows == 19  # 20 rows, the first dropped
+    # Started again once finished: that start trained nothing; the last that did is judged.
+    with (tmp_path / "events.jsonl").open("a") as fh:
+        fh.write(json.dumps({"event": "group_start", "time": 500.0}) + "\n")
+    assert profile_run(tmp_path, Thresholds(0.05, 0.2, 0.15, 0.8))[0].evidence.rows == 19
 
 
 def test_an_evaluation_inside_the_traced_steps_is_marked_and_left_out(tmp_path: Path) -> None:
