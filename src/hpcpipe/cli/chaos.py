@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from hpcpipe.cli.common import console
+from hpcpipe.cli.common import console, err_console
 from hpcpipe.errors import UserError
 
 if TYPE_CHECKING:
@@ -95,10 +95,10 @@ def run(
         chosen = [s for s in chosen if s.name in only]
     needs_root = [s.name for s in chosen if s.kind == "disk_full"]
     if needs_root and os.geteuid() != 0:  # each trial failed, counted as a recovery that did not happen
-        raise UserError(
-            f"scenario {needs_root[0]} mounts a small tmpfs, which needs root: run as root, or choose "
-            "the others with --only"
-        )
+        if only:  # asked for by name
+            raise UserError(f"scenario {needs_root[0]} mounts a small tmpfs, which needs root: run as root")
+        err_console.print(f"skipped {', '.join(needs_root)}: it mounts a small tmpfs, which needs root")
+        chosen = [s for s in chosen if s.name not in needs_root]
     # The replay line names `shipped` as the user wrote it; a file by its absolute path.
     label = Path(scenarios) if scenarios in SHIPPED else path.resolve()
     # The root command this verb runs under: the fuzz kinds run the whole CLI in-process.
