@@ -157,10 +157,12 @@ def search(
 
 
 def _searched_fields(layout: Layout) -> tuple[object, ...]:
-    """What the search varies: a layout is found only with every one of them equal."""
+    """What the search varies: a layout is found only with every one of them equal. One data-
+    parallel rank has nothing to shard over: any ZeRO stage is 0 there (the search tries only 0,
+    and the default --zero 3 of a dp 1 layout was never found)."""
+    zero = layout.zero if layout.dp > 1 else 0
     return (
-        layout.tp, layout.pp, layout.dp, layout.virtual_stages, layout.zero, layout.micro_batch,
-        layout.recompute,
+        layout.tp, layout.pp, layout.dp, layout.virtual_stages, zero, layout.micro_batch, layout.recompute,
     )  # fmt: skip
 
 

@@ -243,3 +243,11 @@ def test_a_job_on_the_byte_tokenizer_is_planned_with_its_vocabulary() -> None:
     from hpcpipe.plan.memory_inputs import shape_from_job
 
     assert shape_from_job(load_config("tiny", ["data.tokenizer=bytes"])).vocab == 257
+
+
+def test_a_one_rank_layout_is_found_whatever_its_zero_stage() -> None:
+    """--zero 3 (the default) on dp 1: the search tries ZeRO 0 only, and never found the layout."""
+    shape = ModelShape(4, 256, 4, 128, 1024, 1024, 4)
+    found = search(shape, 1, GPUS["h100"], Bandwidths(), 64)
+    given = Layout(tp=1, pp=1, dp=1, zero=3, micro_batch=4, micro_batches=16)
+    assert rank_of(found, given) is not None
