@@ -17,7 +17,8 @@ when no beat came for ``timeout_s`` it
 
 Set ``timeout_s`` below the process-group timeout (``parallel.timeout_s``), so the watchdog
 fires, with stacks, before a collective times out without them. Known long phases (checkpoint
-save, evaluation, the first compiled step) go inside ``with watchdog.pause():``.
+save, evaluation) go inside ``with watchdog.pause():``; a long phase that must still end (the
+first compiled step) inside ``with watchdog.allowing(seconds):``.
 """
 
 from __future__ import annotations
@@ -82,6 +83,7 @@ class Watchdog:
         self._last_beat = time.monotonic()
         self._step = 0
         self._paused = 0  # nesting depth of pause()
+        self._allowed = 0.0  # a longer timeout for the phase in progress (allowing())
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         # Poll often enough to fire within ~10% of the timeout, but never busy-wait.
@@ -118,6 +120,17 @@ class Watchdog:
             self._last_beat = time.monotonic()
             self._paused -= 1
 
+    @contextlib.contextmanager
+    def allowing(self, seconds: float) -> Iterator[None]:
+        """A phase known to be long but not endless (compiling): the timeout is ``seconds`` while
+        it runs, so a hang inside it is still caught, later; it restarts when it ends."""
+        self._allowed = seconds
+        try:
+            yield
+        finally:
+            self._last_beat = time.monotonic()
+            self._allowed = 0.0
+
     def stop(self) -> None:
         """Stop the thread (idempotent)."""
         self._stop.set()
@@ -140,7 +153,7 @@ class Watchdog:
             if self._paused:
                 continue
             stalled = time.monotonic() - self._last_beat
-            if stalled >= self.timeout_s:
+            if stalled >= max(self.timeout_s, self._allowed):
                 self._fire(stalled)
                 return
 

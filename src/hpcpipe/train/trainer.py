@@ -65,6 +65,8 @@ from hpcpipe.train.schedule import lr_at, resolve_steps
 from hpcpipe.train.tensor_parallel import apply_tensor_parallel, tensor_parallel_plan
 from hpcpipe.train.trial import ENDED, Pruned, TrialLink
 
+COMPILE_ALLOWANCE_S = 3600.0  # the first compiled step's hang timeout (fault.hang_timeout_s after it)
+
 
 @dataclass
 class StepOutput:
@@ -574,11 +576,12 @@ class Trainer:
     # -- helpers -----------------------------------------------------------------------------
 
     def _compiling(self) -> contextlib.AbstractContextManager[None]:
-        """The watchdog paused over this process's first compiled step: compiling takes minutes
-        on large models, and ended a healthy run as hung (exit 3) before its first beat."""
+        """This process's first compiled step gets COMPILE_ALLOWANCE_S before the watchdog calls it
+        hung: compiling takes minutes on large models, and ended healthy runs as hung (exit 3); a
+        hang in that step (a collective's first setup) is still caught, later."""
         if self.cfg.compile and not self._compiled:
             self._compiled = True
-            return self.watchdog.pause()
+            return self.watchdog.allowing(COMPILE_ALLOWANCE_S)
         return contextlib.nullcontext()
 
     def _evaluation_missed(self) -> bool:
