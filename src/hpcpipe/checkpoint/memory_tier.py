@@ -140,12 +140,15 @@ def _hold_shared(root: Path) -> int | None:
     """Make ``root`` (mode 0700) and hold a shared lock on its lock file for the agent's life;
     the descriptor, or None when ``root`` is not this user's private directory. A lock file that
     the last owner removed while this one waited is made again."""
-    for _ in range(3):
+    for _ in range(5):
         with contextlib.suppress(FileExistsError):
             root.mkdir(mode=0o700)
         if not _ours(root):
             return None
-        fd = os.open(root / _LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fd = os.open(root / _LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+        except FileNotFoundError:  # another agent's sweep removed the abandoned tier just now
+            continue
         fcntl.flock(fd, fcntl.LOCK_SH)
         with contextlib.suppress(FileNotFoundError):
             if os.fstat(fd).st_ino == (root / _LOCK).stat().st_ino:

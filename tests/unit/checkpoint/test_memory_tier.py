@@ -172,3 +172,25 @@ def test_an_agent_removes_the_tiers_no_agent_holds(tmp_path: Path) -> None:
             assert not abandoned.exists() and (held / "step-00000005").is_dir() and making.is_dir()
     finally:
         os.close(holder)
+
+
+def test_a_tier_swept_away_while_an_agent_takes_it_is_made_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another agent's sweep removed an abandoned tier between this one's mkdir and its lock."""
+    import os
+    import shutil
+
+    root = memory_tier.tier_root(tmp_path / "ckpt", tmp_path)
+    real_open, swept = os.open, []
+
+    def open_after_a_sweep(path: object, *args: object, **kwargs: object) -> int:
+        if str(path).endswith(".lock") and not swept:
+            swept.append(True)
+            shutil.rmtree(root)  # the sweep of another agent, at the worst moment
+        return real_open(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(memory_tier.os, "open", open_after_a_sweep)
+    fd = memory_tier._hold_shared(root)
+    assert fd is not None and swept and (root / ".lock").is_file()
+    os.close(fd)
