@@ -25,17 +25,33 @@ def exit_dir() -> str:
     """This process's HPCPIPE_EXIT_DIR: made once, because the fork server outlives one agent
     run (a later run reuses it, and the directory its workers were told). Making it first removes
     what launchers killed outright left (``remove_orphaned_exit_dirs``)."""
+    import tempfile
+
+    return _launcher_dir(tempfile.gettempdir())
+
+
+@functools.cache
+def short_launcher_dir() -> str:
+    """A private directory of this launcher in /tmp, for a Unix socket where $TMPDIR's path is
+    too long for one; named as the exit directories, so a launcher killed outright leaves it to
+    the next one's sweep."""
+    return _launcher_dir(SHORT_ROOT)
+
+
+SHORT_ROOT = "/tmp"
+
+
+def _launcher_dir(root: str) -> str:
     import atexit
     import shutil
     import tempfile
 
-    root = tempfile.gettempdir()
     owner = this_host_and_namespace()
     if owner is not None:
         with contextlib.suppress(Exception):  # tidying up must never stop a launcher
             remove_orphaned_exit_dirs(root, *owner)
     boot, namespace = owner or ("0" * 32, 0)
-    path = tempfile.mkdtemp(prefix=f"{_PREFIX}{boot}-{namespace}-{os.getpid()}-", dir=root)
+    path = tempfile.mkdtemp(prefix=f"{_PREFIX}{boot}-{namespace}-{os.getpid()}-", dir=root)  # mode 0700
     atexit.register(shutil.rmtree, path, ignore_errors=True)
     return path
 

@@ -31,9 +31,10 @@ import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from hpcpipe.errors import UserError
 from hpcpipe.launch import heap
 from hpcpipe.launch.exit import EXIT_DIR_VAR, SHIELDED_SIGNALS, forget_exit_report, restore_fresh_defaults
-from hpcpipe.launch.exit_dirs import exit_dir
+from hpcpipe.launch.exit_dirs import SHORT_ROOT, exit_dir, short_launcher_dir
 from hpcpipe.launch.parent_death import die_with_the_parent
 
 # The forked server's process name (/proc/PID/comm, 15 characters at most): its command line is
@@ -67,13 +68,14 @@ def _listener_address(address: str) -> str:
     every multi-rank run). Never the abstract namespace: any local user could connect there."""
     if len(os.fsencode(address)) <= _SUN_PATH_MAX:
         return address
-    import atexit
-    import shutil
-    import tempfile
-
-    private = tempfile.mkdtemp(prefix="hpcpipe-fs-", dir="/tmp")  # mode 0700
-    atexit.register(shutil.rmtree, private, ignore_errors=True)
-    return os.path.join(private, "listener")
+    try:
+        private = short_launcher_dir()  # mode 0700, swept after a launcher killed outright
+    except OSError as exc:
+        raise UserError(
+            f"$TMPDIR is too long for a Unix socket ({address}) and {SHORT_ROOT} is not writable "
+            f"({exc.strerror}): set TMPDIR to a shorter path"
+        ) from None
+    return os.path.join(private, "l")
 
 
 def _state():  # type: ignore[no-untyped-def]
