@@ -223,7 +223,9 @@ def make_images(
     asked = {"format": fmt, "train": train, "test": test, "seed": seed}
     marker = out / GENERATED_MARKER
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        if _generated_with(marker) == asked:  # the same files again: re-running the docs' command is fine
+        same = _generated_with(marker) == asked or (not marker.exists() and _holds_exactly(out, asked))
+        if same:  # the same files again: re-running the docs' command is fine
+            marker.write_text(json.dumps(asked) + "\n")
             console.print(f"{out} already holds this dataset; use --set data.root={out}")
             return
         # Writing into old files would mix two datasets under one name (the same file names, other images).
@@ -241,3 +243,30 @@ def _generated_with(marker: Path) -> object:
         return json.loads(marker.read_text())
     except (OSError, ValueError):
         return None
+
+
+def _holds_exactly(out: Path, asked: dict[str, object]) -> bool:
+    """``out`` holds just what these options generate (a directory made before the marker was)."""
+    import filecmp
+    import shutil
+    import tempfile
+
+    from hpcpipe.data.images.generator import write_dataset
+
+    if not out.is_dir():
+        return False
+    fresh = Path(tempfile.mkdtemp(prefix=".make-images-", dir=out.parent))
+    try:
+        write_dataset(
+            str(asked["format"]),
+            fresh,
+            int(str(asked["train"])),
+            int(str(asked["test"])),
+            int(str(asked["seed"])),
+        )
+        names = sorted(p.relative_to(fresh) for p in fresh.rglob("*") if p.is_file())
+        if names != sorted(p.relative_to(out) for p in out.rglob("*") if p.is_file()):
+            return False
+        return all(filecmp.cmp(fresh / name, out / name, shallow=False) for name in names)
+    finally:
+        shutil.rmtree(fresh, ignore_errors=True)

@@ -189,6 +189,8 @@ def test_make_images_cli_writes_a_dataset_prepare_records_it(cli, tmp_path: Path
     proc = cli(*args)
     assert proc.returncode == 0, proc.stderr
     assert cli(*args).returncode == 0  # the same command again: the same dataset, nothing written
+    (tmp_path / "d" / ".hpcpipe-make-images.json").unlink()  # made before the marker was
+    assert cli(*args).returncode == 0 and (tmp_path / "d" / ".hpcpipe-make-images.json").is_file()
     proc = cli(*args[:-1], "101")  # other images under the same file names would mix two datasets
     assert proc.returncode == 2 and proc.stderr.strip() == (
         f"error: {tmp_path / 'd'}: exists and holds other files (choose a new directory, or delete it)"
