@@ -65,4 +65,11 @@ if [[ "${FC_CONSTRAIN:-0}" == 1 ]]; then
     "$hpcpipe" eval function-calling "$runs/$name" "${eval_sets[@]}" --constrain
     constrained_s=$(($(date +%s) - evaluated))
 fi
-echo "{\"name\": \"$name\", \"train_s\": $((trained - start)), \"eval_s\": $((evaluated - trained)), \"eval_constrained_s\": $constrained_s, \"smoke\": $smoke}"
+# The context no figure is quoted without (harness.run_context's), from the interpreter hpcpipe runs on.
+python=$(head -1 "$(command -v "$hpcpipe")" | sed 's/^#!//')
+context=$("$python" -c 'import json, os, platform, datetime, torch, hpcpipe
+model = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), None)
+print(json.dumps({"torch": torch.__version__, "cores": os.cpu_count(), "python": platform.python_version(),
+    "hpcpipe": hpcpipe.__version__, "cpu_model": model, "date": datetime.date.today().isoformat()})[1:-1])' \
+    2>/dev/null || echo '"context": null')
+echo "{\"name\": \"$name\", \"train_s\": $((trained - start)), \"eval_s\": $((evaluated - trained)), \"eval_constrained_s\": $constrained_s, \"smoke\": $smoke, $context}"
