@@ -207,7 +207,7 @@ def make_images(
     Example: hpcpipe data make-images cifar10 data/generated/cifar10 && hpcpipe train resnet-tiny
     """
     from hpcpipe.data.images.generator import (
-        GENERATED_CLASSES,
+        CLASSES_FROM_FILES,
         GENERATED_FORMATS,
         GENERATED_MARKER,
         write_dataset,
@@ -216,7 +216,7 @@ def make_images(
 
     if fmt not in GENERATED_FORMATS:
         raise UserError(f"FORMAT: unknown format {fmt!r} (known: {', '.join(GENERATED_FORMATS)})")
-    classes = GENERATED_CLASSES[fmt]
+    classes = CLASSES_FROM_FILES.get(fmt, 0)
     for option, count in (("--train", train), ("--test", test)):
         if count < classes:
             raise UserError(f"{option}: {count} images cannot hold one of each of {fmt}'s {classes} classes")

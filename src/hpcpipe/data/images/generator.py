@@ -18,16 +18,10 @@ import numpy as np
 
 GENERATED_FORMATS = ("cifar10", "cifar100", "cifar10-binary", "cifar100-binary", "idx", "imagefolder")
 GENERATED_MARKER = ".hpcpipe-make-images.json"  # the options a directory was written with
-# Classes each generated format holds: a split with fewer images than classes lacks some, and the
-# readers then see other class lists in train and test.
-GENERATED_CLASSES = {
-    "cifar10": 10,
-    "cifar100": 100,
-    "cifar10-binary": 10,
-    "cifar100-binary": 100,
-    "idx": 10,
-    "imagefolder": 4,
-}
+# Formats whose class list is read off the split's own files (a folder per class): a split with
+# fewer images than classes lacks some, and train and test then differ. CIFAR names its classes
+# in its meta file, and IDX reads one list for both splits (formats.read_idx).
+CLASSES_FROM_FILES = {"imagefolder": 4}
 
 
 def synthetic_images(

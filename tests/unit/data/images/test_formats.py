@@ -195,10 +195,13 @@ def test_make_images_cli_writes_a_dataset_prepare_records_it(cli, tmp_path: Path
     assert proc.returncode == 2 and proc.stderr.strip() == (
         f"error: {tmp_path / 'd'}: exists and holds other files (choose a new directory, or delete it)"
     )
-    proc = cli("data", "make-images", "cifar100", str(tmp_path / "e"), "--train", "20")
-    assert proc.returncode == 2 and not (tmp_path / "e").exists()
-    refusal = "error: --train: 20 images cannot hold one of each of cifar100's 100 classes"
+    proc = cli("data", "make-images", "imagefolder", str(tmp_path / "e"), "--train", "2")
+    assert proc.returncode == 2 and not (tmp_path / "e").exists()  # its readers refused 2 classes against 4
+    refusal = "error: --train: 2 images cannot hold one of each of imagefolder's 4 classes"
     assert proc.stderr.strip() == refusal
+    assert (
+        cli("data", "make-images", "cifar10", str(tmp_path / "f"), "--test", "8").returncode == 0
+    )  # meta names them
     sets = ["--set", f"data.root={tmp_path / 'd'}", "--set", "data.format=cifar100-binary"]
     sets += ["--set", f"data.prepared_dir={tmp_path}/prepared"]
     proc = cli("data", "prepare", "resnet-tiny", *sets, "--json", "-")
