@@ -81,7 +81,8 @@ def plan_points(source: str, sets: list[str], grid: dict[str, list[Any]], out_di
         extra = [f"run.name={name}", f"run.out_dir={out_dir}"]
         try:
             job = load_config(source, [*sets, *overrides, *extra])
-            own = [f"{key}={value}" for key, value in own_checkpoint_dirs(job.checkpoint, name).items()]
+            scoped = own_checkpoint_dirs(job.checkpoint, name, out_dir)
+            own = [f"{key}={value}" for key, value in scoped.items()]
             job = load_config(source, [*sets, *overrides, *extra, *own])
         except ConfigError as exc:
             raise UserError(f"sweep point {', '.join(overrides)}: {exc}") from None

@@ -17,10 +17,15 @@ def test_a_checkpoint_dir_outside_the_runs_is_each_points_own(tmp_path: Path) ->
     """One shared directory: every point resumed the one before it and trained 0 steps."""
     sets = [f"checkpoint.dir={tmp_path}/ck", f"checkpoint.durable_dir={tmp_path}/durable"]
     points = plan_points("tiny", sets, {"train.lr": [0.003, 0.0003]}, tmp_path / "out")
-    dirs = [(p.job.checkpoint.dir, p.job.checkpoint.durable_dir) for p in points]
-    assert dirs == [
-        (f"{tmp_path}/ck/{p.run_dir.name}", f"{tmp_path}/durable/{p.run_dir.name}") for p in points
-    ]
+    dirs = [(Path(p.job.checkpoint.dir or ""), Path(p.job.checkpoint.durable_dir or "")) for p in points]
+    assert len({d for pair in dirs for d in pair}) == 4  # each point's own, in each tier
+    assert all(
+        ck.parent.parent == tmp_path / "ck" and ck.name == p.run_dir.name
+        for (ck, _), p in zip(dirs, points, strict=True)
+    )
+    # Another sweep (another --out) of the same points: other directories, not these to resume.
+    elsewhere = plan_points("tiny", sets, {"train.lr": [0.003, 0.0003]}, tmp_path / "other")
+    assert {p.job.checkpoint.dir for p in elsewhere}.isdisjoint({p.job.checkpoint.dir for p in points})
 
 
 def test_a_repeated_value_and_a_null_value(tmp_path: Path) -> None:
@@ -73,8 +78,8 @@ def test_its_own_checkpoint_directory_goes_aside_with_the_run(tmp_path: Path) ->
     again = plan_points("tiny", [*sets, "train.lr=0.0003"], {"train.micro_batch_size": [4]}, out)
     RunLayout(first[0].run_dir).sweep_point.unlink()
     run_sweep(again, out, train, lambda line: None)
-    name = first[0].run_dir.name
-    assert (tmp_path / "ck" / f"{name}.earlier-1" / "step-00000004").is_dir()
+    own = Path(first[0].job.checkpoint.dir or "")
+    assert (own.parent / f"{own.name}.earlier-1" / "step-00000004").is_dir()
 
 
 def test_grid_values_are_read_as_yaml_1_2() -> None:

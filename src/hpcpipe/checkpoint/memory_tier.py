@@ -144,6 +144,8 @@ def _hold_shared(root: Path) -> int | None:
         with contextlib.suppress(FileExistsError):
             root.mkdir(mode=0o700)
         if not _ours(root):
+            if not os.path.lexists(root):
+                continue  # gone, not someone else's: another agent's sweep removed it just now
             return None
         try:
             fd = os.open(root / _LOCK, os.O_RDWR | os.O_CREAT, 0o600)

@@ -97,8 +97,10 @@ def run(
     if needs_root and os.geteuid() != 0:  # each trial failed, counted as a recovery that did not happen
         if only:  # asked for by name
             raise UserError(f"scenario {needs_root[0]} mounts a small tmpfs, which needs root: run as root")
-        err_console.print(f"skipped {', '.join(needs_root)}: it mounts a small tmpfs, which needs root")
         chosen = [s for s in chosen if s.name not in needs_root]
+        if not chosen:  # 0 trials would read PASS
+            raise UserError(f"scenario {needs_root[0]} mounts a small tmpfs, which needs root: run as root")
+        err_console.print(f"skipped {', '.join(needs_root)}: it mounts a small tmpfs, which needs root")
     # The replay line names `shipped` as the user wrote it; a file by its absolute path.
     label = Path(scenarios) if scenarios in SHIPPED else path.resolve()
     # The root command this verb runs under: the fuzz kinds run the whole CLI in-process.

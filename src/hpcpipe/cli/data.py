@@ -255,7 +255,7 @@ def _holds_exactly(out: Path, asked: dict[str, object]) -> bool:
 
     if not out.is_dir():
         return False
-    fresh = Path(tempfile.mkdtemp(prefix=".make-images-", dir=out.parent))
+    fresh = Path(tempfile.mkdtemp(prefix=".make-images-", dir=out.resolve().parent))  # beside it, not in it
     try:
         write_dataset(
             str(asked["format"]),

@@ -96,9 +96,13 @@ class CheckpointConfig(Section):
     )
 
 
-def own_checkpoint_dirs(checkpoint: CheckpointConfig, name: str) -> dict[str, str]:
+def own_checkpoint_dirs(checkpoint: CheckpointConfig, name: str, scope: Path) -> dict[str, str]:
     """``checkpoint.dir`` and ``durable_dir`` given outside the run directory, made one run's own
-    (``<dir>/<name>``) for runs started side by side from one config (sweep points, HPO trials):
-    one shared directory had every run resume the one before it (trained 0 steps, its results)."""
+    (``<dir>/<scope name>-<hash of scope>/<name>``) for runs started side by side from one config
+    (sweep points, HPO trials; ``scope``: the sweep's or study's directory): one shared directory
+    had every run resume the one before it, and a name alone the same run of another sweep."""
+    import hashlib
+
+    tag = f"{scope.name}-{hashlib.sha256(str(scope.absolute()).encode()).hexdigest()[:8]}"
     given = {"checkpoint.dir": checkpoint.dir, "checkpoint.durable_dir": checkpoint.durable_dir}
-    return {key: str(Path(value) / name) for key, value in given.items() if value}
+    return {key: str(Path(value) / tag / name) for key, value in given.items() if value}

@@ -91,7 +91,12 @@ def best_config(plan: StudyPlan, study: optuna.Study, sets: list[str]) -> JobCon
         )
     trained = RunLayout(Path(best["run_dir"])).config if best["run_dir"] else None
     base = load_config(trained) if trained is not None and trained.is_file() else plan.base
-    named = {"run.name": f"{plan.name}-best", "run.out_dir": plan.base.run.out_dir}
+    # The base's checkpoint directories, not the trial's own: it would resume the trial's last step.
+    own = {
+        "checkpoint.dir": plan.base.checkpoint.dir,
+        "checkpoint.durable_dir": plan.base.checkpoint.durable_dir,
+    }
+    named = {"run.name": f"{plan.name}-best", "run.out_dir": plan.base.run.out_dir, **own}
     job = apply_values(base, {**best["params"], **named})
     job = job.model_copy(update={"hpo": HpoConfig()})
     try:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hpcpipe.config import JobConfig, apply_values
@@ -121,7 +122,7 @@ def grid_size(space: dict[str, ParamSpec]) -> int:
 
 def trial_config(base: JobConfig, values: dict[str, Any], name: str, out_dir: str) -> JobConfig:
     """The trial's config: the base job with the sampled values, its own run name and directory."""
-    own = own_checkpoint_dirs(base.checkpoint, name)  # a shared checkpoint.dir: trial 1 resumed trial 0
+    own = own_checkpoint_dirs(base.checkpoint, name, Path(out_dir))  # shared: trial 1 resumed trial 0
     try:
         return apply_values(base, {**values, **own, "run.name": name, "run.out_dir": out_dir})
     except ConfigError as exc:

@@ -202,7 +202,7 @@ def run_trial(
     retry_of = trial.user_attrs.get(RUN_DIR_ATTR)  # a retry resumes its original's folder
     run_dir = Path(retry_of or plan.layout.trial_dir(trial.number))
     if retry_of is None:  # its folder, and its own checkpoint directories outside it, are new
-        own = own_checkpoint_dirs(plan.base.checkpoint, run_dir.name).values()
+        own = own_checkpoint_dirs(plan.base.checkpoint, run_dir.name, run_dir.parent).values()
         for directory in (d for d in (run_dir, *map(Path, own)) if d.exists()):
             aside = _set_aside(directory)
             say(f"trial {trial.number}: {directory} holds an earlier study's trial; moved to {aside}")

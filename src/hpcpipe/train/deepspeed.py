@@ -191,4 +191,8 @@ def _a_config_refusal(exc: BaseException) -> bool:
     while tb is not None and tb.tb_next is not None:
         tb = tb.tb_next
     where = tb.tb_frame.f_code.co_filename.replace("\\", "/") if tb is not None else ""
-    return isinstance(exc, AssertionError | ValueError) and "deepspeed/runtime" in where and "config" in where
+    in_its_parser = "deepspeed/runtime/" in where and where.rsplit("/", 1)[-1] in (
+        "config.py",
+        "config_utils.py",
+    )
+    return isinstance(exc, AssertionError | ValueError) and in_its_parser

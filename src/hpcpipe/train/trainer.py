@@ -65,7 +65,7 @@ from hpcpipe.train.schedule import lr_at, resolve_steps
 from hpcpipe.train.tensor_parallel import apply_tensor_parallel, tensor_parallel_plan
 from hpcpipe.train.trial import ENDED, Pruned, TrialLink
 
-COMPILE_ALLOWANCE_S = 3600.0  # the first compiled step's hang timeout (fault.hang_timeout_s after it)
+COMPILE_ALLOWANCE_S = 3600.0  # the first compiled step's hang timeout at most (below parallel.timeout_s)
 
 
 @dataclass
@@ -107,6 +107,8 @@ class Trainer:
         torch.manual_seed(dropout_seed(job.run.seed, self.layout))
         self.step = 0
         self._compiled = False  # this process ran its first (compiling) step
+        # Below the process group's timeout, so the watchdog's stacks still come before it.
+        self._compile_allowance_s = min(COMPILE_ALLOWANCE_S, 0.9 * job.parallel.timeout_s)
         self._guard_faults(job, units, accum)
         self._start_telemetry(job)
         self._open_store(job, engine, faults)
@@ -581,7 +583,7 @@ class Trainer:
         hang in that step (a collective's first setup) is still caught, later."""
         if self.cfg.compile and not self._compiled:
             self._compiled = True
-            return self.watchdog.allowing(COMPILE_ALLOWANCE_S)
+            return self.watchdog.allowing(self._compile_allowance_s)
         return contextlib.nullcontext()
 
     def _evaluation_missed(self) -> bool:

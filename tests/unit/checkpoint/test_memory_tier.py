@@ -194,3 +194,25 @@ def test_a_tier_swept_away_while_an_agent_takes_it_is_made_again(
     fd = memory_tier._hold_shared(root)
     assert fd is not None and swept and (root / ".lock").is_file()
     os.close(fd)
+
+
+def test_a_tier_swept_away_before_its_owner_check_is_made_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same race a moment earlier: the agent ran without its tier, blaming another user."""
+    import os
+    import shutil
+
+    root = memory_tier.tier_root(tmp_path / "ckpt", tmp_path)
+    real_ours, swept = memory_tier._ours, []
+
+    def ours_after_a_sweep(path: Path) -> bool:
+        if not swept:
+            swept.append(True)
+            shutil.rmtree(path)
+        return real_ours(path)
+
+    monkeypatch.setattr(memory_tier, "_ours", ours_after_a_sweep)
+    fd = memory_tier._hold_shared(root)
+    assert fd is not None and swept
+    os.close(fd)

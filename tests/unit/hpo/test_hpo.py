@@ -573,5 +573,22 @@ def test_each_trial_has_its_own_checkpoint_directory(tmp_path: Path) -> None:
     from hpcpipe.hpo.space import trial_config
 
     plan, _, _ = _study(tmp_path, f"checkpoint.dir={tmp_path}/ck")
-    dirs = {trial_config(plan.base, {}, f"trial-{n:04d}", str(tmp_path)).checkpoint.dir for n in (0, 1)}
-    assert dirs == {f"{tmp_path}/ck/trial-0000", f"{tmp_path}/ck/trial-0001"}
+    trials = str(plan.layout.trials)
+    dirs = {trial_config(plan.base, {}, f"trial-{n:04d}", trials).checkpoint.dir for n in (0, 1)}
+    assert len(dirs) == 2 and all(str(d).startswith(f"{tmp_path}/ck/") for d in dirs)
+    # Another study's trial 0 (another directory, the same checkpoint.dir): its own directory too.
+    other = trial_config(plan.base, {}, "trial-0000", str(tmp_path / "other" / "trials")).checkpoint.dir
+    assert other not in dirs
+    # The best trial's retrain starts fresh: not in the trial's own directory, which it would resume.
+    from hpcpipe.hpo.results import best_config
+
+    _, study, _ = _study(tmp_path, f"checkpoint.dir={tmp_path}/ck")
+    trial = study.ask()
+    suggest(trial, plan.hpo.space)
+    run_dir = plan.layout.trial_dir(0)
+    run_dir.mkdir(parents=True)
+    trained = trial_config(plan.base, dict(trial.params), run_dir.name, str(run_dir.parent))
+    (run_dir / "config.yaml").write_text(trained.to_yaml())
+    trial.set_user_attr(RUN_DIR_ATTR, str(run_dir))
+    study.tell(trial, 1.0)
+    assert best_config(plan, study, []).checkpoint.dir == f"{tmp_path}/ck"

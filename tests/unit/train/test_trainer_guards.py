@@ -65,7 +65,9 @@ def test_the_first_compiled_step_of_a_process_gets_a_longer_hang_timeout(tmp_pat
     from hpcpipe.train.trainer import COMPILE_ALLOWANCE_S, Trainer
 
     for compiled, allowed in ((True, [COMPILE_ALLOWANCE_S, 0.0, 0.0]), (False, [0.0, 0.0, 0.0])):
-        trainer = SimpleNamespace(cfg=SimpleNamespace(compile=compiled), _compiled=False)
+        trainer = SimpleNamespace(
+            cfg=SimpleNamespace(compile=compiled), _compiled=False, _compile_allowance_s=COMPILE_ALLOWANCE_S
+        )
         trainer.watchdog = Watchdog(60.0, tmp_path, rank=0)
         seen = []
         for _ in range(3):
