@@ -174,45 +174,27 @@ def test_an_agent_removes_the_tiers_no_agent_holds(tmp_path: Path) -> None:
         os.close(holder)
 
 
-def test_a_tier_swept_away_while_an_agent_takes_it_is_made_again(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("when", ["before its owner check", "before its lock"])
+def test_a_tier_another_agent_sweeps_away_while_this_one_takes_it_is_made_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, when: str
 ) -> None:
-    """Another agent's sweep removed an abandoned tier between this one's mkdir and its lock."""
+    """Another agent's sweep removed an abandoned tier between this one's mkdir and its lock: a
+    FileNotFoundError traceback, or (a moment earlier) a run without its tier, blaming another user."""
     import os
     import shutil
 
     root = memory_tier.tier_root(tmp_path / "ckpt", tmp_path)
-    real_open, swept = os.open, []
+    name = "_ours" if when == "before its owner check" else "open"
+    owner = memory_tier if name == "_ours" else memory_tier.os
+    real, swept = getattr(owner, name), []
 
-    def open_after_a_sweep(path: object, *args: object, **kwargs: object) -> int:
-        if str(path).endswith(".lock") and not swept:
+    def after_a_sweep(path: object, *args: object, **kwargs: object) -> object:
+        if not swept and (name == "_ours" or str(path).endswith(".lock")):
             swept.append(True)
             shutil.rmtree(root)  # the sweep of another agent, at the worst moment
-        return real_open(path, *args, **kwargs)  # type: ignore[arg-type]
+        return real(path, *args, **kwargs)
 
-    monkeypatch.setattr(memory_tier.os, "open", open_after_a_sweep)
+    monkeypatch.setattr(owner, name, after_a_sweep)
     fd = memory_tier._hold_shared(root)
     assert fd is not None and swept and (root / ".lock").is_file()
-    os.close(fd)
-
-
-def test_a_tier_swept_away_before_its_owner_check_is_made_again(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The same race a moment earlier: the agent ran without its tier, blaming another user."""
-    import os
-    import shutil
-
-    root = memory_tier.tier_root(tmp_path / "ckpt", tmp_path)
-    real_ours, swept = memory_tier._ours, []
-
-    def ours_after_a_sweep(path: Path) -> bool:
-        if not swept:
-            swept.append(True)
-            shutil.rmtree(path)
-        return real_ours(path)
-
-    monkeypatch.setattr(memory_tier, "_ours", ours_after_a_sweep)
-    fd = memory_tier._hold_shared(root)
-    assert fd is not None and swept
     os.close(fd)
