@@ -1,4 +1,5 @@
-"""Evaluation sums: the recipe's per-batch sums over this rank's batches, then over the ranks.
+"""Evaluation: when it is due, and its sums (the recipe's per-batch sums over this rank's batches,
+then over the ranks).
 
 A recipe's ``eval_sums`` returns sums (a loss summed over tokens, a count), never means, so that
 sums over batches and ranks give the exact metric however the data were split.
@@ -7,12 +8,15 @@ sums over batches and ranks give the exact metric however the data were split.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from hpcpipe.config import TrainConfig
+from hpcpipe.observe.metrics import read_metrics
 from hpcpipe.recipes.base import Batch, PaddingBatch, Recipe
 
 
@@ -44,3 +48,29 @@ def summed_over_ranks(sums: dict[str, torch.Tensor], group: Any, ranks: int) -> 
     if ranks > 1:
         dist.all_reduce(totals, group=group)
     return dict(zip(keys, totals.tolist(), strict=True))
+
+
+def is_evaluation_step(step: int, cfg: TrainConfig) -> bool:
+    """An evaluation follows ``step``: every ``train.eval_every`` steps and at the last."""
+    return step > 0 and (step == cfg.steps or (cfg.eval_every > 0 and step % cfg.eval_every == 0))
+
+
+def next_eval_step(step: int, cfg: TrainConfig) -> int:
+    """The step after ``step`` that the next evaluation follows."""
+    if cfg.eval_every <= 0:
+        return cfg.steps
+    return min(cfg.steps, (step // cfg.eval_every + 1) * cfg.eval_every)
+
+
+def evaluation_logged(run_dir: Path, step: int) -> bool:
+    """metrics.jsonl holds ``step``'s ``val_loss`` row (rank 0's file)."""
+    return any(int(row.get("step", -1)) == step and "val_loss" in row for row in read_metrics(run_dir))
+
+
+def device_eval_batches(
+    items: Iterable[Batch | PaddingBatch], to_device: Callable[[Batch], Batch]
+) -> Iterator[tuple[Batch, bool]]:
+    """Evaluation batches on the device, each with whether it counts (a padding batch does not)."""
+    for item in items:
+        batch = item.batch if isinstance(item, PaddingBatch) else item
+        yield to_device(batch), not isinstance(item, PaddingBatch)

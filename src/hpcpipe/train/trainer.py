@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,7 +28,7 @@ from hpcpipe.config import JobConfig, ParallelConfig, grad_accum_steps
 from hpcpipe.config.changes import describe_changes
 from hpcpipe.errors import UserError
 from hpcpipe.layout import RunLayout
-from hpcpipe.observe.metrics import EventLog, MetricsSink, read_metrics
+from hpcpipe.observe.metrics import EventLog, MetricsSink
 from hpcpipe.observe.peers import peer_beats
 from hpcpipe.observe.phases import PhaseTimer
 from hpcpipe.observe.progress import TrainProgress
@@ -38,11 +38,11 @@ from hpcpipe.observe.throughput import ThroughputMeter, peak_memory_bytes
 from hpcpipe.observe.watchdog import Watchdog
 from hpcpipe.recipes.base import Batch, PaddingBatch, Recipe, checked_loss
 from hpcpipe.track.sinks import Trackers
+from hpcpipe.train import evaluation
 from hpcpipe.train.activation_checkpointing import apply_activation_checkpointing
 from hpcpipe.train.deepspeed import deepspeed_engine
 from hpcpipe.train.distributed import DistContext
 from hpcpipe.train.environment import node_name
-from hpcpipe.train.evaluation import eval_sums, summed_over_ranks
 from hpcpipe.train.faults import NO_FAULTS, FaultInjector
 from hpcpipe.train.mesh import build_layout, data_parallel_context, dropout_seed, same_rank_places
 from hpcpipe.train.oom import OOMGuard, agree_any, agreement_all_reduce, oom_recovery_on
@@ -277,7 +277,7 @@ class Trainer:
                 unwrap(self.model).train()
                 self.telemetry.start(self.step + 1)
                 while self.step < self.cfg.steps:
-                    result.final_loss = self.train_until(self._next_eval_step())
+                    result.final_loss = self.train_until(evaluation.next_eval_step(self.step, self.cfg))
                     result.val_losses[self.step] = self.evaluate_and_log()
                     self.report_to_study()
                 if self.ckpt_every > 0 and self.step > start_step:
@@ -409,14 +409,16 @@ class Trainer:
         model.eval()
         if self.pipeline is not None:  # the loss, through the stages in order, in train.precision
             with self.precision.autocast():
-                totals = self.pipeline.evaluate_all(self._eval_batches(), self.ctx.dp_group)
+                batches = evaluation.device_eval_batches(self._eval_items(), self._to_device)
+                totals = self.pipeline.evaluate_all(batches, self.ctx.dp_group)
             model.train()
             return self.recipe.eval_metrics(totals)
-        items = self.recipe.eval_batches(self.layout.dp_rank, self.layout.dp)
-        sums = eval_sums(model, self.recipe, items, self.precision.autocast, self._to_device)
+        sums = evaluation.eval_sums(
+            model, self.recipe, self._eval_items(), self.precision.autocast, self._to_device
+        )
         model.train()
         with self.phases.region("all_reduce_eval"):  # the tp ranks of a group computed the same sums
-            totals = summed_over_ranks(sums, self.ctx.dp_group, self.layout.dp)
+            totals = evaluation.summed_over_ranks(sums, self.ctx.dp_group, self.layout.dp)
         return self.recipe.eval_metrics(totals)
 
     # -- checkpoints, resume, preemption ---------------------------------------------------------
@@ -590,30 +592,18 @@ class Trainer:
         """Resumed at an evaluation step whose evaluation never ran: the step's checkpoint comes
         before its evaluation, so a preemption there (the last step's too) or a crash during it
         left no ``val_loss`` row for the step (rank 0 reads metrics.jsonl; every rank agrees)."""
-        every, step = self.cfg.eval_every, self.step
-        if step == 0 or not (step == self.cfg.steps or (every > 0 and step % every == 0)):
+        if not evaluation.is_evaluation_step(self.step, self.cfg):
             return False
-        missing = self.ctx.is_main and not any(
-            int(row.get("step", -1)) == step and "val_loss" in row for row in read_metrics(self.run_dir)
-        )
+        missing = self.ctx.is_main and not evaluation.evaluation_logged(self.run_dir, self.step)
         return agree_any(int(missing), self.agree_max) > 0
-
-    def _next_eval_step(self) -> int:
-        every = self.cfg.eval_every
-        if every <= 0:
-            return self.cfg.steps
-        return min(self.cfg.steps, (self.step // every + 1) * every)
 
     def _write(self, row: dict[str, Any]) -> None:
         if self.sink is not None:
             self.sink.write(row)
         self.trackers.on_row(row)
 
-    def _eval_batches(self) -> Iterator[tuple[Batch, bool]]:
-        """This data-parallel rank's evaluation batches on the device, and whether each counts."""
-        for item in self.recipe.eval_batches(self.layout.dp_rank, self.layout.dp):
-            batch = item.batch if isinstance(item, PaddingBatch) else item
-            yield self._to_device(batch), not isinstance(item, PaddingBatch)
+    def _eval_items(self) -> Iterable[Batch | PaddingBatch]:
+        return self.recipe.eval_batches(self.layout.dp_rank, self.layout.dp)
 
     def _to_device(self, batch: Batch) -> Batch:
         return tuple(t.to(self.ctx.device, non_blocking=True) for t in batch)

@@ -91,3 +91,16 @@ def test_a_hang_inside_an_allowed_phase_is_still_caught(tmp_path: Path) -> None:
         assert reports  # past the allowance: caught
     finally:
         watchdog.stop()
+
+
+def test_the_evaluation_schedule() -> None:
+    """Every train.eval_every steps and at the last; none at 0."""
+    from types import SimpleNamespace
+
+    from hpcpipe.train.evaluation import is_evaluation_step, next_eval_step
+
+    cfg = SimpleNamespace(steps=25, eval_every=10)
+    assert [s for s in range(0, 26) if is_evaluation_step(s, cfg)] == [10, 20, 25]  # type: ignore[arg-type]
+    assert [next_eval_step(s, cfg) for s in (0, 9, 10, 20, 24)] == [10, 10, 20, 25, 25]  # type: ignore[arg-type]
+    off = SimpleNamespace(steps=25, eval_every=0)
+    assert next_eval_step(3, off) == 25 and not is_evaluation_step(10, off)  # type: ignore[arg-type]
