@@ -210,14 +210,18 @@ def submitted_config(job: JobConfig, script_dir: Path) -> Path:
 
 
 def write_submission(sub: SlurmSubmission) -> Path:
-    """Write each run's config (``submitted_config``) and the script; returns the script's path."""
+    """Write each run's config (``submitted_config``) and the script; returns the script's path.
+
+    The script is rendered first: its checks (grace, one resource shape per grid, ``#SBATCH``
+    values) refuse a submission before any run directory holds a config it never ran."""
+    text = render_sbatch(sub)
     for job in sub.jobs:
         job.run_dir.mkdir(parents=True, exist_ok=True)
         sub.script_dir.mkdir(parents=True, exist_ok=True)
         submitted_config(job, sub.script_dir).write_text(job.to_yaml())
     sub.script_dir.mkdir(parents=True, exist_ok=True)
     script = sub.script_dir / SCRIPT_NAME
-    script.write_text(render_sbatch(sub))
+    script.write_text(text)
     return script
 
 

@@ -32,7 +32,7 @@ def resolve_job(text: str) -> JobRef:
         raise UserError(f"{text}: neither a Slurm job id nor a directory with {SUBMISSION_FILE}")
     try:
         return JobRef(str(json.loads(record.read_text())["job_id"]), path)
-    except (ValueError, KeyError) as exc:
+    except (ValueError, KeyError, TypeError, OSError) as exc:  # TypeError: not a JSON object
         raise UserError(f"{record}: unreadable ({exc})") from None
 
 
