@@ -128,6 +128,18 @@ def test_a_refused_job_leaves_no_configmap_behind(tmp_path: Path) -> None:
         assert not (tmp_path / "tiny" / "k8s_job.json").exists()
 
 
+def test_a_configmap_left_by_a_deleted_job_is_named(tmp_path: Path) -> None:
+    """`kubectl delete trainjob` keeps the ConfigMap: the refusal names it, not a job that is gone."""
+    with KubeApi() as api:
+        kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig", TOKEN)
+        api.objects[("configmaps", "default", "tiny-config")] = {"metadata": {"name": "tiny-config"}}
+        code, _, err = _cli(
+            kubeconfig, "launch", "k8s", "tiny", "--set", f"run.out_dir={tmp_path}", "--submit", cwd=tmp_path
+        )
+        assert code == 2 and "kubectl delete configmap tiny-config -n default" in err, err
+        assert "jobs cancel" not in err and len(err.strip().splitlines()) == 1
+
+
 def test_an_unreachable_api_server_is_one_line(tmp_path: Path) -> None:
     with KubeApi() as api:
         kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig", TOKEN)

@@ -55,7 +55,11 @@ def _no_restart_probe() -> None:
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
     require(LocalElasticAgent, "_monitor_workers", _NO_RESTART)
-    if "self._remaining_restarts" not in inspect.getsource(SimpleElasticAgent):
+    try:
+        source = inspect.getsource(SimpleElasticAgent)
+    except (OSError, TypeError):  # torch installed without its .py sources
+        raise TorchAPIError("SimpleElasticAgent's source (to find _remaining_restarts)", _NO_RESTART) from None
+    if "self._remaining_restarts" not in source:
         raise TorchAPIError("SimpleElasticAgent._remaining_restarts", _NO_RESTART)
 
 

@@ -5,6 +5,7 @@ where and as whom; nothing here reads or prints a credential.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -137,18 +138,39 @@ def create(api: Any, docs: list[dict[str, Any]]) -> K8sJobRef:
     try:
         if "ClusterTrainingRuntime" in by_kind:
             _create_or_replace_cluster_object(api, by_kind["ClusterTrainingRuntime"])
-        core.create_namespaced_config_map(job.namespace, config_map)
     except client.ApiException as exc:
         raise UserError(f"{job.kind} {job.namespace}/{job.name}: {_reason(exc)} ({_hint(exc)})") from None
+    config_map_name = config_map["metadata"]["name"]
+    try:
+        core.create_namespaced_config_map(job.namespace, config_map)
+    except client.ApiException as exc:
+        if exc.status != 409 or _job_exists(objects, job):
+            raise UserError(f"{job.kind} {job.namespace}/{job.name}: {_reason(exc)} ({_hint(exc)})") from None
+        raise UserError(  # left behind by a job deleted with kubectl, which keeps its ConfigMap
+            f"ConfigMap {job.namespace}/{config_map_name}: {_reason(exc)} (no {job.kind} of that name "
+            f"exists: kubectl delete configmap {config_map_name} -n {job.namespace}, or set launch.k8s.name)"
+        ) from None
     try:
         made = objects.create_namespaced_custom_object(
             job.group, job.version, job.namespace, job.plural, job_doc
         )
     except client.ApiException as exc:
-        core.delete_namespaced_config_map(config_map["metadata"]["name"], job.namespace)
+        with contextlib.suppress(client.ApiException):  # the refusal is what the user needs to see
+            core.delete_namespaced_config_map(config_map_name, job.namespace)
         raise UserError(f"{job.kind} {job.namespace}/{job.name}: {_reason(exc)} ({_hint(exc)})") from None
     uid = made.get("metadata", {}).get("uid") if isinstance(made, dict) else None
     return dataclasses.replace(job, uid=uid)
+
+
+def _job_exists(objects: Any, job: K8sJobRef) -> bool:
+    """Whether the job holds the name (True when the API will not say: the safer hint)."""
+    from kubernetes import client
+
+    try:
+        objects.get_namespaced_custom_object(job.group, job.version, job.namespace, job.plural, job.name)
+    except client.ApiException as exc:
+        return exc.status != 404
+    return True
 
 
 def _hint(exc: Any) -> str:
