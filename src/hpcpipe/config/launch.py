@@ -19,6 +19,14 @@ _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 _DNS_SUBDOMAIN = re.compile(r"(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _LABEL_VALUE = re.compile(r"(?=.{0,63}$)([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?")
 _SECRET_KEY = re.compile(r"[-._a-zA-Z0-9]{1,253}")
+# A label/annotation key or resource name: an optional DNS-subdomain prefix and '/', then a name
+# of at most 63 characters that starts and ends alphanumeric.
+_QUALIFIED_NAME = re.compile(
+    r"((?=[^/]{1,253}/)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"(?=[^/]{1,63}$)[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
+)
+_ENV_NAME = re.compile(r"[-._a-zA-Z][-._a-zA-Z0-9]*")
+TYPED_RESOURCES = ("cpu", "memory", "nvidia.com/gpu")  # set by cpu, memory and gpus_per_node
 OWN_LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/instance")  # launch/kubernetes.py sets them
 
 
@@ -247,6 +255,51 @@ class K8sConfig(Section):
                 raise ValueError(f"{key!r} is set by hpcpipe (it selects the job's pods); use another key")
         return value
 
+    @field_validator("labels", "node_selector")
+    @classmethod
+    def _label_pairs(cls, value: dict[str, str]) -> dict[str, str]:
+        for key, item in value.items():
+            _check_qualified_name(key)
+            if not _LABEL_VALUE.fullmatch(item):
+                raise ValueError(
+                    f"{key}: {item!r} is not a label value (at most 63 letters, digits, '-', '_' or '.', "
+                    "starting and ending with a letter or digit)"
+                )
+        return value
+
+    @field_validator("annotations")
+    @classmethod
+    def _annotation_keys(cls, value: dict[str, str]) -> dict[str, str]:
+        for key in value:
+            _check_qualified_name(key)
+        return value
+
+    @field_validator("env", "secret_env")
+    @classmethod
+    def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for name in value:
+            if not _ENV_NAME.fullmatch(name):
+                raise ValueError(f"{name!r} is not an environment variable name (letters, digits, '_', '-', '.')")
+        return value
+
+    @field_validator("extra_resources")
+    @classmethod
+    def _extra_resources(cls, value: dict[str, int]) -> dict[str, int]:
+        for name, amount in value.items():
+            if name in TYPED_RESOURCES:
+                raise ValueError(f"{name!r} has its own key (cpu, memory, gpus_per_node); set it there")
+            _check_qualified_name(name)
+            if amount < 1:
+                raise ValueError(f"{name}: {amount} is not an amount (at least 1)")
+        return value
+
+    @field_validator("data_pvc", "checkpoint_pvc", "runs_pvc", "service_account", "priority_class")
+    @classmethod
+    def _object_name(cls, value: str | None) -> str | None:
+        if value is not None and not _DNS_SUBDOMAIN.fullmatch(value):
+            raise ValueError(f"{value!r} is not an object name (lower-case letters, digits, '-' and '.')")
+        return value
+
     @field_validator("image_pull_secrets")
     @classmethod
     def _secret_names(cls, value: list[str]) -> list[str]:
@@ -291,6 +344,14 @@ class K8sConfig(Section):
                 "ranks would share a GPU (NCCL refuses: 'Duplicate GPU detected')"
             )
         return self
+
+
+def _check_qualified_name(key: str) -> None:
+    if not _QUALIFIED_NAME.fullmatch(key):
+        raise ValueError(
+            f"{key!r} is not a Kubernetes key ([prefix/]name: a DNS prefix, then at most 63 letters, "
+            "digits, '-', '_' or '.', starting and ending with a letter or digit)"
+        )
 
 
 class LaunchConfig(Section):

@@ -333,3 +333,39 @@ def test_pull_secrets_reach_the_pods_of_either_api(api: str) -> None:
     assert pod["spec"]["imagePullSecrets"] == [{"name": "regcred"}]
     with pytest.raises(ConfigError, match="not a Secret's name"):
         load_config("tiny", ["launch.k8s.image_pull_secrets=[Reg_Cred]"])
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ('launch.k8s.labels={team: "ml platform"}', "not a label value"),
+        ('launch.k8s.labels={"bad key!": x}', "not a Kubernetes key"),
+        ('launch.k8s.node_selector={"gpu type": a100}', "not a Kubernetes key"),
+        ('launch.k8s.annotations={"a b": x}', "not a Kubernetes key"),
+        ("launch.k8s.data_pvc=My_PVC", "not an object name"),
+        ("launch.k8s.service_account=Bad_SA", "not an object name"),
+        ("launch.k8s.priority_class=High", "not an object name"),
+        ('launch.k8s.extra_resources={"rdma/ib": 0}', "not an amount"),
+        ('launch.k8s.extra_resources={"nvidia.com/gpu": 2}', "has its own key"),
+        ('launch.k8s.env={"1BAD=": x}', "not an environment variable name"),
+    ],
+)
+def test_fields_the_api_server_would_refuse_are_refused_at_load(override: str, message: str) -> None:
+    """The rendered manifest passed the offline check and was refused at submit (or, for
+    extra_resources, silently replaced the GPU count)."""
+    with pytest.raises(ConfigError, match=message):
+        load_config("tiny", [override])
+
+
+def test_qualified_keys_and_extended_resources_render() -> None:
+    job = load_config(
+        "tiny",
+        [
+            'launch.k8s.labels={"example.com/team": ml-infra}',
+            'launch.k8s.node_selector={"nvidia.com/gpu.product": NVIDIA-H100-80GB-HBM3}',
+            'launch.k8s.extra_resources={"rdma/ib": 1}',
+            'launch.k8s.annotations={"k8s.v1.cni.cncf.io/networks": "net-a, net-b"}',
+        ],
+    )
+    assert job.launch.k8s.extra_resources == {"rdma/ib": 1}
+    render_k8s(job, "pytorchjob")
