@@ -68,6 +68,51 @@ class Tiny(hpcpipe.DatasetRecipe):
         }
 
 
+class _Jittered:
+    """A split whose items draw noise from torch's generator (an augmentation, as the docs allow)."""
+
+    def __init__(self, base: Any) -> None:
+        self.base = base
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, i: int) -> Any:
+        import torch
+
+        x, y = self.base[i]
+        return x + 0.01 * torch.randn(x.shape), y
+
+
+class JitteredTiny(Tiny):
+    """Augmented training and validation items beside dropout: the MFU count read a training item
+    after the resume restored the streams, and each evaluation drew from them."""
+
+    name = "jittered-tiny"
+
+    def datasets(self) -> hpcpipe.Datasets:
+        data = super().datasets()
+        return hpcpipe.Datasets(_Jittered(data.train), _Jittered(data.val))
+
+
+class WorldSizedOrder(Tiny):
+    """A data order that depends on the world size, declared as the docs say."""
+
+    name = "world-sized-order"
+    world_size_invariant_order = False
+
+    def train_loader(self, rank: int, world_size: int) -> Any:
+        from hpcpipe.data.map_style import MapStyleTrainLoader, SeededSamples
+
+        ctx, train = self._context(), self.data.train
+        seed = ctx.seed + 1000 * world_size
+        sizes = (ctx.train.micro_batch_size, ctx.train.global_batch_size)
+        samples = SeededSamples(train, seed)
+        return MapStyleTrainLoader(
+            samples, len(train), ctx.data, *sizes, rank, world_size, seed, self.collate
+        )
+
+
 class MissingLoss(hpcpipe.DatasetRecipe):
     name = "missing-loss"
 

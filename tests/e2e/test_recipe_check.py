@@ -84,3 +84,42 @@ def test_a_torch_error_in_the_recipe_shows_its_traceback_and_the_failed_runs_are
         assert (Path(kept.group(1)) / "job.yaml").is_file()
     finally:
         shutil.rmtree(kept.group(1), ignore_errors=True)
+
+
+def test_augmented_data_beside_dropout_resumes_bit_for_bit(tmp_path: Path) -> None:
+    """Counting FLOPs (after the resume) and evaluating moved torch's stream, so a resumed run's
+    dropout masks differed from the uninterrupted run's from the step after the checkpoint."""
+    proc = run_cli(
+        "recipe",
+        "check",
+        "tests.recipes_for_tests:JitteredTiny",
+        "--set",
+        "recipe.dropout=0.2",
+        "--only",
+        "resume-after-kill",
+        "--work",
+        str(tmp_path),
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0 and "resume-after-kill\tPASS" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_a_world_size_dependent_order_compares_fsdp_with_ddp(tmp_path: Path) -> None:
+    """Declared as the docs say, such a recipe could never pass: both parities compared 2 ranks
+    with 1 process, which sees other batches."""
+    only = ["--only", "parity-ddp", "--only", "parity-fsdp", "--only", "loader-world-sizes"]
+    proc = run_cli(
+        "recipe",
+        "check",
+        "tests.recipes_for_tests:WorldSizedOrder",
+        *only,
+        "--work",
+        str(tmp_path),
+        "--json",
+        "-",
+        cwd=tmp_path,
+    )
+    results = {r["name"]: r for r in json.loads(proc.stdout)["results"]}
+    assert proc.returncode == 0, proc.stderr
+    assert results["parity-ddp"]["skipped"] and results["loader-world-sizes"]["skipped"]
+    assert results["parity-fsdp"]["passed"] and "of 2 DDP ranks" in results["parity-fsdp"]["detail"]

@@ -58,7 +58,8 @@ def _no_restart_probe() -> None:
     try:
         source = inspect.getsource(SimpleElasticAgent)
     except (OSError, TypeError):  # torch installed without its .py sources
-        raise TorchAPIError("SimpleElasticAgent's source (to find _remaining_restarts)", _NO_RESTART) from None
+        what = "SimpleElasticAgent's source (to find _remaining_restarts)"
+        raise TorchAPIError(what, _NO_RESTART) from None
     if "self._remaining_restarts" not in source:
         raise TorchAPIError("SimpleElasticAgent._remaining_restarts", _NO_RESTART)
 

@@ -279,7 +279,7 @@ class K8sConfig(Section):
     def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
         for name in value:
             if not _ENV_NAME.fullmatch(name):
-                raise ValueError(f"{name!r} is not an environment variable name (letters, digits, '_', '-', '.')")
+                raise ValueError(f"{name!r} is not an environment variable name (letters, digits, '_-.')")
         return value
 
     @field_validator("extra_resources")

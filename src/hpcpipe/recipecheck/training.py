@@ -76,25 +76,26 @@ def compare_series(
     return worst, None
 
 
-def check_parity(single: Path, other: Path, what: str, rtol: float) -> str:
+def check_parity(single: Path, other: Path, what: str, rtol: float, against: str = "1 process") -> str:
     """The losses, and the gradient norms that clipping would use, of every step within ``rtol``
-    of 1 process. The check's runs do not clip (job.py): the norm is the one thing the layouts
-    compute in another order, so it is compared here on its own rather than fed back into the
-    weights, where a chaotic start amplifies its rounding."""
-    _same_data(single, other, what)
+    of the reference run (1 process, or 2 DDP ranks where the data order depends on the world
+    size). The check's runs do not clip (job.py): the norm is the one thing the layouts compute
+    in another order, so it is compared here on its own rather than fed back into the weights,
+    where a chaotic start amplifies its rounding."""
+    _same_data(single, other, what, against)
     loss, problem = compare_series(losses(single), losses(other), rtol)
     norm, norm_problem = (
         (0.0, None) if problem else compare_series(_grad_norms(single), _grad_norms(other), rtol, "grad_norm")
     )
     if problem or norm_problem:
-        raise AssertionError(f"{what} against 1 process: {problem or norm_problem}")
+        raise AssertionError(f"{what} against {against}: {problem or norm_problem}")
     return (
-        f"losses of {STEPS} steps within relative {loss:.1e} of 1 process, gradient norms within "
+        f"losses of {STEPS} steps within relative {loss:.1e} of {against}, gradient norms within "
         f"{norm:.1e} (tolerance {rtol:g})"
     )
 
 
-def _same_data(single: Path, other: Path, what: str) -> None:
+def _same_data(single: Path, other: Path, what: str, against: str) -> None:
     """The two runs' processes built the same datasets (lineage's fingerprint): a recipe whose
     data differ between processes failed parity, blamed on DDP or FSDP2."""
     from hpcpipe.fsutil import read_json_object
@@ -104,7 +105,7 @@ def _same_data(single: Path, other: Path, what: str) -> None:
     mine, theirs = (read_json_object(RunLayout(run).lineage).get(key) for run in (single, other))
     if mine and theirs and mine != theirs:
         raise AssertionError(
-            f"the {what} run built other data than 1 process (dataset fingerprint {theirs[:12]} against "
+            f"the {what} run built other data than {against} (dataset fingerprint {theirs[:12]} against "
             f"{mine[:12]}): datasets() must build the same data in every process (seed random data; "
             "no order taken from a set of strings)"
         )

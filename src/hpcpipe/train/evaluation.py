@@ -3,6 +3,11 @@ then over the ranks).
 
 A recipe's ``eval_sums`` returns sums (a loss summed over tokens, a count), never means, so that
 sums over batches and ranks give the exact metric however the data were split.
+
+An evaluation leaves the training's random streams as it found them (``streams_kept``): a resumed
+run skips the evaluation its checkpoint step already logged, so one that drew from torch's
+generator (a validation augmentation) would move the uninterrupted run's dropout masks but not
+the resumed run's, and the two would no longer train bit for bit alike.
 """
 
 from __future__ import annotations
@@ -48,6 +53,11 @@ def summed_over_ranks(sums: dict[str, torch.Tensor], group: Any, ranks: int) -> 
     if ranks > 1:
         dist.all_reduce(totals, group=group)
     return dict(zip(keys, totals.tolist(), strict=True))
+
+
+def streams_kept(device: torch.device) -> contextlib.AbstractContextManager[Any]:
+    """A block whose draws from torch's CPU generator (and ``device``'s) are undone after it."""
+    return torch.random.fork_rng(devices=[device] if device.type == "cuda" else [])
 
 
 def is_evaluation_step(step: int, cfg: TrainConfig) -> bool:

@@ -211,7 +211,7 @@ class Trainer:
             items_per_step=self.cfg.global_batch_size * recipe.items_per_sample,
             unit=recipe.throughput_unit,
             world_size=ctx.world_size,
-            flops_per_item=_per_item(recipe.flops_per_sample(), recipe.items_per_sample),
+            flops_per_item=_per_item(self._flops_per_sample(), recipe.items_per_sample),
             device=ctx.device,
             precision=self.cfg.precision,
             peak_tflops_override=self.observe.peak_tflops,
@@ -551,7 +551,7 @@ class Trainer:
             )
 
     def evaluate_and_log(self) -> float:
-        with self.watchdog.pause(), self.phases.region("evaluate"):
+        with self.watchdog.pause(), self.phases.region("evaluate"), evaluation.streams_kept(self.ctx.device):
             metrics = self.evaluate()
         self.last_eval = metrics
         self.telemetry.on_eval(metrics)
@@ -559,6 +559,11 @@ class Trainer:
         self._write(row)
         self.progress.show(row)
         return metrics["val_loss"]
+
+    def _flops_per_sample(self) -> float | None:
+        # After the resume restored the streams: the recipe may read a sample (an augmentation).
+        with evaluation.streams_kept(self.ctx.device):
+            return self.recipe.flops_per_sample()
 
     def inference_model(self) -> torch.nn.Module:
         """The model to call for generation/export: unwrapped from DDP, as-is under FSDP2."""

@@ -246,7 +246,6 @@ def test_a_resubmitted_job_leaves_the_runs_config_until_it_resumed(tmp_path: Pat
     assert f"  {run_config}\n" in again
 
 
-
 def test_a_submission_its_own_checks_refuse_writes_no_run_config(tmp_path: Path) -> None:
     """render_sbatch's checks run before anything is written: a refused submission left the
     run's config.yaml behind, which `launch preempted`/`finished` then read."""
@@ -254,7 +253,7 @@ def test_a_submission_its_own_checks_refuse_writes_no_run_config(tmp_path: Path)
     from hpcpipe.launch.slurm import write_submission
 
     job = load_config("tiny", [f"run.out_dir={tmp_path}", "launch.slurm.signal_grace_s=60"])
-    with pytest.raises(UserError, match="launch.slurm.signal_grace_s"):
+    with pytest.raises(UserError, match=r"launch\.slurm\.signal_grace_s"):
         write_submission(SlurmSubmission([job], script_dir=job.run_dir))
     assert not (job.run_dir / "config.yaml").exists()
 
@@ -266,6 +265,7 @@ def test_a_submission_record_that_is_not_an_object_is_one_line(tmp_path: Path) -
     (tmp_path / SUBMISSION_FILE).write_text("[1]\n")
     with pytest.raises(UserError, match="unreadable"):
         resolve_job(str(tmp_path))
+
 
 SRUN_STUB = """#!/bin/bash
 case "$*" in
