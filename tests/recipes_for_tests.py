@@ -113,6 +113,25 @@ class WorldSizedOrder(Tiny):
         )
 
 
+class UnusedHead(Tiny):
+    """A model with a head the loss never uses (as an expert no token reaches)."""
+
+    name = "unused-head"
+
+    def build_model(self) -> Any:
+        from torch import nn
+
+        class WithSpareHead(nn.Module):
+            def __init__(self, body: nn.Module) -> None:
+                super().__init__()
+                self.body, self.spare = body, nn.Linear(4, 1)
+
+            def forward(self, x: Any) -> Any:
+                return self.body(x)
+
+        return WithSpareHead(super().build_model())
+
+
 class MissingLoss(hpcpipe.DatasetRecipe):
     name = "missing-loss"
 

@@ -123,3 +123,24 @@ def test_a_world_size_dependent_order_compares_fsdp_with_ddp(tmp_path: Path) -> 
     assert proc.returncode == 0, proc.stderr
     assert results["parity-ddp"]["skipped"] and results["loader-world-sizes"]["skipped"]
     assert results["parity-fsdp"]["passed"] and "of 2 DDP ranks" in results["parity-fsdp"]["detail"]
+
+
+def test_a_parameter_the_loss_never_uses_trains_and_resumes_under_ddp(tmp_path: Path) -> None:
+    """Its optimizer state is never created, so every checkpoint failed its strict load ("Missing
+    key ... optim.state.spare.weight.step"), and DDP had no way to skip it."""
+    only = ["--only", "checkpoint-round-trip", "--only", "parity-ddp", "--only", "resume-after-kill"]
+    proc = run_cli(
+        "recipe",
+        "check",
+        "tests.recipes_for_tests:UnusedHead",
+        "--set",
+        "parallel.find_unused_parameters=true",
+        *only,
+        "--work",
+        str(tmp_path),
+        "--json",
+        "-",
+        cwd=tmp_path,
+    )
+    results = {r["name"]: r for r in json.loads(proc.stdout)["results"]}
+    assert proc.returncode == 0 and all(r["passed"] for r in results.values()), proc.stderr

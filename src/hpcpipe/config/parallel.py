@@ -103,6 +103,13 @@ class ParallelConfig(Section):
         description="DDP: the set of used parameters never changes between steps, so DDP "
         "can skip its per-step graph search and overlap better.",
     )
+    find_unused_parameters: bool = Field(
+        False,
+        description="DDP: find, after each forward, the parameters the loss did not use (an unused "
+        "head, experts no token reached) and mark them ready, so the gradient all-reduce does not "
+        "wait for them (costs a graph traversal per step). False: such a model stops with DDP's "
+        "'Expected to have finished reduction' error at its second step.",
+    )
     broadcast_buffers: bool | None = Field(
         None,
         description="DDP: broadcast rank 0's buffers (BatchNorm running statistics) at every "

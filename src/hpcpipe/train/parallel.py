@@ -74,6 +74,7 @@ def apply_parallelism(
             bucket_cap_mb=cfg.bucket_cap_mb,
             gradient_as_bucket_view=cfg.gradient_as_bucket_view,
             static_graph=cfg.static_graph,
+            find_unused_parameters=cfg.find_unused_parameters,
             **compat.ddp_buffer_sync_kwargs(broadcast),
         )
     if strategy == "fsdp":
