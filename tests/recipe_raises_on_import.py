@@ -1,3 +1,3 @@
-"""A recipe module with a bug at import: its author must see the traceback."""
+"""A recipe module with a bug at import: its author is told what and where, in one line."""
 
 RESULT = 1 / 0

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hpcpipe.errors import ConfigError
+from hpcpipe.errors import ConfigError, one_line
 from hpcpipe.recipes.args import is_schema
 from hpcpipe.recipes.base import API_VERSION, Recipe
 
@@ -155,7 +155,9 @@ def _import(target: str, where: str) -> Any:
         missing = exc.name or ""
         if module_name == missing or module_name.startswith(missing + "."):
             raise ConfigError(f"{where}: cannot import {module_name!r} (no module {missing!r})") from None
-        raise  # the recipe's module imports something missing: its author needs the traceback
+        raise ConfigError(_import_failure(exc, module_name, where)) from None
+    except Exception as exc:  # a bug in the recipe's module, raised while it imports
+        raise ConfigError(_import_failure(exc, module_name, where)) from None
     obj: Any = module
     for part in attr.split("."):
         if not hasattr(obj, part):
@@ -163,6 +165,24 @@ def _import(target: str, where: str) -> Any:
             raise ConfigError(f"{where}: module {module_name!r} has no attribute {attr!r}")
         obj = getattr(obj, part)
     return obj
+
+
+def _import_failure(exc: Exception, module_name: str, where: str) -> str:
+    """One line for an error raised while the recipe's module imports: what, and where in the
+    author's code (the innermost frame outside Python's import machinery); the traceback through
+    hpcpipe and typer said no more. ``python -c 'import MODULE'`` shows the whole of it."""
+    import traceback
+
+    if isinstance(exc, SyntaxError):
+        place = f"{exc.filename}:{exc.lineno}"
+    else:
+        frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith("<frozen")]
+        place = f"{frames[-1].filename}:{frames[-1].lineno}" if frames else module_name
+    reason = exc.msg if isinstance(exc, SyntaxError) else one_line(str(exc)[:300])
+    return (
+        f"{where}: importing {module_name!r} raised {type(exc).__name__} at {place}: {reason} "
+        f"(python -c 'import {module_name}' shows the traceback)"
+    )
 
 
 def _not_shadowed(module_name: str, where: str) -> None:

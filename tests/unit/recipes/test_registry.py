@@ -142,9 +142,33 @@ def test_a_missing_method_is_named() -> None:
         recipe_class("hpcpipe.recipes.base:Recipe")
 
 
-def test_a_recipe_module_that_raises_shows_its_own_traceback() -> None:
-    with pytest.raises(ZeroDivisionError):
+def test_a_recipe_module_that_raises_is_named_with_its_line() -> None:
+    """It was a 61-line traceback through typer, and exit 1."""
+    with pytest.raises(ConfigError) as err:
         recipe_class("tests.recipe_raises_on_import:Anything")
+    message = str(err.value)
+    assert (
+        "raised ZeroDivisionError at " in message
+        and "recipe_raises_on_import.py:3: division by zero" in message
+    )
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize(
+    ("source", "needle"),
+    [
+        ("def broken(:\n", "raised SyntaxError at "),
+        ("import not_a_package_anyone_has\n", "raised ModuleNotFoundError at "),
+    ],
+)
+def test_a_recipe_module_that_cannot_import_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str, needle: str
+) -> None:
+    (tmp_path / "mybroken_recipe.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError) as err:
+        recipe_class("mybroken_recipe:R")
+    assert needle in str(err.value) and "mybroken_recipe.py:1" in str(err.value), err.value
 
 
 @pytest.mark.parametrize(
