@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 import typer
 
 from hpcpipe.cli.common import JsonOption, console, err_console, print_table, write_json
-from hpcpipe.errors import UserError
+from hpcpipe.errors import UserError, one_line
 from hpcpipe.layout import RunLayout
 
 app = typer.Typer(
@@ -81,10 +81,12 @@ def newest_step(run_dir: PathArg) -> None:
 
     if not run_dir.is_dir():  # a typo must not read as "no progress" to the requeue decision
         raise UserError(f"{run_dir}: not a run directory")
-    if (run_dir / MANIFEST_NAME).is_file():  # one checkpoint: its own step (it printed 0)
-        step = parse_step(run_dir.name)
+    step = parse_step(run_dir.name)
+    if (run_dir / MANIFEST_NAME).is_file() or step is not None:  # one checkpoint: its own step
         if step is None:
             raise UserError(f"{run_dir}: a checkpoint, but not named step-NNNNNNNN")
+        if not (run_dir / MANIFEST_NAME).is_file():
+            raise UserError(f"{run_dir}: not a committed checkpoint ({MANIFEST_NAME} is not a file)")
         print(step)
         return
     steps = [0, *(step for tier in _tiers(run_dir) for step, _ in tier.committed())]
@@ -178,16 +180,35 @@ def _checkpoints(path: Path) -> list[tuple[str, Path]]:
 def _tiers(path: Path) -> list[Any]:
     """A run directory's tiers (from its config.yaml when there is one), or PATH as one tier."""
     from hpcpipe.checkpoint.tiers import Tier, fast_root
-    from hpcpipe.config import load_config
+    from hpcpipe.fsutil import read_json_object
 
     layout = RunLayout(path)
     if not layout.config.is_file():
         return [Tier("fast", layout.checkpoints if layout.checkpoints.is_dir() else path)]
-    cfg = load_config(layout.config).checkpoint
-    tiers = [Tier("fast", fast_root(cfg.dir, path))]
+    cfg = _checkpoint_section(layout.config)
+    # Relative directories are relative to where the run started (lineage), not to here: from
+    # elsewhere, `newest` printed 0 and `list` found nothing.
+    started_in = Path(str(read_json_object(layout.lineage).get("working_dir") or "."))
+    tiers = [Tier("fast", started_in / fast_root(cfg.dir, path) if cfg.dir else fast_root(None, path))]
     if cfg.durable_dir:
-        tiers.append(Tier("durable", Path(cfg.durable_dir)))
+        tiers.append(Tier("durable", started_in / cfg.durable_dir))
     return tiers
+
+
+def _checkpoint_section(config: Path) -> Any:
+    """The run's ``checkpoint:`` section alone: loading the whole config imports the recipe's
+    module (from another directory, or without its package, `ckpt list` failed on it)."""
+    from pydantic import ValidationError
+
+    from hpcpipe.config.checkpoint import CheckpointConfig
+    from hpcpipe.yamlfile import read_yaml_file
+
+    raw = read_yaml_file(config, "run's config")
+    section = raw.get("checkpoint") if isinstance(raw, dict) else None
+    try:
+        return CheckpointConfig.model_validate(section or {})
+    except ValidationError as exc:
+        raise UserError(f"{config}: checkpoint: {one_line(str(exc.errors()[0]['msg']))}") from None
 
 
 def _describe(tier: str, path: Path, verify: bool) -> dict[str, Any]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -63,6 +64,8 @@ def build_lineage(
             "hpcpipe": hpcpipe.__version__,
         },
         "platform": platform.platform(),
+        # Relative paths of the config (checkpoint.dir, run.out_dir) are relative to it.
+        "working_dir": os.getcwd(),
         "hosts": sorted(set(hosts)),
         "world_size": world_size,
     }

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from hpcpipe.checkpoint import CheckpointStore
 from hpcpipe.config import load_config
@@ -114,3 +115,35 @@ def test_an_export_into_the_runs_checkpoints_is_refused_and_they_still_verify(ru
         "step-00000006",
     ]
     assert not (ckpt / "config.json").exists()
+
+
+def test_a_relative_checkpoint_dir_is_found_from_elsewhere(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Relative to where the run started (lineage), not to the caller: from another directory
+    `newest` printed 0 (the requeue's "no progress") and `list` found nothing. The run's recipe
+    is not imported: only its checkpoint section is read."""
+    started = tmp_path / "project"
+    run = started / "runs" / "r"
+    job = load_config("tiny", ["model.n_layers=1", "model.d_model=16", "model.n_heads=2", "model.seq_len=8"])
+    run.mkdir(parents=True)
+    config = yaml.safe_load(job.to_yaml())
+    config["checkpoint"]["dir"] = "relck"
+    config["run"]["recipe"] = "not_installed_anywhere:Recipe"
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
+    (run / "lineage.json").write_text(json.dumps({"working_dir": str(started)}))
+    model = GPT(job.model, 40)
+    store = CheckpointStore(job.checkpoint, started / "relck")
+    store.save(4, model, torch.optim.AdamW(model.parameters()), {"step": 4})
+    store.close()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    proc = cli("ckpt", "newest", str(run), cwd=elsewhere)
+    assert proc.returncode == 0 and proc.stdout.strip() == "4", proc.stderr
+    proc = cli("ckpt", "list", str(run), "--json", "-", cwd=elsewhere)
+    assert proc.returncode == 0 and [r["step"] for r in json.loads(proc.stdout)] == [4], proc.stderr
+
+
+def test_newest_of_a_step_directory_without_a_manifest_file_is_refused(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    step = tmp_path / "step-00000001"
+    (step / "manifest.json").mkdir(parents=True)
+    proc = cli("ckpt", "newest", str(step))
+    assert proc.returncode == 2 and "not a committed checkpoint" in proc.stderr, proc.stdout
