@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from hpcpipe.config import JobConfig
-from hpcpipe.launch.kubernetes import HPCPIPE_RUNTIME, Api, job_name, render_k8s
+from hpcpipe.launch.kubernetes import HPCPIPE_RUNTIME, Api, job_name, layout_label, render_k8s
 from hpcpipe.recipes.registry import recipe_label
 
 CHART_DIR = "deploy/helm/hpcpipe"  # in a clone; `make chart` packages it as dist/hpcpipe-<version>.tgz
@@ -32,6 +32,7 @@ def helm_values(
         "nameOverride": job_name(job),
         "config": job.to_yaml(),
         "recipe": recipe_label(job.run.recipe),
+        "layout": layout_label(job) or "",
         "api": api,
         "runtime": {"name": HPCPIPE_RUNTIME if with_runtime else cfg.runtime, "install": with_runtime},
         "nodes": {"min": low, "max": high},

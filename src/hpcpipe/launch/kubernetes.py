@@ -228,10 +228,17 @@ def _labels(job: JobConfig, name: str) -> dict[str, str]:
     }
     if cfg.queue:
         labels["kueue.x-k8s.io/queue-name"] = cfg.queue
-    world = job.parallel.node_range[1] * processes_per_node(cfg)
-    if (layout := job.parallel.layout_at(world)) is not None:
-        labels["hpcpipe.dev/layout"] = "pp{}-dp{}-tp{}".format(*layout)  # tensor parallel inside a pod
+    if layout := layout_label(job):
+        labels["hpcpipe.dev/layout"] = layout
     return labels | cfg.labels
+
+
+def layout_label(job: JobConfig) -> str | None:
+    """``pp<p>-dp<d>-tp<t>`` at the most nodes (tensor parallel inside a pod); None without tensor
+    or pipeline parallelism. The chart's ``layout`` value (``launch helm-values``)."""
+    world = job.parallel.node_range[1] * processes_per_node(job.launch.k8s)
+    layout = job.parallel.layout_at(world)
+    return None if layout is None else "pp{}-dp{}-tp{}".format(*layout)
 
 
 def _scheduling(job: JobConfig) -> dict[str, Any]:

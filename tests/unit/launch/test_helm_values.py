@@ -58,6 +58,11 @@ CASES = [
     # key, an env value `on`, a byte-count /dev/shm, a large extended resource.
     pytest.param("tiny", [*RETYPED], "pytorchjob", False, id="values-that-yaml-would-retype"),
     pytest.param("gpt-124m", ["launch.k8s.gpus_per_node=8"], "trainjob", False, id="gpt-124m"),
+    # The label hpcpipe.dev/layout (the chart had none): tensor parallel, and pipeline on 2 nodes.
+    pytest.param("gpt-124m", ["launch.k8s.gpus_per_node=8", "parallel.tp=2", "parallel.strategy=fsdp"],
+                 "trainjob", False, id="gpt-124m-tp2"),
+    pytest.param("gpt-124m", ["launch.k8s.gpus_per_node=8", "parallel.pp=2", "parallel.nnodes=2"],
+                 "pytorchjob", False, id="gpt-124m-pp2"),
     pytest.param("resnet18-cifar10", ["launch.k8s.image=registry.local:5000/hpcpipe"], "pytorchjob", False,
                  id="resnet18-registry-port"),
     pytest.param("lora-fc-smollm2", ["launch.k8s.env={HF_HOME: /cache/hf}"], "trainjob", False, id="lora"),

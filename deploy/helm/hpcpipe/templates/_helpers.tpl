@@ -26,6 +26,9 @@ examples and compares the objects field by field.
 {{- if .Values.queue -}}
 {{- $_ := set $labels "kueue.x-k8s.io/queue-name" .Values.queue -}}
 {{- end -}}
+{{- if .Values.layout -}}
+{{- $_ := set $labels "hpcpipe.dev/layout" .Values.layout -}}
+{{- end -}}
 {{- toYaml (merge (deepCopy .Values.labels) $labels) -}}
 {{- end -}}
 
