@@ -8,6 +8,7 @@ renders (Helm's own bookkeeping labels aside). Every rendered object passes Kube
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -293,3 +294,15 @@ def test_the_chart_refuses_labels_that_select_the_pods() -> None:
     """A user label overriding app.kubernetes.io/instance left the PodMonitor selecting nothing."""
     with pytest.raises(Exception, match=r"app\.kubernetes\.io/instance|propertyNames|labels"):
         _notes({"config": "preset: tiny\n", "labels": {"app.kubernetes.io/instance": "other"}})
+
+
+def test_the_templates_refuse_labels_that_select_the_pods_without_the_schema(tmp_path: Path) -> None:
+    """With the schema skipped (helm install --skip-schema-validation), a user label replaced
+    app.kubernetes.io/name or instance and the PodMonitor and hpcpipe jobs found no pod."""
+    chart = shutil.copytree(CHART, tmp_path / "hpcpipe")  # the linked alert rules and dashboard as files
+    (chart / "values.schema.json").unlink()
+    for key in ("app.kubernetes.io/name", "app.kubernetes.io/instance"):
+        values = {"config": "preset: tiny\n", "labels": {key: "other"}}
+        with helm.Chart.load(str(chart)) as loaded, pytest.raises(helm.HelmRenderError) as caught:
+            loaded.render(values, name="x")
+        assert f'labels: "{key}" is set by hpcpipe' in str(caught.value), caught.value

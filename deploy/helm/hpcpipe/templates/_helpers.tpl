@@ -20,8 +20,14 @@ examples and compares the objects field by field.
 {{- include "hpcpipe.name" . }}-config
 {{- end -}}
 
-{{/* Labels of the job and its config; user labels win. */}}
+{{/* Labels of the job and its config; user labels win, but for the two that select the pods (the
+PodMonitor, `hpcpipe jobs`): refused here too, as `helm install --skip-schema-validation` skips the schema's refusal. */}}
 {{- define "hpcpipe.labels" -}}
+{{- range $key := list "app.kubernetes.io/name" "app.kubernetes.io/instance" -}}
+{{- if hasKey $.Values.labels $key -}}
+{{- fail (printf "labels: %q is set by hpcpipe (it selects the job's pods); use another key" $key) -}}
+{{- end -}}
+{{- end -}}
 {{- $labels := dict "app.kubernetes.io/name" "hpcpipe" "app.kubernetes.io/instance" (include "hpcpipe.name" .) "hpcpipe.dev/recipe" .Values.recipe -}}
 {{- if .Values.queue -}}
 {{- $_ := set $labels "kueue.x-k8s.io/queue-name" .Values.queue -}}
