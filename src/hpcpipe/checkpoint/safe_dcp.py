@@ -91,22 +91,23 @@ _DCP_METADATA_CLASSES = {
         "BytesStorageMetadata",
         "MetadataIndex",
         "StorageMeta",
-        "_MEM_FORMAT_ENCODING",
     },
-    "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
-    "torch.serialization": {"_get_layout"},  # looks a name up among torch's layouts, nothing more
     "torch": {"Size"},
     "pathlib": {"Path", "PosixPath", "WindowsPath", "PurePath", "PurePosixPath", "PureWindowsPath"},
     "collections": {"OrderedDict"},
     "builtins": {"set", "frozenset"},
-}
+}  # and DCP's private globals (compat.dcp_metadata_globals)
 
 
 class _MetadataUnpickler(pickle.Unpickler):
     """Resolves only the globals DCP metadata is made of; anything else is an error, not a call."""
 
+    def __init__(self, stream: IO[bytes], private: frozenset[tuple[str, str]]) -> None:
+        super().__init__(stream)
+        self.private = private
+
     def find_class(self, module: str, name: str) -> Any:
-        if name in _DCP_METADATA_CLASSES.get(module, ()):
+        if name in _DCP_METADATA_CLASSES.get(module, ()) or (module, name) in self.private:
             return super().find_class(module, name)
         if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
             return getattr(torch, name)
@@ -114,9 +115,11 @@ class _MetadataUnpickler(pickle.Unpickler):
 
 
 def safe_load_metadata(stream: IO[bytes], origin: str) -> Metadata:
-    """Unpickle DCP ``.metadata`` with the allow-list; CheckpointError naming ``origin`` otherwise."""
+    """Unpickle DCP ``.metadata`` with the allow-list; CheckpointError naming ``origin`` otherwise
+    (TorchAPIError where this torch lacks one of DCP's private globals)."""
+    private = compat.dcp_metadata_globals()
     try:
-        metadata = _MetadataUnpickler(stream).load()
+        metadata = _MetadataUnpickler(stream, private).load()
     except (pickle.UnpicklingError, EOFError, AttributeError, ValueError, TypeError, KeyError) as exc:
         raise CheckpointError(f"{origin}: unsafe or corrupt DCP metadata ({exc})") from None
     if not isinstance(metadata, Metadata):
@@ -131,11 +134,12 @@ class SafeFileSystemReader(FileSystemReader):
     one (tools that verified the directory first) files are read unchecked. ``sources``: other
     directories holding copies of the same files, tried first (the memory tier); a copy whose
     size or hash differs from the manifest is passed over for the next source, and listed in
-    ``rejected``. ``refused`` keeps a refusal: torch 2.11's ``dcp.load`` swallows exceptions from
-    ``read_metadata`` and fails later with "metadata is None", so the caller re-raises this.
+    ``rejected``. ``refused`` keeps a refusal (or a TorchAPIError): torch 2.11's ``dcp.load``
+    swallows exceptions from ``read_metadata`` and fails later with "metadata is None", so the
+    caller re-raises this.
     """
 
-    refused: CheckpointError | None = None
+    refused: CheckpointError | compat.TorchAPIError | None = None
 
     def __init__(
         self, path: Path, manifest: Manifest | None = None, sources: Sequence[Path] = (), threads: int = 2
@@ -152,13 +156,13 @@ class SafeFileSystemReader(FileSystemReader):
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         if self.refused is not None:  # DCP retries with per-rank metadata: refused all the same
             raise self.refused
-        name = Path(compat.dcp_metadata_path(self, kwargs.get("rank"))).name
         try:
+            name = Path(compat.dcp_metadata_path(self, kwargs.get("rank"))).name
             data = self._read_whole(name)
             metadata = safe_load_metadata(
                 io.BytesIO(data), str(self.read_from.get(name, self.sources[-1]) / name)
             )
-        except CheckpointError as exc:
+        except (CheckpointError, compat.TorchAPIError) as exc:  # kept: dcp.load would swallow it
             self.refused = exc
             raise
         if getattr(metadata, "storage_meta", None) is None:

@@ -35,6 +35,27 @@ def dcp_storage_info(relative_path: str, offset: int, length: int) -> Any:
     return info(relative_path, offset, length)
 
 
+_METADATA = "read checkpoint metadata safely"
+# The private globals DCP pickles into ``.metadata``, where hpcpipe looks each up.
+_METADATA_GLOBALS = (
+    ("torch.distributed.checkpoint.metadata", "_MEM_FORMAT_ENCODING"),  # a tensor's memory format
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),  # where an item lies in a file
+    ("torch.serialization", "_get_layout"),  # looks a name up among torch's layouts, nothing more
+)
+
+
+def dcp_metadata_globals() -> frozenset[tuple[str, str]]:
+    """(module, name) pairs the safe ``.metadata`` unpickler may resolve for DCP's private globals:
+    where each is looked up, and where pickle records the object itself (``__module__``,
+    ``__qualname__``), so the allow-list follows torch when it moves one behind an alias. A torch
+    without one is a TorchAPIError naming it, not every checkpoint refused as corrupt."""
+    pairs = set()
+    for module, name in _METADATA_GLOBALS:
+        found = require(module, name, _METADATA)
+        pairs |= {(module, name), (found.__module__, found.__qualname__)}
+    return frozenset(pairs)
+
+
 _STAGE = "stage asynchronous checkpoints"
 
 
@@ -66,6 +87,10 @@ PRIVATE_APIS: dict[str, Callable[[], Any]] = {
     "checkpoint.filesystem._StoragePrefix.prefix": probe(
         "torch.distributed.checkpoint.filesystem", "_StoragePrefix", "__dataclass_fields__", purpose=_RAW
     ),
+    "checkpoint.metadata._MEM_FORMAT_ENCODING": probe(
+        "torch.distributed.checkpoint.metadata", "_MEM_FORMAT_ENCODING", purpose=_METADATA
+    ),
+    "serialization._get_layout": probe("torch.serialization", "_get_layout", purpose=_METADATA),
     "_state_dict_utils._create_cpu_state_dict": probe(
         "torch.distributed._state_dict_utils", "_create_cpu_state_dict", purpose=_STAGE
     ),

@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
+from hpcpipe import compat
 from hpcpipe.checkpoint import CheckpointError, CheckpointStore
 from hpcpipe.checkpoint.manifest import hash_file
 from hpcpipe.checkpoint.safe_dcp import SafeFileSystemReader, SafeLoadPlanner, safe_load_metadata
@@ -73,6 +74,40 @@ def test_payload_nested_inside_real_metadata_is_refused(committed: Path, tmp_pat
     with pytest.raises(CheckpointError, match="refusing"):
         SafeFileSystemReader(committed).read_metadata()
     assert not marker.exists()
+
+
+@pytest.mark.parametrize(
+    ("module", "name"),
+    [
+        ("torch.serialization", "_get_layout"),
+        ("torch.distributed.checkpoint.metadata", "_MEM_FORMAT_ENCODING"),
+        ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ],
+)
+def test_a_torch_without_a_metadata_global_is_named_not_called_corrupt(
+    committed: Path, monkeypatch: pytest.MonkeyPatch, module: str, name: str
+) -> None:
+    """A torch that moved one of DCP's private metadata globals refused every checkpoint as
+    "unsafe or corrupt DCP metadata"; now the load names the missing API."""
+    monkeypatch.delattr(f"{module}.{name}")
+    with pytest.raises(compat.TorchAPIError, match=rf"has no {module}\.{name} \(hpcpipe uses it to read"):
+        SafeFileSystemReader(committed).read_metadata()
+    model, optimizer = _model()
+    with pytest.raises(compat.TorchAPIError, match=rf"{module}\.{name}"):
+        CheckpointStore(CheckpointConfig(), committed.parent).restore(model, optimizer)
+
+
+def test_metadata_globals_are_allowed_where_torch_keeps_them(
+    committed: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The allow-list is built from the resolved objects: a global torch pickles under another
+    module (moved, with an alias left behind) is allowed there too."""
+    from torch.distributed.checkpoint import filesystem
+
+    monkeypatch.setattr(filesystem._StorageInfo, "__module__", "torch.distributed.checkpoint.storage")
+    assert ("torch.distributed.checkpoint.storage", "_StorageInfo") in compat.dcp_metadata_globals()
+    assert ("torch.distributed.checkpoint.filesystem", "_StorageInfo") in compat.dcp_metadata_globals()
+    assert SafeFileSystemReader(committed).read_metadata().storage_data
 
 
 def test_malicious_byte_item_is_refused(tmp_path: Path) -> None:
