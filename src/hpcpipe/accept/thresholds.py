@@ -21,7 +21,9 @@ from hpcpipe.yamlfile import read_yaml_file
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # inf and nan compare as "> 0": `timeout_s: .inf` and `min_time_s: .inf` reached the
+    # benchmarks and ended in an OverflowError; a figure or a limit is a finite number.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class ConnectivityThresholds(_Section):

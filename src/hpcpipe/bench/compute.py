@@ -59,8 +59,10 @@ class ComputeSpec:
             raise UserError(f"--dtypes: unknown dtype {bad!r} (known: {', '.join(MATMUL_DTYPES)})")
         if matmul_n is not None and matmul_n < 16:
             raise UserError("--matmul-n must be >= 16")
-        if min_time_s <= 0 or repeats < 1:
-            raise UserError("--min-time must be > 0 and --repeats >= 1")
+        if not 0 < min_time_s < math.inf:  # nan and inf ended in a ValueError or an OverflowError
+            raise UserError(f"--min-time must be a finite number of seconds > 0 (got {min_time_s})")
+        if repeats < 1:
+            raise UserError(f"--repeats must be >= 1 (got {repeats})")
         if copy_bytes is not None and copy_bytes < MIN_COPY_BYTES:  # it reported "0 MiB copy, 0 GB/s"
             raise UserError(f"--copy-size must be 1M or more (got {copy_bytes} bytes)")
         return cls(list(dict.fromkeys(dtypes)), matmul_n, copy_bytes, min_time_s, repeats)

@@ -225,6 +225,10 @@ def test_shipped_thresholds_load(name: str) -> None:
         ("name: x\ncollectives: {busbw_gbps: {all_reduce: {1M: -1}}}\n", "must be > 0 (got -1"),
         ("name: x\ncompute: {matmul_tflops: {fp32: 0}}\n", "must be > 0 (got 0"),
         ("name: x\nscaling: {preset: tiny, nproc: [4], min_efficiency: 0.7}\n", "two or more world sizes"),
+        # inf passed "> 0" and ended in an OverflowError (a traceback) once the benchmarks ran.
+        ("name: x\ntimeout_s: .inf\nconnectivity: {}\n", "timeout_s: Input should be a finite number"),
+        ("name: x\ncompute: {min_time_s: .inf, matmul_tflops: {fp32: 1}}\n", "compute.min_time_s: Input"),
+        ("name: x\ncollectives: {busbw_gbps: {all_reduce: {1M: .inf}}}\n", "finite number"),
     ],
 )
 def test_bad_thresholds_name_the_file(tmp_path: Path, text: str, needle: str) -> None:

@@ -48,6 +48,9 @@ def test_spec_rejects_bad_input() -> None:
         ComputeSpec.build(["fp32"], 4, None, 0.1, 1)
     with pytest.raises(UserError, match="--min-time"):
         ComputeSpec.build(["fp32"], None, None, 0.0, 1)
+    for endless in (float("nan"), float("inf")):  # a ValueError and an OverflowError before
+        with pytest.raises(UserError, match="--min-time must be a finite number"):
+            ComputeSpec.build(["fp32"], None, None, endless, 1)
 
 
 def test_cli_json_is_what_roofline_reads(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
