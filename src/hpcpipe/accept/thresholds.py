@@ -14,7 +14,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from hpcpipe.bench.bus import COLLECTIVES, parse_size
+from hpcpipe.bench.bus import COLLECTIVES, dtype_name, parse_size
+from hpcpipe.bench.scaling import batch_sizes
 from hpcpipe.config import load_config
 from hpcpipe.errors import UserError
 from hpcpipe.yamlfile import read_yaml_file
@@ -42,6 +43,11 @@ class CollectiveThresholds(_Section):
     busbw_gbps: dict[str, dict[str, float]] = Field(
         description="collective -> {size: minimum bus bandwidth in GB/s}, e.g. all_reduce: {1G: 350}."
     )
+
+    @field_validator("dtype")
+    @classmethod
+    def _known_dtype(cls, value: str) -> str:  # at load, not as "--dtype: ..." from the benchmark
+        return dtype_name(value)
 
     @field_validator("busbw_gbps")
     @classmethod
@@ -158,8 +164,11 @@ def load_thresholds(source: str) -> Thresholds:
     for key, section in (("throughput", thresholds.throughput), ("scaling", thresholds.scaling)):
         if section is None:
             continue
-        try:
-            load_config(section.preset, section.set)  # a bad preset fails now, not after the benchmarks
+        try:  # a bad preset, or world sizes its batch cannot be split over: now, not after the benchmarks
+            cfg = load_config(section.preset, section.set)
+            if isinstance(section, ScalingThresholds):
+                for n in section.nproc:
+                    batch_sizes(cfg, section.mode, n, where="nproc")
         except UserError as exc:
             raise UserError(f"{path}: {key}: {exc}") from None
     return thresholds

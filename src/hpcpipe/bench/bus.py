@@ -36,6 +36,15 @@ BUS_FACTORS: dict[str, Callable[[int], float]] = {
     "reduce": lambda n: 1.0,
 }
 COLLECTIVES: tuple[str, ...] = tuple(BUS_FACTORS)
+# Element types of the collectives benchmark (torch names), and the short names also accepted.
+DTYPES = ("float32", "float16", "bfloat16", "float64", "int32")
+_DTYPE_ALIASES = {
+    "fp32": "float32",
+    "fp16": "float16",
+    "half": "float16",
+    "bf16": "bfloat16",
+    "fp64": "float64",
+}
 
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE)
@@ -120,3 +129,12 @@ def _parse_factor(text: str, flag: str) -> int:
     if factor < 2:
         raise UserError(f"{flag}: sweep factor must be an integer >= 2, got {text!r}")
     return factor
+
+
+def dtype_name(dtype: str) -> str:
+    """The torch name of ``dtype`` (aliases such as bf16 resolved); ValueError when unknown, for
+    the caller to name where it came from (``--dtype``, a thresholds file's ``collectives.dtype``)."""
+    name = _DTYPE_ALIASES.get(dtype.lower(), dtype.lower())
+    if name not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r} (known: {', '.join(DTYPES)}, fp32, bf16, fp16)")
+    return name

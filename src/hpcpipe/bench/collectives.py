@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from hpcpipe import compat
-from hpcpipe.bench.bus import COLLECTIVES, bandwidths, element_count
+from hpcpipe.bench.bus import COLLECTIVES, bandwidths, dtype_name, element_count
 from hpcpipe.bench.host import available_host_memory
 from hpcpipe.errors import UserError
 from hpcpipe.train.environment import node_name
@@ -28,14 +28,6 @@ if TYPE_CHECKING:
 
     from hpcpipe.train.distributed import DistContext
 
-DTYPES = ("float32", "float16", "bfloat16", "float64", "int32")
-_DTYPE_ALIASES = {
-    "fp32": "float32",
-    "fp16": "float16",
-    "half": "float16",
-    "bf16": "bfloat16",
-    "fp64": "float64",
-}
 # A rank slower than the median rank by more than this fraction is named as slow.
 SLOW_RANK_TOLERANCE = 0.2
 # Default sweep limits: 1 KiB up to the largest power of two that fits BUFFERS_PER_RANK times in
@@ -77,11 +69,10 @@ class CollectiveSpec:
                 f"--collectives: unknown collective {unknown[0] if unknown else '(none)'!r} "
                 f"(known: {', '.join(COLLECTIVES)})"
             )
-        name = _DTYPE_ALIASES.get(dtype.lower(), dtype.lower())
-        if name not in DTYPES:
-            raise UserError(
-                f"--dtype: unknown dtype {dtype!r} (known: {', '.join(DTYPES)}, fp32, bf16, fp16)"
-            )
+        try:
+            name = dtype_name(dtype)
+        except ValueError as exc:
+            raise UserError(f"--dtype: {exc}") from None
         if warmup < 0 or iters < 1:
             raise UserError("--warmup must be >= 0 and --iters >= 1")
         return cls(list(dict.fromkeys(collectives)), sizes, name, warmup, iters, check)

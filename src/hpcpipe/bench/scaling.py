@@ -48,13 +48,14 @@ CSV_COLUMNS = (
 )
 
 
-def batch_sizes(cfg: JobConfig, mode: str, nproc: int) -> tuple[int, int]:
-    """(global, micro) batch for ``mode`` at ``nproc`` ranks; UserError when N does not divide it."""
+def batch_sizes(cfg: JobConfig, mode: str, nproc: int, where: str = "--nproc") -> tuple[int, int]:
+    """(global, micro) batch for ``mode`` at ``nproc`` ranks; UserError when N does not divide it,
+    naming ``where`` the world sizes came from (the flag, or a thresholds file's key)."""
     global_batch = cfg.train.global_batch_size
     if mode == "strong":
         if global_batch % nproc:
             raise UserError(
-                f"--nproc {nproc}: strong scaling splits train.global_batch_size ({global_batch}) "
+                f"{where} {nproc}: strong scaling splits train.global_batch_size ({global_batch}) "
                 f"over the ranks; choose world sizes that divide it"
             )
         per_rank = global_batch // nproc

@@ -229,6 +229,16 @@ def test_shipped_thresholds_load(name: str) -> None:
         ("name: x\ntimeout_s: .inf\nconnectivity: {}\n", "timeout_s: Input should be a finite number"),
         ("name: x\ncompute: {min_time_s: .inf, matmul_tflops: {fp32: 1}}\n", "compute.min_time_s: Input"),
         ("name: x\ncollectives: {busbw_gbps: {all_reduce: {1M: .inf}}}\n", "finite number"),
+        # Named as the benchmark's flag (--dtype), or found only after the benchmarks had run.
+        (
+            "name: x\ncollectives: {dtype: bogus, busbw_gbps: {all_reduce: {1M: 1}}}\n",
+            "collectives.dtype: Value error, unknown dtype 'bogus'",
+        ),
+        (
+            "name: x\nscaling: {preset: tiny, nproc: [1, 2], min_efficiency: 0.5, mode: strong, "
+            "set: [train.global_batch_size=3]}\n",
+            "scaling: nproc 2: strong scaling splits train.global_batch_size (3)",
+        ),
     ],
 )
 def test_bad_thresholds_name_the_file(tmp_path: Path, text: str, needle: str) -> None:
