@@ -10,6 +10,7 @@ rank or host responsible where the measurement can tell.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -70,18 +71,27 @@ def row(
 
 def evaluate(th: Thresholds, measurements: dict[str, Any], launched_world: int) -> list[Row]:
     """Every row of the thresholds file, in file order."""
+    sections: list[tuple[str, Any, Callable[[Any, dict[str, Any] | None], list[Row]]]] = [
+        ("connectivity", th.connectivity, lambda s, m: connectivity_rows(s, m, launched_world)),
+        ("collectives", th.collectives, collective_rows),
+        ("compute", th.compute, compute_rows),
+        ("throughput", th.throughput, throughput_rows),
+        ("scaling", th.scaling, scaling_rows),
+    ]
     rows: list[Row] = []
-    if th.connectivity is not None:
-        rows += connectivity_rows(th.connectivity, measurements.get("connectivity"), launched_world)
-    if th.collectives is not None:
-        rows += collective_rows(th.collectives, measurements.get("collectives"))
-    if th.compute is not None:
-        rows += compute_rows(th.compute, measurements.get("compute"))
-    if th.throughput is not None:
-        rows += throughput_rows(th.throughput, measurements.get("throughput"))
-    if th.scaling is not None:
-        rows += scaling_rows(th.scaling, measurements.get("scaling"))
+    for key, section, rows_of in sections:
+        if section is not None:
+            rows += _judged(key, measurements.get(key), rows_of(section, measurements.get(key)))
     return rows
+
+
+def _judged(section: str, result: dict[str, Any] | None, rows: list[Row]) -> list[Row]:
+    """``rows``, plus a failing one when the section's benchmark failed and no row says so: an
+    error that no row judged (a section that made no rows) left the report at PASS."""
+    why = result.get("error") if result is not None else None
+    if why is None or any(not r.passed for r in rows):
+        return rows
+    return [*rows, row(section, f"{section} benchmark", None, 0, "errors", at_most=True, why_missing=why)]
 
 
 def _error(result: dict[str, Any] | None) -> str | None:

@@ -1,8 +1,9 @@
 """The thresholds file of `hpcpipe accept`: what to measure and the figure each row must reach.
 
 A file is a shipped name (``cpu``, ``h100-8x-ib``: ``accept/thresholds/<name>.yaml``) or a path.
-Every section is optional; a section that is present becomes rows of the report, and a row that
-cannot be measured fails (so a thresholds file never passes by skipping what it asks for).
+Every section is optional; a section that is present sets at least one threshold and becomes rows
+of the report, and a row that cannot be measured fails (so a thresholds file never passes by
+skipping what it asks for).
 Unknown keys are errors, as in job configs, so a misspelt threshold cannot be silently ignored.
 """
 
@@ -12,7 +13,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from hpcpipe.bench.bus import COLLECTIVES, dtype_name, parse_size
 from hpcpipe.bench.scaling import batch_sizes
@@ -52,9 +53,13 @@ class CollectiveThresholds(_Section):
     @field_validator("busbw_gbps")
     @classmethod
     def _known_collectives_and_sizes(cls, value: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+        if not value:  # no row would judge the section: a crashed benchmark passed
+            raise ValueError("name at least one collective and its sizes, e.g. all_reduce: {1G: 350}")
         for name, sizes in value.items():
             if name not in COLLECTIVES:
                 raise ValueError(f"unknown collective {name!r} (known: {', '.join(COLLECTIVES)})")
+            if not sizes:
+                raise ValueError(f"{name}: give at least one size and its minimum, e.g. {{1G: 350}}")
             for size, minimum in sizes.items():
                 try:
                     parse_size(str(size), flag=f"size {size!r} of {name}")
@@ -82,6 +87,16 @@ class ComputeThresholds(_Section):
     host_to_device_gbps: float | None = Field(None, gt=0, description="Pinned host -> device copy.")
     device_to_host_gbps: float | None = Field(None, gt=0, description="Device -> pinned host copy.")
     min_time_s: float = Field(0.3, gt=0, description="Timed seconds per figure.")
+
+    @model_validator(mode="after")
+    def _some_threshold(self) -> ComputeThresholds:
+        figures = (self.memory_bandwidth_gbps, self.host_to_device_gbps, self.device_to_host_gbps)
+        if not self.matmul_tflops and all(f is None for f in figures):  # no row: a crash passed
+            raise ValueError(
+                "sets no threshold: give matmul_tflops, memory_bandwidth_gbps, host_to_device_gbps "
+                "or device_to_host_gbps"
+            )
+        return self
 
 
 class TrainingRun(_Section):

@@ -170,6 +170,18 @@ def test_failed_sections_fail_every_row_with_the_error() -> None:
     assert all(r.detail.startswith("not measured") for r in failed)
 
 
+def test_a_section_error_that_no_row_judged_is_a_failing_row() -> None:
+    """A section whose thresholds made no row passed with its benchmark's error stored unread."""
+    from hpcpipe.accept.evaluate import _judged, row
+
+    (failed,) = _judged("compute", {"error": "ValueError: max() arg is an empty sequence"}, [])
+    assert not failed.passed and failed.check == "compute benchmark" and "max() arg" in failed.detail
+    rows = evaluate(THRESHOLDS, good(), 4)
+    assert _judged("compute", good()["compute"], rows) == rows  # measured: nothing added
+    unmeasured = [row("compute", "memory bandwidth", None, 1.0, "GB/s", why_missing="x")]
+    assert _judged("compute", {"error": "x"}, unmeasured) == unmeasured  # a row says it already
+
+
 def test_unknown_mfu_and_poor_scaling_fail() -> None:
     m = good()
     m["throughput"]["mfu"] = None
@@ -229,6 +241,11 @@ def test_shipped_thresholds_load(name: str) -> None:
         ("name: x\ntimeout_s: .inf\nconnectivity: {}\n", "timeout_s: Input should be a finite number"),
         ("name: x\ncompute: {min_time_s: .inf, matmul_tflops: {fp32: 1}}\n", "compute.min_time_s: Input"),
         ("name: x\ncollectives: {busbw_gbps: {all_reduce: {1M: .inf}}}\n", "finite number"),
+        # Sections that make no row: the benchmark crashed, its error was stored, the report said PASS.
+        ("name: x\ncollectives: {busbw_gbps: {}}\n", "collectives.busbw_gbps: Value error, name at least"),
+        ("name: x\ncollectives: {busbw_gbps: {all_reduce: {}}}\n", "all_reduce: give at least one size"),
+        ("name: x\ncompute: {}\n", "compute: Value error, sets no threshold"),
+        ("name: x\ncompute: {min_time_s: 1}\n", "compute: Value error, sets no threshold"),
         # Named as the benchmark's flag (--dtype), or found only after the benchmarks had run.
         (
             "name: x\ncollectives: {dtype: bogus, busbw_gbps: {all_reduce: {1M: 1}}}\n",
