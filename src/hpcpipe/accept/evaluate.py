@@ -141,6 +141,7 @@ def collective_rows(th: CollectiveThresholds, result: dict[str, Any] | None) -> 
         else {(r["collective"], r["requested_bytes"]): r for r in result["results"]}
     )
     hosts = [] if result is None else result.get("hosts", [])
+    unfit = {} if result is None else result.get("unfit", {})
     rows = []
     for name, sizes in th.busbw_gbps.items():
         for size_text, required in sizes.items():
@@ -148,16 +149,13 @@ def collective_rows(th: CollectiveThresholds, result: dict[str, Any] | None) -> 
             check = f"{name} busbw @ {format_size(size)}"
             found = measured.get((name, size))
             if found is None:
-                rows.append(
-                    row(
-                        "collectives",
-                        check,
-                        None,
-                        required,
-                        "GB/s",
-                        why_missing=why or "size not in the sweep",
+                if str(size) in unfit:  # this size alone: the others were measured
+                    why_size = (
+                        f"collectives.busbw_gbps.{name}.{size_text}: {format_size(size)} {unfit[str(size)]}"
                     )
-                )
+                else:
+                    why_size = why or "size not in the sweep"
+                rows.append(row("collectives", check, None, required, "GB/s", why_missing=why_size))
                 continue
             rows.append(_collective_row(check, found, required, hosts))
     return rows

@@ -34,6 +34,7 @@ def bench_tasks(th: Thresholds) -> dict[str, dict[str, Any]]:
             th.collectives.dtype,
             th.collectives.warmup,
             th.collectives.iters,
+            skip_unfit=True,  # a size beyond memory fails its own rows, not the whole launch
         )
         tasks["collectives"] = spec.to_dict()
     if th.compute is not None:
@@ -50,7 +51,13 @@ def measure(
     ``nproc`` (the command line's --nproc) overrides the file's rank counts, the top-level one and
     the throughput section's; scaling keeps its own list of world sizes.
     """
-    from hpcpipe.bench.runner import BenchFailure, is_main_process, prestart_bench_server, run_bench
+    from hpcpipe.bench.runner import (
+        BenchFailure,
+        BenchRefused,
+        is_main_process,
+        prestart_bench_server,
+        run_bench,
+    )
 
     measurements: dict[str, Any] = {}
     tasks = bench_tasks(th)
@@ -59,14 +66,14 @@ def measure(
         log(f"accept: {', '.join(tasks)} on {nproc or th.nproc} rank(s)")
         try:
             result = run_bench(tasks, nproc or th.nproc, th.backend, th.timeout_s)
-        except BenchFailure as exc:
+        except (BenchFailure, BenchRefused) as exc:  # the tasks that finished before it are kept
             result = {
                 **exc.partial,
                 **{name: {"error": str(exc)} for name in tasks if name not in exc.partial},
             }
         except RuntimeError as exc:
             result = {name: {"error": f"{type(exc).__name__}: {exc}"} for name in tasks}
-        except UserError as exc:  # a size that cannot fit here: its rows fail, the report is still written
+        except UserError as exc:  # refused before any task ran: the rows fail, the report is still written
             result = {name: {"error": str(exc)} for name in tasks}
         measurements.update(result or {})
     if th.throughput is not None:

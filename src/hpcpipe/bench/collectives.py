@@ -51,6 +51,10 @@ class CollectiveSpec:
     warmup: int = 5
     iters: int = 20
     check: bool = True
+    # A size beyond memory: False (`bench collectives`) refuses the run, naming --sizes; True
+    # (`accept`) measures the sizes that fit and lists the others under "unfit", so one size fails
+    # its own rows instead of the connectivity and every other size measured with it.
+    skip_unfit: bool = False
 
     @classmethod
     def build(
@@ -61,6 +65,7 @@ class CollectiveSpec:
         warmup: int,
         iters: int,
         check: bool = True,
+        skip_unfit: bool = False,
     ) -> CollectiveSpec:
         """Validate user input (one UserError naming the flag) and normalise dtype aliases."""
         unknown = [c for c in collectives if c not in COLLECTIVES]
@@ -75,7 +80,7 @@ class CollectiveSpec:
             raise UserError(f"--dtype: {exc}") from None
         if warmup < 0 or iters < 1:
             raise UserError("--warmup must be >= 0 and --iters >= 1")
-        return cls(list(dict.fromkeys(collectives)), sizes, name, warmup, iters, check)
+        return cls(list(dict.fromkeys(collectives)), sizes, name, warmup, iters, check, skip_unfit)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -93,7 +98,7 @@ def run_collectives(spec: CollectiveSpec, ctx: DistContext) -> dict[str, Any] | 
     import torch.distributed as dist
 
     dtype = getattr(torch, spec.dtype)
-    sizes = default_sizes(ctx) if spec.sizes is None else _fitting(spec.sizes, ctx)
+    sizes, unfit = (default_sizes(ctx), {}) if spec.sizes is None else _fitting(spec, ctx)
     element = torch.empty((), dtype=dtype).element_size()
     local: list[dict[str, Any]] = []
     for collective in spec.collectives:
@@ -128,6 +133,7 @@ def run_collectives(spec: CollectiveSpec, ctx: DistContext) -> dict[str, Any] | 
         "iters": spec.iters,
         "hosts": [g["host"] for g in gathered],
         "results": merge_rank_rows([g["rows"] for g in gathered], [g["host"] for g in gathered]),
+        "unfit": {str(size): why for size, why in unfit.items()},  # JSON keys: requested bytes
     }
 
 
@@ -211,19 +217,25 @@ def agreed_budget(ctx: DistContext) -> int:
     return int(agreed.item())
 
 
-def _fitting(sizes: list[int], ctx: DistContext) -> list[int]:
-    """``--sizes`` as given, or a UserError on every rank (agreed, so none waits in a collective)
-    when the largest cannot be allocated: `--sizes 100T` would fail in the allocator otherwise."""
+def _fitting(spec: CollectiveSpec, ctx: DistContext) -> tuple[list[int], dict[int, str]]:
+    """The sizes of ``spec`` that can be allocated, and why each other one cannot; with
+    ``skip_unfit`` off, a UserError instead (on every rank: the budget is agreed, so none waits
+    in a collective), as `--sizes 100T` would fail in the allocator otherwise."""
     from hpcpipe.bench.bus import format_size
 
+    sizes = spec.sizes or []
     budget = agreed_budget(ctx)
-    if max(sizes) > budget:
-        raise UserError(
-            f"--sizes: {format_size(max(sizes))} does not fit: each rank holds about {BUFFERS_PER_RANK} "
-            f"buffers of that size and the free {ctx.device.type} memory allows at most "
-            f"{format_size(1 << max(budget.bit_length() - 1, 0))} per buffer here"
-        )
-    return sizes
+    unfit = {
+        size: f"does not fit: each rank holds about {BUFFERS_PER_RANK} buffers of that size and the "
+        f"free {ctx.device.type} memory allows at most "
+        f"{format_size(1 << max(budget.bit_length() - 1, 0))} per buffer here"
+        for size in sizes
+        if size > budget
+    }
+    if unfit and not spec.skip_unfit:
+        largest = max(unfit)
+        raise UserError(f"--sizes: {format_size(largest)} {unfit[largest]}")
+    return [size for size in sizes if size not in unfit], unfit
 
 
 def _sync(device: torch.device) -> None:

@@ -28,6 +28,14 @@ class BenchFailure(RuntimeError):
         self.partial = partial
 
 
+class BenchRefused(UserError):
+    """Every rank refused a task's input (exit 2); ``partial`` holds the tasks that finished before."""
+
+    def __init__(self, message: str, partial: dict[str, Any]) -> None:
+        super().__init__(message)
+        self.partial = partial
+
+
 def run_bench(
     tasks: dict[str, dict[str, Any]], nproc: int, backend: str = "auto", timeout_s: float = 300.0
 ) -> dict[str, Any] | None:
@@ -37,7 +45,11 @@ def run_bench(
     spec = {"tasks": tasks, "backend": backend, "timeout_s": timeout_s}
     env = detect_environment()
     if env.is_external or nproc == 1:
-        return run_tasks(spec, env)
+        done: dict[str, Any] = {}
+        try:
+            return run_tasks(spec, env, on_result=done.update)
+        except UserError as exc:
+            raise BenchRefused(str(exc), done) from None
     return _run_local_workers(spec, nproc)
 
 
@@ -76,7 +88,7 @@ def _run_local_workers(spec: dict[str, Any], nproc: int) -> dict[str, Any]:
         partial = json.loads(out_path.read_text()) if out_path.is_file() else {}
         refused = sorted(Path(tmp).glob("result.json.rank*.refused"))
         if code == USER_ERROR_EXIT_CODE and refused:
-            raise UserError(refused[0].read_text().strip())
+            raise BenchRefused(refused[0].read_text().strip(), partial)
         if code != 0:
             errors = [p.read_text().strip() for p in sorted(Path(tmp).glob("result.json.rank*.error"))]
             errors.sort(key=lambda line: f": {LOST_A_PEER}: " in line)  # the cause before its victims

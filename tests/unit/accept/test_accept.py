@@ -170,6 +170,18 @@ def test_failed_sections_fail_every_row_with_the_error() -> None:
     assert all(r.detail.startswith("not measured") for r in failed)
 
 
+def test_a_size_beyond_memory_fails_its_own_row_named_by_its_key() -> None:
+    m = good()
+    m["collectives"]["results"] = m["collectives"]["results"][:1]  # 1M measured, 1G did not fit
+    m["collectives"]["unfit"] = {str(1 << 30): "does not fit: each rank holds about 8 buffers"}
+    rows = by_check(evaluate(THRESHOLDS, m, 4))
+    assert rows["all_reduce busbw @ 1M"].passed
+    unfit = rows["all_reduce busbw @ 1G"]
+    assert not unfit.passed
+    assert unfit.detail.startswith("not measured: collectives.busbw_gbps.all_reduce.1G: 1G does not fit: ")
+    assert "--sizes" not in unfit.detail
+
+
 def test_a_section_error_that_no_row_judged_is_a_failing_row() -> None:
     """A section whose thresholds made no row passed with its benchmark's error stored unread."""
     from hpcpipe.accept.evaluate import _judged, row

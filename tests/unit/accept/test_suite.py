@@ -42,21 +42,29 @@ def test_the_server_imports_the_trainer_only_when_a_section_trains() -> None:
         assert _training_preload(_th(**trains)) == (WORKER_MODULE, *WORKER_PRELOAD)
 
 
-def test_a_size_refused_before_the_sweep_fails_its_rows_and_the_report_is_still_made(
+def test_a_refusal_keeps_what_was_measured_before_it_and_the_report_is_still_made(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Any
 ) -> None:
-    """A collective size that does not fit in memory ended `accept` with exit 2 and no report,
-    the connectivity measured with it lost."""
+    """A refused task ended `accept` with exit 2 and no report; then every section carried its
+    error, the connectivity measured before it lost."""
     from hpcpipe.accept import suite
     from hpcpipe.bench import runner
-    from hpcpipe.errors import UserError
+
+    connectivity = {"world_size": 2, "hosts": ["h"], "ranks": []}
 
     def refuse(*args: Any, **kwargs: Any) -> None:
-        raise UserError("--sizes: 4G does not fit in this host's memory")
+        raise runner.BenchRefused("collectives: refused", {"connectivity": connectivity})
 
     monkeypatch.setattr(runner, "run_bench", refuse)
     monkeypatch.setattr(runner, "prestart_bench_server", lambda *a, **k: None)
     th = _th(collectives={"busbw_gbps": {"all_reduce": {"4G": 0.01}}}, connectivity={"max_rtt_ms": 5})
     measured = suite.measure(th, None, tmp_path)
-    assert measured is not None and set(measured) == set(suite.bench_tasks(th))
-    assert all("does not fit" in m["error"] for m in measured.values())
+    assert measured == {"connectivity": connectivity, "collectives": {"error": "collectives: refused"}}
+
+
+def test_accept_asks_the_collectives_to_skip_sizes_beyond_memory() -> None:
+    """A size that does not fit fails its own rows (``bench.collectives`` lists it as unfit)."""
+    from hpcpipe.accept.suite import bench_tasks
+
+    th = _th(collectives={"busbw_gbps": {"all_reduce": {"4G": 0.01, "1M": 0.01}}})
+    assert bench_tasks(th)["collectives"]["skip_unfit"] is True

@@ -124,3 +124,20 @@ def test_sizes_beyond_memory_are_refused_naming_the_flag(
     too_big = CollectiveSpec.build(["all_reduce"], [1024, 1 << 21], "float32", 0, 1)
     with pytest.raises(UserError, match=r"--sizes: 2M does not fit.*at most 1M per buffer"):
         run_collectives(too_big, one_rank)
+
+
+def test_accept_measures_the_sizes_that_fit_and_lists_the_others(
+    one_rank: DistContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One size beyond memory refused the whole launch, losing the sizes that fit (``accept``)."""
+    from hpcpipe.bench import collectives
+
+    monkeypatch.setattr(collectives, "available_host_memory", lambda: 8 * (1 << 20))  # 1 MiB a buffer
+    spec = CollectiveSpec.build(["all_reduce"], [1024, 1 << 21], "float32", 0, 1, skip_unfit=True)
+    result = run_collectives(spec, one_rank)
+    assert result is not None and [r["requested_bytes"] for r in result["results"]] == [1024]
+    assert set(result["unfit"]) == {str(1 << 21)}
+    assert (
+        result["unfit"][str(1 << 21)].startswith("does not fit")
+        and "at most 1M" in result["unfit"][str(1 << 21)]
+    )

@@ -42,3 +42,24 @@ def test_a_rank_of_an_external_launcher_starts_no_server(
         monkeypatch.setenv(var, value)  # what torchrun gives its workers
     prestart_bench_server(2)
     assert started == []
+
+
+def test_a_refusal_keeps_the_tasks_that_finished_before_it(
+    started: list[tuple[str, ...]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A task refused in-process (one rank) threw away the results of the tasks before it."""
+    from typing import Any
+
+    from hpcpipe.bench import worker
+    from hpcpipe.bench.runner import BenchRefused, run_bench
+    from hpcpipe.errors import UserError
+
+    def connectivity_then_refuse(spec: dict[str, Any], env: Any, on_result: Any = None) -> None:
+        on_result({"connectivity": {"world_size": 1}})
+        raise UserError("--sizes: 4G does not fit")
+
+    monkeypatch.setattr(worker, "run_tasks", connectivity_then_refuse)
+    with pytest.raises(BenchRefused, match="does not fit") as refused:
+        run_bench({"connectivity": {}, "collectives": {}}, nproc=1)
+    assert refused.value.partial == {"connectivity": {"world_size": 1}}
+    assert isinstance(refused.value, UserError)  # `bench collectives` still exits 2 on it
