@@ -7,6 +7,8 @@ every window (never inside it), so kernel-launch gaps are not charged to the har
 
 - matmul: C = A @ B with square n x n operands; 2 n^3 FLOPs. fp32 runs with TF32 off; tf32 with it
   on (CUDA compute capability >= 8.0 only); bf16 and fp16 where the device runs them at all.
+  n is 8192 on a GPU and 1024 on a CPU, smaller only where one call at that size outlasts a timing
+  window (``min_time_s / repeats``): bf16 and fp16 emulated by a CPU without native units.
 - memory copy: ``dst.copy_(src)`` of a buffer far larger than caches; bytes read + written
   (2 x size), the figure stream benchmarks and nvbandwidth report for device memory.
 - host-device: pinned host buffer to device and back (CUDA only; a CPU has no separate host).
@@ -32,8 +34,7 @@ MATMUL_DTYPES = ("fp32", "tf32", "bf16", "fp16")
 # saturated (1.1 TFLOP per call); n = 1024 is 2 GFLOP, tens of milliseconds on a laptop core.
 CUDA_MATMUL_N = 8192
 CPU_MATMUL_N = 1024
-PROBE_N = 256
-CALLS_PER_WINDOW = 4  # a timing window holds at least this many calls when n is fitted
+PROBE_N = 256  # where the climb to the default n starts (and the smallest n it settles on)
 CUDA_COPY_BYTES = 1 << 30
 CPU_COPY_BYTES = 128 << 20  # several times a server's last-level cache
 _TORCH_DTYPES = {"fp32": "float32", "tf32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -135,6 +136,12 @@ def _matmul(dtype: str, device: torch.device, spec: ComputeSpec) -> dict[str, An
     if reason is not None:
         return figure(None, unit, skipped=reason)
     torch_dtype = getattr(torch, _TORCH_DTYPES[dtype])
+    if spec.matmul_n is not None and not _matmul_fits(spec.matmul_n, torch_dtype, device):
+        raise UserError(
+            f"--matmul-n: three {spec.matmul_n} x {spec.matmul_n} {dtype} matrices "
+            f"({_matmul_bytes(spec.matmul_n, torch_dtype) >> 20} MiB) do not fit in the "
+            f"{free_bytes(device) >> 20} MiB of free {device.type} memory"
+        )
     previous = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("high" if dtype == "tf32" else "highest")
     try:
@@ -145,28 +152,69 @@ def _matmul(dtype: str, device: torch.device, spec: ComputeSpec) -> dict[str, An
     return figure(2 * n**3 / seconds / 1e12, unit, f"n={n}, {seconds * 1e3:.3g} ms")
 
 
+def _operands(n: int, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """A, B and the output of an n x n matmul, made in ``dtype`` (no fp32 staging copy)."""
+    import torch
+
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    return a, b, torch.empty(n, n, device=device, dtype=dtype)
+
+
 def _time_matmul(n: int, dtype: torch.dtype, device: torch.device, min_time_s: float, repeats: int) -> float:
     import torch
 
-    a = torch.randn(n, n, device=device).to(dtype)
-    b = torch.randn(n, n, device=device).to(dtype)
-    out = torch.empty(n, n, device=device, dtype=dtype)
+    a, b, out = _operands(n, dtype, device)
     return time_callable(lambda: torch.mm(a, b, out=out), _syncer(device), min_time_s, repeats)
 
 
-def _fitted_n(dtype: torch.dtype, device: torch.device, spec: ComputeSpec) -> int:
-    """The device default n, shrunk where a probe shows one call would outlast a timing window.
+def _one_call_seconds(n: int, dtype: torch.dtype, device: torch.device) -> float:
+    """Seconds of one n x n matmul: the faster of two calls, the first paying any warm-up."""
+    import torch
 
-    CPUs without native bf16/fp16 units emulate them ~100x slower than fp32; the default n would
-    then take seconds per call. The probe's rate is a lower bound (small matmuls run below peak),
-    so the fitted n errs on the small side, never below PROBE_N.
+    a, b, out = _operands(n, dtype, device)
+    sync, best = _syncer(device), math.inf
+    for _ in range(2):
+        sync()
+        start = time.perf_counter()
+        torch.mm(a, b, out=out)
+        sync()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def _fitted_n(dtype: torch.dtype, device: torch.device, spec: ComputeSpec) -> int:
+    """The device default n, unless one call at it outlasts a timing window (or memory).
+
+    n doubles from PROBE_N towards the default, one call timed at each size, until the default
+    or a call longer than the window: each call costs at most 8x the last, so a CPU emulating
+    bf16 (~100x slower than fp32) never runs seconds-long calls. A rate from one small probe
+    cannot stand in for the climb: small matmuls are launch-bound on a GPU, and a 1 ms probe
+    on a shared CPU core is noise (it picked n from 320 to 1024 on back-to-back runs).
     """
     default = CUDA_MATMUL_N if device.type == "cuda" else CPU_MATMUL_N
-    probe_seconds = _time_matmul(PROBE_N, dtype, device, min_time_s=1e-3, repeats=1)
-    rate = 2 * PROBE_N**3 / probe_seconds
-    budget = spec.min_time_s / spec.repeats / CALLS_PER_WINDOW
-    fitted = int((rate * budget / 2) ** (1 / 3)) // 64 * 64
-    return max(PROBE_N, min(default, fitted))
+    window = spec.min_time_s / spec.repeats
+    n = PROBE_N
+    while True:
+        seconds = _one_call_seconds(n, dtype, device)
+        if seconds > window:  # shrink as time scales with n^3, to no less than the n that fitted
+            return max(PROBE_N, n // 2, int(n * (window / seconds) ** (1 / 3)) // 64 * 64)
+        bigger = min(2 * n, default)
+        if n == default or not _matmul_fits(bigger, dtype, device):
+            return n
+        n = bigger
+
+
+def _matmul_bytes(n: int, dtype: torch.dtype) -> int:
+    import torch
+
+    return 3 * n * n * torch.empty((), dtype=dtype).element_size()
+
+
+def _matmul_fits(n: int, dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether A, B and the output of an n x n matmul fit in the free memory of ``device``
+    (`--matmul-n 200000` failed in the allocator, with its traceback)."""
+    return _matmul_bytes(n, dtype) <= free_bytes(device)
 
 
 def _unsupported(dtype: str, device: torch.device) -> str | None:
@@ -203,14 +251,17 @@ def _memory_copy(device: torch.device, spec: ComputeSpec) -> dict[str, Any]:
     return figure(2 * count * 4 / seconds / 1e9, "GB/s", f"{count * 4 >> 20} MiB copy, read + write")
 
 
+def free_bytes(device: torch.device) -> int:
+    """Free memory of ``device``: the GPU's, or the host's for a CPU."""
+    import torch
+
+    return torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else available_host_memory()
+
+
 def _fits_twice(size: int, device: torch.device) -> None:
     """The copy's two buffers fit the free memory of ``device``; a UserError naming --copy-size
     otherwise (``--copy-size 1T`` failed in the allocator, with its traceback)."""
-    import torch
-
-    from hpcpipe.bench.host import available_host_memory
-
-    free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else available_host_memory()
+    free = free_bytes(device)
     if 2 * size > free:
         raise UserError(
             f"--copy-size: two buffers of {size >> 20} MiB do not fit in the {free >> 20} MiB of free "

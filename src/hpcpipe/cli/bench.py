@@ -197,7 +197,12 @@ def compute(
     ] = "fp32,tf32,bf16,fp16",
     device: Annotated[str, typer.Option(help="auto (cuda:0 when present), cpu, or cuda:N.")] = "auto",
     matmul_n: Annotated[
-        int | None, typer.Option(help="Matrix size n (default: 8192 GPU, 1024 CPU).", show_default=False)
+        int | None,
+        typer.Option(
+            help="Matrix size n (default: 8192 GPU, 1024 CPU, smaller only where one call at that size "
+            "takes longer than --min-time / --repeats, e.g. bf16 emulated by a CPU).",
+            show_default=False,
+        ),
     ] = None,
     copy_size: Annotated[
         str | None,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -94,3 +95,54 @@ def test_a_copy_size_that_cannot_be_measured_is_named() -> None:
     with pytest.raises(UserError, match="--copy-size: two buffers of 1048576 MiB do not fit"):
         _fits_twice(1 << 40, torch.device("cpu"))
     _fits_twice(1 << 20, torch.device("cpu"))
+
+
+def _timed_sizes(monkeypatch: pytest.MonkeyPatch, seconds_at: Any) -> list[int]:
+    """Replace the timing of one matmul call by ``seconds_at(n)``; the sizes timed, in order."""
+    from hpcpipe.bench import compute
+
+    timed: list[int] = []
+
+    def one_call(n: int, dtype: Any, device: Any) -> float:
+        timed.append(n)
+        return float(seconds_at(n))
+
+    monkeypatch.setattr(compute, "_one_call_seconds", one_call)
+    monkeypatch.setattr(compute, "free_bytes", lambda device: 1 << 40)
+    return timed
+
+
+@pytest.mark.parametrize(
+    ("device", "seconds_at", "expected"),
+    [
+        # A GPU's small GEMMs are launch-bound: a 256^3 probe's rate predicted n ~ 3400-4400.
+        ("cuda", lambda n: 1e-3 + 2 * n**3 / 700e12, 8192),
+        ("cpu", lambda n: 2 * n**3 / 100e9, 1024),  # fp32 on a CPU: the default fits a window
+    ],
+)
+def test_the_default_matmul_n_is_kept_when_one_call_fits_a_window(
+    monkeypatch: pytest.MonkeyPatch, device: str, seconds_at: Any, expected: int
+) -> None:
+    from hpcpipe.bench.compute import _fitted_n
+
+    timed = _timed_sizes(monkeypatch, seconds_at)
+    spec = ComputeSpec.build(["fp32"], None, None, 0.3, 3)
+    assert _fitted_n(torch.float32, torch.device(device), spec) == expected
+    assert timed[-1] == expected  # judged by a real call at the default, not by a probe's rate
+
+
+def test_matmul_n_shrinks_only_where_a_call_outlasts_the_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    """bf16 emulated by a CPU (~1 GFLOP/s): the climb stops at the first call over the window."""
+    from hpcpipe.bench.compute import _fitted_n
+
+    timed = _timed_sizes(monkeypatch, lambda n: 2 * n**3 / 1e9)  # 33 ms at 256, 268 ms at 512
+    n = _fitted_n(torch.bfloat16, torch.device("cpu"), ComputeSpec.build(["bf16"], None, None, 0.3, 3))
+    assert 256 <= n < 512 and n % 64 == 0
+    assert timed == [256, 512]  # no call at the default (2 s) was made
+
+
+def test_a_matmul_n_beyond_memory_is_named() -> None:
+    """--matmul-n 200000 failed in the allocator (RuntimeError: can't allocate memory)."""
+    spec = ComputeSpec.build(["fp32"], 1 << 22, None, 0.01, 1)  # three 64 TiB matrices
+    with pytest.raises(UserError, match=r"--matmul-n: three 4194304 x 4194304 fp32 matrices .* do not fit"):
+        measure_compute(spec, torch.device("cpu"))
