@@ -120,7 +120,8 @@ def export(
         typer.Option(
             "--out",
             "-o",
-            help="Output directory (default: <run_dir>/export/<step>-<format>).",
+            help="Output directory (default: <run_dir>/export/<step>-<format>): new, empty, or an "
+            "earlier export, which is replaced whole.",
             show_default=False,
         ),
     ] = None,

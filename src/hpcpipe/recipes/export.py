@@ -3,6 +3,9 @@ recipe of the run that wrote it, which writes it in one of its ``export_formats`
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
 from pathlib import Path
 
 from hpcpipe.checkpoint.export import find_job_config, verify_for_export
@@ -11,7 +14,9 @@ from hpcpipe.config import JobConfig, load_config
 from hpcpipe.recipes.base import ExportRequest
 from hpcpipe.recipes.registry import recipe_class
 
-__all__ = ["default_export", "export_checkpoint"]
+__all__ = ["EXPORT_MARKER", "default_export", "export_checkpoint"]
+
+EXPORT_MARKER = ".hpcpipe-export"  # in every export directory: what a later export may replace
 
 
 def default_export(job: JobConfig) -> str:
@@ -28,7 +33,9 @@ def default_export(job: JobConfig) -> str:
 def export_checkpoint(
     ckpt: Path, fmt: str, out: Path, config_path: Path | None = None, dtype: str = "fp32"
 ) -> Path:
-    """Verify ``ckpt``, then let its run's recipe write it to ``out`` in ``fmt``; returns ``out``.
+    """Verify ``ckpt``, then let its run's recipe write it to ``out`` in ``fmt``; returns what it
+    wrote there (``out``, or a file in it). ``out`` must be absent, empty or an earlier export,
+    which is replaced whole.
     ``config_path`` defaults to the run's ``config.yaml`` (the checkpoint's parent's parent)."""
     if out.resolve().is_relative_to(ckpt.resolve().parent):
         # Files added to a committed checkpoint fail its verification: the run could not resume.
@@ -40,5 +47,36 @@ def export_checkpoint(
     if fmt not in formats:
         wanted = f"use {' or '.join(formats)}" if formats else "it exports nothing"
         raise CheckpointError(f"--format {fmt} does not fit run.recipe {job.run.recipe!r} ({wanted})")
+    _check_replaceable(out)
     recipe = recipe_class(job.run.recipe).from_job(job)
-    return recipe.export(ExportRequest(ckpt, fmt, out, config_path.parent, dtype))
+    # Into a fresh directory beside ``out``, then swapped in: another format's files left in
+    # ``out`` (an hf config.json beside hpcpipe's safetensors) loaded as a model of random weights.
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = out.parent / f".{out.name}.partial-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        written = recipe.export(ExportRequest(ckpt, fmt, staging, config_path.parent, dtype))
+        staging.mkdir(parents=True, exist_ok=True)
+        (staging / EXPORT_MARKER).write_text(json.dumps({"checkpoint": str(ckpt.resolve()), "format": fmt}))
+        _swap_in(staging, out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return out / written.relative_to(staging)
+
+
+def _check_replaceable(out: Path) -> None:
+    """``out`` is absent, empty, or an earlier export (its marker): nothing else is replaced."""
+    if out.exists() and not out.is_dir():
+        raise CheckpointError(f"--out {out}: a file, not a directory")
+    if out.is_dir() and any(out.iterdir()) and not (out / EXPORT_MARKER).is_file():
+        raise CheckpointError(
+            f"--out {out}: not empty, and not an earlier hpcpipe export; choose an empty or new directory"
+        )
+
+
+def _swap_in(staging: Path, out: Path) -> None:
+    old = out.parent / f".{out.name}.old-{os.getpid()}"
+    if out.exists():
+        out.rename(old)
+    staging.rename(out)
+    shutil.rmtree(old, ignore_errors=True)

@@ -107,6 +107,24 @@ def test_export_refuses_a_damaged_checkpoint(tmp_path: Path) -> None:
     assert not (tmp_path / "st").exists()
 
 
+def test_an_export_replaces_an_earlier_one_whole_and_nothing_else(tmp_path: Path) -> None:
+    """A safetensors export over an hf one kept its config.json: Hugging Face then loaded a model
+    of random weights (every key missing) without an error."""
+    _, ckpt, _ = make_run(tmp_path / "run", "gpt2")
+    out = tmp_path / "exported"
+    export_checkpoint(ckpt, "hf", out)
+    assert (out / "config.json").is_file()
+    export_checkpoint(ckpt, "safetensors", out)
+    assert sorted(p.name for p in out.iterdir()) == [".hpcpipe-export", "model.safetensors"]
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no staging left
+    foreign = tmp_path / "mine"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("keep me")
+    with pytest.raises(CheckpointError, match="not empty, and not an earlier hpcpipe export"):
+        export_checkpoint(ckpt, "safetensors", foreign)
+    assert [p.name for p in foreign.iterdir()] == ["notes.txt"]
+
+
 def test_export_needs_the_run_config(tmp_path: Path) -> None:
     _, ckpt, _ = make_run(tmp_path / "run", "gpt2")
     (tmp_path / "run" / "config.yaml").unlink()
