@@ -56,6 +56,7 @@ class AfterCommit:
         self._jobs: list[Future[None]] = []
         self._queued: set[int] = set()  # steps reserved or committed whose job has not finished
         self._failed: set[int] = set()  # fast-tier steps that failed verification (retention skips them)
+        self._copied: set[int] = set()  # steps this process copied to the durable tier
         self._queued_lock = threading.Lock()
 
     def reserve(self, step: int) -> None:
@@ -74,6 +75,23 @@ class AfterCommit:
         with self._queued_lock:
             self._queued.add(step)
         self._jobs.append(self._pool.submit(self._after_commit_then_release, step, force_durable))
+
+    def queue_durable(self, step: int) -> None:
+        """Copy ``step``, committed and queued before, to the durable tier unless it is there or
+        failed its verification: a final save of a step the schedule did not copy. It runs after
+        that step's own job (one worker thread), so after its verification."""
+        self._jobs = [f for f in self._jobs if not f.done()]
+        with self._queued_lock:
+            self._queued.add(step)
+        self._jobs.append(self._pool.submit(self._durable_then_release, step))
+
+    def _durable_then_release(self, step: int) -> None:
+        try:
+            if self.durable is not None and step not in self._failed and step not in self._copied:
+                self._copy_durable(self.fast.root / step_dir_name(step), step)
+        finally:
+            with self._queued_lock:
+                self._queued.discard(step)
 
     def drain(self) -> None:
         """Finish the queued jobs (raising the first one's error)."""
@@ -101,6 +119,7 @@ class AfterCommit:
         self._failed.discard(step)  # saved again, and whole this time
         self._event("checkpoint_verified", {"step": step, "path": str(path)})
         self._prune(self.fast, lambda: self._protected_in_fast(step), frozenset(self._failed))
+        self._copied.discard(step)  # a new commit of this step: its earlier copy is not this one
         if self.durable is not None and self._schedule.due(step, force_durable):
             self._copy_durable(path, step)
 
@@ -123,6 +142,7 @@ class AfterCommit:
             self._event("checkpoint_durable_failed", {"step": step, "error": str(exc)})
             return
         self._schedule.copied()
+        self._copied.add(step)
         self._event(
             "checkpoint_durable_copied",
             {"step": step, "path": str(final), "copy_s": time.perf_counter() - start},

@@ -157,6 +157,7 @@ class CheckpointStore:
         self.durable = Tier("durable", Path(cfg.durable_dir)) if cfg.durable_dir else None
         self.restored: RestoreInfo | None = None
         self.last_committed: int | None = None
+        self._last_saved: int | None = None  # the step of the last save(), in flight or committed
         self._events = events
         self._pg = _checkpoint_group(world_size)  # collective: all ranks construct together
         self._token = str(self._broadcast(_session_token() if rank == 0 else None))
@@ -208,6 +209,10 @@ class CheckpointStore:
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
         self.wait()
+        if step == self._last_saved == self.last_committed:
+            self._saved_already(step, force_durable)
+            return
+        self._last_saved = step
         start = time.perf_counter()
         self._count += 1
         tmp = self.fast.new_temporary(step, f"{self._token}-{self._count}")
@@ -227,6 +232,14 @@ class CheckpointStore:
         staged = self._staging.stage(state)  # the part of an async save that blocks
         self._inflight = self._writer.submit(self._write_and_commit, staged, writer, tmp, step, force_durable)
         self._event("checkpoint_staged", {"step": step, "blocking_s": time.perf_counter() - start})
+
+    def _saved_already(self, step: int, force_durable: bool) -> None:
+        """``step`` was saved just before (a preemption or a pruned trial right after the periodic
+        save): writing it again doubled the save inside the preemption grace, and its commit
+        moved the first copy aside while that one was being verified and copied (false
+        verify and durable failures). What a final save adds is the durable copy."""
+        if force_durable and self._after is not None:
+            self._after.queue_durable(step)
 
     def wait(self) -> None:
         """Finish the save in flight, if any; raises its CheckpointError. Call on every rank."""
