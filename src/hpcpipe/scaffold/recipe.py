@@ -49,8 +49,22 @@ def names_for(name: str) -> Names:
         raise UserError(
             f"NAME {name!r}: its module {module!r} would shadow an installed one; choose another name"
         )
+    if _installed_distribution(name):  # `pip install -e` of the package would replace it
+        raise UserError(f"NAME {name!r}: an installed distribution has that name; choose another name")
     cls = "".join(part.capitalize() for part in module.split("_")) + "Recipe"
     return Names(name, module, cls, name)
+
+
+def _installed_distribution(name: str) -> bool:
+    """Whether a distribution of that name (compared as pip does: -, _ and . alike) is installed:
+    ``pyyaml``'s module is ``yaml``, so the module check above misses it."""
+    import importlib.metadata
+
+    try:
+        importlib.metadata.distribution(name)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
 
 
 def write_package(name: str, out: Path, hpcpipe_version: str) -> list[Path]:

@@ -78,4 +78,7 @@ def test_new_recipe_writes_a_package_and_refuses_a_bad_name_or_a_used_directory(
     # A built-in's name: installed, the package's recipe and hpcpipe's own became unusable.
     taken = run_cli("new", "recipe", "resnet-cifar", cwd=tmp_path)
     assert taken.returncode == 2 and "a recipe of hpcpipe has that name" in taken.stderr
+    # An installed distribution's name (its module is `yaml`): `pip install -e` would replace it.
+    dist = run_cli("new", "recipe", "pyyaml", cwd=tmp_path)
+    assert dist.returncode == 2 and "an installed distribution has that name" in dist.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pkg"]  # nothing written for the bad name
