@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import types
-import typing
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
+
+from hpcpipe.annotations import is_number
 
 
 class Section(BaseModel):
@@ -21,19 +21,9 @@ class Section(BaseModel):
     def _no_bool_for_a_number(cls, value: Any, info: ValidationInfo) -> Any:
         """pydantic reads true as 1 for an int or float key: `train.steps=true` trained one step."""
         field = cls.model_fields.get(info.field_name or "")
-        if isinstance(value, bool) and field is not None and _is_number(field.annotation):
+        if isinstance(value, bool) and field is not None and is_number(field.annotation):
             raise ValueError("expected a number, not true or false")
         return value
-
-
-def _is_number(annotation: Any) -> bool:
-    """int, float, or an optional one (``int | None``), ``Annotated`` constraints looked through."""
-    if typing.get_origin(annotation) is typing.Annotated:
-        return _is_number(typing.get_args(annotation)[0])
-    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
-        args = [arg for arg in typing.get_args(annotation) if arg is not type(None)]
-        return bool(args) and all(_is_number(arg) for arg in args)
-    return annotation in (int, float)
 
 
 def one_line(value: str | None) -> str | None:

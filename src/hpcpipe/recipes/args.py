@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import types
 import typing
 from collections.abc import Mapping
 from typing import Any
 
+from hpcpipe.annotations import is_number
 from hpcpipe.errors import ConfigError, hide_credentials, stable_repr
 
 REQUIRED = dataclasses.MISSING  # the default of a key that has none
@@ -37,11 +39,7 @@ def validate_args(schema: type | None, raw: Mapping[str, Any] | None, recipe: st
             key = next(iter(raw))
             raise ConfigError(f"unknown config key 'recipe.{key}' (recipe {recipe!r} takes no arguments)")
         return {}
-    known = args_fields(schema)
-    for key in raw:
-        if key not in known:
-            keys = ", ".join(known)
-            raise ConfigError(f"unknown config key 'recipe.{key}' (keys in recipe ({recipe}): {keys})")
+    _check_given(schema, raw, "recipe", recipe)
     from pydantic import ValidationError
 
     adapter = _adapter(schema)
@@ -58,6 +56,25 @@ def validate_args(schema: type | None, raw: Mapping[str, Any] | None, recipe: st
         where = "" if given else f" (its default in the Args of recipe {recipe!r} breaks its own rule)"
         raise ConfigError(_first_error(exc) + where) from None
     return dumped
+
+
+def _check_given(schema: type, raw: Mapping[str, Any], where: str, recipe: str) -> None:
+    """The rules of hpcpipe's own sections for what the user gave, at every depth: no unknown key
+    (pydantic's default drops one inside a nested model, where ``--set`` refused it), no
+    true/false for a number (read as 1), no inf or nan."""
+    fields = args_fields(schema)
+    for key, value in raw.items():
+        if key not in fields:
+            known = ", ".join(fields)
+            raise ConfigError(f"unknown config key '{where}.{key}' (keys in {where} ({recipe}): {known})")
+        annotation = fields[key][0]
+        nested = _optional_inner(annotation)
+        if isinstance(value, Mapping) and is_schema(nested):
+            _check_given(nested, value, f"{where}.{key}", recipe)
+        elif is_number(annotation) and isinstance(value, bool):
+            raise ConfigError(f"{where}.{key}: expected a number, not true or false")
+        elif is_number(annotation) and isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{where}.{key}: expected a finite number (got {value})")
 
 
 def parse_args(schema: type | None, raw: Mapping[str, Any] | None) -> Any:

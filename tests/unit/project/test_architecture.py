@@ -24,7 +24,19 @@ ROOT_PACKAGE = "hpcpipe"
 ROOMS: dict[str, int] = {
     # The package root holds only __version__ and the public API's re-exports.
     **dict.fromkeys(
-        ["__init__", "config", "errors", "compat", "fsutil", "netutil", "yamlfile", "presets", "layout"], 0
+        [
+            "__init__",
+            "config",
+            "errors",
+            "compat",
+            "fsutil",
+            "netutil",
+            "yamlfile",
+            "presets",
+            "layout",
+            "annotations",
+        ],
+        0,
     ),
     # The recipe API's base, its argument schema and the registry that finds a recipe's class: the
     # config validates a job against the class run.recipe names.

@@ -181,6 +181,8 @@ def test_a_recipe_module_that_cannot_import_is_one_line(
         (["recipe.hidden=abc"], "recipe.hidden: Input should be a valid integer"),
         (["recipe.hidden=0"], "recipe.hidden: Input should be greater than or equal to 1 (got 0)"),
         (["recipe.samples=[1, 2]"], "recipe.samples: Input should be a valid integer"),
+        (["recipe.hidden=true"], "recipe.hidden: expected a number, not true or false"),  # trained with 1
+        (["recipe.dropout=.inf"], "recipe.dropout: expected a finite number (got inf)"),
     ],
 )
 def test_recipe_arguments_are_checked_when_the_job_loads(sets: list[str], needle: str) -> None:
@@ -312,3 +314,21 @@ def test_gpt_writes_no_sample_when_sample_tokens_is_0(tmp_path: Path) -> None:
     assert recipe.args.sample_tokens == 0
     recipe.on_train_end(Generates(), True, tmp_path)  # type: ignore[arg-type]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_unknown_key_inside_a_nested_argument_is_refused() -> None:
+    """pydantic drops it by default: `{opt: {lrr: 5}}` in a job file trained with the default lr,
+    where `--set recipe.opt.lrr=5` was refused."""
+    from pydantic import BaseModel
+
+    from hpcpipe.recipes.args import validate_args
+
+    class Opt(BaseModel):
+        lr: float = 0.1
+
+    class Args(BaseModel):
+        opt: Opt = Opt()
+
+    with pytest.raises(ConfigError, match=r"unknown config key 'recipe\.opt\.lrr' \(keys in recipe\.opt"):
+        validate_args(Args, {"opt": {"lrr": 5}}, "r")
+    assert validate_args(Args, {"opt": {"lr": 0.5}}, "r") == {"opt": {"lr": 0.5}}
