@@ -132,6 +132,18 @@ class UnusedHead(Tiny):
         return WithSpareHead(super().build_model())
 
 
+class SummedLoss(Tiny):
+    """A loss summed over the micro-batch: every property that trains passed it."""
+
+    name = "summed-loss"
+
+    def loss(self, model: Any, batch: hpcpipe.Batch) -> Any:
+        import torch.nn.functional as F
+
+        x, y = batch
+        return F.mse_loss(model(x), y, reduction="sum")
+
+
 class MissingLoss(hpcpipe.DatasetRecipe):
     name = "missing-loss"
 

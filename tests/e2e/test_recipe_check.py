@@ -144,3 +144,19 @@ def test_a_parameter_the_loss_never_uses_trains_and_resumes_under_ddp(tmp_path: 
     )
     results = {r["name"]: r for r in json.loads(proc.stdout)["results"]}
     assert proc.returncode == 0 and all(r["passed"] for r in results.values()), proc.stderr
+
+
+def test_a_loss_summed_over_the_micro_batch_is_named(tmp_path: Path) -> None:
+    """Every property that trains passed it; an OOM recovery then halved each update silently."""
+    proc = run_cli(
+        "recipe",
+        "check",
+        "tests.recipes_for_tests:SummedLoss",
+        "--only",
+        "loss-is-a-mean",
+        "--work",
+        str(tmp_path),
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 1 and "loss-is-a-mean\tFAIL" in proc.stdout, proc.stderr
+    assert "is 2.00x the mean of its halves' losses" in proc.stdout

@@ -207,6 +207,40 @@ def _one_step(recipe: Recipe, model: torch.nn.Module, optimizer: torch.optim.Opt
     optimizer.zero_grad()
 
 
+MEAN_RATIO_BOUND = 1.25  # a sum over the micro-batch reads 2.0; a mean 1, or near it (token weighting)
+
+
+def check_loss_is_a_mean(recipe: Recipe, job: JobConfig) -> str:
+    """The loss of a micro-batch against the mean of its two halves' (the same samples): an OOM
+    recovery halves the micro-batch and gradient accumulation weighs micro-batches alike, so a
+    loss summed over the micro-batch changed every update's size without a word."""
+    micro = job.train.micro_batch_size
+    if micro < 2 or micro % 2:
+        raise Skip(f"train.micro_batch_size {micro} of the check's job is not even")
+    torch.manual_seed(job.run.seed)
+    model = recipe.build_model().eval()  # eval: no dropout noise between the two forwards
+    with torch.no_grad():
+        whole = float(recipe.loss(model, _first_microbatches(recipe, micro, 1)[0]))
+        halves = [float(recipe.loss(model, b)) for b in _first_microbatches(recipe, micro // 2, 2)]
+    ratio = whole / (sum(halves) / 2) if sum(halves) else math.nan
+    if not 1 / MEAN_RATIO_BOUND <= ratio <= MEAN_RATIO_BOUND:
+        raise AssertionError(
+            f"the loss of a micro-batch of {micro} is {ratio:.2f}x the mean of its halves' losses: return "
+            "the mean over the micro-batch (an OOM recovery halves it; accumulation weighs micro-batches "
+            "alike)"
+        )
+    return f"a micro-batch's loss is {ratio:.4f}x the mean of its halves' (a sum would read 2)"
+
+
+def _first_microbatches(recipe: Recipe, micro: int, count: int) -> list[Any]:
+    loader = recipe.train_loader(0, 1)
+    try:
+        loader.set_micro_batch_size(micro)
+        return [loader.next_microbatch() for _ in range(count)]
+    finally:
+        loader.close()
+
+
 def _checkpointed(model: torch.nn.Module, trainable_only: bool) -> dict[str, torch.Tensor]:
     if trainable_only:
         return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
