@@ -88,7 +88,9 @@ def calibrate(
     p = [decision.p_call[i] for i in range(len(prompts))]
     ranked = sorted(p)
     quantiles = {f"p{q}": round(ranked[min(len(p) - 1, q * len(p) // 100)], 6) for q in (10, 25, 50, 75, 90)}
-    return Calibration(round(threshold_for(p, target), 6), target, len(p), seed + SEED_OFFSET, quantiles)
+    # Exact: a confident model's threshold (say 3e-7) rounded to 6 places is 0.0, and every reply
+    # would call (P >= 0 always holds); JSON keeps the float as it is.
+    return Calibration(threshold_for(p, target), target, len(p), seed + SEED_OFFSET, quantiles)
 
 
 def read_calibration(adapter_dir: Path) -> Calibration | None:

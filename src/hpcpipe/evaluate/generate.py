@@ -35,7 +35,9 @@ class CallDecision:
             self.p_call.update(zip(index, p.tolist(), strict=True))
             if self.threshold is None:
                 return scores
-            call = p >= self.threshold  # (B,)
+            # In float64, as the threshold was chosen: in the scores' float32 a threshold just
+            # above a P(call) (threshold_for's nextafter) would round down to it and call.
+            call = p.double() >= self.threshold  # (B,)
             opener = torch.zeros_like(scores, dtype=torch.bool)
             opener[:, self.token] = True
             banned = torch.where(call[:, None], ~opener, opener)  # (B, V)

@@ -53,3 +53,35 @@ def test_the_calibration_is_saved_beside_the_adapter(tmp_path: Path) -> None:
     found = Calibration(0.71, 0.95, 100, 104736, {"p50": 0.2})
     found.save(tmp_path)
     assert read_calibration(tmp_path) == found
+
+
+def test_a_confident_models_threshold_is_saved_exactly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """P(call) of a few millionths on every near miss: rounded to 6 places the threshold was 0.0,
+    and with it every reply called (P >= 0 always holds)."""
+    import hpcpipe.evaluate.calibrate as calibrate_module
+    import hpcpipe.evaluate.generate as generate_module
+    from hpcpipe.data.function_calling.conversation import Conversation, Message
+
+    p_call = [1e-7 * (i + 1) for i in range(10)]
+
+    def scored(model, tokenizer, prompts, max_new_tokens, batch_size, decision):  # type: ignore[no-untyped-def]
+        decision.p_call.update(enumerate(p_call))
+        return [""] * len(prompts)
+
+    class Chat:
+        def tokenizer(self, text: str, add_special_tokens: bool) -> dict[str, list[int]]:
+            return {"input_ids": [5]}
+
+        def prompt(self, conv: Conversation, upto: int) -> str:
+            return "prompt"
+
+    convs = [Conversation((Message("user", "hi"),), ())] * len(p_call)
+    monkeypatch.setattr(calibrate_module, "near_misses", lambda n, seed, mix: convs)
+    monkeypatch.setattr(generate_module, "generate_replies", scored)
+    found = calibrate_module.calibrate(None, Chat(), SyntheticMix(), seed=1, cases=10, target=0.5)  # type: ignore[arg-type]
+    assert found.threshold == p_call[5]  # 5 of 10 below it
+    found.save(tmp_path)
+    saved = read_calibration(tmp_path)
+    assert saved is not None and saved.threshold == p_call[5] > 0

@@ -85,3 +85,19 @@ def test_the_decision_records_p_call_and_its_threshold_decides(tiny) -> None:  #
             [tokenizer(r, add_special_tokens=False)["input_ids"][:1] == [opener] for r in replies]
         )
     assert first_tokens == [[True] * 3, [False] * 3]
+
+
+def test_a_threshold_just_above_p_call_declines() -> None:
+    """threshold_for puts the threshold for target 1.0 at nextafter(the largest P(call)): compared
+    in the scores' float32 it rounded down to that P, and the reply called."""
+    import math
+
+    from hpcpipe.evaluate.generate import CallDecision
+
+    scores = torch.tensor([[0.3, 1.7, -0.4]])  # (B=1, V=3); the opener is token 0
+    p = scores.softmax(dim=-1)[0, 0].item()
+    decision = CallDecision(0, math.nextafter(p, math.inf))
+    out = decision.processor([0], prompt_length=4)(torch.zeros(1, 4, dtype=torch.long), scores)
+    assert out[0, 0] == float("-inf") and torch.isfinite(out[0, 1:]).all()  # declined
+    at = CallDecision(0, p).processor([0], prompt_length=4)(torch.zeros(1, 4, dtype=torch.long), scores)
+    assert torch.isfinite(at[0, 0]) and torch.isinf(at[0, 1:]).all()  # P >= threshold: calls
