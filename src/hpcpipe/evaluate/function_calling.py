@@ -85,8 +85,19 @@ def _allowed(arguments: dict[str, Any], tools: tuple[dict[str, Any], ...], name:
     tool = next((t for t in tools if t.get("name") == name), {})
     declared = (tool.get("parameters") or {}).get("properties", {})
     allowed: dict[str, list[Any]] = {key: [""] for key in declared}
-    allowed.update({key: [value] for key, value in arguments.items()})
+    allowed.update({key: [_answer_form(value)] for key, value in arguments.items()})
     return allowed
+
+
+def _answer_form(value: Any) -> Any:
+    """A literal argument value in BFCL's answer form at every depth: each dict key maps to its
+    allowed values (the one given). Left literal, a dict whose values are all lists, such as
+    {"tags": ["a", "b"]}, reads as allowed values (["a", "b"]: "a" or "b") and the reference fails."""
+    if isinstance(value, dict):
+        return {key: [_answer_form(item)] for key, item in value.items()}
+    if isinstance(value, list):
+        return [_answer_form(item) for item in value]
+    return value
 
 
 def bfcl_case(case: Any) -> Case:

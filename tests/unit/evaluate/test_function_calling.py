@@ -4,6 +4,7 @@ rule, held-out cases from conversations, the metrics and their table."""
 from __future__ import annotations
 
 from hpcpipe.data.function_calling.conversation import Conversation, Message, ToolCall
+from hpcpipe.data.function_calling.tokens import format_call
 from hpcpipe.evaluate.calls import parse_reply
 from hpcpipe.evaluate.function_calling import Case, heldout_case, markdown_table, score, summarize
 
@@ -53,6 +54,31 @@ def test_heldout_cases_take_the_first_assistant_turn_and_its_category() -> None:
     assert heldout_case(_conversation(*two), 1).category == "heldout_parallel"  # type: ignore[union-attr]
     refusal = heldout_case(_conversation(), 2)
     assert refusal is not None and refusal.category == "heldout_no_call" and refusal.ground_truth is None
+
+
+def test_a_heldout_dict_argument_is_expected_as_given_at_every_depth() -> None:
+    """{"tags": ["a", "b"]} was taken for BFCL's answer form (tags: "a" or "b"), so a reply
+    repeating the reference failed with a value error."""
+    array = {"type": "array", "items": {"type": "string"}}
+    filters = {"type": "object", "properties": {"tags": array, "scope": {"type": "string"}}}
+    rows = {"type": "array", "items": {"type": "object", "properties": {"tags": array}}}
+    params = {"type": "object", "properties": {"filters": filters, "rows": rows}, "required": ["filters"]}
+    tool = {"name": "search", "description": "", "parameters": params}
+    given = {"filters": {"tags": ["a", "b"]}, "rows": [{"tags": ["c"]}, {"tags": []}]}
+    case = heldout_case(_conversation(ToolCall("search", given), tools=(tool,)), 0)
+    assert case is not None
+
+    def reply(arguments: dict) -> str:  # type: ignore[type-arg]
+        return format_call(ToolCall("search", arguments))
+
+    same = score(case, reply(given))
+    assert same["ast"] and same["exact"] and same["error"] is None
+    for other in (
+        {**given, "filters": {"tags": ["a"]}},  # one of the two tags
+        {**given, "filters": {"tags": ["a", "b"], "scope": "x"}},  # a key the reference has not
+        {**given, "rows": [{"tags": ["c"]}]},  # a row short
+    ):
+        assert score(case, reply(other))["error"] == "value_error", other
 
 
 def _case(category: str, truth: list | None) -> Case:  # type: ignore[type-arg]
