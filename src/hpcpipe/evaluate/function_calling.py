@@ -132,7 +132,9 @@ def score(case: Case, reply: str) -> dict[str, Any]:
     }
     if not parsed.valid:
         if not expects and case.category.endswith("irrelevance"):
-            # BFCL's irrelevance rule: a reply that does not decode into a call is no call.
+            # BFCL's irrelevance rule: a reply that does not decode into a call is no call. Its
+            # own categories only, by design: heldout_no_call (checked as irrelevance too) counts
+            # an opened call as the wrong decision (docs/function-calling-eval.md, Evaluation).
             result.update(decision=True, ast=True, exact=True)
             return result
         result["error"] = "invalid_call"
