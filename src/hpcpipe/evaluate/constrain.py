@@ -57,7 +57,7 @@ def check_template(chat: Any) -> None:
 class CallGrammars:
     """One compiled grammar per case (its tools), and the logits processor for a batch of them."""
 
-    def __init__(self, tokenizer: Any, vocab_size: int) -> None:
+    def __init__(self, tokenizer: Any, vocab_size: int, stop_ids: Sequence[int] | None = None) -> None:
         try:
             import xgrammar
         except ImportError:
@@ -65,7 +65,8 @@ class CallGrammars:
                 "--constrain needs XGrammar: pip install 'hpcpipe[lora]' (or: pip install xgrammar)"
             ) from None
         self._xgr = xgrammar
-        info = xgrammar.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
+        stops = None if stop_ids is None else list(stop_ids)  # None: the tokenizer's EOS
+        info = xgrammar.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=stops)
         self._compiler = xgrammar.GrammarCompiler(info)
         self.unconstrained = 0  # cases whose schemas XGrammar could not compile: left free
 

@@ -123,7 +123,7 @@ def calibrate_decline(
     calls, and choose the threshold for ``target``."""
     from hpcpipe.data.function_calling.tokens import CALL_OPEN
     from hpcpipe.evaluate.fc_run import CaseGrammars
-    from hpcpipe.evaluate.generate import CallDecision, generate_replies
+    from hpcpipe.evaluate.generate import CallDecision, generate_replies, turn_end
 
     convs = field_near_misses(cases, seed + SEED_OFFSET, mix)
     prompts = [chat.prompt(conv, len(conv.messages)) for conv in convs]
@@ -141,6 +141,7 @@ def calibrate_decline(
         128,
         batch_size,
         constraint=None if grammars is None else grammars.processor,
+        stop=turn_end(chat),
     )
     scores = [
         decline_score(decision.p_call[i], call_log_probs(model, chat.tokenizer, prompts[i], reply), weight)

@@ -19,7 +19,7 @@ from hpcpipe.evaluate.function_calling import (
     summarize,
     write_report,
 )
-from hpcpipe.evaluate.generate import CallDecision, generate_replies
+from hpcpipe.evaluate.generate import CallDecision, generate_replies, stop_ids, turn_end
 
 
 def build_cases(
@@ -65,6 +65,7 @@ def evaluate_cases(
             on_batch=lambda n: bar.advance(task, n),
             decision=decision,
             constraint=None if grammars is None else grammars.processor,
+            stop=turn_end(chat),
         )
     results = [
         {**score(case, reply), "p_call": round(decision.p_call[i], 6)}
@@ -92,7 +93,9 @@ class CaseGrammars:
         from hpcpipe.evaluate.constrain import CallGrammars, check_template
 
         check_template(chat)
-        self.compiler = CallGrammars(chat.tokenizer, logits_width(model, chat.tokenizer))
+        # The turn's end as generation stops at it: else a grammar would not let a reply end there.
+        stops = stop_ids(chat.tokenizer, turn_end(chat))
+        self.compiler = CallGrammars(chat.tokenizer, logits_width(model, chat.tokenizer), stops)
         self.by_case = [self.compiler.compile(case.conversation.tools) for case in cases]
 
     @property

@@ -1,5 +1,9 @@
 """Greedy generation of assistant turns, batched with left padding, stopping at end of turn.
 
+The end of a turn is the tokenizer's EOS and the token the chat template closes an assistant turn
+with (``turn_end``): they differ where hpcpipe's own ChatML template (``<|im_end|>``) serves a
+tokenizer whose EOS is ``<|endoftext|>``, or a template ends turns with ``<|eot_id|>``.
+
 A reply's first token decides between a call and text: every call opens with the same token (the
 first of ``<tool_call>``). ``CallDecision`` reads the probability of that token there for every
 prompt, which says how sure the model was (``p_call`` in eval.json), and with a threshold makes
@@ -46,6 +50,28 @@ class CallDecision:
         return process
 
 
+def turn_end(chat: Any) -> str | None:
+    """The text ``chat``'s template closes an assistant turn with ("<|im_end|>", "<|eot_id|>",
+    "</s>"), None when it writes none after the reply or cannot render one."""
+    from hpcpipe.data.function_calling.tokens import RenderError
+
+    mark = "REPLY-ENDS-HERE"
+    messages = [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": mark}]
+    try:
+        text = chat.render(messages, None, generation=False)
+    except RenderError:
+        return None
+    tail = text.rpartition(mark)[2].split()
+    return tail[0] if tail else None
+
+
+def stop_ids(tokenizer: Any, stop: str | None) -> list[int]:
+    """The ids a reply ends at: EOS, and ``stop`` where the tokenizer has it as one token."""
+    ids = [tokenizer.eos_token_id]
+    more = tokenizer(stop, add_special_tokens=False)["input_ids"] if stop is not None else []
+    return ids + more if len(more) == 1 and more[0] not in ids else ids
+
+
 @torch.no_grad()
 def generate_replies(
     model: nn.Module,
@@ -56,11 +82,14 @@ def generate_replies(
     on_batch: Callable[[int], None] | None = None,
     decision: CallDecision | None = None,
     constraint: Callable[[Sequence[int]], Callable[..., torch.Tensor]] | None = None,
+    stop: str | None = None,
 ) -> list[str]:
     """The decoded continuation of every prompt (special tokens removed), in the prompts' order;
     ``decision`` collects each prompt's P(call) at the first token (and applies its threshold);
     ``constraint`` gives a batch's prompt indices a logits processor that masks what they may not
-    write (``hpcpipe.evaluate.constrain``), applied after ``decision`` has read the scores."""
+    write (``hpcpipe.evaluate.constrain``), applied after ``decision`` has read the scores;
+    ``stop`` (``turn_end``) ends a reply besides EOS: at its token, or cut at its text where the
+    tokenizer splits it into several."""
     from transformers import LogitsProcessorList
 
     model.eval()
@@ -85,12 +114,14 @@ def generate_replies(
             # The KV cache: training turns it off in the model's config (hf_lm.load_base_model);
             # without it every new token re-runs the whole prefix (8x slower on SmolLM2 here).
             use_cache=True,
-            eos_token_id=tokenizer.eos_token_id,
+            eos_token_id=stop_ids(tokenizer, stop),
             pad_token_id=tokenizer.pad_token_id,
             logits_processor=LogitsProcessorList(processors),
         )
         new = out[:, length:]  # (B, <= max_new_tokens)
-        replies.update(zip(index, tokenizer.batch_decode(new, skip_special_tokens=True), strict=True))
+        texts = tokenizer.batch_decode(new, skip_special_tokens=True)
+        # A reply never reads on past its turn: the later turns a model invents are not its reply.
+        replies.update(zip(index, [t if stop is None else t.split(stop)[0] for t in texts], strict=True))
         if on_batch is not None:
             on_batch(len(chunk))
     return [replies[i] for i in range(len(prompts))]

@@ -188,3 +188,25 @@ def test_constrained_replies_are_calls_the_checker_accepts(chat: ChatFormat, tin
     for result in replies(True):
         assert result["parsed"] and result["reply"].startswith("<tool_call>"), result["reply"]
         assert result["error"] in (None, "wrong_name", "value_error"), result  # schema-valid
+
+
+def test_a_reply_may_end_at_the_turns_end_where_it_is_not_eos(tiny_dir: Path) -> None:
+    """With EOS <|endoftext|> and the template's turn ending at <|im_end|>, the grammar read
+    <|im_end|> as more text: the turn's end ends the grammar as it ends generation, so a row that
+    has finished is not masked further."""
+    import xgrammar
+    from transformers import AutoTokenizer
+
+    from hpcpipe.evaluate.constrain import CallGrammars
+    from hpcpipe.evaluate.generate import stop_ids, turn_end
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_dir)
+    tokenizer.eos_token = "<|endoftext|>"
+    chat = ChatFormat(tokenizer)
+    stops = stop_ids(tokenizer, turn_end(chat))
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert stops == [tokenizer.eos_token_id, end]
+    grammars = CallGrammars(tokenizer, vocab_size=len(tokenizer), stop_ids=stops)
+    matcher = xgrammar.GrammarMatcher(grammars.compile([WEATHER]))
+    assert matcher.accept_string(format_call(ToolCall("get_weather", {"city": "Oslo", "unit": "celsius"})))
+    assert matcher.accept_token(end) and matcher.is_terminated()

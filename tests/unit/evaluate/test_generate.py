@@ -101,3 +101,46 @@ def test_a_threshold_just_above_p_call_declines() -> None:
     assert out[0, 0] == float("-inf") and torch.isfinite(out[0, 1:]).all()  # declined
     at = CallDecision(0, p).processor([0], prompt_length=4)(torch.zeros(1, 4, dtype=torch.long), scores)
     assert torch.isfinite(at[0, 0]) and torch.isinf(at[0, 1:]).all()  # P >= threshold: calls
+
+
+def _scripted(tokenizer, text: str):  # type: ignore[no-untyped-def]
+    """A constraint that makes every row write ``text`` (its tokens, one a step), then anything."""
+    script = tokenizer(text, add_special_tokens=False)["input_ids"]
+    start: list[int] = []
+
+    def processor(index):  # type: ignore[no-untyped-def]
+        def force(input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+            start.append(start[0] if start else input_ids.shape[1])
+            step = input_ids.shape[1] - start[0]
+            if step < len(script):
+                scores = torch.full_like(scores, float("-inf"))
+                scores[:, script[step]] = 0.0
+            return scores
+
+        return force
+
+    return processor
+
+
+def test_a_reply_ends_at_the_templates_end_of_turn_though_eos_is_another_token(tiny) -> None:  # type: ignore[no-untyped-def]
+    """hpcpipe's own ChatML template ends a turn with <|im_end|>; with EOS <|endoftext|> a reply
+    ran on to --max-new-tokens through the turns the model made up, and those were parsed."""
+    from transformers import AutoTokenizer
+
+    from hpcpipe.data.function_calling.tokens import ChatFormat
+    from hpcpipe.evaluate.generate import generate_replies, turn_end
+
+    model, _ = tiny
+    tokenizer = AutoTokenizer.from_pretrained(model.config._name_or_path)
+    tokenizer.eos_token = "<|endoftext|>"  # as a tokenizer without a chat template may have it
+    chat = ChatFormat(tokenizer)
+    assert chat.own_template and turn_end(chat) == "<|im_end|>"
+    invented = "x = 1<|im_end|>\n<|im_start|>user\nmore"
+    forced = _scripted(tokenizer, invented)
+    free = generate_replies(model, tokenizer, ["def f(x):"], 16, 1, constraint=forced)
+    assert free[0].startswith("x = 1\nuser")  # without the stop: the invented turn is read
+    ended = generate_replies(model, tokenizer, ["def f(x):"], 16, 1, constraint=forced, stop=turn_end(chat))
+    assert ended == ["x = 1"]
+    # An end the tokenizer splits into several tokens cannot stop generation: the text is cut there.
+    cut = generate_replies(model, tokenizer, ["def f(x):"], 16, 1, constraint=forced, stop="user\nmore")
+    assert cut == ["x = 1\n"]
