@@ -8,6 +8,7 @@ parameters when it groups a decoder layer's parameters.
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,10 @@ from hpcpipe.errors import ConfigError
 from hpcpipe.models.hf_quiet import quiet_hf
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+# What transformers raises for a model it cannot read: files missing (OSError), a directory or GGUF
+# file it does not understand (ValueError: no backend tokenizer, no GGUF magic bytes), and a
+# truncated GGUF file (the reader's struct.error).
+UNREADABLE = (OSError, ValueError, struct.error)
 
 
 @dataclass(frozen=True)
@@ -30,6 +35,14 @@ class ModelSource:
     gguf_file: str | None
     random_weights: bool = False  # @random:<shape>: config only, weights initialised with seed 0
     cache_dir: str | None = None  # a GGUF file's de-quantised copies are kept here (gguf_cache.py)
+
+    def named(self) -> str:
+        """What an error names: the GGUF file, else the directory (or hub id)."""
+        return str(Path(self.path) / self.gguf_file) if self.gguf_file else self.path
+
+    def key(self) -> str:
+        """The config key an error names."""
+        return "model.gguf_file" if self.gguf_file else "model.name_or_path"
 
     def kwargs(self) -> dict[str, Any]:
         kwargs: dict[str, Any] = {"local_files_only": True}
@@ -89,9 +102,9 @@ def load_tokenizer(source: ModelSource) -> Any:
             lambda: AutoTokenizer.from_pretrained(source.path, **source.kwargs()),
             lambda kept: AutoTokenizer.from_pretrained(kept, local_files_only=True),
         )
-    except OSError as exc:
+    except UNREADABLE as exc:
         raise ConfigError(
-            f"model.name_or_path: cannot load a tokenizer from {source.path} ({_first_line(exc)})"
+            f"{source.key()}: cannot load a tokenizer from {source.named()} ({_first_line(exc)})"
         ) from None
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -153,8 +166,8 @@ def load_base_model(source: ModelSource, base_dtype: str) -> nn.Module:
             model = load(source.path, base_dtype, **source.kwargs())
     except ImportError as exc:  # gguf / accelerate missing
         raise ConfigError(f"model.gguf_file: {_first_line(exc)} (pip install 'hpcpipe[lora]')") from None
-    except OSError as exc:
-        raise ConfigError(f"model.name_or_path: cannot load {source.path} ({_first_line(exc)})") from None
+    except UNREADABLE as exc:
+        raise ConfigError(f"{source.key()}: cannot load {source.named()} ({_first_line(exc)})") from None
     model.config.use_cache = False  # training: no KV cache
     model.config._name_or_path = source.path  # an adapter names the model it was trained on
     return model
@@ -242,8 +255,8 @@ def check_source(source: ModelSource, cfg: LoraConfig) -> None:
             config = AutoConfig.from_pretrained(kept, local_files_only=True)
         else:
             config = AutoConfig.from_pretrained(source.path, **source.kwargs())
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"model.name_or_path: cannot load {source.path} ({_first_line(exc)})") from None
+    except UNREADABLE as exc:
+        raise ConfigError(f"{source.key()}: cannot load {source.named()} ({_first_line(exc)})") from None
     with torch.device("meta"), quiet_hf():
         model = AutoModelForCausalLM.from_config(config)
     check_target_modules(model, cfg)
