@@ -126,9 +126,11 @@ def function_calling(
             f"--bfcl-dir: {bfcl_dir} does not exist (run `make fc-assets`, or pass --categories '')"
         )
     bfcl_cases = load_bfcl(bfcl_dir, chosen, limit, split) if chosen else []  # before the model loads
+    run = RunLayout(target)
+    adapter = run.adapter if run.config.is_file() and not base else None  # load_run's adapter
+    threshold = _call_threshold(call_threshold, adapter)  # before the model loads too
     model, chat, heldout, meta, default_out = load_target(target, base, constrain)
     meta["split"] = split
-    threshold = _call_threshold(call_threshold, meta.get("adapter"))
     meta["call_decision"] = (
         "greedy" if threshold is None else ("calibrated" if call_threshold == "auto" else "given")
     )
@@ -230,14 +232,14 @@ def compare(
 app.command("decline")(decline)
 
 
-def _call_threshold(option: str, adapter: str | None) -> float | None:
+def _call_threshold(option: str, adapter: Path | None) -> float | None:
     """``--call-threshold`` as a threshold (None: greedy); ``auto`` reads the adapter's calibration."""
     from hpcpipe.evaluate.calibrate import read_calibration
 
     if option == "greedy":
         return None
     if option == "auto":
-        calibration = read_calibration(Path(adapter)) if adapter else None
+        calibration = read_calibration(adapter) if adapter else None
         return calibration.threshold if calibration else None
     try:
         value = float(option)

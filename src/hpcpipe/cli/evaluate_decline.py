@@ -75,10 +75,10 @@ def decline(
     if unscored is not None:
         raise UserError(f"{source}: case {unscored} has no p_call (evaluate again with this hpcpipe)")
     constrained = bool((evaluation.get("meta") or {}).get("constrained"))
+    adapter = layout.adapter
+    rule = None if recalibrate else read_decline(adapter)  # a damaged decline.json: before the model loads
     model, chat, heldout, meta, _ = load_run(run, False, constrained)
-    adapter = Path(meta["adapter"])
     start = time.perf_counter()
-    rule = None if recalibrate else read_decline(adapter)
     settings = (cases, target, weight, constrained)
     if rule is None or (rule.cases, rule.target, rule.weight, rule.constrained) != settings:
         job = load_config(layout.config)

@@ -24,15 +24,17 @@ import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from torch import nn
 
 from hpcpipe.config.synthetic import SHAPE_FIELDS, SyntheticMix
 from hpcpipe.data.function_calling.conversation import Conversation
+from hpcpipe.errors import UserError
 from hpcpipe.layout import RunLayout
 
 SEED_OFFSET = 104_729  # calibration draws from seed + this: rows the training seed never drew
+Saved = TypeVar("Saved")
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,10 @@ class Calibration:
     cases: int  # near-miss requests scored
     seed: int  # the generator seed they were drawn from
     p_call_quantiles: dict[str, float]  # P(call) over the near misses: their 10th..90th percentiles
+
+    def __post_init__(self) -> None:
+        if not is_number(self.threshold):
+            raise TypeError(f"threshold {self.threshold!r} is not a number")
 
     def save(self, directory: Path) -> Path:
         path = directory / RunLayout.CALL_THRESHOLD  # beside the exported adapter
@@ -96,6 +102,23 @@ def calibrate(
 def read_calibration(adapter_dir: Path) -> Calibration | None:
     """The calibration saved beside an adapter, or None."""
     path = adapter_dir / RunLayout.CALL_THRESHOLD
+    return read_saved(path, Calibration, "delete it, or evaluate with --call-threshold greedy or a number")
+
+
+def read_saved(path: Path, cls: type[Saved], remedy: str) -> Saved | None:
+    """``cls`` from the JSON object saved at ``path``, None without the file; a damaged file is
+    one line naming it and ``remedy`` (UserError)."""
     if not path.is_file():
         return None
-    return Calibration(**json.loads(path.read_text()))
+    try:
+        fields = json.loads(path.read_text())
+        if not isinstance(fields, dict):
+            raise TypeError("not a JSON object")
+        return cls(**fields)
+    except (ValueError, TypeError) as exc:  # not JSON, keys missing or unknown, a wrong type
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UserError(f"{path}: cannot read it ({reason}); {remedy}") from None
+
+
+def is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)

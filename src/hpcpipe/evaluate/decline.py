@@ -33,7 +33,7 @@ from torch import nn
 
 from hpcpipe.config.synthetic import SHAPE_FIELDS, SyntheticMix
 from hpcpipe.data.function_calling.conversation import Conversation
-from hpcpipe.evaluate.calibrate import SEED_OFFSET  # rows the training seed never drew
+from hpcpipe.evaluate.calibrate import SEED_OFFSET, is_number, read_saved  # SEED_OFFSET: see there
 from hpcpipe.evaluate.function_calling import Case, score
 from hpcpipe.layout import RunLayout
 
@@ -50,6 +50,10 @@ class DeclineRule:
     seed: int  # the generator seed they were drawn from
     constrained: bool = True  # decoded under the call grammar (--constrain), as the evaluation was
 
+    def __post_init__(self) -> None:
+        if not (self.threshold is None or is_number(self.threshold)) or not is_number(self.weight):
+            raise TypeError(f"threshold {self.threshold!r} or weight {self.weight!r} is not a number")
+
     def declines(self, value: float) -> bool:
         return self.threshold is not None and value < self.threshold
 
@@ -60,8 +64,7 @@ class DeclineRule:
 
 
 def read_decline(adapter_dir: Path) -> DeclineRule | None:
-    path = adapter_dir / RunLayout.DECLINE
-    return DeclineRule(**json.loads(path.read_text())) if path.is_file() else None
+    return read_saved(adapter_dir / RunLayout.DECLINE, DeclineRule, "delete it, or pass --recalibrate")
 
 
 def field_near_misses(n: int, seed: int, mix: SyntheticMix) -> list[Conversation]:

@@ -85,3 +85,40 @@ def test_a_confident_models_threshold_is_saved_exactly(
     found.save(tmp_path)
     saved = read_calibration(tmp_path)
     assert saved is not None and saved.threshold == p_call[5] > 0
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "{not json",
+        "[0.5]",
+        '{"threshold": 0.5}',
+        '{"threshold": "high", "target": 1, "cases": 1, "seed": 1, "p_call_quantiles": {}}',
+    ],
+)
+def test_a_damaged_calibration_is_one_line_naming_it_before_the_model_loads(
+    tmp_path: Path, text: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Calibration(**json.loads(...)) raised a traceback, after the model had loaded."""
+    import sys
+
+    import hpcpipe.cli.evaluate as evaluate_cli
+    from hpcpipe.cli.app import main
+    from hpcpipe.errors import UserError
+    from hpcpipe.layout import RunLayout
+
+    run = RunLayout(tmp_path / "run")
+    run.adapter.mkdir(parents=True)
+    run.config.write_text("run: {}\n")
+    run.call_threshold.write_text(text)
+    with pytest.raises(UserError, match=f"{run.call_threshold}: cannot read it"):
+        read_calibration(run.adapter)
+    monkeypatch.setattr(evaluate_cli, "load_target", lambda *a: pytest.fail("the model loaded"))
+    monkeypatch.setattr(
+        sys, "argv", ["hpcpipe", "eval", "function-calling", str(run.root), "--categories", ""]
+    )
+    with pytest.raises(SystemExit) as exited:
+        main()
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and err.count("\n") == 1, err
+    assert f"{run.call_threshold}: cannot read it" in err and "--call-threshold greedy" in err

@@ -123,3 +123,55 @@ def test_calls_below_the_threshold_become_declines_scored_again(monkeypatch: pyt
     assert judged[1]["error"] == "no_call" and judged[1]["declined_call"] == CALL
     assert judged[0]["decline_score"] == pytest.approx(math.log(0.5) - 0.4)
     assert judged[3] == results[3]  # prose is not scored
+
+
+def _run_with_eval(root: Path, **meta: Any) -> Any:
+    """A run directory (config.yaml, export/adapter/) and its evaluation RUN/eval-constrained, as
+    `hpcpipe eval function-calling RUN --constrain` writes them; ``meta`` overrides eval.json's."""
+    from hpcpipe.evaluate.function_calling import summarize, write_report
+    from hpcpipe.layout import RunLayout
+
+    run = RunLayout(root)
+    run.adapter.mkdir(parents=True)
+    run.config.write_text("run: {}\n")
+    rows = [{**score(_case("heldout_0", "heldout_no_call", None), "No."), "p_call": 0.1}]
+    written = {"model": "m", "run": str(root), "adapter": str(run.adapter), "constrained": True}
+    write_report(
+        summarize(rows), rows, {**written, "call_threshold": None, **meta}, run.fc_eval_dir(False, True)
+    )
+    return run
+
+
+def _decline_cli(run: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> str:
+    """`hpcpipe eval decline RUN` that must stop before the model loads: its one error line."""
+    import sys
+
+    from hpcpipe.cli import fc_target
+    from hpcpipe.cli.app import main
+
+    monkeypatch.setattr(fc_target, "load_run", lambda *a: pytest.fail("the model loaded"))
+    monkeypatch.setattr(sys, "argv", ["hpcpipe", "eval", "decline", str(run.root)])
+    with pytest.raises(SystemExit) as exited:
+        main()
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and err.count("\n") == 1 and err.startswith("error: "), err
+    return err
+
+
+def test_a_damaged_rule_is_one_line_naming_it_before_the_model_loads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """DeclineRule(**json.loads(...)) raised a traceback, after the model had loaded."""
+    from hpcpipe.errors import UserError
+
+    run = _run_with_eval(tmp_path / "run")
+    for text in (
+        "{not json",
+        '{"threshold": -1.0}',
+        '{"threshold": "low", "weight": 4, "target": 1, "cases": 1, "calling": 1, "seed": 1}',
+    ):
+        run.decline.write_text(text)
+        with pytest.raises(UserError, match=f"{run.decline}: cannot read it"):
+            read_decline(run.adapter)
+    err = _decline_cli(run, monkeypatch, capsys)
+    assert f"{run.decline}: cannot read it" in err and "--recalibrate" in err
