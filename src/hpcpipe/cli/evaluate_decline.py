@@ -74,6 +74,7 @@ def decline(
     )
     if unscored is not None:
         raise UserError(f"{source}: case {unscored} has no p_call (evaluate again with this hpcpipe)")
+    _check_judged(evaluation.get("meta") or {}, layout, source)
     constrained = bool((evaluation.get("meta") or {}).get("constrained"))
     adapter = layout.adapter
     rule = None if recalibrate else read_decline(adapter)  # a damaged decline.json: before the model loads
@@ -113,6 +114,28 @@ def decline(
 
 def _shown(threshold: float | None) -> str:
     return "none (the first token declined enough)" if threshold is None else f"{threshold:.6f}"
+
+
+def _check_judged(meta: dict[str, Any], layout: RunLayout, source: Path) -> None:
+    """UserError unless ``meta`` (eval.json's) is an evaluation of this run with its adapter: the
+    adapter judges the replies, so another model's replies would be scored by the wrong one."""
+    adapter, run = meta.get("adapter"), meta.get("run")
+    if run is None or not _same_path(str(run), layout.root):
+        what = f"run {run}" if run else f"model {meta.get('model')}"
+        raise UserError(f"{source}: an evaluation of {what}, not of {layout.root} (pass --eval-dir)")
+    if adapter is None or not _same_path(str(adapter), layout.adapter):
+        what = "the base model (--base)" if adapter is None else f"the adapter {adapter}"
+        raise UserError(f"{source}: an evaluation of {what}, not of {layout.adapter} (pass --eval-dir)")
+
+
+def _same_path(recorded: str, here: Path) -> bool:
+    """Whether the path eval.json recorded names ``here``: a relative one was relative to where
+    the evaluation ran, so it matches the end of ``here``'s full path."""
+    path, full = Path(recorded), here.resolve()
+    if path.resolve() == full:
+        return True
+    parts = tuple(p for p in path.parts if p != ".")
+    return not path.is_absolute() and ".." not in parts and full.parts[-len(parts) :] == parts
 
 
 def _default_eval(layout: RunLayout) -> Path:

@@ -175,3 +175,32 @@ def test_a_damaged_rule_is_one_line_naming_it_before_the_model_loads(
             read_decline(run.adapter)
     err = _decline_cli(run, monkeypatch, capsys)
     assert f"{run.decline}: cannot read it" in err and "--recalibrate" in err
+
+
+@pytest.mark.parametrize(
+    ("meta", "said"),
+    [
+        ({"adapter": None}, "an evaluation of the base model (--base)"),
+        ({"run": None, "adapter": None, "model": "smol"}, "an evaluation of model smol, not of"),
+        ({"run": "runs/other"}, "an evaluation of run runs/other, not of"),
+    ],
+    ids=["base", "model", "other-run"],
+)
+def test_only_an_evaluation_of_the_runs_adapter_is_judged(
+    tmp_path: Path,
+    meta: dict[str, Any],
+    said: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The run's adapter scored the calls of a base-model evaluation (or another run's)."""
+    run = _run_with_eval(tmp_path / "run", **meta)
+    assert said in _decline_cli(run, monkeypatch, capsys)
+
+
+def test_a_relative_path_recorded_elsewhere_names_the_same_run(tmp_path: Path) -> None:
+    from hpcpipe.cli.evaluate_decline import _same_path
+
+    here = tmp_path / "runs" / "fc"
+    assert _same_path("runs/fc", here) and _same_path("./runs/fc/", here) and _same_path(str(here), here)
+    assert not _same_path("runs/other", here) and not _same_path("../fc", here)
