@@ -47,9 +47,10 @@ def decline(
     first token + WEIGHT x the mean log-probability of its tokens. A call scoring below the
     threshold becomes a decline. The threshold is set on generated near misses (a request beside
     a listed function of its field that cannot serve it; data.synthetic_mix.near_misses, a seed
-    no training row was drawn from), decoded as the evaluation was (--constrain or not): the one
-    at which TARGET of them decline. It is saved beside the adapter (decline.json) and reused;
-    nothing of a benchmark sets it. Writes eval.json and eval.md; `hpcpipe eval compare` reads them.
+    no training row was drawn from), decoded as the evaluation was (--constrain or not, its call
+    threshold or greedy): the one at which TARGET of them decline. It is saved beside the adapter
+    (decline.json) and reused; nothing of a benchmark sets it. Writes eval.json and eval.md;
+    `hpcpipe eval compare` reads them.
 
     Examples:
 
@@ -76,15 +77,21 @@ def decline(
         raise UserError(f"{source}: case {unscored} has no p_call (evaluate again with this hpcpipe)")
     _check_judged(evaluation.get("meta") or {}, layout, source)
     constrained = bool((evaluation.get("meta") or {}).get("constrained"))
+    call_threshold = _call_threshold(evaluation.get("meta") or {}, source)
     adapter = layout.adapter
     rule = None if recalibrate else read_decline(adapter)  # a damaged decline.json: before the model loads
     model, chat, heldout, meta, _ = load_run(run, False, constrained)
     start = time.perf_counter()
-    settings = (cases, target, weight, constrained)
-    if rule is None or (rule.cases, rule.target, rule.weight, rule.constrained) != settings:
+    # The near misses are decoded as the evaluation was: a rule set otherwise is set again.
+    settings = (cases, target, weight, constrained, call_threshold)
+    if (
+        rule is None
+        or (rule.cases, rule.target, rule.weight, rule.constrained, rule.call_threshold) != settings
+    ):
         job = load_config(layout.config)
+        mix, seed = job.data.synthetic_mix, job.run.seed
         rule = calibrate_decline(
-            model, chat, job.data.synthetic_mix, job.run.seed, cases, target, weight, constrained
+            model, chat, mix, seed, cases, target, weight, constrained, call_threshold=call_threshold
         )
         rule.save(adapter)
     calibrate_s = round(time.perf_counter() - start, 1)
@@ -126,6 +133,16 @@ def _check_judged(meta: dict[str, Any], layout: RunLayout, source: Path) -> None
     if adapter is None or not _same_path(str(adapter), layout.adapter):
         what = "the base model (--base)" if adapter is None else f"the adapter {adapter}"
         raise UserError(f"{source}: an evaluation of {what}, not of {layout.adapter} (pass --eval-dir)")
+
+
+def _call_threshold(meta: dict[str, Any], source: Path) -> float | None:
+    """The first-token threshold the evaluation decided by (None: greedy decoding)."""
+    from hpcpipe.evaluate.calibrate import is_number
+
+    value = meta.get("call_threshold")
+    if value is not None and not is_number(value):
+        raise UserError(f"{source}: meta.call_threshold {value!r} is not a number (evaluate again)")
+    return None if value is None else float(value)
 
 
 def _same_path(recorded: str, here: Path) -> bool:

@@ -49,10 +49,15 @@ class DeclineRule:
     calling: int  # of them, those whose reply opened a call
     seed: int  # the generator seed they were drawn from
     constrained: bool = True  # decoded under the call grammar (--constrain), as the evaluation was
+    call_threshold: float | None = None  # the evaluation's first-token threshold (None: greedy)
 
     def __post_init__(self) -> None:
-        if not (self.threshold is None or is_number(self.threshold)) or not is_number(self.weight):
-            raise TypeError(f"threshold {self.threshold!r} or weight {self.weight!r} is not a number")
+        numbers = (self.threshold, self.call_threshold)
+        if not all(v is None or is_number(v) for v in numbers) or not is_number(self.weight):
+            raise TypeError(
+                f"threshold {self.threshold!r}, call_threshold {self.call_threshold!r} or weight "
+                f"{self.weight!r} is not a number"
+            )
 
     def declines(self, value: float) -> bool:
         return self.threshold is not None and value < self.threshold
@@ -121,16 +126,19 @@ def calibrate_decline(
     weight: float,
     constrain: bool,
     batch_size: int = 8,
+    call_threshold: float | None = None,
 ) -> DeclineRule:
-    """Decode ``cases`` near misses as the evaluation does (greedy, ``constrain``), score the
-    calls, and choose the threshold for ``target``."""
+    """Decode ``cases`` near misses as the evaluation does (``constrain``; the first token greedy
+    or by ``call_threshold``, as its ``--call-threshold``), score the calls, and choose the
+    threshold for ``target``."""
     from hpcpipe.data.function_calling.tokens import CALL_OPEN
     from hpcpipe.evaluate.fc_run import CaseGrammars
     from hpcpipe.evaluate.generate import CallDecision, generate_replies, turn_end
 
     convs = field_near_misses(cases, seed + SEED_OFFSET, mix)
     prompts = [chat.prompt(conv, len(conv.messages)) for conv in convs]
-    decision = CallDecision(chat.tokenizer(CALL_OPEN, add_special_tokens=False)["input_ids"][0])
+    opener_id = chat.tokenizer(CALL_OPEN, add_special_tokens=False)["input_ids"][0]
+    decision = CallDecision(opener_id, call_threshold)
     # First token only: most decline there, and a prose reply need not be written out.
     firsts = generate_replies(model, chat.tokenizer, prompts, 1, batch_size, decision=decision)
     opener = chat.tokenizer.decode([decision.token])
@@ -145,6 +153,7 @@ def calibrate_decline(
         batch_size,
         constraint=None if grammars is None else grammars.processor,
         stop=turn_end(chat),
+        decision=CallDecision(opener_id, call_threshold),  # the same first token again (its own indices)
     )
     scores = [
         decline_score(decision.p_call[i], call_log_probs(model, chat.tokenizer, prompts[i], reply), weight)
@@ -152,7 +161,9 @@ def calibrate_decline(
         if makes_call(reply)
     ]
     threshold = threshold_at(scores, cases - len(scores), target)  # exact: rounding could let a call through
-    return DeclineRule(threshold, weight, target, cases, len(scores), seed + SEED_OFFSET, constrain)
+    return DeclineRule(
+        threshold, weight, target, cases, len(scores), seed + SEED_OFFSET, constrain, call_threshold
+    )
 
 
 def apply_decline(

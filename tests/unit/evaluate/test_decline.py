@@ -204,3 +204,55 @@ def test_a_relative_path_recorded_elsewhere_names_the_same_run(tmp_path: Path) -
     here = tmp_path / "runs" / "fc"
     assert _same_path("runs/fc", here) and _same_path("./runs/fc/", here) and _same_path(str(here), here)
     assert not _same_path("runs/other", here) and not _same_path("../fc", here)
+
+
+def test_the_near_misses_are_decoded_by_the_evaluations_call_threshold(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An evaluation decided by a call threshold had its decline threshold set under greedy
+    decoding, and a rule set under one threshold was reused for another."""
+    import sys
+    from types import SimpleNamespace
+
+    import hpcpipe.config
+    from hpcpipe.cli import fc_target
+    from hpcpipe.cli.app import main
+    from hpcpipe.evaluate import generate
+
+    thresholds: list[float | None] = []
+
+    def replies(model, tokenizer, prompts, max_new_tokens, batch_size, decision=None, **_: Any):  # type: ignore[no-untyped-def]
+        thresholds.append(decision.threshold)
+        decision.p_call.update(dict.fromkeys(range(len(prompts)), 0.5))
+        return (
+            ["<tool_call>"] * len(prompts)
+            if max_new_tokens == 1
+            else ['<tool_call>{"name": "f"}'] * len(prompts)
+        )
+
+    class Tokenizer:
+        def __call__(self, text: str, add_special_tokens: bool) -> dict[str, list[int]]:
+            return {"input_ids": [7]}
+
+        def decode(self, ids: list[int]) -> str:
+            return "<tool_call>"
+
+    chat = SimpleNamespace(tokenizer=Tokenizer(), prompt=lambda conv, upto: "p", render=lambda *a, **k: "")
+    heldout = [Conversation((Message("user", "hi"), Message("assistant", "No.")), ())]
+    job = SimpleNamespace(data=SimpleNamespace(synthetic_mix=SyntheticMix()), run=SimpleNamespace(seed=0))
+    monkeypatch.setattr(generate, "generate_replies", replies)
+    monkeypatch.setattr(decline, "field_near_misses", lambda n, seed, mix: [Conversation(())] * n)
+    monkeypatch.setattr(decline, "call_log_probs", lambda *a: [-1.0])
+    monkeypatch.setattr(hpcpipe.config, "load_config", lambda path: job)
+    run = _run_with_eval(tmp_path / "run", call_threshold=0.25, constrained=False)
+    monkeypatch.setattr(
+        fc_target, "load_run", lambda *a: (None, chat, heldout, {"adapter": str(run.adapter)}, None)
+    )
+    DeclineRule(-9.0, 4.0, 0.95, 10, 10, 1, False, None).save(run.adapter)  # set under greedy decoding
+    monkeypatch.setattr(sys, "argv", ["hpcpipe", "eval", "decline", str(run.root), "--cases", "10"])
+    with pytest.raises(SystemExit) as exited:
+        main()
+    assert exited.value.code in (0, None), capsys.readouterr().err
+    assert thresholds == [0.25, 0.25]  # the first token, then the replies: both by the threshold
+    rule = read_decline(run.adapter)
+    assert rule is not None and rule.call_threshold == 0.25 and rule.calling == 10
