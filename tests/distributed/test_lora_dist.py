@@ -176,3 +176,18 @@ def test_zero3_partitions_the_frozen_base_and_trains_only_the_adapters(
     job = load_config(zero3 / "config.yaml")
     model = load_with_adapter(resolve_source(job.model, job.data.prepared_dir), out)
     assert sum(1 for n, _ in model.named_parameters() if "lora_B" in n) == len(b_weights)
+
+
+def test_the_call_threshold_is_calibrated_on_the_main_rank_while_the_others_leave(tmp: Path) -> None:
+    """Rank 0 calibrated inside on_train_end while rank 1 waited in the next barrier: past
+    parallel.timeout_s (3 s here; 2000 near misses took 15 s on 2 cores) the run failed with exit
+    code 1, no run_finished and no call_threshold.json."""
+    from hpcpipe.observe.metrics import read_events
+
+    calibrated = ("lora.calibration_cases=2000", "parallel.timeout_s=3", "train.steps=4")
+    proc = _train(tmp, "calibrated", *calibrated)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    run = tmp / "calibrated"
+    assert (run / "export" / "adapter" / "call_threshold.json").is_file()
+    kinds = [e["event"] for e in read_events(run)]
+    assert kinds.index("calls_calibrated") < kinds.index("run_finished") == len(kinds) - 1, kinds

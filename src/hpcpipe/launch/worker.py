@@ -86,19 +86,16 @@ def train_worker(job: JobConfig, env: DistEnv) -> None:
                     _note_dataset_change(run_dir, trainer.step, earlier, lineage["dataset_manifest_sha256"])
             trainer.fit()
             recipe.on_train_end(trainer.inference_model(), ctx.is_main, run_dir)
-            if ctx.is_main:
-                from hpcpipe.observe.metrics import append_event
-
-                append_event(
-                    run_dir,
-                    "run_finished",
-                    step=trainer.step,
-                    world_size=ctx.world_size,
-                    epochs=job.train.epochs,
-                )
         finally:
             trainer.close()
-        ctx.barrier()
+        ctx.barrier()  # the group's last collective
+        if ctx.is_main:
+            from hpcpipe.observe.metrics import append_event
+
+            recipe.on_run_end(run_dir)  # the other ranks are leaving, not waiting for it
+            append_event(
+                run_dir, "run_finished", step=trainer.step, world_size=ctx.world_size, epochs=job.train.epochs
+            )
         if ctx.local_rank == 0:  # finished: Prometheus stops scraping this node's endpoints
             remove_sd_targets(
                 Path(job.run.out_dir), job.observe.prometheus, run=job.run.name, node=node_name()

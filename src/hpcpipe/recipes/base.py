@@ -299,6 +299,11 @@ class Recipe(ABC):
         """Artifacts after training (every rank calls it; only the main rank writes). Under
         ``parallel.pp`` > 1, ``model`` holds only this rank's pipeline stages."""
 
+    def on_run_end(self, run_dir: Path) -> None:  # noqa: B027
+        """Work of the main rank alone after ``on_train_end``, before ``run_finished``: the other
+        ranks have passed the group's last collective, so a long job here (an evaluation of what
+        ``on_train_end`` exported) keeps none of them waiting in one until ``parallel.timeout_s``."""
+
     def export(self, request: ExportRequest) -> Path:
         """Write ``request.checkpoint`` as ``request.fmt`` into ``request.out``; returns it."""
         raise UserError(f"recipe {self.name!r} exports nothing (it declares no export_formats)")

@@ -16,8 +16,8 @@
   gradient checkpointing's recomputation is not credited (model FLOPs, as PaLM counts them).
   Attention score FLOPs are left out.
 - Checkpoints hold the adapters and their optimizer state only (the base is rebuilt from its
-  source); ``on_train_end`` exports the adapter (peft format, full tensors gathered on every rank)
-  and writes ``lora_summary.json``.
+  source); ``on_train_end`` exports the adapter (peft format, full tensors gathered on every rank);
+  ``on_run_end`` (the main rank alone) calibrates the call threshold and writes ``lora_summary.json``.
 """
 
 from __future__ import annotations
@@ -279,14 +279,19 @@ class LoraFCRecipe(Recipe):
         shutil.copyfile(self.data_dir / REPORT_FILE, RunLayout(run_dir).data_report)
 
     def on_train_end(self, model: nn.Module, is_main: bool, run_dir: Path) -> None:
-        """Adapter export (every rank gathers; the main rank writes) and the run's summary files."""
-        from hpcpipe.models.hf_lm import ParamCounts, resolve_base_dtype
+        """Adapter export (every rank gathers; the main rank writes)."""
         from hpcpipe.models.lora_export import full_adapter_state, save_adapter
 
         state = full_adapter_state(model)  # collective under FSDP2
-        if not is_main:
-            return
-        adapter = save_adapter(model, state, RunLayout(run_dir).adapter, tokenizer=self.chat.tokenizer)
+        if is_main:
+            save_adapter(model, state, RunLayout(run_dir).adapter, tokenizer=self.chat.tokenizer)
+
+    def on_run_end(self, run_dir: Path) -> None:
+        """The call threshold (``lora.calibration_cases``: minutes of generation, which no other
+        rank waits for) and the run's summary file."""
+        from hpcpipe.models.hf_lm import ParamCounts, resolve_base_dtype
+
+        adapter = RunLayout(run_dir).adapter
         calibration = self._calibrate(adapter, run_dir) if self.lora_cfg.calibration_cases else None
         counts = self.counts or ParamCounts(0, 0)
         summary = {
