@@ -9,8 +9,8 @@ records ``constrained``; the table says when they differ). The report for the RE
     hpcpipe eval function-calling runs/fc-test-s0 --base --split test --heldout-limit 0 --constrain
     for s in 0 1 2; do hpcpipe eval function-calling runs/fc-test-s$s --split test --heldout-limit 0 \\
         --constrain && hpcpipe eval decline runs/fc-test-s$s; done
-    python benchmarks/fc_seeds.py runs/fc-test-s0/eval-base-constrained \\
-        runs/fc-test-s{0,1,2}/eval-constrained-declined
+    python benchmarks/fc_seeds.py runs/fc-test-s0/eval-base-test-constrained \\
+        runs/fc-test-s{0,1,2}/eval-test-constrained-declined
 
 ``--smoke`` runs the same table on two small evaluations it writes itself.
 """

@@ -48,8 +48,12 @@ Top level of ``<run_dir>/`` (name: who writes it -> who reads it)
 - ``eval/``, ``eval-base/`` (FC_EVAL, FC_EVAL_BASE; fc_eval_dir): function-calling evaluation of
   the adapter, or of the base model (``eval-constrained/``, ``eval-base-constrained/`` with
   ``--constrain``: FC_EVAL_CONSTRAINED, FC_EVAL_BASE_CONSTRAINED), each holding ``eval.json`` and ``eval.md``
-  (FC_EVAL_JSON, FC_EVAL_MARKDOWN). cli eval function-calling (evaluate.function_calling)
-  -> cli eval compare (evaluate.compare), people.
+  (FC_EVAL_JSON, FC_EVAL_MARKDOWN); those of BFCL's dev split. ``--split test`` writes
+  ``eval-test/``, ``eval-base-test/``, ``eval-test-constrained/``, ``eval-base-test-constrained/``
+  (FC_EVAL_TEST, FC_EVAL_BASE_TEST, FC_EVAL_TEST_CONSTRAINED, FC_EVAL_BASE_TEST_CONSTRAINED) and
+  ``--split all`` the same with ``all`` (FC_EVAL_ALL, FC_EVAL_BASE_ALL, FC_EVAL_ALL_CONSTRAINED,
+  FC_EVAL_BASE_ALL_CONSTRAINED). cli eval function-calling (evaluate.function_calling)
+  -> cli eval compare (evaluate.compare), cli eval decline, people.
 - ``report/`` (REPORT): the report folder (:class:`ReportLayout`). report.run_report (pipeline
   report step, ``hpcpipe report``) -> pipeline (report outputs), track.artifacts.
 - ``summary.md`` (SUMMARY): report.summary (pipeline report step) -> tracking artifacts, people.
@@ -253,6 +257,14 @@ class RunLayout(Layout):
     FC_EVAL_BASE: ClassVar[str] = "eval-base"
     FC_EVAL_CONSTRAINED: ClassVar[str] = "eval-constrained"  # --constrain, beside the free one
     FC_EVAL_BASE_CONSTRAINED: ClassVar[str] = "eval-base-constrained"
+    FC_EVAL_TEST: ClassVar[str] = "eval-test"  # --split test, beside dev's
+    FC_EVAL_BASE_TEST: ClassVar[str] = "eval-base-test"
+    FC_EVAL_TEST_CONSTRAINED: ClassVar[str] = "eval-test-constrained"
+    FC_EVAL_BASE_TEST_CONSTRAINED: ClassVar[str] = "eval-base-test-constrained"
+    FC_EVAL_ALL: ClassVar[str] = "eval-all"  # --split all
+    FC_EVAL_BASE_ALL: ClassVar[str] = "eval-base-all"
+    FC_EVAL_ALL_CONSTRAINED: ClassVar[str] = "eval-all-constrained"
+    FC_EVAL_BASE_ALL_CONSTRAINED: ClassVar[str] = "eval-base-all-constrained"
     REPORT: ClassVar[str] = "report"  # laid out by ReportLayout
     SUMMARY: ClassVar[str] = "summary.md"
     LOSS_CURVE: ClassVar[str] = "loss_curve.png"
@@ -286,9 +298,18 @@ class RunLayout(Layout):
     GOODPUT_JSON: ClassVar[str] = "goodput.json"  # plan/goodput.json
     GOODPUT_PLOT: ClassVar[str] = "goodput.png"  # plan/goodput.png
 
+    # A split's evaluation folders: (adapter, base) free, then (adapter, base) with --constrain.
+    FC_EVAL_SPLITS: ClassVar[dict[str, tuple[str, str, str, str]]] = {
+        "dev": (FC_EVAL, FC_EVAL_BASE, FC_EVAL_CONSTRAINED, FC_EVAL_BASE_CONSTRAINED),
+        "test": (FC_EVAL_TEST, FC_EVAL_BASE_TEST, FC_EVAL_TEST_CONSTRAINED, FC_EVAL_BASE_TEST_CONSTRAINED),
+        "all": (FC_EVAL_ALL, FC_EVAL_BASE_ALL, FC_EVAL_ALL_CONSTRAINED, FC_EVAL_BASE_ALL_CONSTRAINED),
+    }
+
     ENTRIES: ClassVar[tuple[str, ...]] = (
         CONFIG, LINEAGE, METRICS, METRICS_CSV, EVENTS, CHECKPOINTS, EXPORT, EVAL, FC_EVAL,
-        FC_EVAL_BASE, FC_EVAL_CONSTRAINED, FC_EVAL_BASE_CONSTRAINED, REPORT, SUMMARY, LOSS_CURVE,
+        FC_EVAL_BASE, FC_EVAL_CONSTRAINED, FC_EVAL_BASE_CONSTRAINED, FC_EVAL_TEST, FC_EVAL_BASE_TEST,
+        FC_EVAL_TEST_CONSTRAINED, FC_EVAL_BASE_TEST_CONSTRAINED, FC_EVAL_ALL, FC_EVAL_BASE_ALL,
+        FC_EVAL_ALL_CONSTRAINED, FC_EVAL_BASE_ALL_CONSTRAINED, REPORT, SUMMARY, LOSS_CURVE,
         SAMPLE, DATA_REPORT, LORA_SUMMARY, PROFILE,
         TENSORBOARD, TRACKING, TRAIN_LOG, SWEEP_POINT, SLURM_SCRIPT, SLURM_JOB, K8S_MANIFEST, HELM_VALUES,
         KFP_PIPELINE, K8S_JOB, PLAN,
@@ -299,10 +320,7 @@ class RunLayout(Layout):
         EXPORT: (ADAPTER,),
         f"{EXPORT}/{ADAPTER}": (CALL_THRESHOLD, DECLINE),
         REPORT: ReportLayout.ENTRIES,
-        FC_EVAL: (FC_EVAL_JSON, FC_EVAL_MARKDOWN),
-        FC_EVAL_BASE: (FC_EVAL_JSON, FC_EVAL_MARKDOWN),
-        FC_EVAL_CONSTRAINED: (FC_EVAL_JSON, FC_EVAL_MARKDOWN),
-        FC_EVAL_BASE_CONSTRAINED: (FC_EVAL_JSON, FC_EVAL_MARKDOWN),
+        **dict.fromkeys(sum(FC_EVAL_SPLITS.values(), ()), (FC_EVAL_JSON, FC_EVAL_MARKDOWN)),
         TRACKING: (MLFLOW_RUN, REGISTRY),
         PLAN: (GOODPUT_JSON, GOODPUT_PLOT),
     }
@@ -358,12 +376,11 @@ class RunLayout(Layout):
         """``export/<checkpoint>-<format>``: one checkpoint exported in one format."""
         return self.export / f"{checkpoint_name}-{fmt}"
 
-    def fc_eval_dir(self, base: bool, constrained: bool = False) -> Path:
+    def fc_eval_dir(self, base: bool, constrained: bool = False, split: str = "dev") -> Path:
         """Function-calling evaluation of the base model (``eval-base``) or with the adapter
-        (``eval``); decoded with ``--constrain``: ``eval-base-constrained``, ``eval-constrained``."""
-        if constrained:
-            return self.root / (self.FC_EVAL_BASE_CONSTRAINED if base else self.FC_EVAL_CONSTRAINED)
-        return self.root / (self.FC_EVAL_BASE if base else self.FC_EVAL)
+        (``eval``); decoded with ``--constrain``: ``eval-base-constrained``, ``eval-constrained``;
+        on BFCL's ``split`` other than dev: its name after ``eval[-base]`` (``eval-test-constrained``)."""
+        return self.root / self.FC_EVAL_SPLITS[split][2 * constrained + base]
 
     report = Entry(REPORT)
 

@@ -50,9 +50,11 @@ def _sample_paths(layout: Layout) -> dict[str, Path]:
         if callable(getattr(layout, name, None)):
             found[name] = getattr(layout, name)(*args)
     if isinstance(layout, RunLayout):
-        for base in (False, True):
-            for constrained in (False, True):
-                found[f"fc_eval_dir({base}, {constrained})"] = layout.fc_eval_dir(base, constrained)
+        for split in RunLayout.FC_EVAL_SPLITS:
+            for base in (False, True):
+                for constrained in (False, True):
+                    path = layout.fc_eval_dir(base, constrained, split)
+                    found[f"fc_eval_dir({base}, {constrained}, {split})"] = path
     return found
 
 
@@ -119,6 +121,10 @@ def test_computed_names() -> None:
     assert run.fc_eval_dir(base=True).name == "eval-base" and run.fc_eval_dir(False).name == "eval"
     assert run.fc_eval_dir(False, constrained=True).name == "eval-constrained"
     assert run.fc_eval_dir(True, constrained=True).name == "eval-base-constrained"
+    # Each split its own folders: --split test wrote RUN/eval, over the dev split's evaluation.
+    assert run.fc_eval_dir(False, split="test").name == "eval-test"
+    assert run.fc_eval_dir(True, True, "test").name == "eval-base-test-constrained"
+    assert run.fc_eval_dir(False, True, "all").name == "eval-all-constrained"
     assert run.hang_dump(3).name == "hang-rank3.txt"
     assert run.report_markdown == ReportLayout(run.report).markdown == Path("run/report/report.md")
     study = StudyLayout(Path("study"))

@@ -92,7 +92,8 @@ def function_calling(
         Path | None,
         typer.Option(
             help="Output directory (default: RUN/eval or RUN/eval-base; ./eval otherwise; "
-            "with --constrain, the same name + '-constrained')."
+            "with --split test or all, the split after it: eval-test, eval-base-all; with "
+            "--constrain, the name + '-constrained')."
         ),
     ] = None,
     json_out: JsonOption = None,
@@ -110,7 +111,7 @@ def function_calling(
       hpcpipe eval function-calling runs/lora-fc-smollm2 --base     # before fine-tuning
       hpcpipe eval function-calling runs/lora-fc-smollm2            # after
       hpcpipe eval function-calling runs/lora-fc-smollm2 --constrain  # writes RUN/eval-constrained
-      hpcpipe eval function-calling runs/lora-fc-smollm2 --split test --out runs/lora-fc-smollm2/eval-test
+      hpcpipe eval function-calling runs/lora-fc-smollm2 --split test  # writes RUN/eval-test
       hpcpipe eval function-calling data/external/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf --limit 5
     """
     from hpcpipe.evaluate.bfcl import SPLITS, load_bfcl
@@ -129,7 +130,7 @@ def function_calling(
     run = RunLayout(target)
     adapter = run.adapter if run.config.is_file() and not base else None  # load_run's adapter
     threshold = _call_threshold(call_threshold, adapter)  # before the model loads too
-    model, chat, heldout, meta, default_out = load_target(target, base, constrain)
+    model, chat, heldout, meta, default_out = load_target(target, base, constrain, split)
     meta["split"] = split
     meta["call_decision"] = (
         "greedy" if threshold is None else ("calibrated" if call_threshold == "auto" else "given")

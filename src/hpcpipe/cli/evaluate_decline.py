@@ -24,7 +24,9 @@ def decline(
     eval_dir: Annotated[
         Path | None,
         typer.Option(
-            help="The evaluation whose replies are judged (default: RUN/eval-constrained, else RUN/eval)."
+            help="The evaluation of RUN whose replies are judged (default: the first of "
+            "RUN/eval-constrained, RUN/eval, then the test split's RUN/eval-test-constrained, "
+            "RUN/eval-test, then the same of --split all)."
         ),
     ] = None,
     cases: Annotated[int, typer.Option(min=10, help="Generated near misses the threshold is set on.")] = 100,
@@ -156,10 +158,13 @@ def _same_path(recorded: str, here: Path) -> bool:
 
 
 def _default_eval(layout: RunLayout) -> Path:
-    for constrained in (True, False):
-        path = layout.fc_eval_dir(False, constrained)
-        if (path / RunLayout.FC_EVAL_JSON).is_file():
-            return path
+    """The adapter's evaluation, in a fixed order (each split writes its own folder): dev, where
+    rules are chosen, then test, then all; constrained before free."""
+    for split in RunLayout.FC_EVAL_SPLITS:
+        for constrained in (True, False):
+            path = layout.fc_eval_dir(False, constrained, split)
+            if (path / RunLayout.FC_EVAL_JSON).is_file():
+                return path
     raise UserError(f"{layout.root}: no evaluation to judge (run `hpcpipe eval function-calling` first)")
 
 

@@ -11,15 +11,16 @@ from hpcpipe.layout import RunLayout
 
 
 def load_target(
-    target: Path, base: bool, constrain: bool = False
+    target: Path, base: bool, constrain: bool = False, split: str = "dev"
 ) -> tuple[Any, Any, list[Any], dict[str, Any], Path]:
     """(model, chat format, held-out conversations, meta, default output dir) for TARGET; the
-    output dir of a ``--constrain`` evaluation sits beside the free one's."""
+    output dir of a ``--constrain`` evaluation, or of BFCL's ``split`` other than dev, sits
+    beside the free dev one's (``RunLayout.fc_eval_dir``)."""
     from hpcpipe.data.function_calling.tokens import ChatFormat
     from hpcpipe.models.hf_lm import ModelSource, load_base_model, load_tokenizer
 
     if RunLayout(target).config.is_file():
-        return load_run(target, base, constrain)
+        return load_run(target, base, constrain, split)
     if target.suffix == ".gguf":
         if not target.is_file():
             raise UserError(f"{target}: no such GGUF file")
@@ -35,11 +36,13 @@ def load_target(
         )
     chat = ChatFormat(load_tokenizer(source))
     meta = {"model": str(target), "adapter": None}
-    out = Path(RunLayout.FC_EVAL_CONSTRAINED if constrain else RunLayout.FC_EVAL)  # ./eval(-constrained)
+    out = RunLayout(Path()).fc_eval_dir(False, constrain, split)  # ./eval, ./eval-test-constrained...
     return load_base_model(source, "fp32"), chat, [], meta, out
 
 
-def load_run(run_dir: Path, base: bool, constrain: bool) -> tuple[Any, Any, list[Any], dict[str, Any], Path]:
+def load_run(
+    run_dir: Path, base: bool, constrain: bool, split: str = "dev"
+) -> tuple[Any, Any, list[Any], dict[str, Any], Path]:
     from hpcpipe.config import load_config
     from hpcpipe.data.function_calling.prepare import read_heldout
     from hpcpipe.models.lora_export import load_with_adapter
@@ -64,4 +67,4 @@ def load_run(run_dir: Path, base: bool, constrain: bool) -> tuple[Any, Any, list
     else:
         model = load_with_adapter(recipe.source, adapter)
     meta = {"model": job.model.name_or_path, "run": str(run_dir), "adapter": None if base else str(adapter)}
-    return model, recipe.chat, heldout, meta, layout.fc_eval_dir(base, constrain)
+    return model, recipe.chat, heldout, meta, layout.fc_eval_dir(base, constrain, split)

@@ -256,3 +256,17 @@ def test_the_near_misses_are_decoded_by_the_evaluations_call_threshold(
     assert thresholds == [0.25, 0.25]  # the first token, then the replies: both by the threshold
     rule = read_decline(run.adapter)
     assert rule is not None and rule.call_threshold == 0.25 and rule.calling == 10
+
+
+def test_the_default_evaluation_is_the_dev_splits_then_the_test_splits(tmp_path: Path) -> None:
+    """--split test wrote RUN/eval too, and decline judged whichever split was written last."""
+    import shutil
+
+    from hpcpipe.cli.evaluate_decline import _default_eval
+
+    run = _run_with_eval(tmp_path / "run")
+    dev = run.fc_eval_dir(False, True)
+    shutil.copytree(dev, run.fc_eval_dir(False, True, "test"))
+    assert _default_eval(run) == dev
+    shutil.rmtree(dev)
+    assert _default_eval(run) == run.root / "eval-test-constrained"
