@@ -80,6 +80,13 @@ def atomic_replace_dir(final: Path) -> Iterator[Path]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def write_text_replacing(path: Path, text: str) -> None:
+    """Write ``path`` through a temporary file beside it: a reader never sees half of it."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
 def read_json_strict(path: Path) -> dict[str, Any]:
     """The JSON object in ``path``; a ValueError naming the file when it is not one (a JSON decode
     error alone says "line 1 column 2", not which of a run's files it was)."""

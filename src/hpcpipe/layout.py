@@ -271,6 +271,7 @@ class RunLayout(Layout):
     SAMPLE: ClassVar[str] = "sample.txt"
     DATA_REPORT: ClassVar[str] = "data_report.json"
     LORA_SUMMARY: ClassVar[str] = "lora_summary.json"
+    OOM_RESTART_SPLIT: ClassVar[str] = "oom_restart_split.json"
     PROFILE: ClassVar[str] = "profile"
     TENSORBOARD: ClassVar[str] = "tensorboard"
     TRACKING: ClassVar[str] = "tracking"
@@ -310,7 +311,7 @@ class RunLayout(Layout):
         FC_EVAL_BASE, FC_EVAL_CONSTRAINED, FC_EVAL_BASE_CONSTRAINED, FC_EVAL_TEST, FC_EVAL_BASE_TEST,
         FC_EVAL_TEST_CONSTRAINED, FC_EVAL_BASE_TEST_CONSTRAINED, FC_EVAL_ALL, FC_EVAL_BASE_ALL,
         FC_EVAL_ALL_CONSTRAINED, FC_EVAL_BASE_ALL_CONSTRAINED, REPORT, SUMMARY, LOSS_CURVE,
-        SAMPLE, DATA_REPORT, LORA_SUMMARY, PROFILE,
+        SAMPLE, DATA_REPORT, LORA_SUMMARY, OOM_RESTART_SPLIT, PROFILE,
         TENSORBOARD, TRACKING, TRAIN_LOG, SWEEP_POINT, SLURM_SCRIPT, SLURM_JOB, K8S_MANIFEST, HELM_VALUES,
         KFP_PIPELINE, K8S_JOB, PLAN,
     )  # fmt: skip
@@ -337,6 +338,7 @@ class RunLayout(Layout):
     sample = Entry(SAMPLE)
     data_report = Entry(DATA_REPORT)
     lora_summary = Entry(LORA_SUMMARY)
+    oom_restart_split = Entry(OOM_RESTART_SPLIT)
     train_log = Entry(TRAIN_LOG)
     sweep_point = Entry(SWEEP_POINT)
     slurm_script = Entry(SLURM_SCRIPT)

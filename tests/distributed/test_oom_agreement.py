@@ -316,3 +316,30 @@ def test_one_signalled_rank_stops_every_rank_at_the_same_step(tmp_path: Path) ->
             assert row["local"] is (rank == 0)
             assert row["signal"] == ("SIGUSR1" if rank == 0 else None)
             assert row["exit_code"] == 75
+
+
+def _events(run: Path, kind: str) -> list[dict[str, Any]]:
+    rows = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+    return [row for row in rows if row["event"] == kind]
+
+
+@pytest.mark.timeout(180)
+def test_an_oom_in_ddp_s_last_backward_restarts_with_half_the_micro_batch(tmp_path: Path) -> None:
+    """No in-process agreement is possible there (the gradient all-reduce is in flight): the
+    agent's restart resumed with the checkpoint's split and ran out of memory again on every
+    restart until --max-restarts was spent."""
+    from tests.helpers import run_cli
+
+    env = {
+        "HPCPIPE_CHAOS_OOM": "step=4,rank=1,micro=0,where=backward",
+        "HPCPIPE_CHAOS_DIR": str(tmp_path / "c"),
+    }
+    sets = ["parallel.strategy=ddp", "checkpoint.every_steps=2", "train.steps=6", f"run.out_dir={tmp_path}"]
+    args = ["train", "tiny", "--nproc", "2", "--max-restarts", "1", *(a for s in sets for a in ("--set", s))]
+    proc = run_cli(*args, env=env, cwd=tmp_path, timeout=150)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    run = tmp_path / "tiny"
+    [taken] = _events(run, "oom_restart_split")
+    assert (taken["step"], taken["old_micro_batch_size"], taken["new_micro_batch_size"]) == (2, 4, 2)
+    assert _events(run, "resumed")[-1]["micro_batch_size"] == 4  # the checkpoint's, before the halving
+    assert not (run / "oom_restart_split.json").exists()

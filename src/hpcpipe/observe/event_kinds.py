@@ -132,6 +132,18 @@ EVENT_KINDS: dict[str, EventKind] = {
             "restore_s": "seconds to restore",
         },
     ),
+    "oom_restart_split": EventKind(
+        "train.trainer (rank 0)",
+        "An out-of-memory error the ranks could not recover from in-process ended the last start; "
+        "this restart trains with half its micro-batch (train/oom_restart.py).",
+        {
+            **_STEP,
+            "old_micro_batch_size": "the checkpoint's (or the config's)",
+            "old_accum_steps": "the checkpoint's (or the config's)",
+            "new_micro_batch_size": "this start's",
+            "new_accum_steps": "this start's (the global batch is unchanged)",
+        },
+    ),
     "oom_recovered": EventKind(
         "train.trainer (rank 0)",
         "Some rank ran out of memory: every rank halved the micro-batch and retried the step.",

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 import hpcpipe
-from hpcpipe.fsutil import read_json_object
+from hpcpipe.fsutil import read_json_object, write_text_replacing
 from hpcpipe.layout import RunLayout
 
 
@@ -85,9 +85,7 @@ def write_lineage(run_dir: Path, lineage: dict[str, Any]) -> Path:
     previous = read_lineage(run_dir)
     merged = {**{key: previous[key] for key in KEPT if previous.get(key) and key not in lineage}, **lineage}
     path = RunLayout(run_dir).lineage
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(merged, indent=2) + "\n")
-    tmp.replace(path)  # a reader never sees half a file
+    write_text_replacing(path, json.dumps(merged, indent=2) + "\n")
     return path
 
 

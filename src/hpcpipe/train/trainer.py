@@ -39,17 +39,16 @@ from hpcpipe.observe.watchdog import Watchdog
 from hpcpipe.recipes.base import Batch, PaddingBatch, Recipe, checked_loss
 from hpcpipe.track.sinks import Trackers
 from hpcpipe.train import evaluation
-from hpcpipe.train.activation_checkpointing import apply_activation_checkpointing
 from hpcpipe.train.deepspeed import deepspeed_engine
 from hpcpipe.train.distributed import DistContext
 from hpcpipe.train.environment import node_name
 from hpcpipe.train.faults import NO_FAULTS, FaultInjector
 from hpcpipe.train.mesh import build_layout, data_parallel_context, dropout_seed, same_rank_places
-from hpcpipe.train.oom import OOMGuard, agree_any, agreement_all_reduce, oom_recovery_on
+from hpcpipe.train.oom import OOMGuard, OOMNotRecoverable, agree_any, agreement_all_reduce, oom_recovery_on
+from hpcpipe.train.oom_restart import remember_halved_split, take_remembered_split
 from hpcpipe.train.optim import build_optimizer
 from hpcpipe.train.parallel import (
     GradNorm,
-    apply_parallelism,
     buffers_broadcast,
     gradient_sync,
     optimizer_step,
@@ -58,11 +57,10 @@ from hpcpipe.train.parallel import (
     time_gradient_sync,
     unwrap,
 )
-from hpcpipe.train.pipeline_parallel import Pipeline, build_pipeline
+from hpcpipe.train.parallelize import parallelize
 from hpcpipe.train.precision import Precision
 from hpcpipe.train.preempt import Preempted, PreemptionHandler
 from hpcpipe.train.schedule import lr_at, resolve_steps
-from hpcpipe.train.tensor_parallel import apply_tensor_parallel, tensor_parallel_plan
 from hpcpipe.train.trial import ENDED, Pruned, TrialLink
 
 COMPILE_ALLOWANCE_S = 3600.0  # the first compiled step's hang timeout at most (below parallel.timeout_s)
@@ -114,6 +112,7 @@ class Trainer:
         self._open_store(job, engine, faults)
         try:
             self.resume(job)
+            self._take_oom_restart_split()
         except BaseException:
             self.telemetry.close()  # its exporter, GPU sampler and tracer would outlive the error
             raise
@@ -134,8 +133,10 @@ class Trainer:
         torch.manual_seed(job.run.seed)
         model = self.recipe.build_model().to(self.ctx.device)
         units = self.recipe.shard_units(model)
-        self.pipeline: Pipeline | None = None  # set under parallel.pp > 1
-        self.model = self.parallelize(model, units, job.parallel, accum)
+        placed = (self.layout, self.strategy, self.ctx)
+        self.model, self.pipeline = parallelize(
+            self.recipe, model, units, job.parallel, self.cfg, placed, accum
+        )
         self.grad_norm = GradNorm.of(self.layout, self.pipeline)
         self.sync_gradients = job.parallel.sync_gradients
         # Phase times; under DDP a hook marks the end of backward compute (exposed comm after it).
@@ -231,34 +232,6 @@ class Trainer:
         self.trial = TrialLink(job.hpo, ctx.is_main)
         self.last_eval: dict[str, float] = {}
 
-    def parallelize(
-        self, model: torch.nn.Module, units: Sequence[torch.nn.Module], p: ParallelConfig, accum: int
-    ) -> torch.nn.Module:
-        """Tensor parallelism, activation checkpointing, compilation and data parallelism, applied
-        outside the model code; under a pipeline, to this rank's stages (``self.pipeline``)."""
-        recipe, ctx = self.recipe, self.ctx
-
-        def wrap(module: torch.nn.Module, blocks: Sequence[torch.nn.Module]) -> torch.nn.Module:
-            # DDP or FSDP2 over the data-parallel ranks (the dp dimension of a mesh).
-            flags = (recipe.broadcasts_buffers, recipe.fsdp_param_dtype)
-            return apply_parallelism(
-                module, self.strategy, ctx, blocks, p, *flags, dp_mesh=self.layout.dp_mesh
-            )
-
-        if self.layout.pp > 1:  # the recipe's stages on this rank, sharded and scheduled
-            self.pipeline = build_pipeline(
-                recipe, model, units, p, self.layout, self.cfg, wrap, accum, ctx.device
-            )
-            return self.pipeline.modules
-        if self.layout.tp > 1:  # the recipe's plan, on the mesh's tp dimension
-            apply_tensor_parallel(model, tensor_parallel_plan(recipe, model, p.tp), self.layout.tp_mesh)
-        apply_activation_checkpointing(units, self.cfg.activation_checkpointing)
-        if self.cfg.compile:
-            # Compile blocks before FSDP2 wraps them (per-block graphs), the whole model otherwise.
-            for module in units if self.strategy == "fsdp" else [model]:
-                module.compile()
-        return wrap(model, units)
-
     # -- the loop ----------------------------------------------------------------------------
 
     def fit(self) -> FitResult:
@@ -320,12 +293,16 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         step_start = self.loader.state_dict()
-        while (out := self._pipeline_step() if self.pipeline else self._forward_backward()) is None:
-            # Some rank ran out of memory: every rank halves the micro-batch and retries the step
-            self.recipe.interval_counts()  # (the cut attempt's counts: its micro-batches run again)
-            self.telemetry.on_oom(self.step)
-            event = self.oom.recover(self.step, self.optimizer, self.loader, step_start)
-            self.events.emit("oom_recovered", event)
+        try:
+            while (out := self._pipeline_step() if self.pipeline else self._forward_backward()) is None:
+                # Some rank ran out of memory: every rank halves the micro-batch and retries the step
+                self.recipe.interval_counts()  # (the cut attempt's counts: its micro-batches run again)
+                self.telemetry.on_oom(self.step)
+                event = self.oom.recover(self.step, self.optimizer, self.loader, step_start)
+                self.events.emit("oom_recovered", event)
+        except OOMNotRecoverable:  # the agent restarts every rank: with half the micro-batch
+            remember_halved_split(self.oom, RunLayout(self.run_dir).oom_restart_split)
+            raise
         loss_sum, data_time = out
         self.phases.begin("optimizer")
         grad_norm = optimizer_step(
@@ -487,6 +464,13 @@ class Trainer:
                 "restore_s": time.perf_counter() - started,  # choosing, verifying, loading
             },
         )
+
+    def _take_oom_restart_split(self) -> None:
+        """The halved split an unrecoverable OOM left for this restart (train/oom_restart.py)."""
+        taken = take_remembered_split(self.oom, RunLayout(self.run_dir).oom_restart_split, self.agree_max)
+        if taken is not None:
+            self.loader.set_micro_batch_size(self.oom.micro_batch_size)
+            self.events.emit("oom_restart_split", {"step": self.step, **taken})
 
     def stop_for_preemption(self) -> None:
         """Every rank agreed to stop: checkpoint within the grace period, then exit. A preemption
