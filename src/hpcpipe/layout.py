@@ -63,6 +63,8 @@ Top level of ``<run_dir>/`` (name: who writes it -> who reads it)
 - ``data_report.json`` (DATA_REPORT): the prepared dataset's report, copied.
   recipes.lora_fc at the start of training -> people.
 - ``lora_summary.json`` (LORA_SUMMARY): recipes.lora_fc at the end of training -> people.
+- ``oom_restart_split.json`` (OOM_RESTART_SPLIT): train.oom_restart, by the rank that ran out of memory where
+  the ranks could not agree in-process -> the agent's restart (every rank), which removes it.
 - ``profile/`` (PROFILE): torch.profiler traces ``rank<R>.steps<A>-<B>.trace.json``; Nsight
   reports ``nsys/<job>.rank<R>.nsys-rep`` (with their ``nsys stats`` CSVs) and
   ``ncu/<job>.rank<R>.ncu-rep``. observe.trace, launch.nsight -> observe.verdict, observe.nsys_stats.
