@@ -64,46 +64,63 @@ def load_verified(
     model_sd, optim_sd = get_state_dict(model, optimizer, options=options)
     state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
     reader = SafeFileSystemReader(path, manifest, sources, threads)
-    _drop_state_never_saved(optim_sd, reader)
+    never_saved, set_aside = _set_aside_state_never_saved(optim_sd, reader)
     if not _load_same_layout(path, manifest, state, reader, group, threads):
         _load_through_dcp(path, state, reader, group)
+    state["optim"].get("state", state["optim"]).update(set_aside)  # the fresh state, loaded, then dropped
     set_model_state_dict(model, state["model"], options=options)
-    # Not strict: a parameter without any optimizer state in the checkpoint (dropped above) gets
-    # none here, and the optimizer creates it at its first gradient, as it would have in the run
-    # that saved it. Every state the checkpoint holds was loaded above, or the load failed.
-    optim_options = dataclasses.replace(options, strict=False)
-    set_optimizer_state_dict(model, optimizer, state["optim"], options=optim_options)
+    # Not strict: an optimizer that has taken steps has no state for such a parameter either
+    # (torch then refuses the checkpoint's lack of it). Every state the checkpoint holds was
+    # loaded above, or the load failed.
+    set_optimizer_state_dict(
+        model, optimizer, state["optim"], options=dataclasses.replace(options, strict=False)
+    )
+    _forget_optimizer_state(model, optimizer, never_saved)
     return reader
 
 
-def _drop_state_never_saved(optim_sd: dict[str, Any], reader: SafeFileSystemReader) -> set[str]:
-    """Drop from ``optim_sd`` the parameters of which the checkpoint holds no optimizer state at
-    all; their names. They had no gradient before it was saved (a head the loss does not use,
-    an expert no token reached), so the optimizer had no state for them, while the fresh
-    optimizer here is given state for every parameter: a strict load refused every such run's
-    checkpoints (tests/e2e/test_recipe_check.py, the unused head). A parameter with only some
-    of its state saved still fails the load."""
+def _set_aside_state_never_saved(
+    optim_sd: dict[str, Any], reader: SafeFileSystemReader
+) -> tuple[set[str], dict[str, Any]]:
+    """Take out of ``optim_sd`` the parameters of which the checkpoint holds no optimizer state
+    at all: their names, and the entries taken out. They had no gradient before it was saved (a
+    head the loss does not use, an expert no token reached), so the optimizer had no state for
+    them, while the fresh optimizer here has state for every parameter: a strict load refused
+    every such run's checkpoints (tests/e2e/test_recipe_check.py, the unused head). A parameter
+    with only some of its state saved still fails the load."""
     try:
         saved = reader.read_metadata().state_dict_metadata
     except Exception:  # the load below reports unreadable metadata, as it always has
-        return set()
+        return set(), {}
     flat = "state" not in optim_sd  # flatten_optimizer_state_dict: "state.<fqn>.<key>" keys
-    keys = [key[len("state.") :] for key in optim_sd if key.startswith("state.")] if flat else []
-    params = {key.rsplit(".", 1)[0] for key in keys} if flat else set(optim_sd["state"])
+    entries = optim_sd if flat else optim_sd["state"]
+    fqn_of = {key: key[len("state.") :].rsplit(".", 1)[0] for key in entries if key.startswith("state.")}
+    params = set(fqn_of.values()) if flat else set(entries)
     found: set[str] = set()
     for key in saved:
         rest = key[len("optim.state.") :] if key.startswith("optim.state.") else ""
         while "." in rest and rest not in params:
             rest = rest.rsplit(".", 1)[0]
         found.add(rest)
-    stateless = params - found
-    if flat:
-        for key in [k for k in optim_sd if k.startswith("state.") and k[6:].rsplit(".", 1)[0] in stateless]:
-            del optim_sd[key]
-    else:
-        for fqn in stateless:
-            del optim_sd["state"][fqn]
-    return stateless
+    never_saved = params - found
+    taken = [key for key, fqn in fqn_of.items() if fqn in never_saved] if flat else list(never_saved)
+    return never_saved, {key: entries.pop(key) for key in taken}
+
+
+# Module names the wrappers add to a parameter's name that DCP's names leave out (DDP, compile,
+# activation checkpointing).
+_WRAPPER_NAMES = frozenset({"module", "_orig_mod", "_checkpoint_wrapped_module"})
+
+
+def _forget_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, names: set[str]) -> None:
+    """The parameters the checkpoint has no optimizer state for get none, as in the run that
+    saved it: the optimizer creates it at their first gradient (the fresh state loaded for them
+    has taken a step, and Adam's bias correction would count it)."""
+    if not names:
+        return
+    for name, param in model.named_parameters():
+        if ".".join(part for part in name.split(".") if part not in _WRAPPER_NAMES) in names:
+            optimizer.state.pop(param, None)
 
 
 def _load_through_dcp(

@@ -77,7 +77,7 @@ def decline(
     )
     if unscored is not None:
         raise UserError(f"{source}: case {unscored} has no p_call (evaluate again with this hpcpipe)")
-    _check_judged(evaluation.get("meta") or {}, layout, source)
+    _check_judged(evaluation.get("meta") or {}, layout, source, "" if eval_dir else " (pass --eval-dir)")
     constrained = bool((evaluation.get("meta") or {}).get("constrained"))
     call_threshold = _call_threshold(evaluation.get("meta") or {}, source)
     adapter = layout.adapter
@@ -125,16 +125,31 @@ def _shown(threshold: float | None) -> str:
     return "none (the first token declined enough)" if threshold is None else f"{threshold:.6f}"
 
 
-def _check_judged(meta: dict[str, Any], layout: RunLayout, source: Path) -> None:
+def _check_judged(meta: dict[str, Any], layout: RunLayout, source: Path, hint: str) -> None:
     """UserError unless ``meta`` (eval.json's) is an evaluation of this run with its adapter: the
-    adapter judges the replies, so another model's replies would be scored by the wrong one."""
+    adapter judges the replies, so another model's replies would be scored by the wrong one. An
+    evaluation folder inside the run that names a run of the same name is the run's, wherever the
+    run was when it was written (one copied from the cluster recorded the cluster's paths)."""
     adapter, run = meta.get("adapter"), meta.get("run")
-    if run is None or not _same_path(str(run), layout.root):
+    # Moved or copied with its folders: an evaluation folder of the run, naming a run of its name.
+    inside = (
+        source.resolve().parent == layout.root.resolve() and Path(str(run)).name == layout.root.resolve().name
+    )
+    if run is None or not (inside or _same_path(str(run), layout.root)):
         what = f"run {run}" if run else f"model {meta.get('model')}"
-        raise UserError(f"{source}: an evaluation of {what}, not of {layout.root} (pass --eval-dir)")
-    if adapter is None or not _same_path(str(adapter), layout.adapter):
+        raise UserError(f"{source}: an evaluation of {what}, not of {layout.root}{hint}")
+    in_run = inside and _within(str(adapter), str(run)) == layout.adapter.relative_to(layout.root)
+    if adapter is None or not (in_run or _same_path(str(adapter), layout.adapter)):
         what = "the base model (--base)" if adapter is None else f"the adapter {adapter}"
-        raise UserError(f"{source}: an evaluation of {what}, not of {layout.adapter} (pass --eval-dir)")
+        raise UserError(f"{source}: an evaluation of {what}, not of {layout.adapter}{hint}")
+
+
+def _within(path: str, root: str) -> Path | None:
+    """``path`` relative to ``root`` as recorded, or None when it is not under it."""
+    try:
+        return Path(path).relative_to(root)
+    except ValueError:
+        return None
 
 
 def _call_threshold(meta: dict[str, Any], source: Path) -> float | None:

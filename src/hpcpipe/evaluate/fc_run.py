@@ -68,7 +68,7 @@ def evaluate_cases(
             stop=turn_end(chat),
         )
     results = [
-        {**score(case, reply), "p_call": round(decision.p_call[i], 6)}
+        {**score(case, reply), "p_call": decision.p_call[i]}  # exact, as the call threshold is
         for i, (case, reply) in enumerate(zip(cases, replies, strict=True))
     ]
     summary = summarize(results)

@@ -59,22 +59,43 @@ def validate_args(schema: type | None, raw: Mapping[str, Any] | None, recipe: st
 
 
 def _check_given(schema: type, raw: Mapping[str, Any], where: str, recipe: str) -> None:
-    """The rules of hpcpipe's own sections for what the user gave, at every depth: no unknown key
-    (pydantic's default drops one inside a nested model, where ``--set`` refused it), no
-    true/false for a number (read as 1), no inf or nan."""
+    """The rules of hpcpipe's own sections for what the user gave, at every depth (nested
+    models, lists and dicts of them): no unknown key (pydantic's default drops one inside a
+    nested model, where ``--set`` refused it), no true/false for a number (read as 1), no inf or
+    nan (given as a number or as text)."""
     fields = args_fields(schema)
     for key, value in raw.items():
         if key not in fields:
             known = ", ".join(fields)
             raise ConfigError(f"unknown config key '{where}.{key}' (keys in {where} ({recipe}): {known})")
-        annotation = fields[key][0]
-        nested = _optional_inner(annotation)
-        if isinstance(value, Mapping) and is_schema(nested):
-            _check_given(nested, value, f"{where}.{key}", recipe)
-        elif is_number(annotation) and isinstance(value, bool):
-            raise ConfigError(f"{where}.{key}: expected a number, not true or false")
-        elif is_number(annotation) and isinstance(value, float) and not math.isfinite(value):
-            raise ConfigError(f"{where}.{key}: expected a finite number (got {value})")
+        _check_value(fields[key][0], value, f"{where}.{key}", recipe)
+
+
+def _check_value(annotation: Any, value: Any, where: str, recipe: str) -> None:
+    inner = _optional_inner(annotation)
+    origin, args = typing.get_origin(inner), typing.get_args(inner)
+    if isinstance(value, Mapping) and is_schema(inner):
+        _check_given(inner, value, where, recipe)
+    elif isinstance(value, list) and origin in (list, tuple, set, frozenset) and args:
+        for index, item in enumerate(value):
+            _check_value(args[0], item, f"{where}.{index}", recipe)
+    elif isinstance(value, Mapping) and origin is dict and len(args) == 2:
+        for name, item in value.items():
+            _check_value(args[1], item, f"{where}.{name}", recipe)
+    elif is_number(annotation) and isinstance(value, bool):
+        raise ConfigError(f"{where}: expected a number, not true or false")
+    elif is_number(annotation) and not _finite(value):
+        raise ConfigError(f"{where}: expected a finite number (got {value})")
+
+
+def _finite(value: Any) -> bool:
+    """False for inf and nan, as a float or as text pydantic would read as one ('inf', 'NaN')."""
+    if not isinstance(value, float | str):
+        return True
+    try:
+        return math.isfinite(float(value))
+    except ValueError:
+        return True  # not a number at all: pydantic's own message names it
 
 
 def parse_args(schema: type | None, raw: Mapping[str, Any] | None) -> Any:

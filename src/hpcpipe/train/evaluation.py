@@ -13,10 +13,12 @@ the resumed run's, and the two would no longer train bit for bit alike.
 from __future__ import annotations
 
 import contextlib
+import random
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -55,9 +57,17 @@ def summed_over_ranks(sums: dict[str, torch.Tensor], group: Any, ranks: int) -> 
     return dict(zip(keys, totals.tolist(), strict=True))
 
 
-def streams_kept(device: torch.device) -> contextlib.AbstractContextManager[Any]:
-    """A block whose draws from torch's CPU generator (and ``device``'s) are undone after it."""
-    return torch.random.fork_rng(devices=[device] if device.type == "cuda" else [])
+@contextlib.contextmanager
+def streams_kept(device: torch.device) -> Iterator[None]:
+    """A block whose draws from torch's CPU generator (and ``device``'s), Python's ``random`` and
+    NumPy's global generator are undone after it: the streams a checkpoint restores."""
+    python_state, numpy_state = random.getstate(), np.random.get_state()
+    try:
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            yield
+    finally:
+        random.setstate(python_state)
+        np.random.set_state(numpy_state)
 
 
 def is_evaluation_step(step: int, cfg: TrainConfig) -> bool:

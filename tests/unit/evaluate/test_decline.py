@@ -270,3 +270,31 @@ def test_the_default_evaluation_is_the_dev_splits_then_the_test_splits(tmp_path:
     assert _default_eval(run) == dev
     shutil.rmtree(dev)
     assert _default_eval(run) == run.root / "eval-test-constrained"
+
+
+def test_a_run_moved_with_its_evaluation_is_still_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Copied from the cluster, eval.json names the cluster's paths: every eval decline was
+    refused, and its hint (--eval-dir) ran into the same check."""
+    import sys
+
+    from hpcpipe.cli import fc_target
+    from hpcpipe.cli.app import main
+
+    old = "/scratch/alice/runs/fc"
+    run = _run_with_eval(tmp_path / "home" / "fc", run=old, adapter=f"{old}/export/adapter")
+
+    class Loaded(Exception):
+        pass
+
+    def load_run(*args: Any) -> None:
+        raise Loaded
+
+    monkeypatch.setattr(fc_target, "load_run", load_run)
+    monkeypatch.setattr(sys, "argv", ["hpcpipe", "eval", "decline", str(run.root)])
+    with pytest.raises(Loaded):  # past the check, to the model
+        main()
+    other = _run_with_eval(tmp_path / "home" / "other", run=old, adapter=f"{old}/export/adapter")
+    err = _decline_cli(other, monkeypatch, capsys)
+    assert f"an evaluation of run {old}, not of" in err

@@ -332,3 +332,31 @@ def test_an_unknown_key_inside_a_nested_argument_is_refused() -> None:
     with pytest.raises(ConfigError, match=r"unknown config key 'recipe\.opt\.lrr' \(keys in recipe\.opt"):
         validate_args(Args, {"opt": {"lrr": 5}}, "r")
     assert validate_args(Args, {"opt": {"lr": 0.5}}, "r") == {"opt": {"lr": 0.5}}
+
+
+@pytest.mark.parametrize(
+    ("raw", "needle"),
+    [
+        ({"opts": [{"lr": 1, "lrr": 2}]}, "unknown config key 'recipe.opts.0.lrr'"),
+        ({"by_name": {"a": {"lrr": 2}}}, "unknown config key 'recipe.by_name.a.lrr'"),
+        ({"opts": [{"lr": True}]}, "recipe.opts.0.lr: expected a number, not true or false"),
+        ({"scale": "inf"}, "recipe.scale: expected a finite number (got inf)"),  # YAML's "inf" is text
+        ({"scale": "NaN"}, "recipe.scale: expected a finite number (got NaN)"),
+    ],
+)
+def test_lists_and_dicts_of_nested_arguments_and_text_infinities_are_checked(raw: dict, needle: str) -> None:  # type: ignore[type-arg]
+    from pydantic import BaseModel
+
+    from hpcpipe.recipes.args import validate_args
+
+    class Opt(BaseModel):
+        lr: float = 0.1
+
+    class Args(BaseModel):
+        opts: list[Opt] = []
+        by_name: dict[str, Opt] = {}
+        scale: float = 1.0
+
+    with pytest.raises(ConfigError) as err:
+        validate_args(Args, raw, "r")
+    assert needle in str(err.value)
