@@ -116,11 +116,10 @@ def test_an_export_replaces_an_earlier_one_whole_and_nothing_else(tmp_path: Path
     assert (out / "config.json").is_file()
     export_checkpoint(ckpt, "safetensors", out)
     assert sorted(p.name for p in out.iterdir()) == [".hpcpipe-export", "model.safetensors"]
-    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no staging left
     foreign = tmp_path / "mine"
     foreign.mkdir()
     (foreign / "notes.txt").write_text("keep me")
-    with pytest.raises(CheckpointError, match="not empty, and not an earlier hpcpipe export"):
+    with pytest.raises(CheckpointError, match="not empty, and not an hpcpipe export"):
         export_checkpoint(ckpt, "safetensors", foreign)
     assert [p.name for p in foreign.iterdir()] == ["notes.txt"]
 
@@ -171,3 +170,21 @@ def test_the_cli_exports_into_the_runs_own_directory_and_newest_reads_one_checkp
     assert not (tmp_path / "export").exists()
     assert run_cli("ckpt", "newest", str(ckpt)).stdout.strip() == "12"
     assert run_cli("ckpt", "newest", str(tmp_path / "run")).stdout.strip() == "12"
+
+
+def test_an_export_into_the_working_directory_or_an_old_default_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--out .` exported everything, then failed renaming '.' (a mount point the same); the
+    run's own export/<step>-<format> written before the marker existed is replaced."""
+    _, ckpt, _ = make_run(tmp_path / "run", "gpt2")
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    export_checkpoint(ckpt, "safetensors", Path("."))
+    assert sorted(p.name for p in here.iterdir()) == [".hpcpipe-export", "model.safetensors"]
+    old = tmp_path / "run" / "export" / f"{ckpt.name}-hf"
+    old.mkdir(parents=True)
+    (old / "config.json").write_text("{}")  # an export of an earlier version: no marker
+    export_checkpoint(ckpt, "safetensors", old)
+    assert sorted(p.name for p in old.iterdir()) == [".hpcpipe-export", "model.safetensors"]
