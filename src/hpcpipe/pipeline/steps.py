@@ -79,14 +79,16 @@ def train(ctx: StepContext) -> None:
 
 
 def _nothing_left_to_train_with_new_settings(ctx: StepContext) -> None:
-    """A training key changed after the run trained to its last step: resumed, it would train
-    nothing, and the lineage would record the new settings for a model trained with the old."""
+    """A training key or the dataset changed after the run trained to its last step: resumed, it
+    would train nothing, and the lineage would record the new settings (or data) for a model
+    trained with the old, which evaluate and export would then skip as unchanged."""
     from hpcpipe.errors import UserError
     from hpcpipe.observe.lineage import read_lineage
     from hpcpipe.observe.metrics import read_events
     from hpcpipe.pipeline.engine import step_inputs
 
-    record = (read_lineage(ctx.run_dir).get("steps") or {}).get("train") or {}
+    records = read_lineage(ctx.run_dir).get("steps") or {}
+    record = records.get("train") or {}
     newest = newest_checkpoint(ctx)
     reached = parse_step(newest.name) if newest is not None else None
     ended = reached is not None and any(  # its last step (train.steps, or its epochs' steps)
@@ -102,6 +104,10 @@ def _nothing_left_to_train_with_new_settings(ctx: StepContext) -> None:
         for key, old, new in _differences(section, before.get(section), now.get(section))
         if key not in WAITING_KEYS  # recorded by older versions; never what is trained
     ]
+    # prepare has just run: its record holds the dataset this invocation would train on
+    trained_on = ((record.get("inputs") or {}).get("upstream") or {}).get("prepare")
+    if trained_on != (records.get("prepare") or {}).get("outputs"):
+        changed.insert(0, "a new dataset from prepare")
     if changed:
         raise UserError(
             f"{ctx.run_dir} already trained to step {reached} with other settings "

@@ -35,3 +35,27 @@ def test_a_training_key_changed_after_the_last_step_is_refused_and_a_deleted_rep
     lineage.write_text(json.dumps(record))
     older = run_cli("run", "tiny", *sets, cwd=tmp_path)
     assert older.returncode == 0 and "run  train: inputs changed" in older.stdout, older.stderr
+
+
+def test_a_changed_dataset_after_the_last_step_is_refused(tmp_path: Path) -> None:
+    """A source file changed after the last step: prepare made a new dataset, train resumed at
+    its last step and trained nothing, and was recorded as trained on the new dataset (evaluate
+    and export then skipped as unchanged, describing the model of the old data)."""
+    sources = tmp_path / "src"
+    sources.mkdir()
+    for i in range(3):
+        (sources / f"m{i}.py").write_text(
+            "".join(f"def f{i}_{j}(x):\n    return x * {j}\n" for j in range(200))
+        )
+    sets = ["--set", f"run.out_dir={tmp_path}", "--set", f"data.sources=[{sources}]"]
+    sets += ["--set", "train.steps=4", "--set", "checkpoint.every_steps=2"]
+    assert run_cli("run", "tiny", *sets, cwd=tmp_path).returncode == 0
+    lineage = tmp_path / "tiny" / "lineage.json"
+    trained = json.loads(lineage.read_text())["steps"]["train"]
+    with (sources / "m0.py").open("a") as f:
+        f.write("x = 1\n")
+    proc = run_cli("run", "tiny", *sets, cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "already trained to step 4 with other settings (a new dataset from prepare)" in proc.stderr
+    assert "give a new run.name" in proc.stderr
+    assert json.loads(lineage.read_text())["steps"]["train"] == trained
