@@ -5,11 +5,12 @@ MLflow) and OpenTelemetry traces (its own module: config.py holds the training s
 from __future__ import annotations
 
 from typing import Literal
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 from pydantic import Field, field_validator, model_validator
 
 from hpcpipe.config.section import Section, one_line
+from hpcpipe.errors import hide_credentials
 
 
 class PrometheusConfig(Section):
@@ -232,14 +233,44 @@ class MlflowConfig(Section):
 
     @field_validator("tracking_uri")
     @classmethod
-    def _no_credentials(cls, uri: str | None) -> str | None:
-        # config.yaml is saved in the run directory and logged as an artifact: no secrets in it.
-        if uri is not None and urlsplit(uri).password is not None:
+    def _a_tracking_uri(cls, uri: str | None) -> str | None:
+        if uri is None:
+            return None
+        parts = urlsplit(uri)
+        scheme = parts.scheme.lower().partition("+")[0]  # postgresql+psycopg2: the engine, its driver
+        if scheme not in MLFLOW_SCHEMES:
             raise ValueError(
-                "holds a password: config.yaml is saved with the run; put credentials in "
-                "MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD instead"
+                f"scheme {parts.scheme!r} is not one MLflow tracks to: give http(s)://host:port, "
+                "sqlite:///path/mlflow.db, a directory, databricks, or postgresql/mysql/mssql://host/db"
             )
+        _no_credentials(uri)
+        if scheme in ("http", "https"):
+            if not parts.hostname:
+                raise ValueError(f"no host: give {scheme}://host:port")
+            try:
+                parts.port  # noqa: B018 - raises on a port that is not a number in range
+            except ValueError as exc:
+                raise ValueError(f"bad port: {exc}") from None
         return uri
+
+
+# The schemes of MLflow's tracking and registry stores ("": a directory, as "file"); make_client
+# uses one URI for both, so the registry-only databricks-uc / uc are not among them.
+MLFLOW_SCHEMES = ("", "file", "http", "https", "sqlite", "postgresql", "mysql", "mssql", "databricks")
+
+
+def _no_credentials(uri: str) -> None:
+    """config.yaml is saved in the run directory, logged as an MLflow param and uploaded: a user
+    part (a password, or a token standing in for the user) or a secret in the query stays out."""
+    parts = urlsplit(uri)
+    secrets = [k for k, _ in parse_qsl(parts.query) if hide_credentials(f"{k}=x") != f"{k}=x"]
+    if parts.username is not None or parts.password is not None or secrets:
+        where = "a user part (user@ or user:password@)" if not secrets else f"a secret ({secrets[0]}=)"
+        raise ValueError(
+            f"holds {where}: config.yaml is saved with the run; put credentials in "
+            "MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD or MLFLOW_TRACKING_TOKEN, or the "
+            "whole URI in $MLFLOW_TRACKING_URI with observe.mlflow.tracking_uri null"
+        )
 
 
 OTLP_TRACES_PATH = "/v1/traces"

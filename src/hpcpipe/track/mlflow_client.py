@@ -49,7 +49,8 @@ def resolve_uri(configured: str | None) -> str:
 
 
 def make_client(uri: str, request_timeout_s: int | None = None) -> Any:
-    """An ``MlflowClient`` for ``uri`` (tracking and registry)."""
+    """An ``MlflowClient`` for ``uri`` (tracking and registry); a URI MLflow has no store for (a
+    scheme it does not know, a file store it refuses) is a UserError naming it."""
     os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
     if request_timeout_s is not None:
         # Sinks: fail fast and retry on their own schedule; MLflow's default retries take minutes.
@@ -57,18 +58,32 @@ def make_client(uri: str, request_timeout_s: int | None = None) -> Any:
         os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = "0"
     try:
         from mlflow import MlflowClient
+        from mlflow.exceptions import MlflowException
     except ImportError:
         raise UserError("MLflow is not installed: pip install 'hpcpipe[mlflow]'") from None
-    return MlflowClient(tracking_uri=uri, registry_uri=uri)
+    try:
+        return MlflowClient(tracking_uri=uri, registry_uri=uri)
+    except MlflowException as exc:
+        first = scrub(str(exc)).strip().splitlines()[0][:400]
+        raise UserError(
+            f"MLflow tracking URI {redact(uri)} (observe.mlflow.tracking_uri, --tracking-uri or "
+            f"$MLFLOW_TRACKING_URI): {first}"
+        ) from None
+
+
+# What one request may take in an interactive command (the register step, track sync, models):
+# MLflow's default, 120 s per attempt, left a hung server silent for minutes.
+INTERACTIVE_TIMEOUT_S = 15
 
 
 @contextlib.contextmanager
 def server_errors(what: str) -> Iterator[None]:
-    """MLflow's errors (an unreachable server, a refused request) as one line, exit 2, for the CLI.
-
-    Interactive commands retry twice (MLflow's default, 7 with doubling backoff, takes minutes).
-    """
+    """MLflow's errors (an unreachable or hung server, a refused request) as one line, exit 2, for
+    the CLI. Interactive commands retry twice (MLflow's default, 7 with doubling backoff, takes
+    minutes) and wait ``INTERACTIVE_TIMEOUT_S`` per request, unless the environment says otherwise:
+    a dead server is named within about a minute."""
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(INTERACTIVE_TIMEOUT_S))
     os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
     try:
         from mlflow.exceptions import MlflowException

@@ -35,6 +35,48 @@ def test_a_password_in_the_config_is_refused_naming_the_key(tmp_path: Path) -> N
     assert job.observe.mlflow is not None and job.observe.mlflow.tracking_uri is None
 
 
+@pytest.mark.parametrize(
+    ("uri", "says"),
+    [
+        ("https://dapi0123secrettoken@mlflow.example.com", "holds a user part"),  # a token as the user
+        ("https://mlflow.example.com/?token=dapi0123secrettoken", "holds a secret (token=)"),
+        ("http://h:5000?api_key=k3y", "holds a secret (api_key=)"),
+        ("foo://bar", "scheme 'foo' is not one MLflow tracks to"),  # a traceback at the first request
+        ("localhost:5000", "scheme 'localhost'"),  # http:// forgotten
+        ("htps://h:5000", "scheme 'htps'"),
+        ("http:///x", "no host"),
+        ("http://h:99999", "bad port"),
+    ],
+)
+def test_a_tracking_uri_mlflow_cannot_use_or_that_holds_a_secret_is_refused(uri: str, says: str) -> None:
+    """A token in the user part or the query was saved in config.yaml and logged as a param; an
+    unknown scheme failed the train step with MLflow's 90-line traceback."""
+    with pytest.raises(ConfigError, match=r"observe\.mlflow\.tracking_uri") as refused:
+        load_config("tiny", [f"observe.mlflow.tracking_uri={uri}"])
+    assert says in str(refused.value) and "dapi0123" not in str(refused.value)
+    assert "k3y" not in str(refused.value)
+    for fine in (
+        "sqlite:///tmp/m.db",
+        "https://h:5000/p?x=1",
+        "databricks",
+        "postgresql+psycopg2://h/db",
+        "./mlruns",
+    ):
+        assert load_config("tiny", [f"observe.mlflow.tracking_uri={fine}"]).observe.mlflow is not None
+
+
+def test_a_uri_mlflow_has_no_store_for_is_one_line_naming_the_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    """From $MLFLOW_TRACKING_URI or --tracking-uri (the config checks its own): MlflowClient()
+    raised UnsupportedModelRegistryStoreURIException through the CLI."""
+    from hpcpipe.errors import UserError
+    from hpcpipe.track.mlflow_client import make_client
+
+    with pytest.raises(
+        UserError, match=r"MLflow tracking URI foo://h \(observe\.mlflow\.tracking_uri.*unsupported"
+    ):
+        make_client("foo://al:pw@h")
+
+
 def test_rows_become_metric_values_and_configs_flat_params() -> None:
     values = metric_values({"step": 7, "loss": 2.5, "lr": 1e-3, "note": "x", "finite": True})
     assert [(k, v, s) for k, v, _, s in values] == [("loss", 2.5, 7), ("lr", 1e-3, 7)]
@@ -159,3 +201,18 @@ def test_a_replay_leaves_the_runs_status_and_a_deleted_run_is_named(tmp_path: Pa
     assert open_run(client, tmp_path, "e", "n", {}) == "r1" and client.updates == ["RUNNING"]
     with pytest.raises(UserError, match="r1 was deleted; restore it"):
         open_run(Client("deleted"), tmp_path, "e", "n", {})
+
+
+def test_interactive_commands_wait_a_short_time_per_request(monkeypatch: pytest.MonkeyPatch) -> None:
+    """MLflow's default, 120 s per attempt, left the register step and `track sync` silent for
+    minutes on a hung server; a timeout the user set is kept."""
+    import os
+
+    from hpcpipe.track.mlflow_client import INTERACTIVE_TIMEOUT_S, server_errors
+
+    monkeypatch.delenv("MLFLOW_HTTP_REQUEST_TIMEOUT", raising=False)
+    with server_errors("probe"):
+        assert os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] == str(INTERACTIVE_TIMEOUT_S) == "15"
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "300")
+    with server_errors("probe"):
+        assert os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] == "300"
