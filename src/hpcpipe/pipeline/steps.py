@@ -306,6 +306,10 @@ TRAIN_STEP = Step(
     ignores=WAITING_KEYS,
 )
 
+# Where a version is registered (the server, the experiment of its run; null when observe.mlflow
+# is): the sink's transport settings (queue_size, close_timeout_s) registered a new version.
+REGISTRY_KEYS = ("observe.mlflow.tracking_uri", "observe.mlflow.experiment")
+
 STEPS = [
     Step("prepare", ("run.recipe", "recipe", "data", "model", "lora"), (), prepare, prepare_outputs,
          "dataset preparation (tokens, images, conversations), keyed by its inputs"),
@@ -316,7 +320,7 @@ STEPS = [
          "eval.json: held-out metrics of the final model"),
     Step("export", ("pipeline.export_format",), ("train",), export, export_outputs,
          "the final checkpoint as a Hugging Face model or LoRA adapter"),
-    Step("register", ("pipeline.register_as", "pipeline.aliases", "observe.mlflow"), ("export", "evaluate"),
+    Step("register", ("pipeline.register_as", "pipeline.aliases", *REGISTRY_KEYS), ("export", "evaluate"),
          register, register_outputs, "a model version in the MLflow registry"),
     Step("report", ("pipeline.report",), ("train", "evaluate", "export", "register"), report, report_outputs,
          "summary.md, loss curve, report.md and report.html"),

@@ -59,3 +59,23 @@ def test_a_changed_dataset_after_the_last_step_is_refused(tmp_path: Path) -> Non
     assert "already trained to step 4 with other settings (a new dataset from prepare)" in proc.stderr
     assert "give a new run.name" in proc.stderr
     assert json.loads(lineage.read_text())["steps"]["train"] == trained
+
+
+def test_the_register_step_reads_where_a_version_goes_not_the_sinks_transport(tmp_path: Path) -> None:
+    """observe.mlflow.close_timeout_s or queue_size changed: a new registry version, aliases moved."""
+    from hpcpipe.config import load_config
+    from hpcpipe.pipeline.engine import fingerprint, step_inputs
+    from hpcpipe.pipeline.steps import STEPS
+
+    register = next(step for step in STEPS if step.name == "register")
+
+    def fp(*sets: str) -> str:
+        job = load_config("tiny", [f"run.out_dir={tmp_path}", *sets])
+        return fingerprint(step_inputs(register, job.to_dict(), {}))
+
+    on = fp("observe.mlflow.tracking_uri=http://h:5000")
+    assert fp("observe.mlflow.tracking_uri=http://h:5000", "observe.mlflow.close_timeout_s=60") == on
+    assert fp("observe.mlflow.tracking_uri=http://h:5000", "observe.mlflow.queue_size=500") == on
+    assert fp("observe.mlflow.tracking_uri=http://other:5000") != on
+    assert fp("observe.mlflow.tracking_uri=http://h:5000", "observe.mlflow.experiment=e") != on
+    assert fp("observe.mlflow.experiment=hpcpipe") != fp()  # turned on, the URI from the environment
