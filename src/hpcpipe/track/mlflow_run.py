@@ -79,9 +79,49 @@ def param_batches(config: dict[str, Any]) -> list[list[tuple[str, str]]]:
     return [items[i : i + PARAM_BATCH] for i in range(0, len(items), PARAM_BATCH)]
 
 
+CHANGED_TAG = "hpcpipe.changed."
+
+
+def log_params(client: Any, run_id: str, config: dict[str, Any], from_step: int) -> tuple[int, list[str]]:
+    """The config's params the run lacks; the keys whose value differs from the one logged (a run
+    resumed with other settings) go in as tags ``hpcpipe.changed.<key>`` = ``<value> (from step
+    N)``, since MLflow never overwrites a param (they kept the old value without a word). Returns
+    how many params were new and the keys whose tag was set (said once on stderr)."""
+    from mlflow.entities import Param, RunTag
+
+    data = client.get_run(run_id).data
+    changed: list[str] = []
+    new = 0
+    for chunk in param_batches(config):
+        fresh = [Param(k, v) for k, v in chunk if k not in data.params]
+        moved = [(k, v) for k, v in chunk if _changes_tag(k, v, data.params, data.tags)]
+        tags = [RunTag((CHANGED_TAG + k)[:250], f"{v} (from step {from_step})") for k, v in moved]
+        if fresh or tags:
+            client.log_batch(run_id, params=fresh, tags=tags)
+        changed += [k for k, _ in moved]
+        new += len(fresh)
+    if changed:
+        log.warning(
+            "MLflow run %s keeps the first value of a param: the changed %s recorded as tags %s<key>",
+            run_id, ", ".join(changed[:5]) + (" ..." if len(changed) > 5 else ""), CHANGED_TAG,
+        )  # fmt: skip
+    return new, changed
+
+
+def _changes_tag(key: str, value: str, params: dict[str, str], tags: dict[str, str]) -> bool:
+    """A logged param whose value is not the one in force now, as the param or the tag says it."""
+    if key not in params:
+        return False
+    said = tags.get((CHANGED_TAG + key)[:250])
+    in_force = params[key] if said is None else said.rpartition(" (from step ")[0]
+    return in_force != value
+
+
 class MlflowSink:
-    def __init__(self, cfg: MlflowConfig, run_dir: Path, run_name: str, config: dict[str, Any]) -> None:
-        self.cfg = cfg
+    def __init__(
+        self, cfg: MlflowConfig, run_dir: Path, run_name: str, config: dict[str, Any], start_step: int = 0
+    ) -> None:
+        self.cfg, self.start_step = cfg, start_step
         self.uri = resolve_uri(cfg.tracking_uri)
         self.run_dir, self.run_name, self.config = run_dir, run_name, config
         self.client = make_client(self.uri, request_timeout_s=REQUEST_TIMEOUT_S)
@@ -193,15 +233,9 @@ class MlflowSink:
             return False
 
     def _open(self) -> str:
-        from mlflow.entities import Param
-
         tags = lineage_tags(self.run_dir) | {"hpcpipe.recipe": str(self.config["run"]["recipe"])}
         run_id = open_run(self.client, self.run_dir, self.cfg.experiment, self.run_name, tags)
-        logged = self.client.get_run(run_id).data.params
-        for chunk in param_batches(self.config):
-            fresh = [Param(k, v) for k, v in chunk if k not in logged]
-            if fresh:
-                self.client.log_batch(run_id, params=fresh)
+        log_params(self.client, run_id, self.config, self.start_step)
         return run_id
 
     def _finish(self) -> None:

@@ -43,7 +43,7 @@ class Trackers:
         if cfg.mlflow is not None:
             from hpcpipe.track.mlflow_run import MlflowSink
 
-            sinks.append(MlflowSink(cfg.mlflow, run_dir, run_name, config))
+            sinks.append(MlflowSink(cfg.mlflow, run_dir, run_name, config, start_step))
         return cls(sinks)
 
     def on_row(self, row: dict[str, Any]) -> None:

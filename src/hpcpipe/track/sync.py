@@ -14,10 +14,10 @@ from typing import Any
 
 from hpcpipe.errors import UserError
 from hpcpipe.layout import RunLayout
-from hpcpipe.observe.metrics import read_metrics, trained_to_the_end
+from hpcpipe.observe.metrics import read_events, read_metrics, trained_to_the_end
 from hpcpipe.track.artifacts import log_run_artifacts
 from hpcpipe.track.mlflow_client import make_client, open_run, resolve_uri
-from hpcpipe.track.mlflow_run import BATCH, metric_values, param_batches, refused_names
+from hpcpipe.track.mlflow_run import BATCH, log_params, metric_values, refused_names
 from hpcpipe.track.params import lineage_tags
 from hpcpipe.yamlfile import read_yaml_file
 
@@ -30,11 +30,12 @@ class SyncResult:
     artifacts: int
     finished: bool
     refused: list[str]  # metric names MLflow does not take (never sent)
+    changed: list[str]  # params logged with another value: now tags hpcpipe.changed.<key>
 
 
 def sync_run(run_dir: Path, tracking_uri: str | None = None, experiment: str | None = None) -> SyncResult:
     """Replay ``run_dir``; the URI and experiment default to its config's ``observe.mlflow``."""
-    from mlflow.entities import Metric, Param
+    from mlflow.entities import Metric
 
     config = _run_config(run_dir)
     mlflow_cfg = config["observe"]["mlflow"]
@@ -44,13 +45,7 @@ def sync_run(run_dir: Path, tracking_uri: str | None = None, experiment: str | N
     run_id = open_run(client, run_dir, name, str(config["run"]["name"]), tags, resume=False)
     for key, value in tags.items():
         client.set_tag(run_id, key, value)
-    logged = client.get_run(run_id).data.params
-    params = 0
-    for chunk in param_batches(config):
-        fresh = [Param(k, v) for k, v in chunk if k not in logged]
-        params += len(fresh)
-        if fresh:
-            client.log_batch(run_id, params=fresh)
+    params, changed = log_params(client, run_id, config, _resumed_at(run_dir))
     rows = read_metrics(run_dir)
     refused = sorted({key for row in rows for key in refused_names(row)})
     missing = _missing_values(client, run_id, rows)
@@ -64,7 +59,13 @@ def sync_run(run_dir: Path, tracking_uri: str | None = None, experiment: str | N
     finished = isinstance(steps, int) and trained_to_the_end(run_dir, steps, epochs)
     if finished:  # otherwise the run may still be training: its status stays as it is
         client.set_terminated(run_id, status="FINISHED")
-    return SyncResult(run_id, params, len(missing), artifacts, finished, refused)
+    return SyncResult(run_id, params, len(missing), artifacts, finished, refused, changed)
+
+
+def _resumed_at(run_dir: Path) -> int:
+    """The step config.yaml's values are in force from: the last resume's (0: never resumed)."""
+    steps = [e.get("step") for e in read_events(run_dir) if e.get("event") == "resumed"]
+    return next((s for s in reversed(steps) if isinstance(s, int)), 0)
 
 
 def _missing_values(

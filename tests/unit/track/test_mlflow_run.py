@@ -216,3 +216,37 @@ def test_interactive_commands_wait_a_short_time_per_request(monkeypatch: pytest.
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "300")
     with server_errors("probe"):
         assert os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] == "300"
+
+
+def test_a_param_changed_on_resume_is_recorded_as_a_tag_and_said_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """MLflow never overwrites a param: a run resumed with another train.lr kept the first value
+    in MLflow without a word."""
+    from types import SimpleNamespace
+
+    from hpcpipe.track.mlflow_run import log_params
+
+    class Client:
+        def __init__(self) -> None:
+            self.params: dict[str, str] = {}
+            self.tags: dict[str, str] = {}
+
+        def get_run(self, run_id: str) -> Any:
+            return SimpleNamespace(data=SimpleNamespace(params=dict(self.params), tags=dict(self.tags)))
+
+        def log_batch(self, run_id: str, params: list[Any], tags: list[Any]) -> None:
+            assert not {p.key for p in params} & self.params.keys()  # MLflow refuses a second value
+            self.params |= {p.key: p.value for p in params}
+            self.tags |= {t.key: t.value for t in tags}
+
+    client = Client()
+    assert log_params(client, "r", {"train": {"lr": 0.003, "steps": 20}}, 0) == (2, [])
+    with caplog.at_level(logging.WARNING, logger="hpcpipe.track"):
+        assert log_params(client, "r", {"train": {"lr": 0.01, "steps": 20}}, 20) == (0, ["train.lr"])
+        assert log_params(client, "r", {"train": {"lr": 0.01, "steps": 20}}, 40) == (0, [])  # said already
+    assert client.params == {"train.lr": "0.003", "train.steps": "20"}
+    assert client.tags == {"hpcpipe.changed.train.lr": "0.01 (from step 20)"}
+    assert caplog.text.count("hpcpipe.changed.") == 1 and "train.lr" in caplog.text
+    log_params(client, "r", {"train": {"lr": 0.003, "steps": 20}}, 60)  # back to the first value
+    assert client.tags == {"hpcpipe.changed.train.lr": "0.003 (from step 60)"}
