@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from hpcpipe.layout import RunLayout
 from hpcpipe.observe.metrics import read_metrics
@@ -23,7 +24,7 @@ def plot_loss_curve(run_dir: Path, out: Path | None = None) -> Path:
     if val:
         ax.plot(*zip(*val, strict=True), "o-", label="validation loss", color="tab:orange")
     ax.set_xlabel("optimizer step")
-    ax.set_ylabel("cross-entropy (nats/token)")
+    ax.set_ylabel(loss_label(rows))
     ax.set_title(f"{run_dir.name}: loss")
     ax.grid(alpha=0.3)
     ax.legend()
@@ -32,3 +33,10 @@ def plot_loss_curve(run_dir: Path, out: Path | None = None) -> Path:
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def loss_label(rows: list[dict[str, Any]]) -> str:
+    """The y-axis: per token where the recipe counts its throughput in tokens (its
+    ``throughput_unit``, logged as ``tokens_per_s``), else just "loss": an image classifier's axis
+    read "cross-entropy (nats/token)", and a recipe's own loss may be no cross-entropy at all."""
+    return "loss per token" if any("tokens_per_s" in r for r in rows) else "loss"
