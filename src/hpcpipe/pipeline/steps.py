@@ -7,7 +7,6 @@ left on disk, cheap enough to check on every run). ``STEPS`` is the DAG, in orde
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -68,14 +67,12 @@ def train(ctx: StepContext) -> None:
     from hpcpipe.launch.job import run_job
 
     _nothing_left_to_train_with_new_settings(ctx)
-    started = time.perf_counter()
     if ctx.on == "k8s":
         from hpcpipe.launch.k8s_train import train_on_k8s
 
         train_on_k8s(ctx.job, ctx.api, ctx.say)
     else:
         run_job(ctx.job, max_restarts=ctx.max_restarts)
-    ctx.results["wall_time_s"] = time.perf_counter() - started
 
 
 def _nothing_left_to_train_with_new_settings(ctx: StepContext) -> None:
@@ -253,7 +250,7 @@ def report(ctx: StepContext) -> None:
     if not ctx.job.pipeline.report:
         raise NotApplicable("pipeline.report is false")
     plot_loss_curve(ctx.run_dir)
-    ctx.results["summary"] = write_summary(ctx.run_dir, wall_time_s=ctx.results.get("wall_time_s"))
+    ctx.results["summary"] = write_summary(ctx.run_dir)
     build_report([ctx.run_dir], RunLayout(ctx.run_dir).report)
     if ctx.job.observe.mlflow is not None:
         _upload_report(ctx)

@@ -10,7 +10,7 @@ from hpcpipe.config import validate_config
 from hpcpipe.errors import UserError
 from hpcpipe.fsutil import read_json_strict
 from hpcpipe.layout import RunLayout
-from hpcpipe.observe.metrics import read_metrics
+from hpcpipe.observe.metrics import read_events, read_metrics
 from hpcpipe.recipes.registry import recipe_class
 from hpcpipe.yamlfile import read_yaml_file
 
@@ -61,7 +61,27 @@ def _model_and_unit(config: dict[str, Any]) -> tuple[str, str]:
     return recipe.describe_model(job), recipe.sample_noun
 
 
-def write_summary(run_dir: Path, wall_time_s: float | None = None) -> Path:
+def training_wall_time(run_dir: Path) -> tuple[float, int] | None:
+    """Seconds spent training over every start of the group (first, restarts, later ``hpcpipe
+    run``s), and how many: each from its ``group_start`` (its workers' start when known) to its
+    ``run_finished``, or to its last event when it ended otherwise. None without a start."""
+    spans: list[tuple[float, float]] = []  # (began, its latest event)
+    ended = True
+    for event in read_events(run_dir):
+        at = event.get("time")
+        if not isinstance(at, int | float):
+            continue
+        if event.get("event") == "group_start":
+            began = event.get("worker_start")
+            spans.append((began if isinstance(began, int | float) and began <= at else at, at))
+            ended = False
+        elif spans and not ended:  # events after run_finished (an agent's) are not training
+            spans[-1] = (spans[-1][0], at)
+            ended = event.get("event") == "run_finished"
+    return (sum(end - began for began, end in spans), len(spans)) if spans else None
+
+
+def write_summary(run_dir: Path) -> Path:
     s = run_summary(run_dir)
     t, p = s["config"]["train"], s["config"]["parallel"]
     model, unit = _model_and_unit(s["config"])
@@ -85,8 +105,11 @@ def write_summary(run_dir: Path, wall_time_s: float | None = None) -> Path:
     if s["median_rate"] is not None:
         unit = s["rate_key"].removesuffix("_per_s")
         lines.append(f"- throughput (median over logged intervals): {s['median_rate']:,.0f} {unit}/s")
-    if wall_time_s is not None:
-        lines.append(f"- wall time: {wall_time_s:.0f} s")
+    trained = training_wall_time(run_dir)
+    if trained is not None:
+        seconds, starts = trained
+        over = f" over {starts} starts" if starts > 1 else ""
+        lines.append(f"- training wall time: {seconds:.0f} s{over} (events.jsonl)")
     lineage = s["lineage"]
     if lineage:
         lines.append(f"- code: {lineage.get('git_sha')}, torch {lineage['versions']['torch']}")
