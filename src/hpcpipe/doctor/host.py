@@ -68,6 +68,15 @@ def check_disk(probe: Probe) -> list[Check]:
     fs = _filesystem_type(probe, existing)
     summary = f"{target}: {usage.free / GIB:.1f} GiB free of {usage.total / GIB:.1f} GiB ({fs})"
     details = {"path": str(target), "checked": str(existing), "free_bytes": usage.free, "filesystem": fs}
+    if not existing.is_dir():  # a file where the run directory (or a folder above it) would go
+        return [
+            Check(
+                "disk (run dir)",
+                FAIL,
+                f"{existing} is a file, not a directory: runs cannot be saved",
+                details,
+            )
+        ]
     if not os.access(existing, os.W_OK):
         return [Check("disk (run dir)", FAIL, f"{existing} is not writable: runs cannot be saved", details)]
     if usage.free < MIN_FREE_DISK_GIB * GIB:

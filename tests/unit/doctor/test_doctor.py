@@ -254,3 +254,15 @@ def test_cli_json_and_exit_code(cli, tmp_path: Path) -> None:  # type: ignore[no
     assert proc.returncode == 1
     assert statuses["slurm"] == SKIPPED and statuses["disk (run dir)"] in (OK, WARN)
     assert os.environ.get("NCCL_SOCKET_IFNAME") != "nonexistent0"
+
+
+@pytest.mark.parametrize("under", ["", "runs/x"])
+def test_a_run_dir_that_is_a_file_or_under_one_fails_the_disk_check(node: Probe, under: str) -> None:
+    """A file as --run-dir (or a path below one) passed: the first run then failed to mkdir."""
+    from dataclasses import replace
+
+    from hpcpipe.doctor.host import check_disk
+
+    node.run_dir.write_text("not a directory")
+    [check] = check_disk(replace(node, run_dir=node.run_dir / under))
+    assert check.status == FAIL and f"{node.run_dir} is a file, not a directory" in check.summary
