@@ -88,14 +88,14 @@ def build_study(root: Path, out: Path | None = None) -> dict[str, Any]:
     """Read the CSVs under ``root``, draw the plots and write ``study.md``; returns what was made."""
     out = out or root / RunLayout.REPORT  # DIR/report, as a run's report
     scaling_paths, sweep_paths = find_study_csvs(root)
-    scaling = [row for path in scaling_paths for row in read_csv_rows(path, SCALING_COLUMNS, SCALING_NUMBERS)]
     scaling = [
-        row
-        for row in scaling
+        {**row, "study": _study_name(path, root)}  # each study its own lines, ideal and efficiency
+        for path in scaling_paths
+        for row in read_csv_rows(path, SCALING_COLUMNS, SCALING_NUMBERS)
         if all(row.get(k) is not None for k in ("nproc", "per_s", "efficiency", "step_time_s"))
     ]
     sweep = [
-        {**row, "sweep": _sweep_name(path, root)}  # pairs are matched within one sweep only
+        {**row, "sweep": _study_name(path, root)}  # pairs are matched within one sweep only
         for path in sweep_paths
         for row in read_csv_rows(path, SWEEP_COLUMNS, SWEEP_NUMBERS)
         if row.get("throughput") is not None
@@ -122,23 +122,29 @@ def build_study(root: Path, out: Path | None = None) -> dict[str, Any]:
 # -- figures -------------------------------------------------------------------------------------
 
 
-def _series(rows: list[dict[str, Any]], mode: str) -> list[dict[str, Any]]:
-    return sorted((r for r in rows if r["mode"] == mode), key=lambda r: r["nproc"])
+def _series(rows: list[dict[str, Any]], study: str, mode: str) -> list[dict[str, Any]]:
+    """One study's rows of one mode, by devices: two scaling.csv files under DIR were one
+    zig-zag line whose ideal came from whichever N=1 row sorted first."""
+    chosen = (r for r in rows if r["mode"] == mode and r.get("study", ".") == study)
+    return sorted(chosen, key=lambda r: r["nproc"])
 
 
-def _modes(rows: list[dict[str, Any]]) -> list[str]:
-    return sorted({str(r["mode"]) for r in rows})
+def _lines(rows: list[dict[str, Any]], mode: str | None = None) -> list[tuple[str, str, str]]:
+    """(study, mode, legend label) of every line to draw; the study is named when there are several."""
+    keys = sorted({(str(r.get("study", ".")), str(r["mode"])) for r in rows if mode in (None, r["mode"])})
+    several = len({study for study, _ in keys}) > 1
+    return [(study, m, f"{study}: {m}" if several else m) for study, m in keys]
 
 
 def plot_throughput(rows: list[dict[str, Any]], path: Path) -> Path:
     fig, (ax,) = _figure()
-    for mode in _modes(rows):
-        series = _series(rows, mode)
+    for study, mode, label in _lines(rows):
+        series = _series(rows, study, mode)
         n = [r["nproc"] for r in series]
         base = series[0]
-        line = ax.plot(n, [r["per_s"] for r in series], "o-", label=f"{mode} scaling")[0]
+        line = ax.plot(n, [r["per_s"] for r in series], "o-", label=f"{label} scaling")[0]
         ideal = [base["per_s"] * k / base["nproc"] for k in n]
-        ax.plot(n, ideal, ":", color=line.get_color(), label=f"{mode}: ideal")
+        ax.plot(n, ideal, ":", color=line.get_color(), label=f"{label}: ideal")
     ax.set_xlabel("devices N")
     ax.set_ylabel(f"throughput ({rows[0].get('unit', 'samples')}/s, whole job)")
     ax.set_title("throughput vs devices")
@@ -150,10 +156,10 @@ def plot_throughput(rows: list[dict[str, Any]], path: Path) -> Path:
 
 def plot_efficiency(rows: list[dict[str, Any]], path: Path) -> Path:
     fig, (ax,) = _figure()
-    for mode in _modes(rows):
-        series = _series(rows, mode)
+    for study, mode, label in _lines(rows):  # each CSV's efficiency is against its own T(1)
+        series = _series(rows, study, mode)
         ax.plot(
-            [r["nproc"] for r in series], [r["efficiency"] for r in series], "o-", label=f"{mode} scaling"
+            [r["nproc"] for r in series], [r["efficiency"] for r in series], "o-", label=f"{label} scaling"
         )
     ax.axhline(STRONG_TARGET, color="red", linestyle="--", label=f"{STRONG_TARGET:.0%} target")
     ax.axhline(1.0, color="gray", linestyle=":")
@@ -167,13 +173,14 @@ def plot_efficiency(rows: list[dict[str, Any]], path: Path) -> Path:
     return _save(fig, path)
 
 
-def weak_epoch_times(rows: list[dict[str, Any]]) -> tuple[list[int], list[float], str]:
-    """Weak scaling: devices, and the time for an epoch that grows with N (each device's share fixed).
+def weak_epoch_times(rows: list[dict[str, Any]], study: str = ".") -> tuple[list[int], list[float], str]:
+    """Weak scaling of one study: devices, and the time for an epoch that grows with N (each
+    device's share fixed).
 
     That epoch has the same number of steps at every N, so its time is step time x the steps of
     the base run's epoch; without epochs in the CSV it is the step time itself.
     """
-    series = _series(rows, "weak")
+    series = _series(rows, study, "weak")
     base = series[0]
     if base.get("time_per_epoch_s"):
         steps = base["time_per_epoch_s"] / base["step_time_s"]
@@ -182,17 +189,23 @@ def weak_epoch_times(rows: list[dict[str, Any]]) -> tuple[list[int], list[float]
 
 
 def plot_weak_epoch_time(rows: list[dict[str, Any]], path: Path) -> Path:
-    """Weak scaling: time per epoch of a dataset that grows with N, with the ±10% band."""
-    n, values, label = weak_epoch_times(rows)
+    """Weak scaling: time per epoch of a dataset that grows with N, with each study's ±10% band."""
     fig, (ax,) = _figure()
-    ax.plot(n, values, "o-", label=label)
-    low, high = values[0] * (1 - WEAK_VARIATION_TARGET), values[0] * (1 + WEAK_VARIATION_TARGET)
-    ax.axhspan(low, high, alpha=0.15, label="T(1) ± 10%")
+    devices: set[int] = set()
+    top = 0.0
+    for study, _, name in _lines(rows, "weak"):
+        n, values, label = weak_epoch_times(rows, study)
+        named = "" if name == "weak" else f"{study}: "  # the study, when there are several
+        line = ax.plot(n, values, "o-", label=f"{named}{label}")[0]
+        low, high = values[0] * (1 - WEAK_VARIATION_TARGET), values[0] * (1 + WEAK_VARIATION_TARGET)
+        ax.axhspan(low, high, alpha=0.15, color=line.get_color(), label=f"{named}T(1) ± 10%")
+        devices |= set(n)
+        top = max(top, *values)
     ax.set_xlabel("devices N (fixed per-device batch and per-device data)")
     ax.set_ylabel(label)
     ax.set_title("weak scaling: time per epoch")
-    ax.set_xticks(n)
-    ax.set_ylim(0, max(values) * 1.3)
+    ax.set_xticks(sorted(devices))
+    ax.set_ylim(0, top * 1.3)
     ax.grid(alpha=0.3)
     ax.legend()
     return _save(fig, path)
@@ -254,8 +267,8 @@ def _rest_of_the_point(row: dict[str, Any]) -> tuple[Any, ...]:
     return (row.get("sweep"), row.get("devices"), row.get("nodes"), *rest)
 
 
-def _sweep_name(csv_path: Path, root: Path) -> str:
-    """A sweep.csv's directory, relative to the study root ("." for the root's own)."""
+def _study_name(csv_path: Path, root: Path) -> str:
+    """A sweep.csv's or scaling.csv's directory, relative to the study root ("." for the root's own)."""
     try:
         return str(csv_path.parent.relative_to(root))
     except ValueError:
@@ -263,20 +276,34 @@ def _sweep_name(csv_path: Path, root: Path) -> str:
 
 
 def weak_variation(rows: list[dict[str, Any]]) -> float | None:
-    """Largest relative deviation of weak-scaling time per epoch from the smallest N's."""
-    if len(_series(rows, "weak")) < 2:
-        return None
-    _, values, _ = weak_epoch_times(rows)
-    return max(abs(v - values[0]) / values[0] for v in values)
+    """Largest relative deviation of weak-scaling time per epoch from the smallest N's, in the
+    study that deviates most (each against its own smallest N)."""
+    found = []
+    for study, _, _ in _lines(rows, "weak"):
+        if len(_series(rows, study, "weak")) >= 2:
+            _, values, _ = weak_epoch_times(rows, study)
+            found.append(max(abs(v - values[0]) / values[0] for v in values))
+    return max(found) if found else None
 
 
 def render_markdown(scaling: list[dict[str, Any]], sweep: list[dict[str, Any]], made: dict[str, Any]) -> str:
     lines = ["# Scaling study", "", "Regenerated from CSV files alone by `hpcpipe report`.", ""]
     if scaling:
-        header = ["mode", "N", "nodes", "global batch", "throughput/s", "efficiency", ">= 70%"]
+        several = len({r.get("study", ".") for r in scaling}) > 1  # which study each row is from
+        header = [
+            *(["study"] if several else []),
+            "mode",
+            "N",
+            "nodes",
+            "global batch",
+            "throughput/s",
+            "efficiency",
+            ">= 70%",
+        ]
         header += ["time/epoch (s)", "data wait", "exposed comm", "bottleneck"]
         body = [
             [
+                *([r.get("study", ".")] if several else []),
                 r["mode"],
                 r["nproc"],
                 r.get("nodes") or "-",
@@ -289,7 +316,7 @@ def render_markdown(scaling: list[dict[str, Any]], sweep: list[dict[str, Any]], 
                 _pct(r.get("comm_share")),
                 r.get("bottleneck") or "-",
             ]
-            for r in sorted(scaling, key=lambda r: (r["mode"], r["nproc"]))
+            for r in sorted(scaling, key=lambda r: (r.get("study", "."), r["mode"], r["nproc"]))
         ]
         lines += ["## Scaling", "", *_md_table(header, body)]
         variation = made["weak_variation"]

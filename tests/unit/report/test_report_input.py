@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from tests.unit.report.test_plots_run import write_run
@@ -82,3 +83,38 @@ def test_each_run_keeps_its_own_label_when_names_and_directories_collide(tmp_pat
     runs = [run.rename(tmp_path / "lc" / d) for run, d in made]
     labels = [run.label for run in load_runs(runs)]
     assert len(set(labels)) == 3, labels
+
+
+def test_two_scaling_studies_are_two_lines_each_with_its_own_ideal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every scaling.csv under DIR was merged into one series per mode: two strong-scaling studies
+    drew one zig-zag line, and 'ideal' came from whichever N=1 row sorted first."""
+    import matplotlib.axes
+
+    header = "mode,nproc,per_s,efficiency,global_batch_size,step_time_s,time_per_epoch_s\n"
+    for name, base in (("a100", 100.0), ("h100", 300.0)):
+        (tmp_path / name).mkdir()
+        rows = [
+            f"{mode},{n},{base * n * 0.9},0.9,{8 * n},0.5,10\n"
+            for mode in ("strong", "weak")
+            for n in (1, 2, 4)
+        ]
+        (tmp_path / name / "scaling.csv").write_text(header + "".join(rows))
+    drawn: dict[str, tuple[list[float], list[float]]] = {}
+    plot = matplotlib.axes.Axes.plot
+
+    def record(ax: Any, x: Any, y: Any, *args: Any, **kw: Any) -> Any:
+        drawn.setdefault(kw.get("label", ""), (list(x), list(y)))  # the throughput plot comes first
+        return plot(ax, x, y, *args, **kw)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot", record)
+    made = build_study(tmp_path)
+    assert drawn["a100: strong scaling"] == ([1, 2, 4], [90.0, 180.0, 360.0])
+    assert drawn["h100: strong scaling"] == ([1, 2, 4], [270.0, 540.0, 1080.0])
+    assert drawn["a100: strong: ideal"][1] == [90.0, 180.0, 360.0]
+    assert drawn["h100: strong: ideal"][1] == [270.0, 540.0, 1080.0]
+    assert "a100: time per epoch (s)" in drawn and "h100: time per epoch (s)" in drawn
+    assert made["weak_variation"] == 0.0
+    table = Path(made["markdown"]).read_text()
+    assert "| study | mode | N |" in table and "| h100 | weak | 4 |" in table
