@@ -251,14 +251,17 @@ def test_the_disk_full_scenario_is_refused_up_front_without_root(
     out = tmp_path / "out"
     # The whole shipped file runs without it (the docs' first command), saying so.
     seen: list[list[str]] = []
+    skipped: list[dict[str, str]] = []
     monkeypatch.setattr(
-        "hpcpipe.chaos.runner.run_plan", lambda plan, progress: seen.append([s.name for s in plan.scenarios])
+        "hpcpipe.chaos.runner.run_plan",
+        lambda plan, progress: (seen.append([s.name for s in plan.scenarios]), skipped.append(plan.skipped)),
     )
     monkeypatch.setattr(chaos, "_print_report", lambda out: type("R", (), {"ok": True})())
     monkeypatch.setattr("hpcpipe.launch.zygote.prestart", lambda imports: None)
     shipped = CliRunner().invoke(app, ["chaos", "run", "shipped", "--out", str(tmp_path / "all")])
     assert shipped.exit_code == 0, shipped.output
     assert "skipped disk-full" in shipped.output and seen and "disk-full" not in seen[0] and len(seen[0]) > 10
+    assert list(skipped[0]) == ["disk-full"]  # recorded in run.json, and chaos.md names it
     result = CliRunner().invoke(app, ["chaos", "run", "shipped", "--only", "disk-full", "--out", str(out)])
     refusal = str(result.exception)  # a UserError: one line, exit 2, under hpcpipe's own main
     assert (

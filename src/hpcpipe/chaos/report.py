@@ -246,6 +246,7 @@ def render_markdown(
     lines = ["# Chaos report", "", _environment_line(run, trials), "", TABLE_HEADER]
     lines += [_table_row(r) for r in rows]
     lines += ["", _summary_line(total)]
+    lines += _skipped_lines(run)
     lines += _phase_table([r for r in rows if r.phase_trials])
     if total["unreadable_lines"]:
         lines.append(
@@ -323,6 +324,17 @@ def _phase_table(rows: list[ScenarioRow]) -> list[str]:
             cells.append(NONE_MARK if median is None or top is None else f"{median:.2f} / {top:.2f}")
         lines.append("| " + " | ".join(cells) + " |")
     return [*lines, "", PHASE_NOTE]
+
+
+def _skipped_lines(run: dict[str, Any]) -> list[str]:
+    """The scenarios of the file this host could not run: a PASS covers the others only."""
+    skipped = [s for s in run.get("skipped", []) if isinstance(s, dict) and "name" in s]
+    if not skipped:
+        return []
+    names = ", ".join(
+        f"{escape_cell(str(s['name']))} ({escape_cell(str(s.get('why', '')))})" for s in skipped
+    )
+    return ["", f"Not run here, so not covered by this verdict: {names}."]
 
 
 def _summary_line(total: dict[str, int]) -> str:

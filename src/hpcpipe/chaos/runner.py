@@ -15,7 +15,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +66,7 @@ class ChaosPlan:
     keep: bool = False
     resume: bool = False  # continue a run in ``out``: skip the trials it already recorded
     cli: Any = None  # the hpcpipe CLI's click command, for kinds that run it in-process (fuzz_config)
+    skipped: dict[str, str] = field(default_factory=dict)  # scenario name -> why it cannot run here
 
     def trial_indices(self, scenario: Scenario) -> list[int]:
         if self.only_trial is not None:
@@ -110,6 +111,7 @@ def start_output(plan: ChaosPlan) -> set[tuple[str, int]]:
         "scenarios": [
             {"name": s.name, "kind": s.kind, "trials": len(plan.trial_indices(s))} for s in plan.scenarios
         ],
+        "skipped": [{"name": name, "why": why} for name, why in plan.skipped.items()],
     }
     layout.run.write_text(json.dumps(run, indent=2) + "\n")
     return done

@@ -94,19 +94,21 @@ def run(
     if only:
         chosen = [s for s in chosen if s.name in only]
     needs_root = [s.name for s in chosen if s.kind == "disk_full"]
+    skipped: dict[str, str] = {}
     if needs_root and os.geteuid() != 0:  # each trial failed, counted as a recovery that did not happen
         if only:  # asked for by name
             raise UserError(f"scenario {needs_root[0]} mounts a small tmpfs, which needs root: run as root")
         chosen = [s for s in chosen if s.name not in needs_root]
         if not chosen:  # 0 trials would read PASS
             raise UserError(f"scenario {needs_root[0]} mounts a small tmpfs, which needs root: run as root")
+        skipped = dict.fromkeys(needs_root, "it mounts a small tmpfs, which needs root")
         err_console.print(f"skipped {', '.join(needs_root)}: it mounts a small tmpfs, which needs root")
     # The replay line names `shipped` as the user wrote it; a file by its absolute path.
     label = Path(scenarios) if scenarios in SHIPPED else path.resolve()
     # The root command this verb runs under: the fuzz kinds run the whole CLI in-process.
     root = ctx.find_root().command
     plan = ChaosPlan(
-        label, chosen, trials, seed, out.resolve(), only_trial=trial, keep=keep, resume=resume, cli=root
+        label, chosen, trials, seed, out.resolve(), trial, keep, resume, cli=root, skipped=skipped
     )
     # Before the progress bar starts its thread and before any trial computes: the trials'
     # `hpcpipe` runs fork from this process's imports (launch/zygote.py).

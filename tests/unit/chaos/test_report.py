@@ -234,3 +234,16 @@ def test_missing_trials_jsonl_is_a_user_error(tmp_path: Path) -> None:
     assert "trials.jsonl not found" in message
     assert "hpcpipe chaos run" in message
     assert "\n" not in message
+
+
+def test_scenarios_this_host_could_not_run_are_named_beside_the_verdict(tmp_path: Path) -> None:
+    """Without root, disk-full was left out with a line on stderr only: chaos.md's PASS read as
+    covering the whole file."""
+    run = {**_run([("kill", "kill-rank", 1)]), "skipped": [{"name": "disk-full", "why": "it needs root"}]}
+    report = write_report(_write(tmp_path / "out", [_trial("kill", 0, ttr=1.0)], run))
+    text = report.markdown.read_text()
+    assert "Not run here, so not covered by this verdict: disk-full (it needs root)." in text
+    assert (
+        "Not run here"
+        not in write_report(_write(tmp_path / "b", [_trial("kill", 0)], _run([]))).markdown.read_text()
+    )
