@@ -241,9 +241,9 @@ def test_scenarios_this_host_could_not_run_are_named_beside_the_verdict(tmp_path
     covering the whole file."""
     run = {**_run([("kill", "kill-rank", 1)]), "skipped": [{"name": "disk-full", "why": "it needs root"}]}
     report = write_report(_write(tmp_path / "out", [_trial("kill", 0, ttr=1.0)], run))
-    text = report.markdown.read_text()
+    text = report.markdown_path.read_text()
     assert "Not run here, so not covered by this verdict: disk-full (it needs root)." in text
     assert (
         "Not run here"
-        not in write_report(_write(tmp_path / "b", [_trial("kill", 0)], _run([]))).markdown.read_text()
+        not in write_report(_write(tmp_path / "b", [_trial("kill", 0)], _run([]))).markdown_path.read_text()
     )
