@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 
 import typer
@@ -127,7 +128,22 @@ def main() -> None:
     except KeyboardInterrupt:  # Ctrl-C outside training (data preparation, a launcher, a study)
         sys.stderr.write("interrupted\n")
         code = 130
+    except Exception as exc:
+        if (signum := _torch_signal(exc)) is None:
+            raise
+        sys.stderr.write("interrupted\n" if signum == signal.SIGINT else f"stopped by {signum.name}\n")
+        code = 128 + signum
     _exit(code)
+
+
+def _torch_signal(exc: Exception) -> signal.Signals | None:
+    """The signal of torch's SignalException: torch's agent raises it from the handlers it installs
+    for SIGINT, SIGHUP and SIGQUIT while it runs workers (launch/agent.py puts the previous ones
+    back, but one that arrives while it runs ends the launcher): 128 + N, as dying of it would."""
+    api = sys.modules.get("torch.distributed.elastic.multiprocessing.api")  # only once torch ran
+    if api is None or not isinstance(exc, api.SignalException):
+        return None
+    return signal.Signals(exc.sigval)
 
 
 def _exit(code: int | str | None) -> None:

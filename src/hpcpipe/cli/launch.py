@@ -225,6 +225,7 @@ def agent(
         preempt_exit_code=preempted,
         wrapper=wrapper,
         events_dir=str(job.run_dir),
+        ignore_sigterm_after_preemption=True,  # srun's SIGTERM to the nodes on their way out
     )
     try:
         code = _run_node_agent(job, config, spec)

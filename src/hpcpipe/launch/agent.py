@@ -94,6 +94,11 @@ class AgentSpec:
     # The run directory whose events.jsonl gets one ``agent_restart`` line (wall-clock milestones)
     # per restart of this node's group (``launch/agent_timeline.py``); None: not recorded.
     events_dir: str | None = None
+    # After a preemption, SIGTERM stays ignored once the agent returns: under ``srun
+    # --kill-on-bad-exit=1`` the node agent (``hpcpipe launch agent``), on its way out of the same
+    # preemption, must not die of Slurm's SIGTERM (143: no requeue). A launcher that goes on
+    # (a sweep's next point, a pipeline's next step) gets its own handler back instead.
+    ignore_sigterm_after_preemption: bool = False
 
 
 class AgentPreempted(BaseException):
@@ -142,7 +147,12 @@ def run_agent(spec: AgentSpec, module: str, args: list[str]) -> int:
     )
     terminal = terminal_exit_codes(spec.preempt_exit_code)
     forward = _forward_and_wait(spec.grace_s, spec.preempt_exit_code, whole_sessions=bool(spec.wrapper))
-    previous = {sig: signal.signal(sig, forward) for sig in spec.preempt_signals}
+    # torch's agent installs its handler for the signals it handles (its PContext.start) and never
+    # removes it: after this run, Ctrl-C raised torch's SignalException (a traceback, exit 1) in
+    # the launcher's next step instead of KeyboardInterrupt. Every one is put back at the end.
+    previous = _handlers({*spec.preempt_signals, *(signal.Signals[name] for name in TORCH_AGENT_SIGNALS)})
+    for sig in spec.preempt_signals:
+        signal.signal(sig, forward)
     try:
         # A SIGSTOPped rank must still end on SIGTERM; each restart is timed into events.jsonl;
         # each rendezvous round skips torch's costly step names (and, one node alone, its jitter;
@@ -157,9 +167,9 @@ def run_agent(spec: AgentSpec, module: str, args: list[str]) -> int:
         ):
             elastic_launch(config, entry)(*entry_args)
     except AgentPreempted as exc:
-        # The handler ignores SIGTERM from here on (``_forward_and_wait``): srun's SIGTERM to the
-        # other nodes' agents, once one has exited 75, must not kill them on their way out.
-        previous.pop(signal.SIGTERM, None)
+        # The handler ignores SIGTERM from here on (``_forward_and_wait``); a node agent keeps it so.
+        if spec.ignore_sigterm_after_preemption:
+            previous.pop(signal.SIGTERM, None)
         return exc.exit_code
     except ChildFailedError as exc:
         return _report_failure(exc, spec.max_restarts, terminal)
@@ -177,6 +187,12 @@ def run_agent(spec: AgentSpec, module: str, args: list[str]) -> int:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     return 0
+
+
+def _handlers(signals: set[signal.Signals]) -> dict[signal.Signals, Any]:
+    """The Python handler of each signal (one installed outside Python, None, cannot be put back)."""
+    handlers = {sig: signal.getsignal(sig) for sig in signals}
+    return {sig: handler for sig, handler in handlers.items() if handler is not None}
 
 
 def _entry_point(spec: AgentSpec, module: str, args: list[str]) -> tuple[Any, tuple[str, ...]]:

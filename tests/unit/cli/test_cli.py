@@ -215,3 +215,25 @@ def test_typed_values_are_never_cut_or_wrapped_at_any_width() -> None:
     first_cells = [line.split("│")[1].strip() for line in shown.splitlines() if "│" in line]
     assert [cell for cell in first_cells if cell] == preset_names()  # descriptions wrap, names never
     assert common.console.soft_wrap and common.err_console.soft_wrap
+
+
+@pytest.mark.parametrize(("signum", "said"), [(2, "interrupted"), (1, "stopped by SIGHUP")])
+def test_torchs_signal_exception_exits_128_plus_its_signal(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], signum: int, said: str
+) -> None:
+    """A signal that reaches torch's agent handler ends the launcher as dying of it would, in one
+    line: it was a SignalException traceback and exit 1."""
+    import signal
+
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    from hpcpipe.cli import app as app_module
+
+    def raising() -> None:
+        raise SignalException("Process got signal", signal.Signals(signum))
+
+    monkeypatch.setattr(app_module, "app", raising)
+    with pytest.raises(SystemExit) as exited:
+        app_module.main()
+    assert exited.value.code == 128 + signum
+    assert capsys.readouterr().err == f"{said}\n"

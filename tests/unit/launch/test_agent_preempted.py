@@ -81,7 +81,7 @@ def test_a_user_error_or_a_preemption_is_not_restarted(
 
 
 AFTER_A_PREEMPTION = """
-import os, signal, sys, threading, time
+import dataclasses, os, signal, sys, threading, time
 from pathlib import Path
 from hpcpipe.launch.agent import AgentSpec, run_agent
 
@@ -93,16 +93,21 @@ def preempt() -> None:
     os.kill(os.getpid(), signal.SIGUSR1)
 
 threading.Thread(target=preempt, daemon=True).start()
+ignore = os.environ["IGNORE"] == "1"
 spec = AgentSpec(nproc_per_node=1, start_method="spawn", rdzv_id="after", grace_s=20)
+spec = dataclasses.replace(spec, ignore_sigterm_after_preemption=ignore)
 code = run_agent(spec, "sleeping_worker", [])
 print(code, signal.getsignal(signal.SIGTERM) == signal.SIG_IGN)
 """
 
 
 @pytest.mark.timeout(120)
-def test_sigterm_stays_ignored_after_a_preemption(tmp_path: Path) -> None:
+@pytest.mark.parametrize("ignore", [True, False])
+def test_sigterm_stays_ignored_after_a_preemption_where_asked(tmp_path: Path, ignore: bool) -> None:
     """srun SIGTERMs the other nodes' agents once one exits 75; they are on their way out of
-    the same preemption (memory tier teardown, exit) and must not die of it (143: no requeue)."""
+    the same preemption (memory tier teardown, exit) and must not die of it (143: no requeue).
+    A launcher that goes on (a sweep's next point) gets its own handler back: SIGTERM stayed
+    ignored there for the rest of the sweep."""
     import subprocess
     import sys
 
@@ -114,6 +119,7 @@ def test_sigterm_stays_ignored_after_a_preemption(tmp_path: Path) -> None:
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
         "ATTEMPTS": str(tmp_path / "attempts"),
+        "IGNORE": "1" if ignore else "0",
     }
     proc = subprocess.run(
         [sys.executable, "-c", AFTER_A_PREEMPTION],
@@ -123,4 +129,40 @@ def test_sigterm_stays_ignored_after_a_preemption(tmp_path: Path) -> None:
         timeout=100,
         check=False,
     )
-    assert proc.stdout.split() == ["75", "True"], proc.stdout + proc.stderr[-2000:]
+    assert proc.stdout.split() == ["75", str(ignore)], proc.stdout + proc.stderr[-2000:]
+
+
+AFTER_A_RUN = """
+import signal
+from hpcpipe.launch.agent import AgentSpec, run_agent
+
+def mine(signum, frame):
+    pass
+
+signal.signal(signal.SIGTERM, mine)
+spec = AgentSpec(nproc_per_node=1, start_method="spawn", rdzv_id="handlers")
+code = run_agent(spec, "finishing_worker", [])
+print(
+    code,
+    signal.getsignal(signal.SIGINT) is signal.default_int_handler,
+    signal.getsignal(signal.SIGHUP) == signal.SIG_DFL,
+    signal.getsignal(signal.SIGQUIT) == signal.SIG_DFL,
+    signal.getsignal(signal.SIGTERM) is mine,
+)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_the_launchers_signal_handlers_are_put_back_after_a_run(tmp_path: Path) -> None:
+    """torch's agent installs its handler for SIGINT, SIGHUP and SIGQUIT and never removes it: a
+    Ctrl-C in the launcher's next step (evaluate after train, a sweep's next point) raised its
+    SignalException, a traceback and exit 1 instead of 'interrupted' and 130."""
+    import subprocess
+    import sys
+
+    (tmp_path / "finishing_worker.py").write_text("")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run(
+        [sys.executable, "-c", AFTER_A_RUN], env=env, capture_output=True, text=True, timeout=100, check=False
+    )
+    assert proc.stdout.split() == ["0", "True", "True", "True", "True"], proc.stdout + proc.stderr[-2000:]
