@@ -5,7 +5,8 @@
 ``<out>/<job name>-<point>/`` and writes ``<out>/sweep.csv``: one row per point, rebuilt from the
 run directories each time (``hpcpipe.observe.run_summary``). A point whose run finished with the
 same config is skipped on re-run, so an interrupted sweep continues where it stopped. A point
-that fails is recorded as failed and the sweep goes on.
+that fails is recorded as failed and the sweep goes on; one stopped by a preemption, Ctrl-C or
+its study (the preemption code, 130, 76) stops the sweep with that code.
 """
 
 from __future__ import annotations
@@ -131,6 +132,9 @@ def run_sweep(
         try:
             train(point.job)
         except (UserError, RuntimeError) as exc:
+            if (code := getattr(exc, "exit_code", None)) in _stopping_codes(point.job):
+                report(f"{label}: stopped (exit code {code}); run the sweep again to resume it")
+                raise
             status[point.run_dir] = "failed"
             report(f"{label}: failed ({exc})")
             continue
@@ -140,6 +144,16 @@ def run_sweep(
     path = write_sweep_csv(rows, SweepLayout(out_dir).csv)
     counts = {s: sum(1 for v in status.values() if v == s) for s in ("trained", "skipped", "failed")}
     return {"csv": str(path), "rows": rows, **counts}
+
+
+def _stopping_codes(job: JobConfig) -> set[int]:
+    """Worker exits that stop the whole sweep, not only the point: the scheduler's preemption
+    (resubmit the sweep), a person's Ctrl-C, a study's prune. Recorded as failures, the sweep
+    trained every remaining point after them and exited 1."""
+    from hpcpipe.train.preempt import INTERRUPT_EXIT_CODE
+    from hpcpipe.train.trial import PRUNED_EXIT_CODE
+
+    return {job.fault.preempt_exit_code, INTERRUPT_EXIT_CODE, PRUNED_EXIT_CODE}
 
 
 def _set_aside_other_config(point: SweepPoint) -> Path | None:

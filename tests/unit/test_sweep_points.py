@@ -86,3 +86,27 @@ def test_grid_values_are_read_as_yaml_1_2() -> None:
     from hpcpipe.sweep import parse_grid_option
 
     assert parse_grid_option("train.steps=[010, 020]") == ("train.steps", [10, 20])  # it was [8, 16]
+
+
+@pytest.mark.parametrize(("code", "stops"), [(75, True), (130, True), (76, True), (1, False), (137, False)])
+def test_a_preemption_or_ctrl_c_stops_the_sweep_with_its_code(tmp_path: Path, code: int, stops: bool) -> None:
+    """A point's preemption (or Ctrl-C, or its study's prune) was recorded as a failure: the sweep
+    trained every remaining point and exited 1, and the scheduler never resubmitted it."""
+    from hpcpipe.launch.job import WorkerFailure
+
+    trained: list[str] = []
+
+    def train(job: JobConfig) -> Path:
+        trained.append(job.run_dir.name)
+        raise WorkerFailure(code)
+
+    out = tmp_path / "out"
+    points = plan_points("tiny", [], {"train.lr": [0.003, 0.0003]}, out)
+    said: list[str] = []
+    if stops:
+        with pytest.raises(WorkerFailure) as raised:
+            run_sweep(points, out, train, said.append)
+        assert raised.value.exit_code == code and len(trained) == 1
+        assert "run the sweep again" in said[-1]
+    else:
+        assert run_sweep(points, out, train, said.append)["failed"] == 2

@@ -51,8 +51,9 @@ def sweep(
 
       hpcpipe sweep resnet18-cifar10 --file sweep.yaml --set train.epochs=1 --nproc 4
     """
-    from hpcpipe.launch.job import prestart_fork_server, run_job
+    from hpcpipe.launch.job import WorkerFailure, prestart_fork_server, run_job
     from hpcpipe.sweep import is_done, load_sweep_file, parse_grid_option, plan_points, run_sweep
+    from hpcpipe.train.preempt import Preempted
 
     grid = load_sweep_file(file) if file else {}
     for item in grids or []:
@@ -70,9 +71,14 @@ def sweep(
     if pending:  # before a one-rank point trains in this process: every point's workers fork from it
         prestart_fork_server(pending[0], nproc=max(job.parallel.nproc for job in pending))
     quiet = json_out == "-"
-    result = run_sweep(
-        points, out_dir, run_job, report=lambda line: None if quiet else console.print(escape(line))
-    )
+    try:
+        result = run_sweep(
+            points, out_dir, run_job, report=lambda line: None if quiet else console.print(escape(line))
+        )
+    except (WorkerFailure, Preempted) as exc:  # preempted, interrupted or pruned: the sweep stops
+        if isinstance(exc, Preempted):  # a one-rank point trained in this process
+            console.print(escape(f"{exc}; run the sweep again to resume"))
+        raise typer.Exit(exc.exit_code) from None
     if not quiet:
         cells = [
             [

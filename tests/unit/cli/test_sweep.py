@@ -38,3 +38,21 @@ def test_no_server_when_every_point_is_done(
     monkeypatch.setattr(sweep_module, "is_done", lambda point: True)
     sweep("tiny", grids=["parallel.nproc=[1,2]"], out=tmp_path, json_out="-")
     assert prestarts == []
+
+
+@pytest.mark.parametrize("stop", ["worker", "in-process"])
+def test_a_stopped_point_ends_the_sweep_with_its_code(
+    prestarts: list[tuple[str, int | None]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stop: str
+) -> None:
+    import typer
+
+    from hpcpipe.launch.job import WorkerFailure
+    from hpcpipe.train.preempt import Preempted
+
+    def stopped(*args: Any, **kwargs: Any) -> None:
+        raise WorkerFailure(75) if stop == "worker" else Preempted(3, 75)
+
+    monkeypatch.setattr(sweep_module, "run_sweep", stopped)
+    with pytest.raises(typer.Exit) as exited:
+        sweep("tiny", grids=["parallel.nproc=[1,2]"], out=tmp_path, json_out="-")
+    assert exited.value.exit_code == 75
