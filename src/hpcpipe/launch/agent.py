@@ -339,14 +339,17 @@ def _report_failure(exc: BaseException, max_restarts: int, terminal: frozenset[i
     code = failure.exitcode if failure.exitcode > 0 else 128 - failure.exitcode if failure.exitcode < 0 else 1
     if code == USER_ERROR_EXIT_CODE and a_refusal_was_said():  # in one line; the launcher says the rest
         return code
-    ended = (
-        "not restarted: a restart cannot change that"
-        if any(f.exitcode in terminal for _, f in failures)
-        else f"the group gave up after {max_restarts} restart(s)"
-    )
-    print(
+    if code in terminal - {USER_ERROR_EXIT_CODE}:  # preempted, Ctrl-C, pruned: no failure; the ranks said it
+        return code
+    if any(f.exitcode in terminal for _, f in failures):
+        ended = "not restarted: a restart cannot change that"
+    elif max_restarts == 0:
+        ended = "no restarts allowed (--max-restarts 0)"
+    else:
+        ended = f"the group gave up after {max_restarts} restart(s)"
+    print(  # the code the node exits with (128 + N for a signal), not torch's -N
         f"agent: worker rank {rank} (local rank {failure.local_rank}, pid {failure.pid}) failed with "
-        f"exit code {failure.exitcode}; {ended}",
+        f"exit code {code}; {ended}",
         file=sys.stderr,
         flush=True,
     )

@@ -43,6 +43,26 @@ def test_the_rank_that_failed_is_named_before_its_victims(
     assert line.startswith(f"agent: worker rank {named} ") and "after 2 restart(s)" in line
 
 
+def test_the_line_says_the_nodes_exit_code_and_what_was_allowed(capsys: pytest.CaptureFixture[str]) -> None:
+    """It said 'exit code -9' while the node exited 137, and 'gave up after 0 restart(s)'."""
+    assert _report_failure(_failed(r0=-9), max_restarts=0) == 137
+    line = capsys.readouterr().err.strip()
+    assert "failed with exit code 137; no restarts allowed (--max-restarts 0)" in line
+
+
+@pytest.mark.parametrize("code", [75, 130, 76])
+def test_a_preemption_interrupt_or_prune_is_no_failure_line(
+    capsys: pytest.CaptureFixture[str], code: int
+) -> None:
+    """A worker preempted directly (not through the agent) was 'failed with exit code 75'."""
+    from hpcpipe.launch.agent import terminal_exit_codes
+
+    assert (
+        _report_failure(_failed(r0=code, r1=code), max_restarts=0, terminal=terminal_exit_codes(75)) == code
+    )
+    assert capsys.readouterr().err == ""
+
+
 def test_a_gloo_peer_loss_is_recognised() -> None:
     assert lost_a_peer(RuntimeError(GLOO_PEER_GONE))
     assert not lost_a_peer(RuntimeError("chaos: rank 1 fails at step 3 (HPCPIPE_CHAOS_FAIL)"))
