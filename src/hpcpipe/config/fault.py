@@ -2,9 +2,21 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from hpcpipe.config.section import Section
+
+# Exit codes hpcpipe already gives a meaning (ARCHITECTURE.md, exit codes): a preemption answered
+# with one of them would read as that (a crash, a user error, a hang, a lost peer, a pruned trial,
+# Ctrl-C), and the agent would not restart or requeue as it should. The constants live with their
+# owners (errors.py, observe/watchdog.py, launch/exit.py, train/trial.py); kept equal by a test.
+RESERVED_EXIT_CODES = {
+    1: "a crash (an uncaught exception)",
+    2: "a user error",
+    3: "a hang (the watchdog)",
+    4: "a rank that lost its peer",
+    76: "a pruned trial",
+}
 
 
 class FaultConfig(Section):
@@ -36,8 +48,21 @@ class FaultConfig(Section):
         ge=1,
         le=255,
         description="Exit code after a preemption checkpoint: 75 "
-        "(EX_TEMPFAIL, 'checkpointed, resubmit me'); not 143, which means killed *without* one.",
+        "(EX_TEMPFAIL, 'checkpointed, resubmit me'); not 143, which means killed *without* one. "
+        "Codes hpcpipe gives another meaning (1-4, 76) and 128 and above are refused.",
     )
+
+    @field_validator("preempt_exit_code")
+    @classmethod
+    def _unreserved(cls, code: int) -> int:
+        if code in RESERVED_EXIT_CODES:
+            meaning = RESERVED_EXIT_CODES[code]
+            raise ValueError(f"{code} already means {meaning}; use 75 (EX_TEMPFAIL) or another free code")
+        if code >= 128:  # 128 + N: killed by signal N (130: Ctrl-C), i.e. *without* a checkpoint
+            raise ValueError(
+                f"{code} means killed by signal {code - 128}; use a code below 128 (75: EX_TEMPFAIL)"
+            )
+        return code
 
     @property
     def agent_grace_s(self) -> int:

@@ -189,3 +189,39 @@ def test_the_training_hash_changes_with_what_is_trained_only() -> None:
     assert load_config("tiny", same).training_hash() == base
     for changed in ("train.lr=0.1", "parallel.nproc=2", "run.seed=1", "data.vocab_size=512"):
         assert load_config("tiny", [changed]).training_hash() != base, changed
+
+
+@pytest.mark.parametrize(
+    ("code", "needle"),
+    [
+        (1, "a crash"),
+        (2, "a user error"),
+        (3, "a hang"),
+        (4, "lost"),
+        (76, "pruned"),
+        (130, "signal 2"),
+        (128, "signal 0"),
+        (143, "signal 15"),
+    ],
+)
+def test_a_preempt_exit_code_that_means_something_else_is_refused(code: int, needle: str) -> None:
+    """A preemption answered 130 or 2 read as Ctrl-C or a user error: never requeued."""
+    with pytest.raises(ConfigError, match=f"fault.preempt_exit_code: {code} .*{needle}"):
+        load_config("tiny", [f"fault.preempt_exit_code={code}"])
+    assert load_config("tiny", ["fault.preempt_exit_code=85"]).fault.preempt_exit_code == 85
+
+
+def test_the_reserved_exit_codes_are_the_projects() -> None:
+    from hpcpipe.config.fault import RESERVED_EXIT_CODES
+    from hpcpipe.errors import USER_ERROR_EXIT_CODE
+    from hpcpipe.launch.exit import PEER_LOST_EXIT_CODE
+    from hpcpipe.observe.watchdog import HANG_EXIT_CODE
+    from hpcpipe.train.trial import PRUNED_EXIT_CODE
+
+    assert set(RESERVED_EXIT_CODES) == {
+        1,
+        USER_ERROR_EXIT_CODE,
+        HANG_EXIT_CODE,
+        PEER_LOST_EXIT_CODE,
+        PRUNED_EXIT_CODE,
+    }
