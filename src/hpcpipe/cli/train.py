@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, NoReturn
 
@@ -50,8 +53,9 @@ def train(
     from hpcpipe.launch.job import prestart_fork_server
 
     job = load_job(config, sets, nproc)
-    prestart_fork_server(job, max_restarts)  # before the data preparation computes anything
-    run_dir, _ = _train(job, max_restarts)
+    with _preempted_early(job):
+        prestart_fork_server(job, max_restarts)  # before the data preparation computes anything
+        run_dir, _ = _train(job, max_restarts)
     console.print(f"[green]done[/green]: {run_dir}")
 
 
@@ -154,20 +158,21 @@ def run(
         raise UserError(f"--record {record}: inside the run directory {job.run_dir}; write it elsewhere")
     handoff.check_upstream(job.run_dir, list(upstream or []))
     trace = pipeline_trace(job)  # TRACEPARENT for the workers: before the fork server copies os.environ
-    if only in (None, "train") and on == "local":
-        prestart_fork_server(job, max_restarts)  # before the prepare step computes anything
-    ctx = StepContext(job, job.run_dir, max_restarts, say=lambda text: console.print(text, markup=False))
-    ctx.trace = trace
-    ctx.on, ctx.api = on, api
-    env = detect_environment()
-    if env.is_external and env.is_distributed:  # torchrun / srun started this on every rank
-        ctx.group_steps, ctx.is_main = ("prepare", "train"), env.rank == 0
-        if not ctx.is_main:
-            ctx.say = lambda _: None
-    try:
-        run_pipeline(STEPS, ctx, start=start, only=only)
-    except (WorkerFailure, Preempted) as exc:
-        _report_failure(job, exc)
+    with _preempted_early(job):
+        if only in (None, "train") and on == "local":
+            prestart_fork_server(job, max_restarts)  # before the prepare step computes anything
+        ctx = StepContext(job, job.run_dir, max_restarts, say=lambda text: console.print(text, markup=False))
+        ctx.trace = trace
+        ctx.on, ctx.api = on, api
+        env = detect_environment()
+        if env.is_external and env.is_distributed:  # torchrun / srun started this on every rank
+            ctx.group_steps, ctx.is_main = ("prepare", "train"), env.rank == 0
+            if not ctx.is_main:
+                ctx.say = lambda _: None
+        try:
+            run_pipeline(STEPS, ctx, start=start, only=only)
+        except (WorkerFailure, Preempted) as exc:
+            _report_failure(job, exc)
     if not ctx.is_main:
         return
     if record is not None and only is not None:
@@ -188,6 +193,29 @@ def _train(job: JobConfig, max_restarts: int) -> tuple[Path, float]:
     except (WorkerFailure, Preempted) as exc:
         _report_failure(job, exc)
     return run_dir, time.perf_counter() - start
+
+
+@contextlib.contextmanager
+def _preempted_early(job: JobConfig) -> Iterator[None]:
+    """A preemption signal before the agent's handler (imports, the fork server, the data
+    preparation) or the trainer's ends the launcher with fault.preempt_exit_code in one line, as
+    ``launch agent`` does: dying of it (143, 138) printed nothing and read as a crash. Not in a
+    worker of an external launcher (torchrun, srun), whose own agent answers for it."""
+    from hpcpipe.launch.agent import AgentPreempted, stop_early_on_preemption
+    from hpcpipe.launch.job import WorkerFailure
+    from hpcpipe.train.environment import detect_environment
+
+    if detect_environment().is_external:
+        yield
+        return
+    previous = stop_early_on_preemption(job.fault.preempt_exit_code)
+    try:
+        yield
+    except AgentPreempted as exc:
+        _report_failure(job, WorkerFailure(exc.exit_code))
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _report_failure(job: JobConfig, exc: WorkerFailure | Preempted) -> NoReturn:

@@ -358,16 +358,15 @@ def _report_failure(exc: BaseException, max_restarts: int, terminal: frozenset[i
 
 def stop_early_on_preemption(
     exit_code: int, signals: tuple[signal.Signals, ...] = (signal.SIGUSR1, signal.SIGTERM)
-) -> None:
+) -> dict[signal.Signals, Any]:
     """Until ``run_agent`` starts workers, a preemption signal ends the agent with ``exit_code``:
     nothing to checkpoint yet, and dying of the signal (exit 138 or 143; a SIGTERM that a pod's
-    PID 1 ignores, then SIGKILL) would read as a crash."""
+    PID 1 ignores, then SIGKILL) would read as a crash. Returns the handlers it replaced."""
 
     def handler(_signum: int, _frame: FrameType | None) -> None:
         raise AgentPreempted(exit_code)
 
-    for sig in signals:
-        signal.signal(sig, handler)
+    return {sig: signal.signal(sig, handler) for sig in signals}
 
 
 def _rdzv_configs(spec: AgentSpec) -> dict[str, object]:

@@ -237,3 +237,41 @@ def test_torchs_signal_exception_exits_128_plus_its_signal(
         app_module.main()
     assert exited.value.code == 128 + signum
     assert capsys.readouterr().err == f"{said}\n"
+
+
+EARLY_SIGNAL = """
+import os, signal, sys, time
+from hpcpipe.cli import app
+from hpcpipe.launch import job
+
+SIGNAL = signal.Signals[sys.argv[1]]
+
+def signalled(*args, **kwargs):  # the fork server's start: a preemption arrives now
+    os.kill(os.getpid(), SIGNAL)
+    time.sleep(5)
+
+job.prestart_fork_server = signalled
+sys.argv = ["hpcpipe", sys.argv[2], "tiny", "--nproc", "2", "--set", f"run.out_dir={sys.argv[3]}"]
+app.main()
+"""
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("signame", "verb"), [("SIGTERM", "train"), ("SIGUSR1", "train"), ("SIGTERM", "run")]
+)
+def test_a_preemption_before_the_agent_exits_75_in_one_line(tmp_path: Path, signame: str, verb: str) -> None:
+    """It killed the launcher (143, 138) with nothing printed; `launch agent` exits 75 already."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-c", EARLY_SIGNAL, signame, verb, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=50,
+        check=False,
+    )
+    assert proc.returncode == 75, proc.stderr[-2000:]
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("preempted;"), proc.stderr[-2000:]
