@@ -207,3 +207,22 @@ class EvalModeTiny(Tiny):
 
     def build_model(self) -> Any:
         return super().build_model().eval()
+
+
+class SignalledInEval(Tiny):
+    """Each rank gets SIGTERM at its first evaluation batch (a preemption while a long evaluation
+    runs) and counts the batches it evaluated in ``$EVAL_BATCHES/rank<RANK>``."""
+
+    name = "signalled-in-eval"
+
+    def eval_sums(self, model: Any, batch: hpcpipe.Batch) -> dict[str, Any]:
+        import os
+        import signal
+        from pathlib import Path
+
+        counted = Path(os.environ["EVAL_BATCHES"], f"rank{os.environ.get('RANK', '0')}")
+        done = int(counted.read_text()) if counted.exists() else 0
+        counted.write_text(str(done + 1))
+        if done == 0:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return super().eval_sums(model, batch)

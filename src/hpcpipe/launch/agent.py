@@ -561,7 +561,15 @@ def _reap(pids: list[int], grace_s: float, whole_sessions: bool = False, signum:
         else:
             lingering = []  # after the SIGKILL: only this process's children are waited for
         if time.monotonic() > deadline:
-            for pid in (set(pids) - codes.keys()) | set(lingering):
+            left = sorted((set(pids) - codes.keys()) | set(lingering))
+            if left:  # else the node's 137 would come with nothing said
+                print(
+                    f"agent: worker(s) {', '.join(map(str, left))} still running {grace_s:g} s after the "
+                    "signal; killed (SIGKILL), without a checkpoint of theirs",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            for pid in left:
                 _signal(pid, signal.SIGKILL, whole_session=whole_sessions)
             deadline = float("inf")  # the next rounds collect the killed ones
             lingering = []

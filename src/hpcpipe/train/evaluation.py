@@ -33,9 +33,12 @@ def eval_sums(
     items: Iterable[Batch | PaddingBatch],
     autocast: Callable[[], contextlib.AbstractContextManager[Any]],
     to_device: Callable[[Batch], Batch],
-) -> dict[str, torch.Tensor]:
+    should_stop: Callable[[], bool] = lambda: False,
+) -> dict[str, torch.Tensor] | None:
     """float64 sums of ``recipe.eval_sums`` over ``items``; a padding batch (run for FSDP2's
-    collectives only, on a rank with fewer batches) adds zeros."""
+    collectives only, on a rank with fewer batches) adds zeros. None when ``should_stop``, asked
+    after each batch (the same answer on every rank: every rank runs the same batches), says the
+    ranks agreed to stop for a preemption."""
     sums: dict[str, torch.Tensor] = {}
     for item in items:
         padding = isinstance(item, PaddingBatch)
@@ -45,6 +48,8 @@ def eval_sums(
         for key, value in batch_sums.items():
             add = torch.zeros_like(value, dtype=torch.float64) if padding else value.double()
             sums[key] = sums[key] + add if key in sums else add
+        if should_stop():
+            return None
     return sums
 
 

@@ -13,7 +13,9 @@ step boundary, and every rank stops at the same step even if only one was signal
 The protocol the trainer follows:
 
 1. ``handler.install()`` once, in the main thread, before the loop (``uninstall()`` at the end).
-2. After each optimizer step: ``if handler.should_stop(all_reduce_max): ...``. Every rank must
+2. After each optimizer step: ``if handler.should_stop(all_reduce_max): ...``; inside an
+   evaluation, every few batches (``checked_every``), so that a long one does not outlast the
+   grace period. Every rank must
    call it at every step boundary (it is a collective on the steps it checks). A step whose
    collectives already include an agreement (the OOM guard's, one per micro-step) carries the
    signal in it (``carried_by``): ``should_stop`` then reads what that agreement decided and
@@ -38,6 +40,7 @@ takes no lock; the trainer does the work at the step boundary.
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import sys
@@ -164,6 +167,15 @@ class PreemptionHandler:
             agreed = 0
         self.stop_agreed, self.agreed_interrupt = agreed > 0, agreed == 1
         return self.stop_agreed
+
+    def checked_every(self, n: int, all_reduce_max: AllReduceMax | None) -> Callable[[], bool]:
+        """``should_stop`` on every ``n``-th call of the returned function, False between (a single
+        process: on every call, as that is free). For a loop every rank runs the same number of
+        times (an evaluation's batches): every rank then agrees after the same iteration, and the
+        loop's own collectives stay matched."""
+        calls = itertools.count(1)
+        every = 1 if all_reduce_max is None else n
+        return lambda: next(calls) % every == 0 and self.should_stop(all_reduce_max)
 
     def _level(self) -> int:
         """0: no signal, 1: Ctrl-C, 2: preemption; the MAX over ranks decides for every rank."""

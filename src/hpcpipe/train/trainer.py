@@ -16,7 +16,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
@@ -64,6 +64,9 @@ from hpcpipe.train.schedule import lr_at, resolve_steps
 from hpcpipe.train.trial import ENDED, Pruned, TrialLink
 
 COMPILE_ALLOWANCE_S = 3600.0  # the first compiled step's hang timeout at most (below parallel.timeout_s)
+# Evaluation batches between two preemption checks (one all-reduce each): an evaluation of many
+# batches outlasted the agent's grace, which SIGKILLed the ranks with nothing checkpointed.
+EVAL_PREEMPTION_CHECK_EVERY = 8
 
 
 @dataclass
@@ -377,8 +380,10 @@ class Trainer:
         self.phases.begin("comm")
 
     @torch.no_grad()
-    def evaluate(self) -> dict[str, float]:
-        """The recipe's metrics (``val_loss``, ...) over every rank's evaluation batches."""
+    def evaluate(self) -> dict[str, float] | None:
+        """The recipe's metrics (``val_loss``, ...) over every rank's evaluation batches; None when
+        the ranks agreed to stop for a preemption part-way (a pipeline's schedule, which runs
+        every batch in one call, is not stopped)."""
         if self.syncs_buffers:
             with self.phases.region("broadcast_buffers"):
                 sync_buffers(self.model)  # every rank evaluates rank 0's BatchNorm statistics
@@ -390,10 +395,13 @@ class Trainer:
                 totals = self.pipeline.evaluate_all(batches, self.ctx.dp_group)
             model.train()
             return self.recipe.eval_metrics(totals)
+        should_stop = self.preemption.checked_every(EVAL_PREEMPTION_CHECK_EVERY, self.agree_max)
         sums = evaluation.eval_sums(
-            model, self.recipe, self._eval_items(), self.precision.autocast, self._to_device
+            model, self.recipe, self._eval_items(), self.precision.autocast, self._to_device, should_stop
         )
         model.train()
+        if sums is None:
+            return None
         with self.phases.region("all_reduce_eval"):  # the tp ranks of a group computed the same sums
             totals = evaluation.summed_over_ranks(sums, self.ctx.dp_group, self.layout.dp)
         return self.recipe.eval_metrics(totals)
@@ -472,7 +480,7 @@ class Trainer:
             self.loader.set_micro_batch_size(self.oom.micro_batch_size)
             self.events.emit("oom_restart_split", {"step": self.step, **taken})
 
-    def stop_for_preemption(self) -> None:
+    def stop_for_preemption(self) -> NoReturn:
         """Every rank agreed to stop: checkpoint within the grace period, then exit. A preemption
         always checkpoints; Ctrl-C does where the job checkpoints (checkpoint.every_steps > 0)."""
         # Agreed on every rank (Ctrl-C reaches the whole process group, so all ranks saw SIGINT).
@@ -537,6 +545,8 @@ class Trainer:
     def evaluate_and_log(self) -> float:
         with self.watchdog.pause(), self.phases.region("evaluate"), evaluation.streams_kept(self.ctx.device):
             metrics = self.evaluate()
+        if metrics is None:  # outside streams_kept: the checkpoint holds the training's streams
+            self.stop_for_preemption()
         self.last_eval = metrics
         self.telemetry.on_eval(metrics)
         row = {"step": self.step, **metrics}

@@ -166,3 +166,25 @@ def test_the_launchers_signal_handlers_are_put_back_after_a_run(tmp_path: Path) 
         [sys.executable, "-c", AFTER_A_RUN], env=env, capture_output=True, text=True, timeout=100, check=False
     )
     assert proc.stdout.split() == ["0", "True", "True", "True", "True"], proc.stdout + proc.stderr[-2000:]
+
+
+@pytest.mark.timeout(30)
+def test_workers_killed_after_the_grace_are_said(capsys: pytest.CaptureFixture[str]) -> None:
+    """The node exited 137 after SIGKILLing a worker that outlived the grace, and said nothing."""
+    import subprocess
+    import sys
+
+    from hpcpipe.launch.agent import _reap
+
+    ignoring = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print(flush=True)"
+    ignoring += "; time.sleep(30)"
+    worker = subprocess.Popen([sys.executable, "-c", ignoring], stdout=subprocess.PIPE)
+    try:
+        assert worker.stdout is not None and worker.stdout.readline()  # its handler is in place
+        os.kill(worker.pid, signal.SIGTERM)
+        assert _reap([worker.pid], grace_s=0.3, signum=TERM) == [137]
+    finally:
+        worker.kill()
+        worker.wait()
+    err = capsys.readouterr().err
+    assert f"agent: worker(s) {worker.pid} still running 0.3 s after the signal; killed (SIGKILL)" in err

@@ -207,3 +207,20 @@ def test_an_agreement_that_carries_the_flag_spares_the_step_its_own() -> None:
     group.others = 2  # another rank is preempted before the next step's agreement
     assert carried(torch.tensor([1])).tolist() == [2]  # MAX of (1, 2) for the guard too
     assert h.should_stop(group) is True and len(group.sent) == 3 and h.stop_exit_code == 75
+
+
+def test_checked_every_agrees_on_every_nth_call_only() -> None:
+    """An evaluation checks every few batches: the same calls on every rank, one collective each."""
+    handler = PreemptionHandler(grace_s=10)
+    reduced: list[int] = []
+
+    def all_reduce_max(tensor: torch.Tensor) -> torch.Tensor:
+        reduced.append(int(tensor.max()))
+        return tensor
+
+    check = handler.checked_every(3, all_reduce_max)
+    assert [check() for _ in range(6)] == [False] * 6 and len(reduced) == 2
+    handler._on_signal(signal.SIGTERM, None)
+    assert [check(), check(), check()] == [False, False, True] and len(reduced) == 3
+    alone = PreemptionHandler(grace_s=10).checked_every(3, None)  # one process: every call, free
+    assert alone() is False

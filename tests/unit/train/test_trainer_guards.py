@@ -6,7 +6,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from tests.helpers import run_cli
+
+from hpcpipe.train.trainer import EVAL_PREEMPTION_CHECK_EVERY
 
 OWN = "tests.recipes_for_tests:EvalModeTiny"  # built in eval mode, as from_pretrained returns one
 
@@ -104,3 +107,26 @@ def test_the_evaluation_schedule() -> None:
     assert [next_eval_step(s, cfg) for s in (0, 9, 10, 20, 24)] == [10, 10, 20, 25, 25]  # type: ignore[arg-type]
     off = SimpleNamespace(steps=25, eval_every=0)
     assert next_eval_step(3, off) == 25 and not is_evaluation_step(10, off)  # type: ignore[arg-type]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_a_preemption_during_an_evaluation_stops_it_and_checkpoints(tmp_path: Path, nproc: int) -> None:
+    """The evaluation ran to its end whatever came: a long one outlasted the grace and the agent
+    SIGKILLed the ranks (137, nothing saved, no requeue). Every rank now stops after the same
+    batch (the check agreed over the ranks every few batches), checkpoints and exits 75."""
+    (tmp_path / "counts").mkdir()
+    sets = [
+        "run.recipe=tests.recipes_for_tests:SignalledInEval", "recipe.val_samples=400",
+        f"run.out_dir={tmp_path}", "checkpoint.every_steps=5",
+    ]  # fmt: skip
+    proc = run_cli(
+        "train", "tiny", "--nproc", str(nproc), *[a for s in sets for a in ("--set", s)],
+        cwd=tmp_path, env={"EVAL_BATCHES": str(tmp_path / "counts")},
+    )  # fmt: skip
+    assert proc.returncode == 75, proc.stderr[-2000:]
+    counts = [int(p.read_text()) for p in sorted((tmp_path / "counts").iterdir())]
+    every = 1 if nproc == 1 else EVAL_PREEMPTION_CHECK_EVERY
+    assert counts == [every] * nproc  # of 100 // nproc batches each
+    events = [json.loads(line) for line in (tmp_path / "tiny" / "events.jsonl").read_text().splitlines()]
+    assert [(e["step"], e["checkpointed"]) for e in events if e["event"] == "preempted"] == [(0, True)]
