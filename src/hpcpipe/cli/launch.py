@@ -198,6 +198,7 @@ def agent(
     low, _, high = nnodes.partition(":")
     if not (low.isdigit() and (high or low).isdigit()) or not 1 <= int(low) <= int(high or low):
         raise UserError(f"--nnodes {nnodes}: give N or MIN:MAX, 1 <= MIN <= MAX")
+    _check_node_range(config, nnodes)
     endpoint = rdzv_endpoint or _endpoint_from_env(os.environ)
     try:
         split_endpoint(endpoint)
@@ -234,6 +235,18 @@ def agent(
     if code == preempted:
         err_console.print(f"agent: preempted; exit {code} (any checkpoint the workers wrote is committed)")
     raise typer.Exit(code)
+
+
+def _check_node_range(config: Path, nnodes: str) -> None:
+    """The config's own checks of a node range (parallel.nnodes), for the one --nnodes gives:
+    DeepSpeed refuses an elastic range, which --nnodes MIN:MAX got past."""
+    from hpcpipe.config import load_config
+    from hpcpipe.errors import ConfigError
+
+    try:
+        load_config(config, [f"parallel.nnodes={nnodes}"])
+    except ConfigError as exc:
+        raise UserError(f"--nnodes {nnodes}: {exc}") from None
 
 
 def _endpoint_from_env(env: Mapping[str, str]) -> str:

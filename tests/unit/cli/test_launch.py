@@ -84,3 +84,14 @@ def test_the_lost_node_scenario_s_agents_lose_a_node_after_1_5_s_of_silence(
     silence = settings.keep_alive_interval * settings.keep_alive_max_attempt
     assert (settings.keep_alive_interval, silence) == (timedelta(seconds=0.5), timedelta(seconds=1.5))
     assert settings.timeout.last_call == timedelta(seconds=0.5)
+
+
+def test_an_elastic_node_range_under_deepspeed_is_refused(tmp_path: Path) -> None:
+    """parallel.nnodes refuses 1:2 under DeepSpeed (its checkpoints cannot resume after a shrink);
+    --nnodes 1:2 went past that check."""
+    from hpcpipe.errors import UserError
+
+    config = tmp_path / "config.yaml"
+    config.write_text(load_config("tiny", ["parallel.strategy=deepspeed"]).to_yaml())
+    with pytest.raises(UserError, match=r"--nnodes 1:2: .*DeepSpeed ZeRO checkpoints"):
+        launch.agent(config, nnodes="1:2", rdzv_endpoint="127.0.0.1:0", rdzv_id="test")
