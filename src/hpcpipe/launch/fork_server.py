@@ -62,10 +62,13 @@ def shielded() -> Iterator[None]:
 _SUN_PATH_MAX = 107  # bytes of a Unix socket's path (sockaddr_un.sun_path, less its NUL)
 
 
-def _listener_address(address: str) -> str:
-    """multiprocessing's socket path in $TMPDIR, or one in a private directory of /tmp when that
-    is too long for a Unix socket (a scheduler's job-scoped TMPDIR: "AF_UNIX path too long" ended
-    every multi-rank run). Never the abstract namespace: any local user could connect there."""
+def _listener_address() -> str:
+    """The server's socket in this launcher's exit directory, or in a private directory of /tmp
+    when that path is too long for a Unix socket (a scheduler's job-scoped TMPDIR: "AF_UNIX path
+    too long" ended every multi-rank run). Both are swept by the next launcher after one killed
+    outright; multiprocessing's own (a pymp-* directory) stayed behind. Never the abstract
+    namespace: any local user could connect there."""
+    address = os.path.join(exit_dir(), "forkserver")
     if len(os.fsencode(address)) <= _SUN_PATH_MAX:
         return address
     try:
@@ -103,7 +106,7 @@ def prestart(preload: Sequence[str]) -> bool:
     state = _state()
     if state is None:
         return False
-    from multiprocessing import connection, resource_tracker, util
+    from multiprocessing import resource_tracker, util
 
     import torch  # noqa: F401  (in memory before the fork: what the server is for)
 
@@ -112,7 +115,7 @@ def prestart(preload: Sequence[str]) -> bool:
         resource_tracker.ensure_running()  # one tracker for this process, the server and workers
         if state._forkserver_pid is not None:
             return True
-        address = _listener_address(connection.arbitrary_address("AF_UNIX"))  # type: ignore[attr-defined]
+        address = _listener_address()
         listener = socket.socket(socket.AF_UNIX)
         listener.bind(address)
         if not util.is_abstract_socket_namespace(address):

@@ -93,13 +93,24 @@ def test_helpers_running_sees_a_resource_tracker() -> None:
     assert proc.stdout.strip() == "[False, True]"
 
 
-def test_a_socket_path_too_long_for_unix_moves_to_a_private_directory() -> None:
+def test_a_too_long_socket_path_moves_to_a_private_directory(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """A scheduler's job-scoped TMPDIR: "AF_UNIX path too long" ended every multi-rank run."""
     import stat
 
-    from hpcpipe.launch.fork_server import _listener_address
+    from hpcpipe.launch import fork_server
 
-    assert _listener_address("/tmp/pymp-x/listener-y") == "/tmp/pymp-x/listener-y"
-    moved = _listener_address("/scratch/" + "j" * 120 + "/pymp-x/listener-y")
+    monkeypatch.setattr(fork_server, "exit_dir", lambda: "/scratch/" + "j" * 120 + "/hpcpipe-exit-x")
+    moved = fork_server._listener_address()
     assert len(moved.encode()) <= 107 and moved.startswith("/tmp/hpcpipe-exit-")  # swept after a SIGKILL
     assert stat.S_IMODE(os.stat(os.path.dirname(moved)).st_mode) == 0o700  # no other user reaches it
+
+
+def test_the_socket_is_in_the_launchers_exit_directory() -> None:
+    """multiprocessing's /tmp/pymp-*/listener-* stayed behind a launcher killed outright: the exit
+    directory is swept by the next launcher."""
+    from hpcpipe.launch.exit_dirs import exit_dir
+    from hpcpipe.launch.fork_server import _listener_address
+
+    assert os.path.dirname(_listener_address()) == exit_dir()
