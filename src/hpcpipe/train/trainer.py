@@ -115,6 +115,7 @@ class Trainer:
         self._open_store(job, engine, faults)
         try:
             self.resume(job)
+            self.started_at_step = self.step
             self._take_oom_restart_split()
         except BaseException:
             self.telemetry.close()  # its exporter, GPU sampler and tracer would outlive the error
@@ -482,9 +483,12 @@ class Trainer:
 
     def stop_for_preemption(self) -> NoReturn:
         """Every rank agreed to stop: checkpoint within the grace period, then exit. A preemption
-        always checkpoints; Ctrl-C does where the job checkpoints (checkpoint.every_steps > 0)."""
+        checkpoints a step trained since this start; Ctrl-C does where the job checkpoints
+        (checkpoint.every_steps > 0). Nothing trained (stopped in the first evaluation): the start's
+        own checkpoint stands; one taken at step 0 held an optimizer state of a step never taken."""
         # Agreed on every rank (Ctrl-C reaches the whole process group, so all ranks saw SIGINT).
-        save = not self.preemption.interrupted or self.ckpt_every > 0
+        trained = self.step > self.started_at_step
+        save = trained and (not self.preemption.interrupted or self.ckpt_every > 0)
         self.preemption.start_grace_timer()
         self.preemption.agree_signal(self.agree_max)  # for the event: which signal, on any rank
         if save:

@@ -111,10 +111,10 @@ def test_the_evaluation_schedule() -> None:
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("nproc", [1, 2])
-def test_a_preemption_during_an_evaluation_stops_it_and_checkpoints(tmp_path: Path, nproc: int) -> None:
+def test_a_preemption_during_an_evaluation_stops_it(tmp_path: Path, nproc: int) -> None:
     """The evaluation ran to its end whatever came: a long one outlasted the grace and the agent
     SIGKILLed the ranks (137, nothing saved, no requeue). Every rank now stops after the same
-    batch (the check agreed over the ranks every few batches), checkpoints and exits 75."""
+    batch (the check agreed over the ranks every few batches) and exits 75."""
     (tmp_path / "counts").mkdir()
     sets = [
         "run.recipe=tests.recipes_for_tests:SignalledInEval", "recipe.val_samples=400",
@@ -129,4 +129,7 @@ def test_a_preemption_during_an_evaluation_stops_it_and_checkpoints(tmp_path: Pa
     every = 1 if nproc == 1 else EVAL_PREEMPTION_CHECK_EVERY
     assert counts == [every] * nproc  # of 100 // nproc batches each
     events = [json.loads(line) for line in (tmp_path / "tiny" / "events.jsonl").read_text().splitlines()]
-    assert [(e["step"], e["checkpointed"]) for e in events if e["event"] == "preempted"] == [(0, True)]
+    # Nothing trained yet: no checkpoint (one at step 0 held an optimizer state of a step never
+    # taken, and the resumed run's updates differed from an uninterrupted run's).
+    assert [(e["step"], e["checkpointed"]) for e in events if e["event"] == "preempted"] == [(0, False)]
+    assert not list((tmp_path / "tiny" / "checkpoints").glob("step-*"))
