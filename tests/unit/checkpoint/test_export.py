@@ -119,7 +119,7 @@ def test_an_export_replaces_an_earlier_one_whole_and_nothing_else(tmp_path: Path
     foreign = tmp_path / "mine"
     foreign.mkdir()
     (foreign / "notes.txt").write_text("keep me")
-    with pytest.raises(CheckpointError, match="not empty, and not an hpcpipe export"):
+    with pytest.raises(CheckpointError, match=r"holds what no hpcpipe export there wrote \(notes\.txt\)"):
         export_checkpoint(ckpt, "safetensors", foreign)
     assert [p.name for p in foreign.iterdir()] == ["notes.txt"]
 
@@ -188,3 +188,34 @@ def test_an_export_into_the_working_directory_or_an_old_default_folder(
     (old / "config.json").write_text("{}")  # an export of an earlier version: no marker
     export_checkpoint(ckpt, "safetensors", old)
     assert sorted(p.name for p in old.iterdir()) == [".hpcpipe-export", "model.safetensors"]
+
+
+def test_an_export_never_touches_what_it_did_not_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--out .` twice, with a run and notes added in between: the second export deleted them
+    (the marker made the whole folder replaceable). It refuses now; a run inside --out too."""
+    import fcntl
+    import os
+
+    _, ckpt, _ = make_run(tmp_path / "run", "gpt2")
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    export_checkpoint(ckpt, "safetensors", Path("."))
+    (here / "NOTES.md").write_text("mine")
+    with pytest.raises(CheckpointError, match=r"holds what no hpcpipe export there wrote \(NOTES\.md\)"):
+        export_checkpoint(ckpt, "hf", Path("."))
+    assert (here / "NOTES.md").read_text() == "mine" and (here / "model.safetensors").is_file()
+    with pytest.raises(CheckpointError, match="which an export must not touch"):
+        export_checkpoint(ckpt, "safetensors", tmp_path)  # holds the run and its checkpoint
+    (here / "NOTES.md").unlink()
+    fd = os.open(here, os.O_RDONLY)  # another export writing there now
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        with pytest.raises(CheckpointError, match="another export is writing there now"):
+            export_checkpoint(ckpt, "hf", Path("."))
+    finally:
+        os.close(fd)
+    export_checkpoint(ckpt, "hf", Path("."))
+    assert (here / "config.json").is_file() and not (here / "model.safetensors.index.json").exists()

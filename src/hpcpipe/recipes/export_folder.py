@@ -1,0 +1,121 @@
+"""The folder an export is written to: staged inside it, then put in place of what the earlier
+export there wrote, and of nothing else.
+
+Another format's files left beside a new export (an hf ``config.json`` beside hpcpipe's
+safetensors) loaded as a model of random weights; replacing the whole folder deleted what a
+user kept there (a run, notes). So every export lists what it wrote in ``.hpcpipe-export`` and
+the next one replaces exactly those entries; anything else in the folder makes it refuse. The
+folder is never renamed (``--out .`` or a mount point cannot be) and nothing is written beside
+it; a lock on the folder keeps two exports from interleaving.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from hpcpipe.checkpoint.manifest import CheckpointError
+from hpcpipe.layout import RunLayout
+
+MARKER = ".hpcpipe-export"  # {"files": [what the export wrote], "checkpoint": ..., "format": ...}
+PARTIAL = ".partial-"  # an export being written (or one a killed process left)
+
+
+@contextlib.contextmanager
+def export_folder(out: Path, record: dict[str, Any], keep_out_of: Sequence[Path]) -> Iterator[Path]:
+    """A staging folder inside ``out`` to write the export to; on success its entries replace
+    those of the earlier export in ``out``. ``keep_out_of``: folders (the checkpoint, its run)
+    that must not lie inside ``out``."""
+    out = out.resolve()
+    if out.exists() and not out.is_dir():
+        raise CheckpointError(f"--out {out}: a file, not a directory")
+    for kept in keep_out_of:
+        if kept.resolve().is_relative_to(out):
+            raise CheckpointError(
+                f"--out {out}: holds {kept}, which an export must not touch; export elsewhere"
+            )
+    out.mkdir(parents=True, exist_ok=True)
+    with _locked(out):
+        earlier = _earlier_export(out)
+        for stale in out.glob(f"{PARTIAL}*"):  # under the lock: left by a killed export
+            shutil.rmtree(stale, ignore_errors=True)
+        staging = out / f"{PARTIAL}{os.getpid()}"
+        staging.mkdir()
+        try:
+            yield staging
+            _put_in_place(staging, out, earlier, record)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _locked(out: Path) -> Iterator[None]:
+    fd = os.open(out, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise CheckpointError(f"--out {out}: another export is writing there now") from None
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _earlier_export(out: Path) -> set[str]:
+    """The entries of ``out`` the earlier export wrote (it is empty, or holds only those)."""
+    held = {p.name for p in out.iterdir() if not p.name.startswith(PARTIAL) and p.name != MARKER}
+    if not held:
+        return set()
+    listed = _listed(out / MARKER)
+    if listed is None and _runs_own_default(out):  # written before the marker existed
+        return held
+    foreign = sorted(held - (listed or set()))
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
+        raise CheckpointError(
+            f"--out {out}: holds what no hpcpipe export there wrote ({shown}); choose an empty or new "
+            "directory"
+        )
+    return held
+
+
+def _listed(marker: Path) -> set[str] | None:
+    """What the marker lists; None without one. A marker without a list (written on 2026-12-05
+    before lists) was written with a folder that held nothing else: every entry is listed."""
+    if not marker.is_file():
+        return None
+    try:
+        files = json.loads(marker.read_text()).get("files")
+    except (OSError, ValueError, AttributeError):
+        return set()
+    if files is None:
+        return {p.name for p in marker.parent.iterdir()}
+    return {str(name) for name in files} if isinstance(files, list) else set()
+
+
+def _runs_own_default(out: Path) -> bool:
+    """``<run>/export/<step>-<format>``, the default folder (not ``export/adapter``)."""
+    return (
+        out.name.startswith("step-")
+        and out.parent.name == RunLayout.EXPORT
+        and RunLayout(out.parent.parent).config.is_file()
+    )
+
+
+def _put_in_place(staging: Path, out: Path, earlier: set[str], record: dict[str, Any]) -> None:
+    """The earlier export's entries out, the staged ones in, the marker last: an interrupted
+    move leaves a marker listing what the next export may replace."""
+    written = sorted(p.name for p in staging.iterdir())
+    (out / MARKER).write_text(json.dumps({**record, "files": sorted(set(written) | earlier)}) + "\n")
+    for name in earlier:
+        path = out / name
+        shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink(missing_ok=True)
+    for name in written:
+        (staging / name).rename(out / name)
+    (out / MARKER).write_text(json.dumps({**record, "files": written}) + "\n")
