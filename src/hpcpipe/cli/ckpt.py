@@ -120,8 +120,8 @@ def export(
         typer.Option(
             "--out",
             "-o",
-            help="Output directory (default: <run_dir>/export/<step>-<format>): new, empty, or an "
-            "earlier export, which is replaced whole.",
+            help="Output directory (default: <run_dir>/export/<step>-<format>): new, empty, or "
+            "holding an earlier export only, whose files are replaced.",
             show_default=False,
         ),
     ] = None,
