@@ -46,10 +46,7 @@ def export_checkpoint(
         raise CheckpointError(f"--format {fmt} does not fit run.recipe {job.run.recipe!r} ({wanted})")
     recipe = recipe_class(job.run.recipe).from_job(job)
     record = {"checkpoint": str(ckpt.resolve()), "format": fmt}
-    try:
-        with export_folder(out, record, keep_out_of=(ckpt, config_path.parent)) as staging:
-            written = recipe.export(ExportRequest(ckpt, fmt, staging, config_path.parent, dtype))
-            inside = written.relative_to(staging)
-    except OSError as exc:
-        raise CheckpointError(f"--out {out}: cannot write the export ({exc.strerror or exc})") from None
+    with export_folder(out, record, keep_out_of=(ckpt, config_path.parent)) as staging:
+        written = recipe.export(ExportRequest(ckpt, fmt, staging, config_path.parent, dtype))
+        inside = written.relative_to(staging)
     return out.resolve() / inside

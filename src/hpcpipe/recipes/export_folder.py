@@ -12,6 +12,7 @@ it; a lock on the folder keeps two exports from interleaving.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -33,8 +34,8 @@ def export_folder(out: Path, record: dict[str, Any], keep_out_of: Sequence[Path]
     those of the earlier export in ``out``. ``keep_out_of``: folders (the checkpoint, its run)
     that must not lie inside ``out``."""
     out = out.resolve()
-    if out.exists() and not out.is_dir():
-        raise CheckpointError(f"--out {out}: a file, not a directory")
+    if out.exists() and not out.is_dir():  # the CLI's one line; a failed step to the pipeline
+        raise NotADirectoryError(errno.ENOTDIR, "Not a directory", str(out))
     for kept in keep_out_of:
         if kept.resolve().is_relative_to(out):
             raise CheckpointError(
