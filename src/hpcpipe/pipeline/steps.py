@@ -260,7 +260,7 @@ def _upload_report(ctx: StepContext) -> None:
     """The report's files go to the run's MLflow run too (a failure is a warning, not an error)."""
     from hpcpipe.errors import UserError
     from hpcpipe.track.artifacts import log_run_artifacts
-    from hpcpipe.track.mlflow_client import make_client, recorded_run, resolve_uri, scrub
+    from hpcpipe.track.mlflow_client import make_client, recorded_run, request_limits, resolve_uri, scrub
 
     try:
         run_id = recorded_run(ctx.run_dir).get("run_id")
@@ -271,8 +271,10 @@ def _upload_report(ctx: StepContext) -> None:
         return
     try:
         assert ctx.job.observe.mlflow is not None
-        client = make_client(resolve_uri(ctx.job.observe.mlflow.tracking_uri), request_timeout_s=10)
-        log_run_artifacts(client, run_id, ctx.run_dir)
+        client = make_client(resolve_uri(ctx.job.observe.mlflow.tracking_uri))
+        with request_limits(10, retries=0):
+            client.get_run(run_id)  # a hung server: named after 10 s, before uploads that wait longer
+            log_run_artifacts(client, run_id, ctx.run_dir)
     except Exception as exc:
         ctx.say(f"     report not uploaded to MLflow ({scrub(str(exc))[:200]}); `hpcpipe track sync` retries")
 

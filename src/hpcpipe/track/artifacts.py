@@ -34,7 +34,10 @@ def artifact_files(run_dir: Path) -> list[tuple[Path, str | None]]:
 
 def log_run_artifacts(client: Any, run_id: str, run_dir: Path) -> int:
     """Upload ``artifact_files``; returns how many (an existing artifact is overwritten)."""
+    from hpcpipe.track.mlflow_client import artifact_uploads
+
     files = artifact_files(run_dir)
-    for path, folder in files:
-        client.log_artifact(run_id, str(path), folder)
+    with artifact_uploads():
+        for path, folder in files:
+            client.log_artifact(run_id, str(path), folder)
     return len(files)

@@ -48,27 +48,77 @@ def resolve_uri(configured: str | None) -> str:
     return uri
 
 
-def make_client(uri: str, request_timeout_s: int | None = None) -> Any:
+def make_client(uri: str) -> Any:
     """An ``MlflowClient`` for ``uri`` (tracking and registry); a URI MLflow has no store for (a
-    scheme it does not know, a file store it refuses) is a UserError naming it."""
+    scheme it does not know, a file store it refuses) is a UserError naming it. Request limits are
+    set around the calls (``request_limits``), not here: the client outlives its caller's needs."""
     os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
-    if request_timeout_s is not None:
-        # Sinks: fail fast and retry on their own schedule; MLflow's default retries take minutes.
-        os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] = str(request_timeout_s)
-        os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = "0"
     try:
         from mlflow import MlflowClient
         from mlflow.exceptions import MlflowException
     except ImportError:
         raise UserError("MLflow is not installed: pip install 'hpcpipe[mlflow]'") from None
+    caught: tuple[type[BaseException], ...] = (
+        MlflowException,
+        OSError,
+        *_database_errors(),
+    )  # a database store connects here
     try:
         return MlflowClient(tracking_uri=uri, registry_uri=uri)
-    except MlflowException as exc:
-        first = scrub(str(exc)).strip().splitlines()[0][:400]
+    except caught as exc:
+        first = (scrub(str(exc)).strip().splitlines() or [type(exc).__name__])[0][:400]
         raise UserError(
             f"MLflow tracking URI {redact(uri)} (observe.mlflow.tracking_uri, --tracking-uri or "
             f"$MLFLOW_TRACKING_URI): {first}"
         ) from None
+
+
+TIMEOUT_VAR, RETRIES_VAR = "MLFLOW_HTTP_REQUEST_TIMEOUT", "MLFLOW_HTTP_REQUEST_MAX_RETRIES"
+# The values hpcpipe has in os.environ now; any other value there is the user's, and kept.
+_written: dict[str, str] = {}
+
+
+@contextlib.contextmanager
+def _environment(values: dict[str, str | None]) -> Iterator[None]:
+    """``values`` in os.environ for the block (None: unset), each unless the user set it; then
+    what was there before. MLflow reads these variables at every request, so a block is a scope:
+    set for a whole process, the sink's 5 s and no retries were still there for the register step
+    that ran in the same process after training."""
+    saved = {key: (os.environ.get(key), _written.get(key)) for key in values}
+    try:
+        for key, value in values.items():
+            current = os.environ.get(key)
+            if current is not None and _written.get(key) != current:
+                continue  # the user's
+            _put(key, value, value)
+        yield
+    finally:
+        for key, (env_value, written) in saved.items():
+            _put(key, env_value, written)
+
+
+def _put(key: str, value: str | None, written: str | None) -> None:
+    if value is None:
+        os.environ.pop(key, None)
+    else:
+        os.environ[key] = value
+    if written is None:
+        _written.pop(key, None)
+    else:
+        _written[key] = written
+
+
+def request_limits(timeout_s: int, retries: int) -> contextlib.AbstractContextManager[None]:
+    """MLflow's requests in the block wait at most ``timeout_s`` and retry ``retries`` times,
+    unless the user's environment says otherwise."""
+    return _environment({TIMEOUT_VAR: str(timeout_s), RETRIES_VAR: str(retries)})
+
+
+def artifact_uploads() -> contextlib.AbstractContextManager[None]:
+    """MLflow's own timeout (or the user's) for the block: a server whose artifact store is remote
+    answers an upload once it has passed it on, and a multi-GB export takes longer than a
+    metadata call's few seconds (it failed after every retry)."""
+    return _environment({TIMEOUT_VAR: None})
 
 
 # What one request may take in an interactive command (the register step, track sync, models):
@@ -78,22 +128,32 @@ INTERACTIVE_TIMEOUT_S = 15
 
 @contextlib.contextmanager
 def server_errors(what: str) -> Iterator[None]:
-    """MLflow's errors (an unreachable or hung server, a refused request) as one line, exit 2, for
-    the CLI. Interactive commands retry twice (MLflow's default, 7 with doubling backoff, takes
-    minutes) and wait ``INTERACTIVE_TIMEOUT_S`` per request, unless the environment says otherwise:
-    a dead server is named within about a minute."""
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(INTERACTIVE_TIMEOUT_S))
+    """MLflow's errors (an unreachable or hung server, a refused request, a database store that
+    cannot be reached) as one line, exit 2, for the CLI. Interactive commands retry twice (MLflow's
+    default, 7 with doubling backoff, takes minutes) and wait ``INTERACTIVE_TIMEOUT_S`` per
+    metadata request, unless the environment says otherwise: a dead server is named within about a
+    minute."""
     os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
     try:
         from mlflow.exceptions import MlflowException
     except ImportError:
         raise UserError("MLflow is not installed: pip install 'hpcpipe[mlflow]'") from None
+    caught: tuple[type[BaseException], ...] = (MlflowException, OSError, *_database_errors())
     try:
-        yield
-    except MlflowException as exc:
-        first = scrub(str(exc)).strip().splitlines()[0][:300]
-        raise UserError(f"{what}: MLflow said: {first}") from None
+        with request_limits(INTERACTIVE_TIMEOUT_S, retries=2):
+            yield
+    except caught as exc:
+        lines = scrub(str(exc)).strip().splitlines() or [type(exc).__name__]
+        raise UserError(f"{what}: MLflow said: {lines[0][:300]}") from None
+
+
+def _database_errors() -> tuple[type[Exception], ...]:
+    """SQLAlchemy's errors (a database store down: a 229-line traceback), when it is installed."""
+    try:
+        from sqlalchemy.exc import SQLAlchemyError
+    except ImportError:
+        return ()
+    return (SQLAlchemyError,)
 
 
 def experiment_id(client: Any, name: str) -> str:

@@ -22,7 +22,7 @@ from typing import Any
 from hpcpipe.config.observe import MlflowConfig
 from hpcpipe.errors import UserError
 from hpcpipe.track.artifacts import log_run_artifacts
-from hpcpipe.track.mlflow_client import make_client, open_run, redact, resolve_uri, scrub
+from hpcpipe.track.mlflow_client import make_client, open_run, redact, request_limits, resolve_uri, scrub
 from hpcpipe.track.params import as_text, flatten, lineage_tags
 
 log = logging.getLogger("hpcpipe.track")
@@ -30,7 +30,7 @@ log = logging.getLogger("hpcpipe.track")
 BATCH = 1000  # MLflow's log_batch limit on metrics
 BATCH_WINDOW_S = 2.0
 PARAM_BATCH = 100  # ... and on params
-REQUEST_TIMEOUT_S = 5
+REQUEST_TIMEOUT_S = 5  # per request, no MLflow retries: the sender retries with backoff
 
 
 # MLflow's rule for metric names on Linux (mlflow.utils.validation): letters, digits, _ - . / :
@@ -124,7 +124,7 @@ class MlflowSink:
         self.cfg, self.start_step = cfg, start_step
         self.uri = resolve_uri(cfg.tracking_uri)
         self.run_dir, self.run_name, self.config = run_dir, run_name, config
-        self.client = make_client(self.uri, request_timeout_s=REQUEST_TIMEOUT_S)
+        self.client = make_client(self.uri)
         self.run_id: str | None = None
         self.queue: queue.Queue[tuple[str, float, int, int]] = queue.Queue()
         # Values queued or in the batch being sent (retried while the server is down): the bound.
@@ -214,9 +214,10 @@ class MlflowSink:
         from mlflow.entities import Metric
 
         try:
-            if self.run_id is None:
-                self.run_id = self._open()
-            self.client.log_batch(self.run_id, metrics=[Metric(*value) for value in batch])
+            with request_limits(REQUEST_TIMEOUT_S, retries=0):  # its own backoff retries
+                if self.run_id is None:
+                    self.run_id = self._open()
+                self.client.log_batch(self.run_id, metrics=[Metric(*value) for value in batch])
             with self._held_lock:
                 self._held -= len(batch)
             return True
@@ -242,8 +243,9 @@ class MlflowSink:
         if self.run_id is None:
             return
         try:
-            log_run_artifacts(self.client, self.run_id, self.run_dir)
-            self.client.set_terminated(self.run_id, status=self._status)
+            with request_limits(REQUEST_TIMEOUT_S, retries=0):  # its own backoff retries
+                log_run_artifacts(self.client, self.run_id, self.run_dir)
+                self.client.set_terminated(self.run_id, status=self._status)
         except Exception as exc:
             self._warn_once("finish", f"MLflow artifacts not uploaded ({scrub(str(exc))[:200]})")
 

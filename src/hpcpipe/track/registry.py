@@ -19,7 +19,7 @@ from hpcpipe.config.pipeline import alias_problem
 from hpcpipe.errors import UserError
 from hpcpipe.fsutil import read_json_object
 from hpcpipe.layout import RunLayout
-from hpcpipe.track.mlflow_client import recorded_run
+from hpcpipe.track.mlflow_client import artifact_uploads, recorded_run
 from hpcpipe.track.params import lineage_tags
 
 REGISTRY_FILE = Path(RunLayout.TRACKING, RunLayout.REGISTRY)  # relative to the run directory
@@ -68,7 +68,9 @@ def register_run(
             f"{run_dir}: not in MLflow yet (no tracking/mlflow.json); run `hpcpipe track sync {run_dir}`"
         )
     artifact_path = f"model/{export.name}"
-    client.log_artifacts(run_id, str(export), artifact_path)
+    client.get_run(run_id)  # a hung server is named after one metadata timeout, not an upload's
+    with artifact_uploads():
+        client.log_artifacts(run_id, str(export), artifact_path)
     try:
         client.create_registered_model(name, description="Registered by hpcpipe.")
     except Exception as exc:

@@ -218,6 +218,86 @@ def test_interactive_commands_wait_a_short_time_per_request(monkeypatch: pytest.
         assert os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] == "300"
 
 
+def test_the_sinks_short_limits_do_not_outlive_its_requests(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With nproc 1 the register step runs in the training process: the sink's 5 s and no retries
+    stayed in os.environ, and server_errors kept them as if the user had set them."""
+    import os
+
+    from hpcpipe.track.mlflow_client import RETRIES_VAR, TIMEOUT_VAR, request_limits, server_errors
+
+    for var in (TIMEOUT_VAR, RETRIES_VAR):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{free_port()}")
+    sink = MlflowSink(MlflowConfig(close_timeout_s=0.5), tmp_path, "r", load_config("tiny").to_dict())
+    sink.on_row({"step": 1, "loss": 1.0})
+    sink.close(finished=True)
+    with request_limits(5, retries=0):  # what the sink sets around each request
+        with server_errors("register step"):
+            assert (os.environ[TIMEOUT_VAR], os.environ[RETRIES_VAR]) == ("15", "2")
+        assert os.environ[TIMEOUT_VAR] == "5"
+    assert TIMEOUT_VAR not in os.environ and RETRIES_VAR not in os.environ
+    monkeypatch.setenv(RETRIES_VAR, "4")  # the user's: kept inside, and after
+    with request_limits(5, retries=0):
+        assert (os.environ[TIMEOUT_VAR], os.environ[RETRIES_VAR]) == ("5", "4")
+    assert os.environ[RETRIES_VAR] == "4"
+
+
+def test_artifact_uploads_wait_mlflows_time_not_a_metadata_calls(tmp_path: Path) -> None:
+    """A multi-GB export through a server with a remote artifact store answers after the upload:
+    the 15 s per request of the register step failed it after every retry."""
+    import os
+    from types import SimpleNamespace
+
+    from hpcpipe.track.artifacts import log_run_artifacts
+    from hpcpipe.track.mlflow_client import TIMEOUT_VAR, server_errors
+    from hpcpipe.track.registry import register_run
+
+    class Client:
+        def __init__(self) -> None:
+            self.seen: list[tuple[str, str | None]] = []
+
+        def __getattr__(self, name: str) -> Any:
+            def call(*args: Any, **kwargs: Any) -> Any:
+                self.seen.append((name, os.environ.get(TIMEOUT_VAR)))
+                return SimpleNamespace(version=1)
+
+            return call
+
+    (tmp_path / "config.yaml").write_text("run: {}\n")
+    export = tmp_path / "export" / "10-hf"
+    export.mkdir(parents=True)
+    (export / "model.safetensors").write_text("x")
+    (tmp_path / "tracking").mkdir()
+    (tmp_path / "tracking" / "mlflow.json").write_text('{"run_id": "r1", "experiment_id": "0"}')
+    client = Client()
+    with server_errors("register step"):
+        log_run_artifacts(client, "r1", tmp_path)
+        register_run(client, tmp_path, "m", [], export)
+        assert os.environ[TIMEOUT_VAR] == "15"
+    uploads = [timeout for name, timeout in client.seen if name.startswith("log_artifact")]
+    others = {timeout for name, timeout in client.seen if not name.startswith("log_artifact")}
+    assert len(uploads) == 2 and set(uploads) == {os.environ.get(TIMEOUT_VAR)} and others == {"15"}
+
+
+def test_a_database_store_that_cannot_be_reached_is_one_line(tmp_path: Path) -> None:
+    """`track sync RUN --tracking-uri postgresql://127.0.0.1:1/x` printed sqlalchemy's 229-line
+    OperationalError traceback."""
+    pytest.importorskip("sqlalchemy")
+    from sqlalchemy.exc import OperationalError
+
+    from hpcpipe.errors import UserError
+    from hpcpipe.track.mlflow_client import server_errors
+
+    said = r"^track sync r: MLflow said: \(builtins\.Exception\) could not connect$"
+    with pytest.raises(UserError, match=said), server_errors("track sync r"):
+        raise OperationalError("SELECT 1", {}, Exception("could not connect\nat line 2"))
+    said = r"^models list: MLflow said: \[Errno 111\] refused"
+    with pytest.raises(UserError, match=said), server_errors("models list"):
+        raise ConnectionRefusedError(111, "refused")
+
+
 def test_a_param_changed_on_resume_is_recorded_as_a_tag_and_said_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
