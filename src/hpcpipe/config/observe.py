@@ -234,16 +234,13 @@ class MlflowConfig(Section):
     @field_validator("tracking_uri")
     @classmethod
     def _a_tracking_uri(cls, uri: str | None) -> str | None:
+        """Secrets stay out; a scheme is left to MLflow, whose plugins add stores (arn:aws:sagemaker,
+        azureml://): one it has no store for is named in one line when the run first uses it."""
         if uri is None:
             return None
         parts = urlsplit(uri)
-        scheme = parts.scheme.lower().partition("+")[0]  # postgresql+psycopg2: the engine, its driver
-        if scheme not in MLFLOW_SCHEMES:
-            raise ValueError(
-                f"scheme {parts.scheme!r} is not one MLflow tracks to: give http(s)://host:port, "
-                "sqlite:///path/mlflow.db, a directory, databricks, or postgresql/mysql/mssql://host/db"
-            )
-        _no_credentials(uri)
+        scheme = parts.scheme.lower()
+        _no_credentials(uri, database=scheme.partition("+")[0] in DATABASE_SCHEMES)
         if scheme in ("http", "https"):
             if not parts.hostname:
                 raise ValueError(f"no host: give {scheme}://host:port")
@@ -254,23 +251,34 @@ class MlflowConfig(Section):
         return uri
 
 
-# The schemes of MLflow's tracking and registry stores ("": a directory, as "file"); make_client
-# uses one URI for both, so the registry-only databricks-uc / uc are not among them.
-MLFLOW_SCHEMES = ("", "file", "http", "https", "sqlite", "postgresql", "mysql", "mssql", "databricks")
+# SQLAlchemy stores (postgresql+psycopg2: the engine, then its driver): a user name in the URI is
+# how they are told who to connect as (MLFLOW_TRACKING_USERNAME is for http servers only).
+DATABASE_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql")
 
 
-def _no_credentials(uri: str) -> None:
-    """config.yaml is saved in the run directory, logged as an MLflow param and uploaded: a user
-    part (a password, or a token standing in for the user) or a secret in the query stays out."""
+def _no_credentials(uri: str, database: bool) -> None:
+    """config.yaml is saved in the run directory, logged as an MLflow param and uploaded: a
+    password, a secret in the query, and for a server any user part (a token stands in for the
+    user) stay out."""
     parts = urlsplit(uri)
     secrets = [k for k, _ in parse_qsl(parts.query) if hide_credentials(f"{k}=x") != f"{k}=x"]
-    if parts.username is not None or parts.password is not None or secrets:
-        where = "a user part (user@ or user:password@)" if not secrets else f"a secret ({secrets[0]}=)"
-        raise ValueError(
-            f"holds {where}: config.yaml is saved with the run; put credentials in "
-            "MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD or MLFLOW_TRACKING_TOKEN, or the "
-            "whole URI in $MLFLOW_TRACKING_URI with observe.mlflow.tracking_uri null"
-        )
+    if secrets:
+        where = f"a secret ({secrets[0]}=)"
+    elif parts.password is not None:
+        where = "a password (user:password@)"
+    elif parts.username is not None and not database:
+        where = "a user part (user@ or user:password@)"
+    else:
+        return
+    instead = (
+        "the whole URI in $MLFLOW_TRACKING_URI with observe.mlflow.tracking_uri null, or the "
+        "database driver's own password file (PostgreSQL: ~/.pgpass)"
+        if database
+        else "credentials in MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD or "
+        "MLFLOW_TRACKING_TOKEN, or the whole URI in $MLFLOW_TRACKING_URI with "
+        "observe.mlflow.tracking_uri null"
+    )
+    raise ValueError(f"holds {where}: config.yaml is saved with the run; put {instead}")
 
 
 OTLP_TRACES_PATH = "/v1/traces"

@@ -41,9 +41,6 @@ def test_a_password_in_the_config_is_refused_naming_the_key(tmp_path: Path) -> N
         ("https://dapi0123secrettoken@mlflow.example.com", "holds a user part"),  # a token as the user
         ("https://mlflow.example.com/?token=dapi0123secrettoken", "holds a secret (token=)"),
         ("http://h:5000?api_key=k3y", "holds a secret (api_key=)"),
-        ("foo://bar", "scheme 'foo' is not one MLflow tracks to"),  # a traceback at the first request
-        ("localhost:5000", "scheme 'localhost'"),  # http:// forgotten
-        ("htps://h:5000", "scheme 'htps'"),
         ("http:///x", "no host"),
         ("http://h:99999", "bad port"),
     ],
@@ -63,6 +60,30 @@ def test_a_tracking_uri_mlflow_cannot_use_or_that_holds_a_secret_is_refused(uri:
         "./mlruns",
     ):
         assert load_config("tiny", [f"observe.mlflow.tracking_uri={fine}"]).observe.mlflow is not None
+
+
+@pytest.mark.parametrize(
+    "uri",
+    [
+        "arn:aws:sagemaker:us-east-1:123456789012:mlflow-tracking-server/x",  # MLflow plugins' stores
+        "azureml://eastus.api.azureml.ms/mlflow/v1.0/subscriptions/s/resourceGroups/g",
+        "foo://bar",  # one MLflow has no store for: named in one line by make_client, at use
+        "postgresql://mlflow@db.internal/mlflow",  # a database user, no password
+        "mysql+pymysql://mlflow@db/mlflow",
+    ],
+)
+def test_a_tracking_uri_mlflow_may_take_loads(uri: str) -> None:
+    """Every scheme outside a fixed list was refused, plugin stores MLflow takes included; a
+    database user name was refused with advice (MLFLOW_TRACKING_USERNAME) SQLAlchemy ignores."""
+    assert load_config("tiny", [f"observe.mlflow.tracking_uri={uri}"]).observe.mlflow is not None
+
+
+def test_a_database_password_is_refused_with_advice_that_applies() -> None:
+    with pytest.raises(
+        ConfigError, match=r"holds a password \(user:password@\).*\$MLFLOW_TRACKING_URI"
+    ) as no:
+        load_config("tiny", ["observe.mlflow.tracking_uri=postgresql://mlflow:s3cret@db/mlflow"])
+    assert "s3cret" not in str(no.value) and "MLFLOW_TRACKING_USERNAME" not in str(no.value)
 
 
 def test_a_uri_mlflow_has_no_store_for_is_one_line_naming_the_key(monkeypatch: pytest.MonkeyPatch) -> None:
