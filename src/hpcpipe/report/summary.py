@@ -61,6 +61,11 @@ def _model_and_unit(config: dict[str, Any]) -> tuple[str, str]:
     return recipe.describe_model(job), recipe.sample_noun
 
 
+# What the worker writes when the next start's group forms, before its group_start: the downtime
+# since the crashed start's last event is not training.
+NEXT_START = ("restart", "membership_change")
+
+
 def training_wall_time(run_dir: Path) -> tuple[float, int] | None:
     """Seconds spent training over every start of the group (first, restarts, later ``hpcpipe
     run``s), and how many: each from its ``group_start`` (its workers' start when known) to its
@@ -75,6 +80,8 @@ def training_wall_time(run_dir: Path) -> tuple[float, int] | None:
             began = event.get("worker_start")
             spans.append((began if isinstance(began, int | float) and began <= at else at, at))
             ended = False
+        elif event.get("event") in NEXT_START:  # a crashed start ended before the downtime
+            ended = True
         elif spans and not ended:  # events after run_finished (an agent's) are not training
             spans[-1] = (spans[-1][0], at)
             ended = event.get("event") == "run_finished"

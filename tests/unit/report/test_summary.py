@@ -33,3 +33,22 @@ def test_the_training_wall_time_counts_every_start_from_the_events(tmp_path: Pat
     assert "- training wall time: 32 s over 2 starts (events.jsonl)" in text
     (tmp_path / "events.jsonl").unlink()  # no start recorded: nothing claimed
     assert "wall time" not in write_summary(tmp_path).read_text()
+
+
+def test_the_downtime_before_a_restart_is_not_training_time(tmp_path: Path) -> None:
+    """The worker writes restart and membership_change before the next group_start: a crashed
+    start's span ran on to them, a day of downtime counted as training."""
+    from hpcpipe.report.summary import training_wall_time
+
+    t = 1000.0
+    events = [
+        {"time": t, "event": "group_start"},
+        {"time": t + 10, "event": "checkpoint_committed", "step": 10},  # then it crashed
+        {"time": t + 86400, "event": "restart", "restart_count": 1},
+        {"time": t + 86400, "event": "membership_change", "old_world_size": 2, "new_world_size": 1},
+        {"time": t + 86400.1, "event": "group_start"},
+        {"time": t + 86420, "event": "run_finished", "step": 20},
+    ]
+    (tmp_path / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    seconds, starts = training_wall_time(tmp_path) or (0.0, 0)
+    assert (round(seconds, 1), starts) == (29.9, 2)
