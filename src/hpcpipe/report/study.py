@@ -192,9 +192,11 @@ def plot_weak_epoch_time(rows: list[dict[str, Any]], path: Path) -> Path:
     """Weak scaling: time per epoch of a dataset that grows with N, with each study's ±10% band."""
     fig, (ax,) = _figure()
     devices: set[int] = set()
+    labels: set[str] = set()
     top = 0.0
     for study, _, name in _lines(rows, "weak"):
         n, values, label = weak_epoch_times(rows, study)
+        labels.add(label)
         named = "" if name == "weak" else f"{study}: "  # the study, when there are several
         line = ax.plot(n, values, "o-", label=f"{named}{label}")[0]
         low, high = values[0] * (1 - WEAK_VARIATION_TARGET), values[0] * (1 + WEAK_VARIATION_TARGET)
@@ -202,7 +204,9 @@ def plot_weak_epoch_time(rows: list[dict[str, Any]], path: Path) -> Path:
         devices |= set(n)
         top = max(top, *values)
     ax.set_xlabel("devices N (fixed per-device batch and per-device data)")
-    ax.set_ylabel(label)
+    # Studies with and without epochs in their CSV: each line's legend names its unit, the axis
+    # neither (it took the last study's, under which another's step times were drawn).
+    ax.set_ylabel(labels.pop() if len(labels) == 1 else "time (s): see each line")
     ax.set_title("weak scaling: time per epoch")
     ax.set_xticks(sorted(devices))
     ax.set_ylim(0, top * 1.3)

@@ -118,3 +118,31 @@ def test_two_scaling_studies_are_two_lines_each_with_its_own_ideal(
     assert made["weak_variation"] == 0.0
     table = Path(made["markdown"]).read_text()
     assert "| study | mode | N |" in table and "| h100 | weak | 4 |" in table
+
+
+def test_weak_studies_in_different_units_share_no_axis_label(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One study with epochs in its CSV, one without: the axis said the last one's unit, and the
+    other's step times were read as times per epoch."""
+    from hpcpipe.report import study
+
+    rows = [
+        {"study": name, "mode": "weak", "nproc": n, "step_time_s": 0.5, "time_per_epoch_s": epoch}
+        for name, epoch in (("a100", None), ("h100", 10.0))
+        for n in (1, 2)
+    ]
+    axes: list[Any] = []
+    real_save = study._save
+
+    def keep(fig: Any, path: Path) -> Path:
+        axes.append(fig.axes[0])
+        return real_save(fig, path)
+
+    monkeypatch.setattr(study, "_save", keep)
+    study.plot_weak_epoch_time(rows, tmp_path / "weak.png")
+    legend = [t.get_text() for t in axes[0].get_legend().get_texts()]
+    assert "a100: step time (s)" in legend and "h100: time per epoch (s)" in legend
+    assert axes[0].get_ylabel() not in ("step time (s)", "time per epoch (s)")
+    study.plot_weak_epoch_time(rows[:2], tmp_path / "one.png")  # one study: its unit on the axis
+    assert axes[1].get_ylabel() == "step time (s)"
