@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from tests.helpers import run_cli
@@ -86,41 +87,32 @@ def test_a_torch_error_in_the_recipe_shows_its_traceback_and_the_failed_runs_are
         shutil.rmtree(kept.group(1), ignore_errors=True)
 
 
+def _checked(ref: str, *args: str, work: Path) -> tuple[int, dict[str, dict[str, Any]], str]:
+    """`hpcpipe recipe check REF ARGS --json -`: its exit code, its results by property, stderr."""
+    proc = run_cli("recipe", "check", ref, *args, "--work", str(work), "--json", "-", cwd=work)
+    return proc.returncode, {r["name"]: r for r in json.loads(proc.stdout)["results"]}, proc.stderr
+
+
 def test_augmented_data_beside_dropout_resumes_bit_for_bit(tmp_path: Path) -> None:
     """Counting FLOPs (after the resume) and evaluating moved torch's stream, so a resumed run's
     dropout masks differed from the uninterrupted run's from the step after the checkpoint."""
-    proc = run_cli(
-        "recipe",
-        "check",
+    code, results, err = _checked(
         "tests.recipes_for_tests:JitteredTiny",
         "--set",
         "recipe.dropout=0.2",
         "--only",
         "resume-after-kill",
-        "--work",
-        str(tmp_path),
-        cwd=tmp_path,
+        work=tmp_path,
     )
-    assert proc.returncode == 0 and "resume-after-kill\tPASS" in proc.stdout, proc.stdout + proc.stderr
+    assert code == 0 and results["resume-after-kill"]["passed"], err
 
 
 def test_a_world_size_dependent_order_compares_fsdp_with_ddp(tmp_path: Path) -> None:
     """Declared as the docs say, such a recipe could never pass: both parities compared 2 ranks
     with 1 process, which sees other batches."""
     only = ["--only", "parity-ddp", "--only", "parity-fsdp", "--only", "loader-world-sizes"]
-    proc = run_cli(
-        "recipe",
-        "check",
-        "tests.recipes_for_tests:WorldSizedOrder",
-        *only,
-        "--work",
-        str(tmp_path),
-        "--json",
-        "-",
-        cwd=tmp_path,
-    )
-    results = {r["name"]: r for r in json.loads(proc.stdout)["results"]}
-    assert proc.returncode == 0, proc.stderr
+    code, results, err = _checked("tests.recipes_for_tests:WorldSizedOrder", *only, work=tmp_path)
+    assert code == 0, err
     assert results["parity-ddp"]["skipped"] and results["loader-world-sizes"]["skipped"]
     assert results["parity-fsdp"]["passed"] and "of 2 DDP ranks" in results["parity-fsdp"]["detail"]
 
@@ -129,21 +121,9 @@ def test_a_parameter_the_loss_never_uses_trains_and_resumes_under_ddp(tmp_path: 
     """Its optimizer state is never created, so every checkpoint failed its strict load ("Missing
     key ... optim.state.spare.weight.step"), and DDP had no way to skip it."""
     only = ["--only", "checkpoint-round-trip", "--only", "parity-ddp", "--only", "resume-after-kill"]
-    proc = run_cli(
-        "recipe",
-        "check",
-        "tests.recipes_for_tests:UnusedHead",
-        "--set",
-        "parallel.find_unused_parameters=true",
-        *only,
-        "--work",
-        str(tmp_path),
-        "--json",
-        "-",
-        cwd=tmp_path,
-    )
-    results = {r["name"]: r for r in json.loads(proc.stdout)["results"]}
-    assert proc.returncode == 0 and all(r["passed"] for r in results.values()), proc.stderr
+    unused = ["--set", "parallel.find_unused_parameters=true", *only]
+    code, results, err = _checked("tests.recipes_for_tests:UnusedHead", *unused, work=tmp_path)
+    assert code == 0 and all(r["passed"] for r in results.values()), err
 
 
 def test_a_loss_summed_over_the_micro_batch_is_named(tmp_path: Path) -> None:
