@@ -38,5 +38,8 @@ class RunConfig(Section):
         if "/" in self.name or "\\" in self.name or self.name in {".", ".."}:
             raise ValueError(f"run.name must be a plain directory name, got {self.name!r}")
         if len(self.name.encode()) > 200:  # a file name holds 255 bytes; sweeps and trials add to it
-            raise ValueError(f"run.name is {len(self.name.encode())} bytes long; at most 200")
+            raise ValueError(
+                f"run.name is {len(self.name.encode())} bytes long; at most 200 (a sweep or an HPO study "
+                "names its runs run.name plus each point's values or trial number: shorten run.name)"
+            )
         return self
