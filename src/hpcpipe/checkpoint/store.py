@@ -51,15 +51,8 @@ world-size change only the rank-independent parts of it are meaningful; ``store.
 which rank's it was).
 
 **Events** (rank 0 only, ``events(kind, fields)``, possibly from a background thread, so the
-callback must be thread-safe, e.g. one ``append_event`` line per call): ``checkpoint_staged``
-(step, blocking_s), ``checkpoint_committed`` (step, path, bytes, files, write_s),
-``checkpoint_save_failed`` (step, error), ``checkpoint_verified`` / ``checkpoint_verify_failed``
-and ``checkpoint_fallback`` (step, path, tier, file, reason, expected, actual),
-``checkpoint_pruned`` (tier, steps), ``checkpoint_durable_copied`` (step, path, copy_s),
-``checkpoint_durable_failed`` / ``checkpoint_prune_failed`` (error), ``checkpoint_none_verify``,
-``checkpoint_restored`` (step, path, tier, saved_world_size, load_s, same_config, memory_files),
-``checkpoint_memory_kept`` (step, bytes, copy_s) / ``checkpoint_memory_skipped`` (step, reason),
-``checkpoint_temporaries_removed`` (names).
+callback must be thread-safe, e.g. one ``append_event`` line per call): the ``checkpoint_*``
+kinds of ``observe/event_kinds.py``, with their fields (docs/reference/events.md).
 
 **Limit.** Rank 0 must see every rank's files: ``checkpoint.dir`` must be one directory shared by
 all ranks (a node-local fast tier is right for single-node jobs; the commit names a missing
@@ -210,7 +203,10 @@ class CheckpointStore:
 
         self.wait()
         if step == self._last_saved == self.last_committed:
-            self._saved_already(step, force_durable)
+            # A final save of the step just saved (preempted or pruned right after it): written
+            # again, its commit raced the first copy's checks. A durable copy is what it adds.
+            if force_durable and self._after is not None:
+                self._after.queue_durable(step)
             return
         self._last_saved = step
         start = time.perf_counter()
@@ -232,14 +228,6 @@ class CheckpointStore:
         staged = self._staging.stage(state)  # the part of an async save that blocks
         self._inflight = self._writer.submit(self._write_and_commit, staged, writer, tmp, step, force_durable)
         self._event("checkpoint_staged", {"step": step, "blocking_s": time.perf_counter() - start})
-
-    def _saved_already(self, step: int, force_durable: bool) -> None:
-        """``step`` was saved just before (a preemption or a pruned trial right after the periodic
-        save): writing it again doubled the save inside the preemption grace, and its commit
-        moved the first copy aside while that one was being verified and copied (false
-        verify and durable failures). What a final save adds is the durable copy."""
-        if force_durable and self._after is not None:
-            self._after.queue_durable(step)
 
     def wait(self) -> None:
         """Finish the save in flight, if any; raises its CheckpointError. Call on every rank."""

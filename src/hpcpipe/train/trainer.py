@@ -21,7 +21,6 @@ from typing import Any, NoReturn
 import torch
 
 from hpcpipe.checkpoint.manifest import CheckpointError
-from hpcpipe.checkpoint.state import capture_rng_state, restore_rng_state
 from hpcpipe.checkpoint.store import CheckpointStore
 from hpcpipe.checkpoint.tiers import fast_root
 from hpcpipe.config import JobConfig, ParallelConfig, grad_accum_steps
@@ -60,6 +59,7 @@ from hpcpipe.train.parallel import (
 from hpcpipe.train.parallelize import parallelize
 from hpcpipe.train.precision import Precision
 from hpcpipe.train.preempt import Preempted, PreemptionHandler
+from hpcpipe.train.resume_state import capture_trainer_state, restore_trainer_state
 from hpcpipe.train.schedule import lr_at, resolve_steps
 from hpcpipe.train.trial import ENDED, Pruned, TrialLink
 
@@ -423,20 +423,9 @@ class Trainer:
 
     def trainer_state(self) -> dict[str, Any]:
         """Everything beyond weights and optimizer that exact resume needs (this rank's part)."""
-        state: dict[str, Any] = {
-            "step": self.step,
-            "tokens_seen": self.step * self.cfg.global_batch_size * self.recipe.items_per_sample,
-            "lr": lr_at(max(self.step, 1), self.cfg),
-            "loader": self.loader.state_dict(),
-            "rng": capture_rng_state(),
-            "oom_split": self.oom.state_dict(),
-            "world_size": self.ctx.world_size,
-            "tp": self.layout.tp,
-            "layout": self.layout.shape(),
-        }
-        if self.precision.scaler is not None:
-            state["grad_scaler"] = self.precision.scaler.state_dict()
-        return state
+        scaler, items = self.precision.scaler, self.recipe.items_per_sample
+        args = (self.loader, self.oom, self.layout, self.ctx.world_size, scaler)
+        return capture_trainer_state(self.step, self.cfg, items, *args)
 
     def resume(self, job: JobConfig) -> None:
         """Load the newest verified checkpoint, if any (all ranks load the same step); one that
@@ -450,17 +439,10 @@ class Trainer:
         if extra is None:
             return
         self.step = int(extra["step"])
-        self.loader.load_state_dict(extra["loader"])
-        if self.precision.scaler is not None and "grad_scaler" in extra:
-            self.precision.scaler.load_state_dict(extra["grad_scaler"])
         restored = self.store.restored
         recorded = restored.layout if restored is not None else None  # the manifest's, if any
-        if same_rank_places(extra, self.ctx.world_size, self.layout, recorded):
-            # RNG streams and a shrunk micro-batch split are per rank: only meaningful as saved.
-            # The split stays this run's where the config's changed since (a lowered micro-batch).
-            restore_rng_state(extra["rng"])
-            if self.oom.load_state_dict(extra["oom_split"]):
-                self.loader.set_micro_batch_size(self.oom.micro_batch_size)
+        same_places = same_rank_places(extra, self.ctx.world_size, self.layout, recorded)
+        restore_trainer_state(extra, self.loader, self.oom, self.precision.scaler, same_places)
         self.events.emit(
             "resumed",
             {

@@ -371,30 +371,6 @@ def test_a_step_renamed_into_place_while_an_older_job_prunes_is_kept(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000014", "step-00000030"]
 
 
-@pytest.mark.parametrize("async_save", [False, True])
-def test_a_final_save_of_the_step_just_saved_only_adds_the_durable_copy(
-    tmp_path: Path, async_save: bool
-) -> None:
-    """A preemption (or a pruned trial) right after the periodic save wrote the step again: twice
-    the save inside the grace, and its commit moved the first copy aside under its verification
-    and durable copy (false checkpoint_verify_failed / checkpoint_durable_failed events)."""
-    events: list[tuple[str, dict[str, Any]]] = []
-    model, optimizer = make_model()
-    durable = tmp_path / "durable"
-    cfg = {"keep_last": 1, "async_save": async_save, "durable_dir": str(durable), "durable_every_steps": 100}
-    store = store_for(tmp_path / "fast", events, **cfg)
-    for step in (10, 11):
-        train_step(model, optimizer)
-        store.save(step, model, optimizer, {"step": step})
-        store.save(step, model, optimizer, {"step": step}, force_durable=True)
-        store.wait()
-    store.close()
-    assert [kind for kind, _ in events if kind.endswith("_failed")] == []
-    assert [f["step"] for kind, f in events if kind == "checkpoint_committed"] == [10, 11]
-    assert [f["step"] for kind, f in events if kind == "checkpoint_durable_copied"] == [10, 11]
-    assert sorted(p.name for p in durable.iterdir()) == ["step-00000011"]
-
-
 def test_the_checkpoint_resumed_from_is_never_pruned(tmp_path: Path) -> None:
     save_steps(tmp_path, [5])
     model, optimizer = make_model()
@@ -578,43 +554,3 @@ def test_a_checkpoint_that_failed_verification_takes_no_place_in_retention(
     store.close()
     assert [f["step"] for kind, f in events if kind == "checkpoint_verify_failed"] == [15]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000010", "step-00000020"]
-
-
-class _SpareHead(torch.nn.Module):
-    """A head the loss never uses (as an expert no token reaches): the optimizer has no state for it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.body, self.spare = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.body(x)
-
-
-@pytest.mark.parametrize("layout", [None, {"pp": 2}])  # pp > 1: the optimizer state is saved flat
-def test_a_parameter_without_optimizer_state_resumes_exactly(tmp_path: Path, layout: Any) -> None:
-    """A strict load refused the checkpoint; made lenient, the flat form crashed in Adam's
-    __setstate__, and the parameter got the fresh optimizer's state (a step taken)."""
-
-    def step(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
-        model(torch.ones(2, 4)).sum().backward()
-        optimizer.step()
-        optimizer.zero_grad()
-
-    torch.manual_seed(0)
-    model = _SpareHead()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    step(model, optimizer)
-    store = CheckpointStore(CheckpointConfig(), tmp_path, config_hash="cafe", layout=layout)
-    store.save(1, model, optimizer, {"step": 1})
-    store.close()
-    torch.manual_seed(1)
-    fresh = _SpareHead()
-    fresh_optimizer = torch.optim.AdamW(fresh.parameters(), lr=1e-2)
-    store = CheckpointStore(CheckpointConfig(), tmp_path, config_hash="cafe", layout=layout)
-    assert store.restore(fresh, fresh_optimizer) is not None
-    store.close()
-    assert fresh.spare.weight not in fresh_optimizer.state and fresh.body.weight in fresh_optimizer.state
-    step(model, optimizer)
-    step(fresh, fresh_optimizer)
-    assert_same(snapshot(model, optimizer), snapshot(fresh, fresh_optimizer))  # type: ignore[arg-type]

@@ -1,0 +1,51 @@
+"""The part of a checkpoint that is the trainer's own (beyond weights and optimizer): what exact
+resume needs of this rank, written with every save and put back after a restore."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from hpcpipe.checkpoint.state import capture_rng_state, restore_rng_state
+from hpcpipe.config import TrainConfig
+from hpcpipe.recipes.base import TrainLoader
+from hpcpipe.train.mesh import Layout
+from hpcpipe.train.oom import OOMGuard
+from hpcpipe.train.schedule import lr_at
+
+
+def capture_trainer_state(
+    step: int, cfg: TrainConfig, items_per_sample: int, loader: TrainLoader, oom: OOMGuard, layout: Layout,
+    world_size: int, scaler: Any,
+) -> dict[str, Any]:  # fmt: skip
+    """This rank's trainer state at ``step`` (``scaler``: the AMP gradient scaler, or None)."""
+    state: dict[str, Any] = {
+        "step": step,
+        "tokens_seen": step * cfg.global_batch_size * items_per_sample,
+        "lr": lr_at(max(step, 1), cfg),
+        "loader": loader.state_dict(),
+        "rng": capture_rng_state(),
+        "oom_split": oom.state_dict(),
+        "world_size": world_size,
+        "tp": layout.tp,
+        "layout": layout.shape(),
+    }
+    if scaler is not None:
+        state["grad_scaler"] = scaler.state_dict()
+    return state
+
+
+def restore_trainer_state(
+    extra: Mapping[str, Any], loader: TrainLoader, oom: OOMGuard, scaler: Any, same_places: bool
+) -> None:
+    """Put back what ``capture_trainer_state`` saved. ``same_places``: this rank holds the
+    saving rank's place (``mesh.same_rank_places``): RNG streams and a shrunk micro-batch split
+    are per rank, only meaningful as saved; the split stays this run's where the config's changed
+    since (a lowered micro-batch)."""
+    loader.load_state_dict(extra["loader"])
+    if scaler is not None and "grad_scaler" in extra:
+        scaler.load_state_dict(extra["grad_scaler"])
+    if same_places:
+        restore_rng_state(extra["rng"])
+        if oom.load_state_dict(extra["oom_split"]):
+            loader.set_micro_batch_size(oom.micro_batch_size)
