@@ -151,6 +151,7 @@ class SafeFileSystemReader(FileSystemReader):
         self.rejected: list[tuple[Path, Problem]] = []  # (copy passed over, why)
         self.read_from: dict[str, Path] = {}  # file -> the directory it was read from
         self._metadata: Metadata | None = None
+        self._verified: dict[str, bytes] = {}  # read and hash-checked once per restore, asked for more
         self._planner_lock = threading.Lock()
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
@@ -245,7 +246,10 @@ class SafeFileSystemReader(FileSystemReader):
     def _read_whole(self, name: str) -> bytes:
         """``.metadata``, read and verified from the checkpoint itself, never a memory copy: every
         rank then reads the same bytes and reaches the same verdict (``dcp.load`` handles a
-        refusal here differently across torch versions)."""
+        refusal here differently across torch versions). Kept: a restore asks for it several times
+        (the optimizer state it holds, the same-layout plan, DCP's own load)."""
+        if name in self._verified:
+            return self._verified[name]
         source = self.sources[-1]
         try:
             data = (source / name).read_bytes()
@@ -259,6 +263,7 @@ class SafeFileSystemReader(FileSystemReader):
         except FileMismatch as exc:
             raise FileMismatch(f"{source / name}: {exc.problem}", exc.problem) from None
         self.read_from[name] = source
+        self._verified[name] = data
         return data
 
     def _sources_of(self, name: str) -> list[Path]:
