@@ -12,11 +12,21 @@ the issue's bound for fp32.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
 import pytest
-from tests.helpers import assert_follows, assert_steps_close, metric_rows, run_cli, run_events, tiny_job_sets
+import torch
+from tests.helpers import (
+    assert_follows,
+    assert_steps_close,
+    metric_rows,
+    run_cli,
+    run_events,
+    start_ranks,
+    tiny_job_sets,
+)
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(900)]
 
@@ -137,7 +147,6 @@ def test_a_checkpoint_resumes_in_another_layout(
 
 
 def test_the_export_of_a_tp_checkpoint_is_the_whole_model(tmp: Path, runs: dict[str, Path]) -> None:
-    import torch
     from safetensors.torch import load_file
 
     exported = {}
@@ -186,3 +195,45 @@ def test_activation_checkpointing_composes_with_tp(killed: Path, runs: dict[str,
 
     assert load_config(killed / "config.yaml").train.activation_checkpointing == "selective"
     assert _losses(killed) == _losses(runs["tp2"])
+
+
+def _dropout_logits(idx: torch.Tensor, model: torch.nn.Module) -> torch.Tensor:
+    torch.manual_seed(9)  # the shared dropout stream (train/mesh.py dropout_seed: one per tp group)
+    return model.train()(idx).detach()
+
+
+def _tp_dropout_worker(rank: int, port: int, out: str, cfg: dict[str, object]) -> None:
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from hpcpipe.config import ModelConfig
+    from hpcpipe.models.gpt import GPT
+    from hpcpipe.models.gpt_parallel import gpt_tensor_parallel_plan
+    from hpcpipe.train.tensor_parallel import apply_tensor_parallel
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    model_cfg = ModelConfig.model_validate(cfg)
+    torch.manual_seed(0)
+    model = GPT(model_cfg, 64)
+    apply_tensor_parallel(model, gpt_tensor_parallel_plan(model_cfg, 2), init_device_mesh("cpu", (2,)))
+    logits = _dropout_logits(torch.arange(64).reshape(4, 16) % 64, model)
+    if rank == 0:
+        torch.save(logits, out)
+    dist.destroy_process_group()
+    os._exit(0)
+
+
+@pytest.mark.parametrize("variant", ["gpt2", "llama"])
+def test_tp_dropout_draws_the_one_process_masks(tmp: Path, variant: str) -> None:
+    """Sequence-parallel shards of the residual dropout: each tp rank drew the same mask for its
+    chunk (token t and t + T/tp dropped together); now the logits are one process's, dropout on."""
+    from hpcpipe.config import ModelConfig
+    from hpcpipe.models.gpt import GPT
+    from hpcpipe.netutil import free_port
+
+    cfg = {"variant": variant, "n_layers": 2, "n_heads": 2, "d_model": 32, "seq_len": 16, "dropout": 0.3}
+    out = tmp / f"tp-dropout-{variant}.pt"
+    start_ranks(_tp_dropout_worker, (free_port(), str(out), cfg), 2)
+    torch.manual_seed(0)
+    single = _dropout_logits(torch.arange(64).reshape(4, 16) % 64, GPT(ModelConfig.model_validate(cfg), 64))
+    torch.testing.assert_close(torch.load(out), single, rtol=RTOL, atol=1e-6)

@@ -7,8 +7,10 @@ Within each block, with ``tp`` ranks:
   ``down``) row-wise. Two collectives per block forward, none inside attention or the MLP.
 - sequence parallel: between those regions the activations are split along the sequence (B, T/tp,
   C) instead of replicated, so the norms, dropout and residual adds run on 1/tp of the tokens and
-  keep 1/tp of the activations. The row-wise outputs are reduce-scattered into that layout and
-  all-gathered again at the next region's input: the same bytes as an all-reduce.
+  keep 1/tp of the activations. The dropout draws the whole sequence's mask on every rank and keeps
+  its chunk (``models/shard_dropout.py``): the tp ranks share one random stream. The row-wise
+  outputs are reduce-scattered into that layout and all-gathered again at the next region's
+  input: the same bytes as an all-reduce.
 - the token embedding is split by vocabulary rows and the LM head, tied to it, by the same rows
   (column-wise over its (V, C) weight); the logits are all-gathered for the loss. The position
   table (gpt2) is split by positions, so each rank adds its own sequence chunk's rows.
@@ -24,6 +26,7 @@ from typing import Any
 from hpcpipe.config import ModelConfig
 from hpcpipe.errors import ConfigError
 from hpcpipe.models.gpt import mlp_hidden
+from hpcpipe.models.shard_dropout import ShardDropout
 
 
 def check_tensor_parallel(cfg: ModelConfig, tp: int) -> None:
@@ -62,6 +65,7 @@ def gpt_tensor_parallel_plan(cfg: ModelConfig, tp: int) -> dict[str, Any]:
         block = f"blocks.{i}"
         plan[f"{block}.ln_1"] = SequenceParallel()
         plan[f"{block}.ln_2"] = SequenceParallel()
+        plan[f"{block}.drop"] = ShardDropout(dim=1)  # on the residual branches' (B, T/tp, C)
         # attn(x, rope): x all-gathered to the full sequence; rope tables are plain and replicated.
         plan[f"{block}.attn"] = PrepareModuleInput(
             input_layouts=(sequence, None), desired_input_layouts=(Replicate(), None)

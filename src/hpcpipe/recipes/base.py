@@ -247,9 +247,12 @@ class Recipe(ABC):
     def tensor_parallel_plan(self, model: nn.Module, tp: int) -> Mapping[str, Any] | None:
         """How ``parallel.tp`` > 1 splits ``model``: module names (``fnmatch`` patterns allowed)
         -> ``torch.distributed.tensor.parallel`` styles, applied by the trainer on the
-        tensor-parallel mesh before data parallelism wraps the model. None (the default): the
-        recipe has no plan and ``parallel.tp`` must stay 1. Raise ``hpcpipe.ConfigError`` when
-        ``tp`` does not divide the model (heads, widths, sequence length)."""
+        tensor-parallel mesh before data parallelism wraps the model. An ``nn.Dropout`` that runs
+        on sequence-parallel shards gets ``hpcpipe.models.shard_dropout.ShardDropout(dim)`` (the tp
+        ranks share one random stream: a plain dropout repeats its mask on every chunk). None (the
+        default): the recipe has no plan and ``parallel.tp`` must stay 1. Raise
+        ``hpcpipe.ConfigError`` when ``tp`` does not divide the model (heads, widths, sequence
+        length)."""
         return None
 
     def pipeline_stage(

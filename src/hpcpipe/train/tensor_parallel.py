@@ -9,17 +9,23 @@ redistribute inputs and outputs (all-gather, reduce-scatter, all-reduce) around 
 Tied parameters (the GPT's token embedding and LM head are one tensor) come apart when each module
 is distributed on its own; they are tied again here, which is only correct when both got the same
 placement (a row-wise embedding and a column-wise head both shard the (V, C) matrix by rows).
+
+A plan may also mark a dropout that runs on sequence-parallel shards with
+``hpcpipe.models.shard_dropout.ShardDropout``: DTensor has no style for it, so it is swapped in
+here (each rank draws the whole tensor's mask and keeps its chunk).
 """
 
 from __future__ import annotations
 
 import warnings
 from collections.abc import Mapping
+from fnmatch import fnmatch
 from typing import Any
 
 from torch import nn
 
 from hpcpipe.errors import ConfigError
+from hpcpipe.models.shard_dropout import ShardDropout, swap_in_shard_dropout
 from hpcpipe.recipes.base import no_plan_message
 
 
@@ -44,7 +50,11 @@ def apply_tensor_parallel(model: nn.Module, plan: Mapping[str, Any], tp_mesh: An
     # by the loss, which is the case the warning is not about.
     warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
     tied = _tied_aliases(model)
-    parallelize_module(model, tp_mesh, dict(plan))
+    dropouts = {name: entry for name, entry in plan.items() if isinstance(entry, ShardDropout)}
+    parallelize_module(model, tp_mesh, {k: v for k, v in plan.items() if k not in dropouts})
+    for pattern, entry in dropouts.items():
+        for name in _matching(model, pattern):
+            swap_in_shard_dropout(model, name, entry, tp_mesh.get_local_rank(), tp_mesh.size())
     for owner, aliases in tied:
         shared = _get(model, owner)
         for alias in aliases:
@@ -72,6 +82,17 @@ def _check_same_placement(owner: str, alias: str, shared: Any, other: Any) -> No
 def _get(model: nn.Module, name: str) -> Any:
     module_name, _, attr = name.rpartition(".")
     return getattr(model.get_submodule(module_name), attr)
+
+
+def _matching(model: nn.Module, pattern: str) -> list[str]:
+    """Module names matching ``pattern`` token by token, as ``parallelize_module`` reads a plan's
+    keys (``*`` stands for one name between dots)."""
+    tokens = pattern.split(".")
+    return [
+        name
+        for name, _ in model.named_modules()
+        if len(parts := name.split(".")) == len(tokens) and all(map(fnmatch, parts, tokens))
+    ]
 
 
 def _has_module(model: nn.Module, name: str) -> bool:
