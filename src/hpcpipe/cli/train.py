@@ -202,7 +202,6 @@ def _preempted_early(job: JobConfig) -> Iterator[None]:
     ``launch agent`` does: dying of it (143, 138) printed nothing and read as a crash. Not in a
     worker of an external launcher (torchrun, srun), whose own agent answers for it."""
     from hpcpipe.launch.agent import AgentPreempted, stop_early_on_preemption
-    from hpcpipe.launch.job import WorkerFailure
     from hpcpipe.train.environment import detect_environment
 
     if detect_environment().is_external:
@@ -212,7 +211,10 @@ def _preempted_early(job: JobConfig) -> Iterator[None]:
     try:
         yield
     except AgentPreempted as exc:
-        _report_failure(job, WorkerFailure(exc.exit_code))
+        # Not _report_failure, which imports torch: the signal may have cut `import torch` short,
+        # and torch cannot be imported again in this process (a 112-line ImportError, exit 1).
+        _say_preempted(job)
+        raise typer.Exit(exc.exit_code) from None
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -228,12 +230,16 @@ def _report_failure(job: JobConfig, exc: WorkerFailure | Preempted) -> NoReturn:
         resume = "run again to resume" if exc.checkpointed else "set checkpoint.every_steps to resume"
         _say(f"{exc}; {resume} ({job.run_dir})")
     elif exc.exit_code == job.fault.preempt_exit_code:
-        _say(f"preempted; run again to resume from the newest committed checkpoint ({job.run_dir})")
+        _say_preempted(job)
     elif exc.exit_code == INTERRUPT_EXIT_CODE:
         _say(f"interrupted (Ctrl-C); run again to resume from the newest checkpoint ({job.run_dir})")
     else:
         _say(f"error: {exc}; run dir: {job.run_dir}")
     raise typer.Exit(exc.exit_code) from None
+
+
+def _say_preempted(job: JobConfig) -> None:
+    _say(f"preempted; run again to resume from the newest committed checkpoint ({job.run_dir})")
 
 
 def _say(message: str) -> None:

@@ -245,8 +245,12 @@ from hpcpipe.cli import app
 from hpcpipe.launch import job
 
 SIGNAL = signal.Signals[sys.argv[1]]
+WHEN = sys.argv[4]
 
 def signalled(*args, **kwargs):  # the fork server's start: a preemption arrives now
+    if WHEN == "cut-import":  # it cut `import torch` short: torch cannot be imported again
+        for name in ("torch", "hpcpipe.train.preempt", "hpcpipe.train.trial"):
+            sys.modules[name] = None
     os.kill(os.getpid(), SIGNAL)
     time.sleep(5)
 
@@ -258,15 +262,24 @@ app.main()
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize(
-    ("signame", "verb"), [("SIGTERM", "train"), ("SIGUSR1", "train"), ("SIGTERM", "run")]
+    ("signame", "verb", "when"),
+    [
+        ("SIGTERM", "train", "after-imports"),
+        ("SIGUSR1", "train", "after-imports"),
+        ("SIGTERM", "run", "after-imports"),
+        # its report imported torch again: a 112-line ImportError, exit 1
+        ("SIGTERM", "train", "cut-import"),
+    ],
 )
-def test_a_preemption_before_the_agent_exits_75_in_one_line(tmp_path: Path, signame: str, verb: str) -> None:
+def test_a_preemption_before_the_agent_exits_75_in_one_line(
+    tmp_path: Path, signame: str, verb: str, when: str
+) -> None:
     """It killed the launcher (143, 138) with nothing printed; `launch agent` exits 75 already."""
     import subprocess
     import sys
 
     proc = subprocess.run(
-        [sys.executable, "-c", EARLY_SIGNAL, signame, verb, str(tmp_path)],
+        [sys.executable, "-c", EARLY_SIGNAL, signame, verb, str(tmp_path), when],
         capture_output=True,
         text=True,
         timeout=50,
