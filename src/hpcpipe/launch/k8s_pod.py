@@ -50,7 +50,9 @@ def pod_parts(job: JobConfig, name: str) -> PodParts:
             V1Container(
                 name=STAGE_CONTAINER,
                 image=image,
-                command=[cfg.hpcpipe, "data", "stage", "--job", CONFIG_FILE],
+                # --if-configured: data with no file manifest (a generated set) have nothing to
+                # stage, as in the TrainJob runtime's init step; a failed copy still fails the pod.
+                command=[cfg.hpcpipe, "data", "stage", "--job", CONFIG_FILE, "--if-configured"],
                 # A copy needs no secrets and no GPU: none are given to it.
                 env=[V1EnvVar(name="PYTHONUNBUFFERED", value="1")],
                 volume_mounts=mounts,

@@ -144,6 +144,16 @@ def test_the_runtime_stage_step_gets_the_config_even_without_a_cache() -> None:
     assert "/etc/hpcpipe" in stage_mounts  # `data stage --job ... --if-configured` reads it
 
 
+def test_the_pod_stage_step_lets_data_without_a_manifest_through() -> None:
+    """A PyTorchJob pod's stage container, like the TrainJob runtime's, skips a recipe whose data
+    have no file manifest (a generated set) instead of failing the pod before training."""
+    cache = ["data.cache_dir=/mnt/nvme/c", "launch.k8s.cache_host_path=/mnt/nvme"]
+    _, job = render_k8s(load_config("lora-fc-tiny", cache), "pytorchjob")
+    pod = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
+    (stage,) = pod["initContainers"]
+    assert stage["command"][1:] == ["data", "stage", "--job", "/etc/hpcpipe/config.yaml", "--if-configured"]
+
+
 @pytest.mark.parametrize(
     ("api", "override", "message"),
     [

@@ -227,6 +227,20 @@ def test_in_apptainer_hpcpipe_runs_in_the_image_and_the_scheduler_outside() -> N
     assert "data stage" not in _render("two-nodes-8-gpus")  # no data.cache_dir: no staging step
 
 
+def test_a_staged_job_whose_data_have_no_manifest_goes_on_to_train(tmp_path: Path) -> None:
+    """lora-fc generates its data: the staging step the script runs with data.cache_dir set says
+    there is nothing to stage and exits 0 (without --if-configured it ended the job with exit 2)."""
+    cache = f"data.cache_dir={tmp_path}/cache"
+    job = load_config("lora-fc-tiny", [f"run.out_dir={tmp_path}/runs", cache])
+    text = render_sbatch(SlurmSubmission([job], script_dir=job.run_dir))
+    line = next(ln for ln in text.splitlines() if " data stage --job " in ln)
+    flags = line.split('"$config"')[1].split("||")[0].split()
+    assert flags == ["--if-configured"]
+    proc = run_cli("data", "stage", "--job", "lora-fc-tiny", "--set", cache, *flags, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "nothing to stage" in proc.stdout and not (tmp_path / "cache").exists()
+
+
 def test_a_resubmitted_job_leaves_the_runs_config_until_it_resumed(tmp_path: Path) -> None:
     """The agents of a changed job read it beside the script; the run's config.yaml stays what
     its checkpoints belong to (rank 0 rewrites it once they loaded), so a job they refuse
