@@ -70,10 +70,12 @@ def verify_or_record(cfg: DataConfig) -> ImageDatasetInfo:
     else:
         splits = read_splits(cfg.format, root)  # fails on a corrupt file before anything is written
         mean, std = channel_stats(splits["train"])
+        # No root: its SHA-256 is the dataset's identity (lineage, staging key), and the same
+        # files mounted elsewhere are the same data. The manifest's own path is keyed by the root.
+        # One written with "root" before stays as it is, so runs that recorded it resume unchanged.
         manifest = {
             "version": MANIFEST_VERSION,
             "format": cfg.format,
-            "root": str(root.resolve()),
             "files": files,
             "mean": mean,
             "std": std,

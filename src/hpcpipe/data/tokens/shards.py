@@ -39,6 +39,7 @@ from hpcpipe.data.tokens.corpus import (
     Document,
     FingerprintBuilder,
     SplitPlan,
+    config_identity,
     iter_documents,
     plan_splits,
     scan_corpus,
@@ -362,9 +363,22 @@ def _manifest(
             "bytes": scan.bytes,
         },
         "splits": splits,
-        # where it was prepared is not part of what it is: staged copies keep the same manifest
-        "data_config": cfg.model_dump(mode="json", exclude={"prepared_dir"}),
+        "data_config": _identity_config(cfg, scan.tokenizer),
     }
+
+
+def _identity_config(cfg: DataConfig, tokenizer: str | None) -> dict[str, Any]:
+    """The data config fields the fingerprint covers (``config_identity``, and the sources its
+    file keys come from), nothing else: the manifest's SHA-256 is the dataset's identity in lineage
+    and its staging key, so where it was prepared or is cached (prepared_dir, cache_dir) and how a
+    run loads it (num_workers, the image and function-calling fields) must not change it.
+
+    A manifest written before this recorded the whole config; it is never rewritten (``_reusable``
+    reads it as it is), so runs that recorded its SHA-256 resume on it without a dataset_changed.
+    """
+    identity = json.loads(config_identity(cfg, tokenizer))
+    identity.pop("format_version")  # the manifest's own field
+    return {"format": cfg.format, "sources": list(cfg.sources), **identity}
 
 
 def _commit(tmp: Path, final: Path, fingerprint: str) -> PreparedDataset:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import json
 import os
 import pickle
 from pathlib import Path
@@ -163,6 +164,24 @@ def test_the_manifest_is_written_on_first_read_and_catches_a_change(tmp_path: Pa
     labels.write_bytes(gzip.compress(idx_bytes(np.zeros(10, np.uint8))))
     with pytest.raises(DataError, match=r"t10k-labels-idx1-ubyte\.gz: changed since hpcpipe first read it"):
         verify_or_record(cfg)
+
+
+def test_the_same_files_under_another_mount_point_have_the_same_manifest(tmp_path: Path) -> None:
+    """The manifest's SHA-256 is the dataset's identity (lineage, staging key): the same files under
+    another path give another manifest file but the same bytes; one written with the absolute root
+    before stays as it is (never rewritten), so a run that recorded its SHA-256 resumes on it."""
+    root = write_dataset("idx", tmp_path / "here", 20, 8)
+    prepared = str(tmp_path / "prepared")
+    first = verify_or_record(DataConfig(format="idx", root=str(root), prepared_dir=prepared))
+    moved = root.rename(tmp_path / "there")
+    second = verify_or_record(DataConfig(format="idx", root=str(moved), prepared_dir=prepared))
+    assert second.manifest_path != first.manifest_path
+    assert second.manifest_sha256 == first.manifest_sha256
+    old = json.loads(second.manifest_path.read_text()) | {"root": str(moved)}
+    second.manifest_path.write_text(json.dumps(old, indent=1) + "\n")
+    written = second.manifest_path.read_bytes()
+    again = verify_or_record(DataConfig(format="idx", root=str(moved), prepared_dir=prepared))
+    assert second.manifest_path.read_bytes() == written and again.manifest_sha256 != first.manifest_sha256
 
 
 def test_image_cli_errors_are_one_line_exit_2(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

@@ -93,6 +93,32 @@ def test_same_inputs_give_identical_bpe_datasets(tiny_corpus: Path, tmp_path: Pa
     assert ids.max() < 512 and ids[-1] == one.eos_id
 
 
+def test_the_manifest_records_only_what_makes_the_dataset(tiny_corpus: Path, tmp_path: Path) -> None:
+    """Where the dataset is cached and how it is loaded are not the data: the manifest's SHA-256
+    (lineage's dataset identity, the staging key) is the same without them."""
+    one = prepare_dataset(_cfg(tiny_corpus, tmp_path / "one"))
+    loading = {"cache_dir": "/mnt/nvme/c", "num_workers": 3, "pin_memory": True, "augment": False}
+    two = prepare_dataset(_cfg(tiny_corpus, tmp_path / "two", **loading))
+    assert one.manifest_sha256 == two.manifest_sha256
+    recorded = one.manifest["data_config"]
+    assert recorded["sources"] == [str(tiny_corpus)] and recorded["format"] == "tokens"
+    assert not {"cache_dir", "num_workers", "pin_memory", "augment", "synthetic_mix"} & set(recorded)
+
+
+def test_a_manifest_written_with_the_whole_config_is_reused_as_it_is(
+    prepared: PreparedDataset, tiny_corpus: Path
+) -> None:
+    """A dataset prepared before the manifest held only identity fields keeps its manifest, so a run
+    whose lineage recorded its SHA-256 resumes on the same identity (no dataset_changed)."""
+    manifest = prepared.path / MANIFEST_FILE
+    old = json.loads(manifest.read_text())
+    old["data_config"] |= {"cache_dir": "/mnt/nvme/c", "num_workers": 0, "pin_memory": False}
+    manifest.write_text(json.dumps(old, indent=1))
+    written = manifest.read_bytes()
+    again = prepare_dataset(_cfg(tiny_corpus, prepared.path.parent))
+    assert again.reused and again.manifest_sha256 == _sha256(manifest) and manifest.read_bytes() == written
+
+
 @pytest.mark.parametrize(
     ("damage", "needle"),
     [
