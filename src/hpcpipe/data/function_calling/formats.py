@@ -37,7 +37,7 @@ GLAIVE_WITH_FUNCTIONS = (
 GLAIVE_NO_FUNCTIONS = "You are a helpful assistant, with no access to external functions."
 
 REASONS: dict[str, str] = {
-    "bad_json": "the line is not JSON, or the row is not a JSON object",
+    "bad_json": "the line is not JSON (or holds a lone surrogate escape), or the row is not a JSON object",
     "no_chat": "the row has no chat / messages / conversations field",
     "empty": "the chat is empty, or an assistant turn has neither text nor a call",
     "unknown_role": "a turn has a role the format does not define",

@@ -52,9 +52,14 @@ def _parse_row(parse: Parser, row: Any) -> Conversation:
     if row is _NOT_JSON:
         raise MalformedRow("bad_json", "the line is not JSON")
     try:
-        return parse(row)
+        conv = parse(row)
+        conv.key().encode("utf-8")  # all its text: held_out and the tokenizer encode it
+        return conv
     except MalformedRow:
         raise
+    except UnicodeEncodeError:  # before ValueError, its base class
+        # A lone surrogate escape ("\ud800") is legal JSON, but no text: counted, as bad JSON is.
+        raise MalformedRow("bad_json", "a string holds a lone surrogate escape, not text") from None
     except (ValueError, TypeError, KeyError, AttributeError, IndexError, RecursionError) as exc:
         # Backstop: a row shape nobody foresaw is still one counted row, never a crashed run.
         raise MalformedRow("unparseable", f"{type(exc).__name__}: {exc}") from exc

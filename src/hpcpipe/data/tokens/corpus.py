@@ -231,7 +231,22 @@ def _jsonl_documents(src: SourceFile, text: str, text_field: str) -> Iterator[Do
         value = record[text_field]
         if not isinstance(value, str):
             raise DataError(f"{where}: field {text_field!r} is not a string")
+        if not _is_text(value):  # as an explicit source that is not UTF-8: an error naming it
+            raise DataError(
+                f"{where}: field {text_field!r} holds a lone surrogate escape (\\ud800-\\udfff), not text"
+            )
         yield Document(f"{src.key}#{lineno}", value)
+
+
+def _is_text(value: str) -> bool:
+    """Whether ``value`` encodes as UTF-8: JSON's "\\ud800" escape decodes to a lone surrogate."""
+    if value.isascii():
+        return True
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _within_budget(doc: Document, remaining: int) -> tuple[Document, int]:

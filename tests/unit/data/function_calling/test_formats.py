@@ -359,6 +359,19 @@ def test_read_conversations_counts_malformed_lines_and_names_sources(tmp_path: P
     assert bad == Counter({"bad_json": 2, "truncated": 1, "no_chat": 1})
 
 
+def test_a_lone_surrogate_escape_is_one_counted_row(tmp_path: Path) -> None:
+    """A lone "\\ud800" is legal JSON but no text: the row is counted (bad_json), not a UnicodeEncodeError
+    ending the prepare at the held-out split; an escaped pair (an emoji) is text and kept."""
+    good = json.dumps(_glaive("USER: smile \U0001f600", "ASSISTANT: Done. <|endoftext|>"))
+    assert "\\ud83d\\ude00" in good
+    lone = good.replace("\\ud83d\\ude00", "\\ud800")
+    path = tmp_path / "glaive.jsonl"
+    path.write_text(f"{good}\n{lone}\n", encoding="utf-8")
+    convs, bad = read_conversations([path], "glaive")
+    assert [c.source for c in convs] == ["glaive.jsonl:1"] and bad == Counter({"bad_json": 1})
+    assert held_out(convs[0], 0.5, seed=0) in (True, False)
+
+
 def test_read_conversations_reads_a_json_array_file(tmp_path: Path) -> None:
     rows = [
         {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]},

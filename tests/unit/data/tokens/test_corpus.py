@@ -67,6 +67,9 @@ def test_jsonl_records_are_documents(tmp_path: Path) -> None:
         ('{"other": "x"}', ":2: no 'text' field"),
         ('["a list"]', ":2: expected a JSON object"),
         ('{"text": 3}', ":2: field 'text' is not a string"),
+        # legal JSON, but no text: it crashed the prepare with a UnicodeEncodeError
+        (r'{"text": "a \ud800 b"}', ":2: field 'text' holds a lone surrogate escape"),
+        (r'{"text": "\ud83d\ude00 \udfff"}', ":2: field 'text' holds a lone surrogate escape"),
     ],
 )
 def test_bad_jsonl_names_file_and_line(tmp_path: Path, line: str, needle: str) -> None:
