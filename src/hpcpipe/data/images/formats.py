@@ -16,6 +16,7 @@ import gzip
 import io
 import pickle
 import struct
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -248,7 +249,7 @@ def read_idx_array(path: Path) -> np.ndarray:
     if path.suffix == ".gz":
         try:
             raw = gzip.decompress(raw)
-        except (OSError, EOFError) as exc:
+        except (OSError, EOFError, zlib.error) as exc:  # zlib.error: a damaged deflate stream
             raise DataError(f"{path}: corrupt gzip ({exc})") from None
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] != 0x08:
         raise DataError(f"{path}: not an unsigned-byte IDX file (bad magic number)")

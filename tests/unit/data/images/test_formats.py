@@ -79,6 +79,12 @@ def test_a_truncated_idx_file_names_itself(tmp_path: Path) -> None:
     gz.write_bytes(gzip.compress(data)[:-20])
     with pytest.raises(DataError, match=r"t\.gz: corrupt gzip"):
         read_idx_array(gz)
+    flipped = bytearray(gzip.compress(bytes(range(256)) * 40))
+    flipped[20] ^= 0xFF  # inside the deflate stream: zlib.error, not an OSError
+    flipped[30] ^= 0xFF
+    gz.write_bytes(bytes(flipped))
+    with pytest.raises(DataError, match=r"t\.gz: corrupt gzip \(Error -3 while decompressing"):
+        read_idx_array(gz)
     bad = tmp_path / "bad"
     bad.write_bytes(b"\x00\x00\x0c\x01abcd")
     with pytest.raises(DataError, match="bad magic"):
