@@ -34,7 +34,8 @@ class WindowStore:
         counts: list[int] = []
         for entry, path in zip(ds.shards(split), ds.shard_paths(split), strict=True):
             self._shards.append(_open_shard(path, ds.dtype, int(entry["tokens"])))
-            counts.append((int(entry["tokens"]) - 1) // seq_len)
+            # max: an empty shard's (0 - 1) // T is -1, and starts that go down misroute windows
+            counts.append(max(0, (int(entry["tokens"]) - 1) // seq_len))
         # first global window index of each shard, plus the total at the end
         self._starts = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
         self.num_windows = int(self._starts[-1])

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import copy
+import hashlib
+import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -9,7 +13,7 @@ import pytest
 import torch
 
 from hpcpipe.config import DataConfig
-from hpcpipe.data.tokens.loader import EvalWindows, TokenWindowLoader
+from hpcpipe.data.tokens.loader import EvalWindows, TokenWindowLoader, WindowStore
 from hpcpipe.data.tokens.shards import PreparedDataset, prepare_dataset
 from hpcpipe.errors import ConfigError, DataError
 
@@ -64,6 +68,21 @@ def test_batches_are_shifted_windows_inside_one_shard(dataset: PreparedDataset) 
         local = (window - starts[shard]) * T
         tokens = torch.from_numpy(shards[shard][local : local + T + 1].astype(np.int64))
         assert torch.equal(x[row], tokens[:-1]) and torch.equal(y[row], tokens[1:])
+
+
+def test_an_empty_shard_has_no_windows_and_shifts_none(dataset: PreparedDataset, tmp_path: Path) -> None:
+    """A 0-token shard counted -1 windows: the shard starts went down, and window i was read from
+    the shard of window i + 1 without a word."""
+    shutil.copytree(dataset.path, tmp_path / "ds")
+    (tmp_path / "ds" / "empty.bin").write_bytes(b"")
+    manifest = copy.deepcopy(dataset.manifest)
+    shards = manifest["splits"]["train"]["shards"]
+    shards[1:1] = [{"file": "empty.bin", "tokens": 0, "sha256": hashlib.sha256(b"").hexdigest()}]
+    with_empty = WindowStore(replace(dataset, path=tmp_path / "ds", manifest=manifest), "train", T)
+    plain = WindowStore(dataset, "train", T)
+    assert with_empty.num_windows == plain.num_windows
+    every = np.arange(plain.num_windows)
+    assert all(torch.equal(a, b) for a, b in zip(with_empty.gather(every), plain.gather(every), strict=True))
 
 
 def test_same_seed_step_rank_give_the_same_batch(dataset: PreparedDataset) -> None:
