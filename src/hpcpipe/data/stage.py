@@ -233,12 +233,9 @@ def _copy_verified(source: StageSource, final: Path, workers: int) -> None:
     tmp = final.parent / f".{final.name}.tmp-{os.getpid()}"
     damaged = final.parent / f".{final.name}.tmp-{os.getpid()}-damaged"
     _remove_partial_copies(final.parent, final.name)  # we hold .lock: no other copier is alive
+    _check_free_space(source, final.parent)
     try:
-        tmp.mkdir()
-        with ThreadPoolExecutor(workers) as pool:
-            list(pool.map(lambda item: _copy_one(source.root, tmp, *item), source.files.items()))
-        marker: dict[str, Any] = {"key": source.key, "source": str(source.root), "files": source.files}
-        (tmp / MARKER).write_text(json.dumps(marker, indent=1) + "\n")
+        _copy_files(source, tmp, workers)
         if final.exists():
             # An entry that failed verification, which jobs on this node may still be reading:
             # renamed aside, not removed in place, so a reader opening its next file (an image)
@@ -250,6 +247,34 @@ def _copy_verified(source: StageSource, final: Path, workers: int) -> None:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree(damaged, ignore_errors=True)
+
+
+def _copy_files(source: StageSource, tmp: Path, workers: int) -> None:
+    """Every file, then the marker, into ``tmp``; a failed write (a full disk) as a DataError."""
+    try:
+        tmp.mkdir()
+        with ThreadPoolExecutor(workers) as pool:
+            list(pool.map(lambda item: _copy_one(source.root, tmp, *item), source.files.items()))
+        marker: dict[str, Any] = {"key": source.key, "source": str(source.root), "files": source.files}
+        (tmp / MARKER).write_text(json.dumps(marker, indent=1) + "\n")
+    except OSError as exc:  # ENOSPC names no file: the cache root is the place to look
+        where = f": {exc.filename}" if exc.filename else ""
+        raise DataError(
+            f"{tmp.parent}: staging {source.root} there failed ({exc.strerror or exc}{where})"
+        ) from None
+
+
+def _check_free_space(source: StageSource, cache_root: Path) -> None:
+    """Refuse before copying when the cache's disk cannot hold the whole entry (a damaged entry
+    being replaced still takes its space until the new copy is in: not counted as free)."""
+    needed = sum((source.root / rel).stat().st_size for rel in source.files)
+    free = shutil.disk_usage(cache_root).free
+    if needed > free:
+        raise DataError(
+            f"{cache_root}: staging {source.root} needs {needed / 1e6:,.1f} MB, {free / 1e6:,.1f} MB "
+            "are free (data.cache_dir); free space there (hpcpipe data stage --gc-days N removes "
+            "unused entries)"
+        )
 
 
 def _remove_partial_copies(cache_root: Path, key: str) -> list[Path]:

@@ -116,6 +116,45 @@ def test_a_damaged_entry_is_never_missing_while_it_is_replaced(
     assert not list(cache.glob(".*tmp*"))
 
 
+def test_a_cache_too_small_for_the_dataset_is_named_before_copying(
+    dataset_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hpcpipe.data import stage as staging
+
+    cache = tmp_path / "cache"
+    full = staging.shutil.disk_usage(tmp_path)._replace(free=1000)
+    monkeypatch.setattr(staging.shutil, "disk_usage", lambda path: full)
+    with pytest.raises(
+        DataError, match=rf"^{cache}: staging {dataset_dir} needs [\d.,]+ MB, 0\.0 MB are free"
+    ):
+        stage(token_dataset_source(dataset_dir), cache)
+    assert [p.name for p in cache.iterdir() if p.is_dir() or ".tmp-" in p.name] == []
+
+
+def test_a_disk_filling_up_mid_copy_is_one_error_naming_the_cache(
+    dataset_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ENOSPC names no file: it went out as a traceback (exit 1); the partial copy is removed."""
+    from hpcpipe.data import stage as staging
+
+    copy = staging._copy_one
+    calls: list[str] = []
+
+    def filling_up(root: Path, dest_root: Path, rel: str, want: str) -> None:
+        calls.append(rel)
+        if len(calls) > 2:
+            raise OSError(28, "No space left on device")
+        copy(root, dest_root, rel, want)
+
+    monkeypatch.setattr(staging, "_copy_one", filling_up)
+    cache = tmp_path / "cache"
+    with pytest.raises(
+        DataError, match=rf"^{cache}: staging {dataset_dir} there failed \(No space left on device\)$"
+    ):
+        stage(token_dataset_source(dataset_dir), cache, workers=1)
+    assert [p.name for p in cache.iterdir() if p.is_dir() or ".tmp-" in p.name] == []
+
+
 def _left_by_a_killed_stager(cache: Path, key: str, pid: int) -> Path:
     partial = cache / f".{key}.tmp-{pid}"
     (partial / "sub").mkdir(parents=True)
