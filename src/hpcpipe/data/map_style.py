@@ -22,7 +22,7 @@ pipeline.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import torch
@@ -30,7 +30,7 @@ from torch.utils.data import DataLoader, Dataset, default_collate
 
 from hpcpipe.config import DataConfig
 from hpcpipe.data.order import SampleOrder
-from hpcpipe.errors import DataError
+from hpcpipe.errors import DataError, UserError
 from hpcpipe.recipes.base import Batch, PaddingBatch
 
 _MASK64 = (1 << 64) - 1
@@ -79,6 +79,55 @@ class SeededSamples(Dataset[Any]):
             return self.dataset[item]
         finally:
             generator.set_state(saved)
+
+
+class _WorkerUserError:
+    """A UserError raised in a DataLoader worker, sent back in place of its batch: torch re-raises
+    a worker's exception with the worker's whole traceback as its message, so an undecodable
+    image ended the run with that text instead of the one line naming the file."""
+
+    def __init__(self, exc: UserError) -> None:
+        self.kind, self.message = type(exc), str(exc)
+
+    def reraise(self) -> NoReturn:
+        try:
+            error = self.kind(self.message)
+        except Exception:  # a subclass that takes other arguments
+            error = UserError(self.message)
+        raise error
+
+
+class _UserErrorsAsData(Dataset[Any]):
+    """``samples`` in a worker process: an item whose read raises a UserError is its message."""
+
+    def __init__(self, samples: Dataset[Any]) -> None:
+        self.samples = samples
+
+    def __len__(self) -> int:
+        return len(self.samples)  # type: ignore[arg-type]
+
+    def __getitem__(self, key: Any) -> Any:
+        try:
+            return self.samples[key]
+        except UserError as exc:
+            return _WorkerUserError(exc)
+
+
+class _CollateUserErrors:
+    """``collate`` in a worker process: a batch with a failed item, or whose collate raises a
+    UserError, is that message (a class, not a closure: workers may be spawned, not forked)."""
+
+    def __init__(self, collate: Collate) -> None:
+        self.collate = collate
+
+    def __call__(self, items: list[Any]) -> Any:
+        failed = next((item for item in items if isinstance(item, _WorkerUserError)), None)
+        if failed is not None:
+            return failed
+        try:
+            return self.collate(items)
+        except UserError as exc:
+            return _WorkerUserError(exc)
 
 
 class _EpochBatches:
@@ -133,6 +182,8 @@ class MapStyleTrainLoader:
         except StopIteration:  # the epoch's iterator is done: the next one starts where we are
             self._batches = iter(self._data_loader())
             batch = next(self._batches)
+        if isinstance(batch, _WorkerUserError):
+            batch.reraise()
         self.order.next_positions()
         return batch
 
@@ -140,10 +191,11 @@ class MapStyleTrainLoader:
         """One DataLoader for the run; with persistent workers its workers outlive each iterator."""
         if self._loader is None:
             workers = self.cfg.num_workers
+            in_workers = workers > 0  # without workers a UserError is raised here as it is
             self._loader = DataLoader(
-                self.samples,
+                _UserErrorsAsData(self.samples) if in_workers else self.samples,
                 batch_sampler=_EpochBatches(self.order),
-                collate_fn=self.collate,
+                collate_fn=_CollateUserErrors(self.collate) if in_workers else self.collate,
                 # Each iterator draws its workers' base seed: from a generator of its own, never
                 # from torch's global one, whose stream (dropout) a resumed run must replay exactly.
                 generator=torch.Generator().manual_seed(self.order.seed),

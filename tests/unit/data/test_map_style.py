@@ -57,6 +57,33 @@ def test_dataloader_workers_read_the_same_samples_and_draws() -> None:
         assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
 
 
+class Unreadable(Augmented):
+    """Items Pillow cannot decode (``undecodable``), or that are not tensors."""
+
+    def __init__(self, undecodable: bool) -> None:
+        self.undecodable = undecodable
+
+    def __getitem__(self, i: int) -> Any:
+        if self.undecodable:
+            raise DataError(f"/data/train/{i}.png: cannot decode image (truncated)")
+        return {"not": "tensors"}
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_data_error_in_a_worker_is_its_own_one_line(workers: int) -> None:
+    """torch re-raises a worker's exception with the worker's traceback as its message: the run
+    ended with that text as its "one line" instead of the file to fix."""
+    for undecodable, needle in [(True, ".png: cannot decode image (truncated)"), (False, "collates to dict")]:
+        cfg = DataConfig(num_workers=workers)
+        loader = MapStyleTrainLoader(SeededSamples(Unreadable(undecodable), 0), N, cfg, 1, 1, 0, 1, seed=0)
+        with pytest.raises(DataError) as err:
+            loader.next_microbatch()
+        message = str(err.value)
+        assert message.startswith("/data/train/" if undecodable else "a dataset item") and needle in message
+        assert "\n" not in message and "Traceback" not in message
+        loader.close()
+
+
 def test_a_loader_resumes_from_its_state_and_the_global_batch_is_the_same_at_two_ranks() -> None:
     loader = _loader()
     _take(loader, 4)  # two steps
