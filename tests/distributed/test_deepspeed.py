@@ -173,6 +173,15 @@ def test_zero2_resumes_and_exports(tmp: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 
+def test_zero0_logs_its_steps_without_a_gradient_norm(tmp: Path) -> None:
+    """ZeRO-0's engine measures no gradient norm: rank 0's log line formatted None and died."""
+    zero0 = ("parallel.strategy=deepspeed", "parallel.zero_stage=0", "observe.progress=true")
+    proc = _train(tmp, "zero0", *zero0, "train.steps=2")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "gnorm n/a" in proc.stdout
+    assert [r["grad_norm"] for r in read_metrics(tmp / "zero0") if "loss" in r] == [None, None]
+
+
 def test_a_key_deepspeed_refuses_exits_2_naming_it_without_a_traceback(tmp: Path) -> None:
     bogus = "parallel.deepspeed_config={zero_optimization: {stage: 3, no_such_knob: 1}}"
     proc = _train(tmp, "bogus", "parallel.strategy=deepspeed", bogus)

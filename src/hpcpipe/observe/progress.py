@@ -73,7 +73,9 @@ def format_row(row: dict[str, Any]) -> str:
     if "val_loss" in row:
         return "  ".join(f"{key} {_metric(value)}" for key, value in row.items() if key.startswith("val_"))
     rate_key = next((k for k in row if k.endswith("_per_s")), None)
-    parts = [f"loss {row['loss']:.4f}", f"lr {row['lr']:.2e}", f"gnorm {row['grad_norm']:.2f}"]
+    # DeepSpeed ZeRO-0 measures no gradient norm: the row says None, the line "n/a"
+    gnorm = "n/a" if row.get("grad_norm") is None else f"{row['grad_norm']:.2f}"
+    parts = [f"loss {row['loss']:.4f}", f"lr {row['lr']:.2e}", f"gnorm {gnorm}"]
     if rate_key is not None:
         parts.append(f"{rate_key.removesuffix('_per_s')}/s {row[rate_key]:,.0f}")
     if row.get("mfu") is not None:
