@@ -9,7 +9,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from hpcpipe.config import JobConfig, load_config
 from hpcpipe.errors import USER_ERROR_EXIT_CODE, UserError, paths_are_input
@@ -28,6 +28,9 @@ from hpcpipe.layout import RunLayout
 from hpcpipe.train.environment import DistEnv, detect_environment, node_name
 from hpcpipe.train.preempt import INTERRUPT_EXIT_CODE, Preempted
 
+if TYPE_CHECKING:
+    from hpcpipe.train.distributed import DistContext
+
 
 def train_worker(job: JobConfig, env: DistEnv) -> None:
     """Train ``job`` as the rank described by ``env`` (joins and leaves the process group)."""
@@ -39,7 +42,7 @@ def train_worker(job: JobConfig, env: DistEnv) -> None:
         with_earlier_starts,
         write_lineage,
     )
-    from hpcpipe.observe.prometheus import remove_sd_targets, write_sd_targets
+    from hpcpipe.observe.prometheus import remove_sd_targets
     from hpcpipe.recipes import build_recipe
     from hpcpipe.train.distributed import init_distributed, shutdown_distributed
     from hpcpipe.train.fault_injection import hold_until_world, installed
@@ -67,15 +70,12 @@ def train_worker(job: JobConfig, env: DistEnv) -> None:
             run_dir.mkdir(parents=True, exist_ok=True)
             recipe.on_train_start(run_dir)
             _record_group_start(run_dir, ctx.world_size, hosts, _latest(ranks))
-        if ctx.local_rank == 0:  # this node's exporter endpoints, for Prometheus file discovery
-            write_sd_targets(
-                Path(job.run.out_dir), job.observe.prometheus, node_name(), ctx.local_world_size, job.run.name
-            )
         ctx.barrier()
         hold_until_world(ctx.world_size)  # chaos only (HPCPIPE_CHAOS_HOLD): no step before the late node
         with paths_are_input():
             trainer = Trainer(job, recipe, ctx, run_dir, faults=installed(ctx.rank))
         try:
+            _advertise_exporters(job, ctx, trainer.telemetry.exporter.serving_port)
             if ctx.is_main:  # once the checkpoint loaded: a job it refused leaves the run's files
                 RunLayout(run_dir).config.write_text(job.to_yaml())
                 lineage = build_lineage(job.config_hash(), recipe.dataset_hash(), hosts, ctx.world_size)
@@ -102,6 +102,26 @@ def train_worker(job: JobConfig, env: DistEnv) -> None:
             )
     finally:
         shutdown_distributed()
+
+
+def _advertise_exporters(job: JobConfig, ctx: DistContext, port: int | None) -> None:
+    """Local rank 0 writes its node's target file for Prometheus file discovery: the ports its
+    ranks' exporters bound (every rank takes part). A port another process held is left out:
+    Prometheus would scrape that process's metrics as this run's."""
+    import torch.distributed as dist
+
+    from hpcpipe.observe.prometheus import node_ports, write_sd_targets
+
+    if job.observe.prometheus.port is None:  # the same on every rank: all skip the gather
+        return
+    served: list[tuple[str, int | None]] = [(node_name(), port)]
+    if ctx.is_distributed:
+        gathered: list[object] = [None] * ctx.world_size
+        dist.all_gather_object(gathered, served[0])
+        served = cast("list[tuple[str, int | None]]", gathered)
+    if ctx.local_rank == 0:
+        ports = node_ports(served, node_name())
+        write_sd_targets(Path(job.run.out_dir), job.observe.prometheus, node_name(), ports, job.run.name)
 
 
 def _note_dataset_change(run_dir: Path, step: int, earlier: str, now: str) -> None:

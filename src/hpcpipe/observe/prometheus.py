@@ -4,7 +4,8 @@ Each rank serves its own registry from a daemon thread (prometheus-client's HTTP
 there is no multiprocess mode and no shared directory; a scrape reads values the training loop
 already set and never waits on it. Every series carries ``run``, ``rank``, ``node`` and
 ``recipe``, never the step (the step is a value: ``hpcpipe_steps_total``). Each node's worker
-writes a file-service-discovery target file (``write_sd_targets``) for its ranks' endpoints.
+writes a file-service-discovery target file (``write_sd_targets``) for the endpoints its ranks
+bound.
 
 Names follow Prometheus conventions: the ``hpcpipe_`` prefix, base units in the name, ``_total``
 on counters. Time fractions come from counters: ``rate(hpcpipe_phase_seconds_total[5m]) /
@@ -120,6 +121,11 @@ class Exporter(PhaseListener):
             )  # fmt: skip
             return False
         return True
+
+    @property
+    def serving_port(self) -> int | None:
+        """The port this rank's endpoint listens on; None when it serves nothing."""
+        return self.port if self._server is not None else None
 
     def on_step(self, items: float, step_seconds: float) -> None:
         own = self.labels
@@ -242,9 +248,11 @@ def sd_targets_path(out_dir: Path, cfg: PrometheusConfig, run: str, node: str) -
 
 
 def write_sd_targets(
-    out_dir: Path, cfg: PrometheusConfig, node: str, local_ranks: int, run: str
+    out_dir: Path, cfg: PrometheusConfig, node: str, ports: list[int], run: str
 ) -> Path | None:
-    """A file-service-discovery target group for this node's ranks; None without an exporter.
+    """A file-service-discovery target group for the ``ports`` this node's exporters listen on;
+    None without an exporter. No port bound removes the file: a port another process held
+    (a second run on the same base port) would have Prometheus scrape that process as this run.
 
     Point ``file_sd_configs`` at ``<targets_dir>/*.json``. The worker removes the file when the
     run finishes cleanly, so Prometheus stops scraping it; a crashed run's file stays (its
@@ -252,19 +260,27 @@ def write_sd_targets(
     """
     if cfg.port is None:
         return None
+    out = sd_targets_path(out_dir, cfg, run, node)
+    if not ports:
+        out.unlink(missing_ok=True)
+        return None
     host = scrape_host(cfg, node)
     if ":" in host and not host.startswith("["):
         host = f"[{host}]"
     group = {
-        "targets": [f"{host}:{cfg.port + i}" for i in range(local_ranks)],
+        "targets": [f"{host}:{port}" for port in sorted(ports)],
         "labels": {"hpcpipe_run": run, "hpcpipe_node": node},
     }
-    out = sd_targets_path(out_dir, cfg, run, node)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp")
     tmp.write_text(json.dumps([group], indent=2) + "\n")
     tmp.replace(out)  # Prometheus re-reads the file on change: never let it see half of one
     return out
+
+
+def node_ports(served: list[tuple[str, int | None]], node: str) -> list[int]:
+    """The ports ``node``'s ranks serve, from every rank's (node, serving port or None)."""
+    return sorted(port for where, port in served if where == node and port is not None)
 
 
 def remove_sd_targets(out_dir: Path, cfg: PrometheusConfig, *, run: str, node: str) -> None:

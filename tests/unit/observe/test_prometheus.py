@@ -22,6 +22,7 @@ from hpcpipe.netutil import free_port
 from hpcpipe.observe.prometheus import (
     Exporter,
     end_of_run_summary,
+    node_ports,
     push_summary,
     remove_sd_targets,
     write_sd_targets,
@@ -156,19 +157,43 @@ def test_local_rank_offsets_the_port() -> None:
     assert "hpcpipe_samples" in _families(exporter)
 
 
-def test_file_sd_targets_list_every_local_rank_and_go_away(tmp_path: Path) -> None:
+def test_file_sd_targets_list_the_bound_ports_and_go_away(tmp_path: Path) -> None:
     cfg = PrometheusConfig(port=9400)
-    path = write_sd_targets(tmp_path, cfg, "node7", 4, "run-a")
+    path = write_sd_targets(tmp_path, cfg, "node7", [9403, 9400, 9401, 9402], "run-a")
     assert path == tmp_path / "prometheus-targets" / "run-a@node7.json"
     (group,) = json.loads(path.read_text())
     assert group["targets"] == [f"127.0.0.1:{9400 + i}" for i in range(4)]
     assert group["labels"] == {"hpcpipe_run": "run-a", "hpcpipe_node": "node7"}
-    wide = write_sd_targets(tmp_path, PrometheusConfig(port=9400, host="0.0.0.0"), "node7", 1, "run-b")
+    wide = write_sd_targets(tmp_path, PrometheusConfig(port=9400, host="0.0.0.0"), "node7", [9400], "run-b")
     assert wide is not None
     assert json.loads(wide.read_text())[0]["targets"] == [f"{socket.getfqdn('node7')}:9400"]
     remove_sd_targets(tmp_path, cfg, run="run-a", node="node7")
     assert not path.exists()
-    assert write_sd_targets(tmp_path, PrometheusConfig(), "node7", 4, "run-c") is None
+    assert write_sd_targets(tmp_path, PrometheusConfig(), "node7", [9400], "run-c") is None
+
+
+def test_a_port_another_process_holds_is_not_advertised(tmp_path: Path) -> None:
+    """A second run on the same base port: its target file listed the first run's endpoint,
+    and Prometheus counted that run twice."""
+    base = free_port()
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", base))
+        squatter.listen()
+        cfg = PrometheusConfig(port=base)
+        exporters = [Exporter(cfg, LABELS, "tokens", local_rank=i) for i in range(2)]
+        started = [exporter.start() for exporter in exporters]
+        try:
+            served = [("node7", e.serving_port) for e in exporters] + [("node8", base + 5)]
+            assert node_ports(served, "node7") == ([base + 1] if started[1] else [])
+            path = tmp_path / "prometheus-targets" / "run-a@node7.json"
+            path.parent.mkdir()
+            path.write_text("[]")  # an earlier crashed start's file
+            assert write_sd_targets(tmp_path, cfg, "node7", node_ports(served[:1], "node7"), "run-a") is None
+            assert not path.exists()  # nothing bound: nothing advertised, the stale file gone
+        finally:
+            for exporter in exporters:
+                exporter.close()
+    assert started[0] is False
 
 
 class _Gateway(http.server.BaseHTTPRequestHandler):
