@@ -126,12 +126,16 @@ class NsysEvidence:
         return lines
 
 
-def read_nsys_stats(run_dir: Path, top: int = 8) -> NsysEvidence | None:
-    """The lowest rank's ``nsys stats`` exports in ``run_dir`` summarised; None when there are none."""
-    found = _exports(report_dir(run_dir, "nsys"))
+def read_nsys_stats(run_dir: Path, top: int = 8, since: float = 0.0) -> NsysEvidence | None:
+    """The lowest rank's ``nsys stats`` exports in ``run_dir`` summarised, of the newest capture
+    taken at or after ``since`` (the run's last start); None when there are none. A requeued
+    Slurm job's capture (``<job>.requeue1.rank0``) sits beside the one before it (``<job>.rank0``),
+    which described an earlier attempt and sorted first by name."""
+    captured = {p: _captured_at(p) for p in _exports(report_dir(run_dir, "nsys"))}
+    found = [p for p, at in captured.items() if at >= since]
     if not found:
         return None
-    prefix = min(found, key=lambda p: (_rank(p.name), p.name))
+    prefix = min(found, key=lambda p: (_rank(p.name), -captured[p], p.name))
     evidence = NsysEvidence(report=prefix.name)
     nvtx, kernels = Path(f"{prefix}{NVTX_CSV}"), Path(f"{prefix}{KERNEL_CSV}")
     if nvtx.is_file():
@@ -148,6 +152,14 @@ def _exports(directory: Path) -> set[Path]:
     return {
         directory / p.name[: -len(s)] for p in directory.iterdir() for s in suffixes if p.name.endswith(s)
     }
+
+
+def _captured_at(prefix: Path) -> float:
+    """When the capture was written: its report's mtime, else its CSVs'. The sbatch script and
+    the launcher export every report again after each start: the CSVs' own times say nothing."""
+    report = Path(f"{prefix}.nsys-rep")
+    paths = [report] if report.is_file() else [Path(f"{prefix}{NVTX_CSV}"), Path(f"{prefix}{KERNEL_CSV}")]
+    return max((p.stat().st_mtime for p in paths if p.is_file()), default=0.0)
 
 
 def _rank(name: str) -> int:

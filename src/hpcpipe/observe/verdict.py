@@ -252,7 +252,7 @@ def profile_run(run_dir: Path, limits: Thresholds) -> tuple[Verdict, Path | None
         if busy is not None:
             evidence = replace(evidence, gpu_busy=busy, gpu_busy_source="trace")
         evidence = replace(evidence, top_ops=ops)
-    evidence = _with_nsys(evidence, read_nsys_stats(run_dir))
+    evidence = _with_nsys(evidence, read_nsys_stats(run_dir, since=started))
     straggler = [
         e
         for e in read_events(run_dir)

@@ -38,6 +38,7 @@ from hpcpipe.launch.launcher_watch import LAUNCHER_VAR, launcher_identity
 from hpcpipe.launch.parent_death import command_ending_with_the_parent
 from hpcpipe.observe.nsys_stats import NsysEvidence, read_nsys_stats, read_summary, report_dir
 from hpcpipe.observe.trace import StepProfiler
+from hpcpipe.observe.verdict import Thresholds, profile_run
 from hpcpipe.train.environment import DistEnv
 
 pytestmark = pytest.mark.timeout(240)
@@ -272,6 +273,28 @@ def test_the_sample_export_reads_as_nvtx_phases_and_kernels(tmp_path: Path) -> N
     assert ev.gpu_busy == pytest.approx(1.132137953 / 1.237812466)
 
 
+def test_profile_reads_the_capture_of_the_runs_last_start(tmp_path: Path) -> None:
+    """A Slurm requeue's capture (123.requeue1.rank0) beside the first start's (123.rank0): the
+    verdict read the older one, which sorted first, though every export was written anew."""
+    run = _run_dir_with_sample(tmp_path)
+    nsys = report_dir(run, "nsys")
+    for job, steps, at in (("123", 3, 1000.0), ("123.requeue1", 5, 3000.0)):
+        for csv in nsys.glob("gpt-h100.rank0_*.csv"):
+            text = csv.read_text().replace("50.2,1237812466,3,", f"50.2,1237812466,{steps},")
+            (nsys / csv.name.replace("gpt-h100", job)).write_text(text)  # exported now, both
+        (nsys / f"{job}.rank0.nsys-rep").touch()
+        os.utime(nsys / f"{job}.rank0.nsys-rep", (at, at))
+    for csv in nsys.glob("gpt-h100.*"):
+        csv.unlink()
+    (run / "events.jsonl").write_text(json.dumps({"event": "group_start", "time": 2000.0}) + "\n")
+    rows = [json.loads(line) | {"time": 2500.0} for line in (run / "metrics.jsonl").read_text().splitlines()]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    verdict, _ = profile_run(run, Thresholds())
+    assert verdict.evidence.nsys is not None
+    assert (verdict.evidence.nsys.report, verdict.evidence.nsys.steps) == ("123.requeue1.rank0", 5)
+    assert read_nsys_stats(run, since=3500.0) is None  # no capture of that start
+
+
 def test_profile_adds_the_nsys_capture_to_its_verdict(tmp_path: Path) -> None:
     run = _run_dir_with_sample(tmp_path)
     proc = run_cli("profile", str(run), "--json", str(tmp_path / "v.json"), cwd=tmp_path)
@@ -355,17 +378,19 @@ def test_stats_are_exported_again_when_the_report_is_newer_than_its_csvs(tmp_pat
 # -- end to end: hpcpipe train under (a fake) nsys -----------------------------------------------
 
 FAKE_NSYS = """#!{python}
-# Stands in for Nsight Systems: `profile OPTIONS... APP...` records its call and runs APP;
-# `stats ... --output PREFIX REPORT` writes the sample exports as PREFIX_<report>.csv.
-import json, os, shutil, sys
+# Stands in for Nsight Systems: `profile OPTIONS... APP...` runs APP and, when it ends (as nsys
+# writes its report), records its call; `stats ... --output PREFIX REPORT` writes the sample
+# exports as PREFIX_<report>.csv.
+import json, os, shutil, subprocess, sys
 args = sys.argv[1:]
 if args[0] == "profile":
     options = [a for a in args[1:] if a.startswith("--")]
     app = args[1 + len(options):]
     output = dict(o[2:].split("=", 1) for o in options)["output"].replace("%q{{RANK}}", os.environ["RANK"])
+    code = subprocess.call(app)
     with open(output + ".nsys-rep", "w") as fh:
         json.dump({{"options": options, "app": app}}, fh)
-    os.execv(app[0], app)
+    sys.exit(code)
 prefix = args[args.index("--output") + 1]
 with open(prefix + ".stats-args", "w") as fh:
     json.dump(args, fh)
