@@ -160,3 +160,4 @@ def test_prometheus_scrapes_both_ranks_and_runs_every_panel(tmp_path: Path, prom
             os.kill(train.pid, signal.SIGUSR1)  # preemption: the workers checkpoint, then exit 75
         train.wait(timeout=120)
     assert train.returncode == 75, log.read_text()[-3000:]
+    assert list((tmp_path / "prometheus-targets").iterdir()) == []  # preempted: no longer a target

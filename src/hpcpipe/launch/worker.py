@@ -74,6 +74,7 @@ def train_worker(job: JobConfig, env: DistEnv) -> None:
         hold_until_world(ctx.world_size)  # chaos only (HPCPIPE_CHAOS_HOLD): no step before the late node
         with paths_are_input():
             trainer = Trainer(job, recipe, ctx, run_dir, faults=installed(ctx.rank))
+        ended = False  # finished, preempted or pruned: no longer a scrape target; a crash stays one
         try:
             _advertise_exporters(job, ctx, trainer.telemetry.exporter.serving_port)
             if ctx.is_main:  # once the checkpoint loaded: a job it refused leaves the run's files
@@ -86,8 +87,16 @@ def train_worker(job: JobConfig, env: DistEnv) -> None:
                     _note_dataset_change(run_dir, trainer.step, earlier, lineage["dataset_manifest_sha256"])
             trainer.fit()
             recipe.on_train_end(trainer.inference_model(), ctx.is_main, run_dir)
+            ended = True
+        except Preempted:  # and Pruned: a resumed run advertises itself again
+            ended = True
+            raise
         finally:
-            trainer.close()
+            trainer.close()  # its exporters stop serving
+            if ended and ctx.local_rank == 0:  # now, not after on_run_end: up == 0 meanwhile (RankDown)
+                remove_sd_targets(
+                    Path(job.run.out_dir), job.observe.prometheus, run=job.run.name, node=node_name()
+                )
         ctx.barrier()  # the group's last collective
         if ctx.is_main:
             from hpcpipe.observe.metrics import append_event
@@ -95,10 +104,6 @@ def train_worker(job: JobConfig, env: DistEnv) -> None:
             recipe.on_run_end(run_dir)  # the other ranks are leaving, not waiting for it
             append_event(
                 run_dir, "run_finished", step=trainer.step, world_size=ctx.world_size, epochs=job.train.epochs
-            )
-        if ctx.local_rank == 0:  # finished: Prometheus stops scraping this node's endpoints
-            remove_sd_targets(
-                Path(job.run.out_dir), job.observe.prometheus, run=job.run.name, node=node_name()
             )
     finally:
         shutdown_distributed()

@@ -254,9 +254,10 @@ def write_sd_targets(
     None without an exporter. No port bound removes the file: a port another process held
     (a second run on the same base port) would have Prometheus scrape that process as this run.
 
-    Point ``file_sd_configs`` at ``<targets_dir>/*.json``. The worker removes the file when the
-    run finishes cleanly, so Prometheus stops scraping it; a crashed run's file stays (its
-    targets then read ``up == 0``: the HpcpipeRankDown alert) until the next start rewrites it.
+    Point ``file_sd_configs`` at ``<targets_dir>/*.json``. The worker removes the file when its
+    exporters stop at the end of a run that finished, was preempted or pruned, so Prometheus
+    stops scraping it; a crashed run's file stays (its targets then read ``up == 0``: the
+    HpcpipeRankDown alert) until the next start rewrites it.
     """
     if cfg.port is None:
         return None
