@@ -4,6 +4,7 @@ Prometheus config is valid; the alert rules fire (and stay quiet) as their unit 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -76,6 +77,16 @@ def test_every_dashboard_expression_parses(tmp_path: Path) -> None:
 def test_prometheus_config_is_valid(tmp_path: Path) -> None:
     proc = _promtool("check", "config", "--syntax-only", str(DEPLOY / "prometheus" / "prometheus.yml"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_the_docs_example_exporter_ports_miss_the_dcgm_exporter_prometheus_scrapes() -> None:
+    """The example base port was 9400, dcgm-exporter's: rank 0 and DCGM fought for it."""
+    config = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
+    (dcgm,) = [job for job in config["scrape_configs"] if job["job_name"] == "dcgm"]
+    dcgm_port = int(dcgm["static_configs"][0]["targets"][0].rsplit(":", 1)[1])
+    doc = (ROOT / "docs" / "observability.md").read_text()
+    base = int(re.search(r"observe\.prometheus\.port=(\d+)", doc).group(1))  # type: ignore[union-attr]
+    assert not base <= dcgm_port < base + 8  # 8 local ranks
 
 
 @needs_promtool
