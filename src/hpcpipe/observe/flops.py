@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 
 import torch
+from torch import nn
 
 __all__ = [
     "PEAK_TFLOPS",
@@ -123,17 +124,28 @@ def device_peak_flops(
     return peak_flops_for_name(torch.cuda.get_device_name(device), precision)
 
 
-def peak_precision(train_precision: str) -> str:
+def peak_precision(train_precision: str, convolutions: bool = False) -> str:
     """The precision whose peak applies to a run with ``train.precision`` = fp32 / bf16 / fp16.
 
     fp32 training runs its matmuls on TF32 tensor cores when torch allows it
-    (``torch.set_float32_matmul_precision("high")`` or ``allow_tf32``): compare with the TF32 peak
-    then, or MFU would exceed 100 %.
+    (``torch.set_float32_matmul_precision("high")`` or ``allow_tf32``), and a model's
+    ``convolutions`` when cuDNN does (``torch.backends.cudnn.allow_tf32``, on by default):
+    compare with the TF32 peak then, or MFU would exceed 100 % (an H100's TF32 rate is 7x its
+    FP32 rate). A net of convolutions and fp32 matmuls is held to the TF32 peak: its MFU is
+    understated, never over 100 %.
     """
     if train_precision == "fp32" and torch.get_float32_matmul_precision() != "highest":
         return "tf32"
+    if train_precision == "fp32" and convolutions and torch.backends.cudnn.allow_tf32:
+        return "tf32"
     _check_precision(train_precision)
     return train_precision
+
+
+def has_convolutions(model: nn.Module) -> bool:
+    """Whether ``model`` has convolution layers (cuDNN runs them, under its own TF32 switch)."""
+    convs = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
+    return any(isinstance(module, convs) for module in model.modules())
 
 
 def mfu(tokens_per_s_per_device: float, flops_per_token: float, peak_flops: float | None) -> float | None:

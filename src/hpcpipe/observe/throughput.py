@@ -25,13 +25,16 @@ class ThroughputMeter:
         device: torch.device,
         precision: str,
         peak_tflops_override: float | None,
+        convolutions: bool = False,
     ) -> None:
         self.items_per_step = items_per_step  # tokens (or samples) per optimizer step, all ranks
         self.unit = unit
         self.world_size = world_size
         self.flops_per_item = flops_per_item
         self.device = device
-        self.peak_flops = device_peak_flops(device, peak_precision(precision), peak_tflops_override)
+        # convolutions: the model has some (under fp32 they run in TF32: cuDNN's default)
+        peak_at = peak_precision(precision, convolutions)
+        self.peak_flops = device_peak_flops(device, peak_at, peak_tflops_override)
         self._counts: dict[str, torch.Tensor] = {}  # the recipe's counts of the completed steps
         self.start()
 

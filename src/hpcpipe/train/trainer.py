@@ -27,6 +27,7 @@ from hpcpipe.config import JobConfig, ParallelConfig, grad_accum_steps
 from hpcpipe.config.changes import describe_changes
 from hpcpipe.errors import UserError
 from hpcpipe.layout import RunLayout
+from hpcpipe.observe.flops import has_convolutions
 from hpcpipe.observe.metrics import EventLog, MetricsSink
 from hpcpipe.observe.peers import peer_beats
 from hpcpipe.observe.phases import PhaseTimer
@@ -220,6 +221,7 @@ class Trainer:
             device=ctx.device,
             precision=self.cfg.precision,
             peak_tflops_override=self.observe.peak_tflops,
+            convolutions=has_convolutions(self.model),
         )
         self.sink = MetricsSink(self.run_dir, start_step=self.step) if ctx.is_main else None
         self.progress = TrainProgress(total=self.cfg.steps, enabled=ctx.is_main and self.observe.progress)

@@ -106,6 +106,22 @@ def test_peak_precision_follows_tf32_setting() -> None:
         torch.set_float32_matmul_precision(before)
 
 
+def test_an_fp32_conv_net_is_held_to_the_tf32_peak_while_cudnn_allows_tf32(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """cuDNN runs fp32 convolutions on TF32 tensor cores by default: divided by the FP32 peak
+    (an H100's 67 against 494 TFLOP/s), a conv net's MFU read up to 7x too high."""
+    monkeypatch.setattr(torch, "get_float32_matmul_precision", lambda: "highest")
+    conv_net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.Flatten(), torch.nn.LazyLinear(2))
+    assert flops.has_convolutions(conv_net) and not flops.has_convolutions(torch.nn.Linear(2, 2))
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
+    assert peak_precision("fp32", convolutions=True) == "tf32"
+    assert peak_precision("fp32", convolutions=False) == "fp32"  # matmuls only: FP32 at "highest"
+    assert peak_precision("bf16", convolutions=True) == "bf16"
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    assert peak_precision("fp32", convolutions=True) == "fp32"
+
+
 def test_mfu() -> None:
     assert mfu(1000.0, 6e9, 1e13) == pytest.approx(0.6)
     assert mfu(1000.0, 6e9, None) is None
