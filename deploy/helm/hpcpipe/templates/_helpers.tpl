@@ -100,6 +100,7 @@ annotations:
 - stage
 - --job
 - {{ include "hpcpipe.configFile" . }}
+- --if-configured
 {{- end -}}
 
 {{/* The training container's environment: unbuffered output, the plain variables (sorted), then the Secret references (sorted). */}}
