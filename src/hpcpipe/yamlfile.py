@@ -49,9 +49,28 @@ def _construct_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> Any:
 
 _UniqueKeyLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)
 
+_FLOAT_TAG = "tag:yaml.org,2002:float"
+# YAML 1.2's floats: YAML 1.1 wants a dot and a signed exponent, so ``1e-3``, ``5e8`` and ``1.5e3``
+# were strings (a grid of [0.001, 1e-3] planned two runs; ``lr: 1e-3`` failed as "not a number").
+# Base 60 (``1:30.5``) goes as it did for ints; ``_`` separators stay, as they do for ints; an
+# exponent or a dot is required, so an int still resolves as an int.
+_FLOAT_1_2 = re.compile(
+    r"""^(?:[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+
+    |[-+]?[0-9][0-9_]*\.[0-9_]*
+    |[-+]?\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+    |[-+]?\.(?:inf|Inf|INF)
+    |\.(?:nan|NaN|NAN))$""",
+    re.X,
+)
+# Swapped in place (not appended): the resolvers for one first character are tried in order.
+_UniqueKeyLoader.yaml_implicit_resolvers = {
+    first: [(tag, _FLOAT_1_2 if tag == _FLOAT_TAG else regexp) for tag, regexp in resolvers]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+
 
 def load_yaml_text(text: str) -> Any:
-    """``text`` as the job files are read (repeated keys refused, YAML 1.2 ints)."""
+    """``text`` as the job files are read (repeated keys refused, YAML 1.2 ints and floats)."""
     return yaml.load(text, Loader=_UniqueKeyLoader)
 
 

@@ -86,6 +86,14 @@ def test_grid_values_are_read_as_yaml_1_2() -> None:
     from hpcpipe.sweep import parse_grid_option
 
     assert parse_grid_option("train.steps=[010, 020]") == ("train.steps", [10, 20])  # it was [8, 16]
+    assert parse_grid_option("train.lr=[0.001, 1e-3]") == ("train.lr", [0.001, 0.001])  # 1e-3 was a string
+
+
+def test_an_exponent_and_a_decimal_of_one_value_are_one_point(tmp_path: Path) -> None:
+    from hpcpipe.sweep import parse_grid_option
+
+    with pytest.raises(UserError, match="is one point twice"):  # two runs trained the same lr
+        plan_points("tiny", [], dict([parse_grid_option("train.lr=[0.001, 1e-3]")]), tmp_path)
 
 
 @pytest.mark.parametrize(("code", "stops"), [(75, True), (130, True), (76, True), (1, False), (137, False)])

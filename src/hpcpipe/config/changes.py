@@ -9,6 +9,7 @@ from typing import Any
 import yaml
 
 from hpcpipe.config.job import JobConfig
+from hpcpipe.yamlfile import load_yaml_text
 
 SHOWN = 5  # keys named in one line; the rest counted
 
@@ -17,7 +18,7 @@ def changed_keys(recorded: Path, job: JobConfig) -> list[str]:
     """``section.key old -> new`` for every key whose value differs from the YAML at ``recorded``
     (none when it is missing or unreadable: nothing to compare with)."""
     try:
-        before = yaml.safe_load(recorded.read_text())
+        before = load_yaml_text(recorded.read_text())  # as the job was read: 1e-3 is 0.001
     except (OSError, yaml.YAMLError):
         return []
     if not isinstance(before, dict):

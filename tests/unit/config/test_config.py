@@ -225,3 +225,13 @@ def test_the_reserved_exit_codes_are_the_projects() -> None:
         PEER_LOST_EXIT_CODE,
         PRUNED_EXIT_CODE,
     }
+
+
+def test_a_recorded_exponent_is_not_named_as_a_change(tmp_path: Path) -> None:
+    from hpcpipe.config.changes import changed_keys
+
+    job = load_config("tiny", ["train.lr=0.001"])
+    recorded = tmp_path / "config.yaml"
+    recorded.write_text(job.to_yaml().replace("lr: 0.001", "lr: 1e-3"))
+    assert "lr: 1e-3" in recorded.read_text()
+    assert changed_keys(recorded, job) == []  # it was ["train.lr '1e-3' -> 0.001"]

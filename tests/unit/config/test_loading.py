@@ -11,6 +11,7 @@ import pytest
 
 from hpcpipe.config import load_config
 from hpcpipe.errors import ConfigError, path_error
+from hpcpipe.yamlfile import load_yaml_text
 
 
 def _job(tmp_path: Path, text: str) -> Path:
@@ -59,6 +60,26 @@ def test_numbers_read_as_yaml_1_2_reads_them(tmp_path: Path) -> None:
     assert load_config(_job(tmp_path, "train: {steps: 010}\n")).train.steps == 10
     with pytest.raises(ConfigError, match=r"train\.steps"):
         load_config("tiny", ["train.steps=1:30"])
+
+
+@pytest.mark.parametrize(
+    ("text", "value"), [("1e-3", 0.001), ("5e8", 5e8), ("-2.5E+3", -2500.0), ("1.5e3", 1500.0)]
+)
+def test_floats_read_as_yaml_1_2_reads_them(text: str, value: float) -> None:
+    """YAML 1.1 wants a dot and a signed exponent: 1e-3 and 5e8 were strings."""
+    assert load_yaml_text(text) == value and isinstance(load_yaml_text(text), float)
+    assert load_config("tiny", [f"train.lr={text.lstrip('-')}"]).train.lr == abs(value)
+
+
+def test_text_that_only_starts_as_a_float_stays_text_and_inf_is_still_refused(tmp_path: Path) -> None:
+    assert load_yaml_text("1e3abc") == "1e3abc" and load_yaml_text("10") == 10
+    assert load_yaml_text(".inf") == float("inf")
+    with pytest.raises(ConfigError, match=r"train\.lr"):
+        load_config(_job(tmp_path, "train: {lr: .inf}\n"))
+    job = load_config(
+        _job(tmp_path, "hpo:\n  space:\n    train.lr: {type: categorical, choices: [1e-4, 3e-4]}\n")
+    )
+    assert job.hpo.space["train.lr"].choices == [1e-4, 3e-4]
 
 
 def test_recipe_keys_may_come_before_the_recipe_that_takes_them() -> None:
