@@ -8,6 +8,7 @@ import typer
 
 from hpcpipe.cli.common import console, print_table
 from hpcpipe.config import load_config
+from hpcpipe.config.loading import job_source_path
 from hpcpipe.presets import preset_names, preset_path
 from hpcpipe.recipes.registry import recipe_class
 
@@ -55,7 +56,8 @@ def show_preset(
         bool, typer.Option("--resolved/--raw", help="Show every key with defaults filled in.")
     ] = True,
 ) -> None:
-    """Print a preset as YAML (resolved: every key, with defaults filled in)."""
+    """Print a preset or job file as YAML (resolved: every key, with defaults filled in; raw: the
+    file's own text)."""
     cfg = load_config(name)
-    text = cfg.to_yaml() if resolved else preset_path(name).read_text()
+    text = cfg.to_yaml() if resolved else job_source_path(name).read_text()
     console.print(text, markup=False, highlight=False, end="")

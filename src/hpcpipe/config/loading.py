@@ -64,7 +64,9 @@ def validate_config(raw: dict[str, Any], origin: str = "config") -> JobConfig:
         raise ConfigError(f"{origin or 'config'}: {exc}") from None
 
 
-def _read_source(source: str | Path) -> dict[str, Any]:
+def job_source_path(source: str | Path) -> Path:
+    """The file a job source names: a path (``.yaml``/``.yml``, or one with a ``/``) or a shipped
+    preset's file; a ConfigError naming it when there is no such file."""
     from hpcpipe.presets import preset_path
 
     path = Path(source)
@@ -75,6 +77,11 @@ def _read_source(source: str | Path) -> dict[str, Any]:
         path = preset_path(str(source))  # raises ConfigError naming the known presets
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
+    return path
+
+
+def _read_source(source: str | Path) -> dict[str, Any]:
+    path = job_source_path(source)
     data = read_yaml_file(path, "job file")
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections")

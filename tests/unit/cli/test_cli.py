@@ -119,6 +119,17 @@ def test_presets_list_and_show(cli) -> None:  # type: ignore[no-untyped-def]
     assert "global_batch_size: 16" in shown.stdout
 
 
+def test_presets_show_raw_prints_a_job_files_own_text(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    job = tmp_path / "job.yaml"
+    job.write_text("# mine\ntrain: {steps: 5}\n")
+    shown = cli("presets", "show", "--raw", str(job))  # it was "unknown preset 'job.yaml'"
+    assert shown.returncode == 0 and shown.stdout == job.read_text(), shown.stderr
+    missing = cli("presets", "show", "--raw", str(tmp_path / "nope.yaml"))
+    assert missing.returncode == 2 and missing.stderr.strip().splitlines() == [
+        f"error: config file not found: {tmp_path / 'nope.yaml'}"
+    ]
+
+
 def test_model_smaller_than_tokenizer_fails_before_workers_start(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     proc = cli(
         "train",
