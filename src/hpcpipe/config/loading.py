@@ -49,6 +49,7 @@ def apply_values(job: JobConfig, values: dict[str, Any]) -> JobConfig:
             if node.get(part) is None:  # an optional section that was off (null) comes on
                 node[part] = {}
             node = node[part]
+        _drop_other_spelling(node, key)
         node[key.rsplit(".", 1)[-1]] = value
     return validate_config(raw, origin=", ".join(f"{k}={v}" for k, v in values.items()) or "config")
 
@@ -120,6 +121,7 @@ def _apply_override(raw: dict[str, Any], item: str) -> None:
         if not isinstance(child, dict):
             raise ConfigError(f"--set {key}: {part!r} is not a section")
         node = child
+    _drop_other_spelling(node, key)
     node[parts[-1]] = _parse_value(value, annotation)
 
 
@@ -175,6 +177,26 @@ def _field_named(model: type[BaseModel], key: str) -> Any:
         if key in (name, field.alias):
             return field
     return None
+
+
+def _drop_other_spelling(node: dict[str, Any], key: str) -> None:
+    """Forget the value ``node`` holds under the other name of the field ``key`` ends in: a saved
+    config.yaml says ``async:``, and ``--set checkpoint.async_save=true`` added a second key for
+    one field ("unknown config key 'checkpoint.async_save'")."""
+
+    def is_model(model: Any) -> bool:
+        return isinstance(model, type) and issubclass(model, BaseModel)
+
+    model: Any = JobConfig
+    *sections, leaf = key.split(".")
+    for part in sections:  # None past recipe.* (a dict section) or a key already refused
+        field = _field_named(model, part) if is_model(model) else None
+        model = _optional_section(field.annotation) if field is not None else None
+    if not is_model(model):
+        return
+    for name, field in model.model_fields.items():
+        if field.alias and leaf in (name, field.alias):
+            node.pop(field.alias if leaf == name else name, None)
 
 
 def _parse_value(text: str, annotation: Any) -> Any:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcpipe.config import load_config
+from hpcpipe.config import apply_values, load_config
 from hpcpipe.errors import ConfigError, path_error
 from hpcpipe.yamlfile import load_yaml_text
 
@@ -92,3 +92,17 @@ def test_a_directory_given_as_a_job_file_is_named(tmp_path: Path) -> None:
     (tmp_path / "somedir.yaml").mkdir()
     with pytest.raises(ConfigError, match="a directory, not a job file"):
         load_config(str(tmp_path / "somedir.yaml"))
+
+
+@pytest.mark.parametrize("spelling", ["async_save", "async"])
+def test_either_spelling_of_an_aliased_key_sets_it_on_a_preset_or_a_saved_config(
+    tmp_path: Path, spelling: str
+) -> None:
+    """A saved config.yaml says ``async:``; ``--set checkpoint.async_save=...`` added a second key
+    for the field: "unknown config key 'checkpoint.async_save'"."""
+    saved = _job(tmp_path, load_config("tiny").to_yaml())
+    for source in ("tiny", str(saved)):
+        assert load_config(source, [f"checkpoint.{spelling}=true"]).checkpoint.async_save is True
+    on = _job(tmp_path, "checkpoint: {async: true}\n")
+    assert load_config(on, [f"checkpoint.{spelling}=false"]).checkpoint.async_save is False
+    assert apply_values(load_config("tiny"), {f"checkpoint.{spelling}": True}).checkpoint.async_save is True
