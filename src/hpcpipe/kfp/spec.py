@@ -18,14 +18,13 @@ The spec is plain JSON: ``kfp_compile.py`` builds the pipeline from it in kfp's 
 from __future__ import annotations
 
 import json
-from pathlib import PurePosixPath
 from typing import Any
 
 from hpcpipe.config import JobConfig, apply_values
 from hpcpipe.errors import ConfigError
 from hpcpipe.hpo.katib import render_experiment
 from hpcpipe.launch.k8s_pod import image_ref
-from hpcpipe.launch.kubernetes import Api, dns_label, render_k8s
+from hpcpipe.launch.kubernetes import Api, dns_label, render_k8s, under_mount
 from hpcpipe.pipeline.steps import STEPS
 
 CONFIG_PATH = "/tmp/hpcpipe/config.yaml"  # where each step writes the `config` pipeline parameter
@@ -93,7 +92,8 @@ def _check_shared_run_dir(job: JobConfig) -> None:
     mounts = [claim["mount"] for claim in _claims(job)]
     shared = {"data.prepared_dir": job.data.prepared_dir, "checkpoint.dir": job.checkpoint.dir}
     for key, path in shared.items():
-        if path is not None and not any(PurePosixPath(path).is_relative_to(m) for m in mounts):
+        # Normalised: /checkpoints/../scratch is not on the claim mounted at /checkpoints.
+        if path is not None and not any(under_mount(path, m) for m in mounts):
             raise ConfigError(
                 f"{key} {path!r}: the steps run in their own pods and must find it on a claim they "
                 f"mount ({' or '.join(mounts)})"

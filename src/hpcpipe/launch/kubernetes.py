@@ -133,19 +133,19 @@ def _check_claims(job: JobConfig) -> None:
     """The run directory lies on its claim (runs_pvc, else checkpoint_pvc), and a checkpoints
     claim beside a runs claim has a checkpoint tier pointing at it."""
     cfg = job.launch.k8s
-    if cfg.runs_pvc and not _under(job.run.out_dir, cfg.runs_mount):
+    if cfg.runs_pvc and not under_mount(job.run.out_dir, cfg.runs_mount):
         raise ConfigError(
             f"run.out_dir {job.run.out_dir!r} is not under launch.k8s.runs_mount {cfg.runs_mount!r}: "
             f"run directories would not reach the claim {cfg.runs_pvc}"
         )
-    if cfg.checkpoint_pvc and not cfg.runs_pvc and not _under(job.run.out_dir, cfg.checkpoint_mount):
+    if cfg.checkpoint_pvc and not cfg.runs_pvc and not under_mount(job.run.out_dir, cfg.checkpoint_mount):
         raise ConfigError(
             f"run.out_dir {job.run.out_dir!r} is not under launch.k8s.checkpoint_mount "
             f"{cfg.checkpoint_mount!r}: checkpoints would not reach the claim {cfg.checkpoint_pvc}"
         )
     _check_tiers_on_claims(job)
     tiers = [t for t in (job.checkpoint.dir, job.checkpoint.durable_dir) if t]
-    if cfg.checkpoint_pvc and cfg.runs_pvc and not any(_under(t, cfg.checkpoint_mount) for t in tiers):
+    if cfg.checkpoint_pvc and cfg.runs_pvc and not any(under_mount(t, cfg.checkpoint_mount) for t in tiers):
         raise ConfigError(
             f"launch.k8s.checkpoint_pvc {cfg.checkpoint_pvc}: with launch.k8s.runs_pvc the checkpoints "
             f"stay in the run directory; point checkpoint.durable_dir (or checkpoint.dir) under "
@@ -204,7 +204,7 @@ def _check_tiers_on_claims(job: JobConfig) -> None:
     if not mounts:
         return
     tiers = {"checkpoint.durable_dir": job.checkpoint.durable_dir, "checkpoint.dir": job.checkpoint.dir}
-    off = {k: path for k, path in tiers.items() if path and not any(_under(path, m) for m in mounts)}
+    off = {k: path for k, path in tiers.items() if path and not any(under_mount(path, m) for m in mounts)}
     if job.parallel.node_range[1] == 1 and job.checkpoint.durable_dir and "checkpoint.durable_dir" not in off:
         off.pop("checkpoint.dir", None)  # one node: a fast tier on its disk, the durable one on a claim
     for key, path in off.items():
@@ -214,7 +214,7 @@ def _check_tiers_on_claims(job: JobConfig) -> None:
         )
 
 
-def _under(path: str, mount: str) -> bool:
+def under_mount(path: str, mount: str) -> bool:
     """``path`` lies under ``mount`` once normalised (``/checkpoints/../tmp`` does not)."""
     return PurePosixPath(posixpath.normpath(path)).is_relative_to(PurePosixPath(posixpath.normpath(mount)))
 

@@ -120,6 +120,7 @@ def test_the_katib_branch_runs_before_train_and_feeds_it(tmp_path: Path) -> None
         (["--katib", "--set", "hpo.space={}"], "hpo.space"),
         (["--set", "launch.k8s.checkpoint_pvc=null"], "launch.k8s.runs_pvc (or checkpoint_pvc)"),
         (["--set", "data.prepared_dir=/elsewhere"], "data.prepared_dir"),
+        (["--set", "data.prepared_dir=/data/../scratch/prepared"], "data.prepared_dir"),  # it compiled
         (["--set", "checkpoint.dir=/local-nvme/ckpt"], "checkpoint.dir"),
         (["--api", "trainjob"], "elastic"),
         (["--set", "launch.k8s.nope=1"], "launch.k8s.nope"),
