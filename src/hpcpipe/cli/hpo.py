@@ -419,11 +419,13 @@ def launch_katib(
       hpcpipe hpo launch katib my_job.yaml -w 4 -s launch.k8s.image=registry/hpcpipe:1 -o exp.yaml
     """
     from hpcpipe.hpo.katib import experiment_warnings, render_experiment
+    from hpcpipe.kfp.spec import check_compiled
     from hpcpipe.launch.kubernetes import to_yaml
 
     if (wait and not submit) or (best is not None and not wait):
         raise UserError("--wait needs --submit, and --best needs --wait")
     job = load_job(config, [*(sets or []), *([f"hpo.n_trials={trials}"] if trials else [])])
+    check_compiled(job)  # as a pipeline's Katib step: its pod has the compiled image and claims
     docs = render_experiment(job, parallel_trials=workers, namespace=namespace)
     for line in experiment_warnings(job):
         err_console.print(f"note: {escape(line)}")

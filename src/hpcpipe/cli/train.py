@@ -154,6 +154,10 @@ def run(
     if record is not None and only is None:
         raise UserError("--record: give --only STEP (one step's record)")
     job = load_job(config, [*(sets or []), *(handoff.params_overrides(params) if params else [])], nproc)
+    if on == "k8s":  # a pipeline step's pod was compiled with the job's image, claims and env
+        from hpcpipe.kfp.spec import check_compiled
+
+        check_compiled(job)
     if record is not None and record.resolve().is_relative_to(job.run_dir.resolve()):
         raise UserError(f"--record {record}: inside the run directory {job.run_dir}; write it elsewhere")
     handoff.check_upstream(job.run_dir, list(upstream or []))

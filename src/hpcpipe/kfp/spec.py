@@ -9,7 +9,9 @@ records as input artifacts (``--upstream``, checked against the run directory), 
 graph shows what ``hpcpipe lineage`` shows. The train step creates the TrainJob or PyTorchJob
 ``launch k8s`` renders and waits for it. With ``--katib`` a Katib branch runs before train (the
 Experiment ``hpo launch katib`` renders, created and waited for); its best parameters feed train.
-The pipeline parameter ``tune`` switches that branch at submission.
+The pipeline parameter ``tune`` switches that branch at submission. The image, claims and
+environment of the steps' pods are compiled in: each step refuses a ``config`` parameter that
+gives others (``check_compiled``).
 
 The spec is plain JSON: ``kfp_compile.py`` builds the pipeline from it in kfp's own interpreter
 (``sdk.py``).
@@ -18,6 +20,7 @@ The spec is plain JSON: ``kfp_compile.py`` builds the pipeline from it in kfp's 
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 from hpcpipe.config import JobConfig, apply_values
@@ -28,6 +31,8 @@ from hpcpipe.launch.kubernetes import Api, dns_label, render_k8s, under_mount
 from hpcpipe.pipeline.steps import STEPS
 
 CONFIG_PATH = "/tmp/hpcpipe/config.yaml"  # where each step writes the `config` pipeline parameter
+# Each step's environment: the image, claims and environment compiled into its pod (JSON).
+COMPILED_VAR = "HPCPIPE_KFP_COMPILED"
 # KFP artifact type of each step's lineage record (system.*), for KFP's lineage view.
 ARTIFACT_TYPES = {"prepare": "Dataset", "stage": "Dataset", "train": "Model", "export": "Model"}
 
@@ -40,6 +45,7 @@ def pipeline_spec(job: JobConfig, api: Api, katib: bool = False, katib_workers: 
     if katib:
         _check_katib(job, katib_workers)
     cfg = job.launch.k8s
+    compiled = compiled_platform(job)
     run = [cfg.hpcpipe, "run", CONFIG_PATH]
     steps = []
     tuned = False  # train and every step after it read the config with Katib's best values
@@ -56,14 +62,12 @@ def pipeline_spec(job: JobConfig, api: Api, katib: bool = False, katib_workers: 
         "name": dns_label(job.run.name),
         "description": f"hpcpipe run {job.run.name} ({job.run.recipe}): "
         + " -> ".join(s.name for s in STEPS),
-        "image": image_ref(cfg),
         # One line of JSON (YAML too, as config.yaml): kfp copies a parameter's default into the
         # file's header comment verbatim, and a multi-line one would break the YAML.
         "config": json.dumps(job.to_dict()),
         "config_path": CONFIG_PATH,
-        "claims": _claims(job),
-        "env": dict(sorted(cfg.env.items())),
-        "secret_env": {name: ref.split("/", 1) for name, ref in sorted(cfg.secret_env.items())},
+        **compiled,
+        "env": {**compiled["env"], COMPILED_VAR: json.dumps(compiled)},  # check_compiled reads it
         "artifact_types": ARTIFACT_TYPES,
         "steps": steps,
         "katib": None,
@@ -78,6 +82,42 @@ def pipeline_spec(job: JobConfig, api: Api, katib: bool = False, katib_workers: 
                      "--submit", "--wait", "--best", {"output": "params"}],
         }  # fmt: skip
     return spec
+
+
+def compiled_platform(job: JobConfig) -> dict[str, Any]:
+    """What the pipeline fixes at compile time (each step's image, claims and environment), as JSON
+    gives it back."""
+    cfg = job.launch.k8s
+    return {
+        "image": image_ref(cfg),
+        "claims": _claims(job),
+        "env": dict(sorted(cfg.env.items())),
+        "secret_env": {name: ref.split("/", 1) for name, ref in sorted(cfg.secret_env.items())},
+    }
+
+
+_COMPILED_KEYS = {
+    "image": "launch.k8s.image",
+    "claims": "launch.k8s.data_pvc/checkpoint_pvc/runs_pvc",
+    "env": "launch.k8s.env",
+    "secret_env": "launch.k8s.secret_env",
+}
+
+
+def check_compiled(job: JobConfig) -> None:
+    """In a pipeline step: a ConfigError when the ``config`` parameter gives another image, claims
+    or environment than the pipeline was compiled with. The step's own pod has the compiled ones,
+    while its train job would take the new ones: a run's steps on two images or two claims."""
+    text = os.environ.get(COMPILED_VAR)
+    if not text:
+        return  # not a pipeline step
+    compiled, given = json.loads(text), compiled_platform(job)
+    for part, key in _COMPILED_KEYS.items():
+        if compiled.get(part) != given[part]:
+            raise ConfigError(
+                f"{key}: the pipeline parameter 'config' changes it, but the steps' pods have the one "
+                f"compiled in (compile the pipeline again: hpcpipe launch kfp)"
+            )
 
 
 def _check_shared_run_dir(job: JobConfig) -> None:

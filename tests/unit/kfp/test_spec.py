@@ -4,6 +4,7 @@ claims and the Katib branch. The command finds that environment by itself."""
 
 from __future__ import annotations
 
+import json
 import sys
 import tomllib
 from pathlib import Path
@@ -13,7 +14,7 @@ import pytest
 import yaml
 from tests.helpers import run_cli
 
-from hpcpipe.errors import UserError
+from hpcpipe.errors import ConfigError, UserError
 from hpcpipe.kfp import sdk
 from hpcpipe.kfp.sdk import KFP_PYTHON_VAR, KFP_REQUIREMENTS
 
@@ -73,6 +74,9 @@ def test_the_pipeline_is_hpcpipes_dag_with_one_hpcpipe_run_per_step(tmp_path: Pa
         )
         assert run.count("--upstream") == len(step.after)
         assert run[5:9] == ["--on", "k8s", "--api", "pytorchjob"]
+    for executor in pipeline["deploymentSpec"]["executors"].values():  # check_compiled reads it
+        env = {e["name"]: e["value"] for e in executor["container"].get("env", [])}
+        assert json.loads(env["HPCPIPE_KFP_COMPILED"])["image"] == executor["container"]["image"]
     outputs = pipeline["components"]["comp-train"]["outputDefinitions"]["artifacts"]
     assert outputs["record"]["artifactType"]["schemaTitle"] == "system.Model"
     config = pipeline["root"]["inputDefinitions"]["parameters"]["config"]
@@ -179,3 +183,36 @@ def test_without_kfp_the_error_says_how_to_get_it(tmp_path: Path, monkeypatch: p
 def test_the_lock_group_pins_what_the_compiler_asks_for() -> None:
     groups = tomllib.loads((ROOT / "pyproject.toml").read_text())["dependency-groups"]
     assert tuple(groups["kfp"]) == KFP_REQUIREMENTS
+
+
+def test_a_step_refuses_a_config_parameter_that_changes_what_was_compiled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The steps' pods have the compiled image, claims and env; the train job took the config's:
+    a run submitted with another launch.k8s.image ran its steps on two images."""
+    from hpcpipe.config import load_config
+    from hpcpipe.kfp.spec import COMPILED_VAR, check_compiled, pipeline_spec
+
+    job = load_config(EXAMPLE, SETS)
+    compiled = pipeline_spec(job, "pytorchjob")["env"][COMPILED_VAR]
+    monkeypatch.setenv(COMPILED_VAR, compiled)
+    check_compiled(job)  # the compiled config, or one that changes only what the steps read
+    check_compiled(load_config(EXAMPLE, [*SETS, "train.steps=7"]))
+    changes = {
+        "launch.k8s.image=registry/other:2": "launch.k8s.image",
+        "launch.k8s.checkpoint_pvc=other-claim": "launch.k8s.data_pvc/checkpoint_pvc/runs_pvc",
+        "launch.k8s.env={A: b}": "launch.k8s.env",
+    }
+    for change, key in changes.items():
+        with pytest.raises(ConfigError, match=f"^{key}: the pipeline parameter 'config' changes it"):
+            check_compiled(load_config(EXAMPLE, [*SETS, change]))
+    config = tmp_path / "config.yaml"
+    config.write_text(load_config(EXAMPLE, [*SETS, "launch.k8s.image=registry/other:2"]).to_yaml())
+    env = {COMPILED_VAR: compiled}
+    for argv in (
+        ["run", str(config), "--only", "prepare", "--on", "k8s"],
+        ["hpo", "launch", "katib", str(config)],
+    ):
+        done = run_cli(*argv, env=env)
+        assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+        assert "launch.k8s.image" in done.stderr and "Traceback" not in done.stderr
