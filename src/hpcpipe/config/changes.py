@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-from hpcpipe.config.job import JobConfig
+from hpcpipe.config.job import TRAINING_KEYS, WAITING_KEYS, JobConfig
 from hpcpipe.yamlfile import load_yaml_text
 
 SHOWN = 5  # keys named in one line; the rest counted
@@ -28,6 +28,20 @@ def changed_keys(recorded: Path, job: JobConfig) -> list[str]:
         f"{key} {old.get(key)!r} -> {new.get(key)!r}"
         for key in sorted(old.keys() | new.keys())
         if old.get(key) != new.get(key)
+    ]
+
+
+def training_changes(before: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    """``key old -> new`` for every value under TRAINING_KEYS (less WAITING_KEYS) that differs
+    between two job trees: nested as config.yaml, or keyed by TRAINING_KEYS as ``hpcpipe run``
+    records its train step's inputs (both flatten to the same dotted keys)."""
+    old, new = _flat(before), _flat(now)
+    return [
+        f"{key} {old.get(key)!r} -> {new.get(key)!r}"
+        for key in sorted(old.keys() | new.keys())
+        if old.get(key) != new.get(key)
+        and key not in WAITING_KEYS  # recorded by older versions; never what is trained
+        and any(key == top or key.startswith(f"{top}.") for top in TRAINING_KEYS)
     ]
 
 

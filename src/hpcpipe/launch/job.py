@@ -87,9 +87,12 @@ def run_job(job: JobConfig, max_restarts: int = 0) -> Path:
 
     Under an external launcher (torchrun, srun, Kubeflow) this process *is* a worker. Otherwise
     ``parallel.nproc`` local workers are started through the elastic agent (one process without
-    restarts trains in-process). Bad input raises UserError before any worker starts; a
+    restarts trains in-process). Bad input raises UserError before any worker starts, and so do
+    new training settings for a run that trained to its last step (nothing would train); a
     preempted in-process run raises ``Preempted`` (its checkpoint is committed).
     """
+    from hpcpipe.launch.finished import refuse_finished_run
+
     heap.settle()  # the launcher's (or this worker's) imports are done: frozen
     env = detect_environment()
     if env.is_external:
@@ -97,6 +100,7 @@ def run_job(job: JobConfig, max_restarts: int = 0) -> Path:
         from hpcpipe.launch.worker import train_worker
 
         check_world(job, env.world_size, env.local_world_size)
+        refuse_finished_run(job)  # every rank reads the same run directory: all refuse together
         # observe.profile.tool nsys/ncu: no agent here to start this process under the tool.
         if env.rank == 0 and (warning := unwrapped_warning(job.observe.profile)):
             log.warning("%s", warning)
@@ -113,6 +117,7 @@ def run_job(job: JobConfig, max_restarts: int = 0) -> Path:
     # Under Nsight every worker is its own process: checked before the data preparation.
     wrapper = nsight.worker_wrapper(job.observe.profile, run_dir, nsight.report_tag(job.run.name))
     check_memory_limit(job)  # before the data preparation, as every other check of the input
+    refuse_finished_run(job)  # before prepare_job writes to the run directory
     config_path = prepare_job(job)
     nsight.make_report_dir(job.observe.profile, run_dir)
     if nproc == 1 and max_restarts == 0 and not wrapper:

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
-from hpcpipe.checkpoint.manifest import parse_step
 from hpcpipe.config.job import TRAINING_KEYS, WAITING_KEYS
 from hpcpipe.layout import RunLayout
 from hpcpipe.pipeline.engine import DONE, NotApplicable, Step, StepContext, file_sha256, tree_sha256
@@ -79,57 +77,19 @@ def _nothing_left_to_train_with_new_settings(ctx: StepContext) -> None:
     """A training key or the dataset changed after the run trained to its last step: resumed, it
     would train nothing, and the lineage would record the new settings (or data) for a model
     trained with the old, which evaluate and export would then skip as unchanged."""
-    from hpcpipe.errors import UserError
+    from hpcpipe.launch.finished import finished_at, refuse_new_settings
     from hpcpipe.observe.lineage import read_lineage
-    from hpcpipe.observe.metrics import read_events
-    from hpcpipe.pipeline.engine import step_inputs
 
     records = read_lineage(ctx.run_dir).get("steps") or {}
     record = records.get("train") or {}
-    newest = newest_checkpoint(ctx)
-    reached = parse_step(newest.name) if newest is not None else None
-    ended = reached is not None and any(  # its last step (train.steps, or its epochs' steps)
-        e.get("event") == "run_finished" and e.get("step") == reached for e in read_events(ctx.run_dir)
-    )
-    before = (record.get("inputs") or {}).get("config") or {}
-    if record.get("status") != DONE or not ended or _trains_on(ctx.job.train, before, reached or 0):
+    reached = finished_at(ctx.job)
+    if record.get("status") != DONE or reached is None:
         return
-    now = step_inputs(TRAIN_STEP, ctx.job.to_dict(), {})["config"]
-    changed = [
-        f"{key} {old!r} -> {new!r}"
-        for section in TRAINING_KEYS
-        for key, old, new in _differences(section, before.get(section), now.get(section))
-        if key not in WAITING_KEYS  # recorded by older versions; never what is trained
-    ]
     # prepare has just run: its record holds the dataset this invocation would train on
     trained_on = ((record.get("inputs") or {}).get("upstream") or {}).get("prepare")
-    if trained_on != (records.get("prepare") or {}).get("outputs"):
-        changed.insert(0, "a new dataset from prepare")
-    if changed:
-        raise UserError(
-            f"{ctx.run_dir} already trained to step {reached} with other settings "
-            f"({', '.join(changed[:3])}{' ...' if len(changed) > 3 else ''}): resumed, nothing would be "
-            "trained with them; give a new run.name to train anew"
-        )
-
-
-def _trains_on(train: Any, before: dict[str, Any], reached: int) -> bool:
-    """More steps asked than the run reached: raised train.steps, or raised train.epochs."""
-    if train.epochs is None:
-        return bool(train.steps > reached)
-    was = (before.get("train") or {}).get("epochs")
-    return isinstance(was, int | float) and train.epochs > was
-
-
-def _differences(key: str, old: object, new: object) -> list[tuple[str, object, object]]:
-    """(dotted key, old, new) of every leaf that differs between two config values."""
-    if isinstance(old, dict) and isinstance(new, dict):
-        return [
-            d
-            for k in sorted(old.keys() | new.keys())
-            for d in _differences(f"{key}.{k}", old.get(k), new.get(k))
-        ]
-    return [] if old == new else [(key, old, new)]
+    new_data = trained_on != (records.get("prepare") or {}).get("outputs")
+    before = (record.get("inputs") or {}).get("config") or {}
+    refuse_new_settings(ctx.job, before, reached, ["a new dataset from prepare"] if new_data else [])
 
 
 def newest_checkpoint(ctx: StepContext) -> Path | None:

@@ -1,14 +1,20 @@
 """Which launches fork the workers' server from the launching process (``launch/job.py
 prestart_fork_server``): a job with local ranks to come, counted by the most any run will have
-(``bench scaling``'s world sizes), and not one in-process worker."""
+(``bench scaling``'s world sizes), and not one in-process worker. And what ``run_job`` refuses
+before it writes to the run directory."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import pytest
 
 from hpcpipe.config import JobConfig, load_config
+from hpcpipe.errors import UserError
 from hpcpipe.launch import job as job_module
-from hpcpipe.launch.job import prestart_fork_server
+from hpcpipe.launch.job import prestart_fork_server, run_job
+from hpcpipe.layout import RunLayout
 
 
 @pytest.fixture
@@ -32,3 +38,31 @@ def test_ranks_to_come_start_it_whether_the_job_or_the_caller_counts_them(starte
     prestart_fork_server(one, nproc=2)  # bench scaling --nproc 1,2: the N=2 runs fork from it
     prestart_fork_server(one, max_restarts=1)  # restarts: the one worker is not in-process
     assert started == [two, one, one]
+
+
+def test_new_training_settings_for_a_finished_run_are_refused_and_more_steps_train_on(
+    started: list[JobConfig], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`hpcpipe train` on a run that trained to its last step, with another lr: it resumed,
+    trained nothing, exited 0 and recorded the new lr in config.yaml and lineage.json."""
+    sets = [f"run.out_dir={tmp_path}", "train.steps=6", "parallel.nproc=1"]
+    layout = RunLayout(load_config("tiny", sets).run_dir)
+    (layout.checkpoints / "step-00000006").mkdir(parents=True)
+    layout.config.write_text(load_config("tiny", sets).to_yaml())
+    layout.events.write_text(json.dumps({"event": "run_finished", "step": 6}) + "\n")
+    recorded = layout.config.read_text()
+
+    def prepared(job: JobConfig) -> Path:
+        raise RuntimeError("prepared")  # the run directory would be written from here on
+
+    monkeypatch.setattr(job_module, "prepare_job", prepared)
+    with pytest.raises(UserError) as refused:
+        run_job(load_config("tiny", [*sets, "train.lr=0.5", "model.dropout=0.3"]))
+    message = str(refused.value)
+    assert "already trained to step 6 with other settings (model.dropout 0.0 -> 0.3, train.lr" in message
+    assert "give a new run.name to train anew, or more train.steps to train on" in message
+    assert layout.config.read_text() == recorded
+    with pytest.raises(RuntimeError, match="prepared"):  # a launcher's timeout trains nothing anew
+        run_job(load_config("tiny", [*sets, "parallel.timeout_s=60"]))
+    with pytest.raises(RuntimeError, match="prepared"):  # more steps: a continuation
+        run_job(load_config("tiny", [*sets, "train.steps=8", "train.lr=0.5"]))

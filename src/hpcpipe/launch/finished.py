@@ -1,0 +1,82 @@
+"""A run that trained to its last step, started again with other training settings: resumed, it
+would train nothing, yet rank 0 would record the new settings (config.yaml, lineage.json) for a
+model the old ones trained, and evaluate, export and the registry would describe it by them.
+``hpcpipe train`` (``launch/job.py run_job``) and ``hpcpipe run``'s train step
+(``pipeline/steps.py``) refuse it here, in one line; more steps (or epochs) train on."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hpcpipe.checkpoint.manifest import parse_step
+from hpcpipe.config import JobConfig
+from hpcpipe.config.changes import training_changes
+from hpcpipe.errors import UserError
+from hpcpipe.layout import RunLayout
+
+SHOWN = 3  # changed keys named in the one line
+
+
+def finished_at(job: JobConfig) -> int | None:
+    """The step of the run's newest committed checkpoint when the run finished there (a
+    ``run_finished`` event at that step: ``train.steps``, or its epochs' steps); else None."""
+    from hpcpipe.checkpoint.tiers import Tier, fast_root
+    from hpcpipe.observe.metrics import read_events
+
+    committed = Tier("fast", fast_root(job.checkpoint.dir, job.run_dir)).committed()
+    if not committed:
+        return None
+    reached = parse_step(committed[0][1].name)
+    events = read_events(job.run_dir)
+    ended = any(e.get("event") == "run_finished" and e.get("step") == reached for e in events)
+    return reached if ended else None
+
+
+def refuse_new_settings(
+    job: JobConfig, before: dict[str, Any], reached: int, also: Sequence[str] = ()
+) -> None:
+    """UserError when ``job`` changes a training key against ``before`` (the settings that
+    trained the run to ``reached``, its last step) and asks for no more steps than that; ``also``
+    names other changes (a new dataset) that count the same."""
+    if _trains_on(job, before, reached):
+        return
+    changed = [*also, *training_changes(before, job.to_dict())]
+    if changed:
+        more = "train.epochs" if job.train.epochs is not None else "train.steps"
+        shown = ", ".join(changed[:SHOWN]) + (" ..." if len(changed) > SHOWN else "")
+        raise UserError(
+            f"{job.run_dir} already trained to step {reached} with other settings ({shown}): resumed, "
+            "nothing would be trained with them; give a new run.name to train anew, or more "
+            f"{more} to train on"
+        )
+
+
+def refuse_finished_run(job: JobConfig) -> None:
+    """``refuse_new_settings`` against the run's config.yaml (what rank 0 recorded once the
+    checkpoint loaded); nothing to compare when the run has not finished or has no config."""
+    reached = finished_at(job)
+    if reached is None:
+        return
+    before = _recorded(RunLayout(job.run_dir).config)
+    if before is not None:
+        refuse_new_settings(job, before, reached)
+
+
+def _recorded(path: Path) -> dict[str, Any] | None:
+    try:
+        tree = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+    return tree if isinstance(tree, dict) else None
+
+
+def _trains_on(job: JobConfig, before: dict[str, Any], reached: int) -> bool:
+    """More steps asked than the run reached: raised train.steps, or raised train.epochs."""
+    if job.train.epochs is None:
+        return job.train.steps > reached
+    was = (before.get("train") or {}).get("epochs")
+    return isinstance(was, int | float) and job.train.epochs > was
