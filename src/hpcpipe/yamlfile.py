@@ -3,7 +3,7 @@
 ``yaml.safe_load`` alone keeps the last of two equal keys in one mapping without a word: a job
 with two ``train:`` sections trained with the second and ignored the first. Here a repeated key
 is an error naming its line, as is any other YAML error (with its problem), text that is not
-UTF-8, and a file that holds nothing.
+UTF-8, a file that holds nothing, and aliases that expand past ALIAS_EXPANSION_LIMIT values.
 """
 
 from __future__ import annotations
@@ -16,9 +16,22 @@ import yaml
 
 from hpcpipe.errors import ConfigError
 
+# Values aliases may add to one document. A job holds hundreds; 305 bytes of nine aliases nested
+# nine deep add 387 million, which every model_dump, config hash and error message expands.
+ALIAS_EXPANSION_LIMIT = 100_000
+
 
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """yaml.SafeLoader (no object construction) that refuses a key repeated in one mapping."""
+    """yaml.SafeLoader (no object construction) that refuses a key repeated in one mapping, and
+    a document whose aliases expand past ALIAS_EXPANSION_LIMIT values."""
+
+    def construct_document(self, node: yaml.Node) -> Any:
+        sizes: dict[int, int] = {}
+        if _expanded(node, sizes, set()) - len(sizes) > ALIAS_EXPANSION_LIMIT:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"its aliases expand to more than {ALIAS_EXPANSION_LIMIT:,} values"
+            )
+        return super().construct_document(node)
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: set[Any] = set()
@@ -34,6 +47,25 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                 )
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
+
+
+def _expanded(node: yaml.Node, sizes: dict[int, int], open_nodes: set[int]) -> int:
+    """How many values ``node`` holds with every alias written out; ``sizes`` memoizes each
+    distinct node (an alias is the node it names), so this is linear in the file. A node that
+    holds itself counts once: the config names it, where its value is checked."""
+    if id(node) in sizes:
+        return sizes[id(node)]
+    if id(node) in open_nodes:
+        return 1
+    open_nodes.add(id(node))
+    children: list[yaml.Node] = []
+    if isinstance(node, yaml.SequenceNode):
+        children = node.value
+    elif isinstance(node, yaml.MappingNode):
+        children = [part for pair in node.value for part in pair]
+    sizes[id(node)] = 1 + sum(_expanded(child, sizes, open_nodes) for child in children)
+    open_nodes.discard(id(node))
+    return sizes[id(node)]
 
 
 def _construct_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> Any:
