@@ -72,6 +72,12 @@ def load_sweep_file(path: Path) -> dict[str, list[Any]]:
     return {str(k): v for k, v in grid.items()}
 
 
+def sweep_dir_of(job: JobConfig) -> Path:
+    """The sweep's directory when none is given: beside the job's runs, as ``hpcpipe hpo``
+    places its study (``runs/`` alone ignored a job's ``run.out_dir``)."""
+    return Path(job.run.out_dir) / f"sweep-{job.run.name}"
+
+
 def plan_points(source: str, sets: list[str], grid: dict[str, list[Any]], out_dir: Path) -> list[SweepPoint]:
     """Every combination, validated up front (a bad key or value fails before anything trains)."""
     base = load_config(source, sets)

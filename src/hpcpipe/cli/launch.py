@@ -55,7 +55,8 @@ def slurm(
     out: Annotated[
         Path | None,
         typer.Option(
-            help="With --grid: the sweep directory (default: runs/sweep-<name>).", show_default=False
+            help="With --grid: the sweep directory (default: <run.out_dir>/sweep-<run.name>).",
+            show_default=False,
         ),
     ] = None,
     dry_run: Annotated[
@@ -127,13 +128,13 @@ def _submission(config: str, overrides: list[str], grids: list[str], out: Path |
     """(what to submit, the sweep points: empty without --grid), every config validated."""
     from hpcpipe.config import load_config
     from hpcpipe.launch.slurm import SlurmSubmission, check_world_sizes
-    from hpcpipe.sweep import parse_grid_option, plan_points
+    from hpcpipe.sweep import parse_grid_option, plan_points, sweep_dir_of
 
     job = load_config(config, overrides)
     if not grids:
         check_world_sizes(job)
         return SlurmSubmission([job], script_dir=job.run_dir), []
-    sweep_dir = out or Path("runs") / f"sweep-{job.run.name}"
+    sweep_dir = out or sweep_dir_of(job)
     points = plan_points(config, overrides, dict(parse_grid_option(item) for item in grids), sweep_dir)
     for point in points:
         check_world_sizes(point.job)

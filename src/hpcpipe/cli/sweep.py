@@ -34,13 +34,16 @@ def sweep(
     nproc: NprocOption = None,
     out: Annotated[
         Path | None,
-        typer.Option(help="Directory of the point runs and sweep.csv (default: runs/sweep-<name>)."),
+        typer.Option(
+            help="Directory of the point runs and sweep.csv (default: <run.out_dir>/sweep-<run.name>)."
+        ),
     ] = None,
     json_out: JsonOption = None,
 ) -> None:
     """Train every combination of the grid, one after another; skip points already finished.
 
-    Each point is an ordinary run directory OUT/<name>-<point>/; OUT/sweep.csv has one row per
+    Each point is an ordinary run directory OUT/<name>-<point>/ (OUT: --out, or
+    <run.out_dir>/sweep-<run.name>); OUT/sweep.csv has one row per
     point: run id, job id, nodes, devices, global batch, precision, bucket size, workers,
     throughput, time/epoch, final accuracy, git SHA and config hash. Re-running the same command
     skips finished points. Plot it with `hpcpipe report OUT`.
@@ -51,8 +54,16 @@ def sweep(
 
       hpcpipe sweep resnet18-cifar10 --file sweep.yaml --set train.epochs=1 --nproc 4
     """
+    from hpcpipe.config import load_config
     from hpcpipe.launch.job import WorkerFailure, prestart_fork_server, run_job
-    from hpcpipe.sweep import is_done, load_sweep_file, parse_grid_option, plan_points, run_sweep
+    from hpcpipe.sweep import (
+        is_done,
+        load_sweep_file,
+        parse_grid_option,
+        plan_points,
+        run_sweep,
+        sweep_dir_of,
+    )
     from hpcpipe.train.preempt import Preempted
 
     grid = load_sweep_file(file) if file else {}
@@ -64,8 +75,7 @@ def sweep(
     if not grid:
         raise UserError("sweep: give at least one --grid section.key=[values] or --file sweep.yaml")
     overrides = [*(sets or []), *([f"parallel.nproc={nproc}"] if nproc else [])]
-    base_name = _job_name(config, overrides)
-    out_dir = out or Path("runs") / f"sweep-{base_name}"
+    out_dir = out or sweep_dir_of(load_config(config, overrides))
     points = plan_points(config, overrides, grid, out_dir)
     pending = [point.job for point in points if not is_done(point)]
     if pending:  # before a one-rank point trains in this process: every point's workers fork from it
@@ -96,12 +106,6 @@ def sweep(
     write_json(result, json_out)
     if result["failed"]:
         raise typer.Exit(1)
-
-
-def _job_name(config: str, overrides: list[str]) -> str:
-    from hpcpipe.config import load_config
-
-    return load_config(config, overrides).run.name
 
 
 def _fmt(value: float | None) -> str:

@@ -1,5 +1,6 @@
 """`hpcpipe launch agent` (cli/launch.py): the job's rendezvous keys reach the node agent, and from
-there torch's rendezvous handler, the shipped lost-node scenario's among them."""
+there torch's rendezvous handler, the shipped lost-node scenario's among them. Where a
+`launch slurm --grid` sweep goes."""
 
 from __future__ import annotations
 
@@ -95,3 +96,13 @@ def test_an_elastic_node_range_under_deepspeed_is_refused(tmp_path: Path) -> Non
     config.write_text(load_config("tiny", ["parallel.strategy=deepspeed"]).to_yaml())
     with pytest.raises(UserError, match=r"--nnodes 1:2: .*DeepSpeed ZeRO checkpoints"):
         launch.agent(config, nnodes="1:2", rdzv_endpoint="127.0.0.1:0", rdzv_id="test")
+
+
+def test_a_slurm_grid_goes_under_the_job_s_out_dir_unless_out_is_given(tmp_path: Path) -> None:
+    """run.out_dir was ignored: the array's sweep went to ./runs/sweep-<name>."""
+    sets = [f"run.out_dir={tmp_path / 'scratch'}"]
+    sub, points = launch._submission("tiny", sets, ["train.lr=[0.1,0.2]"], None)
+    assert sub.sweep_dir == sub.script_dir == tmp_path / "scratch" / "sweep-tiny"
+    assert {p.run_dir.parent for p in points} == {sub.sweep_dir}
+    given, _ = launch._submission("tiny", sets, ["train.lr=[0.1,0.2]"], tmp_path / "given")
+    assert given.sweep_dir == tmp_path / "given"

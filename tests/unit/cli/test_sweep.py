@@ -1,5 +1,6 @@
 """``hpcpipe sweep`` forks its workers' server from itself before any point trains
-(``cli/sweep.py``): counted by the most ranks a pending point has, and not when every point is done."""
+(``cli/sweep.py``): counted by the most ranks a pending point has, and not when every point is done.
+Where the sweep goes without --out."""
 
 from __future__ import annotations
 
@@ -56,3 +57,17 @@ def test_a_stopped_point_ends_the_sweep_with_its_code(
     with pytest.raises(typer.Exit) as exited:
         sweep("tiny", grids=["parallel.nproc=[1,2]"], out=tmp_path, json_out="-")
     assert exited.value.exit_code == 75
+
+
+def test_the_sweep_goes_under_the_job_s_out_dir_unless_out_is_given(
+    prestarts: list[tuple[str, int | None]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """run.out_dir was ignored: the sweep went to ./runs/sweep-<name> and its points with it."""
+    dirs: list[Path] = []
+    monkeypatch.setattr(
+        sweep_module, "run_sweep", lambda points, out, *a, **k: dirs.append(out) or {"failed": 0}
+    )
+    sets = [f"run.out_dir={tmp_path / 'scratch'}"]
+    sweep("tiny", grids=["train.lr=[0.1,0.2]"], sets=sets, json_out="-")
+    sweep("tiny", grids=["train.lr=[0.1,0.2]"], sets=sets, out=tmp_path / "given", json_out="-")
+    assert dirs == [tmp_path / "scratch" / "sweep-tiny", tmp_path / "given"]
