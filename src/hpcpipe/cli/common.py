@@ -38,7 +38,8 @@ SetOption = Annotated[
         "--set",
         "-s",
         help="Override one config key, e.g. --set train.steps=40 --set model.variant=llama "
-        "(repeatable; the value is parsed to the key's type).",
+        "(repeatable; the value is parsed to the key's type; a mapping given for a section, "
+        "--set 'train={lr: 0.01}', sets those keys and keeps the others).",
         show_default=False,
     ),
 ]

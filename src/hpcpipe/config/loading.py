@@ -122,7 +122,25 @@ def _apply_override(raw: dict[str, Any], item: str) -> None:
             raise ConfigError(f"--set {key}: {part!r} is not a section")
         node = child
     _drop_other_spelling(node, key)
-    node[parts[-1]] = _parse_value(value, annotation)
+    node[parts[-1]] = _merged(node.get(parts[-1]), _parse_value(value, annotation), annotation)
+
+
+def _merged(old: Any, new: Any, annotation: Any) -> Any:
+    """A mapping given for a section (``--set 'train={lr: 0.01}'``) goes into the section's
+    keys, those of its subsections too: replaced whole, it reset every other key the job file
+    set to its default. A value that is no mapping, or a free-form dict field, replaces."""
+    model = _optional_section(annotation)
+    if not (isinstance(old, dict) and isinstance(new, dict)):
+        return new
+    if not (isinstance(model, type) and issubclass(model, BaseModel)):
+        return new
+    merged = dict(old)
+    for key, value in new.items():
+        field = _field_named(model, str(key))
+        if field is not None and field.alias:  # one key per field: async_save given, async held
+            merged.pop(field.alias if key != field.alias else _name_of(model, field), None)
+        merged[key] = _merged(old.get(key), value, field.annotation) if field is not None else value
+    return merged
 
 
 def _optional_section(annotation: Any) -> Any:
@@ -177,6 +195,10 @@ def _field_named(model: type[BaseModel], key: str) -> Any:
         if key in (name, field.alias):
             return field
     return None
+
+
+def _name_of(model: type[BaseModel], field: Any) -> str:
+    return next(name for name, other in model.model_fields.items() if other is field)
 
 
 def _drop_other_spelling(node: dict[str, Any], key: str) -> None:

@@ -1,5 +1,6 @@
 """Bad job input, each one line naming the key or file: alias bombs and self-references, deep
-nesting, over-long names, out-of-range seeds, YAML 1.1 numbers, the order of --set flags."""
+nesting, over-long names, out-of-range seeds, YAML 1.1 numbers, the order of --set flags, a
+mapping given for a section."""
 
 from __future__ import annotations
 
@@ -123,3 +124,17 @@ def test_either_spelling_of_an_aliased_key_sets_it_on_a_preset_or_a_saved_config
     on = _job(tmp_path, "checkpoint: {async: true}\n")
     assert load_config(on, [f"checkpoint.{spelling}=false"]).checkpoint.async_save is False
     assert apply_values(load_config("tiny"), {f"checkpoint.{spelling}": True}).checkpoint.async_save is True
+
+
+def test_a_mapping_for_a_section_sets_its_keys_and_keeps_the_rest(tmp_path: Path) -> None:
+    """--set 'train={lr: 0.01}' replaced the section: the job's train.steps 20 became the
+    default 100, without a word; subsections merge too, a free-form dict is replaced."""
+    job = load_config("tiny", ["train={lr: 0.01}"])
+    assert (job.train.lr, job.train.steps) == (0.01, load_config("tiny").train.steps)
+    text = "launch: {slurm: {partition: gpu, time: '01:00:00'}}\nparallel: {deepspeed_config: {a: 1}}\n"
+    sets = ["launch={slurm: {time: '02:00:00'}}", "parallel={deepspeed_config: {b: 2}}"]
+    job = load_config(_job(tmp_path, text), sets)
+    assert (job.launch.slurm.partition, job.launch.slurm.time) == ("gpu", "02:00:00")
+    assert job.parallel.deepspeed_config == {"b": 2}
+    saved = _job(tmp_path, load_config("tiny").to_yaml())  # holds async:, given async_save here
+    assert load_config(saved, ["checkpoint={async_save: true}"]).checkpoint.async_save is True
