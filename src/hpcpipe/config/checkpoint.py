@@ -42,11 +42,13 @@ class CheckpointConfig(Section):
     )
     dir: str | None = Field(
         None,
+        min_length=1,
         description="Fast tier, written at every save (node-local disk is fine on one "
         "node; every rank must see it); null: <run_dir>/checkpoints.",
     )
     durable_dir: str | None = Field(
         None,
+        min_length=1,
         description="Durable tier (shared file system): committed fast checkpoints are "
         "copied there in the background and verified; null: no durable tier.",
     )

@@ -61,7 +61,9 @@ class DataConfig(Section):
         "sequence; attention never crosses a conversation boundary (block-diagonal mask, positions "
         "restart per conversation). false: one conversation per sequence, padded.",
     )
-    root: str | None = Field(None, description="Directory of an image dataset (formats other than tokens).")
+    root: str | None = Field(
+        None, min_length=1, description="Directory of an image dataset (formats other than tokens)."
+    )
     augment: bool = Field(
         True, description="Images: random crop with 4-pixel padding and horizontal flip in training."
     )
@@ -122,12 +124,14 @@ class DataConfig(Section):
     shard_tokens: int = Field(16 * 1024 * 1024, ge=1024, description="Tokens per .bin shard file.")
     prepared_dir: str = Field(
         "data/prepared",
+        min_length=1,
         description="Where prepared datasets live; each in a sub-directory named by the hash "
         "of its inputs, so preparing again with the same inputs reuses it. Image datasets keep "
         "their hash manifest (written on first read) here too.",
     )
     cache_dir: str | None = Field(
         None,
+        min_length=1,
         description="Node-local directory (NVMe) to read the dataset from: the prepared token "
         "shards (gpt) or the image files (resnet-cifar) are copied there once per node, into a "
         "sub-directory named by their manifest's SHA-256, verified, and read from there "

@@ -110,7 +110,9 @@ class HpoConfig(Section):
         None, min_length=1, description="Study name (default: run.name); trials share it in the storage."
     )
     dir: str | None = Field(
-        None, description="Study directory: trials, plots, study.json (default: <run.out_dir>/hpo-<study>)."
+        None,
+        min_length=1,
+        description="Study directory: trials, plots, study.json (default: <run.out_dir>/hpo-<study>).",
     )
     storage: str | None = Field(
         None,

@@ -70,10 +70,13 @@ class SlurmConfig(Section):
         description="Shell lines run before the job (module load ..., source venv/bin/activate).",
     )
     hpcpipe: str = Field(
-        "hpcpipe", description="The command that runs hpcpipe on the nodes (e.g. /opt/venv/bin/hpcpipe)."
+        "hpcpipe",
+        min_length=1,
+        description="The command that runs hpcpipe on the nodes (e.g. /opt/venv/bin/hpcpipe).",
     )
     container: str | None = Field(
         None,
+        min_length=1,
         description="Apptainer image (.sif) to run hpcpipe in on the nodes (`apptainer exec`, with "
         "--nv when gpus_per_node > 0); sbatch, srun and scontrol stay outside it. null: no container.",
     )
@@ -147,6 +150,7 @@ class K8sConfig(Section):
     name: str | None = Field(None, description="Job name (null: run.name, lower-cased to a DNS label).")
     image: str = Field(
         "ghcr.io/hpcpipe/hpcpipe:latest",
+        min_length=1,
         description="Container image with hpcpipe installed (containers/Dockerfile).",
     )
     image_digest: str | None = Field(
@@ -174,22 +178,25 @@ class K8sConfig(Section):
     data_pvc: str | None = Field(
         None, description="PersistentVolumeClaim (ReadWriteMany) with the datasets, mounted at data_mount."
     )
-    data_mount: str = Field("/data", description="Where data_pvc is mounted.")
+    data_mount: str = Field("/data", min_length=1, description="Where data_pvc is mounted.")
     checkpoint_pvc: str | None = Field(
         None,
         description="PersistentVolumeClaim (ReadWriteMany) for checkpoints, mounted at checkpoint_mount. "
         "Without runs_pvc it holds the run directories too: set run.out_dir under it. With runs_pvc, "
         "point checkpoint.durable_dir (or checkpoint.dir) under it.",
     )
-    checkpoint_mount: str = Field("/checkpoints", description="Where checkpoint_pvc is mounted.")
+    checkpoint_mount: str = Field(
+        "/checkpoints", min_length=1, description="Where checkpoint_pvc is mounted."
+    )
     runs_pvc: str | None = Field(
         None,
         description="PersistentVolumeClaim (ReadWriteMany) for run directories (metrics, logs, lineage, "
         "reports), mounted at runs_mount; set run.out_dir under it. Null: they go on checkpoint_pvc.",
     )
-    runs_mount: str = Field("/runs", description="Where runs_pvc is mounted.")
+    runs_mount: str = Field("/runs", min_length=1, description="Where runs_pvc is mounted.")
     cache_host_path: str | None = Field(
         None,
+        min_length=1,
         description="Node-local disk (hostPath, e.g. /mnt/nvme/hpcpipe-cache) mounted at data.cache_dir; "
         "an init step stages the dataset there by hash. null: no staging.",
     )
@@ -231,7 +238,7 @@ class K8sConfig(Section):
         "after a preemption (exit 75).",
     )
     rdzv_port: int = Field(29400, ge=1024, le=65535, description="c10d rendezvous port.")
-    hpcpipe: str = Field("hpcpipe", description="The hpcpipe command inside the image.")
+    hpcpipe: str = Field("hpcpipe", min_length=1, description="The hpcpipe command inside the image.")
 
     @field_validator("secret_env")
     @classmethod

@@ -26,6 +26,7 @@ class ModelConfig(Section):
     )
     name_or_path: str | None = Field(
         None,
+        min_length=1,
         description="hf-causal-lm: a local model directory, a hub id already in the local "
         "Hugging Face cache (nothing is downloaded), a directory holding model.gguf_file, or "
         "'@tiny-llama' (a 2-layer Llama pre-trained on raw generated Glaive text; it ships with "
@@ -35,6 +36,7 @@ class ModelConfig(Section):
     )
     gguf_file: str | None = Field(
         None,
+        min_length=1,
         description="hf-causal-lm: a GGUF file name inside model.name_or_path (or a path to "
         "one); transformers de-quantises it (needs the gguf and accelerate packages: the lora extra).",
     )

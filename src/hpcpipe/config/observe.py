@@ -31,6 +31,7 @@ class PrometheusConfig(Section):
     )
     targets_dir: str | None = Field(
         None,
+        min_length=1,
         description="Directory for the file-service-discovery target files, one per run and node "
         "(Prometheus globs only the last path segment, so every run shares one directory); "
         "null: <run.out_dir>/prometheus-targets.",

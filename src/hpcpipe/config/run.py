@@ -11,7 +11,7 @@ class RunConfig(Section):
     """The run: its name and directory, the seed, and the recipe that defines the workload."""
 
     name: str = Field("run", min_length=1, description="Run name; the run directory is <out_dir>/<name>.")
-    out_dir: str = Field("runs", description="Parent directory of run directories.")
+    out_dir: str = Field("runs", min_length=1, description="Parent directory of run directories.")
     seed: int = Field(0, ge=0, le=2**62, description="Seed for model init, data order and dropout.")
     recipe: str = Field(
         "gpt",

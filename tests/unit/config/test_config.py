@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -58,6 +59,37 @@ def test_config_is_frozen() -> None:
 
 
 @pytest.mark.parametrize(
+    "key",
+    [
+        "run.out_dir",
+        "data.root",
+        "data.prepared_dir",
+        "data.cache_dir",
+        "model.gguf_file",
+        "checkpoint.dir",
+        "checkpoint.durable_dir",
+        "observe.prometheus.targets_dir",
+        "hpo.dir",
+        "launch.slurm.hpcpipe",
+        "launch.slurm.container",
+        "launch.k8s.image",
+        "launch.k8s.hpcpipe",
+        "launch.k8s.data_mount",
+        "launch.k8s.checkpoint_mount",
+        "launch.k8s.runs_mount",
+        "launch.k8s.cache_host_path",
+    ],
+)
+def test_an_empty_path_or_command_is_refused_naming_the_key(key: str) -> None:
+    """`--set k=$VAR` with VAR unset: data.cache_dir= staged into the current directory and
+    launch.slurm.container= rendered `apptainer exec '' hpcpipe`."""
+    with pytest.raises(
+        ConfigError, match=rf"^tiny: {re.escape(key)}: String should have at least 1 character"
+    ):
+        load_config("tiny", [f"{key}="])
+
+
+@pytest.mark.parametrize(
     ("overrides", "needle"),
     [
         (["train.stepz=3"], "unknown config key 'train.stepz'"),
@@ -81,7 +113,7 @@ def test_bad_overrides_name_the_key(overrides: list[str], needle: str) -> None:
     [
         (["model.variant=gpt2"], "model.variant 'gpt2' does not fit run.recipe 'lora-function-calling'"),
         (["data.format=tokens"], "data.format 'tokens' does not fit run.recipe 'lora-function-calling'"),
-        (["model.name_or_path="], "model.name_or_path is required"),
+        (["model.name_or_path="], "model.name_or_path: String should have at least 1 character"),
         (["lora.r=0"], "lora.r"),
         (["model.base_dtype=fp16"], "model.base_dtype"),
         (["lora.top_layers=0"], "lora.top_layers"),
