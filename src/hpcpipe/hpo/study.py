@@ -156,11 +156,15 @@ def require_optuna() -> Any:
 def build_sampler(hpo: HpoConfig, worker: int = 0, held: int = 0) -> optuna.samplers.BaseSampler:
     """The sampler; worker W of a study holding ``held`` trials seeds it with ``hpo.seed + W +
     10007 x held``: workers seeded alike would draw the same random start-up points and run the
-    same trials side by side, and a continued study would draw its first run's points again."""
+    same trials side by side, and a continued study would draw its first run's points again.
+
+    The grid is the exception: its seed shuffles the grid, and the grid id each trial stores
+    indexes that shuffled list, so every process must shuffle alike (Optuna's advice): seeded
+    apart, one id was another point in each worker, and points ran twice or never."""
     import optuna
 
     startup = hpo.sampler.n_startup_trials
-    seed = None if hpo.seed is None else hpo.seed + worker + 10_007 * held
+    seed = None if hpo.seed is None else (hpo.seed + worker + 10_007 * held) % 2**32
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         if hpo.sampler.name == "random":
@@ -170,7 +174,7 @@ def build_sampler(hpo: HpoConfig, worker: int = 0, held: int = 0) -> optuna.samp
         if hpo.sampler.name == "gp":
             return optuna.samplers.GPSampler(seed=seed, n_startup_trials=startup)
         if hpo.sampler.name == "grid":
-            return optuna.samplers.GridSampler(grid_space(hpo.space), seed=seed)
+            return optuna.samplers.GridSampler(grid_space(hpo.space), seed=hpo.seed or 0)
         # TPE's constant liar keeps parallel workers from sampling the same point.
         return optuna.samplers.TPESampler(
             seed=seed, n_startup_trials=startup, multivariate=True, constant_liar=True

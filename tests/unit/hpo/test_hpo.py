@@ -360,6 +360,24 @@ def test_a_grid_study_tells_its_last_point_and_ends(tmp_path: Path) -> None:
     assert _budget_spent(study, 10)  # every point ran: asking again would repeat one
 
 
+def test_grid_workers_and_continuations_train_each_point_once(tmp_path: Path) -> None:
+    """The grid's seed shuffles its points and a trial's grid id indexes that order: seeded per
+    worker and per continuation, one id was another point in each, so n_layers 4, 4, 1, 1 ran."""
+    from hpcpipe.hpo.worker import _told
+
+    grid = "hpo.space={model.n_layers: {type: int, low: 1, high: 4}}"
+    hpo = _job(tmp_path, grid, "hpo.sampler.name=grid").hpo
+    storage = optuna.storages.InMemoryStorage()
+    optuna.create_study(storage=storage, study_name="g")
+    ran = []
+    for worker, held in ((0, 0), (1, 0), (0, 2), (1, 3)):  # two workers, then a continuation
+        study = optuna.load_study(study_name="g", storage=storage, sampler=build_sampler(hpo, worker, held))
+        trial = study.ask()
+        ran.append(suggest(trial, hpo.space)["model.n_layers"])
+        _told(study, trial, 1.0)
+    assert sorted(ran) == [1, 2, 3, 4]
+
+
 def test_a_diverged_trial_is_complete_and_ranked_worst(tmp_path: Path) -> None:
     """A NaN final metric was passed to Optuna, which FAILed the trial while the worker counted
     it COMPLETE; TPE never learnt that the region diverges."""
