@@ -181,6 +181,24 @@ def build_sampler(hpo: HpoConfig, worker: int = 0, held: int = 0) -> optuna.samp
         )
 
 
+def seed_from_first_trial(
+    study: optuna.Study,
+    storage: optuna.storages.BaseStorage,
+    hpo: HpoConfig,
+    worker: int,
+    trial: optuna.trial.Trial,
+) -> None:
+    """Seed a worker's sampler from the number of its first trial, before that trial samples
+    (Optuna draws at the first suggest, not at the ask). Processes that opened the study together
+    (two `hpcpipe hpo run` commands: both worker 0, both seeing T trials) seeded alike and drew the
+    same points; every trial number is handed out once. A lone process's first trial is number T
+    (unless it resumes a waiting retry), so its seed, and its draws, are as ``open_study`` chose."""
+    if hpo.sampler.name == "grid":  # one shuffle for every process (build_sampler)
+        return
+    study.sampler = build_sampler(hpo, worker, held=trial.number)
+    study.sampler.before_trial(study, storage.get_trial(trial._trial_id))
+
+
 def open_study(
     plan: StudyPlan, create: bool = False, worker: int = 0
 ) -> tuple[optuna.Study, optuna.storages.BaseStorage]:

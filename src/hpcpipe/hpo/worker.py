@@ -43,7 +43,7 @@ from hpcpipe.hpo.liveness import (
     retry,
 )
 from hpcpipe.hpo.space import maximize, suggest, trial_config
-from hpcpipe.hpo.study import StudyPlan, open_study
+from hpcpipe.hpo.study import StudyPlan, open_study, seed_from_first_trial
 from hpcpipe.layout import RunLayout
 from hpcpipe.train.preempt import PREEMPT_EXIT_CODE
 from hpcpipe.train.trial import ENV_STORAGE, ENV_STUDY, ENV_TRIAL, PRUNED_EXIT_CODE
@@ -52,6 +52,7 @@ if TYPE_CHECKING:
     import optuna
 
     from hpcpipe.config import JobConfig
+    from hpcpipe.config.hpo import HpoConfig
 
 RUN_DIR_ATTR = "run_dir"  # a user attribute: retries inherit it and resume there
 SURPLUS_ATTR = "hpcpipe:surplus"
@@ -113,6 +114,7 @@ def run_worker(
     hpo = plan.hpo
     deadline = time.monotonic() + hpo.timeout_s if hpo.timeout_s else None
     outcomes: list[TrialOutcome] = []
+    asked = False
     while not stop.event.is_set() and (deadline is None or time.monotonic() < deadline):
         for number in fail_stale_trials(study, storage, hpo.grace_s, hpo.max_retries):
             say(
@@ -121,14 +123,25 @@ def run_worker(
         if _budget_spent(study, hpo.n_trials):
             _say_still_running(study, hpo.grace_s, say)
             break
-        trial = study.ask()
-        with contextlib.suppress(Exception):  # the store briefly unreachable: the heartbeat retries
-            mark_alive(storage, trial._trial_id)  # before anything else: see liveness.last_alive
+        trial = _ask(study, storage, hpo, worker, first=not asked)
+        asked = True
         if _is_surplus(study, storage, trial, hpo.n_trials):
             _told(study, trial, state=optuna.trial.TrialState.FAIL)
             continue
         outcomes.append(run_trial(plan, study, storage, trial, nproc, say, stop))
     return outcomes
+
+
+def _ask(
+    study: optuna.Study, storage: optuna.storages.BaseStorage, hpo: HpoConfig, worker: int, first: bool
+) -> optuna.trial.Trial:
+    """The next trial, marked alive at once; a worker's first also seeds its sampler."""
+    trial = study.ask()
+    with contextlib.suppress(Exception):  # the store briefly unreachable: the heartbeat retries
+        mark_alive(storage, trial._trial_id)  # before anything else: see liveness.last_alive
+    if first:
+        seed_from_first_trial(study, storage, hpo, worker, trial)
+    return trial
 
 
 def _say_still_running(study: optuna.Study, grace_s: float, say: Callable[[str], None]) -> None:

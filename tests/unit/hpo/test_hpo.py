@@ -455,6 +455,27 @@ def test_workers_seed_their_samplers_apart(tmp_path: Path) -> None:
     assert firsts[0] == firsts[2] and firsts[0] != firsts[1]
 
 
+def test_processes_opening_a_study_together_draw_apart_and_a_lone_one_reproducibly(tmp_path: Path) -> None:
+    """Two `hpo run` commands on one store, started together: both worker 0, both seeing no
+    trials, seeded alike, and drew the same points side by side."""
+    from hpcpipe.hpo.worker import _ask
+
+    plan, _, _ = _study(tmp_path / "shared", "hpo.sampler.name=random")
+    a, store_a = open_study(plan, worker=0)
+    b, store_b = open_study(plan, worker=0)
+    first_a, first_b = _ask(a, store_a, plan.hpo, 0, first=True), _ask(b, store_b, plan.hpo, 0, first=True)
+    drawn = [suggest(t, plan.hpo.space)["train.lr"] for t in (first_a, first_b)]
+    assert drawn[0] != drawn[1]
+    # One process alone on a study: its draws follow hpo.seed, run after run.
+    alone = []
+    for name in ("one", "two"):
+        plan, study, storage = _study(tmp_path / name, "hpo.sampler.name=random")
+        alone.append(
+            [suggest(_ask(study, storage, plan.hpo, 0, first=n == 0), plan.hpo.space) for n in range(2)]
+        )
+    assert alone[0] == alone[1] and alone[0][0]["train.lr"] == drawn[0]
+
+
 def test_a_continued_study_keeps_its_metric_and_draws_new_points(tmp_path: Path) -> None:
     """Continuing with another hpo.metric compared val_ppl with val_loss; continuing at all
     (a second `hpo run`, worker 0 again) drew the first run's random points one for one."""
