@@ -122,8 +122,18 @@ def fail_stale_trials(
     return failed
 
 
-WORKER_ATTR = "hpcpipe:worker"  # "<host>:<pid>" of the worker that runs the trial
+# [trial id, "<host>:<pid>"] of the worker that runs the trial. A retry inherits its original's user
+# attributes: the id tells the dead original's worker from the retry's own, as with the heartbeat.
+WORKER_ATTR = "hpcpipe:worker"
 WORKER_NS_ATTR = "hpcpipe:worker_pids"  # its boot id and pid namespace: where that pid means it
+
+
+def claim(storage: optuna.storages.BaseStorage, trial_id: int) -> None:
+    """Mark a trial just asked alive and name its worker (this process). Until then a retry held
+    its dead original's worker, and a sweep in between failed the retry as soon as it was asked."""
+    mark_alive(storage, trial_id)  # before anything else: see last_alive
+    storage.set_trial_user_attr(trial_id, WORKER_NS_ATTR, pid_namespace())
+    storage.set_trial_user_attr(trial_id, WORKER_ATTR, [trial_id, f"{os.uname().nodename}:{os.getpid()}"])
 
 
 def pid_namespace() -> str | None:
@@ -139,7 +149,14 @@ def _worker_gone(trial: optuna.trial.FrozenTrial) -> bool:
     """The trial's worker ran on this host, in this pid namespace, and its process is gone
     (SIGKILL, the OOM killer): the trial is dead now, not after hpo.grace_s, by which time a worker
     started again at once had found only a RUNNING trial, run nothing and exited 0."""
-    host, _, pid = str(trial.user_attrs.get(WORKER_ATTR, "")).rpartition(":")
+    value = trial.user_attrs.get(WORKER_ATTR)
+    if isinstance(value, list) and len(value) == 2 and value[0] == trial._trial_id:
+        owner = str(value[1])
+    elif isinstance(value, str) and retried_from(trial) is None:  # an older hpcpipe's worker
+        owner = value  # (on a retry, such a string may be its dead original's: left to the grace)
+    else:
+        return False
+    host, _, pid = owner.rpartition(":")
     if host != os.uname().nodename or not pid.isdigit():
         return False
     here = pid_namespace()

@@ -33,12 +33,9 @@ from typing import TYPE_CHECKING, Any
 from hpcpipe.config.checkpoint import own_checkpoint_dirs
 from hpcpipe.errors import USER_ERROR_EXIT_CODE, UserError
 from hpcpipe.hpo.liveness import (
-    WORKER_ATTR,
-    WORKER_NS_ATTR,
     Heartbeat,
+    claim,
     fail_stale_trials,
-    mark_alive,
-    pid_namespace,
     retried_from,
     retry,
 )
@@ -138,7 +135,7 @@ def _ask(
     """The next trial, marked alive at once; a worker's first also seeds its sampler."""
     trial = study.ask()
     with contextlib.suppress(Exception):  # the store briefly unreachable: the heartbeat retries
-        mark_alive(storage, trial._trial_id)  # before anything else: see liveness.last_alive
+        claim(storage, trial._trial_id)
     if first:
         seed_from_first_trial(study, storage, hpo, worker, trial)
     return trial
@@ -214,7 +211,38 @@ def run_trial(
 
     retry_of = trial.user_attrs.get(RUN_DIR_ATTR)  # a retry resumes its original's folder
     run_dir = Path(retry_of or plan.layout.trial_dir(trial.number))
-    if retry_of is None:  # its folder, and its own checkpoint directories outside it, are new
+    started = time.monotonic()
+    try:
+        prepared = _prepare(plan, study, storage, trial, run_dir, retry_of is None, say, stop)
+    except optuna.exceptions.UpdateFinishedTrialError:
+        # Another worker's sweep failed it since the ask (and enqueued its retry): a finished
+        # trial takes no values, and the worker died with a traceback at the next suggest.
+        note = "the study failed it before it started (another worker's sweep); its retry, if any, runs it"
+        say(f"trial {trial.number}: {note}")
+        return TrialOutcome(trial.number, "FAIL", None, run_dir, 0.0, note)
+    if isinstance(prepared, TrialOutcome):
+        return prepared
+    run_dir.mkdir(parents=True, exist_ok=True)
+    RunLayout(run_dir).config.write_text(prepared.to_yaml())
+    with Heartbeat(storage, trial._trial_id, plan.hpo.heartbeat_s, plan.hpo.grace_s / 2, stop.stop_child):
+        code = _train(run_dir, nproc, _trial_env(plan, trial), stop)
+    return _tell(plan, study, storage, trial, code, run_dir, time.monotonic() - started, say)
+
+
+def _prepare(
+    plan: StudyPlan,
+    study: optuna.Study,
+    storage: optuna.storages.BaseStorage,
+    trial: optuna.trial.Trial,
+    run_dir: Path,
+    new: bool,
+    say: Callable[[str], None],
+    stop: StopFlag,
+) -> JobConfig | TrialOutcome:
+    """The trial's values and config, or how it ended without training."""
+    import optuna
+
+    if new:  # its folder, and its own checkpoint directories outside it, are new
         own = own_checkpoint_dirs(plan.base.checkpoint, run_dir.name, run_dir.parent).values()
         for directory in (d for d in (run_dir, *map(Path, own)) if d.exists()):
             aside = _set_aside(directory)
@@ -228,10 +256,7 @@ def run_trial(
         say(f"trial {trial.number}: failed, not retried: {note}")
         return TrialOutcome(trial.number, "FAIL", None, run_dir, 0.0, note)
     trial.set_user_attr(RUN_DIR_ATTR, str(run_dir))
-    trial.set_user_attr(WORKER_ATTR, f"{os.uname().nodename}:{os.getpid()}")
-    trial.set_user_attr(WORKER_NS_ATTR, pid_namespace())
     shown = ", ".join(f"{k}={_short(v)}" for k, v in values.items())
-    started = time.monotonic()
     try:
         job = trial_config(plan.base, values, run_dir.name, str(run_dir.parent))
     except UserError as exc:
@@ -245,12 +270,8 @@ def run_trial(
         retry(study, _told(study, trial, state=optuna.trial.TrialState.FAIL), plan.hpo.max_retries)
         say(f"trial {trial.number}: {note}; retry enqueued")
         return TrialOutcome(trial.number, "FAIL", None, run_dir, 0.0, note)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    RunLayout(run_dir).config.write_text(job.to_yaml())
     say(f"trial {trial.number}: {shown} -> {run_dir}")
-    with Heartbeat(storage, trial._trial_id, plan.hpo.heartbeat_s, plan.hpo.grace_s / 2, stop.stop_child):
-        code = _train(run_dir, nproc, _trial_env(plan, trial), stop)
-    return _tell(plan, study, storage, trial, code, run_dir, time.monotonic() - started, say)
+    return job
 
 
 def _set_aside(run_dir: Path) -> Path:

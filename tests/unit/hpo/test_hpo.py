@@ -586,6 +586,36 @@ def test_a_trial_whose_worker_died_on_this_host_is_failed_at_once(tmp_path: Path
     assert study.get_trials()[0].user_attrs["hpcpipe:failure"] == "its worker died"
 
 
+def test_a_retry_is_not_failed_for_its_dead_originals_worker(tmp_path: Path) -> None:
+    """A retry inherits its original's user attributes, the dead worker's host:pid among them:
+    a sweep between the retry's ask and its worker naming itself failed the retry at once, and
+    the worker's next suggest raised UpdateFinishedTrialError (a traceback, the trial lost)."""
+    import os
+    import sys
+
+    from hpcpipe.hpo.liveness import claim
+    from hpcpipe.hpo.worker import StopFlag, _ask, run_trial
+
+    plan, study, storage = _study(tmp_path, "hpo.max_retries=2")
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], check=True, capture_output=True, text=True
+    )
+    original = study.ask()
+    with pytest.MonkeyPatch.context() as patch:  # its worker was that process, gone now
+        patch.setattr(os, "getpid", lambda: int(gone.stdout))
+        claim(storage, original._trial_id)
+    suggest(original, plan.hpo.space)
+    assert fail_stale_trials(study, storage, 600.0, 2) == [0]  # failed at once, its retry waits
+    retry = _ask(study, storage, plan.hpo, 0, first=True)
+    assert retried_from(storage.get_trial(retry._trial_id)) == 0
+    assert fail_stale_trials(study, storage, 600.0, 2) == []  # the retry's worker is this one
+    # Failed all the same before it started (its heartbeat lapsed): one line, no traceback.
+    storage.set_trial_state_values(retry._trial_id, optuna.trial.TrialState.FAIL)
+    said: list[str] = []
+    outcome = run_trial(plan, study, storage, retry, 1, said.append, StopFlag())
+    assert outcome.state == "FAIL" and "failed it before it started" in said[-1]
+
+
 def test_hpo_launch_slurm_checks_everything_before_it_writes(tmp_path: Path) -> None:
     proc = run_cli("hpo", "launch", "slurm", "tiny", "--set", SPACE, cwd=tmp_path)  # SQLite
     assert proc.returncode == 2 and "cannot share SQLite" in proc.stderr
