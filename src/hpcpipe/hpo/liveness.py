@@ -47,7 +47,9 @@ class Heartbeat:
 
     ``on_lapse`` is called once when no beat reached the store for ``lapse_s``: other workers
     fail a trial they have not heard from for hpo.grace_s and start its retry in the same run
-    directory, so the trial must stop before then (the worker passes half the grace)."""
+    directory, so the trial must stop before then (the worker passes half the grace). A watchdog
+    thread of its own keeps the time: a store that hangs (a blackholed PostgreSQL connection, a
+    hung NFS mount) blocks the beat itself, which then never got to check the lapse."""
 
     def __init__(
         self,
@@ -61,6 +63,7 @@ class Heartbeat:
         self.lapse_s, self.on_lapse = lapse_s, on_lapse
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="hpo-heartbeat", daemon=True)
+        self._watchdog = threading.Thread(target=self._watch, name="hpo-heartbeat-watchdog", daemon=True)
         self._warned = False
         self._last_beat = time.monotonic()
         self._lapsed = False
@@ -68,11 +71,14 @@ class Heartbeat:
     def __enter__(self) -> Heartbeat:
         self.beat()
         self._thread.start()
+        if math.isfinite(self.lapse_s):
+            self._watchdog.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
-        self._thread.join(timeout=self.interval_s + 5)
+        # A beat stuck in a hung store would hold the worker here for nothing.
+        self._thread.join(timeout=0 if self._lapsed else self.interval_s + 5)
 
     def beat(self) -> None:
         try:
@@ -82,15 +88,19 @@ class Heartbeat:
             if not self._warned:
                 print(f"hpcpipe: trial heartbeat failed ({type(exc).__name__}); retrying", file=sys.stderr)
                 self._warned = True
-            if time.monotonic() - self._last_beat > self.lapse_s and not self._lapsed:
-                self._lapsed = True
-                print("hpcpipe: no heartbeat reached the study; stopping the trial", file=sys.stderr)
-                if self.on_lapse is not None:
-                    self.on_lapse()
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
             self.beat()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(min(self.interval_s, self.lapse_s / 4)):
+            if time.monotonic() - self._last_beat > self.lapse_s:
+                self._lapsed = True
+                print("hpcpipe: no heartbeat reached the study; stopping the trial", file=sys.stderr)
+                if self.on_lapse is not None:
+                    self.on_lapse()
+                return
 
 
 def fail_stale_trials(

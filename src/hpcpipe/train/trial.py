@@ -135,7 +135,30 @@ def open_storage(url: str, **engine: Any) -> optuna.storages.BaseStorage:
         url = "postgresql+psycopg://" + url.removeprefix("postgresql://")
     # SQLite: wait for the lock instead of failing at once; Postgres: drop dead connections.
     kwargs: dict[str, Any] = (
-        {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}
+        {"connect_args": {"timeout": 60}}
+        if url.startswith("sqlite")
+        else {"pool_pre_ping": True, "connect_args": postgres_timeouts(url)}
     )
     kwargs.update(engine)
     return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+
+
+# libpq's defaults wait forever: a server cut off by the network (its packets dropped, not
+# refused) hung the worker in a connect or a query, and its trial's heartbeat with it.
+POSTGRES_TIMEOUTS = {
+    "connect_timeout": 10,  # seconds
+    "tcp_user_timeout": 30_000,  # ms: sent data unacknowledged this long ends the connection
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 5,
+    "keepalives_count": 3,
+    "options": "-c statement_timeout=60s",
+}
+
+
+def postgres_timeouts(url: str) -> dict[str, Any]:
+    """libpq's time limits, each one unless the URL's query sets it."""
+    from urllib.parse import parse_qs, urlsplit
+
+    given = parse_qs(urlsplit(url).query)
+    return {key: value for key, value in POSTGRES_TIMEOUTS.items() if key not in given}

@@ -131,6 +131,24 @@ def test_storage_urls_are_absolute_and_parallel_sqlite_warns(
         plan_study(_job(Path("runs"), "hpo.storage=mysql://db/hpo"))
 
 
+def test_postgresql_connections_time_out_unless_the_url_says_otherwise(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """libpq waits forever by default: a store cut off by the network hung the worker and its
+    trial's heartbeat in a connect or a query."""
+    from hpcpipe.train.trial import open_storage
+
+    seen: dict[str, dict] = {}
+    monkeypatch.setattr(
+        optuna.storages, "RDBStorage", lambda url, engine_kwargs: seen.update({url: engine_kwargs})
+    )
+    open_storage("postgresql://me@db:5432/hpo")
+    open_storage("postgresql://me@db:5432/hpo?connect_timeout=3")
+    plain, given = (kwargs["connect_args"] for kwargs in seen.values())
+    assert plain["connect_timeout"] == 10 and "statement_timeout" in plain["options"]
+    assert plain["tcp_user_timeout"] > 0 and "connect_timeout" not in given  # the URL's 3 stands
+
+
 def _study(tmp_path: Path, *sets: str):  # type: ignore[no-untyped-def]
     plan = plan_study(_job(tmp_path, *sets))
     study, storage = open_study(plan, create=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 from hpcpipe.hpo.worker import StopFlag
@@ -58,3 +59,30 @@ def test_a_trial_whose_heartbeat_cannot_reach_the_study_is_stopped() -> None:
         while not stopped and time.monotonic() < deadline:
             time.sleep(0.05)
     assert stopped == [True]  # once
+
+
+def test_a_trial_whose_heartbeat_hangs_in_the_store_is_stopped() -> None:
+    """A blackholed PostgreSQL connection or a hung NFS mount blocks the beat instead of failing
+    it: the lapse was checked only after a beat raised, so the trial trained on past the grace."""
+    from hpcpipe.hpo.liveness import Heartbeat
+
+    released = threading.Event()
+
+    class Hanging:
+        calls = 0
+
+        def set_trial_system_attr(self, *args: object) -> None:
+            Hanging.calls += 1
+            if Hanging.calls > 1:  # the first beat lands, then the store stops answering
+                released.wait(10)
+
+    stopped: list[bool] = []
+    beat = Heartbeat(Hanging(), 0, interval_s=0.05, lapse_s=0.3, on_lapse=lambda: stopped.append(True))  # type: ignore[arg-type]
+    try:
+        with beat:
+            deadline = time.monotonic() + 5
+            while not stopped and time.monotonic() < deadline:
+                time.sleep(0.05)
+    finally:
+        released.set()
+    assert stopped == [True]
