@@ -267,7 +267,10 @@ def _prepare(
     if stop.event.is_set():  # stopped since the ask (Slurm's signal before the time limit)
         note = "the worker was stopped before the trial started"
         trial_note(storage, trial, note)
-        retry(study, _told(study, trial, state=optuna.trial.TrialState.FAIL), plan.hpo.max_retries)
+        frozen = _failed(study, storage, trial)
+        if frozen is None:  # by a sweep, which enqueued the retry
+            raise optuna.exceptions.UpdateFinishedTrialError(note)
+        retry(study, frozen, plan.hpo.max_retries)
         say(f"trial {trial.number}: {note}; retry enqueued")
         return TrialOutcome(trial.number, "FAIL", None, run_dir, 0.0, note)
     say(f"trial {trial.number}: {shown} -> {run_dir}")
@@ -365,10 +368,30 @@ def _tell(
     else:
         note = f"exit code {code} (see {RunLayout(run_dir).train_log})"
     trial_note(storage, trial, note)
-    frozen = _told(study, trial, state=state.FAIL, skip_if_finished=True)
+    frozen = _failed(study, storage, trial)
+    if frozen is None:
+        note = "the study had already failed it (its heartbeat lapsed); its retry, if any, resumes it"
+        say(f"{head}{note}")
+        return TrialOutcome(trial.number, "FAIL", None, run_dir, seconds, note)
     retried = code != USER_ERROR_EXIT_CODE and retry(study, frozen, plan.hpo.max_retries)
     say(f"{head}failed: {note}{'; retry enqueued' if retried else ''}")
     return TrialOutcome(trial.number, "FAIL", None, run_dir, seconds, note)
+
+
+def _failed(
+    study: optuna.Study, storage: optuna.storages.BaseStorage, trial: optuna.trial.Trial
+) -> optuna.trial.FrozenTrial | None:
+    """Tell FAIL: the frozen trial when this tell failed it, None when a stale sweep of another
+    worker did first (and enqueued the retry: a second one trained the same values in the same
+    folder at once). Optuna refuses a finished trial before the write, or at it in a race."""
+    import optuna
+
+    try:
+        return _told(study, trial, state=optuna.trial.TrialState.FAIL)
+    except (ValueError, optuna.exceptions.UpdateFinishedTrialError):
+        if not storage.get_trial(trial._trial_id).state.is_finished():
+            raise
+        return None
 
 
 def trial_note(storage: optuna.storages.BaseStorage, trial: optuna.trial.Trial, note: str) -> None:

@@ -580,6 +580,31 @@ def test_a_trial_failed_meanwhile_by_a_sweep_is_not_retried_twice(tmp_path: Path
     assert [t.state.name for t in study.get_trials()] == ["FAIL", "WAITING"]
 
 
+def test_a_trial_a_sweep_fails_while_it_is_told_is_retried_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sweep failing the trial after _tell's "already finished?" check: the FAIL tell skipped
+    quietly and the worker enqueued a second retry of the same values in the same folder."""
+    from hpcpipe.hpo import worker
+
+    plan, study, storage = _study(tmp_path, "hpo.max_retries=3")
+    trial = study.ask()
+    suggest(trial, plan.hpo.space)
+    trial.set_user_attr(RUN_DIR_ATTR, str(tmp_path / "trial-0000"))
+    mark_alive(storage, trial._trial_id, time.time() - 600)  # its beats stopped landing
+    noted = worker.trial_note
+
+    def sweep_meanwhile(*args: object) -> None:  # another worker sweeps right here
+        assert fail_stale_trials(study, storage, 60.0, 3) == [0]
+        noted(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(worker, "trial_note", sweep_meanwhile)
+    said: list[str] = []
+    outcome = _tell(plan, study, storage, trial, PREEMPT_EXIT_CODE, tmp_path, 1.0, said.append)
+    assert outcome.state == "FAIL" and "already failed it" in said[0]
+    assert [t.state.name for t in study.get_trials()] == ["FAIL", "WAITING"]
+
+
 def test_a_trial_whose_worker_died_on_this_host_is_failed_at_once(tmp_path: Path) -> None:
     import os
     import sys
