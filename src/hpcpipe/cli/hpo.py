@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -30,6 +31,7 @@ from hpcpipe.errors import UserError
 if TYPE_CHECKING:
     from hpcpipe.config import JobConfig
     from hpcpipe.hpo.study import StudyPlan
+    from hpcpipe.hpo.worker import StopFlag
 
 app = typer.Typer(
     help="Hyper-parameter search: an Optuna study over any config key; every trial is an "
@@ -106,7 +108,8 @@ def run(
     checkpoints, train.log). The trial reports hpo.metric at every evaluation and the pruner may
     stop it (it checkpoints and is recorded as pruned). Running the command again continues the
     study: trials already done count toward hpo.n_trials. Writes the study's plots to
-    STUDY_DIR/plots/ at the end.
+    STUDY_DIR/plots/ at the end. Stopped by SIGTERM before the study has its trials, it exits with
+    fault.preempt_exit_code (75; 130 after Ctrl-C).
 
     Examples:
 
@@ -125,23 +128,31 @@ def run(
     plan = _start(config, sets, nproc, trials, workers)
     _say(f"study {plan.name}: {plan.hpo.n_trials} trials, {workers} worker(s), storage {plan.storage_shown}")
     _say(f"study directory: {plan.study_dir}")
-    code = 0
-    if workers == 1:
-        _run_here(plan)
-    else:
-        code = _run_processes(plan, workers)
+    code = _run_here(plan) if workers == 1 else _run_processes(plan, workers)
     study, _ = open_study(plan)
     _finish(plan, study, json_out)
     if code:
         raise typer.Exit(code if code > 0 else 1)
 
 
-def _run_here(plan: StudyPlan) -> None:
+def _run_here(plan: StudyPlan) -> int:
     from hpcpipe.hpo.worker import StopFlag, run_worker
 
     stop = StopFlag()
     stop.install()
     run_worker(plan, plan.base.parallel.nproc, _say, stop)
+    return _stopped(plan, stop, _say)
+
+
+def _stopped(plan: StudyPlan, stop: StopFlag, say: Callable[[str], None]) -> int:
+    """The worker's exit code (0, or 75/130 when a signal left the study unfinished), said in a line."""
+    from hpcpipe.hpo.worker import stopped_exit_code
+
+    code = stopped_exit_code(plan, stop)
+    if code:
+        name = signal.Signals(stop.signum or signal.SIGTERM).name
+        say(f"stopped by {name} before the study's {plan.hpo.n_trials} trials ran; run it again to continue")
+    return code
 
 
 def _run_processes(plan: StudyPlan, workers: int) -> int:
@@ -154,17 +165,23 @@ def _run_processes(plan: StudyPlan, workers: int) -> int:
         subprocess.Popen([*argv, "--label", f"w{i}", "--index", str(i)], env=env) for i in range(workers)
     ]
 
+    received: list[int] = []
+
     def forward(signum: int, _frame: object) -> None:
+        received.append(signum)
         for proc in procs:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
 
-    signal.signal(signal.SIGTERM, forward)
-    signal.signal(signal.SIGINT, forward)
+    for signum in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
+        signal.signal(signum, forward)
     codes = [proc.wait() for proc in procs]
     if any(codes):
         err_console.print(f"worker exit codes: {codes} (their messages are above)")
-    return max(codes, key=abs)
+    code = max(codes, key=abs)
+    if received[:1] == [signal.SIGINT] and code == plan.base.fault.preempt_exit_code:
+        return 130  # Ctrl-C here: the workers were passed SIGTERM
+    return code
 
 
 def _finish(plan: StudyPlan, study: Any, json_out: str | None) -> None:
@@ -225,7 +242,9 @@ def worker(
 ) -> None:
     """Run trials of an existing study until it has hpo.n_trials (one Slurm array task runs this).
 
-    SIGTERM stops it after the running trial checkpoints; that trial is retried by a worker.
+    SIGTERM stops it after the running trial checkpoints; that trial is retried by a worker. A
+    worker stopped so before the study has its trials exits with fault.preempt_exit_code (75;
+    130 after Ctrl-C).
     """
     from hpcpipe.hpo.study import load_plan
     from hpcpipe.hpo.worker import StopFlag, run_worker, trial_imports
@@ -236,7 +255,13 @@ def worker(
     stop = StopFlag()
     stop.install()
     prefix = f"[{label}] " if label else ""
-    run_worker(plan, nproc or plan.base.parallel.nproc, lambda text: _say(prefix + text), stop, worker=index)
+
+    def say(text: str) -> None:
+        _say(prefix + text)
+
+    run_worker(plan, nproc or plan.base.parallel.nproc, say, stop, worker=index)
+    if code := _stopped(plan, stop, say):
+        raise typer.Exit(code)
 
 
 def status(study: StudyArg, sets: SetOption = None, json_out: JsonOption = None) -> None:

@@ -66,14 +66,16 @@ class TrialOutcome:
 
 
 class StopFlag:
-    """Set by SIGTERM/SIGINT: finish (or forward the signal to) the running trial, ask for no more."""
+    """Set by SIGTERM/SIGUSR1/SIGINT: finish (or forward the signal to) the running trial, ask for
+    no more."""
 
     def __init__(self) -> None:
         self.event = threading.Event()
         self.child: int | None = None  # the running trial's pid
+        self.signum: int | None = None  # the first signal that stopped the worker
 
     def install(self) -> None:
-        for signum in (signal.SIGTERM, signal.SIGINT):
+        for signum in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
             signal.signal(signum, self._on_signal)
 
     def started(self, pid: int) -> None:
@@ -83,6 +85,8 @@ class StopFlag:
                 os.kill(pid, signal.SIGTERM)
 
     def _on_signal(self, signum: int, _frame: object) -> None:
+        if self.signum is None:
+            self.signum = signum
         self.event.set()
         self.stop_child()
 
@@ -139,6 +143,19 @@ def _ask(
     if first:
         seed_from_first_trial(study, storage, hpo, worker, trial)
     return trial
+
+
+def stopped_exit_code(plan: StudyPlan, stop: StopFlag) -> int:
+    """0, unless a signal stopped the worker before the study's budget was spent: then 130 after
+    Ctrl-C and fault.preempt_exit_code (75) after SIGTERM/SIGUSR1, as a preempted training run
+    ends. A worker stopped with its trial preempted and the study unfinished exited 0, and a
+    scheduler or a script took the study for done."""
+    if stop.signum is None:
+        return 0
+    study, _ = open_study(plan)
+    if _budget_spent(study, plan.hpo.n_trials):
+        return 0
+    return 130 if stop.signum == signal.SIGINT else plan.base.fault.preempt_exit_code
 
 
 def _say_still_running(study: optuna.Study, grace_s: float, say: Callable[[str], None]) -> None:

@@ -680,6 +680,27 @@ def test_a_worker_stopped_since_the_ask_starts_no_trial_and_retries_it(tmp_path:
     assert [t.state.name for t in study.get_trials()] == ["FAIL", "WAITING"]
 
 
+def test_a_worker_a_signal_stopped_before_the_budget_exits_75_or_130(tmp_path: Path) -> None:
+    """`hpo run` and `hpo worker` exited 0 after SIGTERM or Ctrl-C with the trial preempted and
+    the study unfinished: a scheduler or a script took the study for done."""
+    import signal
+
+    from hpcpipe.hpo.worker import StopFlag, stopped_exit_code
+
+    plan, study, _ = _study(tmp_path, "hpo.n_trials=1")
+    codes = {}
+    for signum in (None, signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
+        stop = StopFlag()
+        if signum is not None:
+            stop._on_signal(signum, None)
+        codes[signum] = stopped_exit_code(plan, stop)
+    assert codes == {None: 0, signal.SIGTERM: 75, signal.SIGUSR1: 75, signal.SIGINT: 130}
+    study.tell(study.ask(), 1.0)  # the budget is spent: stopped or not, the study is done
+    stop = StopFlag()
+    stop._on_signal(signal.SIGTERM, None)
+    assert stopped_exit_code(plan, stop) == 0
+
+
 def test_each_trial_has_its_own_checkpoint_directory(tmp_path: Path) -> None:
     """A checkpoint.dir outside the trials: trial 1 resumed trial 0's checkpoint."""
     from hpcpipe.hpo.space import trial_config
