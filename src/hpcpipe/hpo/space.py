@@ -42,7 +42,18 @@ def suggest(trial: optuna.trial.Trial, space: dict[str, ParamSpec]) -> dict[str,
 
 
 def _active(spec: ParamSpec, values: dict[str, Any]) -> bool:
-    return all(values.get(key) == wanted for key, wanted in spec.when.items())
+    return all(_same(values.get(key), wanted) for key, wanted in spec.when.items())
+
+
+def _same(value: Any, wanted: Any) -> bool:
+    """A float parameter's steps drift in the last bits (0.1 + 2 x 0.1): 0.3 is still 0.3."""
+    if _number(value) and _number(wanted):
+        return math.isclose(value, wanted, rel_tol=1e-9, abs_tol=1e-12)
+    return bool(value == wanted)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def maximize(job: JobConfig) -> bool:
@@ -79,12 +90,30 @@ def check_space(job: JobConfig) -> None:
                     f"hpo.space.{key}.when: {other} never takes {wanted!r} (its choices: "
                     f"{', '.join(map(str, choices))})"
                 )
+            if choices is None and (why := _unreachable(hpo.space[other], wanted)) is not None:
+                raise UserError(f"hpo.space.{key}.when: {other} never takes {wanted!r} ({why})")
         for value in _extremes(spec):
             try:
                 apply_values(job, {key: value})
             except ConfigError as exc:
                 raise UserError(f"hpo.space.{key}: {exc}") from None
         seen.append(key)
+
+
+def _unreachable(spec: ParamSpec, wanted: Any) -> str | None:
+    """Why an int or float parameter never takes ``wanted`` (None when it can): a condition on
+    such a value was accepted, and the key under it silently never sampled."""
+    if not _number(wanted):
+        return f"it is {'an' if spec.type == 'int' else 'a'} {spec.type} parameter"
+    low, high = spec.low or 0.0, spec.high or 0.0
+    if not low <= wanted <= high:
+        return f"its range: {low:g} to {high:g}"
+    if spec.type == "float" and spec.step is None:
+        return "a float range without a step takes any one value with probability 0; give it a step"
+    step = spec.step or 1
+    if abs((wanted - low) / step - round((wanted - low) / step)) > 1e-8:
+        return f"its steps: {low:g}, {low + step:g}, {low + 2 * step:g}, ..."
+    return None
 
 
 def _extremes(spec: ParamSpec) -> list[Any]:

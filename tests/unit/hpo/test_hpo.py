@@ -68,6 +68,24 @@ def test_space_keys_values_conditions_and_metric_are_named(tmp_path: Path) -> No
             "train.optimizer never takes 'SGD' \\(its choices: adamw, sgd\\)"
         ),
     }
+    # An int or float parent's value it never takes: the key under it was never sampled either.
+    parent = "hpo.space={model.n_layers: {type: int, low: 1, high: 5, step: 2}, "
+    child = "train.lr: {type: float, low: 0.01, high: 0.1, when: {model.n_layers: %s}}}"
+    for wanted, why in {
+        "7": "its range: 1 to 5",
+        "2": "its steps: 1, 3, 5",
+        "four": "it is an int parameter",
+        "true": "it is an int parameter",
+    }.items():
+        cases[parent + child % wanted] = f"hpo.space.train.lr.when: model.n_layers never takes .*{why}"
+    dropout = "hpo.space={model.dropout: {type: float, low: 0.0, high: 0.3%s}, " + child.replace(
+        "model.n_layers: %s", "model.dropout: 0.3"
+    )
+    cases[dropout % ""] = "without a step"
+    stepped = load_config("tiny", [SPACE, dropout % ", step: 0.1"])
+    check_space(stepped)  # 0.3 is a step: fine, and a step that drifted in its last bits matches
+    drifted = optuna.trial.FixedTrial({"model.dropout": 0.1 * 3, "train.lr": 0.05})
+    assert suggest(drifted, stepped.hpo.space)["train.lr"] == 0.05
     for item, needle in cases.items():
         with pytest.raises(UserError, match=needle):
             check_space(load_config("tiny", [SPACE, item]))
