@@ -136,6 +136,25 @@ def test_a_pipeline_checkpoint_resumes_in_another_layout(
     assert_steps_close(metric_rows(resumed, "loss"), metric_rows(runs["single"], "loss"), RTOL)
 
 
+def test_a_checkpoint_of_one_process_resumes_with_the_tied_copies_equal(tmp: Path) -> None:
+    """One process saves the optimizer state of the tied embedding under its first name only: the
+    last stage's copy (the LM head) started without one, and the copies drifted apart."""
+    import torch
+
+    from hpcpipe.checkpoint.manifest import read_manifest
+    from hpcpipe.checkpoint.safe_dcp import SafeFileSystemReader, load_state_safely
+
+    _train(tmp, "tie_from_one", 1, "train.steps=2", "checkpoint.every_steps=2")
+    run = _train(tmp, "tie_from_one", 2, "parallel.pp=2", "train.steps=4", "checkpoint.every_steps=2")
+    assert [e["step"] for e in run_events(run, "resumed")] == [2]
+    ckpt = run / "checkpoints" / "step-00000004"
+    saved = SafeFileSystemReader(ckpt, read_manifest(ckpt)).read_metadata().state_dict_metadata
+    names = ("tok_emb.weight", "lm_head.weight")
+    state = {name: torch.zeros(saved[f"model.{name}"].size) for name in names}  # type: ignore[union-attr]
+    load_state_safely(ckpt, {"model": state}, "misfit")
+    assert torch.equal(state["tok_emb.weight"], state["lm_head.weight"])
+
+
 def test_the_export_of_a_pipeline_checkpoint_is_the_whole_model(tmp: Path, runs: dict[str, Path]) -> None:
     import torch
     from safetensors.torch import load_file

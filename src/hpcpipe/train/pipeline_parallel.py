@@ -15,7 +15,8 @@ stages in order (point-to-point sends of each activation), its loss sums on the 
 
 Parameters that two stages share (the GPT's token embedding, tied to its LM head on the last
 stage) are two copies after the split; their gradients are summed over the stages that hold them
-after every backward, so the copies stay equal (Megatron-LM's embedding all-reduce).
+after every backward, so the copies stay equal (Megatron-LM's embedding all-reduce). After a
+restore every copy takes its first holder's weight and optimizer state (``tie_copies``).
 """
 
 from __future__ import annotations
@@ -89,11 +90,13 @@ class StageModules(nn.Module):
 @dataclass
 class TiedCopy:
     """One parameter held by several stages: its name here and the group of ranks holding it;
-    ``counted``: this copy is the one the gradient norm counts (the first holder's)."""
+    ``counted``: this copy is the one the gradient norm counts (the first holder's); ``source``:
+    the first holder's global rank."""
 
     name: str
     group: Any
     counted: bool
+    source: int
 
 
 @dataclass
@@ -156,6 +159,17 @@ class Pipeline:
                 dist.all_reduce(grad.to_local(), group=tied.group)
             else:
                 dist.all_reduce(grad, group=tied.group)
+
+    @torch.no_grad()
+    def tie_copies(self, optimizer: torch.optim.Optimizer) -> None:
+        """After a restore: every tied copy takes its first holder's weight and optimizer state. A
+        checkpoint saved without a pipeline holds the optimizer state under the first name only
+        (the embedding's): the head's copy started with none, and with other moments than the
+        embedding's the copies drifted apart though their gradients were summed."""
+        for tied in self.tied:
+            param: Any = self.modules.get_parameter(tied.name)
+            dist.broadcast(_local(param), tied.source, group=tied.group)
+            _broadcast_state(optimizer.state, param, tied)
 
     @torch.no_grad()
     def evaluate_all(
@@ -227,6 +241,52 @@ class Pipeline:
 
     def _rank_of(self, stage_id: int) -> int:
         return dist.get_global_rank(self.group, stage_id % dist.get_world_size(self.group))
+
+
+def _local(tensor: Any) -> torch.Tensor:
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+_SHAPED = "shaped"  # a state tensor laid out as its parameter (Adam's moments): sent as a tensor
+
+
+def _broadcast_state(states: Any, param: Any, tied: TiedCopy) -> None:
+    """``param``'s optimizer state from ``tied.source`` to the other copies: what each entry is
+    first (objects), then the entries shaped as the parameter's local piece as tensors."""
+    piece = _local(param)
+    is_source = dist.get_rank() == tied.source
+    state = states.get(param)
+    found: list[Any] = [None]
+    if is_source and state is not None:
+        found = [{key: _describe(value, piece) for key, value in state.items()}]
+    dist.broadcast_object_list(found, tied.source, group=tied.group)
+    entries = found[0]
+    if entries is None:  # no state at the first holder (no gradient yet): none here either
+        states.pop(param, None)
+        return
+    if not is_source:
+        state = states[param] = {key: _placed(entry, param) for key, entry in entries.items()}
+    assert state is not None
+    for key in sorted(key for key, entry in entries.items() if entry[0] == _SHAPED):
+        dist.broadcast(_local(state[key]), tied.source, group=tied.group)
+
+
+def _describe(value: Any, piece: torch.Tensor) -> tuple[Any, ...]:
+    """(_SHAPED, dtype), or ("value", the value, on the parameter's device)."""
+    if isinstance(value, torch.Tensor):
+        local = _local(value)
+        if local.shape == piece.shape and local.device == piece.device:
+            return (_SHAPED, value.dtype)
+        return ("value", local.cpu(), local.device == piece.device)
+    return ("value", value, False)
+
+
+def _placed(entry: tuple[Any, ...], param: Any) -> Any:
+    """A receiving copy's state entry: a tensor laid out as ``param`` for a shaped one."""
+    if entry[0] == _SHAPED:
+        return torch.empty_like(param.detach(), dtype=entry[1])
+    value, on_device = entry[1], entry[2]
+    return value.to(param.device) if on_device else value
 
 
 def _example(tensor: torch.Tensor) -> torch.Tensor:
@@ -367,7 +427,7 @@ def tied_copies(
             ranks = [pipeline[h] for h in holders]
             group = dist.new_group(ranks)
             if dist.get_rank() in ranks:
-                copies += [TiedCopy(n, group, counted=owners[n] == holders[0]) for n in names if n in mine]
+                copies += [TiedCopy(n, group, owners[n] == holders[0], ranks[0]) for n in names if n in mine]
     return copies
 
 

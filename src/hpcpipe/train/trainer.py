@@ -436,6 +436,8 @@ class Trainer:
         try:
             with self.watchdog.pause():
                 extra = self.store.restore(self.model, self.optimizer)
+                if extra is not None and self.pipeline is not None:  # a checkpoint of any layout
+                    self.pipeline.tie_copies(self.optimizer)
         except CheckpointError as exc:
             raise CheckpointError(f"{exc}{describe_changes(RunLayout(self.run_dir).config, job)}") from None
         if extra is None:
