@@ -180,7 +180,7 @@ def _layout(
         tp=tp_,
         pp=pp_,
         dp=dp_,
-        zero=_zero(job, zero, tp_),
+        zero=_zero(job, zero, tp_, pp_, dp_),
         virtual_stages=virtual_,
         micro_batch=micro_,
         micro_batches=micro_batches(batch, micro_, dp_),
@@ -197,9 +197,10 @@ def _pick(flag: str, given: int | None, from_job: int | None, default: int) -> i
     return int(value)
 
 
-def _zero(job: Any, zero: int | None, tp: int) -> int:
-    """The ZeRO stage the job trains with: ``auto`` is DDP (0), or FSDP2 (3) beside tensor
-    parallelism, as the trainer resolves it (``train/parallel.py resolve_strategy``)."""
+def _zero(job: Any, zero: int | None, tp: int, pp: int, dp: int) -> int:
+    """The ZeRO stage the job trains with, its strategy resolved as the trainer resolves it
+    (``train/parallel.py resolve_strategy``: ``auto`` is DDP (0), or FSDP2 (3) beside tensor or
+    pipeline parallelism; one data-parallel rank never wraps)."""
     if zero is not None:
         return zero
     if job is None:
@@ -207,9 +208,9 @@ def _zero(job: Any, zero: int | None, tp: int) -> int:
     strategy = job.parallel.strategy
     if strategy == "deepspeed":
         return job.parallel.zero_stage if job.parallel.zero_stage is not None else 3
-    if strategy == "auto":
-        return 3 if tp > 1 else 0
-    return 0 if strategy in ("ddp", "single") else 3
+    from hpcpipe.train.parallel import resolve_strategy  # torch: only for a job's strategy
+
+    return 0 if resolve_strategy(strategy, dp, max(tp, pp)) in ("ddp", "single") else 3
 
 
 def _print_memory(shape: ModelShape, layout: Layout, parts: dict[str, float]) -> None:

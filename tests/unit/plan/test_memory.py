@@ -212,8 +212,17 @@ def test_plan_memory_takes_the_zero_stage_the_job_trains_with(tmp_path: Path) ->
     from hpcpipe.config import load_config
 
     auto = load_config("gpt-124m", ["parallel.strategy=auto"])
-    assert (_zero(auto, None, 1), _zero(auto, None, 2), _zero(auto, 1, 1)) == (0, 3, 1)
-    assert _zero(load_config("gpt-124m"), None, 1) == 3  # fsdp
+    assert (_zero(auto, None, 1, 1, 2), _zero(auto, None, 2, 1, 2), _zero(auto, 1, 1, 1, 2)) == (0, 3, 1)
+    assert _zero(load_config("gpt-124m"), None, 1, 1, 2) == 3  # fsdp
+
+
+def test_plan_memory_takes_fsdp2_for_strategy_auto_beside_a_pipeline() -> None:
+    """The trainer wraps each stage in FSDP2 under pp > 1 (strategy auto): planned as DDP, ZeRO 0."""
+    from hpcpipe.cli.plan_memory import _zero
+    from hpcpipe.config import load_config
+
+    auto = load_config("gpt-124m", ["parallel.strategy=auto"])
+    assert (_zero(auto, None, 1, 2, 2), _zero(auto, None, 1, 2, 1)) == (3, 0)  # dp 1: nothing to wrap
 
 
 @pytest.mark.parametrize(
