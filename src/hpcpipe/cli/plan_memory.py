@@ -168,7 +168,8 @@ def _layout(
     dp_ = _pick("--dp", dp, None, derived)
     virtual_ = _pick("--virtual-stages", virtual, getattr(p, "virtual_stages", None), 1)
     micro_ = _pick("--micro-batch", micro, t.micro_batch_size if t else None, 1)
-    batch = _pick("--global-batch", global_batch, t.global_batch_size if t else None, micro_ * dp_)
+    # By default one micro-batch per pipeline stage: the fewest a pipeline schedule runs.
+    batch = _pick("--global-batch", global_batch, t.global_batch_size if t else None, micro_ * dp_ * pp_)
     precision = precision or (t.precision if t else "bf16")
     recompute = recompute or (t.activation_checkpointing if t else "none")
     if precision not in ("bf16", "fp16", "fp32"):

@@ -271,18 +271,26 @@ def check_layout(tp: int, world_size: int, ranks_per_node: int, pp: int = 1) -> 
 
 
 def check_micro_batches(cfg: ParallelConfig, accum: int) -> None:
-    """ConfigError unless a pipeline has enough micro-batches: 1F1B schedules need at least one per
-    stage (the accumulation steps are the micro-batches), interleaved ones a multiple of pp."""
+    """ConfigError unless a pipeline has enough micro-batches (``micro_batches_needed``; the
+    accumulation steps are the micro-batches)."""
     from hpcpipe.errors import ConfigError
 
-    if cfg.pp == 1 or cfg.pp_schedule == "gpipe":
-        return
-    if accum < cfg.pp or (cfg.pp_schedule == "interleaved-1f1b" and accum % cfg.pp):
-        need = "a multiple of" if cfg.pp_schedule == "interleaved-1f1b" else "at least"
+    need = micro_batches_needed(cfg.pp, cfg.pp_schedule, accum)
+    if need is not None:
         raise ConfigError(
             f"parallel.pp_schedule={cfg.pp_schedule} needs {need} parallel.pp={cfg.pp} micro-batches "
             f"per step; train.global_batch_size / (micro_batch_size x data-parallel ranks) gives {accum}"
         )
+
+
+def micro_batches_needed(pp: int, schedule: str, micro_batches: int) -> str | None:
+    """What ``schedule`` over ``pp`` stages needs that ``micro_batches`` per step lack: "at least"
+    pp (1F1B schedules: one per stage), "a multiple of" pp (interleaved), or None (enough)."""
+    if pp == 1 or schedule == "gpipe":
+        return None
+    if schedule == "interleaved-1f1b" and micro_batches % pp:
+        return "a multiple of"
+    return "at least" if micro_batches < pp else None
 
 
 def read_deepspeed_config(path: str) -> dict[str, Any]:

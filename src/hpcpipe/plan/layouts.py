@@ -27,6 +27,7 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
+from hpcpipe.config.parallel import micro_batches_needed
 from hpcpipe.plan.memory import GPUS, Gpu, Layout, ModelShape, Recompute, fits, memory_per_gpu
 
 RECOMPUTE_ORDER: tuple[Recompute, ...] = ("none", "selective", "full")
@@ -92,10 +93,11 @@ def candidate_layouts(
     shape: ModelShape, gpus: int, gpus_per_node: int, global_batch: int, base: Layout
 ) -> Iterator[Layout]:
     """Every (tp, pp, dp, v, micro-batch, ZeRO stage, recomputation) that splits the model, the
-    GPUs and the batch: tp within a node and dividing the heads, key-value heads and MLP width; pp
-    x v stages of at least one layer each (the busiest holds ceil(L / p) layers); dp the rest."""
+    GPUs and the batch: tp within a node and dividing the heads, key-value heads, MLP width and
+    sequence; pp x v stages of at least one layer each (the busiest holds ceil(L / p) layers); dp
+    the rest; the micro-batches per step the schedule needs (the trainer refuses fewer)."""
     for tp in _divisors(gpus_per_node):
-        if shape.heads % tp or shape.kv_heads % tp or shape.ffn % tp or gpus % tp:
+        if shape.heads % tp or shape.kv_heads % tp or shape.ffn % tp or shape.seq_len % tp or gpus % tp:
             continue
         for pp in _divisors(gpus // tp):
             if pp > shape.layers:
@@ -118,6 +120,8 @@ def _per_split(
             # One chunk per stage is plain 1F1B (p micro-batches in flight), whatever the base ran.
             plain = "1f1b" if base.schedule == "interleaved-1f1b" else base.schedule
             schedule = "interleaved-1f1b" if v > 1 else plain
+            if micro_batches_needed(pp, schedule, m) is not None:
+                continue  # the trainer refuses it (config/parallel.py check_micro_batches)
             zeros = (0, 1, 2, 3) if dp > 1 else (0,)
             for zero in zeros:
                 for recompute in RECOMPUTE_ORDER:

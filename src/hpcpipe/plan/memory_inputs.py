@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcpipe.config import JobConfig
+from hpcpipe.config.parallel import micro_batches_needed
 from hpcpipe.errors import UserError
 from hpcpipe.plan.layouts import Bandwidths
 from hpcpipe.plan.memory import GPUS, Gpu, Layout, ModelShape
@@ -126,13 +127,20 @@ def check_layout(shape: ModelShape, layout: Layout) -> None:
     """UserError naming the flag when the layout cannot split the model."""
     for name in ("tp", "pp", "dp", "virtual_stages", "micro_batch", "micro_batches"):
         _positive(name, getattr(layout, name))
-    for what, value in (("--heads", shape.heads), ("--kv-heads", shape.kv_heads), ("--ffn", shape.ffn)):
+    divided = (("--heads", shape.heads), ("--kv-heads", shape.kv_heads), ("--ffn", shape.ffn))
+    for what, value in (*divided, ("--seq", shape.seq_len)):  # the sequence: sequence parallelism
         if value % layout.tp:
             raise UserError(f"--tp {layout.tp} must divide {what} ({value})")
     if layout.pp * layout.virtual_stages > shape.layers:
         raise UserError(
             f"--pp {layout.pp} x --virtual-stages {layout.virtual_stages} is more stages than --layers "
             f"({shape.layers})"
+        )
+    need = micro_batches_needed(layout.pp, layout.schedule, layout.micro_batches)
+    if need is not None:  # the trainer's own rule (config/parallel.py check_micro_batches)
+        raise UserError(
+            f"--pp {layout.pp} ({layout.schedule}) needs {need} {layout.pp} micro-batches per step; "
+            f"--global-batch / (--micro-batch x --dp) gives {layout.micro_batches}"
         )
     if layout.zero not in (0, 1, 2, 3):
         raise UserError(f"--zero must be 0, 1, 2 or 3 (got {layout.zero})")

@@ -5,6 +5,8 @@ bad input."""
 from __future__ import annotations
 
 import json
+import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -170,6 +172,11 @@ def test_shape_flags_override_the_job_and_name_what_is_missing() -> None:
         (["--tp", "0"], "--tp must be 1 or more (got 0)"),
         (["--gpus", "8", "--dp", "3"], "--tp x --pp x --dp = 3, not --gpus 8"),
         (["--precision", "fp8"], "--precision fp8: expected bf16, fp16 or fp32"),
+        (
+            ["--pp", "2", "--global-batch", "1"],  # the trainer refuses it: it was planned
+            "--pp 2 (1f1b) needs at least 2 micro-batches per step; --global-batch / (--micro-batch x "
+            "--dp) gives 1",
+        ),
     ],
 )
 def test_bad_input_is_one_line_exit_2(args: list[str], needle: str) -> None:
@@ -177,6 +184,47 @@ def test_bad_input_is_one_line_exit_2(args: list[str], needle: str) -> None:
     proc = run_cli("plan", "memory", *base, *args)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert proc.stderr.strip() == f"error: {needle}"
+
+
+@pytest.mark.parametrize(
+    ("layout", "seq", "needle"),
+    [
+        (Layout(pp=2, micro_batches=1), 32, "needs at least 2 micro-batches"),
+        (Layout(pp=2, virtual_stages=2, schedule="interleaved-1f1b", micro_batches=3), 32, "a multiple of 2"),
+        (Layout(tp=2), 31, "--tp 2 must divide --seq (31)"),
+    ],
+)
+def test_a_layout_the_trainer_refuses_is_refused(layout: Layout, seq: int, needle: str) -> None:
+    """1F1B with fewer micro-batches than stages, interleaved with micro-batches not a multiple of
+    pp, tp not dividing the sequence: the trainer refuses each; the planner planned them."""
+    from hpcpipe.errors import UserError
+    from hpcpipe.plan.memory_inputs import check_layout
+
+    shape = ModelShape(layers=4, hidden=64, heads=4, vocab=100, seq_len=seq, ffn=256, kv_heads=4)
+    with pytest.raises(UserError, match=re.escape(needle)):
+        check_layout(shape, layout)
+    check_layout(shape, replace(layout, micro_batches=4) if layout.pp > 1 else replace(layout, tp=1))
+
+
+def test_the_search_leaves_out_layouts_the_trainer_refuses() -> None:
+    """It ranked interleaved pp 4 over 6 micro-batches and pp 2 over 3, and tp 2 over a sequence
+    of 2047 tokens."""
+    from hpcpipe.plan.layouts import candidate_layouts
+
+    shape = ModelShape(layers=8, hidden=1024, heads=16, vocab=32000, seq_len=2048, ffn=4096, kv_heads=16)
+    found = list(candidate_layouts(shape, 8, 8, 12, Layout()))
+    assert all(c.micro_batches >= c.pp for c in found if c.pp > 1)
+    assert all(c.micro_batches % c.pp == 0 for c in found if c.virtual_stages > 1)
+    assert any(c.virtual_stages > 1 for c in found)  # the interleaved ones it may run stay
+    odd = replace(shape, seq_len=2047)
+    assert {c.tp for c in candidate_layouts(odd, 8, 8, 12, Layout())} == {1}
+
+
+def test_the_default_global_batch_gives_each_stage_a_micro_batch() -> None:
+    from hpcpipe.cli.plan_memory import _layout
+
+    layout = _layout(None, None, 4, 2, None, None, 1, None, None, None, None)
+    assert (layout.micro_batches, layout.pp, layout.dp) == (4, 4, 2)
 
 
 def test_the_cli_plans_a_preset_and_searches(tmp_path: Path) -> None:
