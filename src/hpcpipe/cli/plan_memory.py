@@ -23,7 +23,7 @@ from hpcpipe.plan.memory_inputs import (
     shape_from_job,
 )
 
-PARTS = ("parameters", "gradients", "optimizer", "activations", "logits", "buffers")
+PARTS = ("parameters", "gradients", "optimizer", "activations", "logits", "weight_casts", "buffers")
 
 
 def _opt(help_text: str) -> Any:
@@ -86,9 +86,10 @@ def memory(
 
     Memory (plan/memory.py): weights, gradients and AdamW state at 2 + 2 + 12 bytes per parameter
     in bf16 (ZeRO's accounting), sharded by tp x pp and by the ZeRO stage over dp; activations per
-    layer as Korthikanti et al. (2022) count them with flash attention (34 s b h bytes per GPT-2
-    layer: attention, MLP and norms; / t with sequence parallelism), times the micro-batches the
-    first pipeline stage holds (1F1B: p; interleaved: p (1 + (p-1)/(p v)); GPipe: all); logits;
+    layer as hpcpipe's GPT keeps them (fp32 residual stream and norm inputs, 16-bit matmul outputs
+    under autocast; with tensor parallelism the all-gathered inputs whole on every rank), times the
+    micro-batches a stage holds (first stage, 1F1B: p; interleaved: p (1 + (p-1)/(p v)); GPipe: all;
+    the last stage one under 1F1B); the logits, whole on every tp rank; the 16-bit weight casts;
     communication buffers. A layout fits when it needs at most 90% of the GPU.
 
     Ranking (plan/layouts.py): compute 6 P T / (G peak) over (1 - bubble), bubble (p-1)/(v m + p-1),
@@ -226,7 +227,7 @@ def _print_memory(shape: ModelShape, layout: Layout, parts: dict[str, float]) ->
         f"ZeRO {layout.zero}, v {layout.virtual_stages} ({layout.schedule}), micro-batch "
         f"{layout.micro_batch} x {layout.micro_batches}, {layout.precision}, recompute {layout.recompute}"
     )
-    table = Table(title="per GPU (the first pipeline stage)")
+    table = Table(title="per GPU (the busiest pipeline stage: the first, or the last with the head)")
     table.add_column("part")
     table.add_column("GiB", justify="right")
     for part in PARTS:

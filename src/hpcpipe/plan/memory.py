@@ -13,23 +13,38 @@ comes from:
   bytes per parameter in bf16/fp16 (16-bit weights and gradients, fp32 master weights and two
   moments), 4 + 4 + 8 in fp32. ZeRO stage 1 shards the optimizer over the ``dp`` ranks, 2 also the
   gradients, 3 (FSDP) also the weights.
-- **Activations** per layer and micro-batch (Korthikanti et al. 2022, "Reducing Activation
-  Recomputation in Large Transformer Models", with attention through flash/SDPA kernels, so no
-  ``s^2`` score matrix): the tensors autograd keeps, in units of ``s b h`` elements: attention
-  ``5 + 2 k / heads`` (two norm and projection inputs, q, k, v and the attention output; with RoPE
-  ``1 + k / heads`` more: the rotated halves of q and k), MLP
-  ``2 + 2 f / h`` (GELU: fc input, GELU input and output) or ``2 + 4 f / h`` (SwiGLU), times the
-  activation bytes; 17 elements = 34 bytes for GPT-2's ``f = 4 h`` in 16-bit, the paper's 34.
-  Sequence parallelism divides all of it by ``t``. Selective recomputation keeps only the matmul and
-  attention outputs and each block's input; full keeps each block's input (``s b h``); both add
-  what one layer recomputes while its backward runs.
+- **Activations** per layer and micro-batch: what hpcpipe's GPT keeps for its backward, tensor by
+  tensor (flash/SDPA attention, so no ``s^2`` score matrix), in bytes per ``s b h`` element.
+  hpcpipe keeps fp32 weights and autocasts the matmuls, so the residual stream, each block's input
+  and the norms' inputs are fp32 (``r = 4``) in every precision, and matmul outputs are 16-bit
+  (``a = 2``; 4 in fp32). Without recomputation: the two norms' inputs ``2 r`` (CUDA's fused
+  RMSNorm and LayerNorm keep the input and a statistic per row); the matmuls' inputs, each cast on
+  its own under autocast (q, k, v and the MLP's input matmuls: ``3 + 2`` SwiGLU, ``3 + 1`` GELU
+  casts of ``a``; one shared fp32 tensor per norm in fp32); q, k, v after RoPE ``(1 + 2 k / heads)
+  a``; the attention output ``a``; the MLP ``4 f / h a`` (SwiGLU: gate, its SiLU, up, the product)
+  or ``2 f / h a`` (GELU: its input and output); SDPA's fp32 log-sum-exp. Selective recomputation
+  (``train/activation_checkpointing.py``: every matmul, attention and collective output) keeps the
+  block's input ``r``, q, k, v, the attention output, the MLP's input matmuls and both output
+  matmuls ``2 a``; full keeps the block's input ``r``; both hold one layer's recomputation while
+  its backward runs.
+- **Tensor parallelism** (DTensor, the GPT's plan with sequence parallelism): the norms' and
+  blocks' inputs are split by sequence, q/k/v, attention and the MLP's columns by heads, but the
+  matmuls' inputs are the all-gathered whole sequence on every rank, and selective also keeps the
+  two all-gather outputs (``2 r``) and the row-wise matmuls' partial sums (``2 a``) whole, their
+  reduce-scatters split. Megatron's count divides everything by ``t``; this does not.
 - **Pipeline in flight**: the first stage holds the activations of ``min(m, p)`` micro-batches under
   1F1B, ``m`` under GPipe, and ``p (1 + (p - 1) / (p v))`` layer-groups under interleaved 1F1B
-  (Narayanan et al. 2021).
-- **Logits**: ``s b V / t`` elements in the activation dtype plus an fp32 copy for the loss.
+  (Narayanan et al. 2021); the last stage one under 1F1B (each backward right after its forward),
+  ``m`` under GPipe. The busier of the two is the plan.
+- **Logits**: on the stage with the head, ``s b V`` elements whole on every tensor-parallel rank
+  (the head's output is all-gathered, ``Replicate()``) in ``a`` bytes, and the loss's fp32
+  log-probabilities per micro-batch in flight; the final norm's and the head's inputs.
+- **Weight casts**: under autocast every matmul weight of the stage is cast to 16-bit in its
+  forward and held until the forward ends (saved for the backward without recomputation): ``2``
+  bytes per weight over ``t``, not sharded by ZeRO (FSDP gathers the fp32 weights).
 - **Communication buffers**: ZeRO-3/FSDP gathers two layers ahead (weights in 16-bit, gradients
   before their reduce-scatter in fp32); ZeRO 0-2 uses two gradient buckets (25 MB each, DDP's);
-  tensor parallelism gathers one layer input ``s b h`` per rank.
+  tensor parallelism gathers one layer input ``s b h`` per rank (the norm's fp32 output).
 
 What the closed form leaves out, so ``fits`` keeps 10% of the GPU free for it: the CUDA context
 and NCCL's own buffers, allocator fragmentation, and temporary tensors inside kernels.
@@ -47,6 +62,9 @@ Recompute = Literal["none", "selective", "full"]
 GIB = 1024**3
 HEADROOM = 0.9  # of the GPU's memory the plan may fill
 DDP_BUCKET_BYTES = 25 * 1024**2
+# hpcpipe keeps fp32 weights and autocasts the matmuls: the residual stream, the blocks' inputs and
+# the norms' inputs and outputs stay fp32 in every precision.
+RESIDUAL_BYTES = 4
 
 
 @dataclass(frozen=True)
@@ -79,21 +97,6 @@ class ModelShape:
     def total_params(self) -> int:
         head = 0 if self.tied_embeddings else self.vocab * self.hidden
         return self.layers * self.layer_params() + self.embedding_params() + head + self.hidden
-
-    def layer_activation_elements(self) -> float:
-        """Elements kept by autograd per layer, in units of ``s b h`` (no recomputation)."""
-        attention = 5 + 2 * self.kv_heads / self.heads
-        if self.rotary:  # the rotated halves of q and k, kept for RoPE's multiply
-            attention += 1 + self.kv_heads / self.heads
-        mlp = 2 + (4 if self.gated_mlp else 2) * self.ffn / self.hidden
-        return attention + mlp
-
-    def selective_activation_elements(self) -> float:
-        """Kept under selective recomputation: the outputs of q, k, v, attention, its output
-        projection, the MLP's input matmuls and output matmul, and the block's input."""
-        qkv = 1 + 2 * self.kv_heads / self.heads
-        mlp_in = (2 if self.gated_mlp else 1) * self.ffn / self.hidden
-        return 1 + qkv + 1 + 1 + mlp_in + 1
 
 
 @dataclass(frozen=True)
@@ -131,50 +134,103 @@ GPUS: dict[str, Gpu] = {
 
 
 def memory_per_gpu(shape: ModelShape, layout: Layout) -> dict[str, float]:
-    """Bytes per GPU of the busiest pipeline stage (the first, which holds the most micro-batches
-    in flight), by part, and their ``total``."""
-    weights = _stage_params(shape, layout) / layout.tp
+    """Bytes per GPU of the busiest pipeline stage, by part, and their ``total``: the first (the
+    most micro-batches in flight, the embedding) or the last (the head and the logits)."""
+    first = stage_memory(shape, layout, last=False)
+    if layout.pp == 1:
+        return first
+    return max(first, stage_memory(shape, layout, last=True), key=lambda parts: parts["total"])
+
+
+def stage_memory(shape: ModelShape, layout: Layout, *, last: bool) -> dict[str, float]:
+    """Bytes per GPU of the first pipeline stage, or of the last (with one stage, the same)."""
+    head = last or layout.pp == 1
+    weights = _stage_params(shape, layout, last=last) / layout.tp
     param_bytes, grad_bytes, optim_bytes = (4, 4, 8) if layout.precision == "fp32" else (2, 2, 12)
     dp, zero = layout.dp, layout.zero
+    flight = in_flight_last(layout) if last else in_flight(layout)
     parts = {
         "parameters": weights * param_bytes / (dp if zero >= 3 else 1),
         "gradients": weights * grad_bytes / (dp if zero >= 2 else 1),
         "optimizer": weights * optim_bytes / (dp if zero >= 1 else 1),
-        "activations": _activations(shape, layout),
-        "logits": _logits(shape, layout),
+        "activations": _activations(shape, layout, flight)
+        + (_head_inputs(shape, layout) * flight if head else 0),
+        "logits": _logits(shape, layout, flight) if head else 0.0,
+        "weight_casts": _weight_casts(shape, layout, head),
         "buffers": _buffers(shape, layout),
     }
     parts["total"] = sum(parts.values())
     return parts
 
 
-def _stage_params(shape: ModelShape, layout: Layout) -> float:
-    """Parameters of the first pipeline stage (its layers, the embedding, and the head when the
-    model has one stage, or ties it to the embedding)."""
-    layers = math.ceil(shape.layers / layout.pp)
-    params = layers * shape.layer_params() + shape.embedding_params()
-    if layout.pp == 1 and not shape.tied_embeddings:
-        params += shape.vocab * shape.hidden + shape.hidden
-    return float(params)
+def _stage_params(shape: ModelShape, layout: Layout, *, last: bool = False) -> float:
+    """Parameters of the first pipeline stage (its layers and the embedding) or the last (its layers,
+    the final norm and the head: a copy of a tied embedding there); with one stage, all of them."""
+    params = math.ceil(shape.layers / layout.pp) * shape.layer_params()
+    if layout.pp == 1:
+        head = 0 if shape.tied_embeddings else shape.vocab * shape.hidden
+        return float(params + shape.embedding_params() + head + shape.hidden)
+    if last:
+        return float(params + shape.vocab * shape.hidden + shape.hidden)
+    return float(params + shape.embedding_params())
 
 
 def _activation_bytes(layout: Layout) -> int:
+    """Bytes of a matmul's output: 16-bit under autocast, 4 in fp32."""
     return 4 if layout.precision == "fp32" else 2
 
 
-def _activations(shape: ModelShape, layout: Layout) -> float:
-    """Activations kept by the first stage: its layers x the micro-batches in flight."""
+@dataclass(frozen=True)
+class Kept:
+    """Bytes kept per ``s b h`` element of one layer, by how tensor parallelism splits them."""
+
+    sequence: float  # between the parallel regions: split by sequence parallelism, else whole
+    heads: float  # inside attention and the MLP: this rank's heads and MLP columns
+    full: float  # the whole sequence on every rank (all-gathered inputs, row-wise partial sums)
+
+    def per_rank(self, layout: Layout) -> float:
+        split = layout.tp if layout.sequence_parallel else 1
+        return self.sequence / split + self.heads / layout.tp + self.full
+
+
+def layer_kept(shape: ModelShape, layout: Layout, recompute: Recompute) -> Kept:
+    """What autograd (or checkpointing's policy) keeps of one layer under ``recompute``: see the
+    module docstring."""
+    a, r = _activation_bytes(layout), RESIDUAL_BYTES
+    autocast = a < r
+    n_in = 2 if shape.gated_mlp else 1  # MLP input matmuls: gate and up, or fc
+    qkv = 1 + 2 * shape.kv_heads / shape.heads
+    lse = 4 * shape.heads / shape.hidden  # SDPA's fp32 log-sum-exp per row and head
+    split = layout.tp > 1 and layout.sequence_parallel
+    if recompute == "full":
+        return Kept(sequence=r, heads=0.0, full=0.0)
+    if recompute == "selective":
+        heads = (qkv + 1 + n_in * shape.ffn / shape.hidden) * a + lse
+        if layout.tp == 1:
+            return Kept(sequence=r, heads=heads, full=2 * a)
+        if split:  # two all-gathers (the norms' outputs), two partial sums and their reduce-scatters
+            return Kept(sequence=r + 2 * a, heads=heads, full=2 * r + 2 * a)
+        return Kept(sequence=r, heads=heads, full=4 * a)  # partial sums and their all-reduces
+    mlp = (4 if shape.gated_mlp else 2) * shape.ffn / shape.hidden
+    casts = (3 + n_in) if autocast else 2  # each matmul casts its input; fp32 shares one
+    return Kept(sequence=2 * r, heads=(qkv + 1 + mlp) * a + lse, full=casts * a)
+
+
+def _activations(shape: ModelShape, layout: Layout, flight: float) -> float:
+    """A stage's layers x the micro-batches in flight, and the layer its backward recomputes."""
+    sbh = shape.seq_len * layout.micro_batch * shape.hidden
+    kept = layer_kept(shape, layout, layout.recompute).per_rank(layout)
+    everything = layer_kept(shape, layout, "none").per_rank(layout)
+    layers = math.ceil(shape.layers / layout.pp)  # a stage's, over its v virtual stages
+    return (kept * layers * flight + max(0.0, everything - kept)) * sbh
+
+
+def _head_inputs(shape: ModelShape, layout: Layout) -> float:
+    """The final norm's input (the residual stream) and the LM head's (all-gathered; cast under
+    autocast), per micro-batch."""
     sbh = shape.seq_len * layout.micro_batch * shape.hidden
     split = layout.tp if layout.sequence_parallel else 1
-    per_layer = {
-        "none": shape.layer_activation_elements(),
-        "selective": shape.selective_activation_elements(),
-        "full": 1.0,
-    }[layout.recompute]
-    layers = math.ceil(shape.layers / layout.pp)  # the first stage's, over its v virtual stages
-    kept = per_layer * sbh / split * layers * in_flight(layout)
-    working = (shape.layer_activation_elements() - per_layer) * sbh / split  # what one layer recomputes
-    return (kept + working) * _activation_bytes(layout)
+    return (RESIDUAL_BYTES / split + _activation_bytes(layout)) * sbh
 
 
 def in_flight(layout: Layout) -> float:
@@ -189,13 +245,37 @@ def in_flight(layout: Layout) -> float:
     return float(min(m, p))
 
 
-def _logits(shape: ModelShape, layout: Layout) -> float:
-    """The last stage's logits (in the activation dtype) and their fp32 copy for the loss; the
-    busiest stage is the first, but with one stage they coincide."""
-    if layout.pp > 1:
+def in_flight_last(layout: Layout) -> float:
+    """Micro-batches whose activations the last stage holds: under 1F1B it runs each backward
+    right after its forward; interleaved, its other v - 1 chunks warm up one round (p each)."""
+    p, m, v = layout.pp, layout.micro_batches, layout.virtual_stages
+    if p == 1:
+        return 1.0
+    if layout.schedule == "gpipe":
+        return float(m)
+    if layout.schedule == "interleaved-1f1b":
+        return min(float(m), ((v - 1) * p + 1) / v)
+    return 1.0
+
+
+def _logits(shape: ModelShape, layout: Layout, flight: float) -> float:
+    """The head's logits, whole on every tensor-parallel rank (the head's output is all-gathered,
+    ``Replicate()``), in the activation dtype, and the fp32 log-probabilities the loss keeps for
+    each micro-batch in flight."""
+    elements = shape.seq_len * layout.micro_batch * shape.vocab
+    return elements * (_activation_bytes(layout) + 4 * flight)
+
+
+def _weight_casts(shape: ModelShape, layout: Layout, head: bool) -> float:
+    """Under autocast, the 16-bit copy of every matmul weight of the stage, cast in its forward and
+    held until the step's forward ends (its backward, without recomputation): whole layers, not
+    ZeRO shards, since FSDP gathers fp32 weights and autocast casts them after."""
+    if layout.precision == "fp32":
         return 0.0
-    elements = shape.seq_len * layout.micro_batch * shape.vocab / layout.tp
-    return elements * (_activation_bytes(layout) + 4)
+    matmuls = math.ceil(shape.layers / layout.pp) * (shape.layer_params() - 2 * shape.hidden)
+    if head:
+        matmuls += shape.vocab * shape.hidden
+    return matmuls / layout.tp * _activation_bytes(layout)
 
 
 def _buffers(shape: ModelShape, layout: Layout) -> float:
@@ -204,8 +284,8 @@ def _buffers(shape: ModelShape, layout: Layout) -> float:
     sharded = layout.zero >= 3 and layout.dp > 1
     data_parallel = 2 * layer * (2 + 4) if sharded else 2 * DDP_BUCKET_BYTES
     tensor_parallel = 0.0
-    if layout.tp > 1:
-        tensor_parallel = shape.seq_len * layout.micro_batch * shape.hidden * _activation_bytes(layout)
+    if layout.tp > 1:  # the gathered layer input: the norm's output, in the residual stream's dtype
+        tensor_parallel = shape.seq_len * layout.micro_batch * shape.hidden * RESIDUAL_BYTES
     return data_parallel + tensor_parallel
 
 
