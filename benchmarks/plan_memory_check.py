@@ -6,14 +6,15 @@ DTensor; sequence parallel, as the GPT's plan is):
 
 - parameters, gradients and AdamW state (one process, fp32): the planner's bytes against the bytes
   of the model's tensors, its gradients after a backward, and the optimizer's state after a step;
-- activations: the planner's activations + logits + 16-bit weight casts against the peak of live
-  memory over one forward and backward on rank 0 (the profiler's memory view: every allocation and
-  free, in order), less the gradients that backward accumulates meanwhile, for each
+- activations: the planner's activations (less the layer its backward recomputes) + the loss's
+  log-probabilities + the 16-bit weight casts autograd saves, against the bytes glibc has handed
+  out on rank 0 after the forward and the loss that it had not before (what the backward will
+  need; every thread's, as gloo frees some tensors on its own; the lesser of two runs), for each
   ``train.activation_checkpointing``. The CPU's RMSNorm is the composite one, which keeps its
   normalized input besides its input; CUDA's fused kernel (the planner's) keeps the input and a
   statistic per row: the check adds those copies to the plan for llama (``cpu_norm_copies``).
 
-Allocations are deterministic: one run is the result. Prints a table and a JSON line.
+Prints a table and a JSON line.
 
     .venv/bin/python benchmarks/plan_memory_check.py
 """
