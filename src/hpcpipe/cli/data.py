@@ -165,9 +165,11 @@ def stage(
         raise UserError("data stage: give SOURCE and CACHE_ROOT, or --job CONFIG [CACHE_ROOT]")
     else:
         root, src = cache_root, token_dataset_source(source)
+    # Before the copy: the space it frees may be what the copy needs (the too-small-cache error
+    # names this option as the remedy).
+    removed = collect_garbage(root, gc_days, keep=frozenset({src.key})) if gc_days is not None else []
     staged = stage(src, root, workers=workers)
     staged.release()
-    removed = collect_garbage(root, gc_days, keep=frozenset({src.key})) if gc_days is not None else []
     rate = staged.size_bytes / max(staged.seconds, 1e-9) / 1e6
     if json_out != "-":
         verb = "staged" if staged.copied else "verified (already staged)"

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from hpcpipe.cli.data import app
@@ -110,3 +111,29 @@ def test_verify_names_both_kinds_of_prepared_directory(tmp_path: Path) -> None:
 def test_cli_module_does_not_import_torch() -> None:
     code = "import sys, hpcpipe.cli.data, hpcpipe.data; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_gc_days_frees_the_space_the_copy_needs_before_it(
+    tiny_corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The too-small-cache error names --gc-days as the remedy, but the entries went only after a
+    successful copy: the suggested command failed the same way and removed nothing."""
+    import os
+    import time
+
+    from hpcpipe.data import stage as staging
+
+    assert runner.invoke(app, _prepare_args(tiny_corpus, tmp_path)).exit_code == 0
+    (dataset,) = (tmp_path / "prepared").iterdir()
+    old = tmp_path / "cache" / ("a" * 64)
+    old.mkdir(parents=True)
+    (old / staging.MARKER).write_text("{}")
+    os.utime(old / staging.MARKER, (time.time() - 30 * 86400,) * 2)
+    usage = staging.shutil.disk_usage(tmp_path)
+    # the old entry holds what the copy needs: no room while it is there
+    monkeypatch.setattr(
+        staging.shutil, "disk_usage", lambda path: usage._replace(free=1000 if old.exists() else usage.free)
+    )
+    result = runner.invoke(app, ["stage", str(dataset), str(tmp_path / "cache"), "--gc-days", "7"])
+    assert result.exit_code == 0, result.output
+    assert not old.exists() and "removed unused cache entry aaaa" in result.output
