@@ -144,14 +144,10 @@ class ImageClassifierRecipe(Recipe):
     def flops_per_sample(self) -> float | None:
         """Training FLOPs per image: 3x the forward pass, counted by torch on the meta device."""
         import torch
-        from torch.utils.flop_counter import FlopCounterMode
 
         with torch.device("meta"):
             model = self._classifier(start=False)
-            images = torch.empty((2, *self._input_shape()))  # BatchNorm trains on > 1 value per channel
-            with FlopCounterMode(display=False) as counter:
-                model(images)
-        return 3.0 * counter.get_total_flops() / 2
+        return training_flops(model, self._input_shape())
 
     def normalize(self, images: torch.Tensor) -> torch.Tensor:
         """uint8 (B, C, H, W) -> float (B, C, H, W), standardised per channel."""
@@ -186,3 +182,14 @@ class ImageClassifierRecipe(Recipe):
     def eval_metrics(self, totals: dict[str, float]) -> dict[str, float]:
         count = max(totals["count"], 1.0)
         return {"val_loss": totals["loss"] / count, "val_acc": totals["correct"] / count}
+
+
+def training_flops(model: nn.Module, shape: tuple[int, ...]) -> float:
+    """3x the forward FLOPs per image of ``model`` (on the meta device) on images of ``shape``."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    # Under the meta device, so that tensors a forward creates meet the model there.
+    with torch.device("meta"), FlopCounterMode(display=False) as counter:
+        model(torch.empty((2, *shape)))  # BatchNorm trains on > 1 value per channel
+    return 3.0 * counter.get_total_flops() / 2

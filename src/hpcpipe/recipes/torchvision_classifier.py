@@ -8,7 +8,9 @@ ImageFolder), with the image pipeline, normalisation, loss and top-1 accuracy of
   weights instead (torchvision's own ``.pth`` files, or safetensors; nothing is downloaded).
 - Images are normalised on the device; grey-scale images are repeated to the 3 channels every
   torchvision model takes, and ``recipe.image_size`` resizes them there (a ViT needs its size:
-  224, or ``model_kwargs: {image_size: 32}``).
+  224, or ``model_kwargs: {image_size: 32}``); ``prepare`` checks, with one forward on the meta
+  device, that the model takes them. Models with auxiliary heads (googlenet, inception_v3) are
+  built without them (``_default_kwargs``).
 - FSDP2 shards a ResNet's four stages, or else the blocks of the model's largest sequence of
   blocks (a ViT's encoder layers, a ConvNeXt's or EfficientNet's feature stages).
 - Export ``safetensors``: the model's state dict and ``classifier.json`` (arch, classes, kwargs):
@@ -29,7 +31,7 @@ from hpcpipe.config import JobConfig
 from hpcpipe.errors import ConfigError
 from hpcpipe.recipes.args import parse_args
 from hpcpipe.recipes.base import ExportRequest
-from hpcpipe.recipes.image_classifier import ImageClassifierRecipe
+from hpcpipe.recipes.image_classifier import ImageClassifierRecipe, training_flops
 
 if TYPE_CHECKING:
     import torch
@@ -87,7 +89,9 @@ class TorchvisionClassifier(ImageClassifierRecipe):
 
     def prepare(self, progress: bool) -> Any:
         self._check_arch()  # a misspelt model name: one line before any worker starts
-        return super().prepare(progress)
+        summary = super().prepare(progress)
+        self._check_forward()  # images the model cannot take: one line, not every worker's traceback
+        return summary
 
     def _check_arch(self) -> None:
         from torchvision import models
@@ -104,13 +108,59 @@ class TorchvisionClassifier(ImageClassifierRecipe):
         self._check_arch()
         try:
             model = models.get_model(
-                self.args.arch, weights=None, num_classes=len(self.info.classes), **self.args.model_kwargs
+                self.args.arch, weights=None, num_classes=len(self.info.classes), **self._model_kwargs()
             )
-        except TypeError as exc:  # a keyword the model does not take
+        except (TypeError, ValueError, AssertionError) as exc:  # a keyword or value the model does not take
             raise ConfigError(f"recipe.model_kwargs: {exc}") from None
         if start and self.args.weights:
             _load_start(model, Path(self.args.weights))
         return model
+
+    def _model_kwargs(self) -> dict[str, Any]:
+        """``recipe.model_kwargs`` over the recipe's defaults (``_default_kwargs``)."""
+        return {**_default_kwargs(self.args.arch), **self.args.model_kwargs}
+
+    def _meta_classifier(self) -> nn.Module | None:
+        """The model on the meta device; None where its builder computes with tensors' values
+        (regnet's block widths), which the meta device does not hold."""
+        import torch
+
+        try:
+            with torch.device("meta"):
+                return self._classifier(start=False)
+        except NotImplementedError:
+            return None
+
+    def _check_forward(self) -> None:
+        """A training forward of two images on the meta device: images smaller than the model's
+        layers take, or other than the size it was built for (a ViT), or an output that is not one
+        tensor of logits, is one line naming the key to change."""
+        import torch
+
+        model = self._meta_classifier()
+        if model is None:
+            return  # nothing to check it with short of a real build; flops_per_sample says None too
+        shape = self._input_shape()
+        try:
+            with torch.device("meta"):
+                out = model(torch.empty((2, *shape)))
+        except NotImplementedError:
+            return  # an operation without a meta kernel: the size is not what failed
+        except (RuntimeError, AssertionError, ValueError) as exc:
+            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise ConfigError(
+                f"recipe.image_size: {self.args.arch} does not take {'x'.join(map(str, shape))} images "
+                f"({reason}); {_size_hint(model, shape[-1])}"
+            ) from None
+        if not isinstance(out, torch.Tensor):
+            raise ConfigError(
+                f"recipe.model_kwargs: {self.args.arch} returns {type(out).__name__} in training, not one "
+                "tensor of logits (auxiliary heads are not trained here: leave aux_logits out)"
+            )
+
+    def flops_per_sample(self) -> float | None:
+        model = self._meta_classifier()
+        return None if model is None else training_flops(model, self._input_shape())
 
     def _input_shape(self) -> tuple[int, ...]:
         _, h, w = self.info.shape
@@ -147,7 +197,7 @@ class TorchvisionClassifier(ImageClassifierRecipe):
         info = {
             "arch": self.args.arch,
             "num_classes": len(self.info.classes),
-            "kwargs": self.args.model_kwargs,
+            "kwargs": self._model_kwargs(),  # with the recipe's defaults, so get_model builds the same
             "classes": list(self.info.classes),
             "image_size": self.args.image_size,
         }
@@ -165,6 +215,30 @@ class TorchvisionClassifier(ImageClassifierRecipe):
         )
         load_model(model, str(path / EXPORT_FILE), strict=True)
         return model
+
+
+def _size_hint(model: nn.Module, side: int) -> str:
+    """What to set for a model that refused images of ``side``: a model built for one size (a
+    ViT) names it and the keyword that builds it for ``side``."""
+    built_for = getattr(model, "image_size", None)
+    if isinstance(built_for, int):
+        return f"set recipe.image_size: {built_for}, or recipe.model_kwargs: {{image_size: {side}}}"
+    return "set recipe.image_size to a side it takes (224, the size torchvision's classifiers are made for)"
+
+
+def _default_kwargs(arch: str) -> dict[str, Any]:
+    """``aux_logits=False`` where the model's class takes it (googlenet, inception_v3): with their
+    auxiliary heads they return a namedtuple of logits in training, whose extra heads the one
+    cross-entropy would leave unused (DDP stops on unused parameters at its second step), and
+    inception_v3's needs images of about 299 pixels. Without them they train as every other
+    model does."""
+    import inspect
+
+    from torchvision import models
+
+    built = inspect.signature(models.get_model_builder(arch)).return_annotation
+    takes = isinstance(built, type) and "aux_logits" in inspect.signature(built).parameters
+    return {"aux_logits": False} if takes else {}
 
 
 def _load_start(model: nn.Module, path: Path) -> None:
