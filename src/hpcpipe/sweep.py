@@ -29,7 +29,7 @@ from hpcpipe.config import JobConfig, load_config
 from hpcpipe.config.checkpoint import own_checkpoint_dirs
 from hpcpipe.errors import ConfigError, UserError
 from hpcpipe.layout import RunLayout, SweepLayout
-from hpcpipe.yamlfile import load_yaml_text, read_yaml_file
+from hpcpipe.yamlfile import dump_yaml, load_yaml_text, read_yaml_file
 
 DONE_FILE = RunLayout.SWEEP_POINT  # in each point's run directory
 SWEEP_COLUMNS = ("point", "status")
@@ -268,6 +268,4 @@ def _text(value: Any) -> str:
     text = str(value)
     if load_yaml_text(text) == value:
         return text
-    return (
-        str(yaml.safe_dump(value, default_flow_style=True, width=2**16)).strip().removesuffix("...").strip()
-    )
+    return dump_yaml(value, default_flow_style=True, width=2**16).strip().removesuffix("...").strip()

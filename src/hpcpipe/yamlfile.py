@@ -95,10 +95,25 @@ _FLOAT_1_2 = re.compile(
     re.X,
 )
 # Swapped in place (not appended): the resolvers for one first character are tried in order.
-_UniqueKeyLoader.yaml_implicit_resolvers = {
+_RESOLVERS_1_2 = {
     first: [(tag, _FLOAT_1_2 if tag == _FLOAT_TAG else regexp) for tag, regexp in resolvers]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
+_UniqueKeyLoader.yaml_implicit_resolvers = _RESOLVERS_1_2
+
+
+class SafeDumper(yaml.SafeDumper):
+    """yaml.SafeDumper that quotes every string this module's reader would not read back as one:
+    YAML 1.1's writer left ``1e3`` or ``64e9`` bare (a string to YAML 1.1), which the reader takes
+    as a float, so a saved config.yaml with ``launch.slurm.account: '1e3'`` failed to load again."""
+
+
+SafeDumper.yaml_implicit_resolvers = _RESOLVERS_1_2
+
+
+def dump_yaml(data: Any, **options: Any) -> str:
+    """``data`` as YAML that ``load_yaml_text`` reads back as the same values."""
+    return str(yaml.dump(data, Dumper=SafeDumper, **options))
 
 
 def load_yaml_text(text: str) -> Any:

@@ -24,13 +24,12 @@ from pathlib import Path
 from random import Random
 from typing import Any
 
-import yaml
-
 from hpcpipe.chaos import jobs
 from hpcpipe.config import load_config
 from hpcpipe.errors import USER_ERROR_EXIT_CODE, UserError, one_line
 from hpcpipe.layout import RunLayout, StudyLayout
 from hpcpipe.presets import preset_path
+from hpcpipe.yamlfile import dump_yaml, load_yaml_text
 
 CATEGORIES: dict[str, int] = {  # category -> weight
     "valid": 15,
@@ -124,7 +123,7 @@ class CaseMaker:
 
     def __post_init__(self) -> None:
         for preset in dict.fromkeys(CONFIG_COMMANDS.values()):  # not a set: its order follows the hash seed
-            self.raw[preset] = yaml.safe_load(preset_path(preset).read_text())
+            self.raw[preset] = load_yaml_text(preset_path(preset).read_text())
             self.leaves[preset] = sorted(_flatten(load_config(preset).to_dict()), key=lambda kv: kv[0])
 
     def make(self, index: int) -> FuzzCase:
@@ -368,7 +367,7 @@ def _edited(raw: dict[str, Any], edits: dict[str, Any]) -> dict[str, Any]:
 
 
 def _dump(tree: dict[str, Any]) -> str:
-    return yaml.safe_dump(tree, allow_unicode=True, sort_keys=False)
+    return dump_yaml(tree, allow_unicode=True, sort_keys=False)
 
 
 def _set_text(value: Any) -> str:

@@ -152,13 +152,12 @@ def helm_values(
 
       helm install my-job deploy/helm/hpcpipe -n ml-training -f values.yaml --set resources.gpu.count=8
     """
-    import yaml
-
     from hpcpipe.config import load_config
     from hpcpipe.launch import k8s_cluster
     from hpcpipe.launch.helm_values import helm_values as build_values
     from hpcpipe.launch.helm_values import values_header
     from hpcpipe.launch.kubernetes import APIS
+    from hpcpipe.yamlfile import dump_yaml
 
     if api not in APIS:
         raise UserError(f"--api {api}: use trainjob or pytorchjob")
@@ -171,9 +170,7 @@ def helm_values(
     values = build_values(job, api, runtime, monitoring)  # type: ignore[arg-type]  # checked against APIS
     note_image(job)
     target = "-" if out is not None and str(out) == "-" else str(out or RunLayout(job.run_dir).helm_values)
-    text = values_header(job, values["nameOverride"], target) + yaml.safe_dump(
-        values, sort_keys=False, width=100
-    )
+    text = values_header(job, values["nameOverride"], target) + dump_yaml(values, sort_keys=False, width=100)
     if target == "-":
         typer.echo(text, nl=False)
         return

@@ -11,7 +11,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from hpcpipe.config.checkpoint import CheckpointConfig
@@ -27,6 +26,7 @@ from hpcpipe.config.pipeline import PipelineConfig
 from hpcpipe.config.run import RunConfig
 from hpcpipe.config.section import Section
 from hpcpipe.config.train import TrainConfig
+from hpcpipe.yamlfile import dump_yaml
 
 # The keys that change what is trained (the losses step by step); observe, checkpoint, fault,
 # launch, pipeline and hpo do not. `hpcpipe run` re-trains when they change; chaos trials share
@@ -192,7 +192,7 @@ class JobConfig(Section):
         return self.model_dump(mode="json")
 
     def to_yaml(self) -> str:
-        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+        return dump_yaml(self.to_dict(), sort_keys=False)
 
     def training_hash(self) -> str:
         """SHA-256 of the TRAINING_KEYS values (less WAITING_KEYS): equal for jobs that train the

@@ -38,6 +38,7 @@ from hpcpipe.launch.k8s_pod import (
 )
 from hpcpipe.launch.k8s_validate import validate_manifest
 from hpcpipe.recipes.registry import recipe_label
+from hpcpipe.yamlfile import SafeDumper
 
 Api = Literal["trainjob", "pytorchjob"]
 APIS: tuple[str, ...] = ("trainjob", "pytorchjob")
@@ -71,7 +72,7 @@ def render_k8s(job: JobConfig, api: Api = "trainjob", with_runtime: bool = False
     return docs
 
 
-class _PlainDumper(yaml.SafeDumper):
+class _PlainDumper(SafeDumper):
     """No &anchors/*aliases for shared dicts: kubectl accepts them, reviewers should not need to."""
 
     def ignore_aliases(self, data: Any) -> bool:

@@ -7,10 +7,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from hpcpipe.config import JobConfig, apply_values, load_config
 from hpcpipe.recipes.registry import recipe_class
+from hpcpipe.yamlfile import dump_yaml
 
 STEPS = 6  # enough to kill at KILL_STEP and resume from the checkpoint two steps before
 CHECKPOINT_EVERY = 2
@@ -70,4 +69,4 @@ def _check_settings(work: Path, global_batch: int) -> dict[str, Any]:
 
 
 def job_yaml(job: JobConfig) -> str:
-    return yaml.safe_dump(job.to_dict(), sort_keys=False)
+    return dump_yaml(job.to_dict(), sort_keys=False)

@@ -96,7 +96,10 @@ def test_a_job_the_runs_checkpoints_refuse_changes_nothing_in_the_run(cli, tmp_p
     run = tmp_path / "tiny"
     kept = {name: (run / name).read_bytes() for name in ("config.yaml", "lineage.json")}
     for nproc in ("1", "2"):
-        proc = cli("train", "tiny", *sets, "--nproc", nproc, "--set", "model.d_model=64", cwd=tmp_path)
+        # train.steps=4: a run that trains on, so the checkpoint's load is what refuses (a finished
+        # run refuses new settings before it loads anything: tests/unit/launch/test_job.py)
+        more = ("--set", "train.steps=4", "--set", "model.d_model=64")
+        proc = cli("train", "tiny", *sets, "--nproc", nproc, *more, cwd=tmp_path)
         assert proc.returncode == 2, proc.stderr[-2000:]
         assert "does not load into this model" in proc.stderr and "model.d_model 32 -> 64" in proc.stderr
         assert {name: (run / name).read_bytes() for name in kept} == kept

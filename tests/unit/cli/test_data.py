@@ -124,7 +124,7 @@ def test_gc_days_frees_the_space_the_copy_needs_before_it(
     from hpcpipe.data import stage as staging
 
     assert runner.invoke(app, _prepare_args(tiny_corpus, tmp_path)).exit_code == 0
-    (dataset,) = (tmp_path / "prepared").iterdir()
+    (dataset,) = [path for path in (tmp_path / "prepared").iterdir() if not path.name.startswith(".")]
     old = tmp_path / "cache" / ("a" * 64)
     old.mkdir(parents=True)
     (old / staging.MARKER).write_text("{}")

@@ -138,3 +138,13 @@ def test_a_mapping_for_a_section_sets_its_keys_and_keeps_the_rest(tmp_path: Path
     assert job.parallel.deepspeed_config == {"b": 2}
     saved = _job(tmp_path, load_config("tiny").to_yaml())  # holds async:, given async_save here
     assert load_config(saved, ["checkpoint={async_save: true}"]).checkpoint.async_save is True
+
+
+def test_a_saved_config_reads_back_with_strings_that_look_like_yaml_1_2_floats(tmp_path: Path) -> None:
+    """The YAML 1.1 writer left '64e9' and '1e3' bare (strings to it), which the YAML 1.2 reader
+    takes as floats: the run's own config.yaml failed to load ("Input should be a valid string")."""
+    sets = ["launch.k8s.memory=64e9", "launch.slurm.account=1e3", "run.name=5e-1"]
+    job = load_config("tiny", sets)
+    assert (job.launch.k8s.memory, job.launch.slurm.account, job.run.name) == ("64e9", "1e3", "5e-1")
+    saved = _job(tmp_path, job.to_yaml())
+    assert load_config(saved).to_dict() == job.to_dict()
