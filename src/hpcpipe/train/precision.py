@@ -38,6 +38,12 @@ class Precision:
             else:
                 self.scaler = torch.amp.GradScaler(device.type)
 
+    @property
+    def skips_overflows(self) -> bool:
+        """fp16's loss scaling (the GradScaler's, or DeepSpeed's) skips a step whose gradients are
+        not finite and lowers the scale: such a gradient norm is no divergence."""
+        return self.name == "fp16"
+
     @contextlib.contextmanager
     def autocast(self) -> Iterator[None]:
         if self.dtype is None:

@@ -11,7 +11,6 @@ train/preempt.py, observe/watchdog.py) and are only called from here.
 from __future__ import annotations
 
 import contextlib
-import math
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -25,7 +24,6 @@ from hpcpipe.checkpoint.store import CheckpointStore
 from hpcpipe.checkpoint.tiers import fast_root
 from hpcpipe.config import JobConfig, ParallelConfig, grad_accum_steps
 from hpcpipe.config.changes import describe_changes
-from hpcpipe.errors import UserError
 from hpcpipe.layout import RunLayout
 from hpcpipe.observe.flops import has_convolutions
 from hpcpipe.observe.metrics import EventLog, MetricsSink
@@ -41,6 +39,7 @@ from hpcpipe.track.sinks import Trackers
 from hpcpipe.train import evaluation
 from hpcpipe.train.deepspeed import deepspeed_engine
 from hpcpipe.train.distributed import DistContext
+from hpcpipe.train.divergence import host_values, require_finite
 from hpcpipe.train.environment import node_name
 from hpcpipe.train.faults import NO_FAULTS, FaultInjector
 from hpcpipe.train.mesh import build_layout, data_parallel_context, dropout_seed, same_rank_places
@@ -273,15 +272,17 @@ class Trainer:
         while self.step < stop_step:
             self.step += 1
             logs = self.step % self.observe.log_every == 0 or self.step == stop_step
-            with self._compiling():
-                out = self.train_step(measure_norm=logs)
+            saves = self.ckpt_every > 0 and self.step % self.ckpt_every == 0 and self.step < self.cfg.steps
+            with self._compiling():  # a step that saves measures its gradient norm: checked below
+                out = self.train_step(measure_norm=logs or saves)
             self.meter.add_step(out.data_time_s, self.recipe.interval_counts())
             self.telemetry.on_step(self.meter.items_per_step / self.ctx.world_size)
             self.watchdog.beat(self.step)
             if logs:
                 last_loss = self.log_train(out)
-            if self.ckpt_every > 0 and self.step % self.ckpt_every == 0 and self.step < self.cfg.steps:
-                self._require_finite(last_loss if logs else self.ctx.mean_over_ranks(out.loss).item())
+            if saves:
+                if not logs:  # (a logged step's row was checked)
+                    self._require_finite(*host_values(self.ctx.mean_over_ranks(out.loss), out.grad_norm))
                 self.save_checkpoint()
             if self.preemption.should_stop(self.agree_max):
                 self.stop_for_preemption()
@@ -519,18 +520,16 @@ class Trainer:
             row["time_per_epoch_s"] = row["step_time_s"] * steps_per_epoch
         self._write(row)
         self.progress.show(row)
-        self._require_finite(row["loss"])
+        self._require_finite(row["loss"], row["grad_norm"])
         return float(row["loss"])
 
-    def _require_finite(self, loss: float | None) -> None:
-        """Stop a diverged run before it saves: checkpoints of NaN weights would, through
-        keep_last, push out every good one. The loss is the mean over the ranks: all agree. An
-        HPO trial runs on: its non-finite metric is told to the study as the worst value."""
-        if loss is not None and not math.isfinite(loss) and not self.trial.active:
-            raise UserError(
-                f"training diverged: the loss is {loss} at step {self.step} (lower train.lr, set "
-                "train.grad_clip, or check the data); the checkpoints before it are kept"
-            )
+    def _require_finite(self, loss: float, grad_norm: float | None) -> None:
+        """Stop a diverged run before it saves (train/divergence.py). An HPO trial runs on: its
+        non-finite metric is told to the study as the worst value. Under fp16 the loss scaler
+        skips a step of non-finite gradients: only its loss is checked."""
+        if not self.trial.active:
+            checked = None if self.precision.skips_overflows else grad_norm
+            require_finite(self.step, loss, checked, self.cfg.grad_clip)
 
     def evaluate_and_log(self) -> float:
         with self.watchdog.pause(), self.phases.region("evaluate"), evaluation.streams_kept(self.ctx.device):

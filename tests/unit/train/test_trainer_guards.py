@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from tests.helpers import run_cli
 
+from hpcpipe.errors import UserError
 from hpcpipe.train.trainer import EVAL_PREEMPTION_CHECK_EVERY
 
-OWN = "tests.recipes_for_tests:EvalModeTiny"  # built in eval mode, as from_pretrained returns one
+OWN = "tests.recipes_for_tests:EvalModeTiny"
+TINY = "tests.recipes_for_tests:Tiny"  # built in eval mode, as from_pretrained returns one
 
 
 def _losses(run_dir: Path) -> list[float]:
@@ -48,6 +51,47 @@ def test_a_diverged_run_stops_before_it_saves_a_nan_checkpoint(tmp_path: Path) -
     diverged = int(proc.stderr.split(" at step ")[1].split()[0])
     saved = [int(p.name[5:]) for p in (tmp_path / "tiny" / "checkpoints").glob("step-*")]
     assert all(step < diverged for step in saved), (saved, diverged)  # none of NaN weights
+
+
+def _in_process(tmp_path: Path, *sets: str) -> Any:
+    """A Trainer of the tiny regression on this process's CPU (no CLI: a fraction of a second)."""
+    import torch
+
+    from hpcpipe.config import load_config
+    from hpcpipe.recipes import build_recipe
+    from hpcpipe.train.distributed import DistContext
+    from hpcpipe.train.trainer import Trainer
+
+    base = [f"run.recipe={TINY}", f"run.out_dir={tmp_path}", "observe.progress=false", "train.eval_every=0"]
+    job = load_config("tiny", [*base, *sets])
+    job.run_dir.mkdir(parents=True, exist_ok=True)
+    cpu = torch.device("cpu")
+    ctx = DistContext(rank=0, local_rank=0, world_size=1, local_world_size=1, device=cpu, backend=None)
+    return Trainer(job, build_recipe(job), ctx, job.run_dir)
+
+
+@pytest.mark.parametrize("grad_clip", [1.0, 0.0])
+def test_a_finite_loss_with_a_nan_gradient_is_never_checkpointed(tmp_path: Path, grad_clip: float) -> None:
+    """The loss checks missed a NaN gradient under a finite loss: its step wrote NaN weights and
+    checkpointed them (step 4 here), and every restart resumed that checkpoint and stopped again."""
+    clip = f"train.grad_clip={grad_clip}"
+    trainer = _in_process(tmp_path, "train.steps=8", "checkpoint.every_steps=2", "observe.log_every=3", clip)
+    loss = trainer.recipe.loss
+
+    def nan_gradient_at_step_4(model: Any, batch: Any) -> Any:
+        out = loss(model, batch)
+        if trainer.step == 4:  # sqrt's derivative at 0 is inf, times 0: NaN; the value stays finite
+            w = next(model.parameters())
+            out = out + 0.0 * (w - w.detach()).sum().sqrt()
+        return out
+
+    trainer.recipe.loss = nan_gradient_at_step_4
+    try:
+        with pytest.raises(UserError, match=r"the gradient norm is nan at step 4 with a finite loss"):
+            trainer.fit()
+    finally:
+        trainer.close()
+    assert sorted(p.name for p in (tmp_path / "tiny" / "checkpoints").glob("step-*")) == ["step-00000002"]
 
 
 def test_a_bad_chaos_variable_under_two_ranks_is_one_line(tmp_path: Path) -> None:

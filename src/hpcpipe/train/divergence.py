@@ -1,0 +1,44 @@
+"""Stop a diverged run before it saves: checkpoints of NaN weights would, through keep_last, push
+out every good one, and every restart would resume the last of them and stop again.
+
+Checked where the loop reads the step's values on the host anyway (a logged step, a step that
+checkpoints): a check of every step would wait for the device every step."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from hpcpipe.errors import UserError
+
+
+def host_values(loss: torch.Tensor, grad_norm: torch.Tensor | None) -> tuple[float, float | None]:
+    """``loss`` and ``grad_norm`` as floats, in one wait for the device."""
+    if grad_norm is None:
+        return loss.item(), None
+    both = torch.stack([loss.float(), grad_norm.to(loss.device, torch.float32)]).tolist()
+    return both[0], both[1]
+
+
+def require_finite(step: int, loss: float, grad_norm: float | None, grad_clip: float) -> None:
+    """UserError when the step's loss, or its gradient norm (None: not measured, or a loss scaler's
+    to judge), is not finite. Both are the same on every rank (the mean loss, the global norm)."""
+    if not math.isfinite(loss):
+        advice = "lower train.lr, set train.grad_clip, or check the data"
+        if grad_clip > 0:  # clipping is on already: advising it sent users to a setting they had
+            advice = "lower train.lr or check the data"
+        raise UserError(
+            f"training diverged: the loss is {loss} at step {step} ({advice}); the checkpoints "
+            "before it are kept"
+        )
+    if grad_norm is not None and not math.isfinite(grad_norm):
+        # A finite loss with a non-finite gradient: an operation with no finite derivative at its
+        # input (sqrt or log at 0, a division by 0) or an overflow in the backward. Clipping by a
+        # NaN norm makes every gradient NaN, so no setting of train.grad_clip helps.
+        raise UserError(
+            f"training diverged: the gradient norm is {grad_norm} at step {step} with a finite loss "
+            f"({loss:.6g}): check the model and loss for an operation with no finite gradient at "
+            "its input (sqrt or log of 0, a division by 0), or lower train.lr; the checkpoints "
+            "before it are kept"
+        )
