@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -42,3 +44,17 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device) ->
         # The fused CUDA kernel is fastest on GPU; on CPU the foreach path is.
         fused=device.type == "cuda",
     )
+
+
+@contextlib.contextmanager
+def config_settings_kept(optimizer: Any) -> Iterator[None]:
+    """Around a checkpoint's restore: each param group keeps the settings built from this job's
+    config (weight decay, betas, momentum, ...). A checkpoint's groups hold those it trained with:
+    a run continued with a changed train.weight_decay, beta1, beta2 or momentum trained on with
+    the old values while config.yaml recorded the new ones. The groups are matched in order, as
+    the restore matches them (built, then loaded, from the same model); lr is set every step."""
+    built = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
+    yield
+    if len(optimizer.param_groups) == len(built):  # read again: a restore may replace the groups
+        for group, settings in zip(optimizer.param_groups, built, strict=True):
+            group.update(settings)

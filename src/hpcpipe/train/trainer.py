@@ -45,7 +45,7 @@ from hpcpipe.train.faults import NO_FAULTS, FaultInjector
 from hpcpipe.train.mesh import build_layout, data_parallel_context, dropout_seed, same_rank_places
 from hpcpipe.train.oom import OOMGuard, OOMNotRecoverable, agree_any, agreement_all_reduce, oom_recovery_on
 from hpcpipe.train.oom_restart import remember_halved_split, take_remembered_split
-from hpcpipe.train.optim import build_optimizer
+from hpcpipe.train.optim import build_optimizer, config_settings_kept
 from hpcpipe.train.parallel import (
     GradNorm,
     buffers_broadcast,
@@ -216,7 +216,7 @@ class Trainer:
             items_per_step=self.cfg.global_batch_size * recipe.items_per_sample,
             unit=recipe.throughput_unit,
             world_size=ctx.world_size,
-            flops_per_item=_per_item(self._flops_per_sample(), recipe.items_per_sample),
+            flops_per_item=self._flops_per_item(),
             device=ctx.device,
             precision=self.cfg.precision,
             peak_tflops_override=self.observe.peak_tflops,
@@ -435,7 +435,7 @@ class Trainer:
         refuses this job names the keys changed since the run's config.yaml."""
         started = time.perf_counter()
         try:
-            with self.watchdog.pause():
+            with self.watchdog.pause(), config_settings_kept(self.optimizer):  # not the checkpoint's
                 extra = self.store.restore(self.model, self.optimizer)
                 if extra is not None and self.pipeline is not None:  # a checkpoint of any layout
                     self.pipeline.tie_copies(self.optimizer)
@@ -543,10 +543,11 @@ class Trainer:
         self.progress.show(row)
         return metrics["val_loss"]
 
-    def _flops_per_sample(self) -> float | None:
+    def _flops_per_item(self) -> float | None:
         # After the resume restored the streams: the recipe may read a sample (an augmentation).
         with evaluation.streams_kept(self.ctx.device):
-            return self.recipe.flops_per_sample()
+            flops = self.recipe.flops_per_sample()
+        return None if flops is None else flops / self.recipe.items_per_sample
 
     def inference_model(self) -> torch.nn.Module:
         """The model to call for generation/export: unwrapped from DDP, as-is under FSDP2."""
@@ -595,7 +596,3 @@ class Trainer:
 
     def _to_device(self, batch: Batch) -> Batch:
         return tuple(t.to(self.ctx.device, non_blocking=True) for t in batch)
-
-
-def _per_item(flops_per_sample: float | None, items_per_sample: int) -> float | None:
-    return None if flops_per_sample is None else flops_per_sample / items_per_sample

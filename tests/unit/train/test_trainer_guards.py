@@ -1,5 +1,6 @@
 """What a training run guards on its own: train mode after a resume (as after the step-0 evaluation),
-no checkpoint of a diverged model, and the chaos variables checked before two ranks start."""
+no checkpoint of a diverged model, the config's optimizer settings after a resume, and the chaos
+variables checked before two ranks start."""
 
 from __future__ import annotations
 
@@ -92,6 +93,33 @@ def test_a_finite_loss_with_a_nan_gradient_is_never_checkpointed(tmp_path: Path,
     finally:
         trainer.close()
     assert sorted(p.name for p in (tmp_path / "tiny" / "checkpoints").glob("step-*")) == ["step-00000002"]
+
+
+def _fit(tmp_path: Path, *sets: str) -> Any:
+    trainer = _in_process(tmp_path, *sets)
+    try:
+        trainer.fit()
+    finally:
+        trainer.close()
+    return trainer
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "sgd"])
+def test_a_continued_run_trains_with_the_configs_optimizer_settings(tmp_path: Path, optimizer: str) -> None:
+    """The checkpoint's param groups were restored as saved: a run continued with a changed
+    train.weight_decay / beta2 / momentum kept the old values while config.yaml had the new."""
+    _fit(tmp_path, f"train.optimizer={optimizer}", "train.steps=2", "checkpoint.every_steps=2")
+    changed = ["train.weight_decay=0.3", "train.beta2=0.99", "train.momentum=0.5"]
+    trainer = _in_process(tmp_path, f"train.optimizer={optimizer}", "train.steps=4", *changed)
+    trainer.close()
+    assert trainer.step == 2  # resumed
+    groups = trainer.optimizer.param_groups
+    assert [g["weight_decay"] for g in groups] == [0.3, 0.0]  # norms and biases: still none
+    if optimizer == "adamw":
+        assert all(g["betas"] == (0.9, 0.99) for g in groups)
+    else:
+        assert all(g["momentum"] == 0.5 and g["nesterov"] for g in groups)
+    assert trainer.optimizer.state  # the moments were restored
 
 
 def test_a_bad_chaos_variable_under_two_ranks_is_one_line(tmp_path: Path) -> None:
