@@ -132,6 +132,19 @@ EVENT_KINDS: dict[str, EventKind] = {
             "restore_s": "seconds to restore",
         },
     ),
+    "lr_schedule_changed": EventKind(
+        "train.trainer (rank 0)",
+        "The resumed run's LR schedule spans another number of steps than when its checkpoint was "
+        "saved (train.steps or train.epochs changed): the schedule is stretched or shrunk, so the "
+        "LR at the resumed step changed (docs/fault-tolerance.md).",
+        {
+            **_STEP,
+            "old_steps": "the schedule's steps when the checkpoint was saved",
+            "new_steps": "its steps now",
+            "old_lr": "the LR at the step under the old schedule",
+            "new_lr": "the LR at the step now",
+        },
+    ),
     "oom_restart_split": EventKind(
         "train.trainer (rank 0)",
         "An out-of-memory error the ranks could not recover from in-process ended the last start; "

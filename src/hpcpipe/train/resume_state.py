@@ -3,7 +3,7 @@ resume needs of this rank, written with every save and put back after a restore.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from hpcpipe.checkpoint.state import capture_rng_state, restore_rng_state
@@ -29,6 +29,7 @@ def capture_trainer_state(
         "world_size": world_size,
         "tp": layout.tp,
         "layout": layout.shape(),
+        "schedule_steps": cfg.steps,  # the LR schedule's length: a resume says when it changed
     }
     if scaler is not None:
         state["grad_scaler"] = scaler.state_dict()
@@ -49,3 +50,31 @@ def restore_trainer_state(
         restore_rng_state(extra["rng"])
         if oom.load_state_dict(extra["oom_split"]):
             loader.set_micro_batch_size(oom.micro_batch_size)
+
+
+def announce_schedule_change(
+    extra: Mapping[str, Any], cfg: TrainConfig, emit: Callable[[str, dict[str, Any]], None], is_main: bool
+) -> None:
+    """Say when the LR schedule spans another number of steps than when the checkpoint was saved
+    (train.steps or train.epochs raised to continue a run): the schedule is stretched, so the LR
+    at the resumed step changes, and a run that had decayed to its floor jumped back up without a
+    word. Nothing for a checkpoint saved before the length was recorded."""
+    saved = extra.get("schedule_steps")
+    if saved is None or int(saved) == cfg.steps:
+        return
+    step = int(extra["step"])
+    before = lr_at(max(step, 1), cfg.model_copy(update={"steps": int(saved)}))
+    change = {
+        "step": step,
+        "old_steps": int(saved),
+        "new_steps": cfg.steps,
+        "old_lr": before,
+        "new_lr": lr_at(max(step, 1), cfg),
+    }
+    emit("lr_schedule_changed", change)
+    if is_main:
+        print(
+            f"hpcpipe: the LR schedule now spans {cfg.steps} steps instead of {saved}: the LR at step "
+            f"{step} was {before:.6g} and is now {change['new_lr']:.6g}",
+            flush=True,
+        )

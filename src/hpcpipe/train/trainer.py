@@ -59,7 +59,7 @@ from hpcpipe.train.parallel import (
 from hpcpipe.train.parallelize import parallelize
 from hpcpipe.train.precision import Precision
 from hpcpipe.train.preempt import Preempted, PreemptionHandler
-from hpcpipe.train.resume_state import capture_trainer_state, restore_trainer_state
+from hpcpipe.train.resume_state import announce_schedule_change, capture_trainer_state, restore_trainer_state
 from hpcpipe.train.schedule import lr_at, resolve_steps
 from hpcpipe.train.trial import ENDED, Pruned, TrialLink
 
@@ -448,6 +448,7 @@ class Trainer:
         recorded = restored.layout if restored is not None else None  # the manifest's, if any
         same_places = same_rank_places(extra, self.ctx.world_size, self.layout, recorded)
         restore_trainer_state(extra, self.loader, self.oom, self.precision.scaler, same_places)
+        announce_schedule_change(extra, self.cfg, self.events.emit, self.ctx.is_main)
         self.events.emit(
             "resumed",
             {

@@ -122,6 +122,39 @@ def test_a_continued_run_trains_with_the_configs_optimizer_settings(tmp_path: Pa
     assert trainer.optimizer.state  # the moments were restored
 
 
+def _events(run_dir: Path, kind: str) -> list[dict[str, Any]]:
+    rows = (json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines())
+    return [row for row in rows if row["event"] == kind]
+
+
+def test_a_run_continued_with_more_steps_says_its_lr_schedule_changed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Raising train.steps stretched the schedule: a run that had decayed to its floor LR resumed
+    at a much higher one without a word."""
+    sets = ["train.warmup_steps=1", "checkpoint.every_steps=2", "train.lr=0.01", "train.min_lr_ratio=0.1"]
+    _fit(tmp_path, *sets, "train.steps=4")
+    _in_process(tmp_path, *sets, "train.steps=4").close()  # the same schedule: nothing said
+    assert "LR schedule" not in capsys.readouterr().out
+    assert not _events(tmp_path / "tiny", "lr_schedule_changed")
+    _in_process(tmp_path, *sets, "train.steps=10").close()
+    out = capsys.readouterr().out
+    assert "the LR schedule now spans 10 steps instead of 4: the LR at step 4 was 0.001 and is now" in out
+    (event,) = _events(tmp_path / "tiny", "lr_schedule_changed")
+    assert (event["step"], event["old_steps"], event["new_steps"]) == (4, 4, 10)
+    # The floor, then a third of the way into the stretched cosine.
+    assert (event["old_lr"], event["new_lr"]) == pytest.approx((0.001, 0.00775))
+
+
+def test_a_checkpoint_without_its_schedule_length_says_nothing(capsys: pytest.CaptureFixture[str]) -> None:
+    from hpcpipe.config import TrainConfig
+    from hpcpipe.train.resume_state import announce_schedule_change
+
+    emitted: list[str] = []
+    announce_schedule_change({"step": 4}, TrainConfig(steps=10), lambda kind, _: emitted.append(kind), True)
+    assert not emitted and not capsys.readouterr().out
+
+
 def test_a_bad_chaos_variable_under_two_ranks_is_one_line(tmp_path: Path) -> None:
     """The fork server's import of the faults failed: the run ended in 'Aborted.', exit 1."""
     proc = run_cli(
