@@ -24,6 +24,7 @@ TRAIN_KEYS = (
     "loss",
     "lr",
     "grad_norm",
+    "skipped_steps",
     "tokens_per_s",
     "tokens_per_s_per_device",
     "samples_per_s",

@@ -29,6 +29,7 @@ class Precision:
         # scales fp16 losses: no scaler here, backward through the engine. Autocast stays: it
         # casts floating inputs (images) to the parameters' dtype at each matmul/convolution.
         self.engine = engine
+        self.skips = SkippedSteps()
         if precision == "fp16" and engine is None:
             if sharded:
                 # Sharded gradients need the inf/nan check all-reduced across ranks.
@@ -68,7 +69,62 @@ class Precision:
 
     def step(self, optimizer: torch.optim.Optimizer) -> None:
         if self.scaler is not None:
+            if self.skips.starting:  # this process's first update: the scale it starts from
+                self.skips.copy_scale(self.scaler)
             self.scaler.step(optimizer)
             self.scaler.update()
+            self.skips.copy_scale(self.scaler)
         else:
             optimizer.step()
+
+    @property
+    def skipped_steps(self) -> int:
+        """Steps whose update the GradScaler skipped, up to the last one (0 without a scaler)."""
+        return self.skips.count() if self.scaler is not None else 0
+
+    def skipped_row(self) -> dict[str, int]:
+        """For a metrics row: the skipped steps so far, under a GradScaler."""
+        return {"skipped_steps": self.skipped_steps} if self.scaler is not None else {}
+
+
+class SkippedSteps:
+    """The optimizer steps fp16's GradScaler skipped (gradients not finite). They must not count
+    as updates: the LR schedule follows the updates taken, as Megatron-LM's, or a run whose first
+    steps overflow (a large initial scale) used up its warm-up without a single update. A skip is
+    read off the scale, which update() lowers after a skipped step only. The scale stays on the
+    device: each step's is copied to the host without waiting and read when the count is next
+    asked for (the next step's LR, a log, a save), long after the copy finished: no wait for the
+    device each step."""
+
+    def __init__(self) -> None:
+        self.skipped = 0
+        self.starting = True  # no scale copied yet: the first one is the scale before any update
+        self._last: float | None = None
+        self._pending: list[tuple[torch.Tensor, Any]] = []  # (copy, its event on CUDA)
+
+    def restart(self, skipped: int) -> None:
+        """A resume: the checkpoint's count, from this process's first update on."""
+        self.skipped, self.starting, self._last, self._pending = skipped, True, None, []
+
+    def copy_scale(self, scaler: torch.amp.GradScaler) -> None:
+        scale = scaler._get_scale_async()  # the device tensor (get_scale() would wait for it)
+        if scale is None:  # not in use yet: nothing to count against
+            return
+        self.starting = False
+        copy = scale.detach().to("cpu", non_blocking=True, copy=True)  # (on CPU too: update() is in place)
+        done = None
+        if scale.is_cuda:
+            done = torch.cuda.Event()
+            done.record()
+        self._pending.append((copy, done))
+
+    def count(self) -> int:
+        for copy, done in self._pending:
+            if done is not None:
+                done.synchronize()
+            scale = float(copy)
+            if self._last is not None and scale < self._last:
+                self.skipped += 1
+            self._last = scale
+        self._pending.clear()
+        return self.skipped

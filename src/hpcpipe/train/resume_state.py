@@ -11,18 +11,21 @@ from hpcpipe.config import TrainConfig
 from hpcpipe.recipes.base import TrainLoader
 from hpcpipe.train.mesh import Layout
 from hpcpipe.train.oom import OOMGuard
+from hpcpipe.train.precision import Precision
 from hpcpipe.train.schedule import lr_at
 
 
 def capture_trainer_state(
     step: int, cfg: TrainConfig, items_per_sample: int, loader: TrainLoader, oom: OOMGuard, layout: Layout,
-    world_size: int, scaler: Any,
+    world_size: int, precision: Precision,
 ) -> dict[str, Any]:  # fmt: skip
-    """This rank's trainer state at ``step`` (``scaler``: the AMP gradient scaler, or None)."""
+    """This rank's trainer state at ``step``."""
+    skipped = precision.skipped_steps
     state: dict[str, Any] = {
         "step": step,
         "tokens_seen": step * cfg.global_batch_size * items_per_sample,
-        "lr": lr_at(max(step, 1), cfg),
+        "lr": lr_at(max(step - skipped, 1), cfg),
+        "skipped_steps": skipped,  # fp16 steps without an update: the LR follows the updates
         "loader": loader.state_dict(),
         "rng": capture_rng_state(),
         "oom_split": oom.state_dict(),
@@ -31,21 +34,22 @@ def capture_trainer_state(
         "layout": layout.shape(),
         "schedule_steps": cfg.steps,  # the LR schedule's length: a resume says when it changed
     }
-    if scaler is not None:
-        state["grad_scaler"] = scaler.state_dict()
+    if precision.scaler is not None:
+        state["grad_scaler"] = precision.scaler.state_dict()
     return state
 
 
 def restore_trainer_state(
-    extra: Mapping[str, Any], loader: TrainLoader, oom: OOMGuard, scaler: Any, same_places: bool
+    extra: Mapping[str, Any], loader: TrainLoader, oom: OOMGuard, precision: Precision, same_places: bool
 ) -> None:
     """Put back what ``capture_trainer_state`` saved. ``same_places``: this rank holds the
     saving rank's place (``mesh.same_rank_places``): RNG streams and a shrunk micro-batch split
     are per rank, only meaningful as saved; the split stays this run's where the config's changed
     since (a lowered micro-batch)."""
     loader.load_state_dict(extra["loader"])
-    if scaler is not None and "grad_scaler" in extra:
-        scaler.load_state_dict(extra["grad_scaler"])
+    if precision.scaler is not None and "grad_scaler" in extra:
+        precision.scaler.load_state_dict(extra["grad_scaler"])
+        precision.skips.restart(int(extra.get("skipped_steps", 0)))  # none: saved before they counted
     if same_places:
         restore_rng_state(extra["rng"])
         if oom.load_state_dict(extra["oom_split"]):
@@ -63,13 +67,14 @@ def announce_schedule_change(
     if saved is None or int(saved) == cfg.steps:
         return
     step = int(extra["step"])
-    before = lr_at(max(step, 1), cfg.model_copy(update={"steps": int(saved)}))
+    updates = max(step - int(extra.get("skipped_steps", 0)), 1)  # the LR follows the updates taken
+    before = lr_at(updates, cfg.model_copy(update={"steps": int(saved)}))
     change = {
         "step": step,
         "old_steps": int(saved),
         "new_steps": cfg.steps,
         "old_lr": before,
-        "new_lr": lr_at(max(step, 1), cfg),
+        "new_lr": lr_at(updates, cfg),
     }
     emit("lr_schedule_changed", change)
     if is_main:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from hpcpipe.config import TrainConfig
 from hpcpipe.errors import ConfigError
@@ -34,3 +35,11 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     if cfg.schedule == "linear":
         return peak - (peak - floor) * progress
     return floor + 0.5 * (peak - floor) * (1.0 + math.cos(math.pi * progress))
+
+
+def set_lr(optimizer: Any, updates: int, cfg: TrainConfig) -> float:
+    """Set every param group's LR for update number ``updates`` (1-based); returns it."""
+    lr = lr_at(max(updates, 1), cfg)
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    return lr

@@ -60,7 +60,7 @@ from hpcpipe.train.parallelize import parallelize
 from hpcpipe.train.precision import Precision
 from hpcpipe.train.preempt import Preempted, PreemptionHandler
 from hpcpipe.train.resume_state import announce_schedule_change, capture_trainer_state, restore_trainer_state
-from hpcpipe.train.schedule import lr_at, resolve_steps
+from hpcpipe.train.schedule import resolve_steps, set_lr
 from hpcpipe.train.trial import ENDED, Pruned, TrialLink
 
 COMPILE_ALLOWANCE_S = 3600.0  # the first compiled step's hang timeout at most (below parallel.timeout_s)
@@ -296,9 +296,6 @@ class Trainer:
         logged step): without clipping, reading every gradient once more per step is pure cost.
         """
         self.phases.begin_step(self.step)
-        lr = lr_at(self.step, self.cfg)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
         step_start = self.loader.state_dict()
         try:
             while (out := self._pipeline_step() if self.pipeline else self._forward_backward()) is None:
@@ -311,7 +308,8 @@ class Trainer:
             remember_halved_split(self.oom, RunLayout(self.run_dir).oom_restart_split)
             raise
         loss_sum, data_time = out
-        self.phases.begin("optimizer")
+        self.phases.begin("optimizer")  # the LR follows the updates taken: fp16 may skip some
+        lr = set_lr(self.optimizer, self.step - self.precision.skipped_steps, self.cfg)
         grad_norm = optimizer_step(
             self.model, self.optimizer, self.precision, self.cfg.grad_clip, measure_norm, self.grad_norm
         )
@@ -426,8 +424,8 @@ class Trainer:
 
     def trainer_state(self) -> dict[str, Any]:
         """Everything beyond weights and optimizer that exact resume needs (this rank's part)."""
-        scaler, items = self.precision.scaler, self.recipe.items_per_sample
-        args = (self.loader, self.oom, self.layout, self.ctx.world_size, scaler)
+        items = self.recipe.items_per_sample
+        args = (self.loader, self.oom, self.layout, self.ctx.world_size, self.precision)
         return capture_trainer_state(self.step, self.cfg, items, *args)
 
     def resume(self, job: JobConfig) -> None:
@@ -447,7 +445,7 @@ class Trainer:
         restored = self.store.restored
         recorded = restored.layout if restored is not None else None  # the manifest's, if any
         same_places = same_rank_places(extra, self.ctx.world_size, self.layout, recorded)
-        restore_trainer_state(extra, self.loader, self.oom, self.precision.scaler, same_places)
+        restore_trainer_state(extra, self.loader, self.oom, self.precision, same_places)
         announce_schedule_change(extra, self.cfg, self.events.emit, self.ctx.is_main)
         self.events.emit(
             "resumed",
@@ -506,6 +504,7 @@ class Trainer:
             "step": self.step,
             "loss": loss.item(),
             "lr": out.lr,
+            **self.precision.skipped_row(),  # fp16: steps without an update so far
             "grad_norm": None if out.grad_norm is None else float(out.grad_norm),
             **self.meter.read(counts),
             **self.phases.read(),

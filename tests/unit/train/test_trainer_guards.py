@@ -18,9 +18,13 @@ OWN = "tests.recipes_for_tests:EvalModeTiny"
 TINY = "tests.recipes_for_tests:Tiny"  # built in eval mode, as from_pretrained returns one
 
 
-def _losses(run_dir: Path) -> list[float]:
+def _train_rows(run_dir: Path) -> list[dict[str, Any]]:
     rows = (json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines())
-    return [row["loss"] for row in rows if "loss" in row]
+    return [row for row in rows if "loss" in row]
+
+
+def _losses(run_dir: Path) -> list[float]:
+    return [row["loss"] for row in _train_rows(run_dir)]
 
 
 def test_a_resume_without_an_evaluation_trains_with_dropout_bitwise_as_uninterrupted(tmp_path: Path) -> None:
@@ -153,6 +157,33 @@ def test_a_checkpoint_without_its_schedule_length_says_nothing(capsys: pytest.Ca
     emitted: list[str] = []
     announce_schedule_change({"step": 4}, TrainConfig(steps=10), lambda kind, _: emitted.append(kind), True)
     assert not emitted and not capsys.readouterr().out
+
+
+def test_fp16_steps_the_scaler_skips_use_up_no_warm_up_and_a_resume_keeps_their_count(tmp_path: Path) -> None:
+    """Skipped steps counted as updates: with a large initial scale the first steps overflowed,
+    the warm-up ran out without one update, and the first update came at a decayed LR."""
+    from hpcpipe.config import load_config
+    from hpcpipe.train.schedule import lr_at
+
+    sets = ["train.precision=fp16", "train.warmup_steps=4", "observe.log_every=1", "checkpoint.every_steps=4"]
+
+    def fit(name: str, steps: int) -> list[tuple[int, float, float, int]]:
+        trainer = _in_process(tmp_path, *sets, f"run.name={name}", f"train.steps={steps}")
+        if trainer.step == 0:
+            trainer.precision.scaler._init_scale = 2.0**20  # fp16 overflows until it backs off
+        try:
+            trainer.fit()
+        finally:
+            trainer.close()
+        return [(r["step"], r["loss"], r["lr"], r["skipped_steps"]) for r in _train_rows(tmp_path / name)]
+
+    whole = fit("whole", 8)
+    skipped = [0] + [row[3] for row in whole]  # skipped[s]: skipped up to step s
+    assert skipped[4] > 0 and skipped[8] < 8  # some skipped before the checkpoint, some updates
+    cfg = load_config("tiny", [f"run.recipe={TINY}", *sets, "train.steps=8"]).train
+    assert [row[2] for row in whole] == [lr_at(max(s - skipped[s - 1], 1), cfg) for s in range(1, 9)]
+    fit("resumed", 4)
+    assert fit("resumed", 8) == whole  # the count resumed: the same LRs, the same losses
 
 
 def test_a_bad_chaos_variable_under_two_ranks_is_one_line(tmp_path: Path) -> None:
