@@ -267,3 +267,42 @@ def test_a_recorded_exponent_is_not_named_as_a_change(tmp_path: Path) -> None:
     recorded.write_text(job.to_yaml().replace("lr: 0.001", "lr: 1e-3"))
     assert "lr: 1e-3" in recorded.read_text()
     assert changed_keys(recorded, job) == []  # it was ["train.lr '1e-3' -> 0.001"]
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("data.cache_dir", "/tmp/job-1234"),  # a per-job $TMPDIR
+        ("data.num_workers", "2"),
+        ("data.pin_memory", "true"),
+        ("data.prepared_dir", "/scratch/prepared"),
+        ("parallel.strategy", "ddp"),
+        ("parallel.nproc", "2"),
+        ("parallel.timeout_s", "60"),
+    ],
+)
+def test_where_and_how_fast_a_run_trains_is_no_training_change(key: str, value: str) -> None:
+    """Every key under data and parallel counted: a finished run given a per-job cache_dir, more
+    loader workers or another strategy was refused (exit 2), where it had been a no-op."""
+    from hpcpipe.config.changes import training_changes
+
+    before = load_config("tiny").to_dict()
+    assert training_changes(before, load_config("tiny", [f"{key}={value}"]).to_dict()) == []
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("train.lr", "0.5"),
+        ("data.max_bytes", "1000"),
+        ("data.vocab_size", "300"),
+        ("parallel.sync_gradients", "false"),
+        ("parallel.broadcast_buffers", "true"),
+    ],
+)
+def test_what_a_run_trains_or_on_which_data_is_a_training_change(key: str, value: str) -> None:
+    from hpcpipe.config.changes import training_changes
+
+    before = load_config("tiny").to_dict()
+    (change,) = training_changes(before, load_config("tiny", [f"{key}={value}"]).to_dict())
+    assert change.startswith(f"{key} ")
