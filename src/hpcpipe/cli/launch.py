@@ -93,6 +93,7 @@ def slurm(
       hpcpipe launch slurm gpt-124m --nodes 2 --gpus-per-node 8 --profile nsys   (then hpcpipe profile)
     """
     from hpcpipe.launch import slurm as slurm_launch
+    from hpcpipe.launch.finished import refuse_finished_run
 
     overrides = [*(sets or []), *_cli_overrides(nodes, gpus_per_node, partition, time_limit)]
     if profile is not None:
@@ -102,6 +103,8 @@ def slurm(
         typer.echo(slurm_launch.render_sbatch(sub), nl=False)  # verbatim: no wrapping or markup
         return
     slurm_launch.require_sbatch()  # before anything is written
+    for job in sub.jobs:  # a finished run's refusal now, not from the nodes once the job is queued
+        refuse_finished_run(job, prepare=False)  # epochs' steps need the data: the nodes judge them
     slurm_launch.check_partition(sub.first.launch.slurm.partition)
     script = slurm_launch.write_submission(sub)
     if sub.sweep_dir is not None:
@@ -192,6 +195,7 @@ def agent(
     from hpcpipe.config import load_config
     from hpcpipe.launch import nsight
     from hpcpipe.launch.agent import AgentPreempted, AgentSpec, stop_early_on_preemption
+    from hpcpipe.launch.finished import refuse_finished_run
     from hpcpipe.launch.job import prestart_node_fork_server, worker_preload
     from hpcpipe.launch.rendezvous import split_endpoint
 
@@ -205,6 +209,8 @@ def agent(
         split_endpoint(endpoint)
     except ValueError:
         raise UserError(f"--rdzv-endpoint {endpoint}: give HOST:PORT, the port in 0-65535") from None
+    # Every node reads the same run directory: all refuse together, before anything starts.
+    refuse_finished_run(job)
     preempted = job.fault.preempt_exit_code
     stop_early_on_preemption(preempted)  # until the workers run: a signal now is a clean 75
     prestart_node_fork_server(job)  # before the data preparation computes anything

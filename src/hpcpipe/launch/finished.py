@@ -1,7 +1,8 @@
 """A run that trained to its last step, started again with other training settings: resumed, it
 would train nothing, yet rank 0 would record the new settings (config.yaml, lineage.json) for a
 model the old ones trained, and evaluate, export and the registry would describe it by them.
-``hpcpipe train`` (``launch/job.py run_job``) and ``hpcpipe run``'s train step
+``hpcpipe train`` (``launch/job.py run_job``), each node's ``hpcpipe launch agent`` (Slurm,
+Kubeflow), ``hpcpipe launch slurm`` before it queues, and ``hpcpipe run``'s train step
 (``pipeline/steps.py``) refuse it here, in one line; more steps (or epochs) train on."""
 
 from __future__ import annotations
@@ -37,25 +38,30 @@ def finished_at(job: JobConfig) -> int | None:
 
 
 def refuse_new_settings(
-    job: JobConfig, before: dict[str, Any], reached: int, also: Sequence[str] = ()
+    job: JobConfig, before: dict[str, Any], reached: int, also: Sequence[str] = (), prepare: bool = True
 ) -> None:
     """UserError when ``job`` changes a training key against ``before`` (the settings that
     trained the run to ``reached``, its last step) and asks for no more steps than that; ``also``
-    names other changes (a new dataset) that count the same."""
-    if _trains_on(job, before, reached):
-        return
+    names other changes (a new dataset) that count the same. ``prepare`` false (a login node): a
+    job counted in epochs is left to the nodes, where its data give its steps."""
     changed = [*also, *training_changes(before, job.to_dict())]
-    if changed:
-        more = "train.epochs" if job.train.epochs is not None else "train.steps"
-        shown = ", ".join(changed[:SHOWN]) + (" ..." if len(changed) > SHOWN else "")
-        raise UserError(
-            f"{job.run_dir} already trained to step {reached} with other settings ({shown}): resumed, "
-            "nothing would be trained with them; give a new run.name to train anew, or more "
-            f"{more} to train on"
-        )
+    if not changed:
+        return
+    asked = _steps_asked(job, prepare)
+    if asked is None or asked > reached:
+        return
+    if job.train.epochs is None:
+        more = "more train.steps to train on"
+    else:
+        more = f"more train.epochs to train on ({job.train.epochs:g} end at step {asked})"
+    shown = ", ".join(changed[:SHOWN]) + (" ..." if len(changed) > SHOWN else "")
+    raise UserError(
+        f"{job.run_dir} already trained to step {reached} with other settings ({shown}): resumed, "
+        f"nothing would be trained with them; give a new run.name to train anew, or {more}"
+    )
 
 
-def refuse_finished_run(job: JobConfig) -> None:
+def refuse_finished_run(job: JobConfig, prepare: bool = True) -> None:
     """``refuse_new_settings`` against the run's config.yaml (what rank 0 recorded once the
     checkpoint loaded); nothing to compare when the run has not finished or has no config."""
     reached = finished_at(job)
@@ -63,7 +69,24 @@ def refuse_finished_run(job: JobConfig) -> None:
         return
     before = _recorded(RunLayout(job.run_dir).config)
     if before is not None:
-        refuse_new_settings(job, before, reached)
+        refuse_new_settings(job, before, reached, prepare=prepare)
+
+
+def _steps_asked(job: JobConfig, prepare: bool) -> int | None:
+    """The step ``job`` trains to: train.steps, or its train.epochs by the trainer's own rule
+    (``resolve_steps``) on its dataset, prepared first (idempotent: a no-op when it is, and the
+    launch prepares it next anyway); None when ``prepare`` is false. Comparing epochs with the
+    earlier run's epochs refused a run counted in steps switched to epochs that meant more steps."""
+    if job.train.epochs is None:
+        return job.train.steps
+    if not prepare:
+        return None
+    from hpcpipe.recipes import build_recipe
+    from hpcpipe.train.schedule import resolve_steps
+
+    recipe = build_recipe(job)
+    recipe.prepare(progress=False)
+    return resolve_steps(job.train, recipe.samples_per_epoch()).steps
 
 
 def _recorded(path: Path) -> dict[str, Any] | None:
@@ -72,11 +95,3 @@ def _recorded(path: Path) -> dict[str, Any] | None:
     except (OSError, yaml.YAMLError):
         return None
     return tree if isinstance(tree, dict) else None
-
-
-def _trains_on(job: JobConfig, before: dict[str, Any], reached: int) -> bool:
-    """More steps asked than the run reached: raised train.steps, or raised train.epochs."""
-    if job.train.epochs is None:
-        return job.train.steps > reached
-    was = (before.get("train") or {}).get("epochs")
-    return isinstance(was, int | float) and job.train.epochs > was

@@ -106,3 +106,48 @@ def test_a_slurm_grid_goes_under_the_job_s_out_dir_unless_out_is_given(tmp_path:
     assert {p.run_dir.parent for p in points} == {sub.sweep_dir}
     given, _ = launch._submission("tiny", sets, ["train.lr=[0.1,0.2]"], tmp_path / "given")
     assert given.sweep_dir == tmp_path / "given"
+
+
+def _finished_run(tmp_path: Path) -> Path:
+    """A tiny run that trained to its last step (6); returns its config.yaml."""
+    import json
+
+    from hpcpipe.layout import RunLayout
+
+    job = load_config("tiny", [f"run.out_dir={tmp_path}", "train.steps=6"])
+    layout = RunLayout(job.run_dir)
+    (layout.checkpoints / "step-00000006").mkdir(parents=True)
+    layout.config.write_text(job.to_yaml())
+    layout.events.write_text(json.dumps({"event": "run_finished", "step": 6}) + "\n")
+    return layout.config
+
+
+def test_every_node_s_agent_refuses_new_training_settings_for_a_finished_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The agent Slurm and Kubeflow start never went through run_job: resubmitted with another lr,
+    the run trained nothing, exited 0 and recorded the new lr."""
+    from hpcpipe.errors import UserError
+
+    recorded = _finished_run(tmp_path)
+    before = recorded.read_text()
+    submitted = tmp_path / "submitted.yaml"
+    submitted.write_text(load_config(recorded, ["train.lr=0.5"]).to_yaml())
+    monkeypatch.setattr(launch, "_run_node_agent", lambda *_: pytest.fail("the workers started"))
+    with pytest.raises(UserError, match=r"already trained to step 6 with other settings \(train\.lr"):
+        launch.agent(submitted, nnodes="1", rdzv_endpoint="127.0.0.1:0", rdzv_id="test")
+    assert recorded.read_text() == before
+
+
+def test_launch_slurm_refuses_a_finished_run_before_it_queues(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hpcpipe.errors import UserError
+    from hpcpipe.launch import slurm as slurm_launch
+
+    recorded = _finished_run(tmp_path)
+    monkeypatch.setattr(slurm_launch, "require_sbatch", lambda: "sbatch")
+    monkeypatch.setattr(slurm_launch, "submit", lambda _script: pytest.fail("submitted"))
+    with pytest.raises(UserError, match=r"already trained to step 6 .*\(train\.lr"):
+        launch.slurm(str(recorded), sets=["train.lr=0.5"])
+    assert sorted(p.name for p in recorded.parent.iterdir()) == ["checkpoints", "config.yaml", "events.jsonl"]

@@ -66,3 +66,37 @@ def test_new_training_settings_for_a_finished_run_are_refused_and_more_steps_tra
         run_job(load_config("tiny", [*sets, "parallel.timeout_s=60"]))
     with pytest.raises(RuntimeError, match="prepared"):  # more steps: a continuation
         run_job(load_config("tiny", [*sets, "train.steps=8", "train.lr=0.5"]))
+
+
+class _Counted:
+    """A recipe whose training set holds 80 samples (10 steps an epoch at global batch 8)."""
+
+    def prepare(self, progress: bool) -> None:
+        pass
+
+    def samples_per_epoch(self) -> int:
+        return 80
+
+
+def test_a_run_counted_in_steps_switched_to_epochs_trains_on_when_they_are_more_steps(
+    started: list[JobConfig], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """train.epochs was compared with the earlier run's (null): any epochs were refused, and the
+    line asked for more train.epochs. Now the epochs' steps (the trainer's rule) are compared."""
+    import hpcpipe.recipes
+
+    sets = [f"run.out_dir={tmp_path}", "train.steps=6", "parallel.nproc=1"]
+    layout = RunLayout(load_config("tiny", sets).run_dir)
+    (layout.checkpoints / "step-00000006").mkdir(parents=True)
+    layout.config.write_text(load_config("tiny", sets).to_yaml())
+    layout.events.write_text(json.dumps({"event": "run_finished", "step": 6}) + "\n")
+    monkeypatch.setattr(hpcpipe.recipes, "build_recipe", lambda job: _Counted())
+
+    def prepared(job: JobConfig) -> Path:
+        raise RuntimeError("prepared")  # the run directory would be written from here on
+
+    monkeypatch.setattr(job_module, "prepare_job", prepared)
+    with pytest.raises(RuntimeError, match="prepared"):  # 1 epoch: 10 steps, 4 more than 6
+        run_job(load_config("tiny", [*sets, "train.epochs=1", "train.lr=0.5"]))
+    with pytest.raises(UserError, match=r"or more train\.epochs to train on \(0\.5 end at step 5\)"):
+        run_job(load_config("tiny", [*sets, "train.epochs=0.5", "train.lr=0.5"]))
