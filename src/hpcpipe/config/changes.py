@@ -28,6 +28,10 @@ PLACEMENT_KEYS = (
     *(f"parallel.{key}" for key in ("pp_split", "backend", "threads_per_rank", "bucket_cap_mb")),
     *(f"parallel.{key}" for key in ("gradient_as_bucket_view", "static_graph", "find_unused_parameters")),
     *(f"parallel.{key}" for key in ("worker_start", "retain_host_memory")),
+    # speed and memory, not what is trained (the same gradients, up to the order of sums)
+    "train.compile",
+    "train.activation_checkpointing",
+    "model.gradient_checkpointing",
 )
 
 

@@ -279,6 +279,8 @@ def test_a_recorded_exponent_is_not_named_as_a_change(tmp_path: Path) -> None:
         ("parallel.strategy", "ddp"),
         ("parallel.nproc", "2"),
         ("parallel.timeout_s", "60"),
+        ("train.compile", "true"),
+        ("train.activation_checkpointing", "full"),
     ],
 )
 def test_where_and_how_fast_a_run_trains_is_no_training_change(key: str, value: str) -> None:
