@@ -45,30 +45,31 @@ def last_alive(trial: optuna.trial.FrozenTrial) -> float | None:
 class Heartbeat:
     """While a trial runs: mark it alive every ``interval_s`` from a daemon thread.
 
-    ``on_lapse`` is called once when no beat reached the store for ``lapse_s``: other workers
-    fail a trial they have not heard from for hpo.grace_s and start its retry in the same run
-    directory, so the trial must stop before then (the worker passes half the grace). A watchdog
-    thread of its own keeps the time: a store that hangs (a blackholed PostgreSQL connection, a
-    hung NFS mount) blocks the beat itself, which then never got to check the lapse."""
+    ``on_lapse`` is called once when no beat has reached the store for ``lapse_s(interval_s,
+    grace_s)``: other workers fail a trial they have not heard from for hpo.grace_s and start its
+    retry in the same run directory, so the trial must stop before then. A watchdog thread of its
+    own keeps the time: a store that hangs (a blackholed PostgreSQL connection, a hung NFS mount)
+    blocks the beat itself, which then never got to check the lapse."""
 
     def __init__(
         self,
         storage: optuna.storages.BaseStorage,
         trial_id: int,
         interval_s: float,
-        lapse_s: float = math.inf,
+        grace_s: float = math.inf,
         on_lapse: Callable[[], None] | None = None,
     ) -> None:
         self.storage, self.trial_id, self.interval_s = storage, trial_id, interval_s
-        self.lapse_s, self.on_lapse = lapse_s, on_lapse
+        self.lapse_s, self.on_lapse = lapse_s(interval_s, grace_s), on_lapse
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="hpo-heartbeat", daemon=True)
         self._watchdog = threading.Thread(target=self._watch, name="hpo-heartbeat-watchdog", daemon=True)
         self._warned = False
-        self._last_beat = time.monotonic()
+        self._last_beat = self._first = time.monotonic()  # when the last beat that landed started
         self._lapsed = False
 
     def __enter__(self) -> Heartbeat:
+        self._first = time.monotonic()
         self.beat()
         self._thread.start()
         if math.isfinite(self.lapse_s):
@@ -81,26 +82,49 @@ class Heartbeat:
         self._thread.join(timeout=0 if self._lapsed else self.interval_s + 5)
 
     def beat(self) -> None:
+        # Stamped at the start, as the time written is: other workers' sweeps count from it.
+        began = time.monotonic()
         try:
             mark_alive(self.storage, self.trial_id)
-            self._last_beat = time.monotonic()
+            self._last_beat = max(self._last_beat, began)
         except Exception as exc:  # the store is briefly unreachable: the next beat may succeed
             if not self._warned:
                 print(f"hpcpipe: trial heartbeat failed ({type(exc).__name__}); retrying", file=sys.stderr)
                 self._warned = True
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
+        # Start to start: a slow store delays a beat's landing, not the next beat's start
+        # (stamped at the end, beats drifted interval + latency apart and tripped the watchdog).
+        due = self._first
+        while True:
+            now = time.monotonic()
+            due += self.interval_s * max(1, math.ceil((now - due) / self.interval_s))
+            if self._stop.wait(due - now):
+                return
             self.beat()
 
     def _watch(self) -> None:
-        while not self._stop.wait(min(self.interval_s, self.lapse_s / 4)):
-            if time.monotonic() - self._last_beat > self.lapse_s:
-                self._lapsed = True
-                print("hpcpipe: no heartbeat reached the study; stopping the trial", file=sys.stderr)
-                if self.on_lapse is not None:
-                    self.on_lapse()
-                return
+        while not self._stop.is_set():
+            left = self._last_beat + self.lapse_s - time.monotonic()
+            if left > 0:
+                if self._stop.wait(left):
+                    return
+                continue
+            self._lapsed = True
+            print("hpcpipe: no heartbeat reached the study; stopping the trial", file=sys.stderr)
+            if self.on_lapse is not None:
+                self.on_lapse()
+            return
+
+
+def lapse_s(interval_s: float, grace_s: float) -> float:
+    """How long without a landed beat before a worker stops its trial: halfway between the next
+    beat's start and hpo.grace_s, when other workers fail the trial (counted from the last landed
+    beat's start, the time it wrote). Beats start ``interval_s`` apart, so a beat that lands up to
+    half of ``grace_s - interval_s`` late stops nothing, and a trial whose store stopped answering
+    gets as long to stop before the others start its retry. Config keeps grace_s above 2 x
+    interval_s: each half is more than half an interval."""
+    return (interval_s + grace_s) / 2
 
 
 def fail_stale_trials(

@@ -241,7 +241,7 @@ def run_trial(
         return prepared
     run_dir.mkdir(parents=True, exist_ok=True)
     RunLayout(run_dir).config.write_text(prepared.to_yaml())
-    with Heartbeat(storage, trial._trial_id, plan.hpo.heartbeat_s, plan.hpo.grace_s / 2, stop.stop_child):
+    with Heartbeat(storage, trial._trial_id, plan.hpo.heartbeat_s, plan.hpo.grace_s, stop.stop_child):
         code = _train(run_dir, nproc, _trial_env(plan, trial), stop)
     return _tell(plan, study, storage, trial, code, run_dir, time.monotonic() - started, say)
 

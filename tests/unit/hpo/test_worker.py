@@ -53,7 +53,7 @@ def test_a_trial_whose_heartbeat_cannot_reach_the_study_is_stopped() -> None:
             raise ConnectionError("store down")
 
     stopped: list[bool] = []
-    beat = Heartbeat(Unreachable(), 0, interval_s=0.05, lapse_s=0.2, on_lapse=lambda: stopped.append(True))  # type: ignore[arg-type]
+    beat = Heartbeat(Unreachable(), 0, interval_s=0.05, grace_s=0.4, on_lapse=lambda: stopped.append(True))  # type: ignore[arg-type]
     with beat:
         deadline = time.monotonic() + 5
         while not stopped and time.monotonic() < deadline:
@@ -77,7 +77,7 @@ def test_a_trial_whose_heartbeat_hangs_in_the_store_is_stopped() -> None:
                 released.wait(10)
 
     stopped: list[bool] = []
-    beat = Heartbeat(Hanging(), 0, interval_s=0.05, lapse_s=0.3, on_lapse=lambda: stopped.append(True))  # type: ignore[arg-type]
+    beat = Heartbeat(Hanging(), 0, interval_s=0.05, grace_s=0.6, on_lapse=lambda: stopped.append(True))  # type: ignore[arg-type]
     try:
         with beat:
             deadline = time.monotonic() + 5
@@ -86,3 +86,33 @@ def test_a_trial_whose_heartbeat_hangs_in_the_store_is_stopped() -> None:
     finally:
         released.set()
     assert stopped == [True]
+
+
+def test_a_slow_but_healthy_store_does_not_stop_the_trial() -> None:
+    """Every beat lands, 0.2 s late (a busy journal file or database): stamped at the beat's end,
+    beats drifted heartbeat_s + latency apart and the watchdog stopped a healthy trial
+    (hpo.heartbeat_s 10 s, hpo.grace_s 25 s, scaled down here)."""
+    from hpcpipe.hpo.liveness import Heartbeat
+
+    class Slow:
+        calls = 0
+
+        def set_trial_system_attr(self, *args: object) -> None:
+            Slow.calls += 1
+            time.sleep(0.2)
+
+    stopped: list[bool] = []
+    with Heartbeat(Slow(), 0, interval_s=0.4, grace_s=1.0, on_lapse=lambda: stopped.append(True)):  # type: ignore[arg-type]
+        time.sleep(1.9)
+    assert Slow.calls >= 4 and stopped == []
+
+
+def test_the_lapse_comes_before_the_other_workers_fail_the_trial() -> None:
+    """A beat more than half an interval late never trips the watchdog; a store that stopped
+    answering does, over half an interval before hpo.grace_s, after which other workers fail the
+    trial and start its retry."""
+    from hpcpipe.hpo.liveness import lapse_s
+
+    for heartbeat, grace in ((10, 25), (10, 60), (1, 2.01), (30, 61)):
+        lapse = lapse_s(heartbeat, grace)
+        assert lapse - heartbeat > heartbeat / 2 and grace - lapse > heartbeat / 2
