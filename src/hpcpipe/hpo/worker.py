@@ -73,16 +73,20 @@ class StopFlag:
         self.event = threading.Event()
         self.child: int | None = None  # the running trial's pid
         self.signum: int | None = None  # the first signal that stopped the worker
+        self.lapsed = False  # the running trial's heartbeat lapsed: stop it, without stopping the worker
+        self._lock = threading.Lock()  # the child's start against a lapse: one SIGTERM
 
     def install(self) -> None:
         for signum in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
             signal.signal(signum, self._on_signal)
 
     def started(self, pid: int) -> None:
-        self.child = pid
-        if self.event.is_set():  # the signal came while the trial was starting: it was not passed on
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGTERM)
+        with self._lock:
+            self.child = pid
+            # The signal or the lapse came while the trial was starting: it was not passed on.
+            if self.event.is_set() or self.lapsed:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM)
 
     def _on_signal(self, signum: int, _frame: object) -> None:
         if self.signum is None:
@@ -90,11 +94,20 @@ class StopFlag:
         self.event.set()
         self.stop_child()
 
+    def lapse(self) -> None:
+        """The heartbeat's lapse: the running trial stops, or the starting one at its start (its
+        watchdog fires once: a lapse while the zygote forked the trial was lost, and it trained on
+        beside its retry)."""
+        with self._lock:  # (the watchdog's thread; the signal handler cannot wait for the lock)
+            self.lapsed = True
+            self.stop_child()
+
     def stop_child(self) -> None:
         """SIGTERM the running trial: it checkpoints and exits 75."""
-        if self.child is not None:
+        child = self.child
+        if child is not None:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(self.child, signal.SIGTERM)
+                os.kill(child, signal.SIGTERM)
 
 
 def run_worker(
@@ -241,7 +254,8 @@ def run_trial(
         return prepared
     run_dir.mkdir(parents=True, exist_ok=True)
     RunLayout(run_dir).config.write_text(prepared.to_yaml())
-    with Heartbeat(storage, trial._trial_id, plan.hpo.heartbeat_s, plan.hpo.grace_s, stop.stop_child):
+    stop.lapsed = False  # a lapse of an earlier trial's heartbeat (after its end) is not this one's
+    with Heartbeat(storage, trial._trial_id, plan.hpo.heartbeat_s, plan.hpo.grace_s, stop.lapse):
         code = _train(run_dir, nproc, _trial_env(plan, trial), stop)
     return _tell(plan, study, storage, trial, code, run_dir, time.monotonic() - started, say)
 

@@ -116,3 +116,17 @@ def test_the_lapse_comes_before_the_other_workers_fail_the_trial() -> None:
     for heartbeat, grace in ((10, 25), (10, 60), (1, 2.01), (30, 61)):
         lapse = lapse_s(heartbeat, grace)
         assert lapse - heartbeat > heartbeat / 2 and grace - lapse > heartbeat / 2
+
+
+def test_a_lapse_while_the_trial_starts_stops_it_when_it_has_started() -> None:
+    """The heartbeat lapsed while the zygote was forking the trial: nothing to stop yet, the
+    watchdog fires once, and the trial trained on beside its retry."""
+    stop = StopFlag()
+    stop.lapse()
+    trial = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        stop.started(trial.pid)
+        assert trial.wait(timeout=10) == -signal.SIGTERM
+    finally:
+        trial.kill()
+    assert not stop.event.is_set()  # the worker goes on: only its trial stopped
