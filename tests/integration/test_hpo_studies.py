@@ -175,3 +175,35 @@ def test_two_workers_share_a_postgresql_study_and_no_password_is_logged(
     refused = run_cli("hpo", "status", str(tmp_path / "hpo-study"), cwd=tmp_path, env=no_pw)
     assert refused.returncode == 2 and "cannot open the study" in refused.stderr
     assert password not in refused.stderr and "Traceback" not in refused.stderr
+
+
+def test_a_postgresql_store_limits_statements_and_keeps_pgoptions(
+    postgres_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The statement limit is set by a query after connecting, not by libpq's ``options``: that
+    overrode PGOPTIONS (its search_path lost) and PgBouncer refuses it; a limit the session
+    already has stands."""
+    from sqlalchemy import text
+
+    from hpcpipe.train.trial import open_storage
+
+    for name, value in postgres_server.env.items():
+        monkeypatch.setenv(name, value)
+
+    def settings() -> tuple[str, str]:
+        storage = open_storage(postgres_server.url)
+        try:
+            with storage.engine.connect() as conn:
+                row = conn.execute(
+                    text("SELECT current_setting('statement_timeout'), current_setting('search_path')")
+                )
+                return tuple(row.one())  # type: ignore[return-value]
+        finally:
+            storage.engine.dispose()
+
+    monkeypatch.delenv("PGOPTIONS", raising=False)
+    assert settings()[0] == "1min"
+    monkeypatch.setenv("PGOPTIONS", "-c search_path=elsewhere,public")
+    assert settings() == ("1min", "elsewhere,public")
+    monkeypatch.setenv("PGOPTIONS", "-c statement_timeout=5min")
+    assert settings()[0] == "5min"

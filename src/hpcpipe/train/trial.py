@@ -133,14 +133,16 @@ def open_storage(url: str, **engine: Any) -> optuna.storages.BaseStorage:
         return optuna.storages.JournalStorage(JournalFileBackend(url.removeprefix("journal:")))
     if url.startswith("postgresql://"):
         url = "postgresql+psycopg://" + url.removeprefix("postgresql://")
-    # SQLite: wait for the lock instead of failing at once; Postgres: drop dead connections.
-    kwargs: dict[str, Any] = (
-        {"connect_args": {"timeout": 60}}
-        if url.startswith("sqlite")
-        else {"pool_pre_ping": True, "connect_args": postgres_timeouts(url)}
-    )
+    kwargs: dict[str, Any] = {}
+    if url.startswith("sqlite"):  # wait for the lock instead of failing at once
+        kwargs = {"connect_args": {"timeout": 60}}
+    elif url.startswith("postgresql"):  # drop dead connections
+        kwargs = {"pool_pre_ping": True, "connect_args": postgres_timeouts(url)}
     kwargs.update(engine)
-    return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+    storage = optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+    if url.startswith("postgresql"):
+        limit_statements(storage.engine)
+    return storage
 
 
 # libpq's defaults wait forever: a server cut off by the network (its packets dropped, not
@@ -152,13 +154,47 @@ POSTGRES_TIMEOUTS = {
     "keepalives_idle": 10,
     "keepalives_interval": 5,
     "keepalives_count": 3,
-    "options": "-c statement_timeout=60s",
 }
+POSTGRES_ENV = {"connect_timeout": "PGCONNECT_TIMEOUT"}  # the others have no environment variable
+LIBPQ_DRIVERS = ("postgresql+psycopg:", "postgresql+psycopg2:", "postgresql:")
+STATEMENT_TIMEOUT = "60s"
 
 
 def postgres_timeouts(url: str) -> dict[str, Any]:
-    """libpq's time limits, each one unless the URL's query sets it."""
+    """libpq's time limits, each one unless the URL's query or its environment variable sets it
+    (an explicit keyword overrides both), and none where a service file (``service=``,
+    PGSERVICE) may set them, or the driver is not libpq's (pg8000 refuses them)."""
     from urllib.parse import parse_qs, urlsplit
 
     given = parse_qs(urlsplit(url).query)
-    return {key: value for key, value in POSTGRES_TIMEOUTS.items() if key not in given}
+    if not url.startswith(LIBPQ_DRIVERS) or "service" in given or os.environ.get("PGSERVICE"):
+        return {}
+    return {
+        key: value
+        for key, value in POSTGRES_TIMEOUTS.items()
+        if key not in given and not os.environ.get(POSTGRES_ENV.get(key, ""))
+    }
+
+
+def limit_statements(engine: Any) -> None:
+    """Each new connection's statements end after STATEMENT_TIMEOUT, unless the session already has
+    a limit (the URL's or PGOPTIONS' ``options``, the role's or the database's). Set by a query, not
+    libpq's ``options`` startup parameter: that overrode PGOPTIONS, and PgBouncer refuses it."""
+    from sqlalchemy import event
+
+    def connected(dbapi_connection: Any, _record: Any) -> None:
+        autocommit = dbapi_connection.autocommit
+        dbapi_connection.autocommit = True
+        cursor = dbapi_connection.cursor()
+        try:
+            cursor.execute(
+                "SELECT set_config('statement_timeout', %s, false)"
+                " WHERE current_setting('statement_timeout') = '0'",
+                (STATEMENT_TIMEOUT,),
+            )
+        finally:
+            cursor.close()
+            dbapi_connection.autocommit = autocommit
+
+    event.listen(engine, "connect", connected)
+    engine.dispose()  # the connections RDBStorage opened to set up, made before the listener

@@ -8,6 +8,7 @@ import subprocess
 import time
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
 
 import optuna
 import pytest
@@ -154,17 +155,51 @@ def test_postgresql_connections_time_out_unless_the_url_says_otherwise(
 ) -> None:
     """libpq waits forever by default: a store cut off by the network hung the worker and its
     trial's heartbeat in a connect or a query."""
+    import sqlalchemy
+
+    from hpcpipe.train.trial import open_storage
+
+    seen: dict[str, dict] = {}
+
+    def storage(url: str, engine_kwargs: dict) -> SimpleNamespace:
+        seen[url] = engine_kwargs  # the engine connects only when used
+        return SimpleNamespace(engine=sqlalchemy.create_engine(url, **engine_kwargs))
+
+    monkeypatch.setattr(optuna.storages, "RDBStorage", storage)
+    monkeypatch.delenv("PGCONNECT_TIMEOUT", raising=False)
+    monkeypatch.delenv("PGSERVICE", raising=False)
+    open_storage("postgresql://me@db:5432/hpo")
+    open_storage("postgresql://me@db:5432/hpo?connect_timeout=3")
+    plain, given = (kwargs["connect_args"] for kwargs in seen.values())
+    assert plain["connect_timeout"] == 10 and plain["tcp_user_timeout"] > 0
+    assert "connect_timeout" not in given  # the URL's 3 stands
+
+
+def test_postgresql_settings_leave_the_environment_and_other_databases_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """libpq's keywords went to every non-SQLite URL (pymysql refuses them), and overrode
+    PGCONNECT_TIMEOUT and PGOPTIONS (a search_path there was lost); the statement limit went in
+    the ``options`` startup parameter, which PgBouncer refuses."""
     from hpcpipe.train.trial import open_storage
 
     seen: dict[str, dict] = {}
     monkeypatch.setattr(
-        optuna.storages, "RDBStorage", lambda url, engine_kwargs: seen.update({url: engine_kwargs})
+        optuna.storages,
+        "RDBStorage",
+        lambda url, engine_kwargs: seen.update({url: engine_kwargs}) or SimpleNamespace(engine=None),
     )
-    open_storage("postgresql://me@db:5432/hpo")
-    open_storage("postgresql://me@db:5432/hpo?connect_timeout=3")
-    plain, given = (kwargs["connect_args"] for kwargs in seen.values())
-    assert plain["connect_timeout"] == 10 and "statement_timeout" in plain["options"]
-    assert plain["tcp_user_timeout"] > 0 and "connect_timeout" not in given  # the URL's 3 stands
+    monkeypatch.setattr("hpcpipe.train.trial.limit_statements", lambda engine: None, raising=False)
+    monkeypatch.setenv("PGCONNECT_TIMEOUT", "30")
+    monkeypatch.setenv("PGOPTIONS", "-c search_path=hpo")
+    open_storage("mysql+pymysql://me@db:3306/hpo")
+    open_storage("postgresql://me@db/hpo?options=-c%20search_path%3Dhpo")
+    open_storage("postgresql://me@db/hpo?service=hpo")
+    mysql, pg, service = seen.values()
+    assert "connect_args" not in mysql
+    assert "options" not in pg["connect_args"] and "connect_timeout" not in pg["connect_args"]
+    assert pg["connect_args"]["keepalives"] == 1
+    assert service["connect_args"] == {}  # its service file says what it wants
 
 
 def _study(tmp_path: Path, *sets: str):  # type: ignore[no-untyped-def]
