@@ -149,7 +149,10 @@ class HpoConfig(Section):
         description="A running trial not marked alive for this long is failed (its worker died) and retried.",
     )
     max_retries: int = Field(
-        1, ge=0, description="Retries of a failed, crashed or preempted trial (same values; resumes)."
+        1,
+        ge=0,
+        description="Retries of a failed or crashed trial (same values; resumes). A preempted trial "
+        "(exit 75, checkpoint committed) is always retried and uses none.",
     )
 
     _one_line = field_validator("study", "dir", "storage")(one_line)  # in the array's script

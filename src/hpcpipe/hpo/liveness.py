@@ -5,7 +5,8 @@ workers use ask/tell and also run on the journal file store, so the heartbeat is
 attribute written by the worker while its trial runs, and every worker sweeps stale trials
 before it asks for a new one. A stale trial is failed and handed to Optuna's
 ``RetryHeartbeatStaleTrialCallback``, which enqueues the same parameters (and our ``run_dir``
-user attribute, so the retry resumes the dead trial's checkpoint) up to ``hpo.max_retries`` times.
+user attribute, so the retry resumes the dead trial's checkpoint) up to ``hpo.max_retries`` times;
+preemptions do not count (``retry``).
 """
 
 from __future__ import annotations
@@ -205,16 +206,31 @@ def _worker_gone(trial: optuna.trial.FrozenTrial) -> bool:
     return False
 
 
-def retry(study: optuna.Study, trial: optuna.trial.FrozenTrial, max_retries: int) -> bool:
-    """Enqueue the same parameters again unless ``trial`` used its retries; True when enqueued."""
+# How many of a trial's earlier tries were preempted: a system attribute its retries inherit.
+PREEMPTIONS_ATTR = "hpcpipe:preemptions"
+
+
+def retry(
+    study: optuna.Study, trial: optuna.trial.FrozenTrial, max_retries: int, preempted: bool = False
+) -> bool:
+    """Enqueue the same parameters again unless ``trial`` used its retries; True when enqueued.
+    A preemption (the trial checkpointed and exited 75: no fault of its own) uses none: a trial
+    stopped twice by Slurm's time limit was failed for good with the default of one retry."""
+    import copy
+
     from optuna.storages import RetryHeartbeatStaleTrialCallback
 
+    preemptions = int(trial.system_attrs.get(PREEMPTIONS_ATTR, 0)) + preempted
+    if preempted:  # the retry inherits the count (a finished trial takes no attributes: a copy)
+        trial = copy.deepcopy(trial)
+        trial.system_attrs = {**trial.system_attrs, PREEMPTIONS_ATTR: preemptions}
+    # Optuna counts every try in the retry history: its limit grows by the preemptions in it.
     before = len(study.get_trials(deepcopy=False))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # experimental-API warning
-        RetryHeartbeatStaleTrialCallback(max_retry=max_retries, inherit_intermediate_values=True)(
-            study, trial
-        )
+        RetryHeartbeatStaleTrialCallback(
+            max_retry=max_retries + preemptions, inherit_intermediate_values=True
+        )(study, trial)
     return len(study.get_trials(deepcopy=False)) > before
 
 

@@ -7,8 +7,9 @@ the worker owns the trial's state:
 
 - exit 0: the metric of the last evaluation row is the trial's value (COMPLETE);
 - exit 76 (``PRUNED_EXIT_CODE``): PRUNED, at the last reported value;
-- exit 75 (preempted, checkpoint committed) or a crash: FAIL, retried up to ``hpo.max_retries``
-  in the same run directory, so the retry resumes the checkpoint;
+- exit 75 (preempted, checkpoint committed): FAIL, retried in the same run directory, so the
+  retry resumes the checkpoint, however often (a preemption is no fault of the trial's);
+- a crash: the same, up to ``hpo.max_retries`` times (and exit 75 after a heartbeat lapse);
 - exit 2 (the sampled values make a bad config): FAIL, not retried.
 
 Many workers may share one study (local processes, Slurm array tasks): the budget of
@@ -257,7 +258,8 @@ def run_trial(
     stop.lapsed = False  # a lapse of an earlier trial's heartbeat (after its end) is not this one's
     with Heartbeat(storage, trial._trial_id, plan.hpo.heartbeat_s, plan.hpo.grace_s, stop.lapse):
         code = _train(run_dir, nproc, _trial_env(plan, trial), stop)
-    return _tell(plan, study, storage, trial, code, run_dir, time.monotonic() - started, say)
+    seconds = time.monotonic() - started
+    return _tell(plan, study, storage, trial, code, run_dir, seconds, say, lapsed=stop.lapsed)
 
 
 def _prepare(
@@ -301,7 +303,7 @@ def _prepare(
         frozen = _failed(study, storage, trial)
         if frozen is None:  # by a sweep, which enqueued the retry
             raise optuna.exceptions.UpdateFinishedTrialError(note)
-        retry(study, frozen, plan.hpo.max_retries)
+        retry(study, frozen, plan.hpo.max_retries, preempted=True)
         say(f"trial {trial.number}: {note}; retry enqueued")
         return TrialOutcome(trial.number, "FAIL", None, run_dir, 0.0, note)
     say(f"trial {trial.number}: {shown} -> {run_dir}")
@@ -366,7 +368,11 @@ def _tell(
     run_dir: Path,
     seconds: float,
     say: Callable[[str], None],
+    lapsed: bool = False,
 ) -> TrialOutcome:
+    """Tell the study how the trial's process ended (``lapsed``: the worker stopped it, its
+    heartbeat lapsed: an exit 75 then uses a retry, as a crash does, or a store too slow for the
+    heartbeat retried the trial forever)."""
     import optuna
 
     state = optuna.trial.TrialState
@@ -392,6 +398,8 @@ def _tell(
         frozen = _told(study, trial, state=state.PRUNED, skip_if_finished=True)
         say(f"{head}pruned at step {max(frozen.intermediate_values, default=0)} ({seconds:.0f} s)")
         return TrialOutcome(trial.number, "PRUNED", frozen.value, run_dir, seconds)
+    elif code == PREEMPT_EXIT_CODE and lapsed:
+        note = "stopped: its heartbeat did not reach the study (checkpoint committed)"
     elif code == PREEMPT_EXIT_CODE:
         note = "preempted (checkpoint committed)"
     elif code == USER_ERROR_EXIT_CODE:
@@ -404,7 +412,8 @@ def _tell(
         note = "the study had already failed it (its heartbeat lapsed); its retry, if any, resumes it"
         say(f"{head}{note}")
         return TrialOutcome(trial.number, "FAIL", None, run_dir, seconds, note)
-    retried = code != USER_ERROR_EXIT_CODE and retry(study, frozen, plan.hpo.max_retries)
+    preempted = code == PREEMPT_EXIT_CODE and not lapsed
+    retried = code != USER_ERROR_EXIT_CODE and retry(study, frozen, plan.hpo.max_retries, preempted)
     say(f"{head}failed: {note}{'; retry enqueued' if retried else ''}")
     return TrialOutcome(trial.number, "FAIL", None, run_dir, seconds, note)
 

@@ -463,6 +463,29 @@ def test_a_diverged_trial_is_complete_and_ranked_worst(tmp_path: Path) -> None:
     assert study.get_trials()[0].state.name == "COMPLETE" and study.get_trials()[0].value == float("inf")
 
 
+def test_a_preemption_uses_no_retry_and_crashes_stay_bounded(tmp_path: Path) -> None:
+    """A preemption counted against hpo.max_retries (1 by default): a trial stopped by two Slurm
+    time limits was failed for good, though the exit-75 message said to run again to continue."""
+    plan, study, storage = _study(tmp_path, "hpo.max_retries=1")
+    said: list[str] = []
+    ends = []
+    for code in (PREEMPT_EXIT_CODE, PREEMPT_EXIT_CODE, PREEMPT_EXIT_CODE, -9, PREEMPT_EXIT_CODE, -9):
+        trial = study.ask()
+        suggest(trial, plan.hpo.space)
+        ends.append(_tell(plan, study, storage, trial, code, tmp_path, 1.0, said.append))
+    assert [t.state.name for t in study.get_trials()] == ["FAIL"] * 6  # each came back but the last
+    assert [retried_from(t) for t in study.get_trials()] == [None, 0, 0, 0, 0, 0]
+    assert said[-1].endswith("exit code -9 (see " + str(tmp_path / "train.log") + ")")  # none enqueued
+    # Stopped by its own worker (its heartbeat lapsed): that uses a retry, as a crash does.
+    plan, study, storage = _study(tmp_path / "lapsed", "hpo.max_retries=1")
+    for _ in range(2):
+        trial = study.ask()
+        suggest(trial, plan.hpo.space)
+        _tell(plan, study, storage, trial, PREEMPT_EXIT_CODE, tmp_path, 1.0, said.append, lapsed=True)
+    assert [t.state.name for t in study.get_trials()] == ["FAIL", "FAIL"]
+    assert "heartbeat did not reach the study" in study.get_trials()[1].user_attrs["hpcpipe:failure"]
+
+
 def test_a_retry_whose_values_left_the_changed_space_fails_in_one_line(tmp_path: Path) -> None:
     """A retry waits with its original's values; the study was continued with other choices:
     Optuna's check raised in the worker, which died and left the trial RUNNING."""
