@@ -108,7 +108,19 @@ class SafeDumper(yaml.SafeDumper):
     as a float, so a saved config.yaml with ``launch.slurm.account: '1e3'`` failed to load again."""
 
 
-SafeDumper.yaml_implicit_resolvers = _RESOLVERS_1_2
+# Both readers' floats: a string either would take as a float is quoted (YAML 1.1's base 60,
+# ``1:30.5``, is 90.5 to a plain yaml.safe_load reader of config.yaml or the Helm values).
+SafeDumper.yaml_implicit_resolvers = {
+    first: [
+        *resolvers,
+        *(
+            (tag, regexp)
+            for tag, regexp in yaml.SafeDumper.yaml_implicit_resolvers.get(first, [])
+            if tag == _FLOAT_TAG
+        ),
+    ]
+    for first, resolvers in _RESOLVERS_1_2.items()
+}
 
 
 def dump_yaml(data: Any, **options: Any) -> str:

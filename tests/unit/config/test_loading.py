@@ -148,3 +148,15 @@ def test_a_saved_config_reads_back_with_strings_that_look_like_yaml_1_2_floats(t
     assert (job.launch.k8s.memory, job.launch.slurm.account, job.run.name) == ("64e9", "1e3", "5e-1")
     saved = _job(tmp_path, job.to_yaml())
     assert load_config(saved).to_dict() == job.to_dict()
+
+
+def test_written_yaml_reads_the_same_to_a_yaml_1_1_reader() -> None:
+    """Other tools read config.yaml and the Helm values with yaml.safe_load (YAML 1.1): a bare
+    base-60 float ('1:30.5') was 90.5 to them."""
+    import yaml
+
+    from hpcpipe.yamlfile import dump_yaml
+
+    values = {"a": "1:30.5", "b": "190:20:30.15", "c": "1e3", "d": "010", "e": 1.5, "f": "x"}
+    text = dump_yaml(values)
+    assert yaml.safe_load(text) == values == load_yaml_text(text)
