@@ -197,7 +197,7 @@ def test_a_grid_is_one_array_task_per_point_and_one_csv(cluster: SlurmCluster, w
     assert [r["state"] for r in rows] == ["COMPLETED"] * 2, (rows, _logs(cluster, str(sweep)))
     assert sorted(r["job"] for r in rows) == [f"{job}_{i}" for i in range(2)]
     runs = sorted(p.name for p in sweep.iterdir() if (p / "metrics.jsonl").is_file())
-    assert runs == ["grid-lr_1e-3", "grid-lr_2e-3"]
+    assert runs == ["grid-lr_0.001", "grid-lr_0.002"]  # YAML 1.2: 1e-3 is the float 0.001
     with (sweep / "sweep.csv").open() as fh:
         csv_rows = list(csv.DictReader(fh))
     assert [r["status"] for r in csv_rows] == ["trained"] * 2
