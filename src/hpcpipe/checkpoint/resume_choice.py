@@ -19,7 +19,7 @@ from hpcpipe.checkpoint.manifest import verify_dir
 from hpcpipe.checkpoint.tiers import Tier
 from hpcpipe.config import CheckpointConfig
 
-__all__ = ["choose_checkpoint", "earlier_run"]
+__all__ = ["choose_checkpoint", "earlier_run", "newest_committed", "resume_tiers"]
 
 
 def choose_checkpoint(
@@ -62,6 +62,19 @@ def choose_checkpoint(
         return {"action": "fresh"}
     hint = "set checkpoint.scratch_if_none_verify=true to start from scratch"
     return {"action": "error", "message": f"{summary}; {hint}"}
+
+
+def resume_tiers(cfg: CheckpointConfig, fast: Path) -> list[Tier]:
+    """The tiers a resume chooses from: ``fast`` (the store's root), then ``checkpoint.durable_dir``."""
+    return [Tier("fast", fast)] + ([Tier("durable", Path(cfg.durable_dir))] if cfg.durable_dir else [])
+
+
+def newest_committed(tiers: list[Tier]) -> tuple[int, Path] | None:
+    """(step, directory) of the checkpoint a resume tries first: the newest committed of
+    ``tiers``, the fast tier's for a step both hold (not verified; read-only). A fast tier
+    lost with its node, or pruned, leaves the durable tier's: a resume loads that."""
+    candidates = _candidates(tiers)
+    return (candidates[0][0], candidates[0][2]) if candidates else None
 
 
 def _candidates(tiers: list[Tier]) -> list[tuple[int, str, Path]]:

@@ -13,7 +13,6 @@ from typing import Any
 
 import yaml
 
-from hpcpipe.checkpoint.manifest import parse_step
 from hpcpipe.config import JobConfig
 from hpcpipe.config.changes import training_changes
 from hpcpipe.errors import UserError
@@ -23,15 +22,18 @@ SHOWN = 3  # changed keys named in the one line
 
 
 def finished_at(job: JobConfig) -> int | None:
-    """The step of the run's newest committed checkpoint when the run finished there (a
-    ``run_finished`` event at that step: ``train.steps``, or its epochs' steps); else None."""
-    from hpcpipe.checkpoint.tiers import Tier, fast_root
+    """The step of the checkpoint a resume would load, the newest committed of either tier, when
+    the run finished there (a ``run_finished`` event at that step: ``train.steps``, or its
+    epochs' steps); else None. The fast tier alone missed a run whose final checkpoint was left
+    in the durable tier only (a node-local fast tier lost): it resumed there and trained nothing."""
+    from hpcpipe.checkpoint.resume_choice import newest_committed, resume_tiers
+    from hpcpipe.checkpoint.tiers import fast_root
     from hpcpipe.observe.metrics import read_events
 
-    committed = Tier("fast", fast_root(job.checkpoint.dir, job.run_dir)).committed()
-    if not committed:
+    newest = newest_committed(resume_tiers(job.checkpoint, fast_root(job.checkpoint.dir, job.run_dir)))
+    if newest is None:
         return None
-    reached = parse_step(committed[0][1].name)
+    reached = newest[0]
     events = read_events(job.run_dir)
     ended = any(e.get("event") == "run_finished" and e.get("step") == reached for e in events)
     return reached if ended else None

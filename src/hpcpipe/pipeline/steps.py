@@ -93,10 +93,14 @@ def _nothing_left_to_train_with_new_settings(ctx: StepContext) -> None:
 
 
 def newest_checkpoint(ctx: StepContext) -> Path | None:
-    from hpcpipe.checkpoint.tiers import Tier, fast_root
+    """The run's final checkpoint, the one a resume would load: the newest committed of either
+    tier (only the fast tier's: with it lost, export found nothing and the lineage no checkpoint)."""
+    from hpcpipe.checkpoint.resume_choice import newest_committed, resume_tiers
+    from hpcpipe.checkpoint.tiers import fast_root
 
-    committed = Tier("fast", fast_root(ctx.job.checkpoint.dir, ctx.run_dir)).committed()
-    return committed[0][1] if committed else None
+    fast = fast_root(ctx.job.checkpoint.dir, ctx.run_dir)
+    newest = newest_committed(resume_tiers(ctx.job.checkpoint, fast))
+    return newest[1] if newest else None
 
 
 def train_outputs(ctx: StepContext) -> dict[str, str]:
@@ -156,7 +160,9 @@ def export(ctx: StepContext) -> None:
     ckpt = newest_checkpoint(ctx)
     if ckpt is None:
         raise NotApplicable("no committed checkpoint (set checkpoint.every_steps)")
-    written = export_checkpoint(ckpt, fmt, export_dir(ctx, ckpt, fmt))
+    # The run's own config: a checkpoint outside the run directory (checkpoint.dir, the durable
+    # tier) has no config.yaml two levels up.
+    written = export_checkpoint(ckpt, fmt, export_dir(ctx, ckpt, fmt), RunLayout(ctx.run_dir).config)
     ctx.say(f"     exported {ckpt.name} -> {written}")
 
 

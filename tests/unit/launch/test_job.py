@@ -100,3 +100,25 @@ def test_a_run_counted_in_steps_switched_to_epochs_trains_on_when_they_are_more_
         run_job(load_config("tiny", [*sets, "train.epochs=1", "train.lr=0.5"]))
     with pytest.raises(UserError, match=r"or more train\.epochs to train on \(0\.5 end at step 5\)"):
         run_job(load_config("tiny", [*sets, "train.epochs=0.5", "train.lr=0.5"]))
+
+
+def test_a_finished_run_whose_final_checkpoint_is_in_the_durable_tier_only_is_refused(
+    started: list[JobConfig], tmp_path: Path
+) -> None:
+    """Only the fast tier was read: with it lost (node-local, a new node) the run resumed from
+    the durable tier's final checkpoint, trained nothing, exited 0 and recorded the new lr."""
+    sets = [
+        f"run.out_dir={tmp_path}",
+        "train.steps=6",
+        "parallel.nproc=1",
+        f"checkpoint.dir={tmp_path / 'fast'}",
+        f"checkpoint.durable_dir={tmp_path / 'durable'}",
+    ]
+    layout = RunLayout(load_config("tiny", sets).run_dir)
+    (tmp_path / "fast" / "step-00000004").mkdir(parents=True)  # an older one: not where it ended
+    (tmp_path / "durable" / "step-00000006").mkdir(parents=True)
+    layout.config.parent.mkdir()
+    layout.config.write_text(load_config("tiny", sets).to_yaml())
+    layout.events.write_text(json.dumps({"event": "run_finished", "step": 6}) + "\n")
+    with pytest.raises(UserError, match=r"already trained to step 6 with other settings \(train\.lr"):
+        run_job(load_config("tiny", [*sets, "train.lr=0.5"]))

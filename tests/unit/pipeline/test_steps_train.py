@@ -79,3 +79,22 @@ def test_the_register_step_reads_where_a_version_goes_not_the_sinks_transport(tm
     assert fp("observe.mlflow.tracking_uri=http://other:5000") != on
     assert fp("observe.mlflow.tracking_uri=http://h:5000", "observe.mlflow.experiment=e") != on
     assert fp("observe.mlflow.experiment=hpcpipe") != fp()  # turned on, the URI from the environment
+
+
+def test_the_final_checkpoint_is_the_one_a_resume_loads_from_either_tier(tmp_path: Path) -> None:
+    """Only the fast tier was read: with it lost, export found no checkpoint and the train step's
+    outputs none, though a resume loads the durable tier's; a step both hold is the fast tier's."""
+    from hpcpipe.config import load_config
+    from hpcpipe.pipeline.engine import StepContext
+    from hpcpipe.pipeline.steps import newest_checkpoint
+
+    fast, durable = tmp_path / "fast", tmp_path / "durable"
+    sets = [f"run.out_dir={tmp_path}", f"checkpoint.dir={fast}", f"checkpoint.durable_dir={durable}"]
+    job = load_config("tiny", sets)
+    ctx = StepContext(job, job.run_dir)
+    assert newest_checkpoint(ctx) is None
+    (durable / "step-00000006").mkdir(parents=True)
+    (fast / "step-00000004").mkdir(parents=True)
+    assert newest_checkpoint(ctx) == durable / "step-00000006"
+    (fast / "step-00000006").mkdir()
+    assert newest_checkpoint(ctx) == fast / "step-00000006"
