@@ -209,11 +209,12 @@ def agent(
         split_endpoint(endpoint)
     except ValueError:
         raise UserError(f"--rdzv-endpoint {endpoint}: give HOST:PORT, the port in 0-65535") from None
-    # Every node reads the same run directory: all refuse together, before anything starts.
-    refuse_finished_run(job)
     preempted = job.fault.preempt_exit_code
     stop_early_on_preemption(preempted)  # until the workers run: a signal now is a clean 75
     prestart_node_fork_server(job)  # before the data preparation computes anything
+    # Every node reads the same run directory: all refuse together, before any worker starts.
+    # After the two above: a job counted in epochs prepares its data here to count its steps.
+    refuse_finished_run(job)
     # Under Nsight each worker starts as its own process under the tool (launch/nsight.py).
     wrapper = nsight.worker_wrapper(job.observe.profile, job.run_dir, nsight.report_tag(job.run.name))
     spec = AgentSpec(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -17,6 +17,9 @@ from hpcpipe.config import JobConfig
 from hpcpipe.config.changes import training_changes
 from hpcpipe.errors import UserError
 from hpcpipe.layout import RunLayout
+
+if TYPE_CHECKING:
+    from hpcpipe.recipes.base import Recipe
 
 SHOWN = 3  # changed keys named in the one line
 
@@ -40,16 +43,22 @@ def finished_at(job: JobConfig) -> int | None:
 
 
 def refuse_new_settings(
-    job: JobConfig, before: dict[str, Any], reached: int, also: Sequence[str] = (), prepare: bool = True
+    job: JobConfig,
+    before: dict[str, Any],
+    reached: int,
+    also: Sequence[str] = (),
+    prepare: bool = True,
+    recipe: Recipe | None = None,
 ) -> None:
     """UserError when ``job`` changes a training key against ``before`` (the settings that
     trained the run to ``reached``, its last step) and asks for no more steps than that; ``also``
-    names other changes (a new dataset) that count the same. ``prepare`` false (a login node): a
-    job counted in epochs is left to the nodes, where its data give its steps."""
+    names other changes (a new dataset) that count the same. ``prepare`` false (a login node, each
+    rank of torchrun/srun before its node prepared): a job counted in epochs is left to where its
+    data give its steps, unless ``recipe`` (its data prepared) gives them."""
     changed = [*also, *training_changes(before, job.to_dict())]
     if not changed:
         return
-    asked = _steps_asked(job, prepare)
+    asked = _steps_asked(job, prepare, recipe)
     if asked is None or asked > reached:
         return
     if job.train.epochs is None:
@@ -63,7 +72,7 @@ def refuse_new_settings(
     )
 
 
-def refuse_finished_run(job: JobConfig, prepare: bool = True) -> None:
+def refuse_finished_run(job: JobConfig, prepare: bool = True, recipe: Recipe | None = None) -> None:
     """``refuse_new_settings`` against the run's config.yaml (what rank 0 recorded once the
     checkpoint loaded); nothing to compare when the run has not finished or has no config."""
     reached = finished_at(job)
@@ -71,23 +80,25 @@ def refuse_finished_run(job: JobConfig, prepare: bool = True) -> None:
         return
     before = _recorded(RunLayout(job.run_dir).config)
     if before is not None:
-        refuse_new_settings(job, before, reached, prepare=prepare)
+        refuse_new_settings(job, before, reached, prepare=prepare, recipe=recipe)
 
 
-def _steps_asked(job: JobConfig, prepare: bool) -> int | None:
+def _steps_asked(job: JobConfig, prepare: bool, recipe: Recipe | None) -> int | None:
     """The step ``job`` trains to: train.steps, or its train.epochs by the trainer's own rule
-    (``resolve_steps``) on its dataset, prepared first (idempotent: a no-op when it is, and the
-    launch prepares it next anyway); None when ``prepare`` is false. Comparing epochs with the
-    earlier run's epochs refused a run counted in steps switched to epochs that meant more steps."""
+    (``resolve_steps``) on its dataset: ``recipe``'s, prepared already, else prepared first when
+    ``prepare`` (idempotent: a no-op when it is, and the launch prepares it next anyway); else
+    None. Comparing epochs with the earlier run's epochs refused a run counted in steps switched
+    to epochs that meant more steps."""
     if job.train.epochs is None:
         return job.train.steps
-    if not prepare:
+    if recipe is None and not prepare:
         return None
     from hpcpipe.recipes import build_recipe
     from hpcpipe.train.schedule import resolve_steps
 
-    recipe = build_recipe(job)
-    recipe.prepare(progress=False)
+    if recipe is None:
+        recipe = build_recipe(job)
+        recipe.prepare(progress=False)
     return resolve_steps(job.train, recipe.samples_per_epoch()).steps
 
 

@@ -100,11 +100,15 @@ def run_job(job: JobConfig, max_restarts: int = 0) -> Path:
         from hpcpipe.launch.worker import train_worker
 
         check_world(job, env.world_size, env.local_world_size)
-        refuse_finished_run(job)  # every rank reads the same run directory: all refuse together
+        # Every rank reads the same run directory: all refuse together. Not a job counted in
+        # epochs: its steps need the prepared data, which one rank per node prepares in
+        # train_worker while the others wait; it judges those there (every rank preparing here
+        # at once read the whole dataset once per rank).
+        refuse_finished_run(job, prepare=False)
         # observe.profile.tool nsys/ncu: no agent here to start this process under the tool.
         if env.rank == 0 and (warning := unwrapped_warning(job.observe.profile)):
             log.warning("%s", warning)
-        train_worker(job, env)
+        train_worker(job, env, refuse_finished_epochs=True)
         return job.run_dir
 
     from hpcpipe.launch import nsight

@@ -32,10 +32,14 @@ if TYPE_CHECKING:
     from hpcpipe.train.distributed import DistContext
 
 
-def train_worker(job: JobConfig, env: DistEnv) -> None:
-    """Train ``job`` as the rank described by ``env`` (joins and leaves the process group)."""
+def train_worker(job: JobConfig, env: DistEnv, refuse_finished_epochs: bool = False) -> None:
+    """Train ``job`` as the rank described by ``env`` (joins and leaves the process group).
+    ``refuse_finished_epochs``: no agent judged whether a job counted in epochs asks a finished run
+    for no more steps with new settings (torchrun, srun: ``run_job``); judged once its data are
+    prepared, by every rank alike (the same files), before the run directory is written."""
     import torch.distributed as dist
 
+    from hpcpipe.launch.finished import refuse_finished_run
     from hpcpipe.observe.lineage import (
         build_lineage,
         with_earlier_dataset,
@@ -59,6 +63,8 @@ def train_worker(job: JobConfig, env: DistEnv) -> None:
             if ctx.local_rank == 0:
                 recipe.prepare(progress=False)
         ctx.barrier()
+        if refuse_finished_epochs and job.train.epochs is not None:
+            refuse_finished_run(job, prepare=False, recipe=recipe)
         run_dir = job.run_dir
         ranks: list[tuple[str, float | None, float, float]] = [(node_name(), *timing)]
         if ctx.is_distributed:

@@ -127,6 +127,8 @@ def test_every_node_s_agent_refuses_new_training_settings_for_a_finished_run(
 ) -> None:
     """The agent Slurm and Kubeflow start never went through run_job: resubmitted with another lr,
     the run trained nothing, exited 0 and recorded the new lr."""
+    import hpcpipe.launch.agent as agent_module
+    import hpcpipe.launch.job as job_module
     from hpcpipe.errors import UserError
 
     recorded = _finished_run(tmp_path)
@@ -134,9 +136,15 @@ def test_every_node_s_agent_refuses_new_training_settings_for_a_finished_run(
     submitted = tmp_path / "submitted.yaml"
     submitted.write_text(load_config(recorded, ["train.lr=0.5"]).to_yaml())
     monkeypatch.setattr(launch, "_run_node_agent", lambda *_: pytest.fail("the workers started"))
+    up: list[str] = []
+    monkeypatch.setattr(agent_module, "stop_early_on_preemption", lambda _code: up.append("signals"))
+    monkeypatch.setattr(job_module, "prestart_node_fork_server", lambda _job: up.append("fork server"))
     with pytest.raises(UserError, match=r"already trained to step 6 with other settings \(train\.lr"):
         launch.agent(submitted, nnodes="1", rdzv_endpoint="127.0.0.1:0", rdzv_id="test")
     assert recorded.read_text() == before
+    # Judged once a preemption is a clean 75 and the fork server is forked: a job counted in
+    # epochs prepares its data here (a SIGTERM then killed the agent with 143).
+    assert up == ["signals", "fork server"]
 
 
 def test_launch_slurm_refuses_a_finished_run_before_it_queues(

@@ -122,3 +122,48 @@ def test_a_finished_run_whose_final_checkpoint_is_in_the_durable_tier_only_is_re
     layout.events.write_text(json.dumps({"event": "run_finished", "step": 6}) + "\n")
     with pytest.raises(UserError, match=r"already trained to step 6 with other settings \(train\.lr"):
         run_job(load_config("tiny", [*sets, "train.lr=0.5"]))
+
+
+class _PreparedElsewhere(_Counted):
+    """A rank that is not its node's preparer: it must not prepare (it reads the prepared data)."""
+
+    def prepare(self, progress: bool) -> None:
+        pytest.fail("a rank other than its node's local rank 0 prepared the data")
+
+
+def test_under_torchrun_only_local_rank_0_prepares_and_every_rank_refuses_after_the_barrier(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """run_job's external branch prepared the data on every rank at once, before the process
+    group existed, to count a job's epochs; now the refusal of such a job waits for the node's
+    preparation in train_worker, and a job counted in steps is refused before the group starts."""
+    import torch
+
+    import hpcpipe.recipes
+    from hpcpipe.train import distributed
+    from hpcpipe.train.distributed import DistContext
+    from hpcpipe.train.environment import DistEnv
+
+    sets = [f"run.out_dir={tmp_path}", "train.steps=6"]
+    layout = RunLayout(load_config("tiny", sets).run_dir)
+    (layout.checkpoints / "step-00000006").mkdir(parents=True)
+    layout.config.write_text(load_config("tiny", sets).to_yaml())
+    layout.events.write_text(json.dumps({"event": "run_finished", "step": 6}) + "\n")
+    env = DistEnv("torchrun", rank=1, local_rank=1, world_size=2, local_world_size=2)
+    monkeypatch.setattr(job_module, "detect_environment", lambda: env)
+    monkeypatch.setattr(hpcpipe.recipes, "build_recipe", lambda job: _PreparedElsewhere())
+    joined: list[int] = []
+
+    def group(parallel: object, env: DistEnv) -> DistContext:
+        joined.append(env.rank)
+        return DistContext(1, 1, 2, 2, torch.device("cpu"), None)
+
+    monkeypatch.setattr(distributed, "init_distributed", group)
+    with pytest.raises(UserError, match=r"or more train\.epochs to train on \(0\.5 end at step 5\)"):
+        run_job(load_config("tiny", [*sets, "train.epochs=0.5", "train.lr=0.5"]))
+    assert joined == [1]  # judged in train_worker, after the node's preparation
+    with pytest.raises(UserError, match=r"or more train\.steps to train on"):
+        run_job(load_config("tiny", [*sets, "train.lr=0.5"]))
+    assert joined == [1]  # counted in steps: refused before the group
+    written = sorted(p.name for p in layout.config.parent.iterdir())
+    assert written == ["checkpoints", "config.yaml", "events.jsonl"]
