@@ -40,6 +40,7 @@ TORCH_PRIVATE_ATTRS = {
     "_is_mkldnn_bf16_supported",
     "_state_holder",
     "_cache_duration",
+    "_get_scale_async",
 }
 
 
@@ -84,6 +85,14 @@ def test_collective_functions_exist() -> None:
         dist.all_gather_into_tensor,
     }
     assert callable(compat.reduce_scatter_tensor_fn())
+
+
+def test_grad_scaler_scale_is_the_device_tensor_update_lowers() -> None:
+    scaler = torch.amp.GradScaler("cpu")
+    assert compat.grad_scaler_scale(scaler) is None  # not used yet
+    scaler.scale(torch.ones(()))
+    scale = compat.grad_scaler_scale(scaler)
+    assert isinstance(scale, torch.Tensor) and float(scale) == scaler.get_scale()
 
 
 def test_cpu_staging_copies_values() -> None:

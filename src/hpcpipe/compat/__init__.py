@@ -6,9 +6,10 @@ underscore or asks which torch version is installed. Each entry point resolves w
 through ``guard.require``, so a torch that lacks it fails with ``TorchAPIError`` naming the torch
 version and the missing attribute, not with an ``AttributeError`` deep inside a worker.
 
-One module per area of torch: ``ddp``, ``fsdp``, ``checkpoint`` (DCP and state-dict staging),
-``collectives``, ``device`` (bf16 units, the CUDA allocator's history), ``elastic`` (the agent and
-the c10d rendezvous) and ``c10d`` (stores). Callers import from here, not from those modules.
+One module per area of torch: ``amp`` (the GradScaler's scale), ``ddp``, ``fsdp``, ``checkpoint``
+(DCP and state-dict staging), ``collectives``, ``device`` (bf16 units, the CUDA allocator's
+history), ``elastic`` (the agent and the c10d rendezvous) and ``c10d`` (stores). Callers import
+from here, not from those modules.
 
 ``PRIVATE_APIS`` lists every private name reached from this package with a probe that resolves
 it (each module lists its own); ``tests/unit/test_compat.py`` runs each probe against the
@@ -21,7 +22,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from hpcpipe.compat import c10d, checkpoint, collectives, ddp, device, elastic, fsdp
+from hpcpipe.compat import amp, c10d, checkpoint, collectives, ddp, device, elastic, fsdp
+from hpcpipe.compat.amp import grad_scaler_scale
 from hpcpipe.compat.c10d import default_store, loopback_tcp_store, tcp_store_takes_listen_fd
 from hpcpipe.compat.checkpoint import (
     copy_state_dict,
@@ -72,6 +74,7 @@ __all__ = [
     "fsdp_reset_iter_state",
     "functional_collective_ops",
     "gather_into_tensor_fn",
+    "grad_scaler_scale",
     "keepalive_timers_stop_cleanly",
     "loopback_tcp_store",
     "no_restart_after",
@@ -84,7 +87,7 @@ __all__ = [
 
 PRIVATE_APIS: dict[str, Callable[[], Any]] = {
     name: probe
-    for module in (ddp, fsdp, checkpoint, collectives, device, elastic, c10d)
+    for module in (amp, ddp, fsdp, checkpoint, collectives, device, elastic, c10d)
     for name, probe in module.PRIVATE_APIS.items()
 }
 """Each private name reached from this package, with a probe that raises TorchAPIError without it."""

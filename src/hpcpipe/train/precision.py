@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from hpcpipe.compat import grad_scaler_scale
 from hpcpipe.errors import ConfigError
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -93,8 +94,12 @@ class SkippedSteps:
     steps overflow (a large initial scale) used up its warm-up without a single update. A skip is
     read off the scale, which update() lowers after a skipped step only. The scale stays on the
     device: each step's is copied to the host without waiting and read when the count is next
-    asked for (the next step's LR, a log, a save), long after the copy finished: no wait for the
-    device each step."""
+    asked for (the next step's LR, a log, a save). On CUDA that read waits for the copy's event:
+    every step, setting the LR waits for the previous step's update, once this step's forward
+    and backward are queued behind it. The device works through those meanwhile, so it idles
+    only when they take it less time than the host takes to queue the optimizer step (a model
+    small enough for the host to be the limit anyway); the host stays within a step of the
+    device."""
 
     def __init__(self) -> None:
         self.skipped = 0
@@ -107,7 +112,7 @@ class SkippedSteps:
         self.skipped, self.starting, self._last, self._pending = skipped, True, None, []
 
     def copy_scale(self, scaler: torch.amp.GradScaler) -> None:
-        scale = scaler._get_scale_async()  # the device tensor (get_scale() would wait for it)
+        scale = grad_scaler_scale(scaler)  # the device tensor (get_scale() would wait for it)
         if scale is None:  # not in use yet: nothing to count against
             return
         self.starting = False
