@@ -11,6 +11,15 @@ import math
 import torch
 
 from hpcpipe.errors import UserError
+from hpcpipe.train.precision import Precision
+
+# fp16's GradScaler halves its scale at each step it skips (its default backoff). Below 1 the
+# loss is scaled down, not up: a gradient that still overflows does so unscaled, and no smaller
+# scale cures it; a run whose gradient is never finite would train every remaining step without
+# one update and finish as a success. It stops once its scale is below 1 after a streak of skips
+# as long as the one that takes the initial 2**16 there (17): a run that updates at a scale below
+# 1 is not stopped by a few skips, nor one whose scale grew, before it has backed off below 1.
+MIN_SKIPS_IN_A_ROW = 17
 
 
 def host_values(loss: torch.Tensor, grad_norm: torch.Tensor | None) -> tuple[float, float | None]:
@@ -41,4 +50,26 @@ def require_finite(step: int, loss: float, grad_norm: float | None, grad_clip: f
             f"({loss:.6g}): check the model and loss for an operation with no finite gradient at "
             "its input (sqrt or log of 0, a division by 0), or lower train.lr; the checkpoints "
             "before it are kept"
+        )
+
+
+def require_healthy(
+    step: int, loss: float, grad_norm: float | None, grad_clip: float, precision: Precision
+) -> None:
+    """``require_finite`` for the step. Under fp16 the loss scaler skips a step of non-finite
+    gradients itself (its norm is no divergence): the loss is checked, and that the scaler
+    still lets updates through."""
+    if not precision.skips_overflows:
+        require_finite(step, loss, grad_norm, grad_clip)
+        return
+    require_finite(step, loss, None, grad_clip)
+    skipped, skips = precision.skipped_steps, precision.skips  # (counted up to this step)
+    in_a_row = skips.in_a_row
+    if in_a_row >= MIN_SKIPS_IN_A_ROW and skips.scale is not None and skips.scale < 1:
+        raise UserError(
+            f"training diverged: the gradient is not finite at any step from {step - in_a_row + 1} "
+            f"to {step} ({in_a_row} in a row, {skipped} skipped in all): fp16's loss scaler "
+            f"skipped their updates, down to a scale of {skips.scale:g}, so the run trains nothing; "
+            "check the model and loss for an operation with no finite gradient at its input (sqrt "
+            "or log of 0, a division by 0), or lower train.lr; the checkpoints before it are kept"
         )

@@ -103,13 +103,15 @@ class SkippedSteps:
 
     def __init__(self) -> None:
         self.skipped = 0
+        self.in_a_row = 0  # the skips since the last update (train/divergence.py stops at too many)
         self.starting = True  # no scale copied yet: the first one is the scale before any update
-        self._last: float | None = None
+        self.scale: float | None = None  # the last one read
         self._pending: list[tuple[torch.Tensor, Any]] = []  # (copy, its event on CUDA)
 
     def restart(self, skipped: int) -> None:
         """A resume: the checkpoint's count, from this process's first update on."""
-        self.skipped, self.starting, self._last, self._pending = skipped, True, None, []
+        self.skipped, self.starting, self.scale, self._pending = skipped, True, None, []
+        self.in_a_row = 0
 
     def copy_scale(self, scaler: torch.amp.GradScaler) -> None:
         scale = grad_scaler_scale(scaler)  # the device tensor (get_scale() would wait for it)
@@ -128,8 +130,10 @@ class SkippedSteps:
             if done is not None:
                 done.synchronize()
             scale = float(copy)
-            if self._last is not None and scale < self._last:
-                self.skipped += 1
-            self._last = scale
+            if self.scale is not None:  # each copy after the first follows one update() (a step)
+                skipped = scale < self.scale
+                self.skipped += skipped
+                self.in_a_row = self.in_a_row + 1 if skipped else 0
+            self.scale = scale
         self._pending.clear()
         return self.skipped

@@ -39,7 +39,7 @@ from hpcpipe.track.sinks import Trackers
 from hpcpipe.train import evaluation
 from hpcpipe.train.deepspeed import deepspeed_engine
 from hpcpipe.train.distributed import DistContext
-from hpcpipe.train.divergence import host_values, require_finite
+from hpcpipe.train.divergence import host_values, require_healthy
 from hpcpipe.train.environment import node_name
 from hpcpipe.train.faults import NO_FAULTS, FaultInjector
 from hpcpipe.train.mesh import build_layout, data_parallel_context, dropout_seed, same_rank_places
@@ -524,12 +524,11 @@ class Trainer:
         return float(row["loss"])
 
     def _require_finite(self, loss: float, grad_norm: float | None) -> None:
-        """Stop a diverged run before it saves (train/divergence.py). An HPO trial runs on: its
-        non-finite metric is told to the study as the worst value. Under fp16 the loss scaler
-        skips a step of non-finite gradients: only its loss is checked."""
+        """Stop a diverged run before it saves (train/divergence.py; under fp16 also one whose
+        loss scaler skips every step). An HPO trial runs on: its non-finite metric is told to the
+        study as the worst value."""
         if not self.trial.active:
-            checked = None if self.precision.skips_overflows else grad_norm
-            require_finite(self.step, loss, checked, self.cfg.grad_clip)
+            require_healthy(self.step, loss, grad_norm, self.cfg.grad_clip, self.precision)
 
     def evaluate_and_log(self) -> float:
         with self.watchdog.pause(), self.phases.region("evaluate"), evaluation.streams_kept(self.ctx.device):

@@ -186,6 +186,50 @@ def test_fp16_steps_the_scaler_skips_use_up_no_warm_up_and_a_resume_keeps_their_
     assert fit("resumed", 8) == whole  # the count resumed: the same LRs, the same losses
 
 
+def _nan_gradient(trainer: Any, steps: set[int] | None = None) -> None:
+    """The trainer's loss gets a NaN gradient at ``steps`` (None: every step), its value unchanged:
+    sqrt's derivative at 0 is inf, times 0: NaN."""
+    loss = trainer.recipe.loss
+
+    def nan_gradient(model: Any, batch: Any) -> Any:
+        out = loss(model, batch)
+        if steps is None or trainer.step in steps:
+            w = next(model.parameters())
+            out = out + 0.0 * (w - w.detach()).sum().sqrt()
+        return out
+
+    trainer.recipe.loss = nan_gradient
+
+
+def test_an_fp16_run_whose_scaler_skips_every_step_stops_as_diverged(tmp_path: Path) -> None:
+    """A gradient never finite: the GradScaler skipped all 40 steps, the weights never changed,
+    and the run finished as a success (exit 0)."""
+    sets = ["train.precision=fp16", "train.steps=40", "observe.log_every=10", "checkpoint.every_steps=5"]
+    trainer = _in_process(tmp_path, *sets)
+    _nan_gradient(trainer)
+    try:
+        # Checked at logged and saving steps: the first one after 17 skips in a row (from the
+        # scale of 2**16 to below 1, divergence.py).
+        with pytest.raises(UserError, match=r"the gradient is not finite at any step from 1 to 20 \(20 in a"):
+            trainer.fit()
+    finally:
+        trainer.close()
+    assert trainer.step == 20
+
+
+def test_fp16_skips_between_updates_do_not_stop_a_run(tmp_path: Path) -> None:
+    """Skips in a row are counted from the last update: 40 scattered ones are no divergence, though
+    they take the scale far below 1."""
+    sets = ["train.precision=fp16", "train.steps=60", "observe.log_every=20"]
+    trainer = _in_process(tmp_path, *sets)
+    _nan_gradient(trainer, {s for s in range(1, 61) if s % 3})
+    try:
+        trainer.fit()
+    finally:
+        trainer.close()
+    assert trainer.precision.skipped_steps == 40 and trainer.step == 60
+
+
 def test_a_bad_chaos_variable_under_two_ranks_is_one_line(tmp_path: Path) -> None:
     """The fork server's import of the faults failed: the run ended in 'Aborted.', exit 1."""
     proc = run_cli(
