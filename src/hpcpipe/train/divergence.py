@@ -9,8 +9,11 @@ from __future__ import annotations
 import math
 
 import torch
+from torch import nn
+from torch.distributed.tensor import DTensor
 
 from hpcpipe.errors import UserError
+from hpcpipe.train.oom import AllReduceMax, agree_any
 from hpcpipe.train.precision import Precision
 
 # fp16's GradScaler halves its scale at each step it skips (its default backoff). Below 1 the
@@ -73,3 +76,32 @@ def require_healthy(
             "check the model and loss for an operation with no finite gradient at its input (sqrt "
             "or log of 0, a division by 0), or lower train.lr; the checkpoints before it are kept"
         )
+
+
+def require_finite_weights(step: int, model: nn.Module, all_reduce_max: AllReduceMax | None) -> None:
+    """Before the checkpoint of a preemption or Ctrl-C, which comes after any step, not only a
+    checked one: a non-finite gradient on an unchecked step writes NaN weights (clipped by a NaN
+    norm, every gradient is NaN), and every restart would resume them. The weights themselves are
+    checked, on every rank's own pieces and agreed over the ranks, at the stop only: one wait for
+    the device there, none per step."""
+    by_device: dict[torch.device, list[torch.Tensor]] = {}  # (offloaded pieces are on the host)
+    for param in model.parameters():
+        piece = _own_piece(param).detach()
+        by_device.setdefault(piece.device, []).append(piece.isfinite().all())
+    finite = all(bool(torch.stack(flags).all()) for flags in by_device.values())
+    if agree_any(int(not finite), all_reduce_max):
+        raise UserError(
+            f"training diverged: the weights are not finite at step {step}, where the run stopped "
+            "to checkpoint (a non-finite gradient since the last logged or saved step): not saved; "
+            "lower train.lr, or check the model and loss for an operation with no finite gradient "
+            "at its input (sqrt or log of 0, a division by 0); the checkpoints before it are kept"
+        )
+
+
+def _own_piece(param: torch.Tensor) -> torch.Tensor:
+    """What of ``param`` this rank holds: an FSDP2 or tensor-parallel DTensor's local shard,
+    DeepSpeed ZeRO-3's partition (``ds_tensor``: the parameter itself is left empty)."""
+    if isinstance(param, DTensor):
+        return param.to_local()
+    partition = getattr(param, "ds_tensor", None)
+    return partition if isinstance(partition, torch.Tensor) else param

@@ -39,7 +39,7 @@ from hpcpipe.track.sinks import Trackers
 from hpcpipe.train import evaluation
 from hpcpipe.train.deepspeed import deepspeed_engine
 from hpcpipe.train.distributed import DistContext
-from hpcpipe.train.divergence import host_values, require_healthy
+from hpcpipe.train.divergence import host_values, require_finite_weights, require_healthy
 from hpcpipe.train.environment import node_name
 from hpcpipe.train.faults import NO_FAULTS, FaultInjector
 from hpcpipe.train.mesh import build_layout, data_parallel_context, dropout_seed, same_rank_places
@@ -471,10 +471,13 @@ class Trainer:
         """Every rank agreed to stop: checkpoint within the grace period, then exit. A preemption
         checkpoints a step trained since this start; Ctrl-C does where the job checkpoints
         (checkpoint.every_steps > 0). Nothing trained (stopped in the first evaluation): the start's
-        own checkpoint stands; one taken at step 0 held an optimizer state of a step never taken."""
+        own checkpoint stands; one taken at step 0 held an optimizer state of a step never taken.
+        NaN weights are never saved: the run stops as diverged (a trial runs on, as in _require_finite)."""
         # Agreed on every rank (Ctrl-C reaches the whole process group, so all ranks saw SIGINT).
         trained = self.step > self.started_at_step
         save = trained and (not self.preemption.interrupted or self.ckpt_every > 0)
+        if save and not self.trial.active:  # this step may be one the loop did not check
+            require_finite_weights(self.step, self.model, self.agree_max)
         self.preemption.start_grace_timer()
         self.preemption.agree_signal(self.agree_max)  # for the event: which signal, on any rank
         if save:

@@ -5,6 +5,8 @@ variables checked before two ranks start."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -199,6 +201,30 @@ def _nan_gradient(trainer: Any, steps: set[int] | None = None) -> None:
         return out
 
     trainer.recipe.loss = nan_gradient
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_preemption_after_a_nan_gradient_saves_no_nan_weights(tmp_path: Path, signum: int) -> None:
+    """A NaN gradient on an unchecked step (clipped by its NaN norm: NaN weights), then SIGTERM or
+    Ctrl-C: the stop's checkpoint held the NaN weights (exit 75), and every restart resumed them."""
+    sets = ["train.steps=20", "checkpoint.every_steps=4", "observe.log_every=10"]
+    trainer = _in_process(tmp_path, *sets)
+    _nan_gradient(trainer, {5})
+    loss = trainer.recipe.loss
+
+    def signalled_at_step_6(model: Any, batch: Any) -> Any:
+        if trainer.step == 6:
+            os.kill(os.getpid(), signum)  # the loop stops after this step
+        return loss(model, batch)
+
+    trainer.recipe.loss = signalled_at_step_6
+    try:
+        with pytest.raises(UserError, match=r"the weights are not finite at step 6, where the run stopped"):
+            trainer.fit()
+    finally:
+        trainer.close()
+    # Step 5 neither logged nor saved (unchecked); step 6 not saved: step 4 stays the newest.
+    assert sorted(p.name for p in (tmp_path / "tiny" / "checkpoints").glob("step-*")) == ["step-00000004"]
 
 
 def test_an_fp16_run_whose_scaler_skips_every_step_stops_as_diverged(tmp_path: Path) -> None:
