@@ -134,14 +134,14 @@ EVENT_KINDS: dict[str, EventKind] = {
     ),
     "lr_schedule_changed": EventKind(
         "train.trainer (rank 0)",
-        "The resumed run's LR schedule spans another number of steps than when its checkpoint was "
-        "saved (train.steps or train.epochs changed): the schedule is stretched or shrunk, so the "
-        "LR at the resumed step changed (docs/fault-tolerance.md).",
+        "The resumed run's LR schedule differs from its checkpoint's: it spans another number of "
+        "steps (train.steps or train.epochs changed: stretched or shrunk), or the LR at the resumed "
+        "step changed (train.lr, warmup_steps, min_lr_ratio, schedule) (docs/fault-tolerance.md).",
         {
             **_STEP,
-            "old_steps": "the schedule's steps when the checkpoint was saved",
+            "old_steps": "the schedule's steps when the checkpoint was saved (null: not recorded)",
             "new_steps": "its steps now",
-            "old_lr": "the LR at the step under the old schedule",
+            "old_lr": "the LR at the step when the checkpoint was saved (the one it recorded)",
             "new_lr": "the LR at the step now",
         },
     ),

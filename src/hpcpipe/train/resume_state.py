@@ -3,6 +3,7 @@ resume needs of this rank, written with every save and put back after a restore.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -59,27 +60,28 @@ def restore_trainer_state(
 def announce_schedule_change(
     extra: Mapping[str, Any], cfg: TrainConfig, emit: Callable[[str, dict[str, Any]], None], is_main: bool
 ) -> None:
-    """Say when the LR schedule spans another number of steps than when the checkpoint was saved
-    (train.steps or train.epochs raised to continue a run): the schedule is stretched, so the LR
-    at the resumed step changes, and a run that had decayed to its floor jumped back up without a
-    word. Nothing for a checkpoint saved before the length was recorded."""
+    """Say when the LR at the resumed update differs from the checkpoint's, or the schedule spans
+    another number of steps (train.steps or train.epochs raised to continue a run, which stretches
+    it): a run that had decayed to its floor jumped back up without a word. The LR before is the
+    one the checkpoint recorded (saved under its own train.lr, warm-up and floor); nothing for a
+    checkpoint that recorded neither it nor the schedule's length."""
     saved = extra.get("schedule_steps")
-    if saved is None or int(saved) == cfg.steps:
-        return
+    old_steps = None if saved is None else int(saved)
     step = int(extra["step"])
     updates = max(step - int(extra.get("skipped_steps", 0)), 1)  # the LR follows the updates taken
-    before = lr_at(updates, cfg.model_copy(update={"steps": int(saved)}))
-    change = {
-        "step": step,
-        "old_steps": int(saved),
-        "new_steps": cfg.steps,
-        "old_lr": before,
-        "new_lr": lr_at(updates, cfg),
-    }
+    if "lr" in extra:
+        before = float(extra["lr"])
+    elif old_steps is not None:
+        before = lr_at(updates, cfg.model_copy(update={"steps": old_steps}))
+    else:
+        return
+    now = lr_at(updates, cfg)
+    if old_steps in (None, cfg.steps) and math.isclose(before, now, rel_tol=1e-9):
+        return
+    change = {"step": step, "old_steps": old_steps, "new_steps": cfg.steps, "old_lr": before, "new_lr": now}
     emit("lr_schedule_changed", change)
     if is_main:
-        print(
-            f"hpcpipe: the LR schedule now spans {cfg.steps} steps instead of {saved}: the LR at step "
-            f"{step} was {before:.6g} and is now {change['new_lr']:.6g}",
-            flush=True,
-        )
+        what = "the LR settings changed"  # train.lr, warmup_steps, min_lr_ratio or schedule
+        if old_steps not in (None, cfg.steps):
+            what = f"the LR schedule now spans {cfg.steps} steps instead of {old_steps}"
+        print(f"hpcpipe: {what}: the LR at step {step} was {before:.6g} and is now {now:.6g}", flush=True)

@@ -161,6 +161,34 @@ def test_a_checkpoint_without_its_schedule_length_says_nothing(capsys: pytest.Ca
     assert not emitted and not capsys.readouterr().out
 
 
+def test_a_resume_with_changed_lr_settings_says_so_with_the_checkpoints_lr(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The LR before was computed under the config's train.lr, not the checkpoint's (0.001 said
+    where 0.01 had trained), and a change of train.lr alone said nothing."""
+    from hpcpipe.config import TrainConfig
+    from hpcpipe.train.resume_state import announce_schedule_change
+    from hpcpipe.train.schedule import lr_at
+
+    saved = TrainConfig(steps=10, lr=0.01, warmup_steps=2)
+    extra = {"step": 4, "lr": lr_at(4, saved), "schedule_steps": 10}
+    emitted: list[dict[str, Any]] = []
+
+    def announced(cfg: TrainConfig) -> tuple[dict[str, Any], str]:
+        emitted.clear()
+        announce_schedule_change(extra, cfg, lambda _, fields: emitted.append(fields), True)
+        return (emitted[0] if emitted else {}), capsys.readouterr().out
+
+    assert announced(saved) == ({}, "")  # the same schedule
+    lower = TrainConfig(steps=10, lr=0.001, warmup_steps=2)
+    event, out = announced(lower)
+    assert (event["old_lr"], event["new_lr"]) == (extra["lr"], lr_at(4, lower))
+    assert f"the LR settings changed: the LR at step 4 was {extra['lr']:.6g} and is now" in out
+    event, out = announced(TrainConfig(steps=20, lr=0.001, warmup_steps=2))  # both changed
+    assert (event["old_steps"], event["new_steps"], event["old_lr"]) == (10, 20, extra["lr"])
+    assert f"spans 20 steps instead of 10: the LR at step 4 was {extra['lr']:.6g}" in out
+
+
 def test_fp16_steps_the_scaler_skips_use_up_no_warm_up_and_a_resume_keeps_their_count(tmp_path: Path) -> None:
     """Skipped steps counted as updates: with a large initial scale the first steps overflowed,
     the warm-up ran out without one update, and the first update came at a decayed LR."""
