@@ -35,10 +35,12 @@ The zygote's own stderr is a log file, never a terminal, so consoles built at im
 colour as for a captured run (``prestart`` declines where its caller is on a terminal).
 
 Protocol, over a socketpair: the caller sends one JSON request (argv, env, cwd, session) with three
-file descriptors (stdin, stdout, stderr); the zygote forks, answers the child's pid, waits for it
-and answers its wait status and CPU seconds (``os.wait4``). The caller kills the pid (or its tree)
-on timeout. A caller killed outright closes its end without a word: the zygote then kills the run
-(``_end_if_the_caller_goes``), as nobody is left to wait for it.
+file descriptors (stdin, stdout, stderr); the zygote forks, answers the child's pid once the child
+has taken the default handlers for the signals the zygote ignores (a signal the caller sends the
+pid at once is not lost), waits for it and answers its wait status and CPU seconds
+(``os.wait4``). The caller kills the pid (or its tree) on timeout. A caller killed outright
+closes its end without a word: the zygote then kills the run (``_end_if_the_caller_goes``), as
+nobody is left to wait for it.
 """
 
 from __future__ import annotations
@@ -80,6 +82,7 @@ PRELOAD = (
 NEVER_PRELOAD = ("peft",)  # starts a native thread at import: no fork after it is safe
 FRESH_VAR = "HPCPIPE_FRESH_INTERPRETERS"
 _HEADER = struct.Struct("!I")
+READY_S = 10  # the longest a run's pid waits for the run to take its signals (_wait_ready)
 _MAX_FDS = 3
 
 # Read once, at interpreter start-up (PYTHON*), when libgomp/MKL load with torch, or when
@@ -493,14 +496,18 @@ def serve(sock: socket.socket) -> dict[str, object]:
             request, fds = receive_message(sock)
         except (EOFError, OSError):
             os._exit(0)
+        ready, told = os.pipe()
         pid = os.fork()
         if pid == 0:
             sock.close()
-            become(request, fds)
+            os.close(ready)
+            become(request, fds, told)
             return request
+        os.close(told)
         for fd in fds:
             os.close(fd)
         try:
+            _wait_ready(ready)
             send_message(sock, {"pid": pid})
         finally:  # reaped even when the caller went away
             _end_if_the_caller_goes(sock, pid, bool(request.get("session")))
@@ -509,6 +516,19 @@ def serve(sock: socket.socket) -> dict[str, object]:
             send_message(sock, {"status": status, "cpu_s": usage.ru_utime + usage.ru_stime})
         except OSError:
             os._exit(0)
+
+
+def _wait_ready(ready: int) -> None:
+    """Until the child has restored the signals the zygote ignores (``become``), then the caller
+    gets its pid: a SIGTERM sent at once (an HPO worker stopped, or its trial's heartbeat lapsed,
+    while the trial started) met the inherited SIG_IGN and was lost, and the trial trained to its
+    end. End of file (the child died first) or READY_S without a word: answered all the same."""
+    try:
+        poller = select.poll()
+        poller.register(ready, select.POLLIN | select.POLLHUP)
+        poller.poll(READY_S * 1000)
+    finally:
+        os.close(ready)
 
 
 def _end_if_the_caller_goes(sock: socket.socket, pid: int, own_session: bool) -> None:

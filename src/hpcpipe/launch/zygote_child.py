@@ -13,8 +13,10 @@ from collections.abc import Callable
 from hpcpipe.launch.exit import SHIELDED_SIGNALS, finish_as_exit_would
 
 
-def become(request: dict[str, object], fds: list[int]) -> None:
-    """This forked child takes the request's session, stdio, environment, directory and signals."""
+def become(request: dict[str, object], fds: list[int], ready: int | None = None) -> None:
+    """This forked child takes the request's session, stdio, environment, directory and signals;
+    it closes ``ready`` (a pipe the zygote waits on before it tells the caller this pid) once its
+    signals are a fresh interpreter's."""
     if request.get("session"):
         os.setsid()
     for target, fd in enumerate(fds):
@@ -23,6 +25,8 @@ def become(request: dict[str, object], fds: list[int]) -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     for sig in SHIELDED_SIGNALS:  # the zygote ignores them; a fresh interpreter has the defaults
         signal.signal(sig, signal.SIG_DFL)
+    if ready is not None:
+        os.close(ready)  # end of file: the zygote answers the pid now
     env = request["env"]
     assert isinstance(env, dict)
     os.environ.clear()

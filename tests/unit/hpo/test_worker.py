@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 from hpcpipe.hpo.worker import StopFlag
 
@@ -118,15 +119,22 @@ def test_the_lapse_comes_before_the_other_workers_fail_the_trial() -> None:
         assert lapse - heartbeat > heartbeat / 2 and grace - lapse > heartbeat / 2
 
 
-def test_a_lapse_while_the_trial_starts_stops_it_when_it_has_started() -> None:
-    """The heartbeat lapsed while the zygote was forking the trial: nothing to stop yet, the
-    watchdog fires once, and the trial trained on beside its retry."""
+def test_a_lapse_while_the_trial_starts_stops_it_when_it_has_started(tmp_path: Path) -> None:
+    """The heartbeat lapsed while the zygote was forking the trial: ``started`` SIGTERMs it. The
+    zygote ignores SIGTERM and answered the pid before its child restored the default: the signal
+    was discarded and the trial trained to its end beside its retry."""
+    import os
+
+    from tests.helpers import CLI_PRELOAD, CLI_ZYGOTE, REPO
+
+    from hpcpipe.launch.zygote import Launch, run_hpcpipe
+
     stop = StopFlag()
     stop.lapse()
-    trial = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    try:
-        stop.started(trial.pid)
-        assert trial.wait(timeout=10) == -signal.SIGTERM
-    finally:
-        trial.kill()
+    sets = [f"run.out_dir={tmp_path}", "train.steps=100000", "observe.progress=false"]
+    argv = ["train", "tiny", *[a for s in sets for a in ("--set", s)]]
+    how = Launch(timeout=30, started=stop.started)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    ended = run_hpcpipe(argv, tmp_path, env, how, CLI_PRELOAD, zygote_cwd=REPO, zygote_name=CLI_ZYGOTE)
+    assert ended.returncode in (75, -signal.SIGTERM), ended.stderr[-500:]
     assert not stop.event.is_set()  # the worker goes on: only its trial stopped
