@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import sys
 import warnings
 from typing import TYPE_CHECKING, Any
@@ -140,7 +141,7 @@ def open_storage(url: str, **engine: Any) -> optuna.storages.BaseStorage:
         kwargs = {"pool_pre_ping": True, "connect_args": postgres_timeouts(url)}
     kwargs.update(engine)
     storage = optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
-    if url.startswith("postgresql"):
+    if url.startswith("postgresql") and not statement_timeout_given(url):
         limit_statements(storage.engine)
     return storage
 
@@ -176,10 +177,25 @@ def postgres_timeouts(url: str) -> dict[str, Any]:
     }
 
 
+# A statement_timeout in libpq's ``options`` (``-c statement_timeout=0``, ``--statement-timeout=0``).
+_STATEMENT_TIMEOUT_OPTION = re.compile(r"statement[_-]timeout\s*=", re.IGNORECASE)
+
+
+def statement_timeout_given(url: str) -> bool:
+    """PGOPTIONS or the URL's ``options`` set statement_timeout: that one stands, 0 (no limit, on
+    purpose) included, which a session reports as no limit at all."""
+    from urllib.parse import parse_qs, urlsplit
+
+    options = [os.environ.get("PGOPTIONS", ""), *parse_qs(urlsplit(url).query).get("options", [])]
+    return any(_STATEMENT_TIMEOUT_OPTION.search(option) for option in options)
+
+
 def limit_statements(engine: Any) -> None:
     """Each new connection's statements end after STATEMENT_TIMEOUT, unless the session already has
-    a limit (the URL's or PGOPTIONS' ``options``, the role's or the database's). Set by a query, not
-    libpq's ``options`` startup parameter: that overrode PGOPTIONS, and PgBouncer refuses it."""
+    a limit (the role's or the database's; ``statement_timeout_given`` decides on PGOPTIONS and the
+    URL before this is called). Set by a query, not libpq's ``options`` startup parameter: that
+    overrode PGOPTIONS, and PgBouncer refuses it. A session setting: behind PgBouncer's transaction
+    pooling it may not hold (set it on the role or the database there)."""
     from sqlalchemy import event
 
     def connected(dbapi_connection: Any, _record: Any) -> None:

@@ -175,6 +175,29 @@ def test_postgresql_connections_time_out_unless_the_url_says_otherwise(
     assert "connect_timeout" not in given  # the URL's 3 stands
 
 
+def test_a_statement_timeout_in_pgoptions_or_the_url_stands_even_when_0(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An explicit statement_timeout=0 (no limit, on purpose) read back as '0', as no limit at all
+    does, and the default 60 s replaced it."""
+    from hpcpipe.train.trial import open_storage, statement_timeout_given
+
+    limited: list[str] = []
+    monkeypatch.setattr(optuna.storages, "RDBStorage", lambda url, engine_kwargs: SimpleNamespace(engine=url))
+    monkeypatch.setattr("hpcpipe.train.trial.limit_statements", limited.append)
+    monkeypatch.delenv("PGSERVICE", raising=False)
+    monkeypatch.setenv("PGOPTIONS", "-c search_path=hpo")
+    open_storage("postgresql://me@db/hpo")
+    open_storage("postgresql://me@db/hpo?options=-c%20statement_timeout%3D0")
+    monkeypatch.setenv("PGOPTIONS", "-c statement_timeout=0")
+    open_storage("postgresql://me@db/hpo")
+    assert limited == ["postgresql+psycopg://me@db/hpo"]  # only where neither names it
+    monkeypatch.setenv("PGOPTIONS", "--statement-timeout=5min -c search_path=hpo")
+    assert statement_timeout_given("postgresql://me@db/hpo")
+    monkeypatch.setenv("PGOPTIONS", "-c lock_timeout=5s")
+    assert not statement_timeout_given("postgresql://me@db/hpo?options=-c%20idle_session_timeout%3D0")
+
+
 def test_postgresql_settings_leave_the_environment_and_other_databases_alone(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
