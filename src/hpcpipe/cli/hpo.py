@@ -71,11 +71,13 @@ def _start(
 
 def _checked_plan(config: str, sets: list[str] | None, nproc: int | None, trials: int | None) -> StudyPlan:
     """The study's plan from a job whose space is checked (nothing is written)."""
+    from hpcpipe.hpo.liveness import check_stop_window
     from hpcpipe.hpo.space import check_space, grid_size
     from hpcpipe.hpo.study import plan_study
 
     job = load_job(config, [*(sets or []), *([f"hpo.n_trials={trials}"] if trials else [])], nproc)
     check_space(job)
+    check_stop_window(job)
     if job.hpo.sampler.name == "grid" and grid_size(job.hpo.space) < job.hpo.n_trials:
         size = grid_size(job.hpo.space)
         err_console.print(f"note: the grid has {size} points; hpo.n_trials {job.hpo.n_trials} -> {size}")

@@ -146,13 +146,16 @@ class HpoConfig(Section):
     grace_s: float = Field(
         60.0,
         gt=0,
-        description="A running trial not marked alive for this long is failed (its worker died) and retried.",
+        description="A running trial not marked alive for this long is failed (its worker died) and retried. "
+        "At least 1.5 x heartbeat_s + fault.preempt_grace_s + 10 s: a worker whose beats stop landing "
+        "stops its trial fault.preempt_grace_s + 10 s before that, for its checkpoint.",
     )
     max_retries: int = Field(
         1,
         ge=0,
         description="Retries of a failed or crashed trial (same values; resumes). A preempted trial "
-        "(exit 75, checkpoint committed) is always retried and uses none.",
+        "(exit fault.preempt_exit_code with a newer checkpoint than its try started from) is always "
+        "retried and uses none.",
     )
 
     _one_line = field_validator("study", "dir", "storage")(one_line)  # in the array's script

@@ -23,6 +23,9 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import optuna
 
+    from hpcpipe.config import JobConfig
+    from hpcpipe.config.fault import FaultConfig
+
 # [trial id, seconds since the epoch] (workers' clocks must agree: NTP). The id tells a trial's own
 # beat from the one a retry inherits with its original's system attributes.
 HEARTBEAT_ATTR = "hpcpipe:heartbeat"
@@ -47,10 +50,11 @@ class Heartbeat:
     """While a trial runs: mark it alive every ``interval_s`` from a daemon thread.
 
     ``on_lapse`` is called once when no beat has reached the store for ``lapse_s(interval_s,
-    grace_s)``: other workers fail a trial they have not heard from for hpo.grace_s and start its
-    retry in the same run directory, so the trial must stop before then. A watchdog thread of its
-    own keeps the time: a store that hangs (a blackholed PostgreSQL connection, a hung NFS mount)
-    blocks the beat itself, which then never got to check the lapse."""
+    grace_s, stop_s)``: other workers fail a trial they have not heard from for hpo.grace_s and
+    start its retry in the same run directory, so the trial must have stopped (``stop_s``: its
+    checkpoint) before then. A watchdog thread of its own keeps the time: a store that hangs (a
+    blackholed PostgreSQL connection, a hung NFS mount) blocks the beat itself, which then never
+    got to check the lapse."""
 
     def __init__(
         self,
@@ -59,9 +63,10 @@ class Heartbeat:
         interval_s: float,
         grace_s: float = math.inf,
         on_lapse: Callable[[], None] | None = None,
+        stop_s: float = 0.0,
     ) -> None:
         self.storage, self.trial_id, self.interval_s = storage, trial_id, interval_s
-        self.lapse_s, self.on_lapse = lapse_s(interval_s, grace_s), on_lapse
+        self.lapse_s, self.on_lapse = lapse_s(interval_s, grace_s, stop_s), on_lapse
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="hpo-heartbeat", daemon=True)
         self._watchdog = threading.Thread(target=self._watch, name="hpo-heartbeat-watchdog", daemon=True)
@@ -118,14 +123,44 @@ class Heartbeat:
             return
 
 
-def lapse_s(interval_s: float, grace_s: float) -> float:
-    """How long without a landed beat before a worker stops its trial: halfway between the next
-    beat's start and hpo.grace_s, when other workers fail the trial (counted from the last landed
-    beat's start, the time it wrote). Beats start ``interval_s`` apart, so a beat that lands up to
-    half of ``grace_s - interval_s`` late stops nothing, and a trial whose store stopped answering
-    gets as long to stop before the others start its retry. Config keeps grace_s above 2 x
-    interval_s: each half is more than half an interval."""
-    return (interval_s + grace_s) / 2
+# Beyond fault.preempt_grace_s, what a trial stopped by its worker may take to be gone: the step
+# in flight when the SIGTERM comes (the grace timer starts at its end), the exit, and the workers'
+# clocks disagreeing (the sweep compares another host's time with the beat's stamp).
+STOP_MARGIN_S = 10.0
+LATE_BEATS = 0.5  # the least lateness a landing beat is allowed, in heartbeats (check_stop_window)
+
+
+def stop_window_s(fault: FaultConfig) -> float:
+    """How long a trial its worker SIGTERMs may take to checkpoint and exit."""
+    return fault.preempt_grace_s + STOP_MARGIN_S
+
+
+def lapse_s(interval_s: float, grace_s: float, stop_s: float = 0.0) -> float:
+    """How long without a landed beat before a worker stops its trial, counted from the last landed
+    beat's start (the time it wrote, from which other workers count hpo.grace_s before they fail
+    the trial and start its retry in its directory): ``stop_s`` (the trial's checkpoint and exit,
+    ``stop_window_s``) before that. Never before (1 + LATE_BEATS) intervals: beats start
+    ``interval_s`` apart, and one that lands late but within ``lapse - interval_s`` stops nothing
+    (``check_stop_window`` keeps a job's grace long enough for both)."""
+    return max(grace_s - stop_s, (1 + LATE_BEATS) * interval_s)
+
+
+def check_stop_window(job: JobConfig) -> None:
+    """A study's workers could not stop a trial whose beats stopped landing before the others
+    retry it, and still take a healthy late beat: one line naming hpo.grace_s (UserError)."""
+    from hpcpipe.errors import UserError
+
+    hpo = job.hpo
+    stop_s = stop_window_s(job.fault)
+    least = (1 + LATE_BEATS) * hpo.heartbeat_s + stop_s
+    if hpo.grace_s < least:
+        raise UserError(
+            f"hpo.grace_s ({hpo.grace_s:g}) must be at least {least:g} s ({1 + LATE_BEATS:g} x "
+            f"hpo.heartbeat_s {hpo.heartbeat_s:g} + fault.preempt_grace_s {job.fault.preempt_grace_s:g}"
+            f" + {STOP_MARGIN_S:g}): a trial whose beats stop landing must get fault.preempt_grace_s"
+            f" + {STOP_MARGIN_S:g} s to checkpoint before other workers retry it, and a beat half a "
+            "heartbeat late must not stop it"
+        )
 
 
 def fail_stale_trials(

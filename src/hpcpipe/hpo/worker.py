@@ -7,9 +7,12 @@ the worker owns the trial's state:
 
 - exit 0: the metric of the last evaluation row is the trial's value (COMPLETE);
 - exit 76 (``PRUNED_EXIT_CODE``): PRUNED, at the last reported value;
-- exit 75 (preempted, checkpoint committed): FAIL, retried in the same run directory, so the
-  retry resumes the checkpoint, however often (a preemption is no fault of the trial's);
-- a crash: the same, up to ``hpo.max_retries`` times (and exit 75 after a heartbeat lapse);
+- exit ``fault.preempt_exit_code`` (75; preempted) with a checkpoint newer than the try started
+  from: FAIL, retried in the same run directory, so the retry resumes the checkpoint, however
+  often (a preemption is no fault of the trial's, and the trial got further);
+- a crash: the same, up to ``hpo.max_retries`` times; so is a preemption that committed no newer
+  checkpoint (caught before its first save every time, it would be retried forever) and one after
+  a heartbeat lapse;
 - exit 2 (the sampled values make a bad config): FAIL, not retried.
 
 Many workers may share one study (local processes, Slurm array tasks): the budget of
@@ -35,15 +38,16 @@ from hpcpipe.config.checkpoint import own_checkpoint_dirs
 from hpcpipe.errors import USER_ERROR_EXIT_CODE, UserError
 from hpcpipe.hpo.liveness import (
     Heartbeat,
+    check_stop_window,
     claim,
     fail_stale_trials,
     retried_from,
     retry,
+    stop_window_s,
 )
 from hpcpipe.hpo.space import maximize, suggest, trial_config
 from hpcpipe.hpo.study import StudyPlan, open_study, seed_from_first_trial
 from hpcpipe.layout import RunLayout
-from hpcpipe.train.preempt import PREEMPT_EXIT_CODE
 from hpcpipe.train.trial import ENV_STORAGE, ENV_STUDY, ENV_TRIAL, PRUNED_EXIT_CODE
 
 if TYPE_CHECKING:
@@ -54,6 +58,7 @@ if TYPE_CHECKING:
 
 RUN_DIR_ATTR = "run_dir"  # a user attribute: retries inherit it and resume there
 SURPLUS_ATTR = "hpcpipe:surplus"
+STUDY_FAILED_IT = "the study failed it before it started (another worker's sweep); its retry, if any, runs it"
 
 
 @dataclass
@@ -89,6 +94,10 @@ class StopFlag:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGTERM)
 
+    def stopping(self) -> bool:
+        """The worker was stopped, or the running trial's heartbeat lapsed: start no trial."""
+        return self.event.is_set() or self.lapsed
+
     def _on_signal(self, signum: int, _frame: object) -> None:
         if self.signum is None:
             self.signum = signum
@@ -120,6 +129,7 @@ def run_worker(
 ) -> list[TrialOutcome]:
     """Run trials until the study has ``hpo.n_trials`` originals and no retry waits, the timeout
     passes, or ``stop`` is set; returns what this worker ran."""
+    check_stop_window(plan.base)
     study, storage = open_study(
         plan, worker=worker
     )  # first: it says which extra to install when Optuna is absent
@@ -248,18 +258,22 @@ def run_trial(
     except optuna.exceptions.UpdateFinishedTrialError:
         # Another worker's sweep failed it since the ask (and enqueued its retry): a finished
         # trial takes no values, and the worker died with a traceback at the next suggest.
-        note = "the study failed it before it started (another worker's sweep); its retry, if any, runs it"
-        say(f"trial {trial.number}: {note}")
-        return TrialOutcome(trial.number, "FAIL", None, run_dir, 0.0, note)
+        say(f"trial {trial.number}: {STUDY_FAILED_IT}")
+        return TrialOutcome(trial.number, "FAIL", None, run_dir, 0.0, STUDY_FAILED_IT)
     if isinstance(prepared, TrialOutcome):
         return prepared
     run_dir.mkdir(parents=True, exist_ok=True)
     RunLayout(run_dir).config.write_text(prepared.to_yaml())
     stop.lapsed = False  # a lapse of an earlier trial's heartbeat (after its end) is not this one's
-    with Heartbeat(storage, trial._trial_id, plan.hpo.heartbeat_s, plan.hpo.grace_s, stop.lapse):
-        code = _train(run_dir, nproc, _trial_env(plan, trial), stop)
+    since = committed_step(prepared, run_dir)
+    hpo, window = plan.hpo, stop_window_s(prepared.fault)
+    with Heartbeat(storage, trial._trial_id, hpo.heartbeat_s, hpo.grace_s, stop.lapse, window):
+        # Stopped meanwhile: never started (a SIGTERM at its start would cut it before a save).
+        code = None if stop.stopping() else _train(run_dir, nproc, _trial_env(plan, trial), stop)
+    if code is None:
+        return _not_started(plan, study, storage, trial, run_dir, say, lapsed=stop.lapsed)
     seconds = time.monotonic() - started
-    return _tell(plan, study, storage, trial, code, run_dir, seconds, say, lapsed=stop.lapsed)
+    return _tell(plan, study, storage, trial, code, run_dir, seconds, say, stop.lapsed, prepared, since)
 
 
 def _prepare(
@@ -298,16 +312,45 @@ def _prepare(
         say(f"trial {trial.number}: {shown}: bad config, failed ({exc})")
         return TrialOutcome(trial.number, "FAIL", None, run_dir, 0.0, str(exc))
     if stop.event.is_set():  # stopped since the ask (Slurm's signal before the time limit)
-        note = "the worker was stopped before the trial started"
-        trial_note(storage, trial, note)
-        frozen = _failed(study, storage, trial)
-        if frozen is None:  # by a sweep, which enqueued the retry
-            raise optuna.exceptions.UpdateFinishedTrialError(note)
-        retry(study, frozen, plan.hpo.max_retries, preempted=True)
-        say(f"trial {trial.number}: {note}; retry enqueued")
-        return TrialOutcome(trial.number, "FAIL", None, run_dir, 0.0, note)
+        return _not_started(plan, study, storage, trial, run_dir, say, lapsed=False)
     say(f"trial {trial.number}: {shown} -> {run_dir}")
     return job
+
+
+def _not_started(
+    plan: StudyPlan,
+    study: optuna.Study,
+    storage: optuna.storages.BaseStorage,
+    trial: optuna.trial.Trial,
+    run_dir: Path,
+    say: Callable[[str], None],
+    lapsed: bool,
+) -> TrialOutcome:
+    """Failed before its process started: the worker was stopped (its retry uses none of
+    hpo.max_retries, as a preemption) or the trial's heartbeat lapsed (one, as a crash)."""
+    if lapsed:
+        note = "its heartbeat did not reach the study before it started"
+    else:
+        note = "the worker was stopped before the trial started"
+    trial_note(storage, trial, note)
+    frozen = _failed(study, storage, trial)
+    if frozen is None:  # by a sweep, which enqueued the retry
+        say(f"trial {trial.number}: {STUDY_FAILED_IT}")
+        return TrialOutcome(trial.number, "FAIL", None, run_dir, 0.0, STUDY_FAILED_IT)
+    retried = retry(study, frozen, plan.hpo.max_retries, preempted=not lapsed)
+    say(f"trial {trial.number}: {note}{'; retry enqueued' if retried else ''}")
+    return TrialOutcome(trial.number, "FAIL", None, run_dir, 0.0, note)
+
+
+def committed_step(job: JobConfig, run_dir: Path) -> int:
+    """The step of the trial's newest committed checkpoint, in either tier (0: none). Relative
+    checkpoint directories are the worker's: its trials run in its working directory."""
+    from hpcpipe.checkpoint.tiers import Tier, fast_root
+
+    tiers = [Tier("fast", fast_root(job.checkpoint.dir, run_dir))]
+    if job.checkpoint.durable_dir:
+        tiers.append(Tier("durable", Path(job.checkpoint.durable_dir)))
+    return max((found[0][0] for found in (tier.committed() for tier in tiers) if found), default=0)
 
 
 def _set_aside(run_dir: Path) -> Path:
@@ -369,14 +412,16 @@ def _tell(
     seconds: float,
     say: Callable[[str], None],
     lapsed: bool = False,
+    job: JobConfig | None = None,
+    since: int = 0,
 ) -> TrialOutcome:
-    """Tell the study how the trial's process ended (``lapsed``: the worker stopped it, its
-    heartbeat lapsed: an exit 75 then uses a retry, as a crash does, or a store too slow for the
-    heartbeat retried the trial forever)."""
+    """Tell the study how the trial's process ended. ``job``: the trial's config (None: the base's,
+    with the trial's own checkpoint directories); ``since``: its newest committed checkpoint's step
+    when this try started; ``lapsed``: the worker stopped it, its heartbeat lapsed."""
     import optuna
 
     state = optuna.trial.TrialState
-    head = f"trial {trial.number}: "
+    head, free = f"trial {trial.number}: ", False
     if storage.get_trial(trial._trial_id).state.is_finished():
         # Failed meanwhile by a stale sweep (the heartbeat lapsed), which enqueued its retry: a
         # second retry here would train the same values in the same folder twice.
@@ -398,10 +443,8 @@ def _tell(
         frozen = _told(study, trial, state=state.PRUNED, skip_if_finished=True)
         say(f"{head}pruned at step {max(frozen.intermediate_values, default=0)} ({seconds:.0f} s)")
         return TrialOutcome(trial.number, "PRUNED", frozen.value, run_dir, seconds)
-    elif code == PREEMPT_EXIT_CODE and lapsed:
-        note = "stopped: its heartbeat did not reach the study (checkpoint committed)"
-    elif code == PREEMPT_EXIT_CODE:
-        note = "preempted (checkpoint committed)"
+    elif code == (job or plan.base).fault.preempt_exit_code:
+        note, free = _preempted(job or _trial_job(plan, run_dir), run_dir, since, lapsed)
     elif code == USER_ERROR_EXIT_CODE:
         note = f"the trial refused its config (exit 2; see {RunLayout(run_dir).train_log})"
     else:
@@ -412,10 +455,29 @@ def _tell(
         note = "the study had already failed it (its heartbeat lapsed); its retry, if any, resumes it"
         say(f"{head}{note}")
         return TrialOutcome(trial.number, "FAIL", None, run_dir, seconds, note)
-    preempted = code == PREEMPT_EXIT_CODE and not lapsed
-    retried = code != USER_ERROR_EXIT_CODE and retry(study, frozen, plan.hpo.max_retries, preempted)
+    retried = code != USER_ERROR_EXIT_CODE and retry(study, frozen, plan.hpo.max_retries, free)
     say(f"{head}failed: {note}{'; retry enqueued' if retried else ''}")
     return TrialOutcome(trial.number, "FAIL", None, run_dir, seconds, note)
+
+
+def _preempted(job: JobConfig, run_dir: Path, since: int, lapsed: bool) -> tuple[str, bool]:
+    """Why a trial that exited fault.preempt_exit_code failed, and whether its retry is free (uses
+    none of hpo.max_retries): only when preempted with a checkpoint newer than the try started
+    from. The trainer exits so without one too (stopped before it trained a step, or past
+    fault.preempt_grace_s): a trial caught so every time was retried forever and the study never
+    ended. A lapse (its worker stopped it: a store too slow for the heartbeat) is never free."""
+    reached = committed_step(job, run_dir)
+    saved = f"checkpoint committed at step {reached}" if reached > since else "no new checkpoint"
+    if lapsed:
+        return f"stopped: its heartbeat did not reach the study ({saved})", False
+    if reached > since:
+        return f"preempted ({saved})", True
+    return f"preempted before a new checkpoint (still at step {since}; counts as a retry)", False
+
+
+def _trial_job(plan: StudyPlan, run_dir: Path) -> JobConfig:
+    """The base job as the trial in ``run_dir`` has it: its own checkpoint directories."""
+    return trial_config(plan.base, {}, run_dir.name, str(run_dir.parent))
 
 
 def _failed(

@@ -354,6 +354,10 @@ def test_the_cli_names_bad_input_in_one_line(tmp_path: Path) -> None:
     assert empty.returncode == 2 and "hpo.space is empty" in empty.stderr
     missing = run_cli("hpo", "status", str(tmp_path), cwd=tmp_path)
     assert missing.returncode == 2 and "not a study directory" in missing.stderr
+    # A grace the workers could not stop a trial within before its retry: refused before the study.
+    short = run_cli("hpo", "run", "tiny", "--set", SPACE, "--set", "hpo.grace_s=41", cwd=tmp_path)
+    assert short.returncode == 2 and short.stderr.startswith("error: hpo.grace_s (41) must be at least 55 s")
+    assert len(short.stderr.strip().splitlines()) == 1 and list(tmp_path.iterdir()) == []
 
 
 def test_the_slurm_array_script_runs_workers_and_refuses_sqlite(tmp_path: Path) -> None:
@@ -492,11 +496,14 @@ def test_a_preemption_uses_no_retry_and_crashes_stay_bounded(tmp_path: Path) -> 
     plan, study, storage = _study(tmp_path, "hpo.max_retries=1")
     said: list[str] = []
     ends = []
-    for code in (PREEMPT_EXIT_CODE, PREEMPT_EXIT_CODE, PREEMPT_EXIT_CODE, -9, PREEMPT_EXIT_CODE, -9):
+    codes = (PREEMPT_EXIT_CODE, PREEMPT_EXIT_CODE, PREEMPT_EXIT_CODE, -9, PREEMPT_EXIT_CODE, -9)
+    for step, code in enumerate(codes, start=1):
         trial = study.ask()
         suggest(trial, plan.hpo.space)
-        ends.append(_tell(plan, study, storage, trial, code, tmp_path, 1.0, said.append))
+        _commit(tmp_path, step)  # each try got further
+        ends.append(_tell(plan, study, storage, trial, code, tmp_path, 1.0, said.append, since=step - 1))
     assert [t.state.name for t in study.get_trials()] == ["FAIL"] * 6  # each came back but the last
+    assert ends[0].note == "preempted (checkpoint committed at step 1)"
     assert [retried_from(t) for t in study.get_trials()] == [None, 0, 0, 0, 0, 0]
     assert said[-1].endswith("exit code -9 (see " + str(tmp_path / "train.log") + ")")  # none enqueued
     # Stopped by its own worker (its heartbeat lapsed): that uses a retry, as a crash does.
@@ -507,6 +514,80 @@ def test_a_preemption_uses_no_retry_and_crashes_stay_bounded(tmp_path: Path) -> 
         _tell(plan, study, storage, trial, PREEMPT_EXIT_CODE, tmp_path, 1.0, said.append, lapsed=True)
     assert [t.state.name for t in study.get_trials()] == ["FAIL", "FAIL"]
     assert "heartbeat did not reach the study" in study.get_trials()[1].user_attrs["hpcpipe:failure"]
+
+
+def _commit(run_dir: Path, step: int) -> None:
+    """A committed checkpoint of ``step`` in the run's fast tier (what the worker lists)."""
+    (run_dir / "checkpoints" / f"step-{step:08d}").mkdir(parents=True, exist_ok=True)
+
+
+def test_a_preemption_without_a_new_checkpoint_uses_a_retry(tmp_path: Path) -> None:
+    """The trainer exits 75 without a checkpoint too (stopped before it trained a step, or past
+    fault.preempt_grace_s): a trial caught so on every try was retried forever, each try said
+    "checkpoint committed", and the study never ended."""
+    plan, study, storage = _study(tmp_path, "hpo.max_retries=1")
+    _commit(tmp_path, 20)
+    said: list[str] = []
+    for _ in range(2):
+        trial = study.ask()
+        suggest(trial, plan.hpo.space)
+        _tell(plan, study, storage, trial, PREEMPT_EXIT_CODE, tmp_path, 1.0, said.append, since=20)
+    trials = study.get_trials()
+    assert [t.state.name for t in trials] == ["FAIL", "FAIL"]  # its one retry used: no third try
+    assert retried_from(trials[1]) == 0
+    assert said[0].endswith(
+        "preempted before a new checkpoint (still at step 20; counts as a retry); retry enqueued"
+    )
+    assert "retry enqueued" not in said[1]
+
+
+def test_the_trials_own_preempt_exit_code_is_a_preemption(tmp_path: Path) -> None:
+    """Only the constant 75 counted: with fault.preempt_exit_code 85 a preempted trial was a crash,
+    failed for good after hpo.max_retries."""
+    plan, study, storage = _study(tmp_path, "hpo.max_retries=1", "fault.preempt_exit_code=85")
+    said: list[str] = []
+    for step in (1, 2, 3):
+        trial = study.ask()
+        suggest(trial, plan.hpo.space)
+        _commit(tmp_path, step)
+        _tell(plan, study, storage, trial, 85, tmp_path, 1.0, said.append, since=step - 1)
+    assert [t.state.name for t in study.get_trials()] == ["FAIL", "FAIL", "FAIL", "WAITING"]
+    assert all("preempted (checkpoint committed" in line for line in said), said
+    # A trial's own config decides (where the space searched it): 75 is then a crash.
+    job = plan.base.model_copy(update={"fault": plan.base.fault.model_copy(update={"preempt_exit_code": 86})})
+    trial = study.ask()
+    _tell(plan, study, storage, trial, 86, tmp_path, 1.0, said.append, job=job, since=3)
+    assert "preempted" in said[-1]
+
+
+def test_a_trial_stopped_before_it_started_is_never_launched(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The heartbeat lapsed (or the worker was signalled) before the trial's process started: it
+    was launched all the same, and its SIGTERM could land before it could checkpoint anything."""
+    from hpcpipe.hpo import worker
+
+    class LapsesAtOnce:
+        def __init__(self, *args: object) -> None:
+            self.on_lapse = args[4]
+
+        def __enter__(self) -> None:
+            self.on_lapse()  # type: ignore[operator]
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+    def never(*_: object) -> int:
+        raise AssertionError("the trial was launched")
+
+    monkeypatch.setattr(worker, "Heartbeat", LapsesAtOnce)
+    monkeypatch.setattr(worker, "_train", never)
+    plan, study, storage = _study(tmp_path, "hpo.max_retries=1")
+    said: list[str] = []
+    outcome = worker.run_trial(plan, study, storage, study.ask(), 1, said.append, worker.StopFlag())
+    assert outcome.state == "FAIL" and "heartbeat did not reach the study before it started" in outcome.note
+    assert [t.state.name for t in study.get_trials()] == ["FAIL", "WAITING"]
+    assert said[-1].endswith("retry enqueued")
 
 
 def test_a_retry_whose_values_left_the_changed_space_fails_in_one_line(tmp_path: Path) -> None:

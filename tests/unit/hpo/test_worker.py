@@ -10,6 +10,9 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
+from hpcpipe.errors import UserError
 from hpcpipe.hpo.worker import StopFlag
 
 
@@ -108,15 +111,52 @@ def test_a_slow_but_healthy_store_does_not_stop_the_trial() -> None:
     assert Slow.calls >= 4 and stopped == []
 
 
-def test_the_lapse_comes_before_the_other_workers_fail_the_trial() -> None:
-    """A beat more than half an interval late never trips the watchdog; a store that stopped
-    answering does, over half an interval before hpo.grace_s, after which other workers fail the
-    trial and start its retry."""
-    from hpcpipe.hpo.liveness import lapse_s
+def test_the_lapse_leaves_the_trial_its_checkpoint_time_before_the_retry() -> None:
+    """The lapse came at (heartbeat_s + grace_s) / 2: the trial had (grace_s - heartbeat_s) / 2
+    (25 s by default) to checkpoint before other workers retried it in its directory, while it may
+    take fault.preempt_grace_s (30 s) and its step. Now it has that plus STOP_MARGIN_S, and every
+    grace the workers accept still lets a beat land half a heartbeat late."""
+    from hpcpipe.config import load_config
+    from hpcpipe.hpo.liveness import STOP_MARGIN_S, check_stop_window, lapse_s, stop_window_s
 
-    for heartbeat, grace in ((10, 25), (10, 60), (1, 2.01), (30, 61)):
-        lapse = lapse_s(heartbeat, grace)
-        assert lapse - heartbeat > heartbeat / 2 and grace - lapse > heartbeat / 2
+    for preset, sets in (("tiny", []), ("tiny-hpo", []), ("tiny", ["hpo.heartbeat_s=2", "hpo.grace_s=43"])):
+        job = load_config(preset, sets)
+        check_stop_window(job)
+        heartbeat, grace, window = job.hpo.heartbeat_s, job.hpo.grace_s, stop_window_s(job.fault)
+        lapse = lapse_s(heartbeat, grace, window)
+        assert grace - lapse >= job.fault.preempt_grace_s + STOP_MARGIN_S  # the checkpoint's time
+        assert lapse - heartbeat >= heartbeat / 2  # a late beat's
+    assert lapse_s(10, 60, stop_window_s(load_config("tiny").fault)) == 20  # 10 s late is fine
+    for sets in (["hpo.grace_s=50"], ["fault.preempt_grace_s=45"], ["hpo.heartbeat_s=20", "hpo.grace_s=55"]):
+        with pytest.raises(UserError, match=r"^hpo\.grace_s \(\d+\) must be at least"):
+            check_stop_window(load_config("tiny", sets))
+
+
+def test_a_hung_store_stops_the_trial_its_checkpoint_time_before_the_retry() -> None:
+    """Beats land, then hang: the lapse comes grace_s - stop_s after the last landed beat's start
+    (scaled down: heartbeat 0.1 s, grace 1.2 s, 0.8 s to checkpoint)."""
+    from hpcpipe.hpo.liveness import Heartbeat
+
+    released = threading.Event()
+    stamps: list[float] = []
+
+    class HangsAtTheThird:
+        def set_trial_system_attr(self, *args: object) -> None:
+            if len(stamps) >= 2:
+                released.wait(10)
+                return
+            stamps.append(time.monotonic())
+
+    fired: list[float] = []
+    beat = Heartbeat(HangsAtTheThird(), 0, 0.1, 1.2, lambda: fired.append(time.monotonic()), stop_s=0.8)  # type: ignore[arg-type]
+    try:
+        with beat:
+            deadline = time.monotonic() + 5
+            while not fired and time.monotonic() < deadline:
+                time.sleep(0.02)
+    finally:
+        released.set()
+    assert len(fired) == 1 and 0.35 < fired[0] - stamps[-1] < 0.6  # 0.4 s: 0.8 s left of the 1.2
 
 
 def test_a_lapse_while_the_trial_starts_stops_it_when_it_has_started(tmp_path: Path) -> None:
