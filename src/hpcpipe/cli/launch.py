@@ -210,11 +210,6 @@ def agent(
     except ValueError:
         raise UserError(f"--rdzv-endpoint {endpoint}: give HOST:PORT, the port in 0-65535") from None
     preempted = job.fault.preempt_exit_code
-    stop_early_on_preemption(preempted)  # until the workers run: a signal now is a clean 75
-    prestart_node_fork_server(job)  # before the data preparation computes anything
-    # Every node reads the same run directory: all refuse together, before any worker starts.
-    # After the two above: a job counted in epochs prepares its data here to count its steps.
-    refuse_finished_run(job)
     # Under Nsight each worker starts as its own process under the tool (launch/nsight.py).
     wrapper = nsight.worker_wrapper(job.observe.profile, job.run_dir, nsight.report_tag(job.run.name))
     spec = AgentSpec(
@@ -236,9 +231,14 @@ def agent(
         events_dir=str(job.run_dir),
         ignore_sigterm_after_preemption=True,  # srun's SIGTERM to the nodes on their way out
     )
+    stop_early_on_preemption(preempted)  # until the workers run: a signal now is a clean 75
     try:
+        prestart_node_fork_server(job)  # before the data preparation computes anything
+        # Every node reads the same run directory: all refuse together, before any worker starts.
+        # After the two above: a job counted in epochs prepares its data here to count its steps.
+        refuse_finished_run(job)
         code = _run_node_agent(job, config, spec)
-    except AgentPreempted as exc:
+    except AgentPreempted as exc:  # a signal in any step above (it was a traceback, exit 1)
         code = exc.exit_code
     if code == preempted:
         err_console.print(f"agent: preempted; exit {code} (any checkpoint the workers wrote is committed)")

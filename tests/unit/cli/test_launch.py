@@ -159,3 +159,26 @@ def test_launch_slurm_refuses_a_finished_run_before_it_queues(
     with pytest.raises(UserError, match=r"already trained to step 6 .*\(train\.lr"):
         launch.slurm(str(recorded), sets=["train.lr=0.5"])
     assert sorted(p.name for p in recorded.parent.iterdir()) == ["checkpoints", "config.yaml", "events.jsonl"]
+
+
+def test_a_preemption_before_the_agent_s_workers_start_exits_75(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The early handler raises AgentPreempted in the fork server's start or the finished-run
+    check (its data preparation): only the workers' run caught it, so it was a traceback, exit 1."""
+    import typer
+
+    import hpcpipe.launch.agent as agent_module
+    import hpcpipe.launch.job as job_module
+
+    def signalled(_job: object) -> None:  # what stop_early_on_preemption's handler raises
+        raise agent_module.AgentPreempted(75)
+
+    job = tmp_path / "job.yaml"
+    job.write_text(load_config("tiny", [f"run.out_dir={tmp_path}"]).to_yaml())
+    monkeypatch.setattr(agent_module, "stop_early_on_preemption", lambda _code: None)
+    monkeypatch.setattr(job_module, "prestart_node_fork_server", signalled)
+    monkeypatch.setattr(launch, "_run_node_agent", lambda *_: pytest.fail("the workers started"))
+    with pytest.raises(typer.Exit) as exited:
+        launch.agent(job, nnodes="1", rdzv_endpoint="127.0.0.1:0", rdzv_id="test")
+    assert exited.value.exit_code == 75
