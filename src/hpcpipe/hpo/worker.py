@@ -343,14 +343,17 @@ def _not_started(
 
 
 def committed_step(job: JobConfig, run_dir: Path) -> int:
-    """The step of the trial's newest committed checkpoint, in either tier (0: none). Relative
-    checkpoint directories are the worker's: its trials run in its working directory."""
-    from hpcpipe.checkpoint.tiers import Tier, fast_root
+    """The step of the trial's newest committed checkpoint, in either tier (0: none, or a tier
+    that cannot be listed: a file where it goes, a stale NFS mount; the trial's own run says why).
+    Relative checkpoint directories are the worker's: its trials run in its working directory."""
+    from hpcpipe.checkpoint.resume_choice import newest_committed, resume_tiers
+    from hpcpipe.checkpoint.tiers import fast_root
 
-    tiers = [Tier("fast", fast_root(job.checkpoint.dir, run_dir))]
-    if job.checkpoint.durable_dir:
-        tiers.append(Tier("durable", Path(job.checkpoint.durable_dir)))
-    return max((found[0][0] for found in (tier.committed() for tier in tiers) if found), default=0)
+    try:
+        newest = newest_committed(resume_tiers(job.checkpoint, fast_root(job.checkpoint.dir, run_dir)))
+    except OSError:  # it ran outside any guard: the worker died with the trial left RUNNING
+        return 0
+    return newest[0] if newest else 0
 
 
 def _set_aside(run_dir: Path) -> Path:

@@ -178,3 +178,18 @@ def test_a_lapse_while_the_trial_starts_stops_it_when_it_has_started(tmp_path: P
     ended = run_hpcpipe(argv, tmp_path, env, how, CLI_PRELOAD, zygote_cwd=REPO, zygote_name=CLI_ZYGOTE)
     assert ended.returncode in (75, -signal.SIGTERM), ended.stderr[-500:]
     assert not stop.event.is_set()  # the worker goes on: only its trial stopped
+
+
+def test_committed_step_reads_both_tiers_and_an_unlistable_one_as_none(tmp_path: Path) -> None:
+    """It raised NotADirectoryError (a file where checkpoint.durable_dir goes) outside any guard:
+    the worker died and left its claimed trial RUNNING."""
+    from hpcpipe.config import load_config
+    from hpcpipe.hpo.worker import committed_step
+
+    run_dir = tmp_path / "trial-0000"
+    (run_dir / "checkpoints" / "step-00000004").mkdir(parents=True)
+    (tmp_path / "durable" / "step-00000006").mkdir(parents=True)
+    job = load_config("tiny", [f"checkpoint.durable_dir={tmp_path / 'durable'}"])
+    assert committed_step(job, run_dir) == 6
+    (tmp_path / "afile").write_text("")
+    assert committed_step(load_config("tiny", [f"checkpoint.durable_dir={tmp_path / 'afile'}"]), run_dir) == 0
