@@ -7,6 +7,7 @@ checkpoints): a check of every step would wait for the device every step."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -78,18 +79,22 @@ def require_healthy(
         )
 
 
-def require_finite_weights(step: int, model: nn.Module, all_reduce_max: AllReduceMax | None) -> None:
+def require_finite_weights(
+    step: int, model: nn.Module, all_reduce_max: AllReduceMax | None, before_raising: Callable[[], None]
+) -> None:
     """Before the checkpoint of a preemption or Ctrl-C, which comes after any step, not only a
     checked one: a non-finite gradient on an unchecked step writes NaN weights (clipped by a NaN
     norm, every gradient is NaN), and every restart would resume them. The weights themselves are
     checked, on every rank's own pieces and agreed over the ranks, at the stop only: one wait for
-    the device there, none per step."""
+    the device there, none per step. ``before_raising``: the caller's grace timer is cancelled (it
+    runs during the check: the agreement waits on every rank, and a rank gone would hold it)."""
     by_device: dict[torch.device, list[torch.Tensor]] = {}  # (offloaded pieces are on the host)
     for param in model.parameters():
         piece = _own_piece(param).detach()
         by_device.setdefault(piece.device, []).append(piece.isfinite().all())
     finite = all(bool(torch.stack(flags).all()) for flags in by_device.values())
     if agree_any(int(not finite), all_reduce_max):
+        before_raising()
         raise UserError(
             f"training diverged: the weights are not finite at step {step}, where the run stopped "
             "to checkpoint (a non-finite gradient since the last logged or saved step): not saved; "

@@ -476,9 +476,9 @@ class Trainer:
         # Agreed on every rank (Ctrl-C reaches the whole process group, so all ranks saw SIGINT).
         trained = self.step > self.started_at_step
         save = trained and (not self.preemption.interrupted or self.ckpt_every > 0)
+        self.preemption.start_grace_timer()  # before any collective: a rank may be gone
         if save and not self.trial.active:  # this step may be one the loop did not check
-            require_finite_weights(self.step, self.model, self.agree_max)
-        self.preemption.start_grace_timer()
+            require_finite_weights(self.step, self.model, self.agree_max, self.preemption.cancel)
         self.preemption.agree_signal(self.agree_max)  # for the event: which signal, on any rank
         if save:
             self.save_checkpoint(final=True)

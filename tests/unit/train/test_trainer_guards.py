@@ -253,6 +253,9 @@ def test_a_preemption_after_a_nan_gradient_saves_no_nan_weights(tmp_path: Path, 
         trainer.close()
     # Step 5 neither logged nor saved (unchecked); step 6 not saved: step 4 stays the newest.
     assert sorted(p.name for p in (tmp_path / "tiny" / "checkpoints").glob("step-*")) == ["step-00000004"]
+    # The grace timer ran during the check (a rank gone would hold its agreement) and is stopped:
+    # firing later, it turned the exit 2 into 75, which is restarted.
+    assert trainer.preemption._timer is None
 
 
 def test_an_fp16_run_whose_scaler_skips_every_step_stops_as_diverged(tmp_path: Path) -> None:
