@@ -18,12 +18,13 @@ from hpcpipe.train.oom import AllReduceMax, agree_any
 from hpcpipe.train.precision import Precision
 
 # fp16's GradScaler halves its scale at each step it skips (its default backoff). Below 1 the
-# loss is scaled down, not up: a gradient that still overflows does so unscaled, and no smaller
-# scale cures it; a run whose gradient is never finite would train every remaining step without
-# one update and finish as a success. It stops once its scale is below 1 after a streak of skips
-# as long as the one that takes the initial 2**16 there (17): a run that updates at a scale below
-# 1 is not stopped by a few skips, nor one whose scale grew, before it has backed off below 1.
-MIN_SKIPS_IN_A_ROW = 17
+# loss is scaled down, not up: a gradient that overflows even then is, in practice, not finite at
+# all (sqrt or log of 0); a run whose gradient is never finite would train every remaining step
+# without one update and finish as a success. It stops once a step was skipped at a scale below 1
+# in a streak of skips as long as the one that takes the initial 2**16 there (18: the 17th skip
+# is at scale 1): a run that updates at a scale below 1 is not stopped by a few skips, nor one
+# whose scale grew, before it has backed off below 1.
+MIN_SKIPS_IN_A_ROW = 18
 
 
 def host_values(loss: torch.Tensor, grad_norm: torch.Tensor | None) -> tuple[float, float | None]:
@@ -69,7 +70,9 @@ def require_healthy(
     require_finite(step, loss, None, grad_clip)
     skipped, skips = precision.skipped_steps, precision.skips  # (counted up to this step)
     in_a_row = skips.in_a_row
-    if in_a_row >= MIN_SKIPS_IN_A_ROW and skips.scale is not None and skips.scale < 1:
+    backoff = precision.scaler.get_backoff_factor() if precision.scaler is not None else 0.5
+    # skips.scale is the next scale to try: the last skipped step ran at scale / backoff
+    if in_a_row >= MIN_SKIPS_IN_A_ROW and skips.scale is not None and skips.scale < backoff:
         raise UserError(
             f"training diverged: the gradient is not finite at any step from {step - in_a_row + 1} "
             f"to {step} ({in_a_row} in a row, {skipped} skipped in all): fp16's loss scaler "
