@@ -149,6 +149,15 @@ def build(cfg: ModelConfig, vocab: int, mode: str, tp: int) -> torch.nn.Module:
     return model
 
 
+def model_and_batch(variant: str, args: argparse.Namespace) -> tuple[ModelConfig, torch.Tensor, torch.Tensor]:
+    """The GPT shape of ``args`` and one batch: inputs and targets, (B, T) each, alike on every rank."""
+    cfg = ModelConfig(variant=variant, n_layers=args.layers, d_model=args.d_model,
+                      n_heads=args.heads, seq_len=args.seq_len)  # fmt: skip
+    seeded = torch.Generator().manual_seed(0)
+    batch = torch.randint(0, args.vocab, (2, args.batch, args.seq_len), generator=seeded)
+    return cfg, batch[0], batch[1]
+
+
 def activation_rows(rank: int, tp: int, args: argparse.Namespace, out: Any) -> None:
     """Every variant x precision x recompute on ``tp`` ranks (a process each); rank 0's rows to ``out``."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(args.port))
@@ -156,11 +165,7 @@ def activation_rows(rank: int, tp: int, args: argparse.Namespace, out: Any) -> N
     torch.distributed.init_process_group("gloo", rank=rank, world_size=tp)
     rows = []
     for variant in ("gpt2", "llama"):
-        cfg = ModelConfig(variant=variant, n_layers=args.layers, d_model=args.d_model,
-                          n_heads=args.heads, seq_len=args.seq_len)  # fmt: skip
-        x, y = torch.randint(
-            0, args.vocab, (2, args.batch, args.seq_len), generator=torch.Generator().manual_seed(0)
-        )
+        cfg, x, y = model_and_batch(variant, args)
         for precision in PRECISIONS:
             for mode in MODES:
                 model = build(cfg, args.vocab, mode, tp)
@@ -187,11 +192,7 @@ def spawn_rows(tp: int, args: argparse.Namespace) -> list[dict[str, Any]]:
 def state_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
     rows = []
     for variant in ("gpt2", "llama"):
-        cfg = ModelConfig(variant=variant, n_layers=args.layers, d_model=args.d_model,
-                          n_heads=args.heads, seq_len=args.seq_len)  # fmt: skip
-        x, y = torch.randint(
-            0, args.vocab, (2, args.batch, args.seq_len), generator=torch.Generator().manual_seed(0)
-        )
+        cfg, x, y = model_and_batch(variant, args)
         torch.manual_seed(0)
         measured = states(GPT(cfg, args.vocab), x, y)
         plan = memory_per_gpu(shape_of(cfg, args.vocab), Layout(precision="fp32"))
