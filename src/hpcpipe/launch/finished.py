@@ -33,7 +33,10 @@ def finished_at(job: JobConfig) -> int | None:
     from hpcpipe.checkpoint.tiers import fast_root
     from hpcpipe.observe.metrics import read_events
 
-    newest = newest_committed(resume_tiers(job.checkpoint, fast_root(job.checkpoint.dir, job.run_dir)))
+    try:
+        newest = newest_committed(resume_tiers(job.checkpoint, fast_root(job.checkpoint.dir, job.run_dir)))
+    except OSError:  # a tier that cannot be listed: the store's own checks name its key
+        return None
     if newest is None:
         return None
     reached = newest[0]

@@ -219,7 +219,7 @@ def test_workers_torchrun_started_are_told_once_that_nothing_wraps_them(
     import hpcpipe.launch.job
     import hpcpipe.launch.worker
 
-    monkeypatch.setattr(hpcpipe.launch.worker, "train_worker", lambda job, env: None)
+    monkeypatch.setattr(hpcpipe.launch.worker, "train_worker", lambda job, env, **_: None)
     for var in ("NSYS_PROFILING_SESSION_ID", *nsight.TOOL_ENVIRONMENT["ncu"]):
         monkeypatch.delenv(var, raising=False)
     job = load_config("tiny", ["observe.profile.tool=nsys"])
