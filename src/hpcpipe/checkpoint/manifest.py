@@ -330,6 +330,14 @@ def _unlisted(ckpt_dir: Path, manifest: Manifest) -> Iterable[str]:
 
 
 def _is_safe_relative(name: str) -> bool:
-    """A manifest names files inside the checkpoint only: no absolute paths, no '..'."""
+    """A manifest names files inside the checkpoint only: no absolute paths, no '..', and a name
+    the file system can take (a NUL or an unencodable surrogate made stat() raise ValueError,
+    which crashed resume instead of falling back)."""
+    if "\x00" in name:
+        return False
+    try:
+        os.fsencode(name)
+    except UnicodeEncodeError:
+        return False
     parts = Path(name).parts
     return bool(parts) and not Path(name).is_absolute() and ".." not in parts

@@ -81,7 +81,7 @@ def newest_step(run_dir: PathArg) -> None:
 
     if not run_dir.is_dir():  # a typo must not read as "no progress" to the requeue decision
         raise UserError(f"{run_dir}: not a run directory")
-    step = parse_step(run_dir.name)
+    step = parse_step(run_dir.resolve().name)  # `.` inside a checkpoint: its own name
     if (run_dir / MANIFEST_NAME).is_file() or step is not None:  # one checkpoint: its own step
         if step is None:
             raise UserError(f"{run_dir}: a checkpoint, but not named step-NNNNNNNN")
@@ -159,7 +159,7 @@ def export(
     ran_there = layout.lineage.is_file() or layout.metrics.is_file() or layout.checkpoints.is_dir()
     is_a_run = layout.config == job_config.resolve() and ran_there  # not any file named config.yaml
     run = job_config.resolve().parent if is_a_run else path.resolve().parent.parent
-    target = out or RunLayout(run).export_dir(path.name, fmt)
+    target = out or RunLayout(run).export_dir(path.resolve().name, fmt)
     written = export_checkpoint(path, fmt, target, config, dtype)
     console.print(f"[green]exported[/] {path} -> {written} ({fmt})")
 
@@ -170,7 +170,7 @@ def _checkpoints(path: Path) -> list[tuple[str, Path]]:
 
     if not path.exists():
         raise UserError(f"{path}: no such file or directory")
-    if (path / MANIFEST_NAME).is_file() or parse_step(path.name) is not None:
+    if (path / MANIFEST_NAME).is_file() or parse_step(path.resolve().name) is not None:
         return [("-", path)]
     found = [(tier.name, ckpt) for tier in _tiers(path) for _, ckpt in tier.committed()]
     if not found:
@@ -218,7 +218,7 @@ def _describe(tier: str, path: Path, verify: bool) -> dict[str, Any]:
     row: dict[str, Any] = {
         "path": str(path),
         "tier": tier,
-        "step": parse_step(path.name),
+        "step": parse_step(path.resolve().name),
         "bytes": None,
         "files": None,
         "verified": None,

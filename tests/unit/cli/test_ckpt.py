@@ -147,3 +147,26 @@ def test_newest_of_a_step_directory_without_a_manifest_file_is_refused(cli, tmp_
     (step / "manifest.json").mkdir(parents=True)
     proc = cli("ckpt", "newest", str(step))
     assert proc.returncode == 2 and "not a committed checkpoint" in proc.stderr, proc.stdout
+
+
+def test_dot_inside_a_checkpoint_names_that_checkpoint(  # type: ignore[no-untyped-def]
+    cli, run_dir: Path, tmp_path: Path, monkeypatch
+) -> None:
+    """`.` has no name: `newest .` refused a checkpoint as "not named step-NNNNNNNN" and
+    `export .` wrote to export/-hf."""
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from hpcpipe.cli.app import app
+
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    ckpt = copy / "checkpoints" / "step-00000006"
+    proc = cli("ckpt", "newest", ".", cwd=ckpt)
+    assert proc.returncode == 0 and proc.stdout.strip() == "6", proc.stderr
+    monkeypatch.chdir(ckpt)
+    result = CliRunner().invoke(app, ["ckpt", "export", ".", "--format", "hf"])
+    assert result.exit_code == 0, result.output
+    assert (copy / "export" / "step-00000006-hf" / "config.json").is_file()
+    assert not (copy / "export" / "-hf").exists()
