@@ -18,7 +18,7 @@ CONVENTIONS = {
     1: (
         "-",
         "A failure that is not bad input: an uncaught error, or a check that failed (`doctor`, "
-        "`accept`, `chaos run`, `ckpt verify`, ...).",
+        "`accept`, `chaos run`, `chaos report`, `ckpt verify`, ...).",
     ),
     128: (
         "-",

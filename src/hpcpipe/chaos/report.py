@@ -9,7 +9,7 @@ Usage::
     report = write_report(Path("runs/chaos-50"))
     print(report.markdown_path.read_text())
     if not report.ok:
-        ...  # some trial did not recover, or lost data
+        ...  # some trial did not recover or lost data (FAIL), or planned trials never ran (INCOMPLETE)
 """
 
 from __future__ import annotations
@@ -69,10 +69,15 @@ class ScenarioRow:
     def ok(self) -> bool:
         return self.failed == 0 and self.lost == 0
 
+    @property
+    def complete(self) -> bool:
+        """Every planned trial has a row. Without a plan (no run.json) the rows are all we know."""
+        return self.planned is None or self.trials >= self.planned
+
     def as_json(self) -> dict[str, Any]:
         row = asdict(self)
         del row["ttrs_s"]  # the raw values stay in trials.jsonl
-        return row
+        return {**row, "complete": self.complete}
 
 
 @dataclass(frozen=True)
@@ -84,12 +89,16 @@ class ChaosReport:
     plot_path: Path | None  # None when no trial measured a TTR; plot_skipped says why
     plot_skipped: str | None
     rows: list[ScenarioRow]
-    total: dict[str, int]  # trials, recovered, failed, lost, unreadable_lines
+    total: dict[str, int]  # trials, planned, complete (a bool), recovered, failed, lost, unreadable_lines
+
+    @property
+    def verdict(self) -> str:
+        return verdict(self.total)
 
     @property
     def ok(self) -> bool:
-        """Every finished trial recovered and none lost data."""
-        return self.total["failed"] == 0 and self.total["lost"] == 0
+        """Every planned trial finished, recovered and lost no data."""
+        return self.verdict == "PASS"
 
 
 def write_report(out_dir: Path) -> ChaosReport:
@@ -220,6 +229,8 @@ def _rounded(value: float) -> float:
 def _total(rows: list[ScenarioRow], unreadable: int) -> dict[str, int]:
     return {
         "trials": sum(r.trials for r in rows),
+        "planned": sum(r.trials if r.planned is None else max(r.planned, r.trials) for r in rows),
+        "complete": all(r.complete for r in rows),
         "recovered": sum(r.recovered for r in rows),
         "failed": sum(r.failed for r in rows),
         "lost": sum(r.lost for r in rows),
@@ -245,7 +256,7 @@ def render_markdown(
     """chaos.md: the title, the environment line, the table, a summary and the failures."""
     lines = ["# Chaos report", "", _environment_line(run, trials), "", TABLE_HEADER]
     lines += [_table_row(r) for r in rows]
-    lines += ["", _summary_line(total)]
+    lines += ["", _summary_line(total, rows)]
     lines += _skipped_lines(run)
     lines += _phase_table([r for r in rows if r.phase_trials])
     if total["unreadable_lines"]:
@@ -337,12 +348,27 @@ def _skipped_lines(run: dict[str, Any]) -> list[str]:
     return ["", f"Not run here, so not covered by this verdict: {names}."]
 
 
-def _summary_line(total: dict[str, int]) -> str:
-    verdict = "PASS" if total["failed"] == 0 and total["lost"] == 0 else "FAIL"
-    return (
-        f"**{verdict}**: {total['recovered']}/{total['trials']} trials recovered, "
+def verdict(total: dict[str, int]) -> str:
+    """FAIL (a trial did not recover or lost data), else INCOMPLETE (planned trials have no row:
+    a run killed half way; what did not run cannot pass), else PASS."""
+    if total["failed"] or total["lost"]:
+        return "FAIL"
+    return "PASS" if total["complete"] else "INCOMPLETE"
+
+
+def _summary_line(total: dict[str, int], rows: list[ScenarioRow]) -> str:
+    line = (
+        f"**{verdict(total)}**: {total['recovered']}/{total['trials']} trials recovered, "
         f"{total['lost']} lost (✗ marks a scenario with a failed trial or lost data)."
     )
+    short = [f"{escape_cell(r.name)} {r.trials}/{r.planned}" for r in rows if not r.complete]
+    if short:
+        missing = total["planned"] - total["trials"]
+        line += (
+            f" {missing} of {total['planned']} planned trials never ran ({', '.join(short)}): "
+            "`hpcpipe chaos run` with the same scenarios, `--seed` and `--out`, and `--resume`, runs them."
+        )
+    return line
 
 
 def _failure_lines(rows: list[ScenarioRow]) -> list[str]:

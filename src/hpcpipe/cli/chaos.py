@@ -124,8 +124,10 @@ def report(
         Path, typer.Argument(help="A `hpcpipe chaos run` --out directory.", show_default=False)
     ],
 ) -> None:
-    """Write OUT/chaos.json, chaos.md and chaos-ttr.png from OUT/trials.jsonl, and print the table."""
-    _print_report(results)
+    """Write OUT/chaos.json, chaos.md and chaos-ttr.png from OUT/trials.jsonl, and print the table;
+    exit 1 unless the verdict is PASS (a trial failed or lost data, or planned trials never ran)."""
+    if not _print_report(results).ok:  # a script's check of a killed run must not read it as passed
+        raise typer.Exit(1)
 
 
 def _print_report(out: Path) -> ChaosReport:

@@ -84,8 +84,16 @@ def test_aggregates_per_scenario_in_file_order(tmp_path: Path) -> None:
     assert hang.ttr_median_s == 4.0  # even count: mean of 3 and 5
     assert hang.ttr_max_s == 5.0
     assert (extra.kind, extra.planned, extra.ttr_median_s, extra.ttr_max_s) == ("oom", None, None, None)
-    assert report.total == {"trials": 7, "recovered": 6, "failed": 1, "lost": 3, "unreadable_lines": 0}
-    assert not report.ok
+    assert report.total == {
+        "trials": 7,
+        "planned": 8,  # kill 4, hang 3, extra (unplanned) the 1 it ran
+        "complete": False,  # hang: 2 of 3
+        "recovered": 6,
+        "failed": 1,
+        "lost": 3,
+        "unreadable_lines": 0,
+    }
+    assert (report.verdict, report.ok) == ("FAIL", False)  # a failure outranks what never ran
 
 
 def test_failures_carry_the_replay_line(tmp_path: Path) -> None:
@@ -182,6 +190,29 @@ def test_planned_scenario_without_trials_shows_zero(tmp_path: Path) -> None:
     report = write_report(out)
     assert (report.rows[0].trials, report.rows[0].planned) == (0, 5)
     assert "| kill | kill-rank | 0/5 | 0/0 | 0 | — | — |" in report.markdown_path.read_text()
+    assert (report.verdict, report.ok) == ("INCOMPLETE", False)
+
+
+def test_a_run_killed_half_way_is_incomplete_not_pass(tmp_path: Path) -> None:
+    """Only finished rows counted: 0 of 2 trials of a scenario read PASS, and chaos report exit 0."""
+    from typer.testing import CliRunner
+
+    from hpcpipe.cli import chaos as chaos_cli
+
+    run = _run([("ok", "always_pass", 2), ("bad", "must_fail", 2)])
+    out = _write(tmp_path / "out", [_trial("ok", 0)], run)
+    report = write_report(out)
+    assert (report.verdict, report.ok) == ("INCOMPLETE", False)
+    total = json.loads(report.json_path.read_text())["total"]
+    assert (total["trials"], total["planned"], total["complete"]) == (1, 4, False)
+    assert [s["complete"] for s in json.loads(report.json_path.read_text())["scenarios"]] == [False, False]
+    assert "**INCOMPLETE**: 1/1 trials recovered, 0 lost" in report.markdown_path.read_text()
+    assert "3 of 4 planned trials never ran (ok 1/2, bad 0/2)" in report.markdown_path.read_text()
+    assert CliRunner().invoke(chaos_cli.app, ["report", str(out)]).exit_code == 1
+
+    finished = _write(tmp_path / "done", [_trial("ok", t) for t in range(2)], _run([("ok", "x", 2)]))
+    assert (write_report(finished).verdict, write_report(finished).total["complete"]) == ("PASS", True)
+    assert CliRunner().invoke(chaos_cli.app, ["report", str(finished)]).exit_code == 0
 
 
 def test_png_is_written(tmp_path: Path) -> None:
