@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import shutil
 import signal
@@ -34,9 +35,11 @@ def job_sets(ctx: TrialContext, name: str, out_dir: Path, *extra: str) -> list[s
         f"run.name={name}",
         f"run.out_dir={out_dir}",
         f"data.prepared_dir={ctx.shared / 'prepared'}",
-        "observe.log_every=1",
         "observe.progress=false",
         *ctx.scenario.sets,
+        # After the scenario's sets: the loss comparison needs every step's row (a scenario's
+        # observe.log_every=1000 left the reference with none, and nothing was compared).
+        "observe.log_every=1",
         *extra,
     ]
 
@@ -144,7 +147,13 @@ def train(
 
 
 def losses(run_dir: Path) -> dict[int, float]:
-    return {int(r["step"]): float(r["loss"]) for r in read_metrics(run_dir) if "loss" in r}
+    """Each logged step's loss; one that is not a number reads NaN (it matches nothing)."""
+    return {int(r["step"]): _number(r["loss"]) for r in read_metrics(run_dir) if "loss" in r}
+
+
+def _number(value: Any) -> float:
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    return float(value) if ok else math.nan
 
 
 def events(run_dir: Path, kind: str) -> list[dict[str, Any]]:
@@ -159,7 +168,7 @@ def reference_losses(ctx: TrialContext, *extra_sets: str, nproc: int | None = No
     key = job_config(ctx, *extra_sets, f"parallel.nproc={ranks}").training_hash()[:16]
     cache = ctx.shared / "references" / f"{key}.json"
     if cache.is_file():
-        return {int(k): v for k, v in json.loads(cache.read_text()).items()}
+        return _every_step({int(k): v for k, v in json.loads(cache.read_text()).items()}, cache)
     out = ctx.shared / "references" / key
     sets = job_sets(ctx, "reference", out, *extra_sets)
     args = ["train", ctx.scenario.job, "--nproc", str(ranks), *[a for s in sets for a in ("--set", s)]]
@@ -168,10 +177,21 @@ def reference_losses(ctx: TrialContext, *extra_sets: str, nproc: int | None = No
     proc = run_hpcpipe(args, out, ctx.scenario.timeout_s, log="reference")
     if proc.returncode != 0:
         raise RuntimeError(f"the reference run failed (exit {proc.returncode}): {last_line(proc.stderr)}")
-    found = losses(out / "reference")
+    found = _every_step(losses(out / "reference"), out / "reference")
     partial = cache.with_suffix(".json.tmp")
     partial.write_text(json.dumps(found))
     partial.replace(cache)  # whole or absent
+    return found
+
+
+def _every_step(found: dict[int, float], where: Path) -> dict[int, float]:
+    """``found``, the reference's losses, when it holds every step from 1 on; else RuntimeError
+    (the trial fails as a harness error): with steps missing, a resumed run that lost them, or
+    logged none, would still match it."""
+    steps = sorted(found)
+    if not steps or steps != list(range(1, len(steps) + 1)):
+        what = f"a loss for steps {steps[:5]}{' ...' if len(steps) > 5 else ''} only" if steps else "no loss"
+        raise RuntimeError(f"the reference run ({where}) logged {what}; the comparison needs every step's")
     return found
 
 
@@ -206,11 +226,13 @@ def recovery_phases(run_dir: Path, since: float | None) -> dict[str, float] | No
 
 
 def lost_steps(reference: dict[int, float], got: dict[int, float], rel: float = 0.0) -> list[int]:
-    """Reference steps missing from ``got`` or differing (bitwise when ``rel`` is 0)."""
+    """Reference steps missing from ``got`` or differing (bitwise when ``rel`` is 0). A NaN or
+    infinite loss on either side differs: written as ``> tol``, every comparison with NaN was
+    False, and a run that diverged to NaN matched."""
     bad = []
     for step, want in reference.items():
         have = got.get(step)
-        if have is None or abs(have - want) > rel * abs(want):
+        if have is None or not abs(have - want) <= rel * abs(want) or not math.isfinite(want):
             bad.append(step)
     return bad
 
