@@ -63,6 +63,28 @@ def test_every_kind_resolves_to_a_function() -> None:
         ),
         ("- {name: a, kind: kill_rank, params: {max_restarts: two}}", "'two' is not an int >= 0"),
         ("- {name: a, kind: always_pass, params: {x: 1}}", "takes no such param (it takes: none)"),
+        ("- {name: a, kind: kill_rank, params: {max_restarts: 1.5}}", "1.5 is not an int >= 0"),
+        # Out of what the injector or the job takes: every trial failed as "not recovered".
+        (
+            "- {name: a, kind: slow_rank, params: {seconds: 5000}}",
+            "params.seconds: 5000 is not a finite number >= 0.001 and < 3600",
+        ),
+        ("- {name: a, kind: slow_rank, params: {seconds: .inf}}", "params.seconds: inf is not a finite"),
+        ("- {name: a, kind: oom, params: {rel_tolerance: .nan}}", "params.rel_tolerance: nan is not"),
+        ("- {name: a, kind: stall, params: {hang_timeout_s: .inf}}", "hang_timeout_s: inf is not"),
+        (
+            "- {name: a, kind: stall, params: {hang_timeout_s: 400}}",
+            "params.hang_timeout_s: 400 must be smaller than timeout_s (300)",
+        ),
+        (
+            "- {name: a, kind: stall, timeout_s: 900, set: [parallel.timeout_s=50], "
+            "params: {hang_timeout_s: 100}}",
+            "scenario a: params.hang_timeout_s: 100 must be smaller than its job's parallel.timeout_s (50)",
+        ),
+        (
+            "- {name: a, kind: stall, set: [parallel.timeout_s=3]}",  # the default, 4 s
+            "params.hang_timeout_s: 4 must be smaller than its job's parallel.timeout_s (3)",
+        ),
     ],
 )
 def test_a_bad_scenario_file_is_one_error_naming_the_file(tmp_path: Path, text: str, message: str) -> None:

@@ -31,16 +31,20 @@ KINDS: tuple[str, ...] = (
     "loopback_only",
 )
 
-# The params each kind reads (``TrialContext.param``): name -> (type, smallest value). Checked when
-# the scenario file loads: an unknown key was ignored (a misspelt one silently took its default),
-# and a value out of range failed the scenario's first trial, maybe hours in, as "not recovered".
-KIND_PARAMS: dict[str, dict[str, tuple[type, float]]] = {
-    "kill_rank": {"max_restarts": (int, 0)},
-    "always_fail": {"max_restarts": (int, 0)},
-    "oom": {"rel_tolerance": (float, 0.0)},
-    "stall": {"hang_timeout_s": (float, 0.1)},
-    "slow_rank": {"seconds": (float, 0.001)},
-    "lost_node": {"rel_tolerance": (float, 0.0)},
-    "fuzz_config": {"cases": (int, 1)},
-    "loopback_only": {"steps": (int, 1)},
+# The params each kind reads (``TrialContext.param``): name -> (type, smallest value, the bound it
+# must stay below or None). Checked when the scenario file loads: an unknown key was ignored (a
+# misspelt one silently took its default), and a value out of range failed every trial, maybe hours
+# in, as "not recovered". Numbers are finite; a bound is what the fault injector accepts
+# (``train/fault_injection.py``: HPCPIPE_CHAOS_SLOW seconds in (0, 3600)).
+KIND_PARAMS: dict[str, dict[str, tuple[type, float, float | None]]] = {
+    "kill_rank": {"max_restarts": (int, 0, None)},
+    "always_fail": {"max_restarts": (int, 0, None)},
+    "oom": {"rel_tolerance": (float, 0.0, None)},
+    "stall": {"hang_timeout_s": (float, 0.1, None)},  # below the scenario's and the job's timeouts
+    "slow_rank": {"seconds": (float, 0.001, 3600.0)},
+    "lost_node": {"rel_tolerance": (float, 0.0, None)},
+    "fuzz_config": {"cases": (int, 1, None)},
+    "loopback_only": {"steps": (int, 1, None)},
 }
+
+STALL_HANG_TIMEOUT_S = 4.0  # the stall kind's params.hang_timeout_s when the scenario gives none

@@ -17,6 +17,7 @@ Every trial draws where and when its fault lands from ``random.Random("SEED/NAME
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,9 +25,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from hpcpipe.chaos.kinds import KIND_PARAMS, KINDS
-from hpcpipe.config import first_error
-from hpcpipe.errors import ConfigError
+from hpcpipe.chaos.kinds import KIND_PARAMS, KINDS, STALL_HANG_TIMEOUT_S
+from hpcpipe.config import first_error, load_config
+from hpcpipe.errors import ConfigError, UserError
 from hpcpipe.yamlfile import read_yaml_file
 
 
@@ -58,13 +59,37 @@ class Scenario(BaseModel):
             if key not in known:
                 takes = ", ".join(sorted(known)) or "none"
                 raise ValueError(f"params.{key}: kind {self.kind} takes no such param (it takes: {takes})")
-            kind, low = known[key]
-            number = isinstance(value, int | float) and not isinstance(value, bool)
-            if not number or (kind is int and not isinstance(value, int)) or not value >= low:
-                raise ValueError(
-                    f"params.{key}: {value!r} is not {'an int' if kind is int else 'a number'} >= {low:g}"
-                )
+            kind, low, below = known[key]
+            if not _in_range(value, kind, low, below):
+                want = "an int" if kind is int else "a finite number"
+                upper = "" if below is None else f" and < {below:g}"
+                raise ValueError(f"params.{key}: {value!r} is not {want} >= {low:g}{upper}")
         return self
+
+    @model_validator(mode="after")
+    def _watchdog_fires_within_the_trial(self) -> Scenario:
+        # A stalled rank is found at hang_timeout_s; past the trial's own timeout, every trial timed out.
+        hang = self.stall_hang_timeout_s()
+        if hang is not None and hang >= self.timeout_s:
+            raise ValueError(
+                f"params.hang_timeout_s: {hang:g} must be smaller than timeout_s ({self.timeout_s:g})"
+            )
+        return self
+
+    def stall_hang_timeout_s(self) -> float | None:
+        """The watchdog timeout a ``stall`` trial sets (``fault.hang_timeout_s``); None for other kinds."""
+        if self.kind != "stall":
+            return None
+        return float(self.params.get("hang_timeout_s", STALL_HANG_TIMEOUT_S))
+
+
+def _in_range(value: Any, kind: type, low: float, below: float | None) -> bool:
+    """``value`` is a ``kind`` (an int counts as a float; a bool as neither), finite, in [low, below)."""
+    if isinstance(value, bool) or not isinstance(value, int if kind is int else int | float):
+        return False
+    if isinstance(value, float) and not math.isfinite(value):
+        return False
+    return value >= low and (below is None or value < below)
 
 
 class ScenarioFile(BaseModel):
@@ -90,7 +115,26 @@ def load_scenarios(path: Path) -> list[Scenario]:
     duplicate = next((n for n in names if names.count(n) > 1), None)
     if duplicate:
         raise ConfigError(f"{path}: scenario name {duplicate!r} is used twice")
+    for scenario in scenarios:
+        _check_stall_against_job(path, scenario)
     return scenarios
+
+
+def _check_stall_against_job(path: Path, scenario: Scenario) -> None:
+    """A stall scenario's watchdog timeout is below its job's ``parallel.timeout_s``: the job
+    refuses it otherwise (``JobConfig``), which failed every trial as "not recovered"."""
+    hang = scenario.stall_hang_timeout_s()
+    if hang is None:
+        return
+    try:
+        job = load_config(scenario.job, list(scenario.sets))
+    except UserError:
+        return  # a job that does not load: each trial reports it, as for every other kind
+    if hang >= job.parallel.timeout_s:
+        raise ConfigError(
+            f"{path}: scenario {scenario.name}: params.hang_timeout_s: {hang:g} must be smaller than "
+            f"its job's parallel.timeout_s ({job.parallel.timeout_s:g})"
+        )
 
 
 def trial_rng(seed: int, scenario: str, trial: int) -> random.Random:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from hpcpipe.chaos import jobs, nodes
 from hpcpipe.chaos.checks import Checks
+from hpcpipe.chaos.kinds import STALL_HANG_TIMEOUT_S
 from hpcpipe.chaos.scenario import TrialContext, TrialResult
 from hpcpipe.layout import RunLayout
 from hpcpipe.observe.metrics import read_metrics
@@ -104,7 +105,7 @@ def stall(ctx: TrialContext) -> TrialResult:
     timeout, stacks dumped, the rank named, the group restarted, and the run resumes bitwise."""
     step, rank, _ = _place(ctx)
     how = ctx.rng.choice(["stop", "hang"])
-    timeout = ctx.param("hang_timeout_s", 4.0)
+    timeout = ctx.param("hang_timeout_s", STALL_HANG_TIMEOUT_S)
     place = {"step": step, "rank": rank, "how": how}
     reference = jobs.reference_losses(ctx)
     env = jobs.chaos_env(ctx, **{how: f"step={step},rank={rank}"})
