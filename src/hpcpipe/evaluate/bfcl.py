@@ -45,6 +45,7 @@ SPLITS: tuple[str, ...] = ("dev", "test", "all")
 DEV_CASES = 30
 TEST_CASES = 30
 _TEST_DRAW = "hpcpipe-bfcl-test-v1"  # changing it redraws the test split: never tune against one draw
+_MESSAGE_KEYS = ("role", "content")  # each a string in every message of a question's turn
 
 # BFCL's types -> JSON schema. "any" becomes "string" as in BFCL's own OpenAI conversion.
 _JSON_TYPES = {
@@ -125,13 +126,37 @@ def _load_category(data_dir: Path, category: str, limit: int | None, split: str)
     answers: dict[str, Any] | None = None
     if "irrelevance" not in category:
         answer_path = data_dir / "possible_answer" / path.name
-        answers = {str(a["id"]): a.get("ground_truth") for a in _read_jsonl(answer_path)}
-        if broken := [k for k, truth in answers.items() if not isinstance(truth, list)]:
-            # A case without its calls read as "no call expected": a plain reply passed it.
-            raise DataError(f"{answer_path}: answer {broken[0]} has no 'ground_truth' list of calls")
+        answers = _read_answers(answer_path)
         if missing := [str(e["id"]) for e in chosen if str(e["id"]) not in answers]:
             raise DataError(f"{answer_path}: no answer for {missing[0]} ({len(missing)} case(s) without one)")
     return [_case(entry, category, answers, path) for entry in chosen]
+
+
+def _read_answers(path: Path) -> dict[str, Any]:
+    """Case id -> its ground truth, each checked to be BFCL's ``[{name: {param: [allowed]}}]``:
+    an answer of another shape passed the loader and then, after all the generation, crashed the
+    scoring or read as "no call expected" (``[]``), so a plain reply passed its case."""
+    answers = {str(a["id"]): a.get("ground_truth") for a in _read_jsonl(path)}
+    for case_id, truth in answers.items():
+        if not isinstance(truth, list):
+            raise DataError(f"{path}: answer {case_id} has no 'ground_truth' list of calls")
+        if not truth:
+            raise DataError(f"{path}: answer {case_id} has an empty 'ground_truth' (no call to expect)")
+        for i, call in enumerate(truth):
+            if problem := _call_problem(call):
+                raise DataError(f"{path}: answer {case_id}, call {i}: {problem}")
+    return answers
+
+
+def _call_problem(call: Any) -> str | None:
+    """What keeps ``call`` from being one expected call ``{name: {param: [allowed values]}}``."""
+    if not isinstance(call, dict) or len(call) != 1:
+        return "not an object of one function name ({name: {parameter: [allowed values]}})"
+    name, allowed = next(iter(call.items()))
+    if not isinstance(allowed, dict):
+        return f"{name!r} maps to {type(allowed).__name__}, not an object of parameters"
+    bad = next((key for key, values in allowed.items() if not isinstance(values, list)), None)
+    return None if bad is None else f"{name!r}: parameter {bad!r} has no list of allowed values"
 
 
 def _case(entry: dict[str, Any], category: str, answers: dict[str, Any] | None, path: Path) -> BfclCase:
@@ -139,8 +164,37 @@ def _case(entry: dict[str, Any], category: str, answers: dict[str, Any] | None, 
     functions = entry.get("function")
     if not isinstance(functions, list):
         raise DataError(f"{path}: case {case_id} has no 'function' list")
+    messages = list(entry["question"][0])
+    # Either of another shape was a KeyError or AttributeError when the case was built or prompted.
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or not all(isinstance(message.get(k), str) for k in _MESSAGE_KEYS):
+            raise DataError(
+                f"{path}: case {case_id}, message {i}: not an object with a 'role' and 'content' string"
+            )
+    for i, function in enumerate(functions):
+        if problem := _function_problem(function):
+            raise DataError(f"{path}: case {case_id}, function {i}: {problem}")
     truth = None if answers is None else answers[case_id]
-    return BfclCase(case_id, category, list(entry["question"][0]), functions, truth)
+    return BfclCase(case_id, category, messages, functions, truth)
+
+
+def _function_problem(doc: Any) -> str | None:
+    """What keeps ``doc`` from being a function doc that ``to_tool_schema`` and the checker read."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("name"), str):
+        return "not an object with a 'name' string"
+    return _schema_problem(doc.get("parameters") or {}, "parameters")
+
+
+def _schema_problem(schema: Any, where: str) -> str | None:
+    if not isinstance(schema, dict):
+        return f"{where} is not an object"
+    properties = schema.get("properties")
+    if properties is not None and not isinstance(properties, dict):
+        return f"{where}.properties is not an object"
+    subs = [(sub, f"{where}.properties.{key}") for key, sub in (properties or {}).items()]
+    if isinstance(schema.get("items"), dict):  # other 'items' are left as they are by _schema
+        subs.append((schema["items"], f"{where}.items"))
+    return next((p for sub, at in subs if (p := _schema_problem(sub, at))), None)
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:

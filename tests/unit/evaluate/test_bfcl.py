@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -148,3 +149,76 @@ def test_cases_and_answers_of_another_shape_are_named(tmp_path: Path) -> None:
     (tmp_path / "possible_answer" / name).write_text(json.dumps({"id": "simple_0"}) + "\n")
     with pytest.raises(DataError, match=r"answer simple_0 has no 'ground_truth' list of calls"):
         load_bfcl(tmp_path, ["simple"], split="all")
+
+
+def _write_case(root: Path, case: dict[str, object], truth: object) -> None:
+    from hpcpipe.evaluate.bfcl import FILE_STEMS
+
+    name = f"BFCL_v4_{FILE_STEMS['simple']}.json"
+    (root / "possible_answer").mkdir(exist_ok=True)
+    (root / name).write_text(json.dumps(case) + "\n")
+    (root / "possible_answer" / name).write_text(json.dumps({"id": case["id"], "ground_truth": truth}) + "\n")
+
+
+_FUNCTION = {"name": "f", "parameters": {"type": "dict", "properties": {"x": {"type": "integer"}}}}
+_TURN = [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize(
+    ("truth", "reason"),
+    [
+        ([], "answer simple_0 has an empty 'ground_truth' (no call to expect)"),
+        ([{}], "answer simple_0, call 0: not an object of one function name"),
+        (["f"], "answer simple_0, call 0: not an object of one function name"),
+        ([{"f": {}, "g": {}}], "answer simple_0, call 0: not an object of one function name"),
+        ([{"f": 5}], "answer simple_0, call 0: 'f' maps to int, not an object of parameters"),
+        (
+            [{"f": {"x": [1]}}, {"g": {"x": 1}}],
+            "answer simple_0, call 1: 'g': parameter 'x' has no list of allowed values",
+        ),
+    ],
+)
+def test_answers_of_another_shape_are_named_before_any_generation(
+    tmp_path: Path, truth: object, reason: str
+) -> None:
+    """[{}] ended in StopIteration when scored and [{"f": 5}] in the checker, both after all the
+    generation; [] read as "no call expected", so a plain reply passed a case expecting a call."""
+    _write_case(tmp_path, {"id": "simple_0", "question": [_TURN], "function": [_FUNCTION]}, truth)
+    with pytest.raises(DataError, match=r"possible_answer/BFCL_v4_simple_python\.json: " + re.escape(reason)):
+        load_bfcl(tmp_path, ["simple"], split="all")
+
+
+@pytest.mark.parametrize(
+    ("turn", "functions", "reason"),
+    [
+        ([{"content": "hi"}], [_FUNCTION], "message 0: not an object with a 'role' and 'content' string"),
+        (["hi"], [_FUNCTION], "message 0: not an object with a 'role' and 'content' string"),
+        ([{"role": "user", "content": None}], [_FUNCTION], "message 0: not an object with a 'role'"),
+        (_TURN, ["f"], "function 0: not an object with a 'name' string"),
+        (_TURN, [_FUNCTION, {"description": "no name"}], "function 1: not an object with a 'name' string"),
+        (_TURN, [{"name": "f", "parameters": [1]}], "function 0: parameters is not an object"),
+        (
+            _TURN,
+            [{"name": "f", "parameters": {"properties": {"x": "int"}}}],
+            "function 0: parameters.properties.x is not an object",
+        ),
+    ],
+)
+def test_messages_and_functions_of_another_shape_are_named(
+    tmp_path: Path, turn: list[object], functions: list[object], reason: str
+) -> None:
+    """Each was a KeyError ('role', 'name') or an AttributeError when the case was built."""
+    case = {"id": "simple_0", "question": [turn], "function": functions}
+    _write_case(tmp_path, case, [{"f": {"x": [1]}}])
+    with pytest.raises(DataError, match=r"BFCL_v4_simple_python\.json: case simple_0, " + re.escape(reason)):
+        load_bfcl(tmp_path, ["simple"], split="all")
+
+
+def test_bad_bfcl_files_are_one_line_and_exit_2_before_any_model_loads(tmp_path: Path) -> None:
+    _write_case(tmp_path, {"id": "simple_0", "question": [_TURN], "function": [_FUNCTION]}, [{}])
+    (tmp_path / "not-a-model").mkdir()
+    where = ["--bfcl-dir", str(tmp_path), "--categories", "simple"]
+    out = run_cli("eval", "function-calling", str(tmp_path / "not-a-model"), *where)
+    assert out.returncode == 2, out.stderr
+    assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert "answer simple_0, call 0: not an object of one function name" in out.stderr
