@@ -122,6 +122,9 @@ def function_calling(
     if not target.exists():
         raise UserError(f"{target}: no such run directory, model directory or .gguf file")
     chosen = [c.strip() for c in categories.split(",") if c.strip()]
+    if twice := list(dict.fromkeys(c for c in chosen if chosen.count(c) > 1)):
+        # Each would be read and scored again: its cases counted twice, its interval too narrow.
+        raise UserError(f"--categories: {', '.join(twice)} given more than once (name each category once)")
     if chosen and not bfcl_dir.is_dir():
         raise UserError(
             f"--bfcl-dir: {bfcl_dir} does not exist (run `make fc-assets`, or pass --categories '')"

@@ -222,3 +222,14 @@ def test_bad_bfcl_files_are_one_line_and_exit_2_before_any_model_loads(tmp_path:
     assert out.returncode == 2, out.stderr
     assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert "answer simple_0, call 0: not an object of one function name" in out.stderr
+
+
+def test_a_category_given_twice_is_one_line_and_exit_2_before_any_model_loads(tmp_path: Path) -> None:
+    """`--categories simple,simple` read and scored the cases twice: twice the cases, a too narrow
+    interval."""
+    (tmp_path / "not-a-model").mkdir()
+    where = ["--bfcl-dir", str(tmp_path), "--categories", "simple, irrelevance,simple"]
+    out = run_cli("eval", "function-calling", str(tmp_path / "not-a-model"), *where)
+    assert out.returncode == 2, out.stderr
+    assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert "--categories: simple given more than once" in out.stderr
