@@ -48,6 +48,9 @@ class Calibration:
     def __post_init__(self) -> None:
         if not is_number(self.threshold):
             raise TypeError(f"threshold {self.threshold!r} is not a number")
+        # As --call-threshold takes it: with NaN (P >= NaN is false) or 7 no reply calls, with -1 all do.
+        if not 0.0 <= self.threshold <= 1.0:
+            raise ValueError(f"threshold {self.threshold!r} is not a number from 0 to 1")
 
     def save(self, directory: Path) -> Path:
         path = directory / RunLayout.CALL_THRESHOLD  # beside the exported adapter

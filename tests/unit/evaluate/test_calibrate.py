@@ -94,6 +94,11 @@ def test_a_confident_models_threshold_is_saved_exactly(
         "[0.5]",
         '{"threshold": 0.5}',
         '{"threshold": "high", "target": 1, "cases": 1, "seed": 1, "p_call_quantiles": {}}',
+        # Out of range, as --call-threshold refuses it: these loaded, and no reply could call.
+        '{"threshold": NaN, "target": 1, "cases": 1, "seed": 1, "p_call_quantiles": {}}',
+        '{"threshold": 7, "target": 1, "cases": 1, "seed": 1, "p_call_quantiles": {}}',
+        '{"threshold": -0.5, "target": 1, "cases": 1, "seed": 1, "p_call_quantiles": {}}',
+        '{"threshold": Infinity, "target": 1, "cases": 1, "seed": 1, "p_call_quantiles": {}}',
     ],
 )
 def test_a_damaged_calibration_is_one_line_naming_it_before_the_model_loads(
