@@ -15,6 +15,7 @@ the decoding as well as the model.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,8 @@ REAL, NOISE = "real", "within noise"
 
 def read_eval(path: Path) -> dict[str, Any]:
     """The ``eval.json`` at ``path`` (the file, or the output directory that holds it), checked to
-    be a function-calling evaluation with per-case results; UserError otherwise."""
+    be a function-calling evaluation with per-case results (each with its reply; held-out ids
+    ``heldout_<n>``) and its settings an object; UserError otherwise."""
     run = RunLayout(path)
     if run.config.is_file():
         hint = f"pass {run.fc_eval_dir(base=True)} or {run.fc_eval_dir(base=False)}"
@@ -46,6 +48,13 @@ def read_eval(path: Path) -> dict[str, Any]:
             f"{file}: not a function-calling evaluation (no per-case results; "
             "write one with `hpcpipe eval function-calling`)"
         )
+    # `eval decline` reads these after its model loaded (minutes): of another shape they were a
+    # KeyError, a ValueError from int() or an AttributeError there.
+    if data.get("meta") is not None and not isinstance(data["meta"], dict):
+        raise UserError(f"{file}: 'meta' is not an object (the evaluation's settings)")
+    for case in cases:
+        if problem := _case_problem(case):
+            raise UserError(f"{file}: case {case['id']} {problem}")
     return {**data, "path": str(file)}
 
 
@@ -55,6 +64,15 @@ def _is_case(case: Any) -> bool:
         and all(isinstance(case.get(k), str) for k in ("id", "category"))
         and isinstance(case.get("ast"), bool)
     )
+
+
+def _case_problem(case: dict[str, Any]) -> str | None:
+    if not isinstance(case.get("reply"), str):
+        return "has no 'reply' string (the model's reply)"
+    held_out = case["id"].removeprefix("heldout_")  # a run's held-out case: heldout_<its index>
+    if held_out != case["id"] and not re.fullmatch("[0-9]+", held_out):
+        return "is not a held-out case id (heldout_<number>)"
+    return None
 
 
 def compare_evals(base: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:

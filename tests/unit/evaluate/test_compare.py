@@ -140,6 +140,15 @@ def test_compare_says_when_the_two_sides_decoded_differently(tmp_path: Path) -> 
     assert shown.exit_code == 0 and "decoding differs: before free, after constrained" in shown.output
 
 
+def _without_reply(directory: Path) -> Path:
+    """An evaluation one of whose cases lost its reply (`eval decline` judges the replies)."""
+    path = _write_eval(directory / "e", {}, SIZES) / "eval.json"
+    evaluation = json.loads(path.read_text())
+    del evaluation["cases"][3]["reply"]
+    path.write_text(json.dumps(evaluation))
+    return path
+
+
 @pytest.mark.parametrize(
     ("make", "message"),
     [
@@ -155,8 +164,9 @@ def test_compare_says_when_the_two_sides_decoded_differently(tmp_path: Path) -> 
             lambda d: _write_eval(d / "e", {}, {"simple": 5, "irrelevance": 20, "multiple": 10}),
             "cases of simple",
         ),
+        (_without_reply, "case simple_3 has no 'reply' string"),
     ],
-    ids=["missing", "not-json", "trainer-eval", "run-dir", "categories", "cases"],
+    ids=["missing", "not-json", "trainer-eval", "run-dir", "categories", "cases", "no-reply"],
 )
 def test_bad_input_is_one_line_and_exit_2(
     tmp_path: Path,

@@ -298,3 +298,33 @@ def test_a_run_moved_with_its_evaluation_is_still_its_own(
     other = _run_with_eval(tmp_path / "home" / "other", run=old, adapter=f"{old}/export/adapter")
     err = _decline_cli(other, monkeypatch, capsys)
     assert f"an evaluation of run {old}, not of" in err
+
+
+@pytest.mark.parametrize(
+    ("edit", "said"),
+    [
+        (lambda e: e["cases"][0].pop("reply"), "case heldout_0 has no 'reply' string"),
+        (lambda e: e["cases"][0].update(reply=None), "case heldout_0 has no 'reply' string"),
+        (lambda e: e["cases"][0].update(id="heldout_x"), "case heldout_x is not a held-out case id"),
+        (lambda e: e["cases"][0].update(id="heldout_"), "case heldout_ is not a held-out case id"),
+        (lambda e: e.update(meta=["constrained"]), "'meta' is not an object"),
+    ],
+    ids=["no-reply", "null-reply", "held-out-id", "bare-prefix", "meta"],
+)
+def test_an_evaluation_of_another_shape_is_one_line_naming_it_before_the_model_loads(
+    tmp_path: Path,
+    edit: Any,
+    said: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Each was a traceback (KeyError 'reply', ValueError from int(), AttributeError on meta.get),
+    the first after the model had loaded and the threshold been calibrated."""
+    import json
+
+    run = _run_with_eval(tmp_path / "run")
+    path = run.fc_eval_dir(False, True) / "eval.json"
+    evaluation = json.loads(path.read_text())
+    edit(evaluation)
+    path.write_text(json.dumps(evaluation))
+    assert f"{path}: {said}" in _decline_cli(run, monkeypatch, capsys)
