@@ -11,9 +11,10 @@ the ranks that were slower than the rest.
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -31,10 +32,9 @@ if TYPE_CHECKING:
 # A rank slower than the median rank by more than this fraction is named as slow.
 SLOW_RANK_TOLERANCE = 0.2
 # Default sweep limits: 1 KiB up to the largest power of two that fits BUFFERS_PER_RANK times in
-# each rank's free memory (input, output, the check's fp32 pattern and expected result, with
-# room for fp16 buffers whose fp32 check tensors are twice their size), capped so a default sweep
-# stays within minutes: 8 GiB on GPUs (the usual nccl-tests -e 8G), 64 MiB over gloo on CPU
-# (loopback TCP at ~1-2 GB/s on small hosts).
+# each rank's free memory (input, output, the check's expected result and one chunk's
+# temporaries, with room to spare), capped so a default sweep stays within minutes: 8 GiB on GPUs
+# (the usual nccl-tests -e 8G), 64 MiB over gloo on CPU (loopback TCP at ~1-2 GB/s on small hosts).
 DEFAULT_MIN_BYTES = 1 << 10
 CUDA_MAX_BYTES = 8 << 30
 CPU_MAX_BYTES = 64 << 20
@@ -247,8 +247,16 @@ def _sync(device: torch.device) -> None:
 
 # ---------------------------------------------------------------------------------------------
 # One set-up per collective: buffers, the timed call, and a check of the first call's result.
-# Reductions use (rank + 1) x pattern so every rank's contribution and every position matter;
-# data movements use values that name their source (and destination), compared exactly.
+# Every value a check compares is a small integer that the dtype holds exactly, and so is every
+# partial sum a reduction forms in the dtype, at any world size: results are compared exactly, so
+# one rank's missing contribution fails the check (a tolerance scaled by the world let bf16 at 128
+# ranks pass a no-op, and fp16 sums overflowed past 136 ranks). Outputs start at zero, which no
+# correct result holds, so a call that writes nothing fails too.
+
+# Data-movement chunks are labelled by sequences modulo a prime no larger than this (and than the
+# dtype's exact integers), so the cycle built per chunk stays small.
+_LABEL_LIMIT = 1 << 16
+_MOST_SUMMAND = 7  # the largest value one rank adds at a position, room allowing
 
 
 def _prepare(collective: str, count: int, dtype: torch.dtype, ctx: DistContext) -> _Prepared:
@@ -263,42 +271,100 @@ def _prepare(collective: str, count: int, dtype: torch.dtype, ctx: DistContext) 
     return setups[collective](count, dtype, ctx)
 
 
-def _pattern(count: int, ctx: DistContext) -> torch.Tensor:
-    """1, 2, ..., 7, 1, 2, ...: small integers, exact in every dtype (and in fp32 sums of them)."""
+def exact_integers(dtype: torch.dtype) -> int:
+    """L such that every integer 0..L is exact in ``dtype``: 256 for bf16, 2048 for fp16 (capped
+    at fp32's 2^24, more than any check needs)."""
     import torch
 
-    return (torch.arange(count, dtype=torch.float32, device=ctx.device) % 7) + 1
+    if dtype.is_floating_point:
+        return min(round(2 / torch.finfo(dtype).eps), 1 << 24)
+    return min(torch.iinfo(dtype).max, 1 << 24)
 
 
-def _close(result: torch.Tensor, expected: torch.Tensor, world: int) -> bool:
-    """Reductions in low precision round; allow the dtype's epsilon per summed rank."""
+def summand_layout(world: int, dtype: torch.dtype) -> tuple[int, int]:
+    """(groups, weights) of a reduction's pattern: position i sums the ranks r with r % groups ==
+    i % groups, each adding 1 + (r + i) % weights. Groups keep at most L ranks on a position and
+    weights shrink as they fill it, so that every partial sum stays <= L (exact)."""
+    limit = exact_integers(dtype)
+    groups = -(-world // limit)
+    members = -(-world // groups)
+    return groups, max(1, min(_MOST_SUMMAND, limit // members))
+
+
+def rank_summands(rank: int, world: int, dtype: torch.dtype) -> torch.Tensor:
+    """One period (groups x weights positions, int64 on the CPU) of what ``rank`` adds."""
     import torch
 
-    tol = torch.finfo(result.dtype).eps * world if result.dtype.is_floating_point else 0.0
-    return bool(torch.allclose(result.float(), expected, rtol=tol, atol=0.0))
+    groups, weights = summand_layout(world, dtype)
+    positions = rank % groups + groups * torch.arange(weights)
+    cycle = torch.zeros(groups * weights, dtype=torch.int64)
+    cycle[positions] = 1 + (rank + positions) % weights
+    return cycle
+
+
+def summed(world: int, dtype: torch.dtype) -> torch.Tensor:
+    """One period of the sum over all ranks of :func:`rank_summands` (int64 on the CPU)."""
+    import torch
+
+    groups, weights = summand_layout(world, dtype)
+    ranks = torch.arange(world)
+    total = torch.zeros(groups * weights, dtype=torch.int64)
+    for step in range(weights):  # each rank adds at `weights` positions per period
+        positions = ranks % groups + groups * step
+        total.index_add_(0, positions, 1 + (ranks + positions) % weights)
+    return total
+
+
+def labelled(label: int, length: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A chunk that names ``label``: 1 + (a + b * j) % p at offset j, p the largest prime within the
+    dtype's exact integers, (a, b) distinct for labels below p * (p - 1) (bf16: 62,750), so chunks
+    of two elements or more with different labels differ, whatever their length."""
+    import torch
+
+    prime = _largest_prime(min(exact_integers(dtype), _LABEL_LIMIT))
+    start, step = label % prime, 1 + (label // prime) % (prime - 1)
+    cycle = (start + step * torch.arange(min(length, prime))) % prime + 1
+    return tile(cycle, 0, length, dtype, device)
+
+
+def tile(
+    cycle: torch.Tensor, start: int, length: int, dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
+    """``length`` values of the sequence repeating ``cycle``, from position ``start``."""
+    cycle = cycle.roll(-(start % len(cycle))).to(device=device, dtype=dtype)
+    return cycle.repeat(-(-length // len(cycle)))[:length]
+
+
+@functools.cache
+def _largest_prime(limit: int) -> int:
+    candidate = limit
+    while any(candidate % d == 0 for d in range(2, int(candidate**0.5) + 1)):
+        candidate -= 1
+    return candidate
 
 
 def _all_reduce(count: int, dtype: torch.dtype, ctx: DistContext) -> _Prepared:
+    import torch
     import torch.distributed as dist
 
-    n, pattern = ctx.world_size, _pattern(count, ctx)
-    buf = ((ctx.rank + 1) * pattern).to(dtype)
+    buf = tile(rank_summands(ctx.rank, ctx.world_size, dtype), 0, count, dtype, ctx.device)
+    expected = tile(summed(ctx.world_size, dtype), 0, count, dtype, ctx.device)
     return _Prepared(
         run=lambda: dist.all_reduce(buf),
-        check=_checked(lambda: dist.all_reduce(buf), lambda: _close(buf, pattern * n * (n + 1) / 2, n)),
+        check=_checked(lambda: dist.all_reduce(buf), lambda: torch.equal(buf, expected)),
     )
 
 
 def _reduce(count: int, dtype: torch.dtype, ctx: DistContext) -> _Prepared:
+    import torch
     import torch.distributed as dist
 
-    n, pattern = ctx.world_size, _pattern(count, ctx)
-    buf = ((ctx.rank + 1) * pattern).to(dtype)
-    expected = pattern * n * (n + 1) / 2
+    buf = tile(rank_summands(ctx.rank, ctx.world_size, dtype), 0, count, dtype, ctx.device)
+    expected = tile(summed(ctx.world_size, dtype), 0, count, dtype, ctx.device) if ctx.rank == 0 else None
 
     def check() -> bool:
         dist.reduce(buf, dst=0)
-        return _close(buf, expected, n) if ctx.rank == 0 else True
+        return torch.equal(buf, expected) if expected is not None else True
 
     return _Prepared(run=lambda: dist.reduce(buf, dst=0), check=check)
 
@@ -307,7 +373,7 @@ def _broadcast(count: int, dtype: torch.dtype, ctx: DistContext) -> _Prepared:
     import torch
     import torch.distributed as dist
 
-    expected = _pattern(count, ctx).to(dtype)
+    expected = labelled(0, count, dtype, ctx.device)
     buf = expected.clone() if ctx.rank == 0 else torch.zeros_like(expected)
     return _Prepared(
         run=lambda: dist.broadcast(buf, src=0),
@@ -318,12 +384,10 @@ def _broadcast(count: int, dtype: torch.dtype, ctx: DistContext) -> _Prepared:
 def _all_gather(count: int, dtype: torch.dtype, ctx: DistContext) -> _Prepared:
     import torch
 
-    n = ctx.world_size
-    chunk = count // n
-    pattern = _pattern(chunk, ctx)
-    inp = ((ctx.rank + 1) * pattern).to(dtype)
-    out = torch.empty(count, dtype=dtype, device=ctx.device)
-    expected = torch.cat([((r + 1) * pattern).to(dtype) for r in range(n)])
+    chunk = count // ctx.world_size
+    inp = labelled(ctx.rank, chunk, dtype, ctx.device)
+    out = torch.zeros(count, dtype=dtype, device=ctx.device)
+    expected = _chunks(range(ctx.world_size), chunk, dtype, ctx.device)
     gather = compat.gather_into_tensor_fn()
     return _Prepared(
         run=lambda: gather(out, inp),
@@ -336,14 +400,13 @@ def _reduce_scatter(count: int, dtype: torch.dtype, ctx: DistContext) -> _Prepar
 
     n = ctx.world_size
     chunk = count // n
-    pattern = _pattern(count, ctx)
-    inp = ((ctx.rank + 1) * pattern).to(dtype)
-    out = torch.empty(chunk, dtype=dtype, device=ctx.device)
-    expected = (pattern * n * (n + 1) / 2)[ctx.rank * chunk : (ctx.rank + 1) * chunk]
+    inp = tile(rank_summands(ctx.rank, n, dtype), 0, count, dtype, ctx.device)
+    out = torch.zeros(chunk, dtype=dtype, device=ctx.device)
+    expected = tile(summed(n, dtype), ctx.rank * chunk, chunk, dtype, ctx.device)
     scatter = compat.reduce_scatter_tensor_fn()
     return _Prepared(
         run=lambda: scatter(out, inp),
-        check=_checked(lambda: scatter(out, inp), lambda: _close(out, expected, n)),
+        check=_checked(lambda: scatter(out, inp), lambda: torch.equal(out, expected)),
     )
 
 
@@ -353,15 +416,25 @@ def _all_to_all(count: int, dtype: torch.dtype, ctx: DistContext) -> _Prepared:
 
     n, r = ctx.world_size, ctx.rank
     chunk = count // n
-    pattern = _pattern(chunk, ctx)
-    # Chunk j of rank r's input goes to rank j: value src * n + dst + 1 names both ends.
-    inp = torch.cat([((r * n + dst + 1) * pattern).to(dtype) for dst in range(n)])
-    out = torch.empty(count, dtype=dtype, device=ctx.device)
-    expected = torch.cat([((src * n + r + 1) * pattern).to(dtype) for src in range(n)])
+    # Chunk j of rank r's input goes to rank j: label src * n + dst names both ends.
+    inp = _chunks([r * n + dst for dst in range(n)], chunk, dtype, ctx.device)
+    out = torch.zeros(count, dtype=dtype, device=ctx.device)
+    expected = _chunks([src * n + r for src in range(n)], chunk, dtype, ctx.device)
     return _Prepared(
         run=lambda: dist.all_to_all_single(out, inp),
         check=_checked(lambda: dist.all_to_all_single(out, inp), lambda: torch.equal(out, expected)),
     )
+
+
+def _chunks(labels: Iterable[int], chunk: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The labelled chunks one after the other, built in place (one chunk's worth of temporaries)."""
+    import torch
+
+    labels = list(labels)
+    out = torch.empty(len(labels) * chunk, dtype=dtype, device=device)
+    for index, label in enumerate(labels):
+        out[index * chunk : (index + 1) * chunk] = labelled(label, chunk, dtype, device)
+    return out
 
 
 def _checked(call: Callable[[], object], verify: Callable[[], bool]) -> Callable[[], bool]:

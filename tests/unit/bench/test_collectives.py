@@ -53,14 +53,67 @@ def test_every_collective_runs_and_checks_on_one_rank(one_rank: DistContext) -> 
         assert r["busbw_gbps"] == pytest.approx(r["algbw_gbps"] * expected_factor)
 
 
-def test_the_check_fails_when_the_result_is_wrong(one_rank: DistContext) -> None:
+@pytest.mark.parametrize("dtype_name", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("collective", ["all_reduce", "reduce"])
+def test_the_check_fails_when_the_result_is_wrong(
+    one_rank: DistContext, collective: str, dtype_name: str
+) -> None:
     import torch
 
     from hpcpipe.bench.collectives import _prepare
 
-    # Claim a world of 2 on a one-rank group: the all-reduced sum misses rank 1's contribution.
-    assert _prepare("all_reduce", 1024, torch.float32, replace(one_rank, world_size=2)).check() is False
-    assert _prepare("all_reduce", 1024, torch.float32, one_rank).check() is True
+    dtype = getattr(torch, dtype_name)
+    # Claim a larger world on a one-rank group: the sum misses every other rank's contribution
+    # (a tolerance of eps x world passed this in bf16 from 128 ranks on).
+    for world in (2, 128, 1024):
+        assert _prepare(collective, 1024, dtype, replace(one_rank, world_size=world)).check() is False
+    assert _prepare(collective, 1024, dtype, one_rank).check() is True
+
+
+WORLDS = [2, 3, 5, 7, 8, 16, 31, 64, 100, 128, 129, 137, 144, 255, 256, 257, 300, 512, 1000, 1024]
+
+
+@pytest.mark.parametrize("dtype_name", ["bfloat16", "float16", "float32"])
+def test_reduction_sums_are_exact_and_miss_no_rank_at_any_world_size(dtype_name: str) -> None:
+    import torch
+
+    from hpcpipe.bench.collectives import rank_summands, summed, tile
+
+    dtype, cpu, count = getattr(torch, dtype_name), torch.device("cpu"), 90  # 90: not a whole period
+    for world in WORLDS:
+        shares = [tile(rank_summands(r, world, dtype), 0, count, dtype, cpu) for r in range(world)]
+        expected = tile(summed(world, dtype), 0, count, dtype, cpu)
+        total = torch.zeros(count, dtype=dtype)
+        for share in shares:  # one add at a time, rounding in the dtype as a ring does
+            total += share
+        assert torch.equal(total, expected), (dtype, world)
+        # Every partial sum was exact, so a rank left out lowers the sum by its share: each rank
+        # must add somewhere (bf16 at 128 ranks passed a no-op, fp16 at 144 failed a correct sum).
+        assert all(bool(share.any()) for share in shares), (dtype, world)
+        for missing in {0, world // 2, world - 1}:
+            partial = torch.zeros(count, dtype=dtype)
+            for rank, share in enumerate(shares):
+                partial += share if rank != missing else 0
+            assert not torch.equal(partial, expected), (dtype, world, missing)
+        assert not torch.equal(torch.zeros_like(expected), expected)
+        assert not torch.equal(shares[0], expected), "a no-op reduction passed"
+        # reduce_scatter checks its own chunk: the same values as the whole sum's slice
+        assert torch.equal(tile(summed(world, dtype), 40, 30, dtype, cpu), expected[40:70])
+
+
+@pytest.mark.parametrize("dtype_name", ["bfloat16", "float16", "float32"])
+def test_data_movement_chunks_are_exact_and_name_their_source(dtype_name: str) -> None:
+    import torch
+
+    from hpcpipe.bench.collectives import exact_integers, labelled
+
+    dtype, cpu = getattr(torch, dtype_name), torch.device("cpu")
+    chunks = {tuple(labelled(r, 2, dtype, cpu).tolist()) for r in range(1024)}
+    assert len(chunks) == 1024  # all_gather: no two ranks' chunks alike, even in bf16
+    long = labelled(5000, 3000, dtype, cpu)
+    # exact (no two values rounded together) and never 0, which outputs start at
+    assert long.min() >= 1 and long.max() <= exact_integers(dtype)
+    assert len(long.unique()) == min(3000, {"bfloat16": 251, "float16": 2039}.get(dtype_name, 3000))
 
 
 def test_default_sweep_is_powers_of_two_bounded_by_memory(one_rank: DistContext) -> None:
