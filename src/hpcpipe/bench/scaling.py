@@ -99,7 +99,8 @@ def run_scaling(
 
     With ``bottlenecks``, every N > 1 also trains its no-communication twin
     (``parallel.sync_gradients=false``) so each row carries its exposed communication time and a
-    bottleneck verdict (``hpcpipe.bench.bottleneck``).
+    bottleneck verdict (``hpcpipe.bench.bottleneck``). A strategy that cannot skip gradient sync
+    (DeepSpeed) trains no twins, and ``notes`` says so.
     """
     from hpcpipe.launch.job import run_job
     from hpcpipe.train.environment import detect_environment
@@ -109,6 +110,15 @@ def run_scaling(
     if not nprocs or any(n < 1 for n in nprocs):
         raise UserError("--nproc: give world sizes >= 1, e.g. --nproc 1,2,4")
     plans = [(mode, n, *batch_sizes(cfg, mode, n)) for mode in modes for n in sorted(set(nprocs))]
+    # Decided before any run: the twin's config would be refused only after N=1 and N=2 trained.
+    twins, notes = bottlenecks, []
+    if bottlenecks and not cfg.parallel.can_skip_gradient_sync and max(nprocs) > 1:
+        twins = False
+        notes.append(
+            f"exposed communication not measured: parallel.strategy={cfg.parallel.strategy} cannot "
+            "skip gradient sync (parallel.sync_gradients=false), so the bottleneck verdicts leave "
+            "communication out"
+        )
     rows: list[dict[str, Any]] = []
     for mode, nproc, global_batch, micro in plans:
         name = f"{cfg.run.name}-scaling-{mode}-n{nproc}"
@@ -116,7 +126,7 @@ def run_scaling(
         try:
             row = {"mode": mode, "nproc": nproc, **scaling_row(run_job(job), warmup)}
             nosync = None
-            if bottlenecks and nproc > 1:
+            if twins and nproc > 1:
                 twin = bench_job(
                     cfg, f"{name}-nosync", out_dir, steps, warmup, nproc, global_batch, micro, False
                 )
@@ -128,7 +138,7 @@ def run_scaling(
         rows.append(with_bottleneck(row, nosync))
     add_efficiency(rows)
     csv_path = write_csv(rows, out_dir / "scaling.csv")
-    return {"name": cfg.run.name, "rows": rows, "csv": str(csv_path)}
+    return {"name": cfg.run.name, "rows": rows, "csv": str(csv_path), "notes": notes}
 
 
 def scaling_row(run_dir: Path, warmup: int) -> dict[str, Any]:

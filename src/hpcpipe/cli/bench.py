@@ -400,5 +400,7 @@ def scaling(
         )
     view = human_console(json_out)
     print_whole(table, view)
+    for note in result["notes"]:
+        view.print(f"note: {note}")
     view.print(f"wrote {result['csv']} and {result['png']}")
     write_json(result, json_out)

@@ -181,7 +181,7 @@ class ParallelConfig(Section):
             raise ValueError(
                 "parallel.offload_params needs parallel.zero_stage 3 (only ZeRO-3 partitions parameters)"
             )
-        if not self.sync_gradients:
+        if not self.sync_gradients and not self.can_skip_gradient_sync:
             raise ValueError(
                 "parallel.sync_gradients=false is not available with parallel.strategy=deepspeed"
             )
@@ -244,6 +244,12 @@ class ParallelConfig(Section):
         if self.tp == 1 and self.pp == 1:
             return None
         return self.pp, world_size // (self.tp * self.pp), self.tp
+
+    @property
+    def can_skip_gradient_sync(self) -> bool:
+        """Whether ``sync_gradients=false`` is possible: DeepSpeed's engine reduces gradients
+        itself, so the trainer has no all-reduce to leave out (tools ask before they train)."""
+        return self.strategy != "deepspeed"
 
     @property
     def node_range(self) -> tuple[int, int]:

@@ -68,3 +68,21 @@ def test_accept_asks_the_collectives_to_skip_sizes_beyond_memory() -> None:
 
     th = _th(collectives={"busbw_gbps": {"all_reduce": {"4G": 0.01, "1M": 0.01}}})
     assert bench_tasks(th)["collectives"]["skip_unfit"] is True
+
+
+def test_accept_scaling_trains_no_no_sync_twins(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    """No accept row reads exposed communication: the twins doubled the section's runs (and
+    DeepSpeed refuses them)."""
+    from hpcpipe.accept import suite
+    from hpcpipe.bench import scaling
+
+    calls: list[dict[str, Any]] = []
+
+    def run_scaling(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        calls.append(kwargs)
+        return {"rows": []}
+
+    monkeypatch.setattr(scaling, "run_scaling", run_scaling)
+    monkeypatch.setattr("hpcpipe.report.plots_bench.plot_scaling", lambda rows, path: path)
+    suite._scaling(_th(scaling=SCALING), tmp_path)
+    assert calls == [{"bottlenecks": False}]
