@@ -9,7 +9,8 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from hpcpipe.cli.common import JsonOption, console, err_console, print_whole, write_json
+from hpcpipe.cli.common import JsonOption, console, err_console, print_whole, writable_output, write_json
+from hpcpipe.errors import UserError
 
 if TYPE_CHECKING:
     from hpcpipe.accept.evaluate import Row
@@ -63,6 +64,7 @@ def accept(
     from hpcpipe.bench.runner import world_size_for
 
     th = load_thresholds(thresholds)
+    writable_report(out)
     world = world_size_for(nproc or th.nproc)
     measurements = measure(th, nproc, out, log=_log)
     if measurements is None:  # a rank other than 0 under torchrun/srun: rank 0 reports
@@ -81,6 +83,17 @@ def accept(
     code = 0 if report["passed"] else 1
     exit_process(code)  # a torchrun/srun rank leaves here (see bench.group)
     raise typer.Exit(code)
+
+
+def writable_report(out: Path) -> None:
+    """Refuse, before minutes of measuring, an --out where the report cannot be written (a file
+    there, a read-only folder): found when writing it, after the suite, the results were lost.
+    Every rank checks, so that none is left waiting for a rank that stopped."""
+    for name in ("acceptance.json", "acceptance.md"):
+        try:
+            writable_output(out / name)
+        except UserError as exc:
+            raise UserError(f"--out: {exc}") from None
 
 
 def verdict_table(name: str, rows: list[Row]) -> Table:

@@ -283,3 +283,26 @@ def test_missing_thresholds_through_the_cli(cli, tmp_path: Path) -> None:  # typ
     assert proc.returncode == 2 and proc.stderr.strip() == "error: --thresholds: file not found: no/such.yaml"
     proc = cli("accept", "--thresholds", "a100", cwd=tmp_path)
     assert proc.returncode == 2 and "shipped: cpu, h100-8x-ib" in proc.stderr
+
+
+def test_an_out_that_cannot_hold_the_report_is_refused_before_measuring(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It was found when writing the report, after the whole suite: the results were lost and
+    the error ('File exists') did not name --out."""
+    from hpcpipe.accept import suite
+    from hpcpipe.cli.accept import accept
+
+    def measure(*args: object, **kwargs: object) -> None:
+        raise AssertionError("measured before checking --out")
+
+    monkeypatch.setattr(suite, "measure", measure)
+    thresholds = tmp_path / "conn.yaml"
+    thresholds.write_text("name: c\nnproc: 1\nconnectivity: {min_world_size: 1}\n")
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    (tmp_path / "taken" / "acceptance.md").mkdir(parents=True)
+    for out, needle in ((afile, "not a directory"), (tmp_path / "taken", "is a directory")):
+        with pytest.raises(UserError, match=r"^--out: ") as exc:
+            accept(thresholds=str(thresholds), out=out, nproc=None, json_out=None)
+        assert needle in str(exc.value)
