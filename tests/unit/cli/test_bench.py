@@ -75,3 +75,27 @@ def test_an_existing_writable_output_file_passes_whatever_its_folder() -> None:
     finally:
         os.close(read)
         os.close(write)
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("xpu", "--device xpu: bench compute measures auto, cpu or cuda[:N] only"),  # was an AssertionError
+        ("meta", "--device meta: bench compute measures"),  # was 290 TB/s of nothing copied
+        ("cuda:2", "--device cuda:2: this machine has cuda:0 to cuda:1"),
+        ("nonsense", "--device: cannot read 'nonsense'"),
+    ],
+)
+def test_compute_takes_only_cpu_and_present_cuda_devices(
+    monkeypatch: pytest.MonkeyPatch, text: str, needle: str
+) -> None:
+    from hpcpipe.errors import UserError
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(UserError) as exc:
+        bench_cli._device(text, torch)
+    assert str(exc.value).startswith(needle)
+    assert bench_cli._device("cuda", torch) == torch.device("cuda", 0)
+    assert bench_cli._device("cuda:1", torch) == torch.device("cuda", 1)
+    assert bench_cli._device("cpu", torch) == torch.device("cpu")
