@@ -8,15 +8,26 @@ from __future__ import annotations
 
 import contextlib
 import json
+import signal
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.table import Table
 
-from hpcpipe.cli.common import ConfigArg, JsonOption, SetOption, console, load_job, print_whole, write_json
+from hpcpipe.cli.common import (
+    ConfigArg,
+    JsonOption,
+    SetOption,
+    console,
+    err_console,
+    load_job,
+    print_whole,
+    write_json,
+)
 from hpcpipe.data.tokens.shards import MANIFEST_FILE, verify_dataset
 from hpcpipe.data.tokens.summary import dataset_details
 from hpcpipe.errors import DataError, UserError
@@ -140,12 +151,55 @@ def stage(
       hpcpipe data stage data/prepared/3f2a... /mnt/nvme/hpcpipe-cache
 
       hpcpipe data stage --job job.yaml --set data.cache_dir=/mnt/nvme/hpcpipe-cache
+
+    SIGTERM or SIGUSR1 (a pod's eviction) ends it with fault.preempt_exit_code (75), the copy in
+    progress removed: the hpcpipe-torch runtime restarts a job on that code.
     """
+    from hpcpipe.config.fault import FaultConfig
+
+    # Until the job is loaded, the default code: a signal during the config's loading counts too.
+    with _preemption_exits(FaultConfig().preempt_exit_code):
+        _stage(source, cache_root, job_config, sets, gc_days, workers, if_configured, json_out)
+
+
+@contextlib.contextmanager
+def _preemption_exits(code: int) -> Iterator[None]:
+    """SIGTERM/SIGUSR1 end the command with ``code`` in one line, as ``launch agent`` does before
+    its workers start: dying of the signal (143) read as a crash, and a runtime that restarts a job
+    after a preemption (hpcpipe-torch) does so on fault.preempt_exit_code only. The exception
+    unwinds the copy, whose temporary directory is removed on the way out (a stager killed outright
+    leaves it to the next one, which removes it under the entry's lock); a finished entry is
+    only ever renamed into place whole. Ctrl-C stays an interrupt (exit 130)."""
+    from hpcpipe.launch.agent import AgentPreempted, stop_early_on_preemption
+
+    previous = stop_early_on_preemption(code)
+    try:
+        yield
+    except AgentPreempted as exc:
+        err_console.print(f"data stage: preempted, nothing staged in part; exit {exc.exit_code}")
+        raise typer.Exit(exc.exit_code) from None
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _stage(
+    source: Path | None,
+    cache_root: Path | None,
+    job_config: str | None,
+    sets: list[str] | None,
+    gc_days: float | None,
+    workers: int,
+    if_configured: bool,
+    json_out: str | None,
+) -> None:
     from hpcpipe.data.stage import collect_garbage, stage, token_dataset_source
+    from hpcpipe.launch.agent import stop_early_on_preemption
     from hpcpipe.launch.job import stage_source
 
     if job_config is not None:
         job = load_job(job_config, sets)
+        stop_early_on_preemption(job.fault.preempt_exit_code)  # the job's own code from here on
         cache_root = cache_root or source  # with --job the one argument is the cache root
         if if_configured and cache_root is None and job.data.cache_dir is None:
             console.print("data.cache_dir is not set: nothing to stage")

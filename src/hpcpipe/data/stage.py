@@ -28,9 +28,9 @@ import json
 import os
 import re
 import shutil
+import threading
 import time
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import IO, Any, Literal
@@ -205,9 +205,10 @@ def _verifies(path: Path, source: StageSource, workers: int, verify: str) -> boo
         return False
     if verify == "sizes":
         return all(_size(path / rel) == _size(source.root / rel) for rel in files)
-    with ThreadPoolExecutor(workers) as pool:  # hashlib releases the GIL: hashing runs in parallel
-        digests = pool.map(lambda rel: _sha256_or_none(path / rel), files)
-        return all(got == want for got, want in zip(digests, files.values(), strict=True))
+    digests: dict[str, str | None] = {}
+    # hashlib releases the GIL: hashing runs in parallel
+    _in_threads(workers, lambda rel: digests.__setitem__(rel, _sha256_or_none(path / rel)), files)
+    return all(digests[rel] == want for rel, want in files.items())
 
 
 def _size(path: Path) -> int:
@@ -253,8 +254,7 @@ def _copy_files(source: StageSource, tmp: Path, workers: int) -> None:
     """Every file, then the marker, into ``tmp``; a failed write (a full disk) as a DataError."""
     try:
         tmp.mkdir()
-        with ThreadPoolExecutor(workers) as pool:
-            list(pool.map(lambda item: _copy_one(source.root, tmp, *item), source.files.items()))
+        _in_threads(workers, lambda item: _copy_one(source.root, tmp, *item), source.files.items())
         marker: dict[str, Any] = {"key": source.key, "source": str(source.root), "files": source.files}
         (tmp / MARKER).write_text(json.dumps(marker, indent=1) + "\n")
     except OSError as exc:  # ENOSPC names no file: the cache root is the place to look
@@ -301,6 +301,52 @@ def _copy_one(root: Path, dest_root: Path, rel: str, want: str) -> None:
             f"{root / rel}: SHA-256 does not match the manifest; the source is corrupt, "
             "refusing to stage it (prepare the dataset again)"
         )
+
+
+def _in_threads(workers: int, work: Callable[[Any], None], items: Iterable[Any]) -> None:
+    """``work`` on every item, in up to ``workers`` threads; the first exception stops the others
+    after their current item and is raised once every thread has stopped.
+
+    Not a ThreadPoolExecutor: a signal handler's exception (``data stage`` exits 75 on SIGTERM)
+    can land in this thread while the executor starts a worker, which is then never joined: it
+    went on copying after the caller had removed the temporary copy (left behind half-written),
+    and held the exit back until it had copied every file.
+    """
+    todo = list(items)
+    pending = iter(todo)
+    take = threading.Lock()
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        while not stop.is_set():
+            with take:
+                item = next(pending, _DONE)
+            if item is _DONE:
+                return
+            try:
+                work(item)
+            except BaseException as exc:
+                errors.append(exc)
+                stop.set()
+
+    threads: list[threading.Thread] = []
+    try:
+        for _ in range(min(workers, len(todo))):
+            threads.append(threading.Thread(target=run, name="hpcpipe-stage"))
+            threads[-1].start()
+        for thread in threads:
+            thread.join()
+    finally:
+        stop.set()  # an exception here (the signal's): no thread takes another item
+        for thread in threads:
+            while thread.is_alive():  # not alive yet: it will find stop set before any work
+                thread.join()
+    if errors:
+        raise errors[0]
+
+
+_DONE = object()
 
 
 # -- locks -------------------------------------------------------------------------------------

@@ -316,9 +316,9 @@ def train_job(
 def training_runtime(job: JobConfig, parts: PodParts) -> dict[str, Any]:
     """``hpcpipe-torch``: torch-distributed plus a stage init step and bounded preemption restarts.
 
-    A worker that exits 75 (checkpointed after SIGTERM) fails its Job through the pod failure
-    policy (reason PodFailurePolicy); the JobSet restarts on that reason only, at most
-    ``max_restarts`` times, and fails at once on anything else.
+    A worker that exits 75 (checkpointed after SIGTERM), or a stage step that does (evicted),
+    fails its Job through the pod failure policy (reason PodFailurePolicy); the JobSet restarts
+    on that reason only, at most ``max_restarts`` times, and fails at once on anything else.
     """
     cfg = job.launch.k8s
     pod_spec: dict[str, Any] = {
@@ -337,7 +337,12 @@ def training_runtime(job: JobConfig, parts: PodParts) -> dict[str, Any]:
         pod_spec["containers"][0]["ports"] = parts.metrics_ports
     if cfg.priority_class:
         pod_spec["priorityClassName"] = cfg.priority_class
-    exit_rule = {"containerName": NODE_CONTAINER, "operator": "In", "values": [job.fault.preempt_exit_code]}
+    code = job.fault.preempt_exit_code
+    # The stage step exits with that code too when its pod is evicted (data stage's SIGTERM).
+    exit_rules = [
+        {"action": "FailJob", "onExitCodes": {"containerName": name, "operator": "In", "values": [code]}}
+        for name in (NODE_CONTAINER, STAGE_CONTAINER)
+    ]
     node_job = {
         "name": "node",
         "replicas": 1,
@@ -345,7 +350,7 @@ def training_runtime(job: JobConfig, parts: PodParts) -> dict[str, Any]:
             "metadata": {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}},
             "spec": {
                 "backoffLimit": 0,
-                "podFailurePolicy": {"rules": [{"action": "FailJob", "onExitCodes": exit_rule}]},
+                "podFailurePolicy": {"rules": exit_rules},
                 "template": {"spec": pod_spec},
             },
         },

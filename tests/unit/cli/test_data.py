@@ -137,3 +137,39 @@ def test_gc_days_frees_the_space_the_copy_needs_before_it(
     result = runner.invoke(app, ["stage", str(dataset), str(tmp_path / "cache"), "--gc-days", "7"])
     assert result.exit_code == 0, result.output
     assert not old.exists() and "removed unused cache entry aaaa" in result.output
+
+
+def test_a_preemption_mid_copy_exits_with_the_job_s_code_and_stages_nothing_in_part(
+    tiny_corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`data stage` (the hpcpipe-torch runtime's init step) died of SIGTERM with 143, which the
+    runtime's failure policy reads as a crash: an evicted pod failed the whole job instead of
+    restarting it."""
+    import os
+    import signal
+
+    from hpcpipe.data import stage as staging
+
+    copy_one = staging._copy_one
+
+    def evicted(*args: object) -> None:  # the kubelet's SIGTERM, in the middle of the copy
+        os.kill(os.getpid(), signal.SIGTERM)
+        copy_one(*args)  # type: ignore[arg-type]
+
+    def unhandled(_signum: int, _frame: object) -> None:  # not this test process's death
+        raise RuntimeError("SIGTERM reached the test's handler")
+
+    monkeypatch.setattr(staging, "_copy_one", evicted)
+    cache = tmp_path / "cache"
+    sets = [f"data.sources=[{tiny_corpus}]", f"data.prepared_dir={tmp_path / 'prepared'}"]
+    sets += [f"data.cache_dir={cache}", "fault.preempt_exit_code=42"]
+    args = ["stage", "--job", "tiny", "--workers", "1", *(a for s in sets for a in ("--set", s))]
+    previous = signal.signal(signal.SIGTERM, unhandled)
+    try:
+        result = runner.invoke(app, args)
+        assert signal.getsignal(signal.SIGTERM) is unhandled  # put back as it was
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert result.exit_code == 42, result.output
+    assert result.stderr.count("\n") == 1 and "preempted" in result.stderr, result.stderr
+    assert [p.name for p in cache.iterdir() if p.is_dir()] == []  # neither the entry nor its .tmp-*

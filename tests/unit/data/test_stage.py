@@ -155,6 +155,44 @@ def test_a_disk_filling_up_mid_copy_is_one_error_naming_the_cache(
     assert [p.name for p in cache.iterdir() if p.is_dir() or ".tmp-" in p.name] == []
 
 
+class _Signalled(BaseException):
+    """What a signal handler raises in the main thread (``data stage``'s exit on SIGTERM)."""
+
+
+@pytest.mark.parametrize("workers", [1, 4])
+def test_a_signal_mid_copy_stops_the_copies_and_removes_the_partial_copy(
+    dataset_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: int
+) -> None:
+    """The handler's exception could land while the thread pool started a worker, which was then
+    never joined: it copied every file after the partial copy was removed, leaving it behind."""
+    import signal
+
+    from hpcpipe.data import stage as staging
+
+    copy = staging._copy_one
+    calls: list[str] = []
+
+    def signalled_at_once(root: Path, dest_root: Path, rel: str, want: str) -> None:
+        calls.append(rel)
+        if len(calls) == 1:
+            os.kill(os.getpid(), signal.SIGUSR2)
+        copy(root, dest_root, rel, want)
+
+    def handler(_signum: int, _frame: object) -> None:
+        raise _Signalled
+
+    monkeypatch.setattr(staging, "_copy_one", signalled_at_once)
+    source = token_dataset_source(dataset_dir)
+    previous = signal.signal(signal.SIGUSR2, handler)
+    try:
+        with pytest.raises(_Signalled):
+            stage(source, tmp_path / "cache", workers=workers)
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
+    assert [p.name for p in (tmp_path / "cache").iterdir() if p.is_dir()] == []
+    assert len(calls) < len(source.files) > 10  # the threads stopped after their file in progress
+
+
 def _left_by_a_killed_stager(cache: Path, key: str, pid: int) -> Path:
     partial = cache / f".{key}.tmp-{pid}"
     (partial / "sub").mkdir(parents=True)

@@ -113,7 +113,9 @@ def test_the_hpcpipe_runtime_restarts_only_after_a_preemption() -> None:
     assert policy["rules"][0]["onJobFailureReasons"] == ["PodFailurePolicy"]
     assert policy["rules"][1]["action"] == "FailJobSet"
     job_spec = runtime["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]
-    assert job_spec["podFailurePolicy"]["rules"][0]["onExitCodes"]["values"] == [75]
+    # The stage step too: evicted, it exits 75 (it died of SIGTERM, 143, and failed the job).
+    rules = [rule["onExitCodes"] for rule in job_spec["podFailurePolicy"]["rules"]]
+    assert [(r["containerName"], r["values"]) for r in rules] == [("node", [75]), ("stage", [75])]
     assert train_job["spec"]["runtimeRef"]["name"] == "hpcpipe-torch"
     assert train_job["spec"]["trainer"]["numNodes"] == 32
 
