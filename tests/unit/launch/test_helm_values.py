@@ -153,6 +153,16 @@ def test_the_defaults_render_a_tiny_trainjob_that_passes_the_schemas() -> None:
     assert pod["terminationGracePeriodSeconds"] == 75
 
 
+def test_the_default_config_is_a_valid_config_the_tiny_preset(tmp_path: Path) -> None:
+    """The default was `preset: tiny`, which no config loader takes: the documented smoke install
+    (`helm install smoke deploy/helm/hpcpipe`) failed in every pod with `unknown config key 'preset'`."""
+    [config_map] = [d for d in render({}, name="smoke") if d["kind"] == "ConfigMap"]
+    mounted = tmp_path / "config.yaml"  # as the pods read it: launch agent /etc/hpcpipe/config.yaml
+    mounted.write_text(config_map["data"]["config.yaml"])
+    # The same job as the config `launch helm-values tiny` writes (its full, resolved form).
+    assert load_config(mounted) == load_config("tiny")
+
+
 def test_monitoring_claims_and_an_ephemeral_node_cache_render_and_pass_the_schemas() -> None:
     values = {
         "api": "pytorchjob",
@@ -281,19 +291,19 @@ def _notes(values: dict[str, Any]) -> str:
 
 
 def test_the_notes_say_where_the_run_directory_is() -> None:
-    """With a checkpoints claim, NOTES.txt said the run directory was on it although `preset: tiny`
-    writes to the relative `runs`, the pod's own disk."""
+    """With a checkpoints claim, NOTES.txt said the run directory was on it although the tiny
+    preset writes to the relative `runs`, the pod's own disk."""
     claim = {"persistence": {"checkpoints": {"enabled": True}}}
-    assert "runs, not under /checkpoints" in _notes({**claim, "config": "preset: tiny\n"})
-    on_claim = _notes({**claim, "config": "preset: tiny\nrun: {out_dir: /checkpoints/runs}\n"})
+    assert "runs, not under /checkpoints" in _notes({**claim, "config": "run: {name: tiny}\n"})
+    on_claim = _notes({**claim, "config": "run: {name: tiny, out_dir: /checkpoints/runs}\n"})
     assert "(run.out_dir /checkpoints/runs) is on the claim smoke-checkpoints" in on_claim
-    assert "stay on the pods' own disks" in _notes({"config": "preset: tiny\n"})
+    assert "stay on the pods' own disks" in _notes({"config": "run: {name: tiny}\n"})
 
 
 def test_the_chart_refuses_labels_that_select_the_pods() -> None:
     """A user label overriding app.kubernetes.io/instance left the PodMonitor selecting nothing."""
     with pytest.raises(Exception, match=r"app\.kubernetes\.io/instance|propertyNames|labels"):
-        _notes({"config": "preset: tiny\n", "labels": {"app.kubernetes.io/instance": "other"}})
+        _notes({"config": "run: {name: tiny}\n", "labels": {"app.kubernetes.io/instance": "other"}})
 
 
 def test_the_templates_refuse_labels_that_select_the_pods_without_the_schema(tmp_path: Path) -> None:
@@ -302,7 +312,7 @@ def test_the_templates_refuse_labels_that_select_the_pods_without_the_schema(tmp
     chart = shutil.copytree(CHART, tmp_path / "hpcpipe")  # the linked alert rules and dashboard as files
     (chart / "values.schema.json").unlink()
     for key in ("app.kubernetes.io/name", "app.kubernetes.io/instance"):
-        values = {"config": "preset: tiny\n", "labels": {key: "other"}}
+        values = {"config": "run: {name: tiny}\n", "labels": {key: "other"}}
         with helm.Chart.load(str(chart)) as loaded, pytest.raises(helm.HelmRenderError) as caught:
             loaded.render(values, name="x")
         assert f'labels: "{key}" is set by hpcpipe' in str(caught.value), caught.value
