@@ -206,6 +206,12 @@ def test_monitoring_claims_and_an_ephemeral_node_cache_render_and_pass_the_schem
         ({"api": "mpijob"}, "/api"),
         ({"image": {"repository": "x", "digest": "sha256:nothex"}}, "/image/digest"),
         ({"shmSize": "16 GiB"}, "/shmSize"),
+        # What launch.k8s refuses the schema refused not (the rendered job broke, or was refused):
+        # a negative quantity, a zero extended resource, an exporter port without room for 64 ranks.
+        ({"resources": {"memory": "-8Gi"}}, "/resources/memory"),
+        ({"resources": {"memory": -8}}, "/resources/memory"),
+        ({"resources": {"extra": {"rdma/ib": 0}}}, "/resources/extra/rdma~1ib"),
+        ({"metrics": {"port": 65535}}, "/metrics/port"),
     ],
 )
 def test_a_wrong_value_is_refused_by_the_schema(values: dict[str, Any], message: str) -> None:
@@ -225,6 +231,17 @@ def test_a_wrong_value_is_refused_by_the_schema(values: dict[str, Any], message:
         ({"nameOverride": "a" * 41}, "x", "/nameOverride': maxLength"),
         ({"api": "pytorchjob", "runtime": {"install": True}}, "x", "goes with api=trainjob"),
         ({"api": "pytorchjob", "nodes": {"min": 4, "max": 2}}, "x", "nodes.min 4 is more than nodes.max 2"),
+        # launch.k8s refuses both; the chart rendered ranks sharing a GPU, and ports above 65535.
+        (
+            {"nprocPerNode": 16, "resources": {"gpu": {"count": 8}}},
+            "x",
+            "nprocPerNode 16 is more than resources.gpu.count 8: ranks would share a GPU",
+        ),
+        (
+            {"api": "pytorchjob", "nprocPerNode": 100, "metrics": {"port": 65471}},
+            "x",
+            "metrics.port 65471: the exporter of local rank 99 would listen on 65570, above 65535",
+        ),
     ],
 )
 def test_a_missing_or_inconsistent_value_is_helms_message_not_a_broken_manifest(

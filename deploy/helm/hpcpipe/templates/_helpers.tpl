@@ -67,7 +67,12 @@ annotations:
 {{- $image -}}
 {{- end -}}
 
+{{/* Processes per node; never more than the GPUs a node has (launch.k8s refuses it too). */}}
 {{- define "hpcpipe.nproc" -}}
+{{- $gpus := int (.Values.resources.gpu.count | default 0) -}}
+{{- if and $gpus .Values.nprocPerNode (gt (int .Values.nprocPerNode) $gpus) -}}
+{{- fail (printf "nprocPerNode %d is more than resources.gpu.count %d: ranks would share a GPU (NCCL refuses: 'Duplicate GPU detected')" (int .Values.nprocPerNode) $gpus) -}}
+{{- end -}}
 {{- .Values.nprocPerNode | default .Values.resources.gpu.count | default 1 -}}
 {{- end -}}
 
@@ -251,6 +256,10 @@ requests:
 {{/* metrics-<local rank>: one exporter port per process (deploy/k8s/podmonitor.yaml keeps these). */}}
 {{- define "hpcpipe.metricsPorts" -}}
 {{- if not (kindIs "invalid" .Values.metrics.port) }}
+{{- $last := add .Values.metrics.port (include "hpcpipe.nproc" .) -1 }}
+{{- if gt (int $last) 65535 }}
+{{- fail (printf "metrics.port %d: the exporter of local rank %d would listen on %d, above 65535; choose a lower port" (int .Values.metrics.port) (sub (int (include "hpcpipe.nproc" .)) 1) (int $last)) }}
+{{- end }}
 {{- range $rank := until (int (include "hpcpipe.nproc" .)) }}
 - name: metrics-{{ $rank }}
   containerPort: {{ add $.Values.metrics.port $rank }}
