@@ -8,7 +8,8 @@ parameter may be left out; None: no call is expected). Cases come from BFCL's ow
 Metrics per category and overall:
 - ``parse_rate``: replies whose attempted calls all parse (a reply without a call parses);
 - ``decision_acc``: call / no-call decided as expected;
-- ``name_acc``: among cases expecting calls, the called function names equal the expected ones;
+- ``name_acc``: among cases expecting calls, the called function names equal the expected ones
+  (a reply without a call, or whose call does not parse, has the wrong names);
 - ``ast_acc``: BFCL's AST check passes (``hpcpipe.evaluate.ast_checker``), with ``ast_ci95``, its
   Wilson 95% interval (``hpcpipe.evaluate.intervals``): at 20 cases a category's accuracy is known to
   within about 20 points either way;
@@ -137,7 +138,8 @@ def score(case: Case, reply: str) -> dict[str, Any]:
             # an opened call as the wrong decision (docs/function-calling-eval.md, Evaluation).
             result.update(decision=True, ast=True, exact=True)
             return result
-        result["error"] = "invalid_call"
+        # Counted against the names: left out, a broken call read better than no call at all.
+        result.update(error="invalid_call", name=False if expects else None)
         return result
     if expects:  # a dotted name (math.factorial) may be called as math_factorial, as the AST check allows
         want = sorted(next(iter(g)).replace(".", "_") for g in case.ground_truth or [])

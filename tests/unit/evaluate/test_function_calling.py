@@ -99,6 +99,18 @@ def test_score_per_outcome() -> None:
     assert not broken["parsed"] and broken["error"] == "invalid_call"
 
 
+def test_name_accuracy_counts_an_unparsable_call_as_the_wrong_names() -> None:
+    """A call that did not parse was left out of name_acc while a reply with no call counted as
+    wrong, so a model writing broken calls read better than one writing none."""
+    truth = [{"get_weather": {"city": ["Paris"]}}]
+    good = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
+    broken = '<tool_call>{"name": "get_weather", "arguments": {"city": "Par'
+    rows = [score(_case("simple", truth), reply) for reply in (good, broken, broken, "It is sunny.")]
+    assert [r["name"] for r in rows] == [True, False, False, False]
+    assert summarize(rows)["overall"]["name_acc"] == 0.25
+    assert score(_case("heldout_no_call", None), broken)["name"] is None  # no call wanted: no names
+
+
 def test_a_dotted_function_called_with_underscores_has_the_right_name_as_it_passes_the_ast() -> None:
     """math.factorial called as math_factorial passed the AST check (BFCL's rule) but counted as
     the wrong name: name accuracy could fall below AST accuracy."""
