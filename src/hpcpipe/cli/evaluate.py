@@ -53,7 +53,8 @@ def function_calling(
             help="Which BFCL cases: 'dev' (the first 30 single-turn cases of each category: "
             "choose settings, thresholds and rules here), 'test' (30 further cases per category "
             "drawn once by a fixed hash of their ids, disjoint from dev: report here, once, "
-            "never tune on it) or 'all' (every case, in file order).",
+            "never tune on it; live_parallel and live_parallel_multiple are too small to have "
+            "one) or 'all' (every case, in file order).",
         ),
     ] = "dev",
     limit: Annotated[

@@ -46,6 +46,9 @@ DEV_CASES = 30
 TEST_CASES = 30
 _TEST_DRAW = "hpcpipe-bfcl-test-v1"  # changing it redraws the test split: never tune against one draw
 _MESSAGE_KEYS = ("role", "content")  # each a string in every message of a question's turn
+# Categories whose whole file (the pinned bfcl-eval wheel's) is too small for DEV_CASES and
+# TEST_CASES disjoint cases: their single-turn case counts. They have dev and all, no test.
+NO_TEST_SPLIT: dict[str, int] = {"live_parallel": 16, "live_parallel_multiple": 24}
 
 # BFCL's types -> JSON schema. "any" becomes "string" as in BFCL's own OpenAI conversion.
 _JSON_TYPES = {
@@ -81,6 +84,14 @@ def load_bfcl(
     ``limit_per_category`` of each."""
     if split not in SPLITS:
         raise DataError(f"unknown BFCL split {split!r} (known: {', '.join(SPLITS)})")
+    if split == "test" and (small := [c for c in categories if c in NO_TEST_SPLIT]):
+        # Before any file is read: these files are whole, so the remedy for a short file cannot help.
+        counts = ", ".join(f"{c} {NO_TEST_SPLIT[c]}" for c in small)
+        raise DataError(
+            f"BFCL category {small[0]} has no test split: its whole file holds too few single-turn "
+            f"cases ({counts}) for {DEV_CASES} dev and {TEST_CASES} disjoint test ones; leave it "
+            "out of --categories or use --split dev or all"
+        )
     cases: list[BfclCase] = []
     for category in categories:
         cases += _load_category(Path(data_dir), category, limit_per_category, split)

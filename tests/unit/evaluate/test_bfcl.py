@@ -16,7 +16,7 @@ import pytest
 from tests.helpers import run_cli
 
 from hpcpipe.errors import DataError
-from hpcpipe.evaluate.bfcl import DEV_CASES, TEST_CASES, load_bfcl, split_entries
+from hpcpipe.evaluate.bfcl import DEV_CASES, NO_TEST_SPLIT, TEST_CASES, load_bfcl, split_entries
 
 ROOT = Path(__file__).resolve().parents[3]
 BFCL = ROOT / "data" / "external" / "bfcl"
@@ -104,6 +104,20 @@ def test_files_without_the_test_cases_are_a_data_error_naming_the_file(tmp_path:
         load_bfcl(bfcl, ["irrelevance"], split="test")
     with pytest.raises(DataError, match="unknown BFCL split 'train'"):
         load_bfcl(bfcl, ["irrelevance"], split="train")
+
+
+def test_categories_too_small_for_a_test_split_are_refused_by_name(tmp_path: Path) -> None:
+    """live_parallel's whole file has 16 cases: --split test sent users to fetch the whole file,
+    which they already had. Refused before any file is read (tmp_path holds none)."""
+    with pytest.raises(DataError, match=r"live_parallel has no test split: .*\(live_parallel 16\)"):
+        load_bfcl(tmp_path, ["simple", "live_parallel"], split="test")
+
+
+@needs_bfcl
+@pytest.mark.parametrize("category", sorted(NO_TEST_SPLIT))
+def test_the_categories_without_a_test_split_are_whole_and_that_small(category: str) -> None:
+    assert len(_ids(category, "all")) == NO_TEST_SPLIT[category] < DEV_CASES + TEST_CASES
+    assert _ids(category, "dev") == _ids(category, "all")[:DEV_CASES]
 
 
 @pytest.mark.parametrize(
