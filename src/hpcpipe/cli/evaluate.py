@@ -75,8 +75,9 @@ def function_calling(
         typer.Option(
             help="How a reply decides between a call and text, at its first token: 'auto' (the "
             "threshold the run's training calibrated, call_threshold.json beside the adapter, "
-            "else greedy), 'greedy' (the likeliest token decides), or a number P: call when "
-            "P(call) >= P. eval.json records each case's P(call) either way.",
+            "else greedy), 'greedy' (the likeliest token decides), or a number P: open with a "
+            "call when P(call) >= P (a reply that opens with text may still call after it). "
+            "eval.json records each case's P(call) either way.",
         ),
     ] = "auto",
     constrain: Annotated[

@@ -45,8 +45,9 @@ def decline(
 ) -> None:
     """Decline the calls an adapter was unsure of, after they are written, and score again.
 
-    Every reply of the evaluation that calls is scored in one forward pass: log P(call) at its
-    first token + WEIGHT x the mean log-probability of its tokens. A call scoring below the
+    Every reply of the evaluation that opens with a call (one written after some text is left
+    as it is) is scored in one forward pass: log P(call) at its first token + WEIGHT x the mean
+    log-probability of its tokens. A call scoring below the
     threshold becomes a decline. The threshold is set on generated near misses (a request beside
     a listed function of its field that cannot serve it; data.synthetic_mix.near_misses, a seed
     no training row was drawn from), decoded as the evaluation was (--constrain or not, its call

@@ -3,7 +3,9 @@
 Greedy decoding decides call or text at the reply's first token. Where the listed functions come
 close to the request (a freezing point asked, a boiling-point function listed) a small fine-tuned
 model opens a call anyway, and then has to make the arguments up: the call's own tokens are less
-likely. The rule scores every call after it is written,
+likely. The rule scores every reply that opens with a call after it is written (``makes_call``:
+a call written after some text is neither scored nor declined, as the first token decided
+against calling there),
 
     score = log P(call at the first token) + weight x mean log P(each token of the call)
 
@@ -99,6 +101,7 @@ def decline_score(p_call: float, log_probs: Sequence[float], weight: float) -> f
 
 
 def makes_call(reply: str) -> bool:
+    """Whether ``reply`` opens with a call: the ones the rule judges (a call after text is not)."""
     from hpcpipe.data.function_calling.tokens import CALL_OPEN
 
     return reply.lstrip().startswith(CALL_OPEN)

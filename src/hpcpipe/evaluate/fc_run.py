@@ -43,7 +43,8 @@ def evaluate_cases(
     constrain: bool = False,
 ) -> dict[str, Any]:
     """Generate every case's assistant turn, score it, write ``eval.json`` + ``eval.md``.
-    ``call_threshold``: a reply calls exactly when P(call) at its first token reaches it;
+    ``call_threshold``: a reply opens with a call exactly when P(call) at its first token
+    reaches it (below it, the reply opens with text and may still write a call after it);
     ``constrain``: calls follow the offered functions' schemas (``hpcpipe.evaluate.constrain``)."""
     from rich.progress import Progress
 

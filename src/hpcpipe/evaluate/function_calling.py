@@ -245,6 +245,7 @@ def markdown_table(summary: dict[str, Any], meta: dict[str, Any]) -> str:
         lines += [
             "",
             f"Call or no call decided by a threshold ({how}): "
-            f"a reply calls when P(call) >= {meta['call_threshold']}.",
+            f"a reply opens with a call when P(call) >= {meta['call_threshold']} (one that "
+            "opens with text may still call after it).",
         ]
     return "\n".join(lines) + "\n"

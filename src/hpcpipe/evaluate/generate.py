@@ -8,6 +8,8 @@ A reply's first token decides between a call and text: every call opens with the
 first of ``<tool_call>``). ``CallDecision`` reads the probability of that token there for every
 prompt, which says how sure the model was (``p_call`` in eval.json), and with a threshold makes
 the decision by it: the opener where P >= threshold, any other token where P < threshold.
+Only the first token: a reply that opens with text ("Sure, one moment.") may still write a call
+after it, whatever its P(call); the committed evaluations have few (docs/function-calling-eval.md).
 """
 
 from __future__ import annotations

@@ -125,6 +125,19 @@ def test_calls_below_the_threshold_become_declines_scored_again(monkeypatch: pyt
     assert judged[3] == results[3]  # prose is not scored
 
 
+def test_a_call_written_after_prose_is_scored_as_a_call_but_not_judged(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As docs/function-calling-eval.md says: eval decline judges replies that open with a call;
+    one that calls after some text (sweep p20's multiple_19, test seed 0's parallel_127) stays."""
+    monkeypatch.setattr(decline, "call_log_probs", lambda *a: pytest.fail("a call after prose was judged"))
+    case = _case("after_prose", "irrelevance", None)
+    result = {**score(case, "Sure, just a moment.\n" + CALL), "p_call": 0.01}
+    assert result["error"] == "unexpected_call"  # the evaluation scores it as a call
+    rule = DeclineRule(0.0, 4.0, 0.95, 100, 10, 1)  # would decline any judged call
+    assert apply_decline(None, _Chat(), [case], [result], rule) == [result]  # type: ignore[arg-type]
+
+
 def _run_with_eval(root: Path, **meta: Any) -> Any:
     """A run directory (config.yaml, export/adapter/) and its evaluation RUN/eval-constrained, as
     `hpcpipe eval function-calling RUN --constrain` writes them; ``meta`` overrides eval.json's."""

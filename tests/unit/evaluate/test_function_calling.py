@@ -160,3 +160,5 @@ def test_call_auc_ranks_the_cases_that_want_a_call_above_the_others() -> None:
                           "ast": True, "exact": True, "error": None} for r in rows])  # fmt: skip
     table = markdown_table(summary, {"model": "m", "call_threshold": 0.7})
     assert "ROC AUC 0.750" in table and "P(call) >= 0.7" in table
+    # The threshold sets the first token only: the table said every reply called exactly so.
+    assert "opens with a call when P(call) >= 0.7" in table and "may still call after it" in table
