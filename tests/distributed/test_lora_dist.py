@@ -189,5 +189,9 @@ def test_the_call_threshold_is_calibrated_on_the_main_rank_while_the_others_leav
     assert proc.returncode == 0, proc.stderr[-4000:]
     run = tmp / "calibrated"
     assert (run / "export" / "adapter" / "call_threshold.json").is_file()
+    from hpcpipe.evaluate.calibrate import adapter_sha256, read_calibration
+
+    saved = read_calibration(run / "export" / "adapter")  # set on the adapter exported beside it
+    assert saved is not None and saved.adapter_sha256 == adapter_sha256(run / "export" / "adapter")
     kinds = [e["event"] for e in read_events(run)]
     assert kinds.index("calls_calibrated") < kinds.index("run_finished") == len(kinds) - 1, kinds

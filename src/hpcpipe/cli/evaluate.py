@@ -240,12 +240,26 @@ app.command("decline")(decline)
 
 def _call_threshold(option: str, adapter: Path | None) -> float | None:
     """``--call-threshold`` as a threshold (None: greedy); ``auto`` reads the adapter's calibration."""
-    from hpcpipe.evaluate.calibrate import read_calibration
+    from hpcpipe.evaluate.calibrate import read_calibration, set_on_this_adapter
 
     if option == "greedy":
         return None
     if option == "auto":
         calibration = read_calibration(adapter) if adapter else None
+        if (
+            adapter
+            and calibration
+            and not set_on_this_adapter(
+                adapter / RunLayout.CALL_THRESHOLD, calibration.adapter_sha256, adapter
+            )
+        ):
+            # Training again re-exports the adapter beside the old file (without calibrating
+            # unless lora.calibration_cases): a threshold set on other weights decides nothing.
+            raise UserError(
+                f"{adapter / RunLayout.CALL_THRESHOLD}: set on an earlier adapter, not the one "
+                "there now; delete it, train with lora.calibration_cases, or pass --call-threshold "
+                "greedy or a number"
+            )
         return calibration.threshold if calibration else None
     try:
         value = float(option)

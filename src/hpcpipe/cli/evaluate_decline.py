@@ -10,7 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
-from hpcpipe.cli.common import JsonOption, console, write_json
+from hpcpipe.cli.common import JsonOption, console, err_console, write_json
 from hpcpipe.errors import UserError
 from hpcpipe.layout import RunLayout
 
@@ -62,9 +62,8 @@ def decline(
       hpcpipe eval compare runs/base/eval-constrained runs/lora-fc-smollm2/eval-constrained-declined
     """
     from hpcpipe.cli.fc_target import load_run
-    from hpcpipe.config import load_config
     from hpcpipe.evaluate.compare import read_eval
-    from hpcpipe.evaluate.decline import apply_decline, calibrate_decline, read_decline
+    from hpcpipe.evaluate.decline import apply_decline, read_decline
     from hpcpipe.evaluate.function_calling import summarize, write_report
 
     layout = RunLayout(run)
@@ -85,18 +84,8 @@ def decline(
     rule = None if recalibrate else read_decline(adapter)  # a damaged decline.json: before the model loads
     model, chat, heldout, meta, _ = load_run(run, False, constrained)
     start = time.perf_counter()
-    # The near misses are decoded as the evaluation was: a rule set otherwise is set again.
     settings = (cases, target, weight, constrained, call_threshold)
-    if (
-        rule is None
-        or (rule.cases, rule.target, rule.weight, rule.constrained, rule.call_threshold) != settings
-    ):
-        job = load_config(layout.config)
-        mix, seed = job.data.synthetic_mix, job.run.seed
-        rule = calibrate_decline(
-            model, chat, mix, seed, cases, target, weight, constrained, call_threshold=call_threshold
-        )
-        rule.save(adapter)
+    rule = _rule(rule, settings, layout, model, chat)
     calibrate_s = round(time.perf_counter() - start, 1)
     results = evaluation["cases"]
     split = str((evaluation.get("meta") or {}).get("split", "all"))  # before --split: file order
@@ -120,6 +109,38 @@ def decline(
         )
         console.print(f"wrote {written / RunLayout.FC_EVAL_JSON}", highlight=False)
     write_json({"meta": meta, "overall": summary["overall"], "categories": summary["categories"]}, json_out)
+
+
+def _rule(rule: Any, settings: tuple[Any, ...], layout: RunLayout, model: Any, chat: Any) -> Any:
+    """The saved ``rule`` (a DeclineRule or None) when it was set with these ``settings`` on the
+    adapter there now, else one set again and saved: the near misses are decoded as the
+    evaluation was, and training again re-exports the adapter beside the old decline.json."""
+    from dataclasses import replace
+
+    from hpcpipe.config import load_config
+    from hpcpipe.evaluate.calibrate import adapter_sha256, set_on_this_adapter
+    from hpcpipe.evaluate.decline import calibrate_decline
+
+    adapter = layout.adapter
+    if rule is not None:
+        same = (rule.cases, rule.target, rule.weight, rule.constrained, rule.call_threshold) == settings
+        if same and set_on_this_adapter(adapter / RunLayout.DECLINE, rule.adapter_sha256, adapter):
+            return rule
+        if same:  # with other settings asked for, setting it again is no surprise
+            err_console.print(
+                f"{adapter / RunLayout.DECLINE}: set on an earlier adapter, not the one there now; "
+                "calibrating again",
+                highlight=False,
+            )
+    cases, target, weight, constrained, call_threshold = settings
+    job = load_config(layout.config)
+    found = calibrate_decline(
+        model, chat, job.data.synthetic_mix, job.run.seed, cases, target, weight, constrained,
+        call_threshold=call_threshold,
+    )  # fmt: skip
+    found = replace(found, adapter_sha256=adapter_sha256(adapter))
+    found.save(adapter)
+    return found
 
 
 def _shown(threshold: float | None) -> str:

@@ -19,6 +19,7 @@ after training instead, from data the generator makes, never from a benchmark:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from collections.abc import Sequence
@@ -44,6 +45,9 @@ class Calibration:
     cases: int  # near-miss requests scored
     seed: int  # the generator seed they were drawn from
     p_call_quantiles: dict[str, float]  # P(call) over the near misses: their 10th..90th percentiles
+    adapter_sha256: str | None = (
+        None  # adapter_sha256() of the adapter it was set on (None: before 2026-12-05)
+    )
 
     def __post_init__(self) -> None:
         if not is_number(self.threshold):
@@ -106,6 +110,32 @@ def read_calibration(adapter_dir: Path) -> Calibration | None:
     """The calibration saved beside an adapter, or None."""
     path = adapter_dir / RunLayout.CALL_THRESHOLD
     return read_saved(path, Calibration, "delete it, or evaluate with --call-threshold greedy or a number")
+
+
+def adapter_sha256(adapter_dir: Path) -> str | None:
+    """SHA-256 over the adapter's weights files (peft's ``adapter_model*``), None without one: what
+    the files saved beside it were set on. Training again re-exports the adapter into the same
+    folder and leaves them there, so a rule set on the old weights would judge the new ones."""
+    files = sorted(p for p in adapter_dir.glob("adapter_model*") if p.is_file())
+    if not files:
+        return None
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(path.name.encode() + b"\0")
+        with path.open("rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+def set_on_this_adapter(saved: Path, recorded: str | None, adapter_dir: Path) -> bool:
+    """Whether the file ``saved`` beside ``adapter_dir`` was set on the weights there now: by the
+    hash it recorded or, written before hashes were (``recorded`` None), by being no older than
+    the weights (training writes them first, then calibrates)."""
+    if recorded is not None:
+        return recorded == adapter_sha256(adapter_dir)
+    weights = [p.stat().st_mtime for p in adapter_dir.glob("adapter_model*") if p.is_file()]
+    return bool(weights) and saved.stat().st_mtime >= max(weights)
 
 
 def read_saved(path: Path, cls: type[Saved], remedy: str) -> Saved | None:

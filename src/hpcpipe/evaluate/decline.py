@@ -52,6 +52,7 @@ class DeclineRule:
     seed: int  # the generator seed they were drawn from
     constrained: bool = True  # decoded under the call grammar (--constrain), as the evaluation was
     call_threshold: float | None = None  # the evaluation's first-token threshold (None: greedy)
+    adapter_sha256: str | None = None  # calibrate.adapter_sha256 of the adapter it was set on
 
     def __post_init__(self) -> None:
         numbers = (self.threshold, self.call_threshold)

@@ -310,9 +310,11 @@ class LoraFCRecipe(Recipe):
     def _calibrate(self, adapter: Path, run_dir: Path) -> Any:  # evaluate.calibrate.Calibration
         """The call threshold, from the exported adapter loaded as evaluation loads it (fp32,
         SDPA), saved beside it (``lora.calibration_cases``; evaluate/calibrate.py)."""
+        import dataclasses
+
         import torch
 
-        from hpcpipe.evaluate.calibrate import calibrate
+        from hpcpipe.evaluate.calibrate import adapter_sha256, calibrate
         from hpcpipe.models.lora_export import load_with_adapter
         from hpcpipe.observe.metrics import append_event
 
@@ -328,6 +330,7 @@ class LoraFCRecipe(Recipe):
             cfg.calibration_cases,
             cfg.calibration_target,
         )
+        found = dataclasses.replace(found, adapter_sha256=adapter_sha256(adapter))  # what it was set on
         found.save(adapter)
         append_event(
             run_dir, "calls_calibrated", threshold=found.threshold, cases=found.cases, target=found.target

@@ -127,3 +127,43 @@ def test_a_damaged_calibration_is_one_line_naming_it_before_the_model_loads(
     err = capsys.readouterr().err
     assert exited.value.code == 2 and err.count("\n") == 1, err
     assert f"{run.call_threshold}: cannot read it" in err and "--call-threshold greedy" in err
+
+
+def test_a_threshold_set_on_an_earlier_adapter_is_refused_before_the_model_loads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Training again re-exports the adapter beside the old call_threshold.json, and --call-threshold
+    auto decided the new adapter's calls by the old adapter's threshold."""
+    import os
+    import sys
+
+    import hpcpipe.cli.evaluate as evaluate_cli
+    from hpcpipe.cli.app import main
+    from hpcpipe.evaluate.calibrate import adapter_sha256, set_on_this_adapter
+    from hpcpipe.layout import RunLayout
+
+    run = RunLayout(tmp_path / "run")
+    run.adapter.mkdir(parents=True)
+    run.config.write_text("run: {}\n")
+    weights = run.adapter / "adapter_model.safetensors"
+    weights.write_bytes(b"old weights")
+    old = adapter_sha256(run.adapter)
+    Calibration(0.5, 0.95, 10, 1, {}, adapter_sha256=old).save(run.adapter)
+    assert set_on_this_adapter(run.call_threshold, old, run.adapter)
+    weights.write_bytes(b"new weights")  # trained again
+    assert adapter_sha256(run.adapter) != old
+    assert not set_on_this_adapter(run.call_threshold, old, run.adapter)
+    # Written before hashes were recorded: judged by age against the weights.
+    os.utime(run.call_threshold, (1, 1))
+    assert not set_on_this_adapter(run.call_threshold, None, run.adapter)
+    os.utime(weights, (0, 0))
+    assert set_on_this_adapter(run.call_threshold, None, run.adapter)
+    monkeypatch.setattr(evaluate_cli, "load_target", lambda *a: pytest.fail("the model loaded"))
+    monkeypatch.setattr(
+        sys, "argv", ["hpcpipe", "eval", "function-calling", str(run.root), "--categories", ""]
+    )
+    with pytest.raises(SystemExit) as exited:
+        main()
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and err.count("\n") == 1, err
+    assert f"{run.call_threshold}: set on an earlier adapter" in err and "--call-threshold greedy" in err

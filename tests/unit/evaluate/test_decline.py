@@ -271,6 +271,34 @@ def test_the_near_misses_are_decoded_by_the_evaluations_call_threshold(
     assert rule is not None and rule.call_threshold == 0.25 and rule.calling == 10
 
 
+def test_a_rule_set_on_an_earlier_adapter_is_set_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Training again re-exports the adapter beside the old decline.json, which was reused for
+    the new adapter whenever the settings matched."""
+    from types import SimpleNamespace
+
+    import hpcpipe.config
+    from hpcpipe.cli.evaluate_decline import _rule
+    from hpcpipe.evaluate.calibrate import adapter_sha256
+
+    run = _run_with_eval(tmp_path / "run")
+    (run.adapter / "adapter_model.safetensors").write_bytes(b"weights")
+    settings = (10, 0.95, 4.0, True, None)
+    fresh = DeclineRule(-2.0, 4.0, 0.95, 10, 3, 1)
+    job = SimpleNamespace(data=SimpleNamespace(synthetic_mix=None), run=SimpleNamespace(seed=0))
+    monkeypatch.setattr(hpcpipe.config, "load_config", lambda path: job)
+    monkeypatch.setattr(decline, "calibrate_decline", lambda *a, **k: fresh)
+    mine = DeclineRule(-1.0, 4.0, 0.95, 10, 3, 1, True, None, adapter_sha256(run.adapter))
+    assert _rule(mine, settings, run, None, None) == mine  # set on these weights: reused
+    assert capsys.readouterr().err == ""
+    earlier = DeclineRule(-1.0, 4.0, 0.95, 10, 3, 1, True, None, "0" * 64)
+    again = _rule(earlier, settings, run, None, None)
+    assert again.threshold == -2.0 and again.adapter_sha256 == adapter_sha256(run.adapter)
+    assert read_decline(run.adapter) == again
+    assert "decline.json: set on an earlier adapter" in capsys.readouterr().err
+
+
 def test_the_default_evaluation_is_the_dev_splits_then_the_test_splits(tmp_path: Path) -> None:
     """--split test wrote RUN/eval too, and decline judged whichever split was written last."""
     import shutil
