@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
+from hpcpipe.cli import fc_target
 from hpcpipe.cli.common import JsonOption, console, print_table, write_json
 from hpcpipe.cli.evaluate_decline import decline
 from hpcpipe.cli.fc_target import load_target
@@ -98,6 +99,15 @@ def function_calling(
             "--constrain, the name + '-constrained')."
         ),
     ] = None,
+    overwrite: Annotated[
+        bool,
+        typer.Option(
+            "--overwrite",
+            help="Replace the default output's eval.json even when it was written with other "
+            "--split, --categories, --limit, --heldout-limit, --call-threshold or --constrain "
+            "(without it, that is refused: pass --out).",
+        ),
+    ] = False,
     json_out: JsonOption = None,
 ) -> None:
     """Generate the assistant turn for held-out conversations and for BFCL's own test files,
@@ -135,8 +145,19 @@ def function_calling(
     run = RunLayout(target)
     adapter = run.adapter if run.config.is_file() and not base else None  # load_run's adapter
     threshold = _call_threshold(call_threshold, adapter)  # before the model loads too
+    wanted = {
+        "--split": split,
+        "--categories/--limit": [c.id for c in bfcl_cases],
+        "--heldout-limit": heldout_limit,
+        "--call-threshold": threshold,
+        "--constrain": constrain,
+    }
+    if out is None and not overwrite:
+        where = fc_target.default_out(target, base, constrain, split)
+        _refuse_replacing(where / RunLayout.FC_EVAL_JSON, wanted)
     model, chat, heldout, meta, default_out = load_target(target, base, constrain, split)
     meta["split"] = split
+    meta["heldout_limit"] = heldout_limit
     meta["call_decision"] = (
         "greedy" if threshold is None else ("calibrated" if call_threshold == "auto" else "given")
     )
@@ -268,6 +289,32 @@ def _call_threshold(option: str, adapter: Path | None) -> float | None:
     if not 0.0 <= value <= 1.0:
         raise UserError(f"--call-threshold: {option!r} is not auto, greedy or a number from 0 to 1")
     return value
+
+
+def _refuse_replacing(path: Path, wanted: dict[str, Any]) -> None:
+    """UserError when the evaluation at ``path`` (the default output) was written with settings
+    other than ``wanted``: a quick --limit run silently replaced a full one, which eval decline
+    and compare then read. Settings it does not record (written before they were) pass."""
+    import json
+
+    try:
+        found = json.loads(path.read_text())
+        meta, cases = found.get("meta") or {}, found["cases"]
+        had = {
+            "--split": meta.get("split", "all"),
+            "--categories/--limit": [c["id"] for c in cases if not str(c["id"]).startswith("heldout_")],
+            "--heldout-limit": meta.get("heldout_limit", wanted["--heldout-limit"]),
+            "--call-threshold": meta.get("call_threshold"),
+            "--constrain": bool(meta.get("constrained")),
+        }
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return  # none there, or not one worth keeping (unreadable)
+    differ = [key for key, value in wanted.items() if had[key] != value]
+    if differ:
+        raise UserError(
+            f"{path}: an evaluation written with other {', '.join(differ)} is there; pass --out to "
+            "write this one elsewhere, or --overwrite to replace it"
+        )
 
 
 def _compare_cells(row: dict[str, Any]) -> list[str]:

@@ -36,8 +36,18 @@ def load_target(
         )
     chat = ChatFormat(load_tokenizer(source))
     meta = {"model": str(target), "adapter": None}
-    out = RunLayout(Path()).fc_eval_dir(False, constrain, split)  # ./eval, ./eval-test-constrained...
-    return load_base_model(source, "fp32"), chat, [], meta, out
+    return load_base_model(source, "fp32"), chat, [], meta, default_out(target, base, constrain, split)
+
+
+def default_out(target: Path, base: bool, constrain: bool, split: str) -> Path:
+    """Where an evaluation of TARGET goes without --out: RUN/eval... for a run directory (RUN/eval-base
+    with ``base``), else ./eval, ./eval-test-constrained... (``RunLayout.fc_eval_dir``)."""
+    run = RunLayout(target)
+    return (
+        run.fc_eval_dir(base, constrain, split)
+        if run.config.is_file()
+        else RunLayout(Path()).fc_eval_dir(False, constrain, split)
+    )
 
 
 def load_run(

@@ -78,6 +78,7 @@ def _case_problem(case: dict[str, Any]) -> str | None:
 def compare_evals(base: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
     """Base vs after (two ``read_eval`` results of the same cases): per-category and overall rows,
     and the cases that changed. UserError when the categories or their cases differ."""
+    _check_heldout(base, after)
     before, now = _outcomes(base), _outcomes(after)
     if set(before) != set(now):
         raise UserError(_mismatch("categories", sorted(before), sorted(now)))
@@ -109,6 +110,19 @@ def compare_evals(base: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]
         "changed": flipped,
         "decoding": {"base": decoding(base), "after": decoding(after)},
     }
+
+
+def _check_heldout(base: dict[str, Any], after: dict[str, Any]) -> None:
+    """UserError when the two sides scored different held-out conversations: their cases are
+    named ``heldout_<index>`` in each run, so the ids match while the conversations differ.
+    Evaluations written before the hash was recorded (2026-12-05) are not checked."""
+    hashes = [(side.get("meta") or {}).get("heldout_sha256") for side in (base, after)]
+    if None not in hashes and hashes[0] != hashes[1]:
+        raise UserError(
+            f"{base['path']} and {after['path']} scored different held-out conversations under "
+            "the same heldout_* ids (other runs' data); compare evaluations of one run's data, "
+            "or pass --heldout-limit 0 to both"
+        )
 
 
 def decoding(data: dict[str, Any]) -> str:

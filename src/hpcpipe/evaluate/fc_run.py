@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -80,11 +82,24 @@ def evaluate_cases(
         "max_new_tokens": max_new_tokens,
         "call_threshold": call_threshold,
         "constrained": constrain,
+        "heldout_sha256": heldout_sha256(cases),
     }
     if grammars is not None:
         meta["unconstrained_cases"] = grammars.unconstrained
     write_report(summary, results, meta, out)
     return {"meta": meta, **summary}
+
+
+def heldout_sha256(cases: Sequence[Case]) -> str | None:
+    """SHA-256 of the held-out cases (prompts, tools, expected calls), None without any: their ids
+    are only ``heldout_<index>``, so two runs' evaluations name different conversations alike."""
+    held = [
+        [c.id, [[m.role, m.content] for m in c.conversation.messages], c.conversation.tools, c.ground_truth]
+        for c in cases
+        if c.id.startswith("heldout_")
+    ]
+    text = json.dumps(held, sort_keys=True, ensure_ascii=False, default=str)
+    return hashlib.sha256(text.encode()).hexdigest() if held else None
 
 
 class CaseGrammars:

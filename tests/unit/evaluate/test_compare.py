@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from hpcpipe.cli.app import app
 from hpcpipe.errors import UserError
 from hpcpipe.evaluate.compare import compare_evals, read_eval
-from hpcpipe.evaluate.function_calling import markdown_table, summarize, write_report
+from hpcpipe.evaluate.function_calling import markdown_table, score, summarize, write_report
 from hpcpipe.evaluate.intervals import overlap, wilson
 
 # z = 1.96, z² = 3.8416. Wilson: center = (p + z²/2n) / (1 + z²/n),
@@ -127,6 +127,29 @@ def test_compare_cli_prints_the_table_and_caps_the_case_lists(tmp_path: Path) ->
     printed = CliRunner().invoke(app, ["eval", "compare", str(base), str(after), "--json", "-"])
     assert json.loads(printed.output)["overall"]["verdict"] == "within noise"  # 22/50 -> 33/50
     assert "decoding differs" not in shown.output
+
+
+def test_evaluations_of_different_held_out_conversations_are_not_paired(tmp_path: Path) -> None:
+    """heldout_3 of one run and heldout_3 of another are different conversations: compare paired
+    them as one case."""
+    from hpcpipe.data.function_calling.conversation import Conversation, Message
+    from hpcpipe.evaluate.fc_run import build_cases, heldout_sha256
+
+    def held(question: str) -> list[Conversation]:
+        return [Conversation((Message("user", question), Message("assistant", "No.")), ())]
+
+    mine, other = build_cases(held("Weather?"), 1, []), build_cases(held("Time?"), 1, [])
+    assert heldout_sha256(mine) == heldout_sha256(build_cases(held("Weather?"), 1, []))
+    assert heldout_sha256(mine) != heldout_sha256(other) and heldout_sha256([]) is None
+    sides = []
+    for name, cases in (("base", mine), ("after", other)):
+        rows = [score(cases[0], "No.")]
+        write_report(summarize(rows), rows, {"heldout_sha256": heldout_sha256(cases)}, tmp_path / name)
+        sides.append(read_eval(tmp_path / name))
+    assert [c["id"] for c in sides[0]["cases"]] == [c["id"] for c in sides[1]["cases"]] == ["heldout_0"]
+    with pytest.raises(UserError, match="scored different held-out conversations"):
+        compare_evals(*sides)
+    compare_evals(sides[0], sides[0])  # the same data: compared
 
 
 def test_compare_says_when_the_two_sides_decoded_differently(tmp_path: Path) -> None:

@@ -3,6 +3,11 @@ rule, held-out cases from conversations, the metrics and their table."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+import pytest
+
 from hpcpipe.data.function_calling.conversation import Conversation, Message, ToolCall
 from hpcpipe.data.function_calling.tokens import format_call
 from hpcpipe.evaluate.calls import parse_reply
@@ -162,3 +167,46 @@ def test_call_auc_ranks_the_cases_that_want_a_call_above_the_others() -> None:
     assert "ROC AUC 0.750" in table and "P(call) >= 0.7" in table
     # The threshold sets the first token only: the table said every reply called exactly so.
     assert "opens with a call when P(call) >= 0.7" in table and "may still call after it" in table
+
+
+def test_a_smoke_run_does_not_replace_an_evaluation_written_with_other_settings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--limit 5 wrote over RUN/eval/eval.json, the full evaluation eval decline judges by default."""
+    import hpcpipe.cli.evaluate as evaluate_cli
+    from hpcpipe.cli.app import main
+    from hpcpipe.errors import UserError
+    from hpcpipe.evaluate.function_calling import write_report
+    from hpcpipe.layout import RunLayout
+
+    run = RunLayout(tmp_path / "run")
+    run.adapter.mkdir(parents=True)
+    run.config.write_text("run: {}\n")
+    rows = [score(Case("heldout_0", "heldout_no_call", "irrelevance", Conversation(()), [], None), "No.")]
+    meta = {"split": "dev", "heldout_limit": 100, "call_threshold": None, "constrained": False}
+    write_report(summarize(rows), rows, meta, run.fc_eval_dir(False, False))
+
+    def loaded(*_: object) -> None:
+        raise UserError("the model loaded")
+
+    monkeypatch.setattr(evaluate_cli, "load_target", loaded)
+
+    def cli(*args: str) -> str:
+        argv = ["hpcpipe", "eval", "function-calling", str(run.root), "--categories", "", *args]
+        monkeypatch.setattr(sys, "argv", argv)
+        with pytest.raises(SystemExit) as exited:
+            main()
+        err = capsys.readouterr().err
+        assert exited.value.code == 2 and err.count("\n") == 1, err
+        return err
+
+    refused = cli("--heldout-limit", "5")
+    assert (
+        f"{run.fc_eval_dir(False, False) / 'eval.json'}: an evaluation written with other --heldout-limit"
+        in refused
+    )
+    assert "pass --out" in refused
+    assert "--call-threshold" in cli("--call-threshold", "0.5")
+    assert "the model loaded" in cli("--heldout-limit", "5", "--overwrite")
+    assert "the model loaded" in cli("--heldout-limit", "5", "--out", str(tmp_path / "smoke"))
+    assert "the model loaded" in cli()  # the same settings: evaluated again in place
