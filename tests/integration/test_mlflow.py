@@ -76,13 +76,16 @@ def test_a_two_rank_run_is_tracked_and_registered(server: MlflowServer, tmp_path
     version = client.get_model_version_by_alias("tiny-gpt", "champion")
     exported = version.tags["hpcpipe.export"]
     assert (run_dir / "export" / exported).is_dir()
-    assert version.run_id == run.info.run_id and version.source == f"runs:/{run.info.run_id}/model/{exported}"
+    assert version.run_id == run.info.run_id and version.source.startswith(
+        f"runs:/{run.info.run_id}/model/{exported}-"
+    )
+    folder = version.source.split("/", 2)[2]  # model/<export>-<hash of its files>
     assert version.tags["hpcpipe.dataset_manifest_sha256"] == lineage["dataset_manifest_sha256"]
     assert version.tags["hpcpipe.git_sha"] == str(lineage["git_sha"])
     eval_result = json.loads((run_dir / "eval.json").read_text())
     assert float(version.tags["eval.val_loss"]) == pytest.approx(eval_result["metrics"]["val_loss"])
-    champion_files = {a.path for a in client.list_artifacts(run.info.run_id, f"model/{exported}")}
-    assert {f"model/{exported}/config.json", f"model/{exported}/model.safetensors"} <= champion_files
+    champion_files = {a.path for a in client.list_artifacts(run.info.run_id, folder)}
+    assert {f"{folder}/config.json", f"{folder}/model.safetensors"} <= champion_files
     shown = run_cli("models", "show", "tiny-gpt", "--tracking-uri", server.url, cwd=tmp_path)
     assert shown.returncode == 0 and "champion" in shown.stdout, shown.stderr
     # By hand: a second version from another export of the run, under another alias. Both once
@@ -90,12 +93,13 @@ def test_a_two_rank_run_is_tracked_and_registered(server: MlflowServer, tmp_path
     other = run_dir / "export" / "0-other"
     other.mkdir()
     (other / "weights.bin").write_bytes(b"other")
+    (other / ".hpcpipe-export").write_text(json.dumps({"checkpoint": "elsewhere", "files": ["weights.bin"]}))
     again = run_cli(
         "register", str(run_dir), "--name", "tiny-gpt", "--alias", "candidate", "--export", str(other),
         cwd=tmp_path, env=env,
     )  # fmt: skip
     assert again.returncode == 0 and "version 2 (candidate)" in again.stdout, again.stderr
-    assert {a.path for a in client.list_artifacts(run.info.run_id, f"model/{exported}")} == champion_files
+    assert {a.path for a in client.list_artifacts(run.info.run_id, folder)} == champion_files
     listed = run_cli("models", "list", "--json", "-", "--tracking-uri", server.url, cwd=tmp_path)
     aliases = {"champion": "1", "candidate": "2"}
     assert {"name": "tiny-gpt", "latest_version": 2, "aliases": aliases} in json.loads(listed.stdout)
@@ -192,5 +196,7 @@ def test_a_recipe_of_the_users_own_is_tracked_with_its_arguments_and_registered(
     assert {m.step for m in client.get_metric_history(run.info.run_id, "val_r2")} == {0, 2, 4}
     [version] = client.search_model_versions("name='own-model'")
     exported = version.tags["hpcpipe.export"]
-    model_files = {a.path for a in client.list_artifacts(run.info.run_id, f"model/{exported}")}
-    assert version.run_id == run.info.run_id and f"model/{exported}/model.safetensors" in model_files
+    folder = version.source.split("/", 2)[2]  # model/<export>-<hash of its files>
+    model_files = {a.path for a in client.list_artifacts(run.info.run_id, folder)}
+    assert folder.startswith(f"model/{exported}-") and f"{folder}/model.safetensors" in model_files
+    assert version.run_id == run.info.run_id

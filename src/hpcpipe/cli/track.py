@@ -80,7 +80,8 @@ def register(
         typer.Option("--alias", help="Alias for the new version (repeatable).", show_default=False),
     ] = None,
     export: Annotated[
-        Path | None, typer.Option(help="Export directory (default: the newest under RUN_DIR/export).")
+        Path | None,
+        typer.Option(help="Export directory (default: the newest checkpoint's under RUN_DIR/export)."),
     ] = None,
     tracking_uri: UriOption = None,
     json_out: JsonOption = None,

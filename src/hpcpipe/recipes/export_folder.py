@@ -6,7 +6,8 @@ safetensors) loaded as a model of random weights; replacing the whole folder del
 user kept there (a run, notes). So every export lists what it wrote in ``.hpcpipe-export`` and
 the next one replaces exactly those entries; anything else in the folder makes it refuse. The
 folder is never renamed (``--out .`` or a mount point cannot be) and nothing is written beside
-it; a lock on the folder keeps two exports from interleaving.
+it; a lock on the folder keeps two exports from interleaving (and, taken shared, a reader from
+seeing one mid-move: ``checkpoint/export_record.py``).
 """
 
 from __future__ import annotations
@@ -21,11 +22,9 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from hpcpipe.checkpoint.export_record import MARKER, PARTIAL
 from hpcpipe.checkpoint.manifest import CheckpointError
 from hpcpipe.layout import RunLayout
-
-MARKER = ".hpcpipe-export"  # {"files": [what the export wrote], "checkpoint": ..., "format": ...}
-PARTIAL = ".partial-"  # an export being written (or one a killed process left)
 
 
 @contextlib.contextmanager
@@ -62,7 +61,9 @@ def _locked(out: Path) -> Iterator[None]:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise CheckpointError(f"--out {out}: another export is writing there now") from None
+            raise CheckpointError(
+                f"--out {out}: another export is writing there now (or a register reading it)"
+            ) from None
         yield
     finally:
         os.close(fd)  # releases the lock

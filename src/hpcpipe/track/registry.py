@@ -1,20 +1,25 @@
 """The MLflow model registry: a run's export as a new model version, with its lineage.
 
-``register_run`` uploads the export directory into the run's MLflow run
-(``model/<export name>``: each export its own folder, so a version registered earlier never
-changes its files) and registers ``runs:/<id>/model/<export name>`` as a new version of NAME.
-The version's tags say what made it: the hpcpipe run, git SHA, config hash, dataset manifest
-hash, and the evaluation metrics; aliases (MLflow 3: ``champion``, ``candidate``...; stages
-are deprecated) point at it.
+``register_run`` uploads the files of a finished export into the run's MLflow run
+(``model/<export name>-<content sha256[:12]>``: the same files reuse their folder, other files,
+even from the folder exported again, go to another, so a version registered earlier never
+changes its files) and registers ``runs:/<id>/model/<export name>-<hash>`` as a new version of
+NAME. The version's tags say what made it: the hpcpipe run, git SHA, config hash, dataset
+manifest hash, and the evaluation metrics of the checkpoint it was exported from; aliases
+(MLflow 3: ``champion``, ``candidate``...; stages are deprecated) point at it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hpcpipe.checkpoint.export_record import MARKER, PARTIAL, export_record, finished_files, reading
 from hpcpipe.config.pipeline import alias_problem
 from hpcpipe.errors import UserError
 from hpcpipe.fsutil import read_json_object
@@ -23,6 +28,7 @@ from hpcpipe.track.mlflow_client import artifact_uploads, recorded_run
 from hpcpipe.track.params import lineage_tags
 
 REGISTRY_FILE = Path(RunLayout.TRACKING, RunLayout.REGISTRY)  # relative to the run directory
+log = logging.getLogger("hpcpipe.track")
 
 
 @dataclass(frozen=True)
@@ -34,22 +40,70 @@ class Registered:
 
 
 def newest_export(run_dir: Path) -> Path:
-    """The most recently written directory under ``<run_dir>/export``."""
-    export = RunLayout(run_dir).export
-    exports = [p for p in export.glob("*") if p.is_dir()] if export.is_dir() else []
-    if not exports:
-        raise UserError(
-            f"{run_dir}: no export (export/<step>-<format>); "
-            "make one with `hpcpipe ckpt export` or `hpcpipe run`"
-        )
-    return max(exports, key=lambda p: p.stat().st_mtime)
+    """The export of the newest checkpoint under ``<run_dir>/export`` (its ``.hpcpipe-export``
+    names it; a folder's modification time does not: re-exporting an old checkpoint touches it);
+    without one, the adapter the training wrote at its end."""
+    layout = RunLayout(run_dir)
+    marked = [p for p in layout.export.glob("*") if p.is_dir() and (p / MARKER).is_file()]
+    if marked:
+        return max(marked, key=lambda p: (_export_step(p), (p / MARKER).stat().st_mtime))
+    if layout.adapter.is_dir():
+        return layout.adapter
+    raise UserError(
+        f"{run_dir}: no export (export/<step>-<format>); make one with `hpcpipe ckpt export` or `hpcpipe run`"
+    )
+
+
+def _export_step(export: Path) -> int:
+    """The step of the checkpoint an export was made from: its record's, else its folder name's."""
+    checkpoint = (export_record(export) or {}).get("checkpoint")
+    for name in (Path(str(checkpoint)).name if checkpoint else "", export.name):
+        found = re.match(r"step-(\d+)", name)
+        if found:
+            return int(found[1])
+    return -1
+
+
+def export_files(run_dir: Path, export: Path) -> list[str]:
+    """What to upload: the finished export's files (never a killed export's staging folder); the
+    adapter the training wrote at its end is written in place, without a record."""
+    if export.resolve() == RunLayout(run_dir).adapter.resolve() and export_record(export) is None:
+        files = sorted(p.name for p in export.iterdir() if not p.name.startswith(PARTIAL))
+        if not files:
+            raise UserError(f"{export}: empty; the training writes the adapter at its end")
+        return files
+    return finished_files(export)
 
 
 def version_tags(run_dir: Path, export: Path) -> dict[str, str]:
+    """Lineage, and eval.json's metrics when they are of the checkpoint the export was made from."""
     tags = lineage_tags(run_dir) | {"hpcpipe.run": run_dir.name, "hpcpipe.export": export.name}
-    for key, value in (read_json_object(RunLayout(run_dir).eval).get("metrics") or {}).items():
+    evaluated = read_json_object(RunLayout(run_dir).eval)
+    metrics = evaluated.get("metrics") or {}
+    checkpoint = (export_record(export) or {}).get("checkpoint")
+    exported = Path(str(checkpoint)).name if checkpoint else None
+    if metrics and (exported is None or evaluated.get("checkpoint") != exported):
+        log.warning(
+            "%s: no eval.* tags: eval.json evaluated checkpoint %s, the export is of %s",
+            export, evaluated.get("checkpoint"), exported or "an unrecorded checkpoint",
+        )  # fmt: skip
+        return tags
+    for key, value in metrics.items():
         tags[f"eval.{key}"] = str(value)
     return tags
+
+
+def content_sha256(export: Path, files: list[str]) -> str:
+    """One hash over the export's files (relative path and content): the artifact folder's name,
+    so a folder exported again with other content is uploaded beside, not over, the earlier one."""
+    digest = hashlib.sha256()
+    for name in files:
+        top = export / name
+        for path in sorted(p for p in top.rglob("*") if p.is_file()) if top.is_dir() else [top]:
+            with path.open("rb") as f:
+                file_digest = hashlib.file_digest(f, "sha256").hexdigest()
+            digest.update(f"{path.relative_to(export)}\0{file_digest}\n".encode())
+    return digest.hexdigest()
 
 
 def register_run(
@@ -57,9 +111,9 @@ def register_run(
 ) -> Registered:
     """A new version of ``name`` from the run's export; the run must be in MLflow (sync first)."""
     export = export or newest_export(run_dir)
-    if not export.is_dir() or not any(export.iterdir()):
+    if not export.is_dir():
         raise UserError(f"{export}: not an export directory (export/<step>-<format> with its files)")
-    problems = [p for p in map(alias_problem, aliases) if p]
+    problems = [p for p in (*map(alias_problem, aliases), _name_problem(name)) if p]
     if problems:
         raise UserError(problems[0])
     run_id = recorded_run(run_dir).get("run_id")
@@ -67,10 +121,11 @@ def register_run(
         raise UserError(
             f"{run_dir}: not in MLflow yet (no tracking/mlflow.json); run `hpcpipe track sync {run_dir}`"
         )
-    artifact_path = f"model/{export.name}"
     client.get_run(run_id)  # a hung server is named after one metadata timeout, not an upload's
-    with artifact_uploads():
-        client.log_artifacts(run_id, str(export), artifact_path)
+    with reading(export):  # no export moves files in while they are hashed and uploaded
+        files = export_files(run_dir, export)
+        artifact_path = f"model/{export.name}-{content_sha256(export, files)[:12]}"
+        _upload(client, run_id, export, files, artifact_path)
     try:
         client.create_registered_model(name, description="Registered by hpcpipe.")
     except Exception as exc:
@@ -88,6 +143,23 @@ def register_run(
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(made.__dict__, indent=2) + "\n")
     return made
+
+
+def _upload(client: Any, run_id: str, export: Path, files: list[str], artifact_path: str) -> None:
+    with artifact_uploads():
+        for name in files:
+            path = export / name
+            if path.is_dir():
+                client.log_artifacts(run_id, str(path), f"{artifact_path}/{name}")
+            else:
+                client.log_artifact(run_id, str(path), artifact_path)
+
+
+def _name_problem(name: str) -> str | None:
+    """MLflow's search quotes a name in ' or in "; one holding both could not be read back."""
+    if "'" in name and '"' in name:
+        return f"--name {name}: holds both ' and \" (MLflow's search cannot quote it); drop one"
+    return None
 
 
 def list_models(client: Any) -> list[dict[str, Any]]:
@@ -113,8 +185,7 @@ def show_model(client: Any, name: str) -> dict[str, Any]:
     by_version: dict[str, list[str]] = {}
     for alias, version in (model.aliases or {}).items():
         by_version.setdefault(str(version), []).append(alias)
-    quoted = name.replace("'", "\\'")
-    versions = client.search_model_versions(f"name='{quoted}'")
+    versions = model_versions(client, name)
     return {
         "name": model.name,
         "versions": [
@@ -128,3 +199,18 @@ def show_model(client: Any, name: str) -> dict[str, Any]:
             for v in sorted(versions, key=lambda v: int(v.version))
         ],
     }
+
+
+def model_versions(client: Any, name: str) -> list[Any]:
+    """Every version of ``name``, page by page. MLflow's filter takes no backslash escape: a
+    name holding ' is quoted in " (register refuses a name holding both)."""
+    if "'" in name and '"' in name:
+        raise UserError(f"model {name}: holds both ' and \" (MLflow's search cannot quote it)")
+    quoted = f'"{name}"' if "'" in name else f"'{name}'"
+    rows, token = [], None
+    while True:
+        page = client.search_model_versions(f"name={quoted}", page_token=token)
+        rows.extend(page)
+        token = getattr(page, "token", None)
+        if not token:
+            return rows

@@ -290,6 +290,7 @@ def test_artifact_uploads_wait_mlflows_time_not_a_metadata_calls(tmp_path: Path)
     export = tmp_path / "export" / "10-hf"
     export.mkdir(parents=True)
     (export / "model.safetensors").write_text("x")
+    (export / ".hpcpipe-export").write_text('{"checkpoint": "step-10", "files": ["model.safetensors"]}')
     (tmp_path / "tracking").mkdir()
     (tmp_path / "tracking" / "mlflow.json").write_text('{"run_id": "r1", "experiment_id": "0"}')
     client = Client()

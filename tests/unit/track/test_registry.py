@@ -1,0 +1,157 @@
+"""The model registry without a server: which export is registered, that it is finished, that a
+version's files never change, which evaluation it is tagged with, and reading a model back."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from hpcpipe.errors import UserError
+from hpcpipe.track.mlflow_client import record_run
+from hpcpipe.track.registry import register_run, show_model
+
+
+class FakeClient:
+    """What register and show ask of MLflow; artifacts kept as {artifact path: bytes}."""
+
+    def __init__(self) -> None:
+        self.artifacts: dict[str, bytes] = {}
+        self.versions: list[SimpleNamespace] = []
+
+    def get_run(self, run_id: str) -> None:
+        pass
+
+    def log_artifact(self, run_id: str, local: str, artifact_path: str) -> None:
+        self.artifacts[f"{artifact_path}/{Path(local).name}"] = Path(local).read_bytes()
+
+    def log_artifacts(self, run_id: str, local: str, artifact_path: str) -> None:
+        for path in Path(local).rglob("*"):
+            if path.is_file():
+                self.artifacts[f"{artifact_path}/{path.relative_to(local)}"] = path.read_bytes()
+
+    def create_registered_model(self, name: str, description: str) -> None:
+        pass
+
+    def create_model_version(self, name: str, source: str, run_id: str, **kw: Any) -> SimpleNamespace:
+        made = SimpleNamespace(name=name, version=len(self.versions) + 1, source=source, run_id=run_id, **kw)
+        self.versions.append(made)
+        return made
+
+    def set_registered_model_alias(self, name: str, alias: str, version: str) -> None:
+        pass
+
+    def get_registered_model(self, name: str) -> SimpleNamespace:
+        return SimpleNamespace(name=name, aliases={})
+
+    def search_model_versions(self, filter_string: str, page_token: str | None = None) -> list[Any]:
+        """Parsed as MLflow parses it: a filter it reads otherwise finds nothing."""
+        from mlflow.utils.search_utils import SearchModelVersionUtils
+
+        [clause] = SearchModelVersionUtils.parse_search_filter(filter_string)
+        return [v for v in self.versions if v.name == clause["value"]]
+
+    def files(self, source: str) -> dict[str, bytes]:
+        prefix = source.split("/", 2)[2] + "/"  # runs:/<id>/<artifact path>
+        return {k.removeprefix(prefix): v for k, v in self.artifacts.items() if k.startswith(prefix)}
+
+
+def _run(tmp_path: Path) -> Path:
+    run_dir = tmp_path / "run"
+    (run_dir / "export").mkdir(parents=True)
+    record_run(run_dir, "r1", "exp")
+    return run_dir
+
+
+def _export(run_dir: Path, step: int, content: bytes = b"weights", fmt: str = "safetensors") -> Path:
+    """An export as ``hpcpipe ckpt export`` leaves it: its files and the record listing them."""
+    folder = run_dir / "export" / f"step-{step:08d}-{fmt}"
+    folder.mkdir(exist_ok=True)
+    (folder / "model.safetensors").write_bytes(content)
+    record = {"checkpoint": str(run_dir / f"checkpoints/step-{step:08d}"), "format": fmt}
+    (folder / ".hpcpipe-export").write_text(json.dumps({**record, "files": ["model.safetensors"]}))
+    return folder
+
+
+def test_a_folder_exported_again_never_changes_the_files_of_an_earlier_version(tmp_path: Path) -> None:
+    """Both went to model/<export name>: the bf16 export replaced the fp32 version's file."""
+    run_dir, client = _run(tmp_path), FakeClient()
+    folder = _export(run_dir, 30, b"fp32")
+    fp32 = register_run(client, run_dir, "fp32model", [], folder)
+    _export(run_dir, 30, b"bf16")
+    bf16 = register_run(client, run_dir, "bf16model", [], folder)
+    assert fp32.source != bf16.source
+    assert client.files(fp32.source) == {"model.safetensors": b"fp32"}
+    assert client.files(bf16.source) == {"model.safetensors": b"bf16"}
+    assert register_run(client, run_dir, "again", [], folder).source == bf16.source  # same files
+
+
+def test_the_newest_checkpoint_s_export_is_chosen_and_tagged_with_its_own_evaluation(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The newest by modification time was chosen (an old checkpoint exported again), and tagged
+    with eval.json's metrics whichever checkpoint they were of."""
+    run_dir, client = _run(tmp_path), FakeClient()
+    newest = _export(run_dir, 30)
+    older = _export(run_dir, 10)  # written last
+    evaluated = {"metrics": {"val_loss": 4.2}, "checkpoint": "step-00000030"}
+    (run_dir / "eval.json").write_text(json.dumps(evaluated))
+    register_run(client, run_dir, "m", [])
+    assert client.versions[-1].tags["hpcpipe.export"] == newest.name
+    assert client.versions[-1].tags["eval.val_loss"] == "4.2"
+    with caplog.at_level(logging.WARNING, logger="hpcpipe.track"):
+        register_run(client, run_dir, "m", [], older)
+    assert not any(k.startswith("eval.") for k in client.versions[-1].tags)
+    assert "eval.json evaluated checkpoint step-00000030, the export is of step-00000010" in caplog.text
+
+
+def test_an_unfinished_export_is_refused_naming_it(tmp_path: Path) -> None:
+    """A killed export's staging folder (and a folder no export finished) was uploaded."""
+    run_dir, client = _run(tmp_path), FakeClient()
+    folder = _export(run_dir, 30)
+    staging = folder / ".partial-123"
+    staging.mkdir()
+    (staging / "model.safetensors").write_bytes(b"half")
+    with pytest.raises(UserError, match=rf"{folder}: its export did not finish \(\.partial-123 was never"):
+        register_run(client, run_dir, "m", [])
+    (staging / "model.safetensors").unlink()  # killed after its files were moved in
+    made = register_run(client, run_dir, "m", [])
+    assert client.files(made.source) == {"model.safetensors": b"weights"}
+    (folder / "model.safetensors").unlink()
+    with pytest.raises(UserError, match=r"did not finish \(model\.safetensors is missing\)"):
+        register_run(client, run_dir, "m", [], folder)
+    (folder / ".hpcpipe-export").unlink()
+    (folder / "model.safetensors").write_bytes(b"by hand")
+    with pytest.raises(UserError, match=rf"{folder}: not an hpcpipe export \(no \.hpcpipe-export\)"):
+        register_run(client, run_dir, "m", [], folder)
+    fd = os.open(_export(run_dir, 40), os.O_RDONLY)  # an export writing there now
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        with pytest.raises(UserError, match="an export is writing there now"):
+            register_run(client, run_dir, "m", [])
+    finally:
+        os.close(fd)
+
+
+def test_the_training_s_adapter_is_registered_without_a_record(tmp_path: Path) -> None:
+    run_dir, client = _run(tmp_path), FakeClient()
+    adapter = run_dir / "export" / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_model.safetensors").write_bytes(b"lora")
+    made = register_run(client, run_dir, "m", [])
+    assert client.files(made.source) == {"adapter_model.safetensors": b"lora"}
+
+
+def test_a_name_holding_a_quote_shows_its_versions(tmp_path: Path) -> None:
+    """The name was quoted with a backslash, which MLflow's filter reads as part of the name."""
+    run_dir, client = _run(tmp_path), FakeClient()
+    register_run(client, run_dir, "it's", [], _export(run_dir, 30))
+    assert [v["version"] for v in show_model(client, "it's")["versions"]] == ["1"]
+    with pytest.raises(UserError, match="""--name a'b"c: holds both ' and \""""):
+        register_run(client, run_dir, """a'b"c""", [], _export(run_dir, 30))
