@@ -26,19 +26,13 @@ def lineage(
     """
     from rich.tree import Tree
 
-    from hpcpipe.fsutil import read_json_strict
+    from hpcpipe.observe.lineage_record import read_checked_lineage
     from hpcpipe.pipeline.steps import STEPS
 
     path = RunLayout(run_dir).lineage
     if not path.is_file():
         raise UserError(f"{run_dir}: no lineage.json (not a run directory, or never started)")
-    try:
-        record = read_json_strict(path)
-    except ValueError as exc:
-        raise UserError(f"{exc} (not a lineage record hpcpipe wrote)") from None
-    problem = _shape_problem(record)
-    if problem:
-        raise UserError(f"{RunLayout(run_dir).lineage}: {problem} (not a lineage record hpcpipe wrote)")
+    record = read_checked_lineage(path)
     if json_out is not None:
         write_json(record, json_out)
         if json_out == "-":
@@ -88,34 +82,6 @@ def _e(value: Any) -> str:
     from rich.markup import escape
 
     return escape(str(value))
-
-
-def _shape_problem(record: dict[str, Any]) -> str | None:
-    """The first field whose type differs from what hpcpipe writes (a damaged or foreign file)."""
-    fields: list[tuple[str, Any, type]] = [
-        ("versions", record.get("versions"), dict),
-        ("hosts", record.get("hosts"), list),
-        ("steps", record.get("steps"), dict),
-    ]
-    steps = record.get("steps")
-    for name, rec in (steps if isinstance(steps, dict) else {}).items():
-        fields.append((f"steps.{name}", rec, dict))
-        inputs = rec.get("inputs") if isinstance(rec, dict) else None
-        if isinstance(rec, dict):
-            fields += [
-                (f"steps.{name}.inputs", inputs, dict),
-                (f"steps.{name}.outputs", rec.get("outputs"), dict),
-            ]
-        if isinstance(inputs, dict):
-            upstream = inputs.get("upstream")
-            fields += [(f"steps.{name}.inputs.config", inputs.get("config"), dict)]
-            fields += [(f"steps.{name}.inputs.upstream", upstream, dict)]
-            for key, value in (upstream if isinstance(upstream, dict) else {}).items():
-                fields.append((f"steps.{name}.inputs.upstream.{key}", value, dict))
-    for key, value, kind in fields:
-        if value is not None and not isinstance(value, kind):
-            return f"{key} is a {type(value).__name__}, expected a {kind.__name__}"
-    return None
 
 
 def _short(value: Any) -> str:

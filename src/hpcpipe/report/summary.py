@@ -8,8 +8,8 @@ from typing import Any
 
 from hpcpipe.config import validate_config
 from hpcpipe.errors import UserError
-from hpcpipe.fsutil import read_json_strict
 from hpcpipe.layout import RunLayout
+from hpcpipe.observe.lineage_record import read_checked_lineage
 from hpcpipe.observe.metrics import read_events, read_metrics
 from hpcpipe.recipes.registry import recipe_class
 from hpcpipe.yamlfile import read_yaml_file
@@ -24,7 +24,7 @@ def run_summary(run_dir: Path) -> dict[str, Any]:
     layout = RunLayout(run_dir)
     config = read_yaml_file(layout.config, "run's config")
     lineage_path = layout.lineage
-    lineage = read_json_strict(lineage_path) if lineage_path.is_file() else {}
+    lineage = read_checked_lineage(lineage_path) if lineage_path.is_file() else {}
     return {
         "steps": train[-1]["step"] if train else 0,
         "final_train_loss": train[-1]["loss"] if train else None,
@@ -119,7 +119,8 @@ def write_summary(run_dir: Path) -> Path:
         lines.append(f"- training wall time: {seconds:.0f} s{over} (events.jsonl)")
     lineage = s["lineage"]
     if lineage:
-        lines.append(f"- code: {lineage.get('git_sha')}, torch {lineage['versions']['torch']}")
+        torch_version = (lineage.get("versions") or {}).get("torch")
+        lines.append(f"- code: {lineage.get('git_sha')}, torch {torch_version}")
     lines += ["", f"![loss curve]({RunLayout.LOSS_CURVE})", ""]
     sample = RunLayout(run_dir).sample
     if sample.is_file():

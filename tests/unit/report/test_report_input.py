@@ -76,6 +76,16 @@ def test_damaged_hpo_files_and_foreign_eval_tables_are_named_or_skipped(tmp_path
     assert Path(made["markdown"]).is_file()
 
 
+@pytest.mark.parametrize(("field", "value"), [("hosts", "vm"), ("versions", "x")])
+def test_a_lineage_of_another_shape_is_named(tmp_path: Path, field: str, value: str) -> None:
+    """ "hosts": "vm" or "versions": "x" ended the report in an AttributeError traceback."""
+    run = write_run(tmp_path, "run")
+    lineage = json.loads((run / "lineage.json").read_text())
+    (run / "lineage.json").write_text(json.dumps({**lineage, field: value}))
+    with pytest.raises(UserError, match=rf"lineage.json: {field} is a str, expected a"):
+        load_runs([run])
+
+
 def test_each_run_keeps_its_own_label_when_names_and_directories_collide(tmp_path: Path) -> None:
     """a/ and b/ both named 'tiny', c/ named 'a': two runs were labelled 'a' and their curves joined."""
     (tmp_path / "lc").mkdir()
