@@ -3,9 +3,10 @@
 A run directory gives one observation: N and D as its recipe counts them
 (``Recipe.scaling_law_size``: hpcpipe's GPT counts the non-embedding parameters on the model
 itself, built on the meta device, and D = the step of the final evaluation x global batch x
-sequence length), L = the final ``val_loss`` in metrics.jsonl. A directory that is not a run but
-holds runs (``runs/``) contributes each of them; runs without a validation loss there, or of a
-recipe that gives no counts, are listed as skipped.
+sequence length), L = the final ``val_loss`` in metrics.jsonl. Only a run that trained to its
+end (its ``run_finished`` event) and was evaluated after step 0 counts. A directory that is not a
+run but holds runs (``runs/``) contributes each of them; runs not finished, without a validation
+loss after step 0, or of a recipe that gives no counts, are listed as skipped.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ def read_csv(path: Path) -> list[dict[str, Any]]:
 
 def read_run_dir(run_dir: Path) -> dict[str, Any]:
     """One observation from a finished run directory; UserError naming what is missing."""
-    from hpcpipe.observe.metrics import read_metrics
+    from hpcpipe.observe.metrics import read_metrics, trained_to_the_end
 
     config_path = RunLayout(run_dir).config
     if not config_path.is_file():
@@ -54,11 +55,17 @@ def read_run_dir(run_dir: Path) -> dict[str, Any]:
         job: JobConfig = load_config(config_path)
     except ConfigError as exc:
         raise UserError(f"{run_dir}: {exc}") from None
+    # A stopped run's loss is of a model trained on fewer tokens than its config says.
+    if not trained_to_the_end(run_dir, job.train.steps, job.train.epochs):
+        length = f"train.epochs={job.train.epochs}" if job.train.epochs else f"train.steps={job.train.steps}"
+        raise UserError(f"{run_dir}: not finished (events.jsonl has no run_finished at {length})")
     evals = [r for r in read_metrics(run_dir) if r.get("val_loss") is not None]
     if not evals:
         raise UserError(f"{run_dir}: metrics.jsonl has no val_loss (did the run finish its evaluation?)")
     final = evals[-1]
     steps = int(final.get("step", job.train.steps))
+    if steps <= 0:  # the untrained model's loss, at D = 0
+        raise UserError(f"{run_dir}: its last val_loss is at step {steps}, before any training")
     size = recipe_class(job.run.recipe).scaling_law_size(job, steps)
     if size is None:  # N and D of hpcpipe's GPT read off another recipe's config were no sizes
         raise UserError(f"{run_dir}: recipe {job.run.recipe!r} gives no parameter and token counts for a fit")

@@ -90,13 +90,19 @@ def test_csv_reading_and_errors(tmp_path: Path) -> None:
         read_csv(tmp_path / "binary.csv")
 
 
-def fake_run(root: Path, name: str, layers: int, steps: int, val_loss: float | None) -> Path:
+def fake_run(
+    root: Path, name: str, layers: int, steps: int, val_loss: float | None, finished_at: int | None = -1
+) -> Path:
+    """A run trained to ``finished_at`` (default: its steps; None: stopped) and evaluated at the end."""
     cfg = load_config("tiny", [f"run.name={name}", f"model.n_layers={layers}", f"train.steps={steps}"])
     run = root / name
     run.mkdir(parents=True)
     (run / "config.yaml").write_text(cfg.to_yaml())
     rows = [{"step": steps, "loss": 3.0}] + ([{"step": steps, "val_loss": val_loss}] if val_loss else [])
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    if finished_at is not None:
+        end = {"event": "run_finished", "step": steps if finished_at == -1 else finished_at}
+        (run / "events.jsonl").write_text(json.dumps(end) + "\n")
     return run
 
 
@@ -115,7 +121,11 @@ def test_run_directories(tmp_path: Path) -> None:
     # A ResNet run got the GPT's N from its config's unused model section, and "tokens".
     vision = tmp_path / "runs" / "vision"
     vision.mkdir()
-    (vision / "config.yaml").write_text(load_config("resnet-tiny").to_yaml())
+    vision_cfg = load_config("resnet-tiny")
+    (vision / "config.yaml").write_text(vision_cfg.to_yaml())
+    (vision / "events.jsonl").write_text(
+        json.dumps({"event": "run_finished", "step": vision_cfg.train.steps})
+    )
     (vision / "metrics.jsonl").write_text(json.dumps({"step": 4, "val_loss": 1.5}) + "\n")
     points, skipped = load_observations([str(tmp_path / "runs")])
     assert len(points) == 2 and any(
@@ -126,6 +136,22 @@ def test_run_directories(tmp_path: Path) -> None:
         load_observations([str(tmp_path / "runs" / "unfinished")])
     with pytest.raises(UserError, match="neither a run directory nor a directory of runs"):
         load_observations([str(tmp_path)])
+
+
+def test_only_runs_trained_to_their_end_and_evaluated_after_step_0_are_observations(tmp_path: Path) -> None:
+    """`fit runs/` took a stopped run, and one evaluated only at step 0 as D = 0."""
+    fake_run(tmp_path / "runs", "a", 2, 100, 2.5)
+    fake_run(tmp_path / "runs", "stopped", 2, 100, 2.9, finished_at=None)
+    fake_run(tmp_path / "runs", "shorter", 2, 100, 2.9, finished_at=40)  # an earlier, shorter run's end
+    zero = fake_run(tmp_path / "runs", "zero", 2, 100, None)
+    (zero / "metrics.jsonl").write_text(json.dumps({"step": 0, "val_loss": 5.5}) + "\n")
+    points, skipped = load_observations([str(tmp_path / "runs")])
+    assert [p["source"].rsplit("/", 1)[1] for p in points] == ["a"]
+    assert sorted(s.split(": ", 1)[1] for s in skipped) == [
+        "its last val_loss is at step 0, before any training",
+        "not finished (events.jsonl has no run_finished at train.steps=100)",
+        "not finished (events.jsonl has no run_finished at train.steps=100)",
+    ]
 
 
 def test_cli_fit_and_bad_inputs(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
