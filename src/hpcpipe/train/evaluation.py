@@ -25,6 +25,7 @@ import torch.distributed as dist
 from hpcpipe.config import TrainConfig
 from hpcpipe.observe.metrics import read_metrics
 from hpcpipe.recipes.base import Batch, PaddingBatch, Recipe
+from hpcpipe.train.oom import AllReduceMax, agree_any
 
 
 def eval_sums(
@@ -90,6 +91,16 @@ def next_eval_step(step: int, cfg: TrainConfig) -> int:
 def evaluation_logged(run_dir: Path, step: int) -> bool:
     """metrics.jsonl holds ``step``'s ``val_loss`` row (rank 0's file)."""
     return any(int(row.get("step", -1)) == step and "val_loss" in row for row in read_metrics(run_dir))
+
+
+def missed(step: int, cfg: TrainConfig, run_dir: Path, is_main: bool, agree_max: AllReduceMax | None) -> bool:
+    """Resumed at an evaluation step whose evaluation never ran: the step's checkpoint comes
+    before its evaluation, so a preemption there (the last step's too) or a crash during it
+    left no ``val_loss`` row for the step (rank 0 reads metrics.jsonl; every rank agrees)."""
+    if not is_evaluation_step(step, cfg):
+        return False
+    missing = is_main and not evaluation_logged(run_dir, step)
+    return agree_any(int(missing), agree_max) > 0
 
 
 def device_eval_batches(

@@ -43,7 +43,7 @@ from hpcpipe.train.divergence import host_values, require_finite_weights, requir
 from hpcpipe.train.environment import node_name
 from hpcpipe.train.faults import NO_FAULTS, FaultInjector
 from hpcpipe.train.mesh import build_layout, data_parallel_context, dropout_seed, same_rank_places
-from hpcpipe.train.oom import OOMGuard, OOMNotRecoverable, agree_any, agreement_all_reduce, oom_recovery_on
+from hpcpipe.train.oom import OOMGuard, OOMNotRecoverable, agreement_all_reduce, oom_recovery_on
 from hpcpipe.train.oom_restart import remember_halved_split, take_remembered_split
 from hpcpipe.train.optim import build_optimizer, config_settings_kept
 from hpcpipe.train.parallel import (
@@ -245,7 +245,9 @@ class Trainer:
         self.preemption.install()
         try:
             with self.progress, self.watchdog:
-                if self.step == 0 or self._evaluation_missed():
+                if self.step == 0 or evaluation.missed(
+                    self.step, self.cfg, self.run_dir, self.ctx.is_main, self.agree_max
+                ):
                     result.val_losses[self.step] = self.evaluate_and_log()
                     if self.step > 0:
                         self.report_to_study()
@@ -578,15 +580,6 @@ class Trainer:
             self._compiled = True
             return self.watchdog.allowing(self._compile_allowance_s)
         return contextlib.nullcontext()
-
-    def _evaluation_missed(self) -> bool:
-        """Resumed at an evaluation step whose evaluation never ran: the step's checkpoint comes
-        before its evaluation, so a preemption there (the last step's too) or a crash during it
-        left no ``val_loss`` row for the step (rank 0 reads metrics.jsonl; every rank agrees)."""
-        if not evaluation.is_evaluation_step(self.step, self.cfg):
-            return False
-        missing = self.ctx.is_main and not evaluation.evaluation_logged(self.run_dir, self.step)
-        return agree_any(int(missing), self.agree_max) > 0
 
     def _write(self, row: dict[str, Any]) -> None:
         if self.sink is not None:
