@@ -57,7 +57,16 @@ class TrainLoader(Protocol):
     def set_micro_batch_size(self, micro_batch_size: int) -> None: ...
 
     def close(self) -> None:
-        """Release worker processes or files (called once when training ends)."""
+        """Optional: release worker processes or files (called once when training ends, if the
+        loader has it)."""
+
+
+def close_loader(loader: TrainLoader) -> None:
+    """Call ``loader.close()`` where the loader has one: a recipe's own loader may have nothing
+    to release, and its missing ``close`` failed a run after it had trained."""
+    close = getattr(loader, "close", None)
+    if close is not None:
+        close()
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from hpcpipe.observe.prometheus import end_of_run_summary
 from hpcpipe.observe.telemetry import RankInfo, Telemetry
 from hpcpipe.observe.throughput import ThroughputMeter, peak_memory_bytes
 from hpcpipe.observe.watchdog import Watchdog
-from hpcpipe.recipes.base import Batch, PaddingBatch, Recipe, checked_loss
+from hpcpipe.recipes.base import Batch, PaddingBatch, Recipe, checked_loss, close_loader
 from hpcpipe.track.sinks import Trackers
 from hpcpipe.train import evaluation
 from hpcpipe.train.deepspeed import deepspeed_engine
@@ -561,8 +561,10 @@ class Trainer:
         """Finish a checkpoint in flight and background work; close the metrics files."""
         self.watchdog.stop()
         try:
-            self.loader.close()
-            self.store.close()  # the last checkpoint's verification and durable copy emit events
+            try:
+                close_loader(self.loader)
+            finally:  # a loader's failing close still lets the checkpoint in flight finish
+                self.store.close()  # the last checkpoint's verification and durable copy emit events
         finally:  # even when the store raises a failed save: close the trackers after those
             # events (they reach TensorBoard and MLflow), flush spans, stop the GPU sampler
             self.trackers.close(finished=self.step >= self.cfg.steps)

@@ -370,3 +370,50 @@ def test_a_preemption_during_an_evaluation_stops_it(tmp_path: Path, nproc: int) 
     # taken, and the resumed run's updates differed from an uninterrupted run's).
     assert [(e["step"], e["checkpointed"]) for e in events if e["event"] == "preempted"] == [(0, False)]
     assert not list((tmp_path / "tiny" / "checkpoints").glob("step-*"))
+
+
+class _LoaderWithoutClose:
+    """A recipe's own loader with nothing to release: no ``close`` (the Protocol's is optional)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def next_microbatch(self) -> Any:
+        return self.inner.next_microbatch()
+
+    def state_dict(self) -> dict[str, Any]:
+        return dict(self.inner.state_dict())
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.inner.load_state_dict(state)
+
+    def set_micro_batch_size(self, micro_batch_size: int) -> None:
+        self.inner.set_micro_batch_size(micro_batch_size)
+
+
+def test_a_loader_without_close_ends_a_trained_run_cleanly(tmp_path: Path) -> None:
+    """A run with its own loader trained, then failed in close() with AttributeError (exit 1)."""
+    trainer = _in_process(tmp_path, "train.steps=2", "checkpoint.every_steps=2")
+    inner, trainer.loader = trainer.loader, _LoaderWithoutClose(trainer.loader)
+    trainer.fit()
+    trainer.close()
+    inner.close()
+    assert trainer.step == 2
+
+
+def test_a_loader_whose_close_fails_still_closes_the_checkpoint_store(tmp_path: Path) -> None:
+    """The loader's error skipped store.close(): the checkpoint in flight was never finished."""
+    trainer = _in_process(tmp_path, "train.steps=2")
+    store_closed = []
+    store_close = trainer.store.close
+    trainer.store.close = lambda: store_closed.append(store_close())
+    loader_close = trainer.loader.close
+
+    def failing_close() -> None:
+        loader_close()
+        raise OSError("the loader's files are gone")
+
+    trainer.loader.close = failing_close
+    with pytest.raises(OSError, match="the loader's files are gone"):
+        trainer.close()
+    assert store_closed == [None]
