@@ -283,11 +283,16 @@ class Recipe(ABC):
 
     @abstractmethod
     def loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:
-        """Mean loss over the micro-batch (a scalar that backward() is called on)."""
+        """Mean loss over the micro-batch (a scalar that backward() is called on). In training
+        ``model`` may be a wrapper of your module (DDP's, DeepSpeed's engine): call it as
+        ``model(...)`` only, whose forward is what synchronises gradients; have ``forward`` return
+        whatever the loss needs (``model.head(...)`` or ``len(model)`` ran on one process and
+        failed on the wrapper at ``--nproc 2``)."""
 
     @abstractmethod
     def eval_sums(self, model: nn.Module, batch: Batch) -> dict[str, torch.Tensor]:
-        """Summed evaluation figures of one batch, including ``count``; summed over ranks after."""
+        """Summed evaluation figures of one batch, including ``count``; summed over ranks after.
+        ``model`` is your module itself (unwrapped, in eval mode)."""
 
     @abstractmethod
     def eval_metrics(self, totals: dict[str, float]) -> dict[str, float]:

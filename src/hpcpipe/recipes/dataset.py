@@ -102,7 +102,9 @@ class DatasetRecipe(Recipe):
 
     @abstractmethod
     def loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:
-        """Mean loss over a micro-batch (``collate``'s tuple, on the device)."""
+        """Mean loss over a micro-batch (``collate``'s tuple, on the device). In training ``model``
+        may be a wrapper of your module (DDP's): call it as ``model(...)`` only (its forward
+        synchronises gradients; the wrapper has none of your module's attributes)."""
 
     def collate(self, items: list[Any]) -> Batch:
         """A micro-batch from dataset items: torch's ``default_collate``, as a tuple."""
