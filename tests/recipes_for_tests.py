@@ -68,6 +68,19 @@ class Tiny(hpcpipe.DatasetRecipe):
         }
 
 
+class BatchNormTiny(Tiny):
+    """Tiny with a BatchNorm layer: running statistics each DDP rank updates from its own batches
+    (a DatasetRecipe does not broadcast buffers at every forward)."""
+
+    name = "batchnorm-tiny"
+
+    def build_model(self) -> Any:
+        from torch import nn
+
+        hidden = self.args.hidden
+        return nn.Sequential(nn.Linear(4, hidden), nn.BatchNorm1d(hidden), nn.ReLU(), nn.Linear(hidden, 1))
+
+
 class _Jittered:
     """A split whose items draw noise from torch's generator (an augmentation, as the docs allow)."""
 

@@ -113,7 +113,8 @@ class ParallelConfig(Section):
     broadcast_buffers: bool | None = Field(
         None,
         description="DDP: broadcast rank 0's buffers (BatchNorm running statistics) at every "
-        "forward; null: the recipe decides (resnet-cifar: yes, gpt: no).",
+        "forward; null: the recipe decides (resnet-cifar: yes, gpt: no). Every evaluation and "
+        "checkpoint takes rank 0's either way.",
     )
     sync_gradients: bool = Field(
         True,

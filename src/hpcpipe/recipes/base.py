@@ -155,7 +155,7 @@ class Recipe(ABC):
     # -- how it trains: instance attributes a subclass may set per job --------------------------
     throughput_unit: str = "samples"  # "tokens" or "samples": the metrics key `<unit>_per_s`
     # DDP broadcasts rank 0's buffers at every forward (BatchNorm statistics);
-    # parallel.broadcast_buffers overrides it.
+    # parallel.broadcast_buffers overrides it. Every evaluation and checkpoint takes rank 0's either way.
     broadcasts_buffers: bool = False
     # Checkpoints hold only the parameters that require grad (a LoRA run rebuilds its frozen base).
     checkpoint_trainable_only: bool = False

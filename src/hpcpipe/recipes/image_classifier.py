@@ -6,7 +6,8 @@ hash manifest written on first read. Batches arrive as uint8 and are normalised 
 device, with the training set's per-channel mean and std from that manifest. Evaluation covers
 the whole test split (or ``data.max_eval_samples``) and reports ``val_loss`` and top-1 ``val_acc``.
 BatchNorm's running statistics are buffers: DDP broadcasts rank 0's at every forward
-(``broadcasts_buffers``), so every rank evaluates and checkpoints the same model.
+(``broadcasts_buffers``), and every rank takes rank 0's before each evaluation and checkpoint
+(``train/parallel.py``), so every rank evaluates and checkpoints the same model.
 """
 
 from __future__ import annotations

@@ -124,19 +124,33 @@ def buffers_broadcast(cfg: ParallelConfig, recipe_broadcasts_buffers: bool) -> b
 
 
 def sync_buffers(model: nn.Module) -> None:
-    """Give every rank rank 0's buffers (BatchNorm running statistics) now.
+    """Give every rank rank 0's ``shared_buffers`` (BatchNorm running statistics) now.
 
-    DDP broadcasts them at the start of each forward, but the forward then updates them with the
-    local batch, so after a step every rank holds a slightly different copy; FSDP2 leaves buffers
-    unsharded and never synchronises them. Evaluation and checkpoints want one model: they call
-    this first. Under DDP training is unchanged by it (the next forward overwrites the buffers with
-    rank 0's again); under FSDP2 every rank continues from rank 0's statistics, in an
-    uninterrupted run and after a resume alike.
+    Without DDP's per-forward broadcast (``parallel.broadcast_buffers``, off for a DatasetRecipe)
+    each rank's forwards update its own copy from its own batches, and with it the forward still
+    updates them after the broadcast; FSDP2 and DeepSpeed leave buffers unsharded and never
+    synchronise them. Evaluation and checkpoints call this first, whatever the switch, so the
+    logged ``val_loss`` is that of the model the checkpoint holds, and every rank continues from
+    rank 0's statistics in an uninterrupted run as after a resume (which loads rank 0's). Under a
+    pipeline (a rank's stages, no wrapper) it does nothing.
     """
     if not (isinstance(model, DistributedDataParallel | FSDPModule) or is_engine(model)):
         return
-    for buffer in unwrap(model).buffers():
-        torch.distributed.broadcast(buffer, src=0)
+    for buffer in shared_buffers(model):
+        dist.broadcast(buffer, src=0)
+
+
+def shared_buffers(model: nn.Module) -> list[torch.Tensor]:
+    """The buffers each rank's training changes and a checkpoint holds: the persistent
+    floating-point ones (BatchNorm's running mean and variance). Non-persistent ones (RoPE
+    tables) are never saved and are the same on every rank by construction; integer ones
+    (``num_batches_tracked``) count forwards, the same number on every rank."""
+    return [
+        buffer
+        for module in unwrap(model).modules()
+        for name, buffer in module.named_buffers(recurse=False)
+        if buffer.is_floating_point() and name not in module._non_persistent_buffers_set
+    ]
 
 
 def unwrap(model: nn.Module) -> nn.Module:

@@ -48,10 +48,10 @@ from hpcpipe.train.oom_restart import remember_halved_split, take_remembered_spl
 from hpcpipe.train.optim import build_optimizer, config_settings_kept
 from hpcpipe.train.parallel import (
     GradNorm,
-    buffers_broadcast,
     gradient_sync,
     optimizer_step,
     resolve_strategy,
+    shared_buffers,
     sync_buffers,
     time_gradient_sync,
     unwrap,
@@ -146,7 +146,8 @@ class Trainer:
         # Phase times; under DDP a hook marks the end of backward compute (exposed comm after it).
         self.phases = PhaseTimer(self.ctx.device)
         time_gradient_sync(self.model, self.phases.compute_done)
-        self.syncs_buffers = buffers_broadcast(job.parallel, self.recipe.broadcasts_buffers)
+        # Rank 0's BatchNorm statistics before every evaluation and checkpoint (only where any).
+        self.syncs_buffers = self.ctx.world_size > 1 and bool(shared_buffers(self.model))
         return units
 
     def _build_optimizer(self, job: JobConfig, accum: int) -> Any:
@@ -390,7 +391,7 @@ class Trainer:
         every batch in one call, is not stopped)."""
         if self.syncs_buffers:
             with self.phases.region("broadcast_buffers"):
-                sync_buffers(self.model)  # every rank evaluates rank 0's BatchNorm statistics
+                sync_buffers(self.model)  # every rank evaluates rank 0's BatchNorm statistics, as saved
         model = unwrap(self.model)
         model.eval()
         if self.pipeline is not None:  # the loss, through the stages in order, in train.precision
