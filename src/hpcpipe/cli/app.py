@@ -31,6 +31,7 @@ from hpcpipe.cli import train as train_cli
 from hpcpipe.errors import USER_ERROR_EXIT_CODE, UserError, one_line, path_error
 from hpcpipe.launch import heap
 from hpcpipe.launch.exit import finish_as_exit_would, flush_and_exit
+from hpcpipe.recipes.registry import RecipeImportError
 
 app = typer.Typer(
     name="hpcpipe",
@@ -117,6 +118,10 @@ def main() -> None:
         sys.stderr.write(f"error: {one_line(str(exc))}\n")
         sys.stderr.flush()
         code = USER_ERROR_EXIT_CODE
+    except RecipeImportError as exc:  # a bug in the recipe's module: its own traceback, exit 1
+        sys.stderr.write(f"{exc.user_traceback()}error: {one_line(str(exc))}\n")
+        sys.stderr.flush()
+        code = 1
     except OSError as exc:
         if (error := path_error(exc)) is None:
             raise  # not about a path: a bug, with its traceback

@@ -37,7 +37,7 @@ def list_recipes(json_out: JsonOption = None) -> None:
 
     Example: hpcpipe recipes list
     """
-    from hpcpipe.recipes.registry import collision_message, recipe_class, registry
+    from hpcpipe.recipes.registry import RecipeImportError, collision_message, recipe_class, registry
 
     reg = registry()
     rows: list[dict[str, Any]] = []
@@ -45,7 +45,8 @@ def list_recipes(json_out: JsonOption = None) -> None:
         try:
             summary = recipe_class(name).summary
         except Exception as exc:  # a broken package's recipe is listed all the same, with why
-            why = str(exc) if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}"
+            named = isinstance(exc, ConfigError | RecipeImportError)  # their message names the recipe
+            why = str(exc) if named else f"{type(exc).__name__}: {exc}"
             summary = f"[red]unusable[/]: {escape(one_line(why))}"
         rows.append({"name": name, "package": f"{entry.package} {entry.version}", "summary": summary})
     for name, entries in reg.collisions.items():

@@ -100,8 +100,9 @@ def is_import_path(ref: str) -> bool:
 @functools.cache
 def recipe_class(ref: str) -> type[Recipe]:
     """The recipe class ``ref`` (a registered name or ``module:Class``) names, checked; a
-    ConfigError naming ``run.recipe`` when it names none, cannot be imported or is not a recipe.
-    An exception raised by the recipe's own module propagates: its author needs the traceback."""
+    ConfigError naming ``run.recipe`` when it names no module or class, or one that is not a
+    recipe. An exception raised by the recipe's own module while it imports is a bug of its
+    author's, not bad input: RecipeImportError, with that exception as its ``__cause__``."""
     if is_import_path(ref):
         cls = _import(ref, f"run.recipe {ref!r}")
         return _checked(cls, f"run.recipe {ref!r}")
@@ -155,9 +156,9 @@ def _import(target: str, where: str) -> Any:
         missing = exc.name or ""
         if module_name == missing or module_name.startswith(missing + "."):
             raise ConfigError(f"{where}: cannot import {module_name!r} (no module {missing!r})") from None
-        raise ConfigError(_import_failure(exc, module_name, where)) from None
+        raise RecipeImportError(_import_failure(exc, module_name, where)) from exc
     except Exception as exc:  # a bug in the recipe's module, raised while it imports
-        raise ConfigError(_import_failure(exc, module_name, where)) from None
+        raise RecipeImportError(_import_failure(exc, module_name, where)) from exc
     obj: Any = module
     for part in attr.split("."):
         if not hasattr(obj, part):
@@ -167,10 +168,32 @@ def _import(target: str, where: str) -> Any:
     return obj
 
 
+class RecipeImportError(Exception):
+    """The recipe's module raised while it imported (its ``__cause__``): a bug in the author's
+    code, so not a UserError, and not a ValueError, which the config's validators would turn
+    into a one-line ValidationError. ``hpcpipe`` prints ``user_traceback()`` and exits 1."""
+
+    def user_traceback(self) -> str:
+        """The cause's traceback without the frames of hpcpipe's lookup and of Python's import
+        machinery: they say nothing to the module's author."""
+        import traceback
+
+        cause = self.__cause__
+        if cause is None:
+            return ""
+        shown = traceback.TracebackException.from_exception(cause)
+        frames = [frame for frame in shown.stack if not _machinery(frame.filename)]
+        shown.stack = traceback.StackSummary.from_list(frames)
+        return "".join(shown.format())
+
+
+def _machinery(filename: str) -> bool:
+    return filename.startswith("<frozen") or filename in (__file__, importlib.__file__)
+
+
 def _import_failure(exc: Exception, module_name: str, where: str) -> str:
     """One line for an error raised while the recipe's module imports: what, and where in the
-    author's code (the innermost frame outside Python's import machinery); the traceback through
-    hpcpipe and typer said no more. ``python -c 'import MODULE'`` shows the whole of it."""
+    author's code (the innermost frame outside Python's import machinery)."""
     import traceback
 
     if isinstance(exc, SyntaxError):
@@ -179,10 +202,7 @@ def _import_failure(exc: Exception, module_name: str, where: str) -> str:
         frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith("<frozen")]
         place = f"{frames[-1].filename}:{frames[-1].lineno}" if frames else module_name
     reason = exc.msg if isinstance(exc, SyntaxError) else one_line(str(exc)[:300])
-    return (
-        f"{where}: importing {module_name!r} raised {type(exc).__name__} at {place}: {reason} "
-        f"(python -c 'import {module_name}' shows the traceback)"
-    )
+    return f"{where}: importing {module_name!r} raised {type(exc).__name__} at {place}: {reason}"
 
 
 def _not_shadowed(module_name: str, where: str) -> None:

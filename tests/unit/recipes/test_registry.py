@@ -142,16 +142,19 @@ def test_a_missing_method_is_named() -> None:
         recipe_class("hpcpipe.recipes.base:Recipe")
 
 
-def test_a_recipe_module_that_raises_is_named_with_its_line() -> None:
-    """It was a 61-line traceback through typer, and exit 1."""
-    with pytest.raises(ConfigError) as err:
+def test_a_recipe_module_that_raises_is_named_with_its_line_and_keeps_its_exception() -> None:
+    """A bug in the author's module is no bad input: it was a ConfigError (exit 2, no traceback)."""
+    with pytest.raises(registry.RecipeImportError) as err:
         recipe_class("tests.recipe_raises_on_import:Anything")
     message = str(err.value)
     assert (
         "raised ZeroDivisionError at " in message
         and "recipe_raises_on_import.py:3: division by zero" in message
     )
-    assert "\n" not in message
+    assert "\n" not in message and isinstance(err.value.__cause__, ZeroDivisionError)
+    trace = err.value.user_traceback()
+    assert trace.startswith("Traceback") and "importlib" not in trace and "registry.py" not in trace
+    assert 'recipe_raises_on_import.py", line 3' in trace
 
 
 @pytest.mark.parametrize(
@@ -161,14 +164,38 @@ def test_a_recipe_module_that_raises_is_named_with_its_line() -> None:
         ("import not_a_package_anyone_has\n", "raised ModuleNotFoundError at "),
     ],
 )
-def test_a_recipe_module_that_cannot_import_is_one_line(
+def test_a_recipe_module_that_cannot_import_is_named_with_its_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str, needle: str
 ) -> None:
     (tmp_path / "mybroken_recipe.py").write_text(source)
     monkeypatch.syspath_prepend(str(tmp_path))
-    with pytest.raises(ConfigError) as err:
+    with pytest.raises(registry.RecipeImportError) as err:
         recipe_class("mybroken_recipe:R")
     assert needle in str(err.value) and "mybroken_recipe.py:1" in str(err.value), err.value
+
+
+@pytest.mark.parametrize("verb", [["train", "tiny"], ["recipes", "check"]])
+def test_the_cli_shows_a_recipe_modules_own_traceback_and_exits_1(
+    verb: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`hpcpipe train` and `recipes check` said exit 2 and one line, as if the job were wrong. A
+    ValueError too: the config's validators, which look the recipe up, would make it a config error."""
+    import sys
+
+    from hpcpipe.cli.app import main
+
+    (tmp_path / "valueerror_recipe.py").write_text("import math\n\nLIMIT = math.sqrt(-1)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    ref = "valueerror_recipe:R"
+    args = [*verb, "--set", f"run.recipe={ref}"] if verb[0] == "train" else [*verb, ref]
+    monkeypatch.setattr(sys, "argv", ["hpcpipe", *args])
+    with pytest.raises(SystemExit) as exited:
+        main()
+    err = capsys.readouterr().err
+    assert exited.value.code == 1, err
+    assert err.startswith("Traceback") and 'valueerror_recipe.py", line 3' in err
+    assert "ValueError: math domain error" in err and "importlib" not in err
+    assert err.strip().splitlines()[-1].startswith(f"error: run.recipe {ref!r}: importing")
 
 
 @pytest.mark.parametrize(
