@@ -157,7 +157,9 @@ def check(
         str | None,
         typer.Option(
             "--work",
-            help="Directory for the check's runs (default: a temporary one, removed).",
+            help="Directory for the check's runs (default: a temporary one, removed). What a "
+            "previous check wrote there is removed first; a directory holding anything else is "
+            "refused.",
             show_default=False,
         ),
     ] = None,

@@ -15,6 +15,7 @@ from typing import Any
 from hpcpipe.config import JobConfig
 from hpcpipe.errors import UserError, one_line
 from hpcpipe.recipecheck import loader, training
+from hpcpipe.recipecheck import work as workdir
 from hpcpipe.recipecheck.job import check_job
 from hpcpipe.recipes.base import Recipe
 from hpcpipe.recipes.registry import recipe_class
@@ -144,13 +145,15 @@ def check_recipe(
 ) -> CheckReport:
     """Every property (or ``only`` those) of recipe ``ref``, checked with ``config`` or its own
     test-size job, in ``work`` (a temporary directory when None, removed after unless a property
-    failed: then kept for the runs and logs the report names, ``CheckReport.kept``). Bad input (an
-    unknown recipe, a bad config, data it cannot read) raises UserError before any property runs."""
+    failed: then kept for the runs and logs the report names, ``CheckReport.kept``; a ``work``
+    that a previous check filled is emptied first, one holding anything else refused). Bad input
+    (an unknown recipe, a bad config, data it cannot read, such a ``work``) raises UserError
+    before any property runs."""
     started = time.perf_counter()
     recipe_class(ref)  # ConfigError when ref names no usable recipe
     temporary = work is None
     root = Path(tempfile.mkdtemp(prefix="hpcpipe-check-")) if temporary else Path(work or ".").absolute()
-    root.mkdir(parents=True, exist_ok=True)
+    workdir.claim(root)
     results: list[PropertyResult] = []
     passed = keep = False
     try:
@@ -167,6 +170,8 @@ def check_recipe(
     finally:
         if temporary and not keep:
             shutil.rmtree(root, ignore_errors=True)
+        else:
+            workdir.record(root)
     return CheckReport(ref, passed, time.perf_counter() - started, rtol, results, str(root) if keep else None)
 
 
