@@ -126,6 +126,15 @@ class WorldSizedOrder(Tiny):
         )
 
 
+class RankBlind(WorldSizedOrder):
+    """A loader that ignores its rank: every rank trains on rank 0's samples."""
+
+    name = "rank-blind"
+
+    def train_loader(self, rank: int, world_size: int) -> Any:
+        return super().train_loader(0, world_size)
+
+
 class UnusedHead(Tiny):
     """A model with a head the loss never uses (as an expert no token reaches)."""
 

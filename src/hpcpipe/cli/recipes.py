@@ -173,10 +173,10 @@ def check(
 ) -> None:
     """Run, at test size on the CPU, the properties every recipe must have, and print a PASS/FAIL
     table (exit 1 on a failure): the loader gives the same batches from the same seed, step and
-    rank (and the same global batch at 1 and 2 ranks); 2 DDP ranks whose rank 1 is SIGKILLed at
-    step 4 restart and resume bit for bit;
-    one process, 2 DDP ranks and 2 FSDP2 ranks agree; the checkpoint round-trips; the export
-    loads; evaluation reports val_loss; bad recipe arguments are refused.
+    rank (other samples on each of 2 ranks, and the same global batch at 1 and 2 ranks); 2 DDP
+    ranks whose rank 1 is SIGKILLed at step 4 restart and resume bit for bit; one process, 2 DDP
+    ranks and 2 FSDP2 ranks agree; the checkpoint round-trips; the export loads; evaluation
+    reports val_loss; bad recipe arguments are refused.
 
     Examples:
 

@@ -1,7 +1,8 @@
 """The loader's properties, in this process: the same (seed, step, rank) gives the same
 micro-batches, a loader resumed from its state at a step boundary serves what an uninterrupted
-one would, and the global batch of a step is the same at 1 and at 2 ranks (for a recipe whose data
-order does not depend on the world size: ``Recipe.world_size_invariant_order``)."""
+one would, 2 ranks get other samples, and the global batch of a step is the same at 1 and at 2
+ranks (for a recipe whose data order does not depend on the world size:
+``Recipe.world_size_invariant_order``)."""
 
 from __future__ import annotations
 
@@ -66,13 +67,53 @@ def check_resumable(recipe: Recipe, job: JobConfig) -> str:
 
 
 def check_world_sizes(recipe: Recipe, job: JobConfig) -> str:
-    """Step 1's global batch, concatenated over ranks, is the same at 1 and 2 ranks."""
+    """The 2 ranks' first micro-batches share no sample; then, where the recipe's data order does
+    not depend on the world size, step 1's global batch, concatenated over ranks, is the same at
+    1 and 2 ranks (else there is nothing to compare it with)."""
+    disjoint = check_ranks_disjoint(recipe, job)
+    if not recipe.world_size_invariant_order:
+        return f"{disjoint}; the global batch not compared (world_size_invariant_order = False)"
     one = _global_batch(recipe, job, 1)
     two = _global_batch(recipe, job, 2)
     problem = same_batches([one], [two])
     if problem:
         raise AssertionError(f"the global batch at 2 ranks differs from 1 rank's: {problem}")
-    return f"{len(one[0])} samples of step 1 equal"
+    return f"{disjoint}; {len(one[0])} samples of step 1 equal"
+
+
+def check_ranks_disjoint(recipe: Recipe, job: JobConfig) -> str:
+    """No sample of rank 1's first micro-batch at world size 2 is in rank 0's: a loader that
+    ignores its rank trains every rank on the same samples, and with the order declared
+    world-size dependent no other property compared what the ranks see. Samples are told apart
+    by their tensors, so not where step 1 at 1 rank already repeats one (the check's data is
+    smaller than a step, or holds the same sample twice)."""
+    step = [
+        key for b in micro_batches(recipe, 0, 1, grad_accum_steps(job.train, 1)) for key in _sample_keys(b)
+    ]
+    if len(set(step)) < len(step):
+        return "ranks not compared (step 1 at 1 rank repeats a sample: the data cannot tell them apart)"
+    first, second = (_sample_keys(micro_batches(recipe, rank, 2, 1)[0]) for rank in (0, 1))
+    seen = set(first)
+    shared = sum(key in seen for key in second)
+    if shared:
+        raise AssertionError(
+            f"{shared} of the {len(second)} samples of rank 1's first micro-batch are in rank 0's (world "
+            "size 2): train_loader(rank, world_size) must shard by rank, each rank its own samples"
+        )
+    return f"the 2 ranks' first micro-batches disjoint ({len(second)} samples each)"
+
+
+def _sample_keys(batch: Batch) -> list[tuple[bytes, ...]]:
+    """A micro-batch's samples, each as the bytes of row i of every tensor whose first dimension
+    is the batch's (with its shape and dtype: equal bytes of other tensors are no match)."""
+    size = batch[0].shape[0] if batch and batch[0].dim() else 0
+    rows = [t for t in batch if t.dim() and t.shape[0] == size]
+    return [tuple(_row_bytes(t[i]) for t in rows) for i in range(size)]
+
+
+def _row_bytes(row: torch.Tensor) -> bytes:
+    flat = row.detach().cpu().reshape(-1).contiguous()
+    return f"{tuple(row.shape)}{flat.dtype}".encode() + flat.view(torch.uint8).numpy().tobytes()
 
 
 def _global_batch(recipe: Recipe, job: JobConfig, world_size: int) -> Batch:

@@ -1,0 +1,47 @@
+"""The loader's properties of `hpcpipe recipes check`: whatever the recipe declares about its data
+order, 2 ranks must get other samples."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hpcpipe.recipecheck.runner import check_recipe
+
+
+def _world_sizes(ref: str, work: Path, *sets: str) -> tuple[bool, str]:
+    report = check_recipe(ref, sets=sets, work=work, only=("loader-world-sizes",))
+    result = report.results[0]
+    assert not result.skipped, result.detail
+    return result.passed, result.detail
+
+
+def test_a_loader_that_ignores_its_rank_fails_though_its_order_depends_on_the_world_size(
+    tmp_path: Path,
+) -> None:
+    """world_size_invariant_order = False skipped this property and parity-ddp, and parity-fsdp
+    compared DDP with FSDP2 on the same unsharded data: such a recipe passed every property."""
+    passed, detail = _world_sizes("tests.recipes_for_tests:RankBlind", tmp_path)
+    assert not passed
+    assert detail.startswith("8 of the 8 samples of rank 1's first micro-batch are in rank 0's")
+    assert "must shard by rank" in detail
+
+
+@pytest.mark.parametrize(
+    ("ref", "needle"),
+    [
+        ("tests.recipes_for_tests:WorldSizedOrder", "(8 samples each); the global batch not compared"),
+        ("tests.recipes_for_tests:Tiny", "disjoint (8 samples each); 16 samples of step 1 equal"),
+    ],
+)
+def test_a_sharded_loader_passes_with_either_order(tmp_path: Path, ref: str, needle: str) -> None:
+    passed, detail = _world_sizes(ref, tmp_path)
+    assert passed and needle in detail, detail
+
+
+def test_data_smaller_than_a_step_cannot_tell_the_ranks_samples_apart(tmp_path: Path) -> None:
+    """The check's data of lora-function-calling packs into 2 rows for a step of 4: every loader
+    repeats a sample there, sharded or not."""
+    passed, detail = _world_sizes("tests.recipes_for_tests:Tiny", tmp_path, "recipe.samples=8")
+    assert passed and detail.startswith("ranks not compared (step 1 at 1 rank repeats a sample"), detail
