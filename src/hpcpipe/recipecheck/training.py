@@ -31,9 +31,10 @@ def train(
     restarts: int = 0,
     preload: tuple[str, ...] = (),
 ) -> Path:
-    """``hpcpipe train work/job.yaml`` as run ``name``; its run directory. RunFailed with the
-    run's last line of output when it fails. ``preload``: what the recipe's workers import (the
-    runs are forked from a zygote that imports it once, ``launch/zygote.py``)."""
+    """``hpcpipe train work/job.yaml`` as run ``name``; its run directory. RunFailed when it fails,
+    with what a worker raised (else the run's last line of output) and the log that holds the
+    rest. ``preload``: what the recipe's workers import (the runs are forked from a zygote that
+    imports it once, ``launch/zygote.py``)."""
     sets = [f"run.name={name}", f"parallel.strategy={strategy}"]
     args = ["train", str(work / "job.yaml"), "--nproc", str(nproc), "--max-restarts", str(restarts)]
     args += [a for s in sets for a in ("--set", s)]
@@ -41,10 +42,23 @@ def train(
     # named by an import path resolve as they did here; the logs go to the work directory.
     proc = run_hpcpipe(args, Path.cwd(), RUN_TIMEOUT_S, env=env, log=name, log_dir=work, preload=preload)
     if proc.returncode != 0:
-        raise RunFailed(
-            f"{name} run exited {proc.returncode}: {last_line(proc.stderr)} (log: {work / name}.err)"
-        )
+        what = worker_raised(proc.stderr) or last_line(proc.stderr)
+        raise RunFailed(f"{name} run exited {proc.returncode}: {what} (log: {work / name}.err)")
     return work / "runs" / name
+
+
+def worker_raised(stderr: str) -> str | None:
+    """The exception line of the last traceback in a run's output (``RuntimeError: Expected to
+    have finished reduction ...``): the launcher's last line says only that a worker failed."""
+    lines = stderr.splitlines()
+    starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last):")]
+    if not starts:
+        return None
+    for line in lines[starts[-1] + 1 :]:
+        if line.strip() and not line[0].isspace():  # the frames are indented; the exception is not
+            raised = line.strip()
+            return raised if len(raised) <= 300 else raised[:300] + "..."
+    return None
 
 
 def train_here(work: Path, name: str) -> Path:

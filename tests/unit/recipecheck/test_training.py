@@ -70,3 +70,38 @@ def test_runs_that_built_other_data_are_named_before_their_losses(tmp_path: Path
         RunLayout(run).lineage.write_text(json.dumps({"dataset_manifest_sha256": digest}))
     with pytest.raises(AssertionError, match=r"built other data than 1 process \(dataset fingerprint bbbb"):
         check_parity(single, other, "2 DDP ranks", 1e-4)
+
+
+def test_a_failed_run_names_what_its_worker_raised_and_its_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The detail was the launcher's last line, "error: training workers failed with exit code 1",
+    and DDP's own message was only in the log."""
+    import subprocess
+
+    from hpcpipe.recipecheck import training
+
+    stderr = (
+        "Traceback (most recent call last):\n"
+        '  File "/src/variants.py", line 85, in loss\n'
+        "    return F.mse_loss(model(x), y)\n"
+        "                      ^^^^^^^^\n"
+        "RuntimeError: Expected to have finished reduction in the prior iteration before starting a "
+        "new one. This error indicates that your module has parameters that were not used in\n"
+        "producing loss.\n"
+        "agent: worker rank 0 (local rank 0, pid 18481) failed with exit code 1\n"
+        "error: training workers failed with exit code 1; run dir: /w/runs/ddp\n"
+    )
+    failed = subprocess.CompletedProcess(["hpcpipe"], 1, "", stderr)
+    monkeypatch.setattr(training, "run_hpcpipe", lambda *a, **k: failed)
+    with pytest.raises(training.RunFailed) as err:
+        training.train(tmp_path, "ddp", 2, "ddp")
+    assert str(err.value) == (
+        "ddp run exited 1: RuntimeError: Expected to have finished reduction in the prior iteration before "
+        "starting a new one. This error indicates that your module has parameters that were not used in "
+        f"(log: {tmp_path}/ddp.err)"
+    )
+    refused = subprocess.CompletedProcess(["hpcpipe"], 2, "", "error: recipe.hidden: bad value\n")
+    monkeypatch.setattr(training, "run_hpcpipe", lambda *a, **k: refused)
+    with pytest.raises(training.RunFailed, match=r"^ddp run exited 2: error: recipe.hidden: bad value \(log"):
+        training.train(tmp_path, "ddp", 2, "ddp")
