@@ -1,5 +1,6 @@
 """Write a recipe package: pyproject.toml (the entry point), the recipe module, a job, a README,
-a Dockerfile on top of hpcpipe's image, and a test that runs ``hpcpipe recipes check``. The files
+a Dockerfile on top of hpcpipe's image (with a .dockerignore that keeps runs and local
+environments out of it), and a test that runs ``hpcpipe recipes check``. The files
 are Jinja2 templates (``templates/recipe/``); every one is rendered before any is written."""
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ FILES = {
     "README.md.j2": "README.md",
     "job.yaml.j2": "job.yaml",
     "Dockerfile.j2": "Dockerfile",
+    "dockerignore.j2": ".dockerignore",
     "init.py.j2": "src/{module}/__init__.py",
     "recipe.py.j2": "src/{module}/recipe.py",
     "test_recipe.py.j2": "tests/test_recipe.py",

@@ -71,6 +71,9 @@ def test_new_recipe_writes_a_package_and_refuses_a_bad_name_or_a_used_directory(
     assert 'my-model = "my_model.recipe:MyModelRecipe"' in (pkg / "pyproject.toml").read_text()
     assert "class MyModelRecipe(hpcpipe.DatasetRecipe):" in (pkg / "src/my_model/recipe.py").read_text()
     assert 'assert_recipe_passes("my-model"' in (pkg / "tests/test_recipe.py").read_text()
+    # The Dockerfile copies the folder, where training writes runs/: checkpoints went into the image.
+    ignored = {line for line in (pkg / ".dockerignore").read_text().splitlines() if not line.startswith("#")}
+    assert {"runs", ".venv", "**/*.egg-info", ".git", "**/__pycache__"} <= ignored
     again = run_cli("new", "recipe", "my-model", "--dir", str(pkg))
     assert again.returncode == 2 and "exists and is not empty" in again.stderr
     bad = run_cli("new", "recipe", "My Model", cwd=tmp_path)
