@@ -5,12 +5,14 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from hpcpipe.cli.common import console, print_table
 from hpcpipe.config import load_config
 from hpcpipe.config.loading import job_source_path
+from hpcpipe.errors import ConfigError, one_line
 from hpcpipe.presets import preset_names, preset_path
-from hpcpipe.recipes.registry import recipe_class
+from hpcpipe.recipes.registry import RecipeImportError, recipe_class
 
 app = typer.Typer(help="List and show the shipped job presets.", no_args_is_help=True)
 
@@ -36,8 +38,14 @@ def list_presets(
 
 
 def _row(name: str) -> tuple[str, ...]:
-    cfg = load_config(name)
     first_line = preset_path(name).read_text().splitlines()[0].lstrip("# ")
+    try:
+        cfg = load_config(name)
+    except (ConfigError, RecipeImportError) as exc:
+        # Its recipe cannot be used here (an installed package claims the built-in's name, or
+        # its module is broken): the other presets are still listed, this one with why.
+        why = f"[red]unusable[/]: {escape(one_line(str(exc)))}"
+        return (name, why, "", "", "", first_line)
     t = cfg.train
     return (
         name,

@@ -123,16 +123,22 @@ def recipe_class(ref: str) -> type[Recipe]:
 
 
 def collision_message(name: str, entries: tuple[Registered, ...]) -> str:
+    """Why ``name`` is unusable, and the two ways out: uninstall a package, or rename its entry
+    point (the user's to choose: hpcpipe does not pick one package's recipe over another's)."""
     packages = " and ".join(entry.package for entry in entries)
+    table = f'[project.entry-points."{ENTRY_POINT_GROUP}"] table of its pyproject.toml'
     builtin = next((e for e in entries if e.builtin), None)
     if builtin is not None:
-        other = ", ".join(e.package for e in entries if not e.builtin)
+        others = [e.package for e in entries if not e.builtin]
         return (
-            f"the name is registered by {packages}: {other} reuses the name of hpcpipe's built-in "
-            f'recipe; rename its entry point in the [project.entry-points."{ENTRY_POINT_GROUP}"] '
-            "table of its pyproject.toml"
+            f"the name is registered by {packages}: {', '.join(others)} reuses the name of hpcpipe's "
+            f"built-in recipe; uninstall it (pip uninstall {' '.join(others)}), or rename its entry "
+            f"point in the {table} and reinstall it"
         )
-    return f"the name is registered by {packages}; rename one of the entry points, or use module:Class"
+    return (
+        f"the name is registered by {packages}; uninstall one (pip uninstall PACKAGE), rename its "
+        f"entry point in the {table} and reinstall it, or use module:Class"
+    )
 
 
 def _known(reg: Registry) -> str:

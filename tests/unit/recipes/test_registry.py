@@ -275,6 +275,7 @@ def test_an_installed_package_registers_a_recipe_and_one_that_reuses_a_builtin_n
         assert (
             "run.recipe 'gpt'" in message
             and "evil-recipes reuses the name of hpcpipe's built-in recipe" in message
+            and "uninstall it (pip uninstall evil-recipes), or rename its entry point" in message
         )
         from typer.testing import CliRunner
 
@@ -282,6 +283,12 @@ def test_an_installed_package_registers_a_recipe_and_one_that_reuses_a_builtin_n
 
         listed = CliRunner().invoke(app, ["recipes", "list"], env={"COLUMNS": "400"})
         assert '[project.entry-points."hpcpipe.recipes"]' in listed.output  # rich ate it as markup
+        # `presets list` aborted on the first gpt preset: the others, and why those are unusable.
+        presets = CliRunner().invoke(app, ["presets", "list"])
+        assert presets.exit_code == 0, presets.output
+        rows = {line.split("\t")[0]: line.split("\t") for line in presets.output.splitlines()}
+        assert rows["tiny"][1].startswith("unusable: ") and "pip uninstall evil-recipes" in rows["tiny"][1]
+        assert rows["resnet-tiny"][1].startswith("torchvision resnet18")
     finally:
         monkeypatch.undo()
         registry.refresh()
