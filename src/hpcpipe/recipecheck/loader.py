@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from hpcpipe.config import JobConfig, grad_accum_steps
-from hpcpipe.recipes.base import Batch, Recipe
+from hpcpipe.recipes.base import Batch, Recipe, close_loader
 
 
 def micro_batches(recipe: Recipe, rank: int, world_size: int, count: int, state: Any = None) -> list[Batch]:
@@ -22,7 +22,7 @@ def micro_batches(recipe: Recipe, rank: int, world_size: int, count: int, state:
             loader.load_state_dict(state)
         return [loader.next_microbatch() for _ in range(count)]
     finally:
-        loader.close()
+        close_loader(loader)
 
 
 def same_batches(a: list[Batch], b: list[Batch]) -> str | None:
@@ -59,7 +59,7 @@ def check_resumable(recipe: Recipe, job: JobConfig) -> str:
         state = loader.state_dict()
         expected = [loader.next_microbatch() for _ in range(accum)]
     finally:
-        loader.close()
+        close_loader(loader)
     problem = same_batches(micro_batches(recipe, 0, 1, accum, state), expected)
     if problem:
         raise AssertionError(f"a loader resumed from its state after step 1 differs: {problem}")

@@ -16,7 +16,7 @@ from hpcpipe.errors import ConfigError
 from hpcpipe.layout import RunLayout
 from hpcpipe.observe.metrics import read_metrics
 from hpcpipe.recipecheck.job import KILL_STEP, STEPS
-from hpcpipe.recipes.base import Recipe
+from hpcpipe.recipes.base import Recipe, close_loader
 from hpcpipe.recipes.registry import recipe_class
 
 RUN_TIMEOUT_S = 600.0
@@ -215,7 +215,7 @@ def _one_step(recipe: Recipe, model: torch.nn.Module, optimizer: torch.optim.Opt
     try:
         batch = loader.next_microbatch()
     finally:
-        loader.close()
+        close_loader(loader)
     recipe.loss(model, batch).backward()
     optimizer.step()
     optimizer.zero_grad()
@@ -252,7 +252,7 @@ def _first_microbatches(recipe: Recipe, micro: int, count: int) -> list[Any]:
         loader.set_micro_batch_size(micro)
         return [loader.next_microbatch() for _ in range(count)]
     finally:
-        loader.close()
+        close_loader(loader)
 
 
 def _checkpointed(model: torch.nn.Module, trainable_only: bool) -> dict[str, torch.Tensor]:

@@ -45,3 +45,15 @@ def test_data_smaller_than_a_step_cannot_tell_the_ranks_samples_apart(tmp_path: 
     repeats a sample there, sharded or not."""
     passed, detail = _world_sizes("tests.recipes_for_tests:Tiny", tmp_path, "recipe.samples=8")
     assert passed and detail.startswith("ranks not compared (step 1 at 1 rank repeats a sample"), detail
+
+
+def test_a_loader_without_close_is_checked(tmp_path: Path) -> None:
+    """close() is optional for a recipe's own loader (the trainer skips it); the check called it
+    and failed such a recipe with AttributeError."""
+    from types import SimpleNamespace
+
+    from hpcpipe.recipecheck.loader import micro_batches
+
+    loader = SimpleNamespace(next_microbatch=lambda: "batch", load_state_dict=lambda state: None)
+    recipe = SimpleNamespace(train_loader=lambda rank, world_size: loader)
+    assert micro_batches(recipe, 0, 1, 2, state={}) == ["batch", "batch"]  # type: ignore[arg-type]
