@@ -70,8 +70,9 @@ Top level of ``<run_dir>/`` (name: who writes it -> who reads it)
   ``ncu/<job>.rank<R>.ncu-rep``. observe.trace, launch.nsight -> observe.verdict, observe.nsys_stats.
 - ``tensorboard/`` (TENSORBOARD): event files. track.tensorboard -> TensorBoard.
 - ``tracking/`` (TRACKING): ``mlflow.json`` (MLFLOW_RUN, the run's MLflow run and experiment
-  ids): track.mlflow_client -> track.sync/registry, pipeline; ``registry.json`` (REGISTRY, the
-  registered model version): track.registry -> pipeline register step.
+  ids on each tracking server it reached): track.mlflow_client -> track.sync/registry, pipeline;
+  ``registry.json`` (REGISTRY, the registered model version): track.registry -> pipeline
+  register step.
 - ``hang-rank<R>.txt`` (HANG_DUMP, hang_dump): stacks of a stalled rank.
   observe.watchdog -> its event's ``stack_file``, chaos checks, people.
 - ``train.log`` (TRAIN_LOG): an HPO trial's output. hpo.worker -> hpo.worker (error notes), people.

@@ -228,16 +228,17 @@ def _upload_report(ctx: StepContext) -> None:
     from hpcpipe.track.artifacts import log_run_artifacts
     from hpcpipe.track.mlflow_client import make_client, recorded_run, request_limits, resolve_uri, scrub
 
+    assert ctx.job.observe.mlflow is not None
     try:
-        run_id = recorded_run(ctx.run_dir).get("run_id")
+        uri = resolve_uri(ctx.job.observe.mlflow.tracking_uri)
+        run_id = recorded_run(ctx.run_dir, uri).get("run_id")  # the run on this server
     except UserError as exc:  # a damaged record: the report is written, its upload says why not
         ctx.say(f"     report not uploaded to MLflow ({exc})")
         return
     if not run_id:
         return
     try:
-        assert ctx.job.observe.mlflow is not None
-        client = make_client(resolve_uri(ctx.job.observe.mlflow.tracking_uri))
+        client = make_client(uri)
         with request_limits(10, retries=0):
             client.get_run(run_id)  # a hung server: named after 10 s, before uploads that wait longer
             log_run_artifacts(client, run_id, ctx.run_dir)

@@ -20,7 +20,7 @@ from hpcpipe.errors import UserError, hide_credentials
 from hpcpipe.fsutil import read_json_strict
 from hpcpipe.layout import RunLayout
 
-# {"run_id", "experiment_id"} of the run directory, relative to it
+# The run directory's MLflow run on each server it reached (``recorded_run``), relative to it
 RUN_FILE = Path(RunLayout.TRACKING, RunLayout.MLFLOW_RUN)
 
 
@@ -161,48 +161,103 @@ def experiment_id(client: Any, name: str) -> str:
     return str(found.experiment_id) if found is not None else str(client.create_experiment(name))
 
 
-def recorded_run(run_dir: Path) -> dict[str, Any]:
-    """The MLflow run a run directory logs to (empty when it never reached MLflow). A damaged
-    record is an error naming it: read as "none", the run would be split into a new MLflow run."""
+def server_key(uri: str) -> str:
+    """How the run's record names a server: its URI without credentials (the file is uploaded)."""
+    return scrub(redact(uri))
+
+
+def recorded_run(run_dir: Path, uri: str | None = None) -> dict[str, Any]:
+    """The MLflow run (``run_id``, ``experiment_id``) a run directory logs to on the server at
+    ``uri`` (empty when it never reached it); without ``uri``, on the first server it reached.
+
+    ``tracking/mlflow.json`` holds the first server's run at its top level, with that server's
+    ``tracking_uri``, and any other server's (``track sync --tracking-uri``) under ``others``: one
+    run id for all, rewritten by each sync, split the run on every server. A record written
+    before it named its server is the first server's candidate until a server finds its run id
+    (``open_run`` then records that server). A damaged record is an error naming it: read as
+    "none", the run would be split into a new MLflow run."""
+    record = _read_record(run_dir)
+    first: dict[str, Any] = {k: record[k] for k in ("run_id", "experiment_id") if k in record}
+    owner = record.get("tracking_uri")
+    if uri is None or owner == server_key(uri):
+        return first
+    if server_key(uri) in record["others"]:
+        return dict(record["others"][server_key(uri)])
+    return first if owner is None else {}
+
+
+def _read_record(run_dir: Path) -> dict[str, Any]:
+    """The record, ``others`` always a dict (empty when absent)."""
     path = run_dir / RUN_FILE
     if not path.is_file():
-        return {}
+        return {"others": {}}
     try:
-        return read_json_strict(path)
+        record = read_json_strict(path)
     except ValueError as exc:
         raise UserError(f"{exc}; delete it to start a new MLflow run for {run_dir}") from None
+    others = record.setdefault("others", {})
+    if not isinstance(others, dict) or not all(isinstance(v, dict) for v in others.values()):
+        raise UserError(f"{path}: 'others' is not a map of tracking URIs to runs; delete it to start over")
+    return record
 
 
-def record_run(run_dir: Path, run_id: str, experiment: str) -> None:
+def record_run(run_dir: Path, uri: str, run_id: str, experiment: str) -> None:
+    """``run_id`` is the run directory's MLflow run on the server at ``uri``: the first server's
+    (no run recorded yet, that server's, or a record that named no server and holds this id),
+    else one of the others."""
+    record = _read_record(run_dir)
+    entry = {"run_id": run_id, "experiment_id": experiment}
+    key, owner = server_key(uri), record.get("tracking_uri")
+    if not record.get("run_id") or owner == key or (owner is None and record["run_id"] == run_id):
+        record.update(entry, tracking_uri=key)
+    else:
+        record["others"][key] = entry
+    if not record["others"]:
+        del record["others"]
     path = run_dir / RUN_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps({"run_id": run_id, "experiment_id": experiment}) + "\n")
+    tmp.write_text(json.dumps(record) + "\n")
     tmp.replace(path)
 
 
 def open_run(
-    client: Any, run_dir: Path, experiment: str, run_name: str, tags: dict[str, str], resume: bool = True
+    client: Any,
+    uri: str,
+    run_dir: Path,
+    experiment: str,
+    run_name: str,
+    tags: dict[str, str],
+    resume: bool = True,
 ) -> str:
-    """The recorded MLflow run if the server has it, else a new one (recorded); its id. ``resume``
-    (training goes on in it) marks it RUNNING; a replay (``track sync``) leaves its status."""
-    known = recorded_run(run_dir).get("run_id")
-    if known:
-        try:
-            found = client.get_run(known)
-        except Exception as exc:
-            if "RESOURCE_DOES_NOT_EXIST" not in str(exc) and "not found" not in str(exc).lower():
-                raise
-        else:
-            if found.info.lifecycle_stage == "deleted":
-                raise UserError(
-                    f"{run_dir}: its MLflow run {known} was deleted; restore it (`mlflow runs restore "
-                    f"--run-id {known}`) or delete {run_dir / RUN_FILE} to log to a new run"
-                )
-            if resume:
-                client.update_run(known, status="RUNNING")
-            return str(known)
+    """The run directory's MLflow run on the server at ``uri`` if the server has it, else a new
+    one (recorded); its id. ``resume`` (training goes on in it) marks it RUNNING; a replay
+    (``track sync``) leaves its status."""
+    known = recorded_run(run_dir, uri)
+    if known.get("run_id") and _on_server(client, run_dir, str(known["run_id"])):
+        run_id = str(known["run_id"])
+        if _read_record(run_dir).get("tracking_uri") is None:  # a record that named no server: this one's
+            record_run(run_dir, uri, run_id, str(known.get("experiment_id", "")))
+        if resume:
+            client.update_run(run_id, status="RUNNING")
+        return run_id
     exp = experiment_id(client, experiment)
     run_id = str(client.create_run(exp, run_name=run_name, tags=tags).info.run_id)
-    record_run(run_dir, run_id, exp)
+    record_run(run_dir, uri, run_id, exp)
     return run_id
+
+
+def _on_server(client: Any, run_dir: Path, run_id: str) -> bool:
+    """The server has the run (False: it never had it); deleted there, an error saying what to do."""
+    try:
+        found = client.get_run(run_id)
+    except Exception as exc:
+        if "RESOURCE_DOES_NOT_EXIST" not in str(exc) and "not found" not in str(exc).lower():
+            raise
+        return False
+    if found.info.lifecycle_stage == "deleted":
+        raise UserError(
+            f"{run_dir}: its MLflow run {run_id} was deleted; restore it (`mlflow runs restore "
+            f"--run-id {run_id}`) or delete {run_dir / RUN_FILE} to log to a new run"
+        )
+    return True

@@ -235,7 +235,7 @@ class MlflowSink:
 
     def _open(self) -> str:
         tags = lineage_tags(self.run_dir) | {"hpcpipe.recipe": str(self.config["run"]["recipe"])}
-        run_id = open_run(self.client, self.run_dir, self.cfg.experiment, self.run_name, tags)
+        run_id = open_run(self.client, self.uri, self.run_dir, self.cfg.experiment, self.run_name, tags)
         log_params(self.client, run_id, self.config, self.start_step)
         return run_id
 

@@ -39,10 +39,11 @@ def sync_run(run_dir: Path, tracking_uri: str | None = None, experiment: str | N
 
     config = _run_config(run_dir)
     mlflow_cfg = config["observe"]["mlflow"]
-    client = make_client(resolve_uri(tracking_uri or mlflow_cfg.get("tracking_uri")))
+    uri = resolve_uri(tracking_uri or mlflow_cfg.get("tracking_uri"))
+    client = make_client(uri)
     tags = lineage_tags(run_dir) | {"hpcpipe.recipe": str(config["run"]["recipe"])}
     name = experiment or mlflow_cfg.get("experiment") or "hpcpipe"
-    run_id = open_run(client, run_dir, name, str(config["run"]["name"]), tags, resume=False)
+    run_id = open_run(client, uri, run_dir, name, str(config["run"]["name"]), tags, resume=False)
     for key, value in tags.items():
         client.set_tag(run_id, key, value)
     params, changed = log_params(client, run_id, config, _resumed_at(run_dir))

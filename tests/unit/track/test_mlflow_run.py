@@ -140,7 +140,7 @@ def test_a_damaged_run_record_is_named_not_replaced(tmp_path: Path) -> None:
     from hpcpipe.track.mlflow_client import record_run, recorded_run
 
     assert recorded_run(tmp_path) == {}
-    record_run(tmp_path, "abc", "1")
+    record_run(tmp_path, "sqlite:///m.db", "abc", "1")
     assert recorded_run(tmp_path) == {"run_id": "abc", "experiment_id": "1"}
     record = tmp_path / "tracking" / "mlflow.json"
     record.write_text('{"run_id": "ab')
@@ -216,12 +216,87 @@ def test_a_replay_leaves_the_runs_status_and_a_deleted_run_is_named(tmp_path: Pa
         def update_run(self, run_id: str, status: str) -> None:
             self.updates.append(status)
 
-    record_run(tmp_path, "r1", "0")
+    record_run(tmp_path, "u", "r1", "0")
     client = Client("active")
-    assert open_run(client, tmp_path, "e", "n", {}, resume=False) == "r1" and client.updates == []
-    assert open_run(client, tmp_path, "e", "n", {}) == "r1" and client.updates == ["RUNNING"]
+    assert open_run(client, "u", tmp_path, "e", "n", {}, resume=False) == "r1" and client.updates == []
+    assert open_run(client, "u", tmp_path, "e", "n", {}) == "r1" and client.updates == ["RUNNING"]
     with pytest.raises(UserError, match="r1 was deleted; restore it"):
-        open_run(Client("deleted"), tmp_path, "e", "n", {})
+        open_run(Client("deleted"), "u", tmp_path, "e", "n", {})
+
+
+class _Server:
+    """One MLflow server's runs, as the tracking code calls them (run ids start with its name)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.tags: dict[str, dict[str, str]] = {}  # run id -> its tags
+        self.statuses: dict[str, str] = {}
+
+    def get_run(self, run_id: str) -> Any:
+        from types import SimpleNamespace
+
+        if run_id not in self.tags:
+            raise RuntimeError(f"RESOURCE_DOES_NOT_EXIST: Run '{run_id}' not found")
+        data = SimpleNamespace(params={}, tags=dict(self.tags[run_id]))
+        return SimpleNamespace(info=SimpleNamespace(lifecycle_stage="active", run_id=run_id), data=data)
+
+    def get_experiment_by_name(self, name: str) -> Any:
+        from types import SimpleNamespace
+
+        return SimpleNamespace(experiment_id="1")
+
+    def create_run(self, experiment_id: str, run_name: str, tags: dict[str, str]) -> Any:
+        from types import SimpleNamespace
+
+        run_id = f"{self.name}{len(self.tags)}"
+        self.tags[run_id] = dict(tags)
+        return SimpleNamespace(info=SimpleNamespace(run_id=run_id))
+
+    def update_run(self, run_id: str, status: str) -> None:
+        self.statuses[run_id] = status
+
+    def log_batch(self, run_id: str, metrics: Any = (), params: Any = (), tags: Any = ()) -> None:
+        self.tags[run_id].update({t.key: t.value for t in tags})
+
+
+def test_each_tracking_server_keeps_its_own_run(tmp_path: Path) -> None:
+    """`track sync --tracking-uri OTHER` rewrote tracking/mlflow.json with the other server's run:
+    the next sync or resume on the first server started yet another MLflow run there."""
+    import json
+
+    from hpcpipe.track.mlflow_client import open_run, recorded_run
+
+    first, other = _Server("a"), _Server("b")
+    a_uri, b_uri = "http://al:s3cret@a:5000", "sqlite:////tmp/other.db"
+    for _ in range(2):
+        assert open_run(first, a_uri, tmp_path, "e", "n", {}, resume=False) == "a0"
+        assert open_run(other, b_uri, tmp_path, "e", "n", {}, resume=False) == "b0"
+    assert list(first.tags) == ["a0"] and list(other.tags) == ["b0"]
+    assert recorded_run(tmp_path, b_uri) == {"run_id": "b0", "experiment_id": "1"}
+    assert recorded_run(tmp_path) == {"run_id": "a0", "experiment_id": "1"}  # the first server's
+    record = json.loads((tmp_path / "tracking" / "mlflow.json").read_text())
+    assert record["tracking_uri"] == "http://a:5000" and list(record["others"]) == [b_uri]
+
+
+def test_a_record_that_names_no_server_belongs_to_the_first_that_finds_its_run(tmp_path: Path) -> None:
+    """tracking/mlflow.json written before records named their server stays readable."""
+    import json
+
+    from hpcpipe.track.mlflow_client import open_run
+
+    record = tmp_path / "tracking" / "mlflow.json"
+    record.parent.mkdir()
+    record.write_text('{"run_id": "a0", "experiment_id": "1"}')
+    first, other = _Server("a"), _Server("b")
+    first.tags["a0"] = {}
+    assert open_run(other, "sqlite:///b.db", tmp_path, "e", "n", {}) == "b0"  # not its run: a new one
+    assert json.loads(record.read_text())["run_id"] == "a0"  # the record still waits for its server
+    assert open_run(first, "sqlite:///a.db", tmp_path, "e", "n", {}) == "a0"
+    assert open_run(other, "sqlite:///b.db", tmp_path, "e", "n", {}) == "b0"
+    assert json.loads(record.read_text()) == {
+        "run_id": "a0", "experiment_id": "1", "tracking_uri": "sqlite:///a.db",
+        "others": {"sqlite:///b.db": {"run_id": "b0", "experiment_id": "1"}},
+    }  # fmt: skip
 
 
 def test_interactive_commands_wait_a_short_time_per_request(monkeypatch: pytest.MonkeyPatch) -> None:
