@@ -231,8 +231,9 @@ def open_run(
     resume: bool = True,
 ) -> str:
     """The run directory's MLflow run on the server at ``uri`` if the server has it, else a new
-    one (recorded); its id. ``resume`` (training goes on in it) marks it RUNNING; a replay
-    (``track sync``) leaves its status."""
+    one (recorded); its id. ``tags`` are set either way: a resumed run's lineage (config hash,
+    world size, hosts) is the one in force now. ``resume`` (training goes on in it) marks it
+    RUNNING; a replay (``track sync``) leaves its status."""
     known = recorded_run(run_dir, uri)
     if known.get("run_id") and _on_server(client, run_dir, str(known["run_id"])):
         run_id = str(known["run_id"])
@@ -240,6 +241,10 @@ def open_run(
             record_run(run_dir, uri, run_id, str(known.get("experiment_id", "")))
         if resume:
             client.update_run(run_id, status="RUNNING")
+        if tags:
+            from mlflow.entities import RunTag
+
+            client.log_batch(run_id, tags=[RunTag(key, value) for key, value in tags.items()])
         return run_id
     exp = experiment_id(client, experiment)
     run_id = str(client.create_run(exp, run_name=run_name, tags=tags).info.run_id)

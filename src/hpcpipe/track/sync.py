@@ -1,8 +1,9 @@
 """``hpcpipe track sync RUN_DIR``: replay a run directory into MLflow, filling whatever is missing.
 
 The run directory is the source of truth. Sync opens the run's recorded MLflow run (or creates
-one), logs the parameters and tags it lacks, every metrics.jsonl value whose step the server does
-not have for that key, and the artifacts; a run whose events say it finished is marked FINISHED.
+one), sets its lineage tags, logs the parameters it lacks, every metrics.jsonl value whose step
+the server does not have for that key, and the artifacts; a run whose events say it finished is
+marked FINISHED.
 Running it twice sends nothing new the second time.
 """
 
@@ -44,8 +45,6 @@ def sync_run(run_dir: Path, tracking_uri: str | None = None, experiment: str | N
     tags = lineage_tags(run_dir) | {"hpcpipe.recipe": str(config["run"]["recipe"])}
     name = experiment or mlflow_cfg.get("experiment") or "hpcpipe"
     run_id = open_run(client, uri, run_dir, name, str(config["run"]["name"]), tags, resume=False)
-    for key, value in tags.items():
-        client.set_tag(run_id, key, value)
     params, changed = log_params(client, run_id, config, _resumed_at(run_dir))
     rows = read_metrics(run_dir)
     refused = sorted({key for row in rows for key in refused_names(row)})

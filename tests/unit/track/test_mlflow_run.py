@@ -299,6 +299,20 @@ def test_a_record_that_names_no_server_belongs_to_the_first_that_finds_its_run(t
     }  # fmt: skip
 
 
+def test_a_resumed_run_gets_the_lineage_tags_in_force_now(tmp_path: Path) -> None:
+    """Tags went only to create_run: a run resumed on 4 ranks with another config kept
+    hpcpipe.world_size 1 and the first config_hash in MLflow."""
+    pytest.importorskip("mlflow")
+    from hpcpipe.track.mlflow_client import open_run
+
+    server = _Server("a")
+    started = {"hpcpipe.config_hash": "c1", "hpcpipe.world_size": "1", "hpcpipe.recipe": "gpt"}
+    assert open_run(server, "u", tmp_path, "e", "n", started) == "a0"
+    resumed = {"hpcpipe.config_hash": "c2", "hpcpipe.world_size": "4", "hpcpipe.recipe": "gpt"}
+    assert open_run(server, "u", tmp_path, "e", "n", resumed) == "a0"
+    assert server.tags["a0"] == resumed and server.statuses == {"a0": "RUNNING"}
+
+
 def test_interactive_commands_wait_a_short_time_per_request(monkeypatch: pytest.MonkeyPatch) -> None:
     """MLflow's default, 120 s per attempt, left the register step and `track sync` silent for
     minutes on a hung server; a timeout the user set is kept."""
