@@ -1,14 +1,15 @@
 """``hpcpipe track sync RUN_DIR``: replay a run directory into MLflow, filling whatever is missing.
 
 The run directory is the source of truth. Sync opens the run's recorded MLflow run (or creates
-one), sets its lineage tags, logs the parameters it lacks, every metrics.jsonl value whose step
-the server does not have for that key, and the artifacts; a run whose events say it finished is
-marked FINISHED.
+one), sets its lineage tags, logs the parameters it lacks, every metrics.jsonl value the server
+does not have as the newest at its key and step, and the artifacts; a run whose events say it
+finished is marked FINISHED.
 Running it twice sends nothing new the second time.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -71,12 +72,30 @@ def _resumed_at(run_dir: Path) -> int:
 def _missing_values(
     client: Any, run_id: str, rows: list[dict[str, Any]]
 ) -> list[tuple[str, float, int, int]]:
-    """The rows' values at (key, step) pairs the server lacks (one history request per key)."""
-    values = [v for row in rows for v in metric_values(row)]
-    have: dict[str, set[int]] = {}
-    for key in sorted({v[0] for v in values}):
-        have[key] = {int(m.step) for m in client.get_metric_history(run_id, key)}
-    return [v for v in values if v[3] not in have[v[0]]]
+    """The rows' values the server lacks (one history request per key): at a (key, step) it has
+    no value for, or whose newest value there is another one. A rollback resumed from an earlier
+    checkpoint: metrics.jsonl kept the resumed run's values, while the server may hold only the
+    discarded attempt's (the sink could not send). MLflow cannot delete a value, so the run
+    directory's is logged after the server's newest at that step, and is the newest there."""
+    values = {(v[0], v[3]): v for row in rows for v in metric_values(row)}  # a later row wins
+    newest: dict[tuple[str, int], Any] = {}
+    for key in sorted({key for key, _ in values}):
+        for metric in client.get_metric_history(run_id, key):
+            at = (key, int(metric.step))
+            if at not in newest or metric.timestamp >= newest[at].timestamp:
+                newest[at] = metric
+    missing = []
+    for at, (key, value, stamp, step) in values.items():
+        have = newest.get(at)
+        if have is None:
+            missing.append((key, value, stamp, step))
+        elif not _same(float(have.value), value):
+            missing.append((key, value, max(stamp, int(have.timestamp) + 1), step))
+    return missing
+
+
+def _same(a: float, b: float) -> bool:
+    return a == b or (math.isnan(a) and math.isnan(b))  # a NaN sent again on every sync otherwise
 
 
 def _run_config(run_dir: Path) -> dict[str, Any]:
