@@ -27,7 +27,9 @@ Top level of ``<run_dir>/`` (name: who writes it -> who reads it)
   -> cli lineage, report.summary/run_tables, observe.run_summary, track.params,
   checkpoint.export, bench.throughput, tracking artifacts.
 - ``metrics.jsonl`` (METRICS), ``metrics.csv`` (METRICS_CSV): one row per logged step and
-  evaluation. observe.metrics.MetricsSink (train.trainer, rank 0)
+  evaluation, each with its ``step`` and, in metrics.jsonl, the Unix ``time`` it was logged (an
+  evaluation row from before they had one takes the training row's before it in ``track sync``).
+  observe.metrics.MetricsSink (train.trainer, rank 0)
   -> observe.metrics.read_metrics (report, sweep, bench, pipeline, hpo, track).
 - ``events.jsonl`` (EVENTS): restarts, membership changes, stalls, checkpoints, the finish.
   observe.metrics.EventLog/append_event (trainer, launch.worker, watchdog)

@@ -124,7 +124,7 @@ def evaluate(ctx: StepContext) -> None:
     if not evals:
         raise NotApplicable("no evaluation rows in metrics.jsonl (train.eval_every, train.eval_batches)")
     last = evals[-1]
-    metrics = {k: v for k, v in last.items() if k != "step" and isinstance(v, int | float)}
+    metrics = {k: v for k, v in last.items() if k not in ("step", "time") and isinstance(v, int | float)}
     ckpt = newest_checkpoint(ctx)
     result = {"step": last["step"], "metrics": metrics, "checkpoint": ckpt.name if ckpt else None}
     RunLayout(ctx.run_dir).eval.write_text(json.dumps(result, indent=2) + "\n")

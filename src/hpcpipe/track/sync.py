@@ -9,6 +9,7 @@ Running it twice sends nothing new the second time.
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,7 +48,7 @@ def sync_run(run_dir: Path, tracking_uri: str | None = None, experiment: str | N
     name = experiment or mlflow_cfg.get("experiment") or "hpcpipe"
     run_id = open_run(client, uri, run_dir, name, str(config["run"]["name"]), tags, resume=False)
     params, changed = log_params(client, run_id, config, _resumed_at(run_dir))
-    rows = read_metrics(run_dir)
+    rows = _with_times(read_metrics(run_dir))
     refused = sorted({key for row in rows for key in refused_names(row)})
     missing = _missing_values(client, run_id, rows)
     for start in range(0, len(missing), BATCH):
@@ -67,6 +68,32 @@ def _resumed_at(run_dir: Path) -> int:
     """The step config.yaml's values are in force from: the last resume's (0: never resumed)."""
     steps = [e.get("step") for e in read_events(run_dir) if e.get("event") == "resumed"]
     return next((s for s in reversed(steps) if isinstance(s, int)), 0)
+
+
+def _with_times(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows without a ``time`` (evaluations written before they recorded theirs) take the one of
+    the nearest timed row at or before their step, else the first after it: MLflow stamped every
+    such value with the moment of the sync."""
+    timed = sorted(
+        (row["step"], float(row["time"]))
+        for row in rows
+        if _whole(row.get("step")) and isinstance(row.get("time"), int | float)
+    )
+    if not timed:
+        return rows
+    steps = [step for step, _ in timed]
+    out = []
+    for row in rows:
+        if "time" in row or not _whole(row.get("step")):
+            out.append(row)
+            continue
+        at = bisect.bisect_right(steps, row["step"])
+        out.append({**row, "time": timed[at - 1][1] if at else timed[0][1]})
+    return out
+
+
+def _whole(step: Any) -> bool:
+    return isinstance(step, int) and not isinstance(step, bool)
 
 
 def _missing_values(

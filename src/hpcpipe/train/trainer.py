@@ -543,7 +543,7 @@ class Trainer:
             self.stop_for_preemption()
         self.last_eval = metrics
         self.telemetry.on_eval(metrics)
-        row = {"step": self.step, **metrics}
+        row = {"step": self.step, **metrics, "time": time.time()}  # as train rows: when, for trackers
         self._write(row)
         self.progress.show(row)
         return metrics["val_loss"]

@@ -98,3 +98,19 @@ def test_the_final_checkpoint_is_the_one_a_resume_loads_from_either_tier(tmp_pat
     assert newest_checkpoint(ctx) == durable / "step-00000006"
     (fast / "step-00000006").mkdir()
     assert newest_checkpoint(ctx) == fast / "step-00000006"
+
+
+def test_the_evaluate_step_copies_the_metrics_not_the_rows_time(tmp_path: Path) -> None:
+    """Evaluation rows now carry their ``time``: eval.json, and the registered version's eval.*
+    tags made from it, would have held it as a metric."""
+    from hpcpipe.config import load_config
+    from hpcpipe.pipeline.engine import StepContext
+    from hpcpipe.pipeline.steps import evaluate
+
+    job = load_config("tiny", [f"run.out_dir={tmp_path}"])
+    job.run_dir.mkdir(parents=True)
+    row = {"step": 4, "val_loss": 2.5, "val_ppl": 12.2, "time": 1.7e9}
+    (job.run_dir / "metrics.jsonl").write_text(json.dumps(row) + "\n")
+    evaluate(StepContext(job, job.run_dir, say=lambda _: None))
+    written = json.loads((job.run_dir / "eval.json").read_text())
+    assert written["step"] == 4 and written["metrics"] == {"val_loss": 2.5, "val_ppl": 12.2}

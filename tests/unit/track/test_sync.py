@@ -7,7 +7,8 @@ import math
 from types import SimpleNamespace
 from typing import Any
 
-from hpcpipe.track.sync import _missing_values
+from hpcpipe.track.mlflow_run import metric_values
+from hpcpipe.track.sync import _missing_values, _with_times
 
 
 class _History:
@@ -39,3 +40,24 @@ def test_the_run_directorys_value_replaces_a_discarded_one_on_the_server() -> No
     ]
     server = _History(loss=[(1, 3.0, 1000), (2, 2.5, 3000), (3, 1.5, 4000)], val_loss=[(2, math.nan, 3000)])
     assert _missing_values(server, "r", rows) == []  # the second sync sends nothing
+
+
+def test_an_evaluation_without_a_time_takes_the_training_rows_not_the_syncs() -> None:
+    """Evaluation rows had no ``time``: every val_loss in MLflow carried the moment of the sync."""
+    rows = [
+        {"step": 0, "val_loss": 5.0},  # before any training row: the first one's
+        {"step": 5, "loss": 2.0, "time": 100.0},
+        {"step": 10, "loss": 1.0, "time": 200.0},
+        {"step": 10, "val_loss": 4.0},
+        {"step": 15, "val_loss": 3.5},  # between logged rows: the one before
+        {"step": 20, "val_loss": 3.0, "time": 250.0},  # its own
+    ]
+    stamps = [(v[0], v[3], v[2]) for row in _with_times(rows) for v in metric_values(row)]
+    assert stamps == [
+        ("val_loss", 0, 100000),
+        ("loss", 5, 100000),
+        ("loss", 10, 200000),
+        ("val_loss", 10, 200000),
+        ("val_loss", 15, 200000),
+        ("val_loss", 20, 250000),
+    ]

@@ -110,6 +110,17 @@ def _fit(tmp_path: Path, *sets: str) -> Any:
     return trainer
 
 
+def test_evaluation_rows_carry_the_time_they_were_logged(tmp_path: Path) -> None:
+    """Evaluation rows had no ``time``: `track sync` stamped every val_loss with the sync's."""
+    import time
+
+    started = time.time()
+    _fit(tmp_path, "train.steps=2", "train.eval_every=2")
+    rows = [json.loads(line) for line in (tmp_path / "tiny" / "metrics.jsonl").read_text().splitlines()]
+    evals = [row for row in rows if "val_loss" in row]
+    assert evals and all(started <= row["time"] <= time.time() for row in evals)
+
+
 @pytest.mark.parametrize("optimizer", ["adamw", "sgd"])
 def test_a_continued_run_trains_with_the_configs_optimizer_settings(tmp_path: Path, optimizer: str) -> None:
     """The checkpoint's param groups were restored as saved: a run continued with a changed
