@@ -48,7 +48,8 @@ def _client(run_dir: Path | None, uri: str | None) -> Any:
 @app.command("sync")
 def sync(run_dir: RunDirArg, tracking_uri: UriOption = None, json_out: JsonOption = None) -> None:
     """Replay a run directory into MLflow: whatever the server lacks (parameters, tags, metric
-    values by key and step, artifacts). Safe to repeat: a second sync sends no metric again.
+    values by key and step, artifacts) and the status its events end with (FINISHED, KILLED
+    when preempted, FAILED after a hang). Safe to repeat: a second sync sends no metric again.
 
     Examples:
 
@@ -66,7 +67,7 @@ def sync(run_dir: RunDirArg, tracking_uri: UriOption = None, json_out: JsonOptio
         console.print(
             f"synced {run_dir} -> MLflow run {result.run_id}: {result.params} params, "
             f"{result.metrics} metric values, {result.artifacts} artifacts"
-            + (" (finished)" if result.finished else "")
+            + (" (finished)" if result.finished else f" (marked {result.status})" if result.status else "")
             + (f"; not sent (MLflow refuses these metric names): {refused}" if refused else "")
         )
     write_json(result.__dict__, json_out)

@@ -5,7 +5,8 @@ While the server is unreachable the thread retries with backoff and the queue fi
 ``queue_size`` values; past that, values are dropped with one warning. At close it waits at most
 ``close_timeout_s``; whatever did not reach the server is replayed later, from metrics.jsonl, by
 ``hpcpipe track sync RUN_DIR``. Parameters (the flattened config) and lineage tags go with the
-first batch; artifacts and the run's final status at the end.
+first batch; artifacts and the run's final status at the end (FINISHED, KILLED when preempted or
+pruned, else FAILED; `track sync` sets it from events.jsonl when the server missed it).
 """
 
 from __future__ import annotations
@@ -134,6 +135,7 @@ class MlflowSink:
         self._warned: set[str] = set()
         self._closing = threading.Event()
         self._status = "FINISHED"
+        self._stopped = False  # preempted or pruned: ended on purpose, not failed
         self._thread = threading.Thread(target=self._work, name="hpcpipe-mlflow", daemon=True)
         self._thread.start()
 
@@ -157,10 +159,13 @@ class MlflowSink:
             self._warn_once("full", f"MLflow queue full ({self.cfg.queue_size} values): dropping values")
 
     def on_event(self, kind: str, fields: dict[str, Any]) -> None:
-        """Events stay in the run directory's events.jsonl (MLflow gets the metrics alone)."""
+        """Events stay in the run directory's events.jsonl (MLflow gets the metrics alone); a
+        stop that is no failure (a preemption, an HPO pruner's) makes the run KILLED at close."""
+        if kind in ("preempted", "pruned"):
+            self._stopped = True
 
     def close(self, finished: bool) -> None:
-        self._status = "FINISHED" if finished else "FAILED"
+        self._status = "FINISHED" if finished else "KILLED" if self._stopped else "FAILED"
         self._closing.set()
         self._thread.join(self.cfg.close_timeout_s)
         unsent = self._held  # queued, or in the batch being retried

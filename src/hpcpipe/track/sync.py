@@ -2,8 +2,8 @@
 
 The run directory is the source of truth. Sync opens the run's recorded MLflow run (or creates
 one), sets its lineage tags, logs the parameters it lacks, every metrics.jsonl value the server
-does not have as the newest at its key and step, and the artifacts; a run whose events say it
-finished is marked FINISHED.
+does not have as the newest at its key and step, and the artifacts; the run's status is the one
+its events end with (``final_status``: FINISHED, KILLED for a preemption, FAILED for a hang).
 Running it twice sends nothing new the second time.
 """
 
@@ -34,6 +34,7 @@ class SyncResult:
     finished: bool
     refused: list[str]  # metric names MLflow does not take (never sent)
     changed: list[str]  # params logged with another value: now tags hpcpipe.changed.<key>
+    status: str | None = None  # the status set (None: left as it was)
 
 
 def sync_run(run_dir: Path, tracking_uri: str | None = None, experiment: str | None = None) -> SyncResult:
@@ -59,9 +60,37 @@ def sync_run(run_dir: Path, tracking_uri: str | None = None, experiment: str | N
     steps, epochs = train.get("steps"), train.get("epochs")
     epochs = epochs if isinstance(epochs, int | float) and not isinstance(epochs, bool) else None
     finished = isinstance(steps, int) and trained_to_the_end(run_dir, steps, epochs)
-    if finished:  # otherwise the run may still be training: its status stays as it is
-        client.set_terminated(run_id, status="FINISHED")
-    return SyncResult(run_id, params, len(missing), artifacts, finished, refused, changed)
+    status, ended_at = final_status(read_events(run_dir), finished)
+    if status is not None:  # otherwise the run may still be training: its status stays as it is
+        client.set_terminated(run_id, status=status, end_time=ended_at)
+    done = status == "FINISHED"
+    return SyncResult(run_id, params, len(missing), artifacts, done, refused, changed, status)
+
+
+# How a start of the run ended, by the event it wrote last (a crash writes none); a start's
+# events begin with group_start (restart, resumed after it).
+ENDINGS = {"run_finished": "FINISHED", "preempted": "KILLED", "pruned": "KILLED", "hang": "FAILED"}
+STARTS = frozenset({"group_start", "restart", "resumed"})
+
+
+def final_status(events: list[dict[str, Any]], finished: bool) -> tuple[str | None, int | None]:
+    """The MLflow status of a run whose last start wrote ``events`` last, and when it ended (ms):
+    FINISHED when it trained to the end (``finished``), KILLED when a preemption or an HPO pruner
+    stopped it, FAILED when a hang did; (None, None) when its last start wrote no ending (still
+    training, or crashed: the status is left as it is), or when that ending is the finish of an
+    earlier, shorter run. The sink's own status at close is lost when the server is unreachable
+    then: a preempted run stayed FAILED or RUNNING."""
+    status, ended_at = None, None
+    for event in events:
+        kind = event.get("event")
+        if kind in STARTS:
+            status, ended_at = None, None
+        elif kind in ENDINGS:
+            status, ended_at = ENDINGS[kind], event.get("time")
+    if (status == "FINISHED") != finished:
+        return None, None
+    when = int(float(ended_at) * 1000) if isinstance(ended_at, int | float) else None
+    return status, when
 
 
 def _resumed_at(run_dir: Path) -> int:

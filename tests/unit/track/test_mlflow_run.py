@@ -258,6 +258,9 @@ class _Server:
     def log_batch(self, run_id: str, metrics: Any = (), params: Any = (), tags: Any = ()) -> None:
         self.tags[run_id].update({t.key: t.value for t in tags})
 
+    def set_terminated(self, run_id: str, status: str) -> None:
+        self.statuses[run_id] = status
+
 
 def test_each_tracking_server_keeps_its_own_run(tmp_path: Path) -> None:
     """`track sync --tracking-uri OTHER` rewrote tracking/mlflow.json with the other server's run:
@@ -311,6 +314,27 @@ def test_a_resumed_run_gets_the_lineage_tags_in_force_now(tmp_path: Path) -> Non
     resumed = {"hpcpipe.config_hash": "c2", "hpcpipe.world_size": "4", "hpcpipe.recipe": "gpt"}
     assert open_run(server, "u", tmp_path, "e", "n", resumed) == "a0"
     assert server.tags["a0"] == resumed and server.statuses == {"a0": "RUNNING"}
+
+
+@pytest.mark.parametrize(
+    ("event", "status"), [("preempted", "KILLED"), ("pruned", "KILLED"), (None, "FAILED")]
+)
+def test_a_preempted_run_ends_killed_and_a_crashed_one_failed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, event: str | None, status: str
+) -> None:
+    """close(finished=False) marked a preemption FAILED, as a crash."""
+    pytest.importorskip("mlflow")
+    from hpcpipe.track import mlflow_run
+
+    monkeypatch.setattr(mlflow_run, "BATCH_WINDOW_S", 0.01)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///unused.db")
+    monkeypatch.setattr(mlflow_run, "make_client", lambda uri: _Server("a"))
+    sink = MlflowSink(MlflowConfig(close_timeout_s=5), tmp_path, "r", {"run": {"recipe": "gpt"}})
+    sink.on_row({"step": 1, "loss": 1.0})
+    if event is not None:
+        sink.on_event(event, {"step": 1})
+    sink.close(finished=False)
+    assert sink.client.statuses == {"a0": status}
 
 
 def test_interactive_commands_wait_a_short_time_per_request(monkeypatch: pytest.MonkeyPatch) -> None:

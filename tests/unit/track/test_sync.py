@@ -8,7 +8,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from hpcpipe.track.mlflow_run import metric_values
-from hpcpipe.track.sync import _missing_values, _with_times
+from hpcpipe.track.sync import _missing_values, _with_times, final_status
 
 
 class _History:
@@ -61,3 +61,22 @@ def test_an_evaluation_without_a_time_takes_the_training_rows_not_the_syncs() ->
         ("val_loss", 15, 200000),
         ("val_loss", 20, 250000),
     ]
+
+
+def _events(*kinds: str) -> list[dict[str, Any]]:
+    return [{"event": kind, "time": float(n)} for n, kind in enumerate(kinds, start=1)]
+
+
+def test_the_status_is_the_one_the_last_start_ended_with() -> None:
+    """Sync only ever set FINISHED: a preempted run stayed FAILED (or RUNNING, when the server was
+    unreachable at close, after a resume had marked it RUNNING)."""
+    assert final_status(_events("group_start", "preempted"), finished=False) == ("KILLED", 2000)
+    assert final_status(_events("group_start", "pruned", "checkpoint_verified"), False) == ("KILLED", 2000)
+    assert final_status(_events("group_start", "hang"), finished=False) == ("FAILED", 2000)
+    ended = _events("group_start", "preempted", "group_start", "resumed", "run_finished")
+    assert final_status(ended, finished=True) == ("FINISHED", 5000)
+    # The last start wrote no ending yet: training, or crashed; its status is left as it is.
+    assert final_status(_events("group_start", "preempted", "group_start"), False) == (None, None)
+    assert final_status([], finished=False) == (None, None)
+    # The finish of an earlier, shorter run (the run now trains to more steps) is not this one's.
+    assert final_status(_events("group_start", "run_finished"), finished=False) == (None, None)
