@@ -34,7 +34,14 @@ def _run_dir(path: Path) -> Path:
 
 
 def _client(run_dir: Path | None, uri: str | None) -> Any:
-    from hpcpipe.track.mlflow_client import make_client, resolve_uri
+    from hpcpipe.track.mlflow_client import make_client
+
+    return make_client(_server(run_dir, uri))
+
+
+def _server(run_dir: Path | None, uri: str | None) -> str:
+    """The tracking URI: ``--tracking-uri``, else the run's configured one, else MLflow's default."""
+    from hpcpipe.track.mlflow_client import resolve_uri
 
     configured = None
     if uri is None and run_dir is not None:
@@ -42,7 +49,7 @@ def _client(run_dir: Path | None, uri: str | None) -> Any:
 
         mlflow_cfg = load_config(RunLayout(run_dir).config).observe.mlflow
         configured = mlflow_cfg.tracking_uri if mlflow_cfg else None
-    return make_client(resolve_uri(uri or configured))
+    return resolve_uri(uri or configured)
 
 
 @app.command("sync")
@@ -97,14 +104,15 @@ def register(
 
       hpcpipe models show tiny-gpt
     """
-    from hpcpipe.track.mlflow_client import server_errors
+    from hpcpipe.track.mlflow_client import make_client, server_errors
     from hpcpipe.track.registry import register_run
     from hpcpipe.track.sync import sync_run
 
     run_dir = _run_dir(run_dir)
     with server_errors(f"register {run_dir}"):
         sync_run(run_dir, tracking_uri)
-        made = register_run(_client(run_dir, tracking_uri), run_dir, name, list(alias or []), export)
+        server = _server(run_dir, tracking_uri)
+        made = register_run(make_client(server), run_dir, name, list(alias or []), export, server)
     if json_out != "-":
         aliases = f" ({', '.join(made.aliases)})" if made.aliases else ""
         console.print(f"registered {made.name} version {made.version}{aliases} from {made.source}")

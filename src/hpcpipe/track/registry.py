@@ -107,16 +107,22 @@ def content_sha256(export: Path, files: list[str]) -> str:
 
 
 def register_run(
-    client: Any, run_dir: Path, name: str, aliases: list[str], export: Path | None = None
+    client: Any,
+    run_dir: Path,
+    name: str,
+    aliases: list[str],
+    export: Path | None = None,
+    uri: str | None = None,
 ) -> Registered:
-    """A new version of ``name`` from the run's export; the run must be in MLflow (sync first)."""
+    """A new version of ``name`` from the run's export; the run must be in MLflow (sync first) on
+    the server at ``uri`` (the client's), whose run id the record keeps apart from other servers'."""
     export = export or newest_export(run_dir)
     if not export.is_dir():
         raise UserError(f"{export}: not an export directory (export/<step>-<format> with its files)")
     problems = [p for p in (*map(alias_problem, aliases), _name_problem(name)) if p]
     if problems:
         raise UserError(problems[0])
-    run_id = recorded_run(run_dir).get("run_id")
+    run_id = recorded_run(run_dir, uri).get("run_id")
     if not run_id:
         raise UserError(
             f"{run_dir}: not in MLflow yet (no tracking/mlflow.json); run `hpcpipe track sync {run_dir}`"

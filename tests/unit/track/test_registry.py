@@ -65,7 +65,7 @@ class FakeClient:
 def _run(tmp_path: Path) -> Path:
     run_dir = tmp_path / "run"
     (run_dir / "export").mkdir(parents=True)
-    record_run(run_dir, "r1", "exp")
+    record_run(run_dir, "http://first:5000", "r1", "exp")
     return run_dir
 
 
@@ -155,3 +155,13 @@ def test_a_name_holding_a_quote_shows_its_versions(tmp_path: Path) -> None:
     assert [v["version"] for v in show_model(client, "it's")["versions"]] == ["1"]
     with pytest.raises(UserError, match="""--name a'b"c: holds both ' and \""""):
         register_run(client, run_dir, """a'b"c""", [], _export(run_dir, 30))
+
+
+def test_the_run_registered_is_the_one_on_the_server_registered_to(tmp_path: Path) -> None:
+    """The record keeps a run id per server; register took the first server's on any server,
+    where MLflow does not know it."""
+    run_dir, client = _run(tmp_path), FakeClient()
+    record_run(run_dir, "http://second:5000", "r2", "exp")
+    folder = _export(run_dir, 30)
+    assert register_run(client, run_dir, "m", [], folder, "http://second:5000").source.startswith("runs:/r2/")
+    assert register_run(client, run_dir, "m", [], folder).source.startswith("runs:/r1/")
