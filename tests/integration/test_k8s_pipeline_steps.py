@@ -141,6 +141,45 @@ def test_a_failed_job_fails_the_train_step_and_a_retry_creates_it_again(tmp_path
         assert "/apis/kubeflow.org/v1/namespaces/default/pytorchjobs/tiny" in deletes
 
 
+def test_the_train_step_deletes_only_its_own_run_s_job(tmp_path: Path, monkeypatch: Any) -> None:
+    """Two runs whose job names match (launch.k8s.name, or run.name cut and rewritten): the
+    second's train step deleted the first's running job and ConfigMap. Now it refuses, and deletes
+    only a job of its own run (here one with another config, which it creates again)."""
+    from hpcpipe.config import load_config
+    from hpcpipe.errors import UserError
+    from hpcpipe.launch import k8s_cluster
+    from hpcpipe.launch.k8s_train import train_on_k8s
+    from hpcpipe.launch.kubernetes import render_k8s
+
+    def job(name: str, *extra: str) -> Any:
+        return load_config(
+            "tiny", [f"run.out_dir={tmp_path}", f"run.name={name}", "launch.k8s.name=shared", *extra]
+        )
+
+    key = ("trainjobs", "default", "shared")
+    with KubeApi() as api:
+        # Not $KUBECONFIG: the client reads it once, when first imported (by an earlier test, too).
+        connect, kubeconfig = k8s_cluster.connect, api.write_kubeconfig(tmp_path / "kubeconfig", "t0ken")
+        monkeypatch.setattr(k8s_cluster, "connect", lambda: connect(kubeconfig))
+        monkeypatch.setenv("HPCPIPE_K8S_POLL_S", "0.05")
+        first = k8s_cluster.create(k8s_cluster.connect(), render_k8s(job("seed0")))
+        watcher = _end_when_created(api, key, _condition("Complete"), recreated=True)  # ends a new one
+        with pytest.raises(
+            UserError, match=f"belongs to the run {tmp_path}/seed0, not this run: nothing deleted"
+        ):
+            train_on_k8s(job("seed1"), "trainjob", print)
+        assert api.objects[key]["metadata"]["uid"] == first.uid
+        first_job = api.objects.pop(key)  # deleted with kubectl, which leaves its ConfigMap
+        with pytest.raises(UserError, match="belongs to the run"):
+            train_on_k8s(job("seed1"), "trainjob", print)
+        assert not [path for method, path in api.requests if method == "DELETE"]
+
+        api.objects[key] = first_job
+        train_on_k8s(job("seed0", "train.steps=3"), "trainjob", print)  # its own run, another config
+        watcher.join()
+        assert api.objects[key]["metadata"]["uid"] != first.uid
+
+
 def test_the_katib_step_creates_the_experiment_and_writes_the_best_trial(tmp_path: Path) -> None:
     best = tmp_path / "best.json"
     space = "hpo.space={train.lr: {type: float, low: 1.0e-4, high: 1.0, log: true}}"  # Katib: no `when`

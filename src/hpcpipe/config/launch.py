@@ -27,7 +27,8 @@ _QUALIFIED_NAME = re.compile(
 )
 _ENV_NAME = re.compile(r"[-._a-zA-Z][-._a-zA-Z0-9]*")
 TYPED_RESOURCES = ("cpu", "memory", "nvidia.com/gpu")  # set by cpu, memory and gpus_per_node
-OWN_LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/instance")  # launch/kubernetes.py sets them
+# launch/kubernetes.py sets them: the first two select a job's pods, the third names its run.
+OWN_LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/instance", "hpcpipe.dev/run")
 
 
 class SlurmConfig(Section):
@@ -147,7 +148,11 @@ class K8sConfig(Section):
     Nodes come from ``parallel.nnodes`` (``MIN:MAX`` needs the elastic PyTorchJob API)."""
 
     namespace: str = Field("default", description="Namespace of the job and its ConfigMap.")
-    name: str | None = Field(None, description="Job name (null: run.name, lower-cased to a DNS label).")
+    name: str | None = Field(
+        None,
+        description="Job name (null: run.name as a DNS label, ended by a hash of run.name where it "
+        "had to be cut or rewritten).",
+    )
     image: str = Field(
         "ghcr.io/hpcpipe/hpcpipe:latest",
         min_length=1,
@@ -259,7 +264,9 @@ class K8sConfig(Section):
     def _not_hpcpipes_own(cls, value: dict[str, str]) -> dict[str, str]:
         for key in value:
             if key in OWN_LABELS:  # the PodMonitor and `hpcpipe jobs` find the pods by them
-                raise ValueError(f"{key!r} is set by hpcpipe (it selects the job's pods); use another key")
+                raise ValueError(
+                    f"{key!r} is set by hpcpipe (it selects the job's pods or names its run); use another key"
+                )
         return value
 
     @field_validator("labels", "node_selector")

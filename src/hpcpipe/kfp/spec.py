@@ -150,7 +150,9 @@ def _check_katib(job: JobConfig, workers: int) -> None:
 
 def _katib_sets(job: JobConfig) -> list[str]:
     """The Katib step's overrides: one-pod trials, and a study name apart from the train job's."""
-    return ["parallel.nnodes=1", f"hpo.study={dns_label(job.run.name)[:36]}-hpo"]
+    # dns_label of the whole name: a cut of the train job's name could cut its hash, and two runs'
+    # Experiments would share one name.
+    return ["parallel.nnodes=1", f"hpo.study={dns_label(f'{job.run.name}-hpo')}"]
 
 
 def _claims(job: JobConfig) -> list[dict[str, str]]:

@@ -13,7 +13,15 @@ from __future__ import annotations
 from typing import Any
 
 from hpcpipe.config import JobConfig
-from hpcpipe.launch.kubernetes import HPCPIPE_RUNTIME, Api, job_name, layout_label, render_k8s
+from hpcpipe.launch.kubernetes import (
+    HPCPIPE_RUNTIME,
+    RUN_LABEL,
+    Api,
+    job_name,
+    layout_label,
+    render_k8s,
+    run_label,
+)
 from hpcpipe.recipes.registry import recipe_label
 
 CHART_DIR = "deploy/helm/hpcpipe"  # in a clone; `make chart` packages it as dist/hpcpipe-<version>.tgz
@@ -63,7 +71,8 @@ def helm_values(
         },
         "env": dict(cfg.env),
         "secretEnv": dict(cfg.secret_env),
-        "labels": dict(cfg.labels),
+        # The chart merges its own labels over these; the run's is ours to set, as launch k8s does.
+        "labels": dict(cfg.labels) | {RUN_LABEL: run_label(job)},
         "podAnnotations": dict(cfg.annotations),
         "queue": cfg.queue or "",
         "priorityClassName": cfg.priority_class or "",

@@ -338,15 +338,20 @@ def get(api: Any, job: K8sJobRef) -> dict[str, Any]:
 @_one_line_errors
 def config_text(api: Any, job: K8sJobRef) -> str | None:
     """The config.yaml of the job's ConfigMap; None when there is none."""
+    held = _config_map(api, job)
+    return None if held is None else (held.data or {}).get(RunLayout.CONFIG)
+
+
+def _config_map(api: Any, job: K8sJobRef) -> Any | None:
+    """The job's ConfigMap (a ``V1ConfigMap``); None when there is none."""
     from kubernetes import client
 
     try:
-        config_map = client.CoreV1Api(api).read_namespaced_config_map(f"{job.name}-config", job.namespace)
+        return client.CoreV1Api(api).read_namespaced_config_map(f"{job.name}-config", job.namespace)
     except client.ApiException as exc:
         if exc.status == 404:
             return None
         raise UserError(f"ConfigMap {job.namespace}/{job.name}-config: {_reason(exc)}") from None
-    return (config_map.data or {}).get(RunLayout.CONFIG)
 
 
 def delete_and_wait(api: Any, job: K8sJobRef, poll_s: float = 2.0, timeout_s: float = 600.0) -> None:
@@ -364,24 +369,81 @@ def delete_and_wait(api: Any, job: K8sJobRef, poll_s: float = 2.0, timeout_s: fl
         time.sleep(poll_s)
 
 
-def reuse_or_clear(api: Any, docs: list[dict[str, Any]], poll_s: float) -> tuple[K8sJobRef, bool]:
+@_one_line_errors
+def reuse_or_clear(
+    api: Any, docs: list[dict[str, Any]], poll_s: float, recorded: K8sJobRef | None = None
+) -> tuple[K8sJobRef, bool]:
     """The job of ``docs`` and whether it already runs them: it exists, has not failed, and its
     ConfigMap holds the same config. Otherwise whatever holds its name (a failed job, another
-    config, a leftover ConfigMap) is deleted and waited for, so that ``create`` can follow."""
+    config, a leftover ConfigMap) is deleted and waited for, so that ``create`` can follow, when
+    it is this run's (``_check_ours``); another run's job of the same name is refused, untouched."""
     [doc] = [d for d in docs if d["kind"] in _JOB_KINDS]
     ref = K8sJobRef(doc["kind"], doc["metadata"]["name"], doc["metadata"]["namespace"], doc["apiVersion"])
     [config_map] = [d for d in docs if d["kind"] == "ConfigMap"]
-    obj, config = get_or_none(api, ref), config_text(api, ref)
-    if obj is None and config is None:
+    obj, held = get_or_none(api, ref), _config_map(api, ref)
+    if obj is None and held is None:
         return ref, False
+    same_config = held is not None and (held.data or {}).get(RunLayout.CONFIG) == config_map["data"].get(
+        RunLayout.CONFIG
+    )
     failed = obj is not None and any(
         c.get("type") in FAILED_CONDITIONS and c.get("status") == "True"
         for c in obj.get("status", {}).get("conditions", [])
     )
-    if obj is not None and not failed and config == config_map["data"].get(RunLayout.CONFIG):
-        return dataclasses.replace(ref, uid=obj.get("metadata", {}).get("uid")), True
-    delete_and_wait(api, ref, poll_s)
+    uid = None if obj is None else obj.get("metadata", {}).get("uid")
+    if obj is not None and not failed and same_config:
+        return dataclasses.replace(ref, uid=uid), True
+    if not same_config:  # the same config names the same run directory: this run's
+        _check_ours(ref, docs, obj, held, recorded)
+    delete_and_wait(api, dataclasses.replace(ref, uid=uid), poll_s)  # that object, not a newer one
     return ref, False
+
+
+def _check_ours(
+    ref: K8sJobRef,
+    docs: list[dict[str, Any]],
+    obj: dict[str, Any] | None,
+    held: Any,
+    recorded: K8sJobRef | None,
+) -> None:
+    """UserError unless what holds ``ref``'s name is this run's: it carries this run's label (a
+    hash of its run directory), it is the job ``recorded`` in the run directory, or its ConfigMap
+    names this run directory (a job from before the label). Job names come from run.name, cut and
+    rewritten, or from launch.k8s.name: two runs can share one, and neither may delete the other's."""
+    from hpcpipe.launch.kubernetes import RUN_LABEL
+
+    [doc] = [d for d in docs if d["kind"] in _JOB_KINDS]
+    [config_map] = [d for d in docs if d["kind"] == "ConfigMap"]
+    ours = doc["metadata"].get("labels", {}).get(RUN_LABEL)
+    meta = obj.get("metadata", {}) if obj is not None else {}
+    labels = meta.get("labels") if obj is not None else getattr(held.metadata, "labels", None)
+    theirs = (labels or {}).get(RUN_LABEL)
+    run_dir = _run_dir_in(config_map["data"].get(RunLayout.CONFIG))
+    their_dir = _run_dir_in((held.data or {}).get(RunLayout.CONFIG)) if held is not None else None
+    if (
+        (ours is not None and theirs == ours)
+        or (recorded is not None and recorded.uid is not None and recorded.uid == meta.get("uid"))
+        or (run_dir is not None and their_dir == run_dir)
+    ):
+        return
+    raise UserError(
+        f"{ref.kind} {ref.namespace}/{ref.name} belongs to "
+        f"{f'the run {their_dir}' if their_dir else 'another run'}, not this run: nothing deleted; "
+        "set launch.k8s.name (or another run.name) to run this one beside it"
+    )
+
+
+def _run_dir_in(config: str | None) -> str | None:
+    """The run directory a job's config.yaml names (run.out_dir/run.name); None where it names none."""
+    import posixpath
+
+    import yaml
+
+    try:
+        run = yaml.safe_load(config or "")["run"]
+        return posixpath.normpath(posixpath.join(str(run["out_dir"]), str(run["name"])))
+    except (KeyError, TypeError, yaml.YAMLError):
+        return None
 
 
 @_one_line_errors

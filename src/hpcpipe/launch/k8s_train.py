@@ -5,17 +5,21 @@ A second attempt (KFP retries the step, or ``hpcpipe run`` again) waits for the 
 when that job is still the same one: same kind and name, the same config in its ConfigMap, not
 failed. Anything else under that name (a failed job, another config, a leftover ConfigMap, the
 other API's job recorded in the run directory) is deleted, waited for, and created again, so
-training resumes from its newest checkpoint.
+training resumes from its newest checkpoint; but only when it is this run's (the run's label, or
+the job its run directory recorded). Another run's job of the same name is refused, untouched.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hpcpipe.config import JobConfig
 from hpcpipe.errors import UserError
+
+if TYPE_CHECKING:
+    from hpcpipe.launch.k8s_cluster import K8sJobRef
 
 POLL_VAR = "HPCPIPE_K8S_POLL_S"  # seconds between status reads (default 10)
 
@@ -32,8 +36,9 @@ def train_on_k8s(job: JobConfig, api: str, say: Callable[[str], None]) -> None:
     docs = render_k8s(job, api)  # type: ignore[arg-type]  # checked against APIS above
     connection = k8s_cluster.connect()
     poll = float(os.environ.get(POLL_VAR, "10"))
-    _clear_other_api(job, docs, connection, poll)
-    ref, running = k8s_cluster.reuse_or_clear(connection, docs, poll)
+    recorded = _recorded(job)
+    _clear_other_api(recorded, docs, connection, poll)
+    ref, running = k8s_cluster.reuse_or_clear(connection, docs, poll, recorded)
     if running:
         say(f"     waiting for {ref.kind} {ref.namespace}/{ref.name}, created before")
     else:
@@ -47,15 +52,25 @@ def train_on_k8s(job: JobConfig, api: str, say: Callable[[str], None]) -> None:
         raise WorkerFailure(1) from None
 
 
-def _clear_other_api(job: JobConfig, docs: list[dict[str, Any]], connection: object, poll_s: float) -> None:
-    """A job of the other API (or name) this run directory recorded is deleted: it would share
-    the ConfigMap's name, and two jobs would train into one run directory."""
+def _recorded(job: JobConfig) -> K8sJobRef | None:
+    """The job this run directory recorded submitting, if any."""
     from hpcpipe.launch import k8s_cluster
     from hpcpipe.layout import RunLayout
 
     if not RunLayout(job.run_dir).k8s_job.is_file():
+        return None
+    return k8s_cluster.resolve(job.run_dir)
+
+
+def _clear_other_api(
+    recorded: K8sJobRef | None, docs: list[dict[str, Any]], connection: object, poll_s: float
+) -> None:
+    """A job of the other API (or name) this run directory recorded is deleted: it would share
+    the ConfigMap's name, and two jobs would train into one run directory."""
+    from hpcpipe.launch import k8s_cluster
+
+    if recorded is None:
         return
-    recorded = k8s_cluster.resolve(job.run_dir)
     wanted = {(d["kind"], d["metadata"]["name"]) for d in docs}
     if (recorded.kind, recorded.name) not in wanted and k8s_cluster.get_or_none(
         connection, recorded

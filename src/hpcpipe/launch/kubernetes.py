@@ -17,6 +17,7 @@ Every document is checked against the operators' published models (``k8s_validat
 
 from __future__ import annotations
 
+import hashlib
 import posixpath
 import re
 from pathlib import PurePosixPath
@@ -49,6 +50,10 @@ PATCH_MANAGER = "hpcpipe.dev/launch"
 PYTORCHJOB_CONTAINER = "pytorch"  # the container the v1 operator gives PET_* and watches
 _DNS_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 _MAX_NAME = 40  # pods are named <job>-node-<i>-<j>-<suffix>; 63 characters in all
+_NAME_HASH = 6  # hex digits of the hash that ends a name dns_label had to rewrite
+# The run (a hash of its run directory) a job, its ConfigMap and pods belong to: `hpcpipe run --on
+# k8s` deletes a job under its name only when it carries this run's value.
+RUN_LABEL = "hpcpipe.dev/run"
 
 
 def render_k8s(job: JobConfig, api: Api = "trainjob", with_runtime: bool = False) -> list[dict[str, Any]]:
@@ -105,9 +110,24 @@ def job_name(job: JobConfig) -> str:
 
 
 def dns_label(text: str) -> str:
-    """``text`` as a DNS label of at most 40 characters that starts with a letter."""
-    name = re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")[:_MAX_NAME].rstrip("-")
-    return name if name and name[0].isalpha() else f"hpcpipe-{name}"[:_MAX_NAME].rstrip("-")
+    """``text`` as a DNS label of at most 40 characters that starts with a letter: as it is when it
+    is one, else rewritten and ended by a hash of ``text``, so that names that differ only where
+    they were cut or rewritten (``...-seed0`` and ``...-seed1`` past 40 characters; ``exp_1``,
+    ``exp.1`` and ``Exp-1``) stay two names, not one job's."""
+    if _DNS_LABEL.fullmatch(text) and len(text) <= _MAX_NAME:
+        return text
+    digest = hashlib.sha256(text.encode()).hexdigest()[:_NAME_HASH]
+    name = re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")
+    if not name[:1].isalpha():
+        name = f"hpcpipe-{name}"
+    return f"{name[: _MAX_NAME - _NAME_HASH - 1].rstrip('-')}-{digest}"
+
+
+def run_label(job: JobConfig) -> str:
+    """The value of ``RUN_LABEL``: a hash of the run directory, the run that owns the job (a
+    Kubernetes label value holds no path)."""
+    run_dir = posixpath.normpath(str(job.run_dir))
+    return hashlib.sha256(run_dir.encode()).hexdigest()[:16]
 
 
 def _check(job: JobConfig, api: Api, runtime: str, with_runtime: bool) -> None:
@@ -226,6 +246,7 @@ def _labels(job: JobConfig, name: str) -> dict[str, str]:
         "app.kubernetes.io/name": "hpcpipe",
         "app.kubernetes.io/instance": name,
         "hpcpipe.dev/recipe": recipe_label(job.run.recipe),  # a label value: the recipe's name
+        RUN_LABEL: run_label(job),
     }
     if cfg.queue:
         labels["kueue.x-k8s.io/queue-name"] = cfg.queue

@@ -118,6 +118,20 @@ def test_the_katib_branch_runs_before_train_and_feeds_it(tmp_path: Path) -> None
     assert study and "parallel.nnodes=1" in run
 
 
+def test_long_run_names_give_their_katib_steps_two_study_names() -> None:
+    """The study name was the train job's name cut to 36 characters, which cut the hash that keeps
+    two long run names apart: two runs' Experiments shared one name."""
+    from hpcpipe.config import load_config
+    from hpcpipe.kfp.spec import _katib_sets
+    from hpcpipe.launch.kubernetes import job_name
+
+    long = "llama-8b-pretrain-h200-lr3e-4-warmup2000-seed"
+    jobs = [load_config("tiny", [f"run.name={long}{seed}"]) for seed in (0, 1)]
+    studies = [_katib_sets(job)[1] for job in jobs]
+    assert studies[0] != studies[1] and len(studies[0]) <= len("hpo.study=") + 40
+    assert {s.removeprefix("hpo.study=") for s in studies}.isdisjoint(job_name(job) for job in jobs)
+
+
 @pytest.mark.parametrize(
     ("args", "key"),
     [

@@ -215,6 +215,8 @@ def test_required_fields_and_enums_are_checked_too() -> None:
         (["launch.k8s.data_mount=relative"], "absolute"),
         # The PodMonitor and `hpcpipe jobs` select the pods by it: overridden, they found none.
         (['launch.k8s.labels={"app.kubernetes.io/instance": other}'], "set by hpcpipe"),
+        # `hpcpipe run --on k8s` deletes a job of its name only when it carries its run's value.
+        (['launch.k8s.labels={"hpcpipe.dev/run": other}'], "set by hpcpipe"),
         (["launch.k8s.secret_env={X: a b/key}"], "not a Secret's name/key"),
         (["launch.k8s.priority_class=high"], "priority_class"),
         (["launch.k8s.name=Bad_Name"], "launch.k8s.name"),
@@ -229,6 +231,20 @@ def test_inputs_that_cannot_run_are_named(overrides: list[str], message: str) ->
 def test_a_secret_value_instead_of_a_reference_is_refused() -> None:
     with pytest.raises(ConfigError, match="secret-name/key"):
         load_config("tiny", ["launch.k8s.secret_env={HF_TOKEN: hf_abc123}"])
+
+
+def test_job_names_cut_or_rewritten_from_run_names_stay_apart() -> None:
+    """run.name past 40 characters, or with characters a DNS label lacks, used to be cut and
+    rewritten into one name for several runs (whose train steps then deleted each other's jobs)."""
+    from hpcpipe.launch.kubernetes import dns_label
+
+    long = "llama-8b-pretrain-h200-lr3e-4-warmup2000-seed"
+    names = [dns_label(text) for text in (f"{long}0", f"{long}1", "exp_1", "exp.1", "Exp-1", "exp-1", "1st")]
+    assert len(set(names)) == len(names)
+    assert all(re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name) and len(name) <= 40 for name in names)
+    assert names[0].startswith("llama-8b-pretrain") and names[5] == "exp-1"  # a label stays as it is
+    labels = [render_k8s(load_config("tiny", [f"run.name={n}"]))[1]["metadata"]["labels"] for n in ("a", "b")]
+    assert labels[0]["hpcpipe.dev/run"] != labels[1]["hpcpipe.dev/run"]
 
 
 def test_trainjob_worker_detection_from_pet_variables() -> None:
