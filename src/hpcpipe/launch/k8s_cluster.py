@@ -224,11 +224,22 @@ def record_submission(run_dir: Path, job: K8sJobRef) -> Path:
 
 
 def resolve(run_dir: Path) -> K8sJobRef:
+    """The job ``run_dir`` recorded; UserError naming the record where it is not one hpcpipe wrote."""
     record = run_dir / SUBMISSION_FILE
     try:
-        return K8sJobRef(**json.loads(record.read_text()))
+        job = K8sJobRef(**json.loads(record.read_text()))
     except (OSError, ValueError, TypeError) as exc:
         raise UserError(f"{record}: unreadable ({exc})") from None
+    # Each field picks an API path (and, for kind, the pods' selector): checked before any request.
+    if job.kind not in _POD_SELECTOR:
+        raise UserError(f"{record}: kind {job.kind!r} is not one of {', '.join(_POD_SELECTOR)}")
+    if not all(isinstance(v, str) and v for v in (job.name, job.namespace, job.api_version)):
+        raise UserError(f"{record}: name, namespace and api_version must be non-empty strings")
+    if not isinstance(job.uid, str | None):
+        raise UserError(f"{record}: uid {job.uid!r} is not a string")
+    if len(job.api_version.split("/")) != 2 or not all(job.api_version.split("/")):
+        raise UserError(f"{record}: api_version {job.api_version!r} is not group/version")
+    return job
 
 
 @_one_line_errors
