@@ -242,7 +242,13 @@ class K8sConfig(Section):
         description="PyTorchJob: elasticPolicy.maxRestarts. hpcpipe-torch runtime: JobSet restarts "
         "after a preemption (exit 75).",
     )
-    rdzv_port: int = Field(29400, ge=1024, le=65535, description="c10d rendezvous port.")
+    rdzv_port: int = Field(
+        29400,
+        ge=1024,
+        le=65535,
+        description="PyTorchJob: c10d rendezvous port. A TrainJob's is Kubeflow Trainer's own (29500): "
+        "another value is refused there.",
+    )
     hpcpipe: str = Field("hpcpipe", min_length=1, description="The hpcpipe command inside the image.")
 
     @field_validator("secret_env")

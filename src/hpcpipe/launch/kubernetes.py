@@ -54,6 +54,9 @@ _NAME_HASH = 6  # hex digits of the hash that ends a name dns_label had to rewri
 # The run (a hash of its run directory) a job, its ConfigMap and pods belong to: `hpcpipe run --on
 # k8s` deletes a job under its name only when it carries this run's value.
 RUN_LABEL = "hpcpipe.dev/run"
+# A TrainJob's rendezvous port: Kubeflow Trainer sets PET_MASTER_PORT to its ContainerTrainerPort,
+# whatever launch.k8s.rdzv_port says (the PyTorchJob's elasticPolicy.rdzvPort).
+TRAINJOB_RDZV_PORT = 29500
 
 
 def render_k8s(job: JobConfig, api: Api = "trainjob", with_runtime: bool = False) -> list[dict[str, Any]]:
@@ -145,6 +148,11 @@ def _check(job: JobConfig, api: Api, runtime: str, with_runtime: bool) -> None:
         )
     if with_runtime and api != "trainjob":
         raise ConfigError("--runtime renders a ClusterTrainingRuntime: it goes with --api trainjob")
+    if api == "trainjob" and cfg.rdzv_port != type(cfg).model_fields["rdzv_port"].default:
+        raise ConfigError(
+            f"launch.k8s.rdzv_port {cfg.rdzv_port}: a TrainJob rendezvouses on Kubeflow Trainer's port "
+            f"{TRAINJOB_RDZV_PORT}, which it cannot change; rdzv_port is for --api pytorchjob"
+        )
     check_node_range(job, processes_per_node(cfg))
     _check_metrics(job, api, runtime)
     _check_claims(job)
@@ -190,6 +198,13 @@ def _check_metrics(job: JobConfig, api: Api, runtime: str) -> None:
             f"observe.prometheus.port: a TrainJob cannot declare container ports on the {runtime} "
             f"runtime; use launch.k8s.runtime={HPCPIPE_RUNTIME} (render it with --runtime) or "
             "--api pytorchjob"
+        )
+    ports = range(prom.port, prom.port + processes_per_node(job.launch.k8s))  # one per local rank
+    rdzv = TRAINJOB_RDZV_PORT if api == "trainjob" else job.launch.k8s.rdzv_port
+    if rdzv in ports:
+        raise ConfigError(
+            f"observe.prometheus.port {prom.port}: the exporters' ports {ports.start}-{ports.stop - 1} "
+            f"(one per local rank) include the c10d rendezvous port {rdzv}; choose ports apart from it"
         )
 
 

@@ -220,6 +220,7 @@ def test_required_fields_and_enums_are_checked_too() -> None:
         (["launch.k8s.secret_env={X: a b/key}"], "not a Secret's name/key"),
         (["launch.k8s.priority_class=high"], "priority_class"),
         (["launch.k8s.name=Bad_Name"], "launch.k8s.name"),
+        (["launch.k8s.rdzv_port=29600"], "launch.k8s.rdzv_port 29600: a TrainJob"),  # was ignored
         (["launch.k8s.gpus_per_node=16"], "must be a multiple"),  # tiny's batch of 8 over 16 ranks
     ],
 )
@@ -329,6 +330,21 @@ def test_exporter_ports_are_declared_for_the_podmonitor() -> None:
     [
         (["observe.prometheus.port=9400"], "pytorchjob", "cannot reach a pod's loopback"),
         (["observe.prometheus.port=9400", "observe.prometheus.host=::"], "trainjob", "container ports"),
+        # The exporters' ports ran over the rendezvous port: two listeners on one port in one pod.
+        (
+            ["observe.prometheus.port=29399", "observe.prometheus.host=::", "launch.k8s.gpus_per_node=2"],
+            "pytorchjob",
+            "observe.prometheus.port 29399: the exporters' ports 29399-29400 .* rendezvous port 29400",
+        ),
+        (
+            [
+                "observe.prometheus.port=29500",
+                "observe.prometheus.host=::",
+                "launch.k8s.runtime=hpcpipe-torch",
+            ],
+            "trainjob",
+            "rendezvous port 29500",
+        ),
     ],
 )
 def test_an_exporter_a_pod_cannot_expose_is_named(overrides: list[str], api: str, message: str) -> None:
