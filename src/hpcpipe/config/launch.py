@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 from typing import Any
 
@@ -26,9 +27,29 @@ _QUALIFIED_NAME = re.compile(
     r"(?=[^/]{1,63}$)[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
 )
 _ENV_NAME = re.compile(r"[-._a-zA-Z][-._a-zA-Z0-9]*")
+# Parts of an environment name that say its value is a secret (API_KEY as its two parts joined).
+_SECRET_PARTS = frozenset({"TOKEN", "PASSWORD", "PASSWD", "SECRET", "CREDENTIAL", "APIKEY"})
 TYPED_RESOURCES = ("cpu", "memory", "nvidia.com/gpu")  # set by cpu, memory and gpus_per_node
 # launch/kubernetes.py sets them: the first two select a job's pods, the third names its run.
 OWN_LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/instance", "hpcpipe.dev/run")
+
+
+def looks_secret(name: str) -> bool:
+    """Whether an environment name says it holds a secret: one of ``_SECRET_PARTS`` as a part of it,
+    any case (HF_TOKEN, WANDB_API_KEY, db.password; not TOKENIZERS_PARALLELISM, nor
+    GOOGLE_APPLICATION_CREDENTIALS, a file's path)."""
+    parts = [part.upper() for part in re.split(r"[-_.]+", name) if part]
+    pairs = {a + b for a, b in itertools.pairwise(parts)}
+    return not _SECRET_PARTS.isdisjoint({*parts, *pairs})
+
+
+def _no_secrets(env: dict[str, str], where: str, instead: str) -> dict[str, str]:
+    for name in env:
+        if looks_secret(name):
+            raise ValueError(
+                f"{name} looks like a secret, and a value here is plain text in {where}: {instead}"
+            )
+    return env
 
 
 class SlurmConfig(Section):
@@ -64,7 +85,8 @@ class SlurmConfig(Section):
     env: dict[str, str] = Field(
         default_factory=dict,
         description="Exported in the script before the job starts: NCCL_*, GLOO_SOCKET_IFNAME, "
-        "NCCL_IB_HCA, ... (values only, no secrets: those come from the cluster's environment).",
+        "NCCL_IB_HCA, ... (values only, no secrets: those come from the cluster's environment; a name "
+        "with TOKEN, PASSWORD, SECRET, API_KEY or CREDENTIAL in it is refused).",
     )
     setup: list[str] = Field(
         default_factory=list,
@@ -125,6 +147,15 @@ class SlurmConfig(Section):
                     f"{key!r} is not a shell variable name (letters, digits, _; not a digit first)"
                 )
         return env
+
+    @field_validator("env")
+    @classmethod
+    def _no_secret_values(cls, env: dict[str, str]) -> dict[str, str]:
+        return _no_secrets(
+            env,
+            "the sbatch script and config.yaml",
+            "export it in the shell you submit from instead (sbatch passes that environment on)",
+        )
 
     @field_validator("signal")
     @classmethod
@@ -207,7 +238,8 @@ class K8sConfig(Section):
     )
     env: dict[str, str] = Field(
         default_factory=dict,
-        description="Plain environment: NCCL_*, NCCL_IB_HCA, NCCL_SOCKET_IFNAME, ... (never secrets).",
+        description="Plain environment: NCCL_*, NCCL_IB_HCA, NCCL_SOCKET_IFNAME, ... (never secrets: "
+        "a name with TOKEN, PASSWORD, SECRET, API_KEY or CREDENTIAL in it is refused; see secret_env).",
     )
     secret_env: dict[str, str] = Field(
         default_factory=dict,
@@ -293,6 +325,15 @@ class K8sConfig(Section):
         for key in value:
             _check_qualified_name(key)
         return value
+
+    @field_validator("env")
+    @classmethod
+    def _no_secret_values(cls, env: dict[str, str]) -> dict[str, str]:
+        return _no_secrets(
+            env,
+            "the manifest, its ConfigMap and config.yaml",
+            "give it in launch.k8s.secret_env as NAME: 'secret-name/key' instead",
+        )
 
     @field_validator("env", "secret_env")
     @classmethod

@@ -234,6 +234,19 @@ def test_a_secret_value_instead_of_a_reference_is_refused() -> None:
         load_config("tiny", ["launch.k8s.secret_env={HF_TOKEN: hf_abc123}"])
 
 
+@pytest.mark.parametrize(
+    "name", ["HF_TOKEN", "WANDB_API_KEY", "db.password", "AWS_SECRET_ACCESS_KEY", "Credential"]
+)
+def test_a_secret_in_the_plain_environment_is_refused(name: str) -> None:
+    """launch.k8s.env values go in plain text into the pod spec, the ConfigMap and config.yaml."""
+    with pytest.raises(
+        ConfigError, match=f"launch.k8s.env: {name} looks like a secret.*launch.k8s.secret_env"
+    ):
+        load_config("tiny", [f"launch.k8s.env={{{name}: hf_abc123}}"])
+    plain = "launch.k8s.env={TOKENIZERS_PARALLELISM: 'false', GOOGLE_APPLICATION_CREDENTIALS: /etc/gcp.json}"
+    assert load_config("tiny", [plain]).launch.k8s.env["TOKENIZERS_PARALLELISM"] == "false"
+
+
 def test_job_names_cut_or_rewritten_from_run_names_stay_apart() -> None:
     """run.name past 40 characters, or with characters a DNS label lacks, used to be cut and
     rewritten into one name for several runs (whose train steps then deleted each other's jobs)."""

@@ -18,6 +18,7 @@ import typer
 from tests.helpers import run_cli
 
 from hpcpipe.config import load_config
+from hpcpipe.errors import ConfigError
 from hpcpipe.launch.slurm import SlurmSubmission, render_sbatch
 from hpcpipe.sweep import plan_points
 
@@ -197,6 +198,15 @@ def test_bad_input_is_one_line_exit_2_and_submits_nothing(
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and named in lines[0] and "Traceback" not in proc.stderr, proc.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_secret_in_the_scripts_environment_is_refused() -> None:
+    """launch.slurm.env values are written in plain text into the sbatch script and config.yaml."""
+    with pytest.raises(ConfigError, match=r"launch.slurm.env: WANDB_API_KEY looks like a secret.*export it"):
+        load_config("tiny", ["launch.slurm.env={WANDB_API_KEY: abc123}"])
+    assert load_config("tiny", ["launch.slurm.env={NCCL_DEBUG: WARN}"]).launch.slurm.env == {
+        "NCCL_DEBUG": "WARN"
+    }
 
 
 def test_no_sbatch_on_the_path_is_one_line_exit_2_and_writes_nothing(tmp_path: Path) -> None:
