@@ -210,8 +210,9 @@ def _check_metrics(job: JobConfig, api: Api, runtime: str) -> None:
 
 def runtime_note(job: JobConfig, api: str, with_runtime: bool) -> str | None:
     """What a TrainJob on ``hpcpipe-torch`` rendered without its runtime leaves to the runtime the
-    cluster has: the priority class and the metrics ports live there (Trainer v2's runtime
-    patches cannot set them), so this job's values take effect only where that runtime has them."""
+    cluster has: the stage init step's image and command (a TrainJob's container patch cannot set
+    an image), and the priority class and the metrics ports (Trainer v2's runtime patches cannot
+    set them), so this job's values take effect only where that runtime has them."""
     cfg = job.launch.k8s
     if api != "trainjob" or with_runtime or cfg.runtime != HPCPIPE_RUNTIME:
         return None
@@ -220,12 +221,12 @@ def runtime_note(job: JobConfig, api: str, with_runtime: bool) -> str | None:
         "observe.prometheus.port": job.observe.prometheus.port,
     }
     kept = [key for key, value in settings.items() if value is not None]
-    if not kept:
-        return None
+    verb = "apply only as that runtime has them" if len(kept) > 1 else "applies only as that runtime has it"
+    also = f"; {' and '.join(kept)} {verb}" if kept else ""
     return (
-        f"note: {' and '.join(kept)} {'are' if len(kept) > 1 else 'is'} set in the {HPCPIPE_RUNTIME} "
-        "runtime, not in the TrainJob: "
-        f"they apply only as the cluster's {HPCPIPE_RUNTIME} has them (--runtime renders it from this job)"
+        f"note: on the cluster's {HPCPIPE_RUNTIME} runtime the {STAGE_CONTAINER} init step runs the image "
+        "and command the runtime was installed with, not launch.k8s.image and launch.k8s.hpcpipe (a "
+        f"TrainJob cannot set them){also}; --runtime renders the runtime from this job"
     )
 
 

@@ -371,9 +371,14 @@ def test_a_trainjob_on_the_shared_runtime_says_what_it_leaves_to_it() -> None:
 
     job = load_config("tiny", ["launch.k8s.runtime=hpcpipe-torch", "launch.k8s.priority_class=high"])
     note = runtime_note(job, "trainjob", with_runtime=False)
-    assert note is not None and "launch.k8s.priority_class is set in the hpcpipe-torch runtime" in note
+    assert note is not None and "launch.k8s.priority_class applies only as that runtime has it" in note
     assert runtime_note(job, "trainjob", with_runtime=True) is None
-    assert runtime_note(load_config("tiny", ["launch.k8s.runtime=hpcpipe-torch"]), "trainjob", False) is None
+    assert runtime_note(load_config("tiny"), "trainjob", False) is None  # torch-distributed has no stage step
+    # The stage step keeps the image and command of whoever installed the runtime (a TrainJob's
+    # container patch cannot set an image): said for every job on it, not only a changed one.
+    plain = runtime_note(load_config("tiny", ["launch.k8s.runtime=hpcpipe-torch"]), "trainjob", False)
+    assert plain is not None and "stage init step runs the image and command" in plain
+    assert "launch.k8s.image" in plain and "priority_class" not in plain
 
 
 @pytest.mark.parametrize("api", ["trainjob", "pytorchjob"])
