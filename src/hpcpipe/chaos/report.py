@@ -21,7 +21,7 @@ import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from hpcpipe.chaos.phases import LABELS, OTHER, PHASES
 from hpcpipe.errors import UserError, one_line
@@ -51,6 +51,7 @@ class ScenarioRow:
     kind: str
     trials: int  # finished (rows in trials.jsonl)
     planned: int | None  # from run.json; None when run.json is missing or does not list it
+    missing: int  # planned trial indices with no row (rows of other indices fill none of them)
     recovered: int
     failed: int
     lost: int  # summed over trials: must be 0
@@ -71,8 +72,13 @@ class ScenarioRow:
 
     @property
     def complete(self) -> bool:
-        """Every planned trial has a row. Without a plan (no run.json) the rows are all we know."""
-        return self.planned is None or self.trials >= self.planned
+        """Every planned trial index has a row. Without a plan (no run.json) the rows are all we know."""
+        return self.planned is None or self.missing == 0
+
+    @property
+    def ran(self) -> int:
+        """The planned trials that have a row (all the rows without a plan)."""
+        return self.trials if self.planned is None else self.planned - self.missing
 
     def as_json(self) -> dict[str, Any]:
         row = asdict(self)
@@ -89,7 +95,8 @@ class ChaosReport:
     plot_path: Path | None  # None when no trial measured a TTR; plot_skipped says why
     plot_skipped: str | None
     rows: list[ScenarioRow]
-    total: dict[str, int]  # trials, planned, complete (a bool), recovered, failed, lost, unreadable_lines
+    # trials, planned, missing, complete (a bool), recovered, failed, lost, unreadable_lines
+    total: dict[str, int]
 
     @property
     def verdict(self) -> str:
@@ -167,7 +174,8 @@ def _scenario_row(name: str, plan: dict[str, Any], trials: list[dict[str, Any]])
     durations = [x for x in (_number(t.get("duration_s")) for t in trials) if x is not None]
     failed = [t for t in trials if t.get("recovered") is not True]
     kinds = [t["kind"] for t in trials if isinstance(t.get("kind"), str)]
-    planned = plan.get("trials")
+    planned = planned_indices(plan)
+    ran = {t["trial"] for t in trials if _is_int(t.get("trial"))}
     phased = [t["phases"] for t in trials if isinstance(t.get("phases"), dict)]
     by_phase = {
         name: values
@@ -178,7 +186,8 @@ def _scenario_row(name: str, plan: dict[str, Any], trials: list[dict[str, Any]])
         name=name,
         kind=str(plan.get("kind") or (kinds[0] if kinds else "?")),
         trials=len(trials),
-        planned=planned if isinstance(planned, int) else None,
+        planned=None if planned is None else len(planned),
+        missing=0 if planned is None else len(planned - ran),
         recovered=len(trials) - len(failed),
         failed=len(failed),
         lost=sum(int(_number(t.get("lost")) or 0) for t in trials),
@@ -192,6 +201,21 @@ def _scenario_row(name: str, plan: dict[str, Any], trials: list[dict[str, Any]])
         phase_median_s={name: _rounded(statistics.median(v)) for name, v in by_phase.items()},
         phase_max_s={name: _rounded(max(v)) for name, v in by_phase.items()},
     )
+
+
+def planned_indices(entry: dict[str, Any]) -> set[int] | None:
+    """The trial indices a scenario of run.json plans: its ``indices`` where listed (a replay of
+    one ``--trial``), else 0 .. ``trials`` - 1; None where it gives neither."""
+    indices = entry.get("indices")
+    if isinstance(indices, list) and all(_is_int(i) for i in indices):
+        return set(indices)
+    trials = entry.get("trials")
+    return set(range(trials)) if _is_int(trials) else None
+
+
+def _is_int(value: Any) -> TypeGuard[int]:
+    # A trial index or count: an int >= 0 (JSON's true is an int to Python).
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def p90(values: list[float]) -> float:
@@ -229,7 +253,8 @@ def _rounded(value: float) -> float:
 def _total(rows: list[ScenarioRow], unreadable: int) -> dict[str, int]:
     return {
         "trials": sum(r.trials for r in rows),
-        "planned": sum(r.trials if r.planned is None else max(r.planned, r.trials) for r in rows),
+        "planned": sum(r.trials if r.planned is None else r.planned for r in rows),
+        "missing": sum(r.missing for r in rows),
         "complete": all(r.complete for r in rows),
         "recovered": sum(r.recovered for r in rows),
         "failed": sum(r.failed for r in rows),
@@ -288,8 +313,9 @@ def _environment_line(run: dict[str, Any], trials: list[dict[str, Any]]) -> str:
 
 
 def _table_row(row: ScenarioRow) -> str:
-    # A killed run shows finished of planned; a complete one just the count.
-    trials = f"{row.trials}/{row.planned}" if row.planned not in (None, row.trials) else str(row.trials)
+    # A killed run shows planned trials finished of planned; a complete one just the count.
+    whole = row.complete and row.planned in (None, row.trials)
+    trials = str(row.trials) if whole else f"{row.ran}/{row.planned}"
     name = escape_cell(row.name) + ("" if row.ok else " ✗")
     cells = [
         name,
@@ -361,12 +387,12 @@ def _summary_line(total: dict[str, int], rows: list[ScenarioRow]) -> str:
         f"**{verdict(total)}**: {total['recovered']}/{total['trials']} trials recovered, "
         f"{total['lost']} lost (✗ marks a scenario with a failed trial or lost data)."
     )
-    short = [f"{escape_cell(r.name)} {r.trials}/{r.planned}" for r in rows if not r.complete]
+    short = [f"{escape_cell(r.name)} {r.ran}/{r.planned}" for r in rows if not r.complete]
     if short:
-        missing = total["planned"] - total["trials"]
         line += (
-            f" {missing} of {total['planned']} planned trials never ran ({', '.join(short)}): "
-            "`hpcpipe chaos run` with the same scenarios, `--seed` and `--out`, and `--resume`, runs them."
+            f" {total['missing']} of {total['planned']} planned trials never ran ({', '.join(short)}): "
+            "`hpcpipe chaos run` with the same scenarios, `--trials`, `--seed` and `--out`, and "
+            "`--resume`, runs them."
         )
     return line
 

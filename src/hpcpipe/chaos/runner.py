@@ -88,14 +88,14 @@ def start_output(plan: ChaosPlan) -> set[tuple[str, int]]:
     from hpcpipe import __version__
 
     done: set[tuple[str, int]] = set()
-    started = time.time()
+    before: dict[str, Any] = {}  # the run.json of the run resumed
     layout = ChaosLayout(plan.out)
     if layout.trials.exists():
         if not plan.resume:
             raise UserError(
                 f"{plan.out} already holds chaos results; give a new --out, or --resume to continue it"
             )
-        done, started = _recorded(plan)  # planned anew below: a resume may ask for more trials
+        done, before = _recorded(plan)
     try:
         plan.out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -107,23 +107,58 @@ def start_output(plan: ChaosPlan) -> set[tuple[str, int]]:
         "torch": torch.__version__,
         "cores": os.cpu_count(),
         "hpcpipe": __version__,
-        "started": started,
-        "scenarios": [
-            {"name": s.name, "kind": s.kind, "trials": len(plan.trial_indices(s))} for s in plan.scenarios
-        ],
-        "skipped": [{"name": name, "why": why} for name, why in plan.skipped.items()],
+        "started": float(before.get("started") or time.time()),
+        **_merged_plan(plan, before),
     }
     layout.run.write_text(json.dumps(run, indent=2) + "\n")
     return done
 
 
-def _recorded(plan: ChaosPlan) -> tuple[set[tuple[str, int]], float]:
-    """What ``plan.out`` holds and when it started, after checking the file and seed match."""
+def _merged_plan(plan: ChaosPlan, before: dict[str, Any]) -> dict[str, Any]:
+    """run.json's ``scenarios`` and ``skipped``: this plan's, merged into those of the run it
+    resumes (``before``), which the report reads what never ran from. A scenario keeps every trial
+    index either run planned (a resume with fewer --trials or another --only runs less, and the
+    trials it leaves out still count as missing); one this resume did not select keeps its plan."""
+    from hpcpipe.chaos.report import planned_indices
+
+    kinds: dict[str, Any] = {}
+    indices: dict[str, set[int]] = {}
+    for name, entry in _listed(before, "scenarios").items():
+        if (found := planned_indices(entry)) is not None:
+            kinds[name], indices[name] = entry.get("kind"), found
+    for s in plan.scenarios:
+        kinds[s.name] = s.kind
+        indices[s.name] = indices.get(s.name, set()) | set(plan.trial_indices(s))
+    skipped = {**{n: e.get("why") for n, e in _listed(before, "skipped").items()}, **plan.skipped}
+    return {
+        "scenarios": [_planned_entry(name, kinds[name], indices[name]) for name in indices],
+        "skipped": [{"name": n, "why": why} for n, why in skipped.items() if n not in indices],
+    }
+
+
+def _listed(run: dict[str, Any], key: str) -> dict[str, dict[str, Any]]:
+    """run.json's list under ``key`` by name; entries that are not named objects are left out."""
+    listed = run.get(key)
+    entries = listed if isinstance(listed, list) else []
+    return {e["name"]: e for e in entries if isinstance(e, dict) and isinstance(e.get("name"), str)}
+
+
+def _planned_entry(name: str, kind: Any, indices: set[int]) -> dict[str, Any]:
+    entry = {"name": name, "kind": kind, "trials": len(indices)}
+    if indices != set(range(len(indices))):  # not 0 .. trials - 1: a replay's --trial, say
+        entry["indices"] = sorted(indices)
+    return entry
+
+
+def _recorded(plan: ChaosPlan) -> tuple[set[tuple[str, int]], dict[str, Any]]:
+    """What ``plan.out`` holds and its run.json, after checking the file and seed match."""
     layout = ChaosLayout(plan.out)
     try:
         run = json.loads(layout.run.read_text())
     except (OSError, ValueError):
-        raise UserError(f"{layout.run}: missing or unreadable; cannot --resume this directory") from None
+        run = None
+    if not isinstance(run, dict):
+        raise UserError(f"{layout.run}: missing or unreadable; cannot --resume this directory")
     if (run.get("file"), run.get("seed")) != (str(plan.file), plan.seed):
         was = f"{run.get('file')} --seed {run.get('seed')}"
         raise UserError(f"--resume: {plan.out} was run with {was}; give the same scenarios and --seed")
@@ -132,7 +167,7 @@ def _recorded(plan: ChaosPlan) -> tuple[set[tuple[str, int]], float]:
         with contextlib.suppress(ValueError, KeyError, TypeError):
             row = json.loads(line)
             done.add((str(row["scenario"]), int(row["trial"])))
-    return done, float(run.get("started") or time.time())
+    return done, run
 
 
 def run_trial(plan: ChaosPlan, scenario: Scenario, trial: int) -> dict[str, Any]:

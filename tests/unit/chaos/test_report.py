@@ -87,6 +87,7 @@ def test_aggregates_per_scenario_in_file_order(tmp_path: Path) -> None:
     assert report.total == {
         "trials": 7,
         "planned": 8,  # kill 4, hang 3, extra (unplanned) the 1 it ran
+        "missing": 1,  # hang's trial 2
         "complete": False,  # hang: 2 of 3
         "recovered": 6,
         "failed": 1,
@@ -213,6 +214,25 @@ def test_a_run_killed_half_way_is_incomplete_not_pass(tmp_path: Path) -> None:
     finished = _write(tmp_path / "done", [_trial("ok", t) for t in range(2)], _run([("ok", "x", 2)]))
     assert (write_report(finished).verdict, write_report(finished).total["complete"]) == ("PASS", True)
     assert CliRunner().invoke(chaos_cli.app, ["report", str(finished)]).exit_code == 0
+
+
+def test_rows_of_other_trial_indices_do_not_complete_a_scenario(tmp_path: Path) -> None:
+    """Rows were counted: trials 7, 0 and 1 of 3 planned read PASS though trial 2 never ran."""
+    run = _run([("kill", "kill-rank", 3)])
+    out = _write(tmp_path / "out", [_trial("kill", t) for t in (7, 0, 1)], run)
+    report = write_report(out)
+    (row,) = report.rows
+    assert (row.trials, row.ran, row.planned, row.missing, row.complete) == (3, 2, 3, 1, False)
+    assert (report.verdict, report.total["planned"], report.total["missing"]) == ("INCOMPLETE", 3, 1)
+    markdown = report.markdown_path.read_text()
+    assert "| kill | kill-rank | 2/3 | 3/3 |" in markdown
+    assert "1 of 3 planned trials never ran (kill 2/3)" in markdown
+
+    # A replay plans the index it reruns (run.json lists it): its one row completes it.
+    run["scenarios"] = [{"name": "kill", "kind": "kill-rank", "trials": 1, "indices": [7]}]
+    replay = _write(tmp_path / "replay", [_trial("kill", 7)], run)
+    assert write_report(replay).verdict == "PASS"
+    assert write_report(_write(tmp_path / "other", [_trial("kill", 0)], run)).verdict == "INCOMPLETE"
 
 
 def test_png_is_written(tmp_path: Path) -> None:
