@@ -14,6 +14,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -167,8 +168,9 @@ def reference_losses(ctx: TrialContext, *extra_sets: str, nproc: int | None = No
     ranks = nproc or ctx.scenario.nproc
     key = job_config(ctx, *extra_sets, f"parallel.nproc={ranks}").training_hash()[:16]
     cache = ctx.shared / "references" / f"{key}.json"
-    if cache.is_file():
-        return _every_step({int(k): v for k, v in json.loads(cache.read_text()).items()}, cache)
+    cached = _cached(cache)
+    if cached is not None:
+        return cached
     out = ctx.shared / "references" / key
     sets = job_sets(ctx, "reference", out, *extra_sets)
     args = ["train", ctx.scenario.job, "--nproc", str(ranks), *[a for s in sets for a in ("--set", s)]]
@@ -182,6 +184,24 @@ def reference_losses(ctx: TrialContext, *extra_sets: str, nproc: int | None = No
     partial.write_text(json.dumps(found))
     partial.replace(cache)  # whole or absent
     return found
+
+
+def _cached(cache: Path) -> dict[int, float] | None:
+    """The reference's losses cached in ``cache``; None when there are none to use. One that lacks
+    steps was cached by an hpcpipe that let a scenario's observe.log_every thin the reference (the
+    key leaves observe out) and is found under --resume: it is removed, to be trained again, or
+    every trial of its scenarios would fail."""
+    if not cache.is_file():
+        return None
+    try:
+        return _every_step({int(k): v for k, v in json.loads(cache.read_text()).items()}, cache)
+    except RuntimeError:
+        print(
+            f"chaos: {cache}: a cached reference without every step's loss; training it again",
+            file=sys.stderr,
+        )
+        cache.unlink(missing_ok=True)
+        return None
 
 
 def _every_step(found: dict[int, float], where: Path) -> dict[int, float]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -43,6 +44,21 @@ def test_every_step_is_logged_whatever_the_scenario_sets(tmp_path: Path) -> None
     assert jobs.job_config(_ctx(tmp_path, "observe.log_every=1000")).observe.log_every == 1
 
 
+def _fake_reference(monkeypatch: pytest.MonkeyPatch, steps: list[int]) -> list[list[str]]:
+    """``hpcpipe train`` of the reference, as if it logged a loss at ``steps``; the calls made."""
+    calls: list[list[str]] = []
+
+    def train(args: list[str], cwd: Path, *rest: object, **kwargs: object) -> subprocess.CompletedProcess:
+        calls.append(args)
+        (cwd / "reference").mkdir(parents=True)
+        rows = [{"step": s, "loss": 5.0 - s / 10} for s in steps]
+        (cwd / "reference" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return subprocess.CompletedProcess(args, 0, "", "")
+
+    monkeypatch.setattr(jobs, "run_hpcpipe", train)
+    return calls
+
+
 @pytest.mark.parametrize(
     ("cached", "message"),
     [
@@ -52,18 +68,33 @@ def test_every_step_is_logged_whatever_the_scenario_sets(tmp_path: Path) -> None
     ],
 )
 def test_a_reference_without_every_step_fails_the_trial(
-    tmp_path: Path, cached: dict[str, float], message: str
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    cached: dict,
+    message: str,
 ) -> None:
-    """An empty reference compared nothing: any resumed run, one with no rows too, matched it."""
+    """An empty reference compared nothing: any resumed run, one with no rows too, matched it.
+    One cached before every step was logged (an older hpcpipe, found under --resume) is trained
+    again: it failed every trial of its scenarios, not saying to delete OUT/shared/references."""
     ctx = _ctx(tmp_path)
     key = jobs.job_config(ctx, f"parallel.nproc={ctx.scenario.nproc}").training_hash()[:16]
     cache = ctx.shared / "references" / f"{key}.json"
     cache.parent.mkdir(parents=True)
     cache.write_text(json.dumps(cached))
+    calls = _fake_reference(monkeypatch, [1, 2])
+    assert jobs.reference_losses(ctx) == {1: 4.9, 2: 4.8}
+    assert len(calls) == 1 and json.loads(cache.read_text()) == {"1": 4.9, "2": 4.8}
+    assert capsys.readouterr().err == (
+        f"chaos: {cache}: a cached reference without every step's loss; training it again\n"
+    )
+    assert jobs.reference_losses(ctx) == {1: 4.9, 2: 4.8} and len(calls) == 1  # cached now
+
+    cache.unlink()
+    _fake_reference(monkeypatch, [int(k) for k in cached])  # a fresh reference as thin fails
     with pytest.raises(RuntimeError, match=message):
         jobs.reference_losses(ctx)
-    cache.write_text(json.dumps({"1": 5.0, "2": 4.9}))
-    assert jobs.reference_losses(ctx) == {1: 5.0, 2: 4.9}
+    assert not cache.exists()
 
 
 def test_a_loss_that_is_not_a_number_reads_nan(tmp_path: Path) -> None:
