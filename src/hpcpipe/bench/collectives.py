@@ -90,6 +90,7 @@ class CollectiveSpec:
 class _Prepared:
     run: Callable[[], object]  # the timed call
     check: Callable[[], bool]  # one call on the pattern, then a comparison with the expected result
+    unchecked: str | None = None  # why ``check`` could not tell chunks apart: it is not run
 
 
 def run_collectives(spec: CollectiveSpec, ctx: DistContext) -> dict[str, Any] | None:
@@ -107,7 +108,8 @@ def run_collectives(spec: CollectiveSpec, ctx: DistContext) -> dict[str, Any] | 
             if count == 0:
                 continue  # smaller than one element per rank: nothing to move
             prepared = _prepare(collective, count, dtype, ctx)
-            correct = prepared.check() if spec.check else None
+            unchecked = prepared.unchecked if spec.check else None
+            correct = prepared.check() if spec.check and unchecked is None else None
             seconds = time_collective(prepared.run, spec.warmup, spec.iters, ctx.device)
             local.append(
                 {
@@ -117,6 +119,7 @@ def run_collectives(spec: CollectiveSpec, ctx: DistContext) -> dict[str, Any] | 
                     "count": count,
                     "time_s": seconds,
                     "correct": correct,
+                    "unchecked": unchecked,
                 }
             )
             del prepared
@@ -177,6 +180,7 @@ def merge_rank_rows(per_rank: list[list[dict[str, Any]]], hosts: list[str]) -> l
                 "slowest_host": hosts[slowest],
                 "slow_ranks": slow_ranks(times),
                 "correct": None if checks[0] is None else all(checks),
+                "unchecked": first.get("unchecked"),  # why correct is None though --check was on
                 "wrong_ranks": [r for r, ok in enumerate(checks) if ok is False],
             }
         )
@@ -318,13 +322,35 @@ def summed(world: int, dtype: torch.dtype) -> torch.Tensor:
 def labelled(label: int, length: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """A chunk that names ``label``: 1 + (a + b * j) % p at offset j, p the largest prime within the
     dtype's exact integers, (a, b) distinct for labels below p * (p - 1) (bf16: 62,750), so chunks
-    of two elements or more with different labels differ, whatever their length."""
+    of two elements or more with different labels differ, whatever their length. One element
+    holds a alone: labels p apart look alike (:func:`label_capacity`, :func:`indistinct`)."""
     import torch
 
     prime = _largest_prime(min(exact_integers(dtype), _LABEL_LIMIT))
     start, step = label % prime, 1 + (label // prime) % (prime - 1)
     cycle = (start + step * torch.arange(min(length, prime))) % prime + 1
     return tile(cycle, 0, length, dtype, device)
+
+
+def label_capacity(length: int, dtype: torch.dtype) -> int:
+    """How many labels, from 0 on, :func:`labelled` keeps apart in chunks of ``length`` elements:
+    p for one element (its value is the label modulo p), p * (p - 1) for two or more."""
+    prime = _largest_prime(min(exact_integers(dtype), _LABEL_LIMIT))
+    return prime if length == 1 else prime * (prime - 1)
+
+
+def indistinct(labels: int, length: int, dtype: torch.dtype) -> str | None:
+    """Why chunks of ``length`` elements cannot carry ``labels`` distinct labels (two chunks alike
+    would let the check pass a chunk delivered to the wrong place); None when they can."""
+    capacity = label_capacity(length, dtype)
+    if labels <= capacity:
+        return None
+    larger = labels <= label_capacity(2, dtype)  # 1-element chunks that 2 would tell apart
+    return (
+        f"{length}-element {str(dtype).removeprefix('torch.')} chunks carry at most {capacity} "
+        f"distinct labels, fewer than the {labels} chunks it moves"
+        + ("; a size with 2 elements a chunk is checked" if larger else "")
+    )
 
 
 def tile(
@@ -392,6 +418,7 @@ def _all_gather(count: int, dtype: torch.dtype, ctx: DistContext) -> _Prepared:
     return _Prepared(
         run=lambda: gather(out, inp),
         check=_checked(lambda: gather(out, inp), lambda: torch.equal(out, expected)),
+        unchecked=indistinct(ctx.world_size, chunk, dtype),
     )
 
 
@@ -423,6 +450,7 @@ def _all_to_all(count: int, dtype: torch.dtype, ctx: DistContext) -> _Prepared:
     return _Prepared(
         run=lambda: dist.all_to_all_single(out, inp),
         check=_checked(lambda: dist.all_to_all_single(out, inp), lambda: torch.equal(out, expected)),
+        unchecked=indistinct(n * n, chunk, dtype),
     )
 
 

@@ -174,7 +174,7 @@ def _print_collectives(result: dict[str, Any], view: Console) -> None:
     )
     for r in result["results"]:
         if r["correct"] is None:
-            check = "-"
+            check = "[yellow]n/a[/yellow]" if r.get("unchecked") else "-"  # n/a: could not, -: --no-check
         else:
             check = "ok" if r["correct"] else f"[red]wrong {r['wrong_ranks']}[/red]"
         slowest = f"{r['slowest_rank']}" + (" [yellow]slow[/yellow]" if r["slow_ranks"] else "")
@@ -188,6 +188,19 @@ def _print_collectives(result: dict[str, Any], view: Console) -> None:
             slowest,
         )
     print_whole(table, view)
+    for line in _unchecked_lines(result["results"]):
+        view.print(line, markup=False, highlight=False)
+
+
+def _unchecked_lines(results: list[dict[str, Any]]) -> list[str]:
+    """Why the rows marked n/a were not checked: a line per collective and reason, naming the sizes."""
+    from hpcpipe.bench.bus import format_size
+
+    sizes: dict[tuple[str, str], list[str]] = {}
+    for r in results:
+        if r.get("unchecked"):
+            sizes.setdefault((r["collective"], r["unchecked"]), []).append(format_size(r["size_bytes"]))
+    return [f"check n/a: {name} at {', '.join(found)}: {why}" for (name, why), found in sizes.items()]
 
 
 @app.command("compute")

@@ -116,6 +116,48 @@ def test_data_movement_chunks_are_exact_and_name_their_source(dtype_name: str) -
     assert len(long.unique()) == min(3000, {"bfloat16": 251, "float16": 2039}.get(dtype_name, 3000))
 
 
+def test_chunks_too_short_to_tell_apart_are_not_checked(one_rank: DistContext) -> None:
+    """A 1-element chunk holds its label modulo p: all_to_all's 256 labels at 16 ranks repeated in
+    bf16 (p = 251), so a chunk delivered to the wrong rank could pass, and the row read "ok"."""
+    import torch
+
+    from hpcpipe.bench.collectives import _prepare, label_capacity, labelled
+
+    bf16, cpu = torch.bfloat16, torch.device("cpu")
+    assert (label_capacity(1, bf16), label_capacity(2, bf16)) == (251, 251 * 250)
+    assert len({labelled(r, 1, bf16, cpu).item() for r in range(251)}) == 251
+    assert torch.equal(labelled(251, 1, bf16, cpu), labelled(0, 1, bf16, cpu))  # where they repeat
+
+    world16, world300 = replace(one_rank, world_size=16), replace(one_rank, world_size=300)
+    why = _prepare("all_to_all", 16, bf16, world16).unchecked  # 16 chunks of 1 element per rank
+    assert why == (
+        "1-element bfloat16 chunks carry at most 251 distinct labels, fewer than the 256 chunks it "
+        "moves; a size with 2 elements a chunk is checked"
+    )
+    assert _prepare("all_to_all", 32, bf16, world16).unchecked is None  # 2 elements a chunk
+    assert _prepare("all_to_all", 16, torch.float32, world16).unchecked is None  # p = 65521
+    assert _prepare("all_gather", 300, bf16, world300).unchecked is not None
+    assert _prepare("all_gather", 600, bf16, world300).unchecked is None
+    long = _prepare("all_to_all", 600, bf16, world300).unchecked  # 90,000 labels: no size holds them
+    assert long is not None and long.endswith("fewer than the 90000 chunks it moves")
+
+
+def test_a_row_that_could_not_be_checked_says_why(
+    one_rank: DistContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hpcpipe.bench import collectives
+
+    monkeypatch.setattr(collectives, "label_capacity", lambda length, dtype: 0)  # nothing tells apart
+    spec = CollectiveSpec.build(["all_gather", "all_reduce"], [64], "float32", 0, 1)
+    result = run_collectives(spec, one_rank)
+    assert result is not None
+    gather, reduce = result["results"]
+    assert gather["correct"] is None and "at most 0 distinct labels" in gather["unchecked"]
+    assert (reduce["correct"], reduce["unchecked"]) == (True, None)
+    off = run_collectives(replace(spec, check=False), one_rank)
+    assert off is not None and [(r["correct"], r["unchecked"]) for r in off["results"]] == [(None, None)] * 2
+
+
 def test_default_sweep_is_powers_of_two_bounded_by_memory(one_rank: DistContext) -> None:
     from hpcpipe.bench.collectives import CPU_MAX_BYTES, DEFAULT_MIN_BYTES, default_sizes
 

@@ -99,3 +99,31 @@ def test_compute_takes_only_cpu_and_present_cuda_devices(
     assert bench_cli._device("cuda", torch) == torch.device("cuda", 0)
     assert bench_cli._device("cuda:1", torch) == torch.device("cuda", 1)
     assert bench_cli._device("cpu", torch) == torch.device("cpu")
+
+
+def test_a_row_that_could_not_be_checked_reads_n_a_with_why() -> None:
+    """It read "ok" (bf16 all_to_all at 1 element a chunk); -- stays --no-check's mark."""
+    from rich.console import Console
+
+    def row(size: int, correct: bool | None, unchecked: str | None = None) -> dict:
+        return {
+            "collective": "all_to_all",
+            "size_bytes": size,
+            "time_s": 1e-5,
+            "algbw_gbps": 0.1,
+            "busbw_gbps": 0.1,
+            "correct": correct,
+            "wrong_ranks": [],
+            "slowest_rank": 0,
+            "slow_ranks": [],
+            "unchecked": unchecked,
+        }
+
+    rows = [row(32, None, "too short"), row(64, None, "too short"), row(128, True), row(256, None)]
+    result = {"world_size": 16, "backend": "gloo", "device": "cpu", "dtype": "bfloat16", "iters": 1}
+    view = Console(record=True, width=200)
+    bench_cli._print_collectives({**result, "results": rows}, view)
+    lines = view.export_text().splitlines()
+    checks = [line.split("│")[6].strip() for line in lines if line.startswith("│ all_to_all")]
+    assert checks == ["n/a", "n/a", "ok", "-"]
+    assert lines[-1] == "check n/a: all_to_all at 32B, 64B: too short"
