@@ -254,7 +254,12 @@ def _copy_files(source: StageSource, tmp: Path, workers: int) -> None:
     """Every file, then the marker, into ``tmp``; a failed write (a full disk) as a DataError."""
     try:
         tmp.mkdir()
-        _in_threads(workers, lambda item: _copy_one(source.root, tmp, *item), source.files.items())
+        stop = threading.Event()  # set: the other copies end at their next chunk, not their last
+
+        def copy(item: tuple[str, str]) -> None:
+            _copy_one(source.root, tmp, *item, stop)
+
+        _in_threads(workers, copy, source.files.items(), stop)
         marker: dict[str, Any] = {"key": source.key, "source": str(source.root), "files": source.files}
         (tmp / MARKER).write_text(json.dumps(marker, indent=1) + "\n")
     except OSError as exc:  # ENOSPC names no file: the cache root is the place to look
@@ -286,12 +291,16 @@ def _remove_partial_copies(cache_root: Path, key: str) -> list[Path]:
     return partial
 
 
-def _copy_one(root: Path, dest_root: Path, rel: str, want: str) -> None:
+def _copy_one(root: Path, dest_root: Path, rel: str, want: str, stop: threading.Event) -> None:
+    """Copy one file, checking its SHA-256 as it passes; ``stop`` set abandons it between chunks:
+    a multi-GB shard must not hold a preempted stager's exit past the job's grace period."""
     dest = dest_root / rel
     dest.parent.mkdir(parents=True, exist_ok=True)
     digest = hashlib.sha256()
     with (root / rel).open("rb") as src, dest.open("wb") as out:
         while chunk := src.read(_CHUNK):
+            if stop.is_set():  # another copy failed or the stager was stopped: its error is raised
+                raise DataError(f"{root / rel}: copy abandoned (staging stopped)")
             digest.update(chunk)
             out.write(chunk)
         out.flush()
@@ -303,9 +312,12 @@ def _copy_one(root: Path, dest_root: Path, rel: str, want: str) -> None:
         )
 
 
-def _in_threads(workers: int, work: Callable[[Any], None], items: Iterable[Any]) -> None:
-    """``work`` on every item, in up to ``workers`` threads; the first exception stops the others
-    after their current item and is raised once every thread has stopped.
+def _in_threads(
+    workers: int, work: Callable[[Any], None], items: Iterable[Any], stop: threading.Event | None = None
+) -> None:
+    """``work`` on every item, in up to ``workers`` threads; the first exception sets ``stop``,
+    which ends the others after their current item (or sooner, where ``work`` checks it), and is
+    raised once every thread has stopped.
 
     Not a ThreadPoolExecutor: a signal handler's exception (``data stage`` exits 75 on SIGTERM)
     can land in this thread while the executor starts a worker, which is then never joined: it
@@ -314,21 +326,30 @@ def _in_threads(workers: int, work: Callable[[Any], None], items: Iterable[Any])
     """
     todo = list(items)
     pending = iter(todo)
-    take = threading.Lock()
-    stop = threading.Event()
+    take = threading.Lock()  # guards pending and busy
+    stop = stop if stop is not None else threading.Event()
     errors: list[BaseException] = []
+    busy = [0]  # threads that may still call work
 
     def run() -> None:
-        while not stop.is_set():
-            with take:
-                item = next(pending, _DONE)
-            if item is _DONE:
+        with take:
+            if stop.is_set():  # started after the caller gave up on it: touch nothing
                 return
-            try:
-                work(item)
-            except BaseException as exc:
-                errors.append(exc)
-                stop.set()
+            busy[0] += 1
+        try:
+            while not stop.is_set():
+                with take:
+                    item = next(pending, _DONE)
+                if item is _DONE:
+                    return
+                try:
+                    work(item)
+                except BaseException as exc:
+                    errors.append(exc)
+                    stop.set()
+        finally:
+            with take:
+                busy[0] -= 1
 
     threads: list[threading.Thread] = []
     try:
@@ -337,13 +358,32 @@ def _in_threads(workers: int, work: Callable[[Any], None], items: Iterable[Any])
             threads[-1].start()
         for thread in threads:
             thread.join()
-    finally:
-        stop.set()  # an exception here (the signal's): no thread takes another item
-        for thread in threads:
-            while thread.is_alive():  # not alive yet: it will find stop set before any work
-                thread.join()
+    except BaseException:  # the signal's: no thread takes another item, and none outlives this
+        stop.set()
+        _wait_through_signals(lambda: _read(take, busy) == 0)
+        raise  # the first signal's, whatever landed while waiting
     if errors:
         raise errors[0]
+
+
+def _wait_through_signals(done: Callable[[], bool]) -> None:
+    """Poll until ``done()``, swallowing what further signal handlers raise meanwhile (Slurm's
+    --signal=USR1@N, then the preemption's SIGTERM): had one escaped, the caller would remove
+    the temporary copy while the threads still wrote into it, and they would recreate it. Not
+    Thread.join: on Python 3.11 a join that a signal interrupts marks the thread finished while
+    it runs on, so neither is_alive() nor a second join waits for it."""
+    while True:
+        try:
+            while not done():
+                time.sleep(0.01)
+            return
+        except BaseException:  # a later signal's; the first is being raised
+            continue
+
+
+def _read(lock: threading.Lock, box: list[int]) -> int:
+    with lock:
+        return box[0]
 
 
 _DONE = object()

@@ -140,11 +140,11 @@ def test_a_disk_filling_up_mid_copy_is_one_error_naming_the_cache(
     copy = staging._copy_one
     calls: list[str] = []
 
-    def filling_up(root: Path, dest_root: Path, rel: str, want: str) -> None:
+    def filling_up(root: Path, dest_root: Path, rel: str, *args: Any) -> None:
         calls.append(rel)
         if len(calls) > 2:
             raise OSError(28, "No space left on device")
-        copy(root, dest_root, rel, want)
+        copy(root, dest_root, rel, *args)
 
     monkeypatch.setattr(staging, "_copy_one", filling_up)
     cache = tmp_path / "cache"
@@ -172,11 +172,11 @@ def test_a_signal_mid_copy_stops_the_copies_and_removes_the_partial_copy(
     copy = staging._copy_one
     calls: list[str] = []
 
-    def signalled_at_once(root: Path, dest_root: Path, rel: str, want: str) -> None:
+    def signalled_at_once(root: Path, dest_root: Path, rel: str, *args: Any) -> None:
         calls.append(rel)
         if len(calls) == 1:
             os.kill(os.getpid(), signal.SIGUSR2)
-        copy(root, dest_root, rel, want)
+        copy(root, dest_root, rel, *args)
 
     def handler(_signum: int, _frame: object) -> None:
         raise _Signalled
@@ -191,6 +191,69 @@ def test_a_signal_mid_copy_stops_the_copies_and_removes_the_partial_copy(
         signal.signal(signal.SIGUSR2, previous)
     assert [p.name for p in (tmp_path / "cache").iterdir() if p.is_dir()] == []
     assert len(calls) < len(source.files) > 10  # the threads stopped after their file in progress
+
+
+def test_a_second_signal_while_joining_still_waits_for_every_copy(
+    dataset_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Slurm's --signal=USR1@N, then the preemption's SIGTERM: the second raised out of the join
+    of the first, the caller removed the temporary copy, and the threads still copying recreated
+    it (mkdir parents) and wrote into it."""
+    import signal
+
+    from hpcpipe.data import stage as staging
+
+    copy = staging._copy_one
+    calls: list[str] = []
+    ended: list[str] = []
+
+    def signalled_twice(root: Path, dest_root: Path, rel: str, *args: Any) -> None:
+        calls.append(rel)
+        try:
+            if len(calls) == 1:
+                os.kill(os.getpid(), signal.SIGUSR2)
+                time.sleep(0.2)  # the main thread is waiting for this thread by now
+                os.kill(os.getpid(), signal.SIGUSR2)
+                time.sleep(0.2)
+            copy(root, dest_root, rel, *args)
+        finally:
+            ended.append(rel)
+
+    signals: list[int] = []
+
+    def handler(signum: int, _frame: object) -> None:
+        signals.append(signum)
+        raise _Signalled(len(signals))
+
+    monkeypatch.setattr(staging, "_copy_one", signalled_twice)
+    previous = signal.signal(signal.SIGUSR2, handler)
+    try:
+        with pytest.raises(_Signalled) as raised:
+            stage(token_dataset_source(dataset_dir), tmp_path / "cache", workers=1)
+        copying_on = len(calls) - len(ended)
+        time.sleep(0.5)  # what a copy still running would write by now
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
+    assert raised.value.args == (1,) and len(signals) == 2  # the first signal's, after both
+    assert copying_on == 0
+    assert [p.name for p in (tmp_path / "cache").iterdir() if p.is_dir()] == []
+
+
+def test_a_stopped_copy_ends_at_its_next_chunk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A multi-GB shard copied to its end held a preempted stager's exit past the grace period."""
+    import hashlib
+    import threading
+
+    from hpcpipe.data import stage as staging
+
+    monkeypatch.setattr(staging, "_CHUNK", 1024)
+    (tmp_path / "big.bin").write_bytes(os.urandom(64 * 1024))
+    want = hashlib.sha256((tmp_path / "big.bin").read_bytes()).hexdigest()
+    stop = threading.Event()
+    stop.set()
+    with pytest.raises(DataError, match=r"big.bin: copy abandoned \(staging stopped\)$"):
+        staging._copy_one(tmp_path, tmp_path / "dest", "big.bin", want, stop)
+    assert (tmp_path / "dest" / "big.bin").stat().st_size < 64 * 1024
 
 
 def _left_by_a_killed_stager(cache: Path, key: str, pid: int) -> Path:
