@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from hpcpipe.cli import fc_target
-from hpcpipe.cli.common import JsonOption, console, print_table, write_json
+from hpcpipe.cli.common import JsonOption, console, err_console, print_table, write_json
 from hpcpipe.cli.evaluate_decline import decline
 from hpcpipe.cli.fc_target import load_target
 from hpcpipe.errors import UserError
@@ -261,27 +261,25 @@ app.command("decline")(decline)
 
 def _call_threshold(option: str, adapter: Path | None) -> float | None:
     """``--call-threshold`` as a threshold (None: greedy); ``auto`` reads the adapter's calibration."""
-    from hpcpipe.evaluate.calibrate import read_calibration, set_on_this_adapter
+    from hpcpipe.evaluate.calibrate import read_calibration, set_on_this_adapter, unhashed_note
 
     if option == "greedy":
         return None
     if option == "auto":
         calibration = read_calibration(adapter) if adapter else None
-        if (
-            adapter
-            and calibration
-            and not set_on_this_adapter(
-                adapter / RunLayout.CALL_THRESHOLD, calibration.adapter_sha256, adapter
-            )
-        ):
+        if adapter is None or calibration is None:
+            return None
+        saved = adapter / RunLayout.CALL_THRESHOLD
+        if not set_on_this_adapter(calibration.adapter_sha256, adapter):
             # Training again re-exports the adapter beside the old file (without calibrating
             # unless lora.calibration_cases): a threshold set on other weights decides nothing.
             raise UserError(
-                f"{adapter / RunLayout.CALL_THRESHOLD}: set on an earlier adapter, not the one "
-                "there now; delete it, train with lora.calibration_cases, or pass --call-threshold "
-                "greedy or a number"
+                f"{saved}: set on an earlier adapter, not the one there now; delete it, train "
+                "with lora.calibration_cases, or pass --call-threshold greedy or a number"
             )
-        return calibration.threshold if calibration else None
+        if calibration.adapter_sha256 is None:
+            err_console.print(unhashed_note(saved), highlight=False)
+        return calibration.threshold
     try:
         value = float(option)
     except ValueError:

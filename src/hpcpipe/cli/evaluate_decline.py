@@ -118,13 +118,15 @@ def _rule(rule: Any, settings: tuple[Any, ...], layout: RunLayout, model: Any, c
     from dataclasses import replace
 
     from hpcpipe.config import load_config
-    from hpcpipe.evaluate.calibrate import adapter_sha256, set_on_this_adapter
+    from hpcpipe.evaluate.calibrate import adapter_sha256, set_on_this_adapter, unhashed_note
     from hpcpipe.evaluate.decline import calibrate_decline
 
     adapter = layout.adapter
     if rule is not None:
         same = (rule.cases, rule.target, rule.weight, rule.constrained, rule.call_threshold) == settings
-        if same and set_on_this_adapter(adapter / RunLayout.DECLINE, rule.adapter_sha256, adapter):
+        if same and set_on_this_adapter(rule.adapter_sha256, adapter):
+            if rule.adapter_sha256 is None:
+                err_console.print(unhashed_note(adapter / RunLayout.DECLINE), highlight=False)
             return rule
         if same:  # with other settings asked for, setting it again is no surprise
             err_console.print(

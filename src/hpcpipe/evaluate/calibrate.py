@@ -128,14 +128,20 @@ def adapter_sha256(adapter_dir: Path) -> str | None:
     return digest.hexdigest()
 
 
-def set_on_this_adapter(saved: Path, recorded: str | None, adapter_dir: Path) -> bool:
-    """Whether the file ``saved`` beside ``adapter_dir`` was set on the weights there now: by the
-    hash it recorded or, written before hashes were (``recorded`` None), by being no older than
-    the weights (training writes them first, then calibrates)."""
-    if recorded is not None:
-        return recorded == adapter_sha256(adapter_dir)
-    weights = [p.stat().st_mtime for p in adapter_dir.glob("adapter_model*") if p.is_file()]
-    return bool(weights) and saved.stat().st_mtime >= max(weights)
+def set_on_this_adapter(recorded: str | None, adapter_dir: Path) -> bool:
+    """Whether a file saved beside ``adapter_dir`` that recorded the hash ``recorded`` was set on
+    the weights there now. One written before hashes were (``recorded`` None) is trusted: file
+    times cannot tell (cp -r, rsync without -t and kubectl cp set them in copy order), and such
+    a file is named by ``unhashed_note`` instead."""
+    return recorded is None or recorded == adapter_sha256(adapter_dir)
+
+
+def unhashed_note(saved: Path) -> str:
+    """One line saying that ``saved`` predates the check of ``set_on_this_adapter``."""
+    return (
+        f"{saved}: written before adapters were hashed (2026-12-05), so not checked against the "
+        "adapter there now; delete it if the run was trained again since"
+    )
 
 
 def read_saved(path: Path, cls: type[Saved], remedy: str) -> Saved | None:

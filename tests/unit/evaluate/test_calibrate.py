@@ -134,7 +134,6 @@ def test_a_threshold_set_on_an_earlier_adapter_is_refused_before_the_model_loads
 ) -> None:
     """Training again re-exports the adapter beside the old call_threshold.json, and --call-threshold
     auto decided the new adapter's calls by the old adapter's threshold."""
-    import os
     import sys
 
     import hpcpipe.cli.evaluate as evaluate_cli
@@ -149,15 +148,10 @@ def test_a_threshold_set_on_an_earlier_adapter_is_refused_before_the_model_loads
     weights.write_bytes(b"old weights")
     old = adapter_sha256(run.adapter)
     Calibration(0.5, 0.95, 10, 1, {}, adapter_sha256=old).save(run.adapter)
-    assert set_on_this_adapter(run.call_threshold, old, run.adapter)
+    assert set_on_this_adapter(old, run.adapter)
     weights.write_bytes(b"new weights")  # trained again
     assert adapter_sha256(run.adapter) != old
-    assert not set_on_this_adapter(run.call_threshold, old, run.adapter)
-    # Written before hashes were recorded: judged by age against the weights.
-    os.utime(run.call_threshold, (1, 1))
-    assert not set_on_this_adapter(run.call_threshold, None, run.adapter)
-    os.utime(weights, (0, 0))
-    assert set_on_this_adapter(run.call_threshold, None, run.adapter)
+    assert not set_on_this_adapter(old, run.adapter)
     monkeypatch.setattr(evaluate_cli, "load_target", lambda *a: pytest.fail("the model loaded"))
     monkeypatch.setattr(
         sys, "argv", ["hpcpipe", "eval", "function-calling", str(run.root), "--categories", ""]
@@ -167,3 +161,25 @@ def test_a_threshold_set_on_an_earlier_adapter_is_refused_before_the_model_loads
     err = capsys.readouterr().err
     assert exited.value.code == 2 and err.count("\n") == 1, err
     assert f"{run.call_threshold}: set on an earlier adapter" in err and "--call-threshold greedy" in err
+
+
+def test_a_threshold_written_before_hashes_is_used_whatever_the_file_times(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It was refused as set on an earlier adapter when older than the weights, which a copy of
+    the run (cp -r, rsync without -t, kubectl cp) makes it by writing it first."""
+    import os
+
+    from hpcpipe.cli.evaluate import _call_threshold
+    from hpcpipe.layout import RunLayout
+
+    run = RunLayout(tmp_path / "run")
+    run.adapter.mkdir(parents=True)
+    run.config.write_text("run: {}\n")
+    (run.adapter / "adapter_config.json").write_text("{}")
+    (run.adapter / "adapter_model.safetensors").write_bytes(b"weights")
+    Calibration(0.3, 0.95, 10, 1, {}).save(run.adapter)  # no adapter_sha256: before 2026-12-05
+    os.utime(run.call_threshold, (1, 1))  # copied before the weights
+    assert _call_threshold("auto", run.adapter) == 0.3
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{run.call_threshold}: written before adapters were hashed" in err

@@ -299,6 +299,25 @@ def test_a_rule_set_on_an_earlier_adapter_is_set_again(
     assert "decline.json: set on an earlier adapter" in capsys.readouterr().err
 
 
+def test_a_rule_written_before_hashes_is_reused_whatever_the_file_times(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It was set again (minutes of calibration) when older than the weights, which a copy of the
+    run (cp -r, rsync without -t, kubectl cp) makes it by writing it first."""
+    import os
+
+    from hpcpipe.cli.evaluate_decline import _rule
+
+    run = _run_with_eval(tmp_path / "run")
+    (run.adapter / "adapter_model.safetensors").write_bytes(b"weights")
+    legacy = DeclineRule(-1.0, 4.0, 0.95, 10, 3, 1, True, None)  # no adapter_sha256: before 2026-12-05
+    legacy.save(run.adapter)
+    os.utime(run.adapter / "decline.json", (1, 1))  # copied before the weights
+    assert _rule(legacy, (10, 0.95, 4.0, True, None), run, None, None) == legacy
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "decline.json: written before adapters were hashed" in err
+
+
 def test_the_default_evaluation_is_the_dev_splits_then_the_test_splits(tmp_path: Path) -> None:
     """--split test wrote RUN/eval too, and decline judged whichever split was written last."""
     import shutil
