@@ -144,6 +144,8 @@ def function_calling(
     bfcl_cases = load_bfcl(bfcl_dir, chosen, limit, split) if chosen else []  # before the model loads
     run = RunLayout(target)
     adapter = run.adapter if run.config.is_file() and not base else None  # load_run's adapter
+    if adapter is not None:  # before its call_threshold.json is judged against its weights
+        fc_target.require_adapter(adapter)
     threshold = _call_threshold(call_threshold, adapter)  # before the model loads too
     wanted = {
         "--split": split,

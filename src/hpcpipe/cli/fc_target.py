@@ -72,9 +72,19 @@ def load_run(
         from hpcpipe.models.hf_lm import load_base_model
 
         model = load_base_model(recipe.source, "fp32")
-    elif not (adapter / "adapter_config.json").is_file():
-        raise UserError(f"{adapter}: no adapter (train the run to the end, or pass --base)")
     else:
+        require_adapter(adapter)
         model = load_with_adapter(recipe.source, adapter)
     meta = {"model": job.model.name_or_path, "run": str(run_dir), "adapter": None if base else str(adapter)}
     return model, recipe.chat, heldout, meta, layout.fc_eval_dir(base, constrain, split)
+
+
+def require_adapter(adapter: Path) -> None:
+    """UserError unless ``adapter`` holds an exported adapter, its config and its weights: a
+    training run cut off before its export leaves neither, or (re-exporting) the config alone."""
+    if not (adapter / "adapter_config.json").is_file():
+        raise UserError(f"{adapter}: no adapter (train the run to the end, or pass --base)")
+    if not any(p.is_file() for p in adapter.glob("adapter_model*")):
+        raise UserError(
+            f"{adapter}: no adapter weights (adapter_model*; train the run to the end, or pass --base)"
+        )

@@ -9,6 +9,7 @@ import pytest
 
 from hpcpipe.config.synthetic import SHAPE_FIELDS, SyntheticMix
 from hpcpipe.evaluate.calibrate import Calibration, near_misses, read_calibration, threshold_for
+from hpcpipe.layout import RunLayout
 
 
 def test_threshold_for_declines_the_target_share() -> None:
@@ -87,6 +88,16 @@ def test_a_confident_models_threshold_is_saved_exactly(
     assert saved is not None and saved.threshold == p_call[5] > 0
 
 
+def _run_with_adapter(root: Path) -> RunLayout:
+    """A run directory (config.yaml) with an exported adapter: its config and weights."""
+    run = RunLayout(root)
+    run.adapter.mkdir(parents=True)
+    run.config.write_text("run: {}\n")
+    (run.adapter / "adapter_config.json").write_text("{}")
+    (run.adapter / "adapter_model.safetensors").write_bytes(b"weights")
+    return run
+
+
 @pytest.mark.parametrize(
     "text",
     [
@@ -110,11 +121,8 @@ def test_a_damaged_calibration_is_one_line_naming_it_before_the_model_loads(
     import hpcpipe.cli.evaluate as evaluate_cli
     from hpcpipe.cli.app import main
     from hpcpipe.errors import UserError
-    from hpcpipe.layout import RunLayout
 
-    run = RunLayout(tmp_path / "run")
-    run.adapter.mkdir(parents=True)
-    run.config.write_text("run: {}\n")
+    run = _run_with_adapter(tmp_path / "run")
     run.call_threshold.write_text(text)
     with pytest.raises(UserError, match=f"{run.call_threshold}: cannot read it"):
         read_calibration(run.adapter)
@@ -139,11 +147,8 @@ def test_a_threshold_set_on_an_earlier_adapter_is_refused_before_the_model_loads
     import hpcpipe.cli.evaluate as evaluate_cli
     from hpcpipe.cli.app import main
     from hpcpipe.evaluate.calibrate import adapter_sha256, set_on_this_adapter
-    from hpcpipe.layout import RunLayout
 
-    run = RunLayout(tmp_path / "run")
-    run.adapter.mkdir(parents=True)
-    run.config.write_text("run: {}\n")
+    run = _run_with_adapter(tmp_path / "run")
     weights = run.adapter / "adapter_model.safetensors"
     weights.write_bytes(b"old weights")
     old = adapter_sha256(run.adapter)
@@ -171,15 +176,36 @@ def test_a_threshold_written_before_hashes_is_used_whatever_the_file_times(
     import os
 
     from hpcpipe.cli.evaluate import _call_threshold
-    from hpcpipe.layout import RunLayout
 
-    run = RunLayout(tmp_path / "run")
-    run.adapter.mkdir(parents=True)
-    run.config.write_text("run: {}\n")
-    (run.adapter / "adapter_config.json").write_text("{}")
-    (run.adapter / "adapter_model.safetensors").write_bytes(b"weights")
+    run = _run_with_adapter(tmp_path / "run")
     Calibration(0.3, 0.95, 10, 1, {}).save(run.adapter)  # no adapter_sha256: before 2026-12-05
     os.utime(run.call_threshold, (1, 1))  # copied before the weights
     assert _call_threshold("auto", run.adapter) == 0.3
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"{run.call_threshold}: written before adapters were hashed" in err
+
+
+@pytest.mark.parametrize("missing", ["adapter_model.safetensors", "adapter_config.json"])
+def test_a_run_without_its_adapter_says_so_before_its_threshold_is_judged(
+    tmp_path: Path, missing: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Retraining cut off before its export: the threshold was blamed (set on an earlier adapter,
+    delete it or pass greedy), and doing so led to the missing adapter only then."""
+    import sys
+
+    import hpcpipe.cli.evaluate as evaluate_cli
+    from hpcpipe.cli.app import main
+    from hpcpipe.evaluate.calibrate import adapter_sha256
+
+    run = _run_with_adapter(tmp_path / "run")
+    Calibration(0.5, 0.95, 10, 1, {}, adapter_sha256=adapter_sha256(run.adapter)).save(run.adapter)
+    (run.adapter / missing).unlink()
+    monkeypatch.setattr(evaluate_cli, "load_target", lambda *a: pytest.fail("the model loaded"))
+    monkeypatch.setattr(
+        sys, "argv", ["hpcpipe", "eval", "function-calling", str(run.root), "--categories", ""]
+    )
+    with pytest.raises(SystemExit) as exited:
+        main()
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"error: {run.adapter}: no adapter") and "train the run to the end" in err

@@ -182,6 +182,8 @@ def test_a_smoke_run_does_not_replace_an_evaluation_written_with_other_settings(
     run = RunLayout(tmp_path / "run")
     run.adapter.mkdir(parents=True)
     run.config.write_text("run: {}\n")
+    (run.adapter / "adapter_config.json").write_text("{}")
+    (run.adapter / "adapter_model.safetensors").write_bytes(b"weights")
     rows = [score(Case("heldout_0", "heldout_no_call", "irrelevance", Conversation(()), [], None), "No.")]
     meta = {"split": "dev", "heldout_limit": 100, "call_threshold": None, "constrained": False}
     write_report(summarize(rows), rows, meta, run.fc_eval_dir(False, False))
