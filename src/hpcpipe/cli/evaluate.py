@@ -147,19 +147,19 @@ def function_calling(
     if adapter is not None:  # before its call_threshold.json is judged against its weights
         fc_target.require_adapter(adapter)
     threshold = _call_threshold(call_threshold, adapter)  # before the model loads too
-    wanted = {
-        "--split": split,
-        "--categories/--limit": [c.id for c in bfcl_cases],
-        "--heldout-limit": heldout_limit,
-        "--call-threshold": threshold,
-        "--constrain": constrain,
-    }
+    # As given, not as resolved: auto after training again (a new calibration) is the same option.
+    given = call_threshold if call_threshold in ("auto", "greedy") else threshold
+    wanted: dict[str, Any] = {"--split": split, "--categories/--limit": [c.id for c in bfcl_cases]}
+    if run.config.is_file():  # a model directory or .gguf file has no held-out conversations
+        wanted["--heldout-limit"] = heldout_limit
+    wanted |= {"--call-threshold": given, "--constrain": constrain}
     if out is None and not overwrite:
         where = fc_target.default_out(target, base, constrain, split)
         _refuse_replacing(where / RunLayout.FC_EVAL_JSON, wanted)
     model, chat, heldout, meta, default_out = load_target(target, base, constrain, split)
     meta["split"] = split
     meta["heldout_limit"] = heldout_limit
+    meta["call_threshold_option"] = given
     meta["call_decision"] = (
         "greedy" if threshold is None else ("calibrated" if call_threshold == "auto" else "given")
     )
@@ -299,22 +299,35 @@ def _refuse_replacing(path: Path, wanted: dict[str, Any]) -> None:
 
     try:
         found = json.loads(path.read_text())
-        meta, cases = found.get("meta") or {}, found["cases"]
-        had = {
-            "--split": meta.get("split", "all"),
-            "--categories/--limit": [c["id"] for c in cases if not str(c["id"]).startswith("heldout_")],
-            "--heldout-limit": meta.get("heldout_limit", wanted["--heldout-limit"]),
-            "--call-threshold": meta.get("call_threshold"),
-            "--constrain": bool(meta.get("constrained")),
-        }
+        had = _recorded_settings(found.get("meta") or {}, found["cases"])
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return  # none there, or not one worth keeping (unreadable)
-    differ = [key for key, value in wanted.items() if had[key] != value]
+    differ = [key for key, value in wanted.items() if key in had and value not in had[key]]
     if differ:
         raise UserError(
             f"{path}: an evaluation written with other {', '.join(differ)} is there; pass --out to "
             "write this one elsewhere, or --overwrite to replace it"
         )
+
+
+def _recorded_settings(meta: dict[str, Any], cases: list[dict[str, Any]]) -> dict[str, list[Any]]:
+    """For each setting an eval.json records, the values it may have been written with; settings
+    it does not record are left out."""
+    had: dict[str, list[Any]] = {
+        "--categories/--limit": [[c["id"] for c in cases if not str(c["id"]).startswith("heldout_")]]
+    }
+    for key, name in (("--split", "split"), ("--heldout-limit", "heldout_limit")):
+        if name in meta:
+            had[key] = [meta[name]]
+    if "constrained" in meta:
+        had["--constrain"] = [bool(meta["constrained"])]
+    if "call_threshold_option" in meta:
+        had["--call-threshold"] = [meta["call_threshold_option"]]
+    elif "call_decision" in meta:  # before the option was recorded: what its decision allows
+        decision = meta["call_decision"]
+        given = [meta.get("call_threshold")] if decision == "given" else []
+        had["--call-threshold"] = {"calibrated": ["auto"], "greedy": ["auto", "greedy"]}.get(decision, given)
+    return had
 
 
 def _compare_cells(row: dict[str, Any]) -> list[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -169,38 +170,59 @@ def test_call_auc_ranks_the_cases_that_want_a_call_above_the_others() -> None:
     assert "opens with a call when P(call) >= 0.7" in table and "may still call after it" in table
 
 
-def test_a_smoke_run_does_not_replace_an_evaluation_written_with_other_settings(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """--limit 5 wrote over RUN/eval/eval.json, the full evaluation eval decline judges by default."""
-    import hpcpipe.cli.evaluate as evaluate_cli
-    from hpcpipe.cli.app import main
-    from hpcpipe.errors import UserError
-    from hpcpipe.evaluate.function_calling import write_report
+def _fc_run(root: Path, meta: dict[str, object]) -> Any:
+    """A run directory with its adapter and an evaluation in RUN/eval whose eval.json has ``meta``."""
     from hpcpipe.layout import RunLayout
 
-    run = RunLayout(tmp_path / "run")
+    run = RunLayout(root)
     run.adapter.mkdir(parents=True)
     run.config.write_text("run: {}\n")
     (run.adapter / "adapter_config.json").write_text("{}")
     (run.adapter / "adapter_model.safetensors").write_bytes(b"weights")
+    _write_eval(run.fc_eval_dir(False, False), meta)
+    return run
+
+
+def _write_eval(folder: Path, meta: dict[str, object]) -> None:
+    from hpcpipe.evaluate.function_calling import write_report
+
     rows = [score(Case("heldout_0", "heldout_no_call", "irrelevance", Conversation(()), [], None), "No.")]
-    meta = {"split": "dev", "heldout_limit": 100, "call_threshold": None, "constrained": False}
-    write_report(summarize(rows), rows, meta, run.fc_eval_dir(False, False))
+    write_report(summarize(rows), rows, meta, folder)
+
+
+def _fc_cli(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], target: Path, *args: str
+) -> str:
+    """`hpcpipe eval function-calling TARGET --categories '' ARGS`, stopped where the model would
+    load: its one error line ("the model loaded" when nothing refused it)."""
+    import hpcpipe.cli.evaluate as evaluate_cli
+    from hpcpipe.cli.app import main
+    from hpcpipe.errors import UserError
 
     def loaded(*_: object) -> None:
         raise UserError("the model loaded")
 
     monkeypatch.setattr(evaluate_cli, "load_target", loaded)
+    monkeypatch.setattr(
+        sys, "argv", ["hpcpipe", "eval", "function-calling", str(target), "--categories", "", *args]
+    )
+    with pytest.raises(SystemExit) as exited:
+        main()
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and err.count("\n") == 1, err
+    return err
+
+
+def test_a_smoke_run_does_not_replace_an_evaluation_written_with_other_settings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--limit 5 wrote over RUN/eval/eval.json, the full evaluation eval decline judges by default."""
+    meta = {"split": "dev", "heldout_limit": 100, "call_threshold": None, "constrained": False,
+            "call_decision": "greedy", "call_threshold_option": "auto"}  # fmt: skip
+    run = _fc_run(tmp_path / "run", meta)
 
     def cli(*args: str) -> str:
-        argv = ["hpcpipe", "eval", "function-calling", str(run.root), "--categories", "", *args]
-        monkeypatch.setattr(sys, "argv", argv)
-        with pytest.raises(SystemExit) as exited:
-            main()
-        err = capsys.readouterr().err
-        assert exited.value.code == 2 and err.count("\n") == 1, err
-        return err
+        return _fc_cli(monkeypatch, capsys, run.root, *args)
 
     refused = cli("--heldout-limit", "5")
     assert (
@@ -209,6 +231,36 @@ def test_a_smoke_run_does_not_replace_an_evaluation_written_with_other_settings(
     )
     assert "pass --out" in refused
     assert "--call-threshold" in cli("--call-threshold", "0.5")
+    assert "--call-threshold" in cli("--call-threshold", "greedy")
     assert "the model loaded" in cli("--heldout-limit", "5", "--overwrite")
     assert "the model loaded" in cli("--heldout-limit", "5", "--out", str(tmp_path / "smoke"))
     assert "the model loaded" in cli()  # the same settings: evaluated again in place
+
+
+def test_an_evaluation_is_replaced_where_the_options_given_are_the_same(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Refused though no option changed: auto after training calibrated again (the threshold it
+    resolves to compared), an eval.json from before --split (read as --split all), and a .gguf
+    file's --heldout-limit (it has no held-out conversations)."""
+    from hpcpipe.evaluate.calibrate import Calibration, adapter_sha256
+
+    dev = {"split": "dev", "heldout_limit": 100, "constrained": False}
+    run = _fc_run(tmp_path / "run", {**dev, "call_threshold": 0.3, "call_decision": "calibrated"})
+    Calibration(0.6, 0.95, 10, 1, {}, adapter_sha256=adapter_sha256(run.adapter)).save(run.adapter)
+    assert "the model loaded" in _fc_cli(monkeypatch, capsys, run.root)  # trained and calibrated again
+    assert "--call-threshold" in _fc_cli(monkeypatch, capsys, run.root, "--call-threshold", "0.3")
+    _write_eval(
+        run.fc_eval_dir(False, False), {**dev, "call_threshold": 0.6, "call_threshold_option": "auto"}
+    )
+    assert "the model loaded" in _fc_cli(monkeypatch, capsys, run.root)
+    # As the committed benchmarks/results/lora-fc-sweep/base/eval.json: before --split and the rest.
+    old = {"model": "m.gguf", "adapter": None, "cases": 1, "generate_s": 1.0, "max_new_tokens": 256}
+    _write_eval(run.fc_eval_dir(False, False), old)
+    assert "the model loaded" in _fc_cli(monkeypatch, capsys, run.root)
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    monkeypatch.chdir(tmp_path)  # its default output: ./eval
+    _write_eval(tmp_path / "eval", {**dev, "call_threshold": None, "call_threshold_option": "auto"})
+    assert "the model loaded" in _fc_cli(monkeypatch, capsys, gguf, "--heldout-limit", "5")
+    assert "--call-threshold" in _fc_cli(monkeypatch, capsys, gguf, "--call-threshold", "greedy")
