@@ -119,7 +119,7 @@ def main() -> None:
         sys.stderr.flush()
         code = USER_ERROR_EXIT_CODE
     except RecipeImportError as exc:  # a bug in the recipe's module: its own traceback, exit 1
-        sys.stderr.write(f"{exc.user_traceback()}error: {one_line(str(exc))}\n")
+        sys.stderr.write(exc.report())
         sys.stderr.flush()
         code = 1
     except OSError as exc:

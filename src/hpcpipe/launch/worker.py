@@ -25,6 +25,7 @@ from hpcpipe.launch.exit import (
 from hpcpipe.launch.fork_server import begin_forked_worker
 from hpcpipe.launch.launcher_watch import start_ticks, watch_the_launcher
 from hpcpipe.layout import RunLayout
+from hpcpipe.recipes.registry import RecipeImportError
 from hpcpipe.train.environment import DistEnv, detect_environment, node_name
 from hpcpipe.train.preempt import INTERRUPT_EXIT_CODE, Preempted
 
@@ -216,6 +217,11 @@ def run(args: list[str]) -> int:
         if first_to_say(str(exc)):  # the same refusal of every rank: one line per node
             sys.stderr.write(f"error: {exc}\n")  # one write: ranks' lines must not interleave
         code = USER_ERROR_EXIT_CODE
+    except RecipeImportError as exc:  # a bug in the recipe's module: a restart imports it again
+        report = exc.report()
+        if first_to_say(report):  # every rank imports it: its traceback once per node
+            sys.stderr.write(report)
+        code = USER_ERROR_EXIT_CODE  # terminal (agent.terminal_exit_codes): no restart
     except Preempted as exc:
         world = int(os.environ.get("WORLD_SIZE", "1"))  # each rank says it stopped, and which it is
         print(f"rank {os.environ.get('RANK', '0')}: {exc}" if world > 1 else str(exc), file=sys.stderr)

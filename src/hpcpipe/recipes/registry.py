@@ -177,7 +177,12 @@ def _import(target: str, where: str) -> Any:
 class RecipeImportError(Exception):
     """The recipe's module raised while it imported (its ``__cause__``): a bug in the author's
     code, so not a UserError, and not a ValueError, which the config's validators would turn
-    into a one-line ValidationError. ``hpcpipe`` prints ``user_traceback()`` and exits 1."""
+    into a one-line ValidationError. ``hpcpipe`` prints ``report()`` and exits 1; a worker
+    prints it and exits 2, which no restart follows (the restart would import the same module)."""
+
+    def report(self) -> str:
+        """What ``hpcpipe`` and a worker print: the module's own traceback, then one error line."""
+        return f"{self.user_traceback()}error: {one_line(str(self))}\n"
 
     def user_traceback(self) -> str:
         """The cause's traceback without the frames of hpcpipe's lookup and of Python's import

@@ -1,4 +1,4 @@
-"""The worker's own duties around training: here, its node's Prometheus target file."""
+"""The worker's own duties around training: its node's Prometheus target file, how it ends."""
 
 from __future__ import annotations
 
@@ -64,3 +64,28 @@ def test_a_preempted_run_withdraws_its_target_file(tmp_path: Path, monkeypatch: 
     with pytest.raises(Preempted):
         train_worker(job, SINGLE)
     assert not targets.exists()
+
+
+def test_a_recipe_module_that_raises_ends_the_worker_with_its_traceback_once_per_node_and_no_restart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every rank printed hpcpipe's whole traceback (worker, config loading, pydantic, registry)
+    and exited 1, which the agent restarted --max-restarts times: the same import fails again."""
+    import yaml
+
+    from hpcpipe.launch.agent import terminal_exit_codes
+    from hpcpipe.launch.exit import EXIT_DIR_VAR
+    from hpcpipe.launch.worker import run
+
+    raw = yaml.safe_load(load_config("tiny").to_yaml())
+    raw["run"]["recipe"] = "tests.recipe_raises_on_import:Anything"
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    monkeypatch.setenv(EXIT_DIR_VAR, str(tmp_path))  # a forked worker of the local agent
+    codes = [run([str(config)]) for _rank in range(2)]
+    err = capsys.readouterr().err
+    assert codes[0] == codes[1] and codes[0] in terminal_exit_codes(75), (codes, err)
+    assert err.startswith("Traceback") and 'recipe_raises_on_import.py", line 3' in err, err
+    assert "worker.py" not in err and "pydantic" not in err and "registry.py" not in err, err
+    assert err.count("Traceback") == 1, err  # the second rank of the node says nothing
+    assert err.strip().splitlines()[-1].startswith("error: run.recipe 'tests.recipe_raises_on_import")
