@@ -29,6 +29,7 @@ from hpcpipe.config import JobConfig, load_config
 from hpcpipe.config.checkpoint import own_checkpoint_dirs
 from hpcpipe.errors import ConfigError, UserError
 from hpcpipe.layout import RunLayout, SweepLayout
+from hpcpipe.recipes.registry import RecipeImportError
 from hpcpipe.yamlfile import dump_yaml, load_yaml_text, read_yaml_file
 
 DONE_FILE = RunLayout.SWEEP_POINT  # in each point's run directory
@@ -172,7 +173,7 @@ def _set_aside_other_config(point: SweepPoint) -> Path | None:
         return None
     try:
         same = load_config(config).config_hash() == point.job.config_hash()
-    except ConfigError:
+    except (ConfigError, RecipeImportError):  # its recipe is not the point's, which imports
         same = False
     if same:
         return None

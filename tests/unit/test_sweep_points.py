@@ -62,6 +62,17 @@ def test_a_run_of_another_config_is_moved_aside_and_the_point_trains_anew(tmp_pa
     assert (aside / "old-checkpoint").is_dir() and any("holds another config" in line for line in said)
 
 
+def test_a_run_whose_recipe_module_raises_on_import_is_moved_aside(tmp_path: Path) -> None:
+    """A traceback ended the sweep: the old run's config, of another recipe, no longer loads."""
+    from hpcpipe.sweep import _set_aside_other_config
+
+    (point,) = plan_points("tiny", [], {"train.lr": [0.003]}, tmp_path)
+    point.run_dir.mkdir(parents=True)
+    other = point.job.to_yaml().replace("recipe: gpt", "recipe: tests.recipe_raises_on_import:A")
+    RunLayout(point.run_dir).config.write_text(other)
+    assert _set_aside_other_config(point) == point.run_dir.with_name(f"{point.run_dir.name}.earlier-1")
+
+
 def test_its_own_checkpoint_directory_goes_aside_with_the_run(tmp_path: Path) -> None:
     """The run directory went aside, its checkpoint.dir stayed: the new config resumed it."""
     out, sets = tmp_path / "out", [f"checkpoint.dir={tmp_path}/ck"]

@@ -6,7 +6,8 @@ itself, built on the meta device, and D = the step of the final evaluation x glo
 sequence length), L = the final ``val_loss`` in metrics.jsonl. Only a run that trained to its
 end (its ``run_finished`` event) and was evaluated after step 0 counts. A directory that is not a
 run but holds runs (``runs/``) contributes each of them; runs not finished, without a validation
-loss after step 0, or of a recipe that gives no counts, are listed as skipped.
+loss after step 0, of a recipe that gives no counts or whose module raises on import, are
+listed as skipped.
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from hpcpipe.config import JobConfig, load_config
-from hpcpipe.errors import ConfigError, UserError
+from hpcpipe.errors import ConfigError, UserError, one_line
 from hpcpipe.layout import RunLayout
-from hpcpipe.recipes.registry import recipe_class
+from hpcpipe.recipes.registry import RecipeImportError, recipe_class
 
 REQUIRED_COLUMNS = ("params", "tokens", "loss")
 
@@ -93,6 +94,8 @@ def load_observations(inputs: list[str]) -> tuple[list[dict[str, Any]], list[str
                     points.append(read_run_dir(run))
                 except UserError as exc:
                     skipped.append(str(exc))
+                except RecipeImportError as exc:  # a bug in that run's recipe module: fit the others
+                    skipped.append(f"{run}: {one_line(str(exc))}")
         else:
             raise UserError(f"{path}: no such file or directory")
     return points, skipped

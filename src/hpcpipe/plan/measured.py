@@ -174,9 +174,11 @@ def _current_intervals(run_dir: Path, step_time: float | None) -> tuple[dict[str
     path = RunLayout(run_dir).config
     if step_time is None or not path.is_file():
         return {}, (f"{path}: no config or no step times: hpcpipe's current interval unknown",)
+    from hpcpipe.recipes.registry import RecipeImportError
+
     try:
         ckpt = load_config(str(path)).checkpoint
-    except UserError as exc:
+    except (UserError, RecipeImportError) as exc:  # its recipe does not load here: times still do
         return {}, (f"current interval unknown: {exc}",)
     if ckpt.every_steps == 0:
         return {}, ("checkpoint.every_steps is 0: the run saved no periodic checkpoints",)

@@ -154,6 +154,18 @@ def test_only_runs_trained_to_their_end_and_evaluated_after_step_0_are_observati
     ]
 
 
+def test_a_run_whose_recipe_module_raises_on_import_is_skipped_with_why(tmp_path: Path) -> None:
+    """`fit runs/` ended in a traceback on that one run, and fitted none of the others."""
+    fake_run(tmp_path / "runs", "a", 2, 100, 2.5)
+    buggy = fake_run(tmp_path / "runs", "buggy", 2, 100, 2.4)
+    config = buggy / "config.yaml"
+    config.write_text(config.read_text().replace("recipe: gpt", "recipe: tests.recipe_raises_on_import:A"))
+    points, skipped = load_observations([str(tmp_path / "runs")])
+    assert [p["source"].rsplit("/", 1)[1] for p in points] == ["a"]
+    assert len(skipped) == 1 and skipped[0].startswith(f"{buggy}: run.recipe "), skipped
+    assert "recipe_raises_on_import.py:3: division by zero" in skipped[0], skipped
+
+
 def test_cli_fit_and_bad_inputs(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     pts = synthetic(noise=0.003)
     csv = tmp_path / "sweep.csv"

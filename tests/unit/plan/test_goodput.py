@@ -135,6 +135,15 @@ def test_reads_medians_restart_and_intervals(run_dir: Path) -> None:
     assert times.intervals == {FAST: 10.0, DURABLE: 20.0}
 
 
+def test_a_run_whose_recipe_module_raises_on_import_still_gives_its_times(run_dir: Path) -> None:
+    """A traceback: the recipe's module (one of its imports missing here) is not needed for times."""
+    config = RunLayout(run_dir).config
+    config.write_text(config.read_text().replace("recipe: gpt", "recipe: tests.recipe_raises_on_import:A"))
+    times = read_run_times(run_dir)
+    assert times.save[FAST].seconds == 3.0 and times.intervals == {}
+    assert len(times.notes) == 1 and "recipe_raises_on_import.py:3" in times.notes[0], times.notes
+
+
 def test_restart_starts_when_the_agent_saw_the_failure(run_dir: Path) -> None:
     event = {"time": 129.5, "event": "agent_restart", "restart": 1, "failure_seen": 125.0}
     with RunLayout(run_dir).events.open("a") as f:
