@@ -22,11 +22,16 @@ from hpcpipe.yamlfile import load_yaml_text, read_yaml_file
 
 def load_config(source: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> JobConfig:
     """Load a preset name or YAML path, apply ``section.key=value`` overrides, validate."""
-    raw = _read_source(source)
+    return load_values(_read_source(source), overrides, origin=str(source))
+
+
+def load_values(raw: dict[str, Any], overrides: list[str] | tuple[str, ...], origin: str) -> JobConfig:
+    """``raw`` (a job's sections, as a YAML file holds them) with overrides applied, validated;
+    ``origin`` names where ``raw`` came from in an error."""
     _switching_recipe(raw, [item.partition("=")[::2] for item in overrides])
     for item in overrides:
         _apply_override(raw, item)
-    return validate_config(raw, origin=str(source))
+    return validate_config(raw, origin=origin)
 
 
 def with_overrides(job: JobConfig, overrides: list[str] | tuple[str, ...]) -> JobConfig:

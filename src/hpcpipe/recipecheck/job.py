@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcpipe.config import JobConfig, apply_values, load_config
+from hpcpipe.config.loading import load_values
 from hpcpipe.recipes.registry import recipe_class
 from hpcpipe.yamlfile import dump_yaml
 
@@ -16,27 +17,32 @@ CHECKPOINT_EVERY = 2
 KILL_STEP = 4
 
 
-def check_job(ref: str, config: str | None, sets: list[str], work: Path) -> JobConfig:
-    """``config`` (a preset or YAML, with ``sets``) or else the recipe's ``check_preset`` with its
-    ``check_overrides``; then the check's own settings. Written to ``work/job.yaml``."""
+def given_job(ref: str, config: str | None, sets: list[str]) -> JobConfig:
+    """``config`` (a preset or YAML, with ``sets``) or else the recipe's ``check_preset`` (none:
+    the defaults) with ``sets``: the user's input, validated without writing anything."""
     cls = recipe_class(ref)
     # run.recipe first: the --set recipe.<key> values are the recipe's keys, and the job trains
     # the recipe checked whatever recipe a given config names.
-    job = load_config(config or cls.check_preset or _empty(work), [f"run.recipe={ref}", *sets])
+    values = [f"run.recipe={ref}", *sets]
+    source = config or cls.check_preset
+    return load_config(source, values) if source else load_values({}, values, origin="--set")
+
+
+def check_job(
+    ref: str, config: str | None, sets: list[str], work: Path, given: JobConfig | None = None
+) -> JobConfig:
+    """``given_job``'s job (``given``, when the caller loaded it before emptying ``work``), with
+    the recipe's ``check_overrides`` unless a config was given; then the check's own settings.
+    Written to ``work/job.yaml``."""
+    job = given or given_job(ref, config, sets)
     if config is None:
-        job = apply_values(job, cls.check_overrides(work))
+        job = apply_values(job, recipe_class(ref).check_overrides(work))
     micro = job.train.micro_batch_size
     per_step = 2 * micro  # the global batch must split over 2 ranks
     global_batch = max(per_step, -(-job.train.global_batch_size // per_step) * per_step)
     job = apply_values(job, _check_settings(work, global_batch))
     (work / "job.yaml").write_text(job.to_yaml())
     return job
-
-
-def _empty(work: Path) -> Path:
-    path = work / "empty.yaml"
-    path.write_text("{}\n")
-    return path
 
 
 def _check_settings(work: Path, global_batch: int) -> dict[str, Any]:

@@ -13,10 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from hpcpipe.config import JobConfig
+from hpcpipe.config.loading import job_source_path
 from hpcpipe.errors import UserError, one_line
 from hpcpipe.recipecheck import loader, training
 from hpcpipe.recipecheck import work as workdir
-from hpcpipe.recipecheck.job import check_job
+from hpcpipe.recipecheck.job import check_job, given_job
 from hpcpipe.recipes.base import Recipe
 from hpcpipe.recipes.registry import recipe_class
 
@@ -141,18 +142,24 @@ def check_recipe(
     """Every property (or ``only`` those) of recipe ``ref``, checked with ``config`` or its own
     test-size job, in ``work`` (a temporary directory when None, removed after unless a property
     failed: then kept for the runs and logs the report names, ``CheckReport.kept``; a ``work``
-    that a previous check filled is emptied first, one holding anything else refused). Bad input
-    (an unknown recipe, a bad config, data it cannot read, such a ``work``) raises UserError
-    before any property runs."""
+    that a previous check filled is emptied first, one holding anything else refused, as is a
+    ``config`` inside it). Bad input (an unknown recipe, a bad config, data it cannot read, such
+    a ``work``) raises UserError before any property runs; all but the data before ``work`` is
+    emptied (a recipe's ``check_overrides`` may write its test data there)."""
     started = time.perf_counter()
     recipe_class(ref)  # ConfigError when ref names no usable recipe
+    # The user's job is read before --work is emptied: a bad one left the previous check's runs
+    # gone, and a --config in --work was removed before it was read.
+    given = given_job(ref, config, list(sets))
     temporary = work is None
     root = Path(tempfile.mkdtemp(prefix="hpcpipe-check-")) if temporary else Path(work or ".").absolute()
+    if not temporary and config is not None:
+        workdir.refuse_config_inside(root, job_source_path(config))
     workdir.claim(root)
     results: list[PropertyResult] = []
     passed = keep = False
     try:
-        job = check_job(ref, config, list(sets), root)
+        job = check_job(ref, config, list(sets), root, given)
         recipe = recipe_class(ref).from_job(job)
         recipe.prepare(progress=False)
         checks = _properties(recipe, job, _Runs(root, worker_imports(ref)), rtol)

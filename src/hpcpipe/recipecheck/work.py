@@ -43,6 +43,16 @@ def claim(root: Path) -> None:
     print(f"note: --work {root}: removed the previous check's {', '.join(present)}", file=sys.stderr)
 
 
+def refuse_config_inside(root: Path, config: Path) -> None:
+    """UserError naming ``--config`` when that file lies in ``root``: the check would remove it
+    (a previous check's ``job.yaml``, say) or refuse the directory, and writes its own there."""
+    if config.resolve().is_relative_to(root.resolve()):
+        raise UserError(
+            f"--config {config}: lies in --work {root}, which the check empties and writes its own "
+            "job.yaml into: copy it out of there first, or give another --work"
+        )
+
+
 def record(root: Path) -> None:
     """List what the check wrote in ``root`` (all of it: ``claim`` left it empty), for the next."""
     names = sorted(p.name for p in root.iterdir() if p.name != RECORD)

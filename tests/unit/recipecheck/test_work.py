@@ -50,3 +50,38 @@ def test_a_work_directory_holding_anything_else_is_refused_and_left_alone(
         check_recipe(TINY, work=tmp_path, only=ONLY)
     assert "\n" not in str(err.value)
     assert (tmp_path / "notes.txt").read_text() == "mine\n" and (tmp_path / "runs").is_dir()
+
+
+def _previous_check(work: Path) -> Path:
+    """A work directory a check left, with the finished run it trained."""
+    assert check_recipe(TINY, work=work, only=ONLY).passed
+    run = work / "runs" / "ddp" / "metrics.jsonl"
+    run.parent.mkdir(parents=True)
+    run.write_text("{}\n")
+    with (work / RECORD).open("a") as record:
+        record.write("runs\n")
+    return run
+
+
+@pytest.mark.parametrize(
+    ("config", "sets", "said"),
+    [(None, ["train.lr=fast"], "train.lr"), ("missing.yaml", [], "config file not found: missing.yaml")],
+)
+def test_a_bad_job_is_refused_before_the_previous_checks_runs_are_removed(
+    tmp_path: Path, config: str | None, sets: list[str], said: str
+) -> None:
+    """The previous check's runs were gone, and then the config was refused."""
+    run = _previous_check(tmp_path / "work")
+    with pytest.raises(UserError, match=re.escape(said)):
+        check_recipe(TINY, config, sets, work=tmp_path / "work", only=ONLY)
+    assert run.is_file()
+
+
+def test_a_config_inside_the_work_directory_is_refused_and_kept(tmp_path: Path) -> None:
+    """--config W/job.yaml (the previous check's) was removed with it, then not found."""
+    work = tmp_path / "work"
+    run = _previous_check(work)
+    config = work / "job.yaml"
+    with pytest.raises(UserError, match=rf"^--config {re.escape(str(config))}: lies in --work") as err:
+        check_recipe(TINY, str(config), work=work, only=ONLY)
+    assert "\n" not in str(err.value) and config.is_file() and run.is_file()
