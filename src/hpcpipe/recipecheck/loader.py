@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from hpcpipe.config import JobConfig, grad_accum_steps
+from hpcpipe.recipecheck.training import Skip
 from hpcpipe.recipes.base import Batch, Recipe, close_loader
 
 
@@ -72,26 +73,32 @@ def check_world_sizes(recipe: Recipe, job: JobConfig) -> str:
     1 and 2 ranks (else there is nothing to compare it with)."""
     disjoint = check_ranks_disjoint(recipe, job)
     if not recipe.world_size_invariant_order:
-        return f"{disjoint}; the global batch not compared (world_size_invariant_order = False)"
+        order = "the global batch not compared (world_size_invariant_order = False)"
+        if disjoint is None:  # nothing was compared: no PASS
+            raise Skip(f"{RANKS_NOT_COMPARED}; {order}")
+        return f"{disjoint}; {order}"
     one = _global_batch(recipe, job, 1)
     two = _global_batch(recipe, job, 2)
     problem = same_batches([one], [two])
     if problem:
         raise AssertionError(f"the global batch at 2 ranks differs from 1 rank's: {problem}")
-    return f"{disjoint}; {len(one[0])} samples of step 1 equal"
+    return f"{disjoint or RANKS_NOT_COMPARED}; {len(one[0])} samples of step 1 equal"
 
 
-def check_ranks_disjoint(recipe: Recipe, job: JobConfig) -> str:
+RANKS_NOT_COMPARED = "ranks not compared (step 1 at 1 rank repeats a sample: the data cannot tell them apart)"
+
+
+def check_ranks_disjoint(recipe: Recipe, job: JobConfig) -> str | None:
     """No sample of rank 1's first micro-batch at world size 2 is in rank 0's: a loader that
     ignores its rank trains every rank on the same samples, and with the order declared
     world-size dependent no other property compared what the ranks see. Samples are told apart
     by their tensors, so not where step 1 at 1 rank already repeats one (the check's data is
-    smaller than a step, or holds the same sample twice)."""
+    smaller than a step, or holds the same sample twice): None there."""
     step = [
         key for b in micro_batches(recipe, 0, 1, grad_accum_steps(job.train, 1)) for key in _sample_keys(b)
     ]
     if len(set(step)) < len(step):
-        return "ranks not compared (step 1 at 1 rank repeats a sample: the data cannot tell them apart)"
+        return None
     first, second = (_sample_keys(micro_batches(recipe, rank, 2, 1)[0]) for rank in (0, 1))
     seen = set(first)
     shared = sum(key in seen for key in second)

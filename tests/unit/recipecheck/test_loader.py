@@ -7,14 +7,17 @@ from pathlib import Path
 
 import pytest
 
-from hpcpipe.recipecheck.runner import check_recipe
+from hpcpipe.recipecheck.runner import PropertyResult, check_recipe
 
 
 def _world_sizes(ref: str, work: Path, *sets: str) -> tuple[bool, str]:
-    report = check_recipe(ref, sets=sets, work=work, only=("loader-world-sizes",))
-    result = report.results[0]
+    result = _result(ref, work, *sets)
     assert not result.skipped, result.detail
     return result.passed, result.detail
+
+
+def _result(ref: str, work: Path, *sets: str) -> PropertyResult:
+    return check_recipe(ref, sets=sets, work=work, only=("loader-world-sizes",)).results[0]
 
 
 def test_a_loader_that_ignores_its_rank_fails_though_its_order_depends_on_the_world_size(
@@ -42,9 +45,14 @@ def test_a_sharded_loader_passes_with_either_order(tmp_path: Path, ref: str, nee
 
 def test_data_smaller_than_a_step_cannot_tell_the_ranks_samples_apart(tmp_path: Path) -> None:
     """The check's data of lora-function-calling packs into 2 rows for a step of 4: every loader
-    repeats a sample there, sharded or not."""
-    passed, detail = _world_sizes("tests.recipes_for_tests:Tiny", tmp_path, "recipe.samples=8")
+    repeats a sample there, sharded or not. The global batch is still compared where the order
+    allows; where it does not, nothing was compared, and the property said PASS."""
+    passed, detail = _world_sizes("tests.recipes_for_tests:Tiny", tmp_path / "a", "recipe.samples=8")
     assert passed and detail.startswith("ranks not compared (step 1 at 1 rank repeats a sample"), detail
+    assert detail.endswith("samples of step 1 equal"), detail
+    result = _result("tests.recipes_for_tests:WorldSizedOrder", tmp_path / "b", "recipe.samples=8")
+    assert result.skipped and not result.passed, result
+    assert result.detail.startswith("ranks not compared") and "the global batch not compared" in result.detail
 
 
 def test_a_loader_without_close_is_checked(tmp_path: Path) -> None:
