@@ -5,13 +5,17 @@ An export is staged in ``.partial-<pid>`` inside its folder, then moved in place
 exclusive ``flock`` on the folder, and ``.hpcpipe-export`` lists what it wrote. A reader that
 takes the lock shared sees no export mid-move; one killed mid-move leaves a listed file missing
 or a staging folder holding what was never moved, and then the folder holds no finished export.
+A file system without ``flock`` (Lustre mounted without it, some NFS) gives no lock: the export
+or the reading goes on unlocked, with one line saying so.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
+import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,20 +25,34 @@ from hpcpipe.checkpoint.manifest import CheckpointError
 
 MARKER = ".hpcpipe-export"  # {"files": [what the export wrote], "checkpoint": ..., "format": ...}
 PARTIAL = ".partial-"  # an export being written (or one a killed process left)
+# flock's answers where the file system has no locks (Lustre without -o flock: ENOSYS; NFS
+# without lockd: ENOLCK, EBADF on a read-only descriptor; others EOPNOTSUPP).
+_NO_LOCKS = {errno.ENOSYS, errno.ENOLCK, errno.EBADF, errno.EOPNOTSUPP}
+log = logging.getLogger("hpcpipe.checkpoint")
 
 
 @contextlib.contextmanager
-def reading(folder: Path) -> Iterator[None]:
-    """A shared lock on ``folder`` for as long as it is read: no export moves files in meanwhile."""
+def locked(folder: Path, exclusive: bool, busy: str) -> Iterator[None]:
+    """``flock`` on ``folder`` (exclusive for an export, shared for a reader) while the block
+    runs; CheckpointError ``busy`` when another holds it, unlocked where the file system has none."""
     fd = os.open(folder, os.O_RDONLY)
     try:
         try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise CheckpointError(f"{folder}: an export is writing there now; try once it ends") from None
+            raise CheckpointError(busy) from None
+        except OSError as exc:
+            if exc.errno not in _NO_LOCKS:
+                raise
+            log.warning("%s: no file locks here (%s); going on unlocked", folder, os.strerror(exc.errno))
         yield
     finally:
         os.close(fd)  # releases the lock
+
+
+def reading(folder: Path) -> contextlib.AbstractContextManager[None]:
+    """A shared lock on ``folder`` for as long as it is read: no export moves files in meanwhile."""
+    return locked(folder, exclusive=False, busy=f"{folder}: an export is writing there now; try once it ends")
 
 
 def export_record(folder: Path) -> dict[str, Any] | None:

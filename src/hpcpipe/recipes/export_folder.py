@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import json
 import os
 import shutil
@@ -22,7 +21,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from hpcpipe.checkpoint.export_record import MARKER, PARTIAL
+from hpcpipe.checkpoint.export_record import MARKER, PARTIAL, locked
 from hpcpipe.checkpoint.manifest import CheckpointError
 from hpcpipe.layout import RunLayout
 
@@ -54,19 +53,12 @@ def export_folder(out: Path, record: dict[str, Any], keep_out_of: Sequence[Path]
             shutil.rmtree(staging, ignore_errors=True)
 
 
-@contextlib.contextmanager
-def _locked(out: Path) -> Iterator[None]:
-    fd = os.open(out, os.O_RDONLY)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise CheckpointError(
-                f"--out {out}: another export is writing there now (or a register reading it)"
-            ) from None
-        yield
-    finally:
-        os.close(fd)  # releases the lock
+def _locked(out: Path) -> contextlib.AbstractContextManager[None]:
+    return locked(
+        out,
+        exclusive=True,
+        busy=f"--out {out}: another export is writing there now (or a register reading it)",
+    )
 
 
 def _earlier_export(out: Path) -> set[str]:

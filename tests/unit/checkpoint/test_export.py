@@ -219,3 +219,21 @@ def test_an_export_never_touches_what_it_did_not_write(
         os.close(fd)
     export_checkpoint(ckpt, "hf", Path("."))
     assert (here / "config.json").is_file() and not (here / "model.safetensors.index.json").exists()
+
+
+def test_a_file_system_without_flock_exports_unlocked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Lustre mounted without flock answers ENOSYS: the export ended in a traceback."""
+    import errno
+
+    from hpcpipe.checkpoint import export_record
+    from hpcpipe.recipes.export_folder import export_folder
+
+    def no_locks(fd: int, operation: int) -> None:
+        raise OSError(errno.ENOSYS, "Function not implemented")
+
+    monkeypatch.setattr(export_record.fcntl, "flock", no_locks)
+    with export_folder(tmp_path / "out", {"format": "safetensors"}, keep_out_of=()) as staging:
+        (staging / "model.safetensors").write_text("w")
+    assert (tmp_path / "out" / "model.safetensors").read_text() == "w"

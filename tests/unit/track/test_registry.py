@@ -3,6 +3,7 @@ version's files never change, which evaluation it is tagged with, and reading a 
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import logging
@@ -13,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from hpcpipe.checkpoint import export_record
 from hpcpipe.errors import UserError
 from hpcpipe.track.mlflow_client import record_run
 from hpcpipe.track.registry import register_run, show_model
@@ -165,3 +167,20 @@ def test_the_run_registered_is_the_one_on_the_server_registered_to(tmp_path: Pat
     folder = _export(run_dir, 30)
     assert register_run(client, run_dir, "m", [], folder, "http://second:5000").source.startswith("runs:/r2/")
     assert register_run(client, run_dir, "m", [], folder).source.startswith("runs:/r1/")
+
+
+@pytest.mark.parametrize("code", [errno.ENOSYS, errno.ENOLCK, errno.EBADF, errno.EOPNOTSUPP])
+def test_a_file_system_without_locks_registers_unlocked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, code: int
+) -> None:
+    """Lustre without flock (ENOSYS), NFS without lockd (ENOLCK, EBADF): a traceback."""
+    run_dir, client = _run(tmp_path), FakeClient()
+
+    def no_locks(fd: int, operation: int) -> None:
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(export_record.fcntl, "flock", no_locks)
+    with caplog.at_level(logging.WARNING, logger="hpcpipe.checkpoint"):
+        made = register_run(client, run_dir, "m", [], _export(run_dir, 30))
+    assert client.files(made.source) == {"model.safetensors": b"weights"}
+    assert f"no file locks here ({os.strerror(code)}); going on unlocked" in caplog.text
