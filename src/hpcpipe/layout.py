@@ -39,7 +39,8 @@ Top level of ``<run_dir>/`` (name: who writes it -> who reads it)
   -> pipeline steps, cli ckpt, checkpoint.export (a checkpoint's run is its grandparent), chaos.
 - ``export/`` (EXPORT): inference exports. ``export/<checkpoint>-<format>/`` (export_dir):
   pipeline export step, ``hpcpipe ckpt export``; ``export/adapter/`` (ADAPTER, adapter):
-  recipes.lora_fc at the end of training -> track.registry, cli eval function-calling. Beside
+  recipes.lora_fc at the end of training, staged and recorded as an export (``.hpcpipe-export``
+  with its ``step``: checkpoint.export_record) -> track.registry, cli eval function-calling. Beside
   PEFT's own files, the adapter folder holds ``call_threshold.json`` (CALL_THRESHOLD,
   call_threshold: the call threshold chosen on near misses; evaluate.calibrate, from
   recipes.lora_fc -> cli eval function-calling) and ``decline.json`` (DECLINE, decline: the rule

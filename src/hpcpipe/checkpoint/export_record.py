@@ -7,6 +7,9 @@ takes the lock shared sees no export mid-move; one killed mid-move leaves a list
 or a staging folder holding what was never moved, and then the folder holds no finished export.
 A file system without ``flock`` (Lustre mounted without it, some NFS) gives no lock: the export
 or the reading goes on unlocked, with one line saying so.
+
+The adapter a LoRA run writes at its end (``export/adapter``) is written the same way, its record
+giving the ``step`` it was trained to; other commands later write ``ADAPTER_COMPANIONS`` beside it.
 """
 
 from __future__ import annotations
@@ -17,14 +20,18 @@ import fcntl
 import json
 import logging
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from hpcpipe.checkpoint.manifest import CheckpointError
+from hpcpipe.layout import RunLayout
 
-MARKER = ".hpcpipe-export"  # {"files": [what the export wrote], "checkpoint": ..., "format": ...}
+MARKER = ".hpcpipe-export"  # {"files": [what it wrote], "checkpoint" or "step": ..., "format": ...}
 PARTIAL = ".partial-"  # an export being written (or one a killed process left)
+# Written into the run's adapter folder after the adapter, by other commands (not the export's).
+ADAPTER_COMPANIONS = (RunLayout.CALL_THRESHOLD, RunLayout.DECLINE)
 # flock's answers where the file system has no locks (Lustre without -o flock: ENOSYS; NFS
 # without lockd: ENOLCK, EBADF on a read-only descriptor; others EOPNOTSUPP).
 _NO_LOCKS = {errno.ENOSYS, errno.ENOLCK, errno.EBADF, errno.EOPNOTSUPP}
@@ -55,6 +62,17 @@ def reading(folder: Path) -> contextlib.AbstractContextManager[None]:
     return locked(folder, exclusive=False, busy=f"{folder}: an export is writing there now; try once it ends")
 
 
+def runs_own(folder: Path, run_dir: Path | None = None) -> bool:
+    """``folder`` is a folder of a run's own ``export/``: a default ``<step>-<format>`` folder or
+    the training's adapter, which hpcpipe alone writes (so all it holds, without a record, was
+    written by hpcpipe before records existed). The run is ``run_dir``, else the folder's
+    grandparent when that holds a ``config.yaml``."""
+    own = re.fullmatch(r"step-\d+-.+", folder.name) is not None or folder.name == RunLayout.ADAPTER
+    if run_dir is not None:
+        return own and folder.parent.resolve() == RunLayout(run_dir).export.resolve()
+    return own and folder.parent.name == RunLayout.EXPORT and RunLayout(folder.parent.parent).config.is_file()
+
+
 def export_record(folder: Path) -> dict[str, Any] | None:
     """The marker's record (``checkpoint``, ``format``, ``files``); None without a marker."""
     marker = folder / MARKER
@@ -69,17 +87,19 @@ def export_record(folder: Path) -> dict[str, Any] | None:
     return record
 
 
-def finished_files(folder: Path) -> list[str]:
+def finished_files(folder: Path, before_records: bool = False) -> list[str]:
     """The entries of the finished export in ``folder``; one line naming it when it holds none.
-    Call it under ``reading(folder)``."""
+    ``before_records``: a folder without a record is one of the run's own written before records
+    existed (``runs_own``), every entry its export's. Call it under ``reading(folder)``."""
     record = export_record(folder)
-    if record is None:
+    if record is None and not before_records:
         raise CheckpointError(f"{folder}: not an hpcpipe export (no {MARKER}); use `hpcpipe ckpt export`")
-    files = record.get("files")
-    if files is None:  # a marker written before lists: the folder held nothing else
+    files = (record or {}).get("files")
+    if files is None:  # no record, or one written before lists: the folder held nothing else
         files = [p.name for p in folder.iterdir() if p.name != MARKER and not p.name.startswith(PARTIAL)]
     if not isinstance(files, list) or not files:
-        raise CheckpointError(f"{folder / MARKER}: lists no files; run the export again")
+        where = f"{folder / MARKER}: lists no files" if record else f"{folder}: holds no export"
+        raise CheckpointError(f"{where}; run the export again")
     names = sorted(str(name) for name in files)
     missing = [name for name in names if not (folder / name).exists()]
     staged = [p.name for p in folder.glob(f"{PARTIAL}*") if p.is_dir() and any(p.iterdir())]

@@ -93,6 +93,7 @@ def train_worker(job: JobConfig, env: DistEnv, refuse_finished_epochs: bool = Fa
                 if earlier is not None:
                     _note_dataset_change(run_dir, trainer.step, earlier, lineage["dataset_manifest_sha256"])
             trainer.fit()
+            recipe.trained_step = trainer.step
             recipe.on_train_end(trainer.inference_model(), ctx.is_main, run_dir)
             ended = True
         except Preempted:  # and Pruned: a resumed run advertises itself again

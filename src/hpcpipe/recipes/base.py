@@ -159,6 +159,9 @@ class Recipe(ABC):
     broadcasts_buffers: bool = False
     # Checkpoints hold only the parameters that require grad (a LoRA run rebuilds its frozen base).
     checkpoint_trainable_only: bool = False
+    # The step training reached, set by the worker on every rank before on_train_end (what that
+    # exports is the model at this step); None until then.
+    trained_step: int | None = None
 
     def __init__(self, args: Any = None, ctx: RecipeContext | None = None) -> None:
         """What the default ``from_job`` passes: the typed ``recipe:`` section and the context."""

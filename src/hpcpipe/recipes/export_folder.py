@@ -21,7 +21,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from hpcpipe.checkpoint.export_record import MARKER, PARTIAL, locked
+from hpcpipe.checkpoint.export_record import ADAPTER_COMPANIONS, MARKER, PARTIAL, locked, runs_own
 from hpcpipe.checkpoint.manifest import CheckpointError
 from hpcpipe.layout import RunLayout
 
@@ -62,12 +62,16 @@ def _locked(out: Path) -> contextlib.AbstractContextManager[None]:
 
 
 def _earlier_export(out: Path) -> set[str]:
-    """The entries of ``out`` the earlier export wrote (it is empty, or holds only those)."""
+    """The entries of ``out`` the earlier export wrote (it is empty, or holds only those). Beside
+    the run's adapter, what other commands wrote for it stays (their files record the weights
+    they were set on)."""
     held = {p.name for p in out.iterdir() if not p.name.startswith(PARTIAL) and p.name != MARKER}
+    if out.name == RunLayout.ADAPTER and runs_own(out):
+        held -= set(ADAPTER_COMPANIONS)
     if not held:
         return set()
     listed = _listed(out / MARKER)
-    if listed is None and _runs_own_default(out):  # written before the marker existed
+    if listed is None and runs_own(out):  # written before the marker existed
         return held
     foreign = sorted(held - (listed or set()))
     if foreign:
@@ -91,15 +95,6 @@ def _listed(marker: Path) -> set[str] | None:
     if files is None:
         return {p.name for p in marker.parent.iterdir()}
     return {str(name) for name in files} if isinstance(files, list) else set()
-
-
-def _runs_own_default(out: Path) -> bool:
-    """``<run>/export/<step>-<format>``, the default folder (not ``export/adapter``)."""
-    return (
-        out.name.startswith("step-")
-        and out.parent.name == RunLayout.EXPORT
-        and RunLayout(out.parent.parent).config.is_file()
-    )
 
 
 def _put_in_place(staging: Path, out: Path, earlier: set[str], record: dict[str, Any]) -> None:

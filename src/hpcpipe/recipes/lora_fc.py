@@ -279,12 +279,17 @@ class LoraFCRecipe(Recipe):
         shutil.copyfile(self.data_dir / REPORT_FILE, RunLayout(run_dir).data_report)
 
     def on_train_end(self, model: nn.Module, is_main: bool, run_dir: Path) -> None:
-        """Adapter export (every rank gathers; the main rank writes)."""
+        """Adapter export (every rank gathers; the main rank writes), as ``hpcpipe ckpt export``
+        writes one: staged, moved in, and recorded with the step it was trained to, so a register
+        compares it with the checkpoints' exports and never takes one a kill cut short."""
         from hpcpipe.models.lora_export import full_adapter_state, save_adapter
+        from hpcpipe.recipes.export_folder import export_folder
 
         state = full_adapter_state(model)  # collective under FSDP2
         if is_main:
-            save_adapter(model, state, RunLayout(run_dir).adapter, tokenizer=self.chat.tokenizer)
+            record = {"format": "adapter", "step": self.trained_step}
+            with export_folder(RunLayout(run_dir).adapter, record, keep_out_of=()) as staging:
+                save_adapter(model, state, staging, tokenizer=self.chat.tokenizer)
 
     def on_run_end(self, run_dir: Path) -> None:
         """The call threshold (``lora.calibration_cases``: minutes of generation, which no other

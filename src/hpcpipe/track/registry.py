@@ -19,7 +19,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hpcpipe.checkpoint.export_record import MARKER, PARTIAL, export_record, finished_files, reading
+from hpcpipe.checkpoint.export_record import (
+    ADAPTER_COMPANIONS,
+    MARKER,
+    export_record,
+    finished_files,
+    reading,
+    runs_own,
+)
+from hpcpipe.checkpoint.manifest import step_dir_name
 from hpcpipe.config.pipeline import alias_problem
 from hpcpipe.errors import UserError
 from hpcpipe.fsutil import read_json_object
@@ -40,39 +48,59 @@ class Registered:
 
 
 def newest_export(run_dir: Path) -> Path:
-    """The export of the newest checkpoint under ``<run_dir>/export`` (its ``.hpcpipe-export``
-    names it; a folder's modification time does not: re-exporting an old checkpoint touches it);
-    without one, the adapter the training wrote at its end."""
+    """The export of the newest checkpoint under ``<run_dir>/export``, the adapter the training
+    wrote at its end among them (their records give their steps; a folder's modification time
+    does not: re-exporting an old checkpoint touches it). A default folder written before records
+    existed counts with its name's step; an adapter written then records no step, so it is taken
+    only when nothing else is there (one line says so)."""
     layout = RunLayout(run_dir)
-    marked = [p for p in layout.export.glob("*") if p.is_dir() and (p / MARKER).is_file()]
-    if marked:
-        return max(marked, key=lambda p: (_export_step(p), (p / MARKER).stat().st_mtime))
-    if layout.adapter.is_dir():
-        return layout.adapter
+    folders = [p for p in layout.export.glob("*") if p.is_dir()]
+    found = [p for p in folders if (p / MARKER).is_file() or (runs_own(p, run_dir) and p != layout.adapter)]
+    unrecorded = layout.adapter if layout.adapter in folders and layout.adapter not in found else None
+    if found:
+        if unrecorded is not None:
+            log.warning(
+                "%s: left out, written before adapters recorded their step; pass --export to register it",
+                unrecorded,
+            )
+        return max(found, key=_newest_first)
+    if unrecorded is not None:
+        log.warning("%s: registering it, the only export (its step is unrecorded)", unrecorded)
+        return unrecorded
     raise UserError(
         f"{run_dir}: no export (export/<step>-<format>); make one with `hpcpipe ckpt export` or `hpcpipe run`"
     )
 
 
-def _export_step(export: Path) -> int:
-    """The step of the checkpoint an export was made from: its record's, else its folder name's."""
-    checkpoint = (export_record(export) or {}).get("checkpoint")
-    for name in (Path(str(checkpoint)).name if checkpoint else "", export.name):
-        found = re.match(r"step-(\d+)", name)
-        if found:
-            return int(found[1])
-    return -1
+def _newest_first(export: Path) -> tuple[int, float]:
+    """By step; of one step, the latest written (its record, else its folder)."""
+    step, marker = _export_step(export), export / MARKER
+    return (-1 if step is None else step, (marker if marker.is_file() else export).stat().st_mtime)
+
+
+def _export_step(export: Path) -> int | None:
+    """The step of the checkpoint an export was made from (the adapter's: the step trained to):
+    its record's, else its folder name's."""
+    record = export_record(export) or {}
+    if isinstance(record.get("step"), int):
+        return int(record["step"])
+    checkpoint = record.get("checkpoint")
+    return _step_of(Path(str(checkpoint)).name if checkpoint else export.name)
+
+
+def _step_of(name: str | None) -> int | None:
+    found = re.match(r"step-(\d+)", name or "")
+    return int(found[1]) if found else None
 
 
 def export_files(run_dir: Path, export: Path) -> list[str]:
-    """What to upload: the finished export's files (never a killed export's staging folder); the
-    adapter the training wrote at its end is written in place, without a record."""
-    if export.resolve() == RunLayout(run_dir).adapter.resolve() and export_record(export) is None:
-        files = sorted(p.name for p in export.iterdir() if not p.name.startswith(PARTIAL))
-        if not files:
-            raise UserError(f"{export}: empty; the training writes the adapter at its end")
-        return files
-    return finished_files(export)
+    """What to upload: the finished export's files (never a killed export's staging folder); of
+    the run's adapter also what was written beside it for it (its call threshold, its decline
+    rule)."""
+    files = set(finished_files(export, before_records=runs_own(export, run_dir)))
+    if runs_own(export, run_dir) and export.name == RunLayout.ADAPTER:
+        files |= {name for name in ADAPTER_COMPANIONS if (export / name).is_file()}
+    return sorted(files)
 
 
 def version_tags(run_dir: Path, export: Path) -> dict[str, str]:
@@ -80,12 +108,12 @@ def version_tags(run_dir: Path, export: Path) -> dict[str, str]:
     tags = lineage_tags(run_dir) | {"hpcpipe.run": run_dir.name, "hpcpipe.export": export.name}
     evaluated = read_json_object(RunLayout(run_dir).eval)
     metrics = evaluated.get("metrics") or {}
-    checkpoint = (export_record(export) or {}).get("checkpoint")
-    exported = Path(str(checkpoint)).name if checkpoint else None
-    if metrics and (exported is None or evaluated.get("checkpoint") != exported):
+    step = _export_step(export)
+    if metrics and (step is None or _step_of(evaluated.get("checkpoint")) != step):
+        of = "an unrecorded step" if step is None else step_dir_name(step)
         log.warning(
             "%s: no eval.* tags: eval.json evaluated checkpoint %s, the export is of %s",
-            export, evaluated.get("checkpoint"), exported or "an unrecorded checkpoint",
+            export, evaluated.get("checkpoint"), of,
         )  # fmt: skip
         return tags
     for key, value in metrics.items():

@@ -221,6 +221,32 @@ def test_an_export_never_touches_what_it_did_not_write(
     assert (here / "config.json").is_file() and not (here / "model.safetensors.index.json").exists()
 
 
+def test_the_training_s_adapter_is_staged_recorded_and_keeps_what_is_beside_it(tmp_path: Path) -> None:
+    """It was written in place, unrecorded: a kill mid-write left a partial adapter that register
+    uploaded. Staged now, with its step; the call threshold and decline rule stay beside it, and
+    an adapter written before records is replaced."""
+    from hpcpipe.recipes.export_folder import export_folder
+
+    run = tmp_path / "run"
+    adapter = run / "export" / "adapter"
+    adapter.mkdir(parents=True)
+    (run / "config.yaml").write_text("{}")
+    for name in ("adapter_config.json", "adapter_model.safetensors", "call_threshold.json", "decline.json"):
+        (adapter / name).write_text("before")
+    for step in (5, 9):  # over an adapter written before records, then over a recorded one
+        with export_folder(adapter, {"format": "adapter", "step": step}, keep_out_of=()) as staging:
+            (staging / "adapter_model.safetensors").write_text(f"step {step}")
+            assert (
+                staging.parent == adapter
+                and (adapter / "adapter_model.safetensors").read_text() != f"step {step}"
+            )
+    record = json.loads((adapter / ".hpcpipe-export").read_text())
+    assert record == {"format": "adapter", "step": 9, "files": ["adapter_model.safetensors"]}
+    assert sorted(p.name for p in adapter.iterdir()) == [
+        ".hpcpipe-export", "adapter_model.safetensors", "call_threshold.json", "decline.json"
+    ]  # fmt: skip
+
+
 def test_a_file_system_without_flock_exports_unlocked(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -89,3 +89,22 @@ def test_a_recipe_module_that_raises_ends_the_worker_with_its_traceback_once_per
     assert "worker.py" not in err and "pydantic" not in err and "registry.py" not in err, err
     assert err.count("Traceback") == 1, err  # the second rank of the node says nothing
     assert err.strip().splitlines()[-1].startswith("error: run.recipe 'tests.recipe_raises_on_import")
+
+
+def test_the_recipe_knows_the_step_trained_to_when_its_training_ends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What on_train_end exports (a LoRA run's adapter) is the model at that step; its record
+    names it, so register weighs it against the checkpoints' exports."""
+    job, _ = _job(tmp_path)
+    seen: list[int | None] = []
+    build = recipes.build_recipe
+
+    def built(job: JobConfig) -> Recipe:
+        recipe = build(job)
+        monkeypatch.setattr(recipe, "on_train_end", lambda *args: seen.append(recipe.trained_step))
+        return recipe
+
+    monkeypatch.setattr(recipes, "build_recipe", built)
+    train_worker(job, SINGLE)
+    assert seen == [1]

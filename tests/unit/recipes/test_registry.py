@@ -394,3 +394,29 @@ def test_lists_and_dicts_of_nested_arguments_and_text_infinities_are_checked(raw
     with pytest.raises(ConfigError) as err:
         validate_args(Args, raw, "r")
     assert needle in str(err.value)
+
+
+def test_the_lora_recipe_stages_its_adapter_and_records_the_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """peft wrote export/adapter in place, unrecorded: a kill mid-write left a partial adapter."""
+    import json
+    from types import SimpleNamespace
+
+    from hpcpipe.models import lora_export
+    from hpcpipe.recipes.lora_fc import LoraFCRecipe
+
+    def save_adapter(model: object, state: object, out: Path, tokenizer: object = None) -> Path:
+        assert out.parent == adapter and out.name.startswith(".partial-")  # staged, not in place
+        (out / "adapter_model.safetensors").write_text("lora")
+        return out
+
+    adapter = tmp_path / "export" / "adapter"
+    monkeypatch.setattr(lora_export, "full_adapter_state", lambda model: {})
+    monkeypatch.setattr(lora_export, "save_adapter", save_adapter)
+    recipe = object.__new__(LoraFCRecipe)  # what on_train_end reads of it, without a model source
+    recipe.__dict__["chat"] = SimpleNamespace(tokenizer=None)
+    recipe.trained_step = 500
+    recipe.on_train_end(None, True, tmp_path)  # type: ignore[arg-type]
+    record = json.loads((adapter / ".hpcpipe-export").read_text())
+    assert record == {"format": "adapter", "step": 500, "files": ["adapter_model.safetensors"]}

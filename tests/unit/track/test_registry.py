@@ -128,10 +128,11 @@ def test_an_unfinished_export_is_refused_naming_it(tmp_path: Path) -> None:
     (folder / "model.safetensors").unlink()
     with pytest.raises(UserError, match=r"did not finish \(model\.safetensors is missing\)"):
         register_run(client, run_dir, "m", [], folder)
-    (folder / ".hpcpipe-export").unlink()
-    (folder / "model.safetensors").write_bytes(b"by hand")
-    with pytest.raises(UserError, match=rf"{folder}: not an hpcpipe export \(no \.hpcpipe-export\)"):
-        register_run(client, run_dir, "m", [], folder)
+    by_hand = run_dir / "export" / "mine"  # not a folder of the run's own: no record, no export
+    by_hand.mkdir()
+    (by_hand / "model.safetensors").write_bytes(b"by hand")
+    with pytest.raises(UserError, match=rf"{by_hand}: not an hpcpipe export \(no \.hpcpipe-export\)"):
+        register_run(client, run_dir, "m", [], by_hand)
     fd = os.open(_export(run_dir, 40), os.O_RDONLY)  # an export writing there now
     fcntl.flock(fd, fcntl.LOCK_EX)
     try:
@@ -141,13 +142,93 @@ def test_an_unfinished_export_is_refused_naming_it(tmp_path: Path) -> None:
         os.close(fd)
 
 
-def test_the_training_s_adapter_is_registered_without_a_record(tmp_path: Path) -> None:
-    run_dir, client = _run(tmp_path), FakeClient()
+def _adapter(run_dir: Path, step: int | None) -> Path:
+    """The adapter the training wrote at its end: with its record (``step``), or as written before
+    adapters had one (``None``); the call threshold chosen later beside it."""
     adapter = run_dir / "export" / "adapter"
     adapter.mkdir()
     (adapter / "adapter_model.safetensors").write_bytes(b"lora")
+    if step is not None:
+        record = {"format": "adapter", "step": step, "files": ["adapter_model.safetensors"]}
+        (adapter / ".hpcpipe-export").write_text(json.dumps(record))
+    (adapter / "call_threshold.json").write_text("{}")
+    return adapter
+
+
+def test_the_training_s_adapter_counts_by_its_step_and_carries_its_evaluation(tmp_path: Path) -> None:
+    """Any checkpoint's export beat the adapter written at the end (an export of step 100 made
+    mid-run, the run trained on to 500), and the adapter, without a record, never got eval.*."""
+    run_dir, client = _run(tmp_path), FakeClient()
+    adapter = _adapter(run_dir, 500)
+    _export(run_dir, 100)  # written last
+    (run_dir / "eval.json").write_text(
+        json.dumps({"metrics": {"val_loss": 1.5}, "checkpoint": "step-00000500"})
+    )
     made = register_run(client, run_dir, "m", [])
-    assert client.files(made.source) == {"adapter_model.safetensors": b"lora"}
+    assert client.versions[-1].tags["hpcpipe.export"] == "adapter"
+    assert client.versions[-1].tags["eval.val_loss"] == "1.5"
+    assert client.files(made.source) == {"adapter_model.safetensors": b"lora", "call_threshold.json": b"{}"}
+    _export(run_dir, 600)  # exported from a later checkpoint: the newest
+    assert register_run(client, run_dir, "m", []).source.split("/")[-1].startswith("step-00000600-")
+    (adapter / ".partial-7").mkdir()  # killed while writing a new one: never registered
+    (adapter / ".partial-7" / "adapter_model.safetensors").write_bytes(b"half")
+    with pytest.raises(UserError, match=r"adapter: its export did not finish \(\.partial-7 was never"):
+        register_run(client, run_dir, "m", [], adapter)
+
+
+def test_an_adapter_written_before_records_is_taken_alone_or_asked_for(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its step is unknown: taken when it is the run's only export, else left out with a line."""
+    run_dir, client = _run(tmp_path), FakeClient()
+    adapter = _adapter(run_dir, None)
+    with caplog.at_level(logging.WARNING, logger="hpcpipe.track"):
+        made = register_run(client, run_dir, "m", [])
+    assert client.files(made.source) == {"adapter_model.safetensors": b"lora", "call_threshold.json": b"{}"}
+    assert "registering it, the only export (its step is unrecorded)" in caplog.text
+    _export(run_dir, 10)
+    with caplog.at_level(logging.WARNING, logger="hpcpipe.track"):
+        assert client.files(register_run(client, run_dir, "m", []).source) == {
+            "model.safetensors": b"weights"
+        }
+    assert f"{adapter}: left out, written before adapters recorded their step" in caplog.text
+    assert client.files(register_run(client, run_dir, "m", [], adapter).source)["adapter_model.safetensors"]
+
+
+def test_an_export_written_before_records_is_registered(tmp_path: Path) -> None:
+    """A default folder of the run's own from before `.hpcpipe-export`: refused with --export
+    ("not an hpcpipe export"), and without it "no export" though one was there."""
+    run_dir, client = _run(tmp_path), FakeClient()
+    old = run_dir / "export" / "step-00000020-hf"
+    old.mkdir()
+    (old / "model.safetensors").write_bytes(b"w")
+    assert client.files(register_run(client, run_dir, "m", [], old).source) == {"model.safetensors": b"w"}
+    (run_dir / "eval.json").write_text(
+        json.dumps({"metrics": {"val_loss": 2.0}, "checkpoint": "step-00000020"})
+    )
+    assert register_run(client, run_dir, "m", []).source == client.versions[0].source
+    assert client.versions[-1].tags["eval.val_loss"] == "2.0"  # its step is its name's
+    (old / ".partial-9").mkdir()
+    (old / ".partial-9" / "model.safetensors").write_bytes(b"half")
+    with pytest.raises(UserError, match=r"did not finish \(\.partial-9 was never moved in\)"):
+        register_run(client, run_dir, "m", [])
+
+
+@pytest.mark.parametrize("code", [errno.ENOSYS, errno.ENOLCK, errno.EBADF, errno.EOPNOTSUPP])
+def test_a_file_system_without_locks_registers_unlocked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, code: int
+) -> None:
+    """Lustre without flock (ENOSYS), NFS without lockd (ENOLCK, EBADF): a traceback."""
+    run_dir, client = _run(tmp_path), FakeClient()
+
+    def no_locks(fd: int, operation: int) -> None:
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(export_record.fcntl, "flock", no_locks)
+    with caplog.at_level(logging.WARNING, logger="hpcpipe.checkpoint"):
+        made = register_run(client, run_dir, "m", [], _export(run_dir, 30))
+    assert client.files(made.source) == {"model.safetensors": b"weights"}
+    assert f"no file locks here ({os.strerror(code)}); going on unlocked" in caplog.text
 
 
 def test_a_name_holding_a_quote_shows_its_versions(tmp_path: Path) -> None:
@@ -167,20 +248,3 @@ def test_the_run_registered_is_the_one_on_the_server_registered_to(tmp_path: Pat
     folder = _export(run_dir, 30)
     assert register_run(client, run_dir, "m", [], folder, "http://second:5000").source.startswith("runs:/r2/")
     assert register_run(client, run_dir, "m", [], folder).source.startswith("runs:/r1/")
-
-
-@pytest.mark.parametrize("code", [errno.ENOSYS, errno.ENOLCK, errno.EBADF, errno.EOPNOTSUPP])
-def test_a_file_system_without_locks_registers_unlocked(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, code: int
-) -> None:
-    """Lustre without flock (ENOSYS), NFS without lockd (ENOLCK, EBADF): a traceback."""
-    run_dir, client = _run(tmp_path), FakeClient()
-
-    def no_locks(fd: int, operation: int) -> None:
-        raise OSError(code, os.strerror(code))
-
-    monkeypatch.setattr(export_record.fcntl, "flock", no_locks)
-    with caplog.at_level(logging.WARNING, logger="hpcpipe.checkpoint"):
-        made = register_run(client, run_dir, "m", [], _export(run_dir, 30))
-    assert client.files(made.source) == {"model.safetensors": b"weights"}
-    assert f"no file locks here ({os.strerror(code)}); going on unlocked" in caplog.text
