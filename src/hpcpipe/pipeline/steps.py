@@ -194,8 +194,8 @@ def register(ctx: StepContext) -> None:
     export = export_dir(ctx, ckpt, fmt) if ckpt is not None else None
     with server_errors("register step"):  # an unreachable server: one line, and the step resumes
         sync_run(ctx.run_dir)  # the MLflow run holds every value and artifact before registering
-        client = make_client(resolve_uri(ctx.job.observe.mlflow.tracking_uri))
-        made = register_run(client, ctx.run_dir, cfg.register_as, cfg.aliases, export)
+        uri = resolve_uri(ctx.job.observe.mlflow.tracking_uri)  # its run, not the first server's
+        made = register_run(make_client(uri), ctx.run_dir, cfg.register_as, cfg.aliases, export, uri)
     aliases = f" ({', '.join(made.aliases)})" if made.aliases else ""
     ctx.say(f"     registered {made.name} version {made.version}{aliases}")
 

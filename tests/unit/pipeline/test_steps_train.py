@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from tests.helpers import run_cli
 
 
@@ -114,3 +115,29 @@ def test_the_evaluate_step_copies_the_metrics_not_the_rows_time(tmp_path: Path) 
     evaluate(StepContext(job, job.run_dir, say=lambda _: None))
     written = json.loads((job.run_dir / "eval.json").read_text())
     assert written["step"] == 4 and written["metrics"] == {"val_loss": 2.5, "val_ppl": 12.2}
+
+
+def test_the_register_step_registers_the_run_on_the_configured_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The record's first server was another (`track sync --tracking-uri` ran first): the step
+    looked up that server's run id on the configured server, where MLflow has no such run."""
+    from tests.unit.track.test_registry import FakeClient, _export
+
+    from hpcpipe.config import load_config
+    from hpcpipe.pipeline.engine import StepContext
+    from hpcpipe.pipeline.steps import register
+    from hpcpipe.track import mlflow_client, sync
+    from hpcpipe.track.mlflow_client import record_run
+
+    sets = [f"run.out_dir={tmp_path}", "pipeline.register_as=m", "observe.mlflow.tracking_uri=http://a:5000"]
+    job = load_config("tiny", sets)
+    (job.run_dir / "export").mkdir(parents=True)
+    record_run(job.run_dir, "http://b:5000", "on-b", "1")
+    record_run(job.run_dir, "http://a:5000", "on-a", "1")
+    _export(job.run_dir, 4)
+    client = FakeClient()
+    monkeypatch.setattr(sync, "sync_run", lambda run_dir: None)
+    monkeypatch.setattr(mlflow_client, "make_client", lambda uri: client)
+    register(StepContext(job, job.run_dir, say=lambda _: None))
+    assert client.versions[-1].run_id == "on-a"
