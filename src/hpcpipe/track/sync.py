@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -150,8 +151,12 @@ def _missing_values(
     return missing
 
 
-def _same(a: float, b: float) -> bool:
-    return a == b or (math.isnan(a) and math.isnan(b))  # a NaN sent again on every sync otherwise
+def _same(server: float, local: float) -> bool:
+    """The server holds ``local`` already: a NaN never equals itself, and MLflow's SQL store
+    keeps +-inf as +-float max; either was sent again on every sync otherwise."""
+    if math.isinf(local) and abs(server) == sys.float_info.max:
+        server = math.copysign(math.inf, server)
+    return server == local or (math.isnan(server) and math.isnan(local))
 
 
 def _run_config(run_dir: Path) -> dict[str, Any]:

@@ -80,3 +80,11 @@ def test_the_status_is_the_one_the_last_start_ended_with() -> None:
     assert final_status([], finished=False) == (None, None)
     # The finish of an earlier, shorter run (the run now trains to more steps) is not this one's.
     assert final_status(_events("group_start", "run_finished"), finished=False) == (None, None)
+
+
+def test_an_infinite_value_the_sql_store_keeps_as_float_max_is_not_sent_again() -> None:
+    """MLflow's SQL store saves +-inf as +-1.7976931348623157e308: every sync sent it again."""
+    top = 1.7976931348623157e308
+    server = _History(grad_norm=[(1, top, 1000)], loss=[(1, -top, 1000)], lr=[(1, top, 1000)])
+    rows = [{"step": 1, "grad_norm": math.inf, "loss": -math.inf, "lr": -math.inf, "time": 1.0}]
+    assert _missing_values(server, "r", rows) == [("lr", -math.inf, 1001, 1)]  # the other sign
