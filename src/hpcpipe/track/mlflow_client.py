@@ -162,8 +162,13 @@ def experiment_id(client: Any, name: str) -> str:
 
 
 def server_key(uri: str) -> str:
-    """How the run's record names a server: its URI without credentials (the file is uploaded)."""
-    return scrub(redact(uri))
+    """How the run's record names a server: its URI without credentials (the file is uploaded),
+    a host's name in lower case and without a trailing slash (the same server however typed)."""
+    text = scrub(redact(uri))
+    parts = urlsplit(text)
+    if not parts.netloc:  # a path (sqlite:////abs.db): unsplit, it would lose a slash
+        return text
+    return urlunsplit(parts._replace(netloc=parts.netloc.lower(), path=parts.path.rstrip("/")))
 
 
 def recorded_run(run_dir: Path, uri: str | None = None) -> dict[str, Any]:
@@ -179,11 +184,10 @@ def recorded_run(run_dir: Path, uri: str | None = None) -> dict[str, Any]:
     record = _read_record(run_dir)
     first: dict[str, Any] = {k: record[k] for k in ("run_id", "experiment_id") if k in record}
     owner = record.get("tracking_uri")
-    if uri is None or owner == server_key(uri):
+    if uri is None or (owner is not None and server_key(owner) == server_key(uri)):
         return first
-    if server_key(uri) in record["others"]:
-        return dict(record["others"][server_key(uri)])
-    return first if owner is None else {}
+    others = {server_key(key): dict(entry) for key, entry in record["others"].items()}
+    return others.get(server_key(uri), first if owner is None else {})
 
 
 def _read_record(run_dir: Path) -> dict[str, Any]:
@@ -208,9 +212,11 @@ def record_run(run_dir: Path, uri: str, run_id: str, experiment: str) -> None:
     record = _read_record(run_dir)
     entry = {"run_id": run_id, "experiment_id": experiment}
     key, owner = server_key(uri), record.get("tracking_uri")
-    if not record.get("run_id") or owner == key or (owner is None and record["run_id"] == run_id):
+    owned = owner is not None and server_key(owner) == key
+    if not record.get("run_id") or owned or (owner is None and record["run_id"] == run_id):
         record.update(entry, tracking_uri=key)
-    else:
+    else:  # one entry per server, whichever way an earlier record spelled it
+        record["others"] = {k: v for k, v in record["others"].items() if server_key(k) != key}
         record["others"][key] = entry
     if not record["others"]:
         del record["others"]
@@ -234,7 +240,7 @@ def open_run(
     one (recorded); its id. ``tags`` are set either way: a resumed run's lineage (config hash,
     world size, hosts) is the one in force now. ``resume`` (training goes on in it) marks it
     RUNNING; a replay (``track sync``) leaves its status."""
-    known = recorded_run(run_dir, uri)
+    known = server_run(client, run_dir, uri)
     if known.get("run_id") and _on_server(client, run_dir, str(known["run_id"])):
         run_id = str(known["run_id"])
         if _read_record(run_dir).get("tracking_uri") is None:  # a record that named no server: this one's
@@ -250,6 +256,22 @@ def open_run(
     run_id = str(client.create_run(exp, run_name=run_name, tags=tags).info.run_id)
     record_run(run_dir, uri, run_id, exp)
     return run_id
+
+
+def server_run(client: Any, run_dir: Path, uri: str) -> dict[str, Any]:
+    """``recorded_run`` on the server at ``uri``; when the record has no entry for it, the recorded
+    run (any server's) that this server has, recorded for it now. A server has more than one URI
+    (a pod's service name, a laptop's port-forward to localhost): each got a new MLflow run."""
+    known = recorded_run(run_dir, uri)
+    if known.get("run_id"):
+        return known
+    record = _read_record(run_dir)
+    for entry in (record, *record["others"].values()):
+        run_id = str(entry.get("run_id") or "")
+        if run_id and _on_server(client, run_dir, run_id):
+            record_run(run_dir, uri, run_id, str(entry.get("experiment_id", "")))
+            return {"run_id": run_id, "experiment_id": str(entry.get("experiment_id", ""))}
+    return {}
 
 
 def _on_server(client: Any, run_dir: Path, run_id: str) -> bool:

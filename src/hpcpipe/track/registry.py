@@ -32,7 +32,7 @@ from hpcpipe.config.pipeline import alias_problem
 from hpcpipe.errors import UserError
 from hpcpipe.fsutil import read_json_object
 from hpcpipe.layout import RunLayout
-from hpcpipe.track.mlflow_client import artifact_uploads, recorded_run
+from hpcpipe.track.mlflow_client import artifact_uploads, recorded_run, server_run
 from hpcpipe.track.params import lineage_tags
 
 REGISTRY_FILE = Path(RunLayout.TRACKING, RunLayout.REGISTRY)  # relative to the run directory
@@ -150,7 +150,7 @@ def register_run(
     problems = [p for p in (*map(alias_problem, aliases), _name_problem(name)) if p]
     if problems:
         raise UserError(problems[0])
-    run_id = recorded_run(run_dir, uri).get("run_id")
+    run_id = (server_run(client, run_dir, uri) if uri else recorded_run(run_dir)).get("run_id")
     if not run_id:
         raise UserError(
             f"{run_dir}: not in MLflow yet (no tracking/mlflow.json); run `hpcpipe track sync {run_dir}`"

@@ -302,6 +302,30 @@ def test_a_record_that_names_no_server_belongs_to_the_first_that_finds_its_run(t
     }  # fmt: skip
 
 
+def test_a_server_reached_by_another_uri_goes_on_in_its_run(tmp_path: Path) -> None:
+    """The record is keyed by URI text: the pod's service name, then a laptop's port-forward (or
+    a trailing slash) to the same server got a second MLflow run there."""
+    import json
+
+    from hpcpipe.track.mlflow_client import open_run, recorded_run
+
+    server, other = _Server("a"), _Server("b")
+    assert open_run(server, "http://mlflow.mlflow.svc:5000", tmp_path, "e", "n", {}) == "a0"
+    assert open_run(other, "sqlite:////tmp/b.db", tmp_path, "e", "n", {}) == "b0"  # not on b: its own
+    assert open_run(server, "http://MLflow.mlflow.svc:5000/", tmp_path, "e", "n", {}) == "a0"
+    assert open_run(server, "http://localhost:5000", tmp_path, "e", "n", {}) == "a0"
+    assert open_run(other, "sqlite:////tmp/x/../b.db", tmp_path, "e", "n", {}) == "b0"
+    assert list(server.tags) == ["a0"] and list(other.tags) == ["b0"]
+    assert recorded_run(tmp_path, "http://localhost:5000/") == {"run_id": "a0", "experiment_id": "1"}
+    record = json.loads((tmp_path / "tracking" / "mlflow.json").read_text())
+    assert record["tracking_uri"] == "http://mlflow.mlflow.svc:5000"
+    assert list(record["others"]) == [
+        "sqlite:////tmp/b.db",
+        "http://localhost:5000",
+        "sqlite:////tmp/x/../b.db",
+    ]
+
+
 def test_a_resumed_run_gets_the_lineage_tags_in_force_now(tmp_path: Path) -> None:
     """Tags went only to create_run: a run resumed on 4 ranks with another config kept
     hpcpipe.world_size 1 and the first config_hash in MLflow."""

@@ -248,3 +248,12 @@ def test_the_run_registered_is_the_one_on_the_server_registered_to(tmp_path: Pat
     folder = _export(run_dir, 30)
     assert register_run(client, run_dir, "m", [], folder, "http://second:5000").source.startswith("runs:/r2/")
     assert register_run(client, run_dir, "m", [], folder).source.startswith("runs:/r1/")
+
+    class Second(FakeClient):  # the second server, reached by another URI: it has r2 only
+        def get_run(self, run_id: str) -> Any:
+            if run_id != "r2":
+                raise RuntimeError(f"RESOURCE_DOES_NOT_EXIST: Run '{run_id}' not found")
+            return SimpleNamespace(info=SimpleNamespace(lifecycle_stage="active"))
+
+    made = register_run(Second(), run_dir, "m", [], folder, "http://localhost:5000")
+    assert made.source.startswith("runs:/r2/")
