@@ -99,8 +99,35 @@ def export_files(run_dir: Path, export: Path) -> list[str]:
     rule)."""
     files = set(finished_files(export, before_records=runs_own(export, run_dir)))
     if runs_own(export, run_dir) and export.name == RunLayout.ADAPTER:
-        files |= {name for name in ADAPTER_COMPANIONS if (export / name).is_file()}
+        files |= {name for name in ADAPTER_COMPANIONS if _set_on_these_weights(export / name)}
     return sorted(files)
+
+
+def _set_on_these_weights(companion: Path) -> bool:
+    """``companion`` (beside the run's adapter) was set on the adapter's weights there now; else
+    one line says why it is left out. Training again without ``lora.calibration_cases``
+    re-exports the adapter and leaves the earlier weights' files beside it. One without a hash
+    predates hashes; beside an adapter with a record (written since), it is certainly stale."""
+    from hpcpipe.evaluate.calibrate import set_on_this_adapter
+
+    if not companion.is_file():
+        return False
+    try:
+        saved = json.loads(companion.read_text())
+    except (OSError, ValueError):
+        saved = None
+    if not isinstance(saved, dict):
+        log.warning("%s: left out, not a JSON object; calibrate again", companion)
+        return False
+    recorded = saved.get("adapter_sha256")
+    if recorded is None and not (companion.parent / MARKER).is_file():
+        return True  # both from before records and hashes: nothing to check against
+    if recorded is None or not set_on_this_adapter(str(recorded), companion.parent):
+        log.warning(
+            "%s: left out, set on an earlier adapter, not the one there now; calibrate again", companion
+        )
+        return False
+    return True
 
 
 def version_tags(run_dir: Path, export: Path) -> dict[str, str]:

@@ -16,6 +16,7 @@ import pytest
 
 from hpcpipe.checkpoint import export_record
 from hpcpipe.errors import UserError
+from hpcpipe.evaluate.calibrate import adapter_sha256
 from hpcpipe.track.mlflow_client import record_run
 from hpcpipe.track.registry import register_run, show_model
 
@@ -144,14 +145,16 @@ def test_an_unfinished_export_is_refused_naming_it(tmp_path: Path) -> None:
 
 def _adapter(run_dir: Path, step: int | None) -> Path:
     """The adapter the training wrote at its end: with its record (``step``), or as written before
-    adapters had one (``None``); the call threshold chosen later beside it."""
+    adapters had one (``None``); the call threshold chosen later beside it (set on these weights;
+    before records, before hashes too)."""
     adapter = run_dir / "export" / "adapter"
     adapter.mkdir()
     (adapter / "adapter_model.safetensors").write_bytes(b"lora")
     if step is not None:
         record = {"format": "adapter", "step": step, "files": ["adapter_model.safetensors"]}
         (adapter / ".hpcpipe-export").write_text(json.dumps(record))
-    (adapter / "call_threshold.json").write_text("{}")
+    threshold = {"adapter_sha256": adapter_sha256(adapter)} if step is not None else {}
+    (adapter / "call_threshold.json").write_text(json.dumps(threshold))
     return adapter
 
 
@@ -167,7 +170,11 @@ def test_the_training_s_adapter_counts_by_its_step_and_carries_its_evaluation(tm
     made = register_run(client, run_dir, "m", [])
     assert client.versions[-1].tags["hpcpipe.export"] == "adapter"
     assert client.versions[-1].tags["eval.val_loss"] == "1.5"
-    assert client.files(made.source) == {"adapter_model.safetensors": b"lora", "call_threshold.json": b"{}"}
+    threshold = (adapter / "call_threshold.json").read_bytes()
+    assert client.files(made.source) == {
+        "adapter_model.safetensors": b"lora",
+        "call_threshold.json": threshold,
+    }
     _export(run_dir, 600)  # exported from a later checkpoint: the newest
     assert register_run(client, run_dir, "m", []).source.split("/")[-1].startswith("step-00000600-")
     (adapter / ".partial-7").mkdir()  # killed while writing a new one: never registered
@@ -212,6 +219,27 @@ def test_an_export_written_before_records_is_registered(tmp_path: Path) -> None:
     (old / ".partial-9" / "model.safetensors").write_bytes(b"half")
     with pytest.raises(UserError, match=r"did not finish \(\.partial-9 was never moved in\)"):
         register_run(client, run_dir, "m", [])
+
+
+def test_a_threshold_or_rule_set_on_earlier_weights_is_left_out(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Trained again without lora.calibration_cases, the adapter kept the earlier weights' call
+    threshold and decline rule beside it, and register uploaded them with the new weights."""
+    run_dir, client = _run(tmp_path), FakeClient()
+    adapter = _adapter(run_dir, 100)
+    (adapter / "decline.json").write_text("{}")  # no hash beside a recorded adapter: stale
+    (adapter / "adapter_model.safetensors").write_bytes(b"trained again")
+    (adapter / ".hpcpipe-export").write_text(
+        json.dumps({"format": "adapter", "step": 200, "files": ["adapter_model.safetensors"]})
+    )
+    with caplog.at_level(logging.WARNING, logger="hpcpipe.track"):
+        made = register_run(client, run_dir, "m", [])
+    assert client.files(made.source) == {"adapter_model.safetensors": b"trained again"}
+    for name in ("call_threshold.json", "decline.json"):
+        assert f"{adapter / name}: left out, set on an earlier adapter" in caplog.text
+    (adapter / "call_threshold.json").write_text(json.dumps({"adapter_sha256": adapter_sha256(adapter)}))
+    assert "call_threshold.json" in client.files(register_run(client, run_dir, "m", []).source)
 
 
 @pytest.mark.parametrize("code", [errno.ENOSYS, errno.ENOLCK, errno.EBADF, errno.EOPNOTSUPP])
