@@ -51,25 +51,38 @@ def newest_export(run_dir: Path) -> Path:
     """The export of the newest checkpoint under ``<run_dir>/export``, the adapter the training
     wrote at its end among them (their records give their steps; a folder's modification time
     does not: re-exporting an old checkpoint touches it). A default folder written before records
-    existed counts with its name's step; an adapter written then records no step, so it is taken
-    only when nothing else is there (one line says so)."""
+    existed is left out: it was written in place, so a kill may have cut it short unseen (only
+    ``--export`` takes it). An adapter written then is taken only when nothing else is there
+    (one line says so)."""
     layout = RunLayout(run_dir)
     folders = [p for p in layout.export.glob("*") if p.is_dir()]
-    found = [p for p in folders if (p / MARKER).is_file() or (runs_own(p, run_dir) and p != layout.adapter)]
-    unrecorded = layout.adapter if layout.adapter in folders and layout.adapter not in found else None
+    found = [p for p in folders if (p / MARKER).is_file()]
+    adapter = layout.adapter if layout.adapter in folders and layout.adapter not in found else None
+    older = sorted(p for p in folders if p not in found and p != adapter and runs_own(p, run_dir))
     if found:
-        if unrecorded is not None:
+        if adapter is not None:
             log.warning(
                 "%s: left out, written before adapters recorded their step; pass --export to register it",
-                unrecorded,
+                adapter,
             )
+        if older:
+            log.warning("%s: left out, %s; %s", ", ".join(map(str, older)), _UNCHECKED, _ASK)
         return max(found, key=_newest_first)
-    if unrecorded is not None:
-        log.warning("%s: registering it, the only export (its step is unrecorded)", unrecorded)
-        return unrecorded
+    if adapter is not None:
+        log.warning("%s: registering it, the only export (its step is unrecorded)", adapter)
+        return adapter
+    if older:
+        raise UserError(
+            f"{', '.join(map(str, older))}: {_UNCHECKED}; {_ASK}, or export again with `hpcpipe ckpt export`"
+        )
     raise UserError(
         f"{run_dir}: no export (export/<step>-<format>); make one with `hpcpipe ckpt export` or `hpcpipe run`"
     )
+
+
+# An export folder of the run's own without a record: older hpcpipe wrote it in place, unstaged.
+_UNCHECKED = "written before export records, so whether a kill cut it short cannot be checked"
+_ASK = "pass --export to register it"
 
 
 def _newest_first(export: Path) -> tuple[int, float]:
@@ -171,7 +184,10 @@ def register_run(
 ) -> Registered:
     """A new version of ``name`` from the run's export; the run must be in MLflow (sync first) on
     the server at ``uri`` (the client's), whose run id the record keeps apart from other servers'."""
-    export = export or newest_export(run_dir)
+    if export is None:
+        export = newest_export(run_dir)
+    elif export.is_dir() and runs_own(export, run_dir) and not (export / MARKER).is_file():
+        log.warning("%s: %s; taken as it is", export, _UNCHECKED)  # asked for by name
     if not export.is_dir():
         raise UserError(f"{export}: not an export directory (export/<step>-<format> with its files)")
     problems = [p for p in (*map(alias_problem, aliases), _name_problem(name)) if p]

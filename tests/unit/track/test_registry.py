@@ -202,23 +202,35 @@ def test_an_adapter_written_before_records_is_taken_alone_or_asked_for(
     assert client.files(register_run(client, run_dir, "m", [], adapter).source)["adapter_model.safetensors"]
 
 
-def test_an_export_written_before_records_is_registered(tmp_path: Path) -> None:
-    """A default folder of the run's own from before `.hpcpipe-export`: refused with --export
-    ("not an hpcpipe export"), and without it "no export" though one was there."""
+def test_an_export_written_before_records_is_registered_only_when_asked_for(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A default folder of the run's own from before `.hpcpipe-export` was written in place: one
+    a kill cut short was registered as finished, chosen by its step over recorded exports."""
     run_dir, client = _run(tmp_path), FakeClient()
     old = run_dir / "export" / "step-00000020-hf"
     old.mkdir()
     (old / "model.safetensors").write_bytes(b"w")
-    assert client.files(register_run(client, run_dir, "m", [], old).source) == {"model.safetensors": b"w"}
+    with pytest.raises(UserError, match=rf"^{old}: written before export records, .* pass --export"):
+        register_run(client, run_dir, "m", [])
     (run_dir / "eval.json").write_text(
         json.dumps({"metrics": {"val_loss": 2.0}, "checkpoint": "step-00000020"})
     )
-    assert register_run(client, run_dir, "m", []).source == client.versions[0].source
+    with caplog.at_level(logging.WARNING, logger="hpcpipe.track"):
+        assert client.files(register_run(client, run_dir, "m", [], old).source) == {"model.safetensors": b"w"}
+    assert (
+        f"{old}: written before export records, so whether a kill cut it short cannot be checked"
+        in caplog.text
+    )
     assert client.versions[-1].tags["eval.val_loss"] == "2.0"  # its step is its name's
+    _export(run_dir, 10)
+    with caplog.at_level(logging.WARNING, logger="hpcpipe.track"):
+        assert register_run(client, run_dir, "m", []).source.split("/")[-1].startswith("step-00000010-")
+    assert f"{old}: left out, written before export records" in caplog.text
     (old / ".partial-9").mkdir()
     (old / ".partial-9" / "model.safetensors").write_bytes(b"half")
     with pytest.raises(UserError, match=r"did not finish \(\.partial-9 was never moved in\)"):
-        register_run(client, run_dir, "m", [])
+        register_run(client, run_dir, "m", [], old)
 
 
 def test_a_threshold_or_rule_set_on_earlier_weights_is_left_out(
