@@ -2,11 +2,15 @@
 readers (``track/registry.py``).
 
 An export is staged in ``.partial-<pid>`` inside its folder, then moved in place under an
-exclusive ``flock`` on the folder, and ``.hpcpipe-export`` lists what it wrote. A reader that
-takes the lock shared sees no export mid-move; one killed mid-move leaves a listed file missing
-or a staging folder holding what was never moved, and then the folder holds no finished export.
-A file system without ``flock`` (Lustre mounted without it, some NFS) gives no lock: the export
-or the reading goes on unlocked, with one line saying so.
+exclusive ``flock`` on the folder's ``.hpcpipe-export.lock``, and ``.hpcpipe-export`` lists what
+it wrote. A reader that takes the lock shared sees no export mid-move; one killed mid-move leaves
+a listed file missing or a staging folder holding what was never moved, and then the folder
+holds no finished export. The lock is a file opened read-write, not the folder: Linux NFS turns
+``flock`` into a POSIX lock, which refuses an exclusive lock on a read-only descriptor (EBADF).
+It stays in the folder (removing it would let two processes lock two files) and is no export's
+file: never listed, uploaded or hashed. A file system without ``flock`` (Lustre mounted without
+it, NFS without lockd) gives no lock: the export or the reading goes on unlocked, with one line
+saying so.
 
 The adapter a LoRA run writes at its end (``export/adapter``) is written the same way, its record
 giving the ``step`` it was trained to; other commands later write ``ADAPTER_COMPANIONS`` beside it.
@@ -29,32 +33,66 @@ from hpcpipe.checkpoint.manifest import CheckpointError
 from hpcpipe.layout import RunLayout
 
 MARKER = ".hpcpipe-export"  # {"files": [what it wrote], "checkpoint" or "step": ..., "format": ...}
+LOCK = ".hpcpipe-export.lock"  # what exports and readers lock (empty; no export's file)
 PARTIAL = ".partial-"  # an export being written (or one a killed process left)
 # Written into the run's adapter folder after the adapter, by other commands (not the export's).
 ADAPTER_COMPANIONS = (RunLayout.CALL_THRESHOLD, RunLayout.DECLINE)
 # flock's answers where the file system has no locks (Lustre without -o flock: ENOSYS; NFS
-# without lockd: ENOLCK, EBADF on a read-only descriptor; others EOPNOTSUPP).
+# without lockd: ENOLCK; others EOPNOTSUPP), or none for this file (EBADF: NFS refusing an
+# exclusive lock on a file open read-only, as another user's lock file is: _open_lock).
 _NO_LOCKS = {errno.ENOSYS, errno.ENOLCK, errno.EBADF, errno.EOPNOTSUPP}
+# The lock file may not be opened so: a folder this user may only read, another user's file.
+_NO_LOCK_FILE = {errno.EACCES, errno.EPERM, errno.EROFS}
 log = logging.getLogger("hpcpipe.checkpoint")
 
 
 @contextlib.contextmanager
 def locked(folder: Path, exclusive: bool, busy: str) -> Iterator[None]:
-    """``flock`` on ``folder`` (exclusive for an export, shared for a reader) while the block
-    runs; CheckpointError ``busy`` when another holds it, unlocked where the file system has none."""
-    fd = os.open(folder, os.O_RDONLY)
+    """``flock`` on ``folder``'s lock file (exclusive for an export, shared for a reader) while
+    the block runs; CheckpointError ``busy`` when another holds it, unlocked where the file
+    system has none."""
+    fd = _open_lock(folder, exclusive)
+    if fd is None:
+        yield
+        return
     try:
-        try:
-            fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise CheckpointError(busy) from None
-        except OSError as exc:
-            if exc.errno not in _NO_LOCKS:
-                raise
-            log.warning("%s: no file locks here (%s); going on unlocked", folder, os.strerror(exc.errno))
+        _lock(fd, folder, exclusive, busy)
         yield
     finally:
         os.close(fd)  # releases the lock
+
+
+def _open_lock(folder: Path, exclusive: bool) -> int | None:
+    """The lock file, created when missing; an export opens it read-write (NFS locks a file
+    exclusively only so), or read-only when another user's file allows no more (flock needs no
+    more), a reader read-only. None (one line) for a reader that may not create it."""
+    path, denied = folder / LOCK, None
+    for mode in (os.O_RDWR, os.O_RDONLY) if exclusive else (os.O_RDONLY,):
+        try:
+            return os.open(path, mode | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        except OSError as exc:
+            if exc.errno not in _NO_LOCK_FILE:
+                raise
+            denied = exc
+    assert denied is not None
+    if exclusive:  # no lock file, and none may be made: nor may the export's files
+        raise denied
+    log.warning("%s: cannot create %s (%s); reading it unlocked", folder, LOCK, denied.strerror)
+    return None
+
+
+def _lock(fd: int, folder: Path, exclusive: bool, busy: str) -> None:
+    try:
+        fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise CheckpointError(busy) from None
+    except OSError as exc:
+        if exc.errno not in _NO_LOCKS:
+            raise
+        why = f"no file locks here ({os.strerror(exc.errno)})"
+        if exclusive and exc.errno == errno.EBADF:
+            why = f"{LOCK} is read-only to this user, and NFS locks only a writable file"
+        log.warning("%s: %s; going on unlocked", folder, why)
 
 
 def reading(folder: Path) -> contextlib.AbstractContextManager[None]:
@@ -96,7 +134,11 @@ def finished_files(folder: Path, before_records: bool = False) -> list[str]:
         raise CheckpointError(f"{folder}: not an hpcpipe export (no {MARKER}); use `hpcpipe ckpt export`")
     files = (record or {}).get("files")
     if files is None:  # no record, or one written before lists: the folder held nothing else
-        files = [p.name for p in folder.iterdir() if p.name != MARKER and not p.name.startswith(PARTIAL)]
+        files = [
+            p.name
+            for p in folder.iterdir()
+            if p.name not in (MARKER, LOCK) and not p.name.startswith(PARTIAL)
+        ]
     if not isinstance(files, list) or not files:
         where = f"{folder / MARKER}: lists no files" if record else f"{folder}: holds no export"
         raise CheckpointError(f"{where}; run the export again")

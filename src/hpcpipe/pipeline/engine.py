@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import hpcpipe
+from hpcpipe.checkpoint.export_record import LOCK as EXPORT_LOCK
 from hpcpipe.config import JobConfig
 from hpcpipe.errors import UserError
 from hpcpipe.observe.lineage import read_lineage, write_lineage
@@ -217,10 +218,12 @@ def file_sha256(path: Path) -> str | None:
 
 
 def tree_sha256(root: Path) -> str | None:
-    """One hash over every file under ``root`` (relative path and content)."""
+    """One hash over every file under ``root`` (relative path and content) but an export's lock
+    file: a register creates it in an export written before locks were files, which changed
+    nothing the export step made."""
     if not root.is_dir():
         return None
     digest = hashlib.sha256()
-    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+    for path in sorted(p for p in root.rglob("*") if p.is_file() and p.name != EXPORT_LOCK):
         digest.update(f"{path.relative_to(root)}\0{file_sha256(path)}\n".encode())
     return digest.hexdigest()

@@ -6,8 +6,8 @@ safetensors) loaded as a model of random weights; replacing the whole folder del
 user kept there (a run, notes). So every export lists what it wrote in ``.hpcpipe-export`` and
 the next one replaces exactly those entries; anything else in the folder makes it refuse. The
 folder is never renamed (``--out .`` or a mount point cannot be) and nothing is written beside
-it; a lock on the folder keeps two exports from interleaving (and, taken shared, a reader from
-seeing one mid-move: ``checkpoint/export_record.py``).
+it; a lock file in the folder keeps two exports from interleaving (and, taken shared, a reader
+from seeing one mid-move: ``checkpoint/export_record.py``).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from hpcpipe.checkpoint.export_record import ADAPTER_COMPANIONS, MARKER, PARTIAL, locked, runs_own
+from hpcpipe.checkpoint.export_record import ADAPTER_COMPANIONS, LOCK, MARKER, PARTIAL, locked, runs_own
 from hpcpipe.checkpoint.manifest import CheckpointError
 from hpcpipe.layout import RunLayout
 
@@ -40,6 +40,9 @@ def export_folder(out: Path, record: dict[str, Any], keep_out_of: Sequence[Path]
                 f"--out {out}: holds {kept}, which an export must not touch; export elsewhere"
             )
     out.mkdir(parents=True, exist_ok=True)
+    if not (out / MARKER).exists() and not runs_own(out):
+        # A folder of the user's: refused before the lock leaves its file there (again under it).
+        _earlier_export(out)
     with _locked(out):
         earlier = _earlier_export(out)
         for stale in out.glob(f"{PARTIAL}*"):  # under the lock: left by a killed export
@@ -65,7 +68,7 @@ def _earlier_export(out: Path) -> set[str]:
     """The entries of ``out`` the earlier export wrote (it is empty, or holds only those). Beside
     the run's adapter, what other commands wrote for it stays (their files record the weights
     they were set on)."""
-    held = {p.name for p in out.iterdir() if not p.name.startswith(PARTIAL) and p.name != MARKER}
+    held = {p.name for p in out.iterdir() if not p.name.startswith(PARTIAL) and p.name not in (MARKER, LOCK)}
     if out.name == RunLayout.ADAPTER and runs_own(out):
         held -= set(ADAPTER_COMPANIONS)
     if not held:

@@ -15,6 +15,7 @@ from hpcpipe.config import JobConfig, load_config
 from hpcpipe.models.gpt import GPT
 from hpcpipe.recipes.export import export_checkpoint
 
+SAFETENSORS_EXPORT = [".hpcpipe-export", ".hpcpipe-export.lock", "model.safetensors"]  # its folder
 VOCAB = 67  # deliberately not a "nice" number: the export must take it from the checkpoint
 
 
@@ -115,7 +116,7 @@ def test_an_export_replaces_an_earlier_one_whole_and_nothing_else(tmp_path: Path
     export_checkpoint(ckpt, "hf", out)
     assert (out / "config.json").is_file()
     export_checkpoint(ckpt, "safetensors", out)
-    assert sorted(p.name for p in out.iterdir()) == [".hpcpipe-export", "model.safetensors"]
+    assert sorted(p.name for p in out.iterdir()) == SAFETENSORS_EXPORT
     foreign = tmp_path / "mine"
     foreign.mkdir()
     (foreign / "notes.txt").write_text("keep me")
@@ -182,12 +183,12 @@ def test_an_export_into_the_working_directory_or_an_old_default_folder(
     here.mkdir()
     monkeypatch.chdir(here)
     export_checkpoint(ckpt, "safetensors", Path("."))
-    assert sorted(p.name for p in here.iterdir()) == [".hpcpipe-export", "model.safetensors"]
+    assert sorted(p.name for p in here.iterdir()) == SAFETENSORS_EXPORT
     old = tmp_path / "run" / "export" / f"{ckpt.name}-hf"
     old.mkdir(parents=True)
     (old / "config.json").write_text("{}")  # an export of an earlier version: no marker
     export_checkpoint(ckpt, "safetensors", old)
-    assert sorted(p.name for p in old.iterdir()) == [".hpcpipe-export", "model.safetensors"]
+    assert sorted(p.name for p in old.iterdir()) == SAFETENSORS_EXPORT
 
 
 def test_an_export_never_touches_what_it_did_not_write(
@@ -210,7 +211,7 @@ def test_an_export_never_touches_what_it_did_not_write(
     with pytest.raises(CheckpointError, match="which an export must not touch"):
         export_checkpoint(ckpt, "safetensors", tmp_path)  # holds the run and its checkpoint
     (here / "NOTES.md").unlink()
-    fd = os.open(here, os.O_RDONLY)  # another export writing there now
+    fd = os.open(here / ".hpcpipe-export.lock", os.O_RDWR)  # another export writing there now
     fcntl.flock(fd, fcntl.LOCK_EX)
     try:
         with pytest.raises(CheckpointError, match="another export is writing there now"):
@@ -243,7 +244,8 @@ def test_the_training_s_adapter_is_staged_recorded_and_keeps_what_is_beside_it(t
     record = json.loads((adapter / ".hpcpipe-export").read_text())
     assert record == {"format": "adapter", "step": 9, "files": ["adapter_model.safetensors"]}
     assert sorted(p.name for p in adapter.iterdir()) == [
-        ".hpcpipe-export", "adapter_model.safetensors", "call_threshold.json", "decline.json"
+        ".hpcpipe-export", ".hpcpipe-export.lock", "adapter_model.safetensors", "call_threshold.json",
+        "decline.json",
     ]  # fmt: skip
 
 
@@ -263,3 +265,77 @@ def test_a_file_system_without_flock_exports_unlocked(
     with export_folder(tmp_path / "out", {"format": "safetensors"}, keep_out_of=()) as staging:
         (staging / "model.safetensors").write_text("w")
     assert (tmp_path / "out" / "model.safetensors").read_text() == "w"
+
+
+def _nfs_flock(fd: int, operation: int) -> None:
+    """Linux NFS's flock: a POSIX lock, whose exclusive kind needs a descriptor open for writing."""
+    import fcntl
+
+    fcntl.lockf(fd, operation)
+
+
+def test_on_nfs_exports_and_readers_lock_a_lock_file_no_export_holds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The lock was the folder, open read-only: on NFS every export's exclusive lock failed with
+    EBADF and went on unlocked, saying the file system had no locks."""
+    import logging
+
+    from hpcpipe.checkpoint import export_record
+    from hpcpipe.checkpoint.export_record import LOCK, finished_files, reading
+    from hpcpipe.evaluate.calibrate import adapter_sha256
+    from hpcpipe.recipes.export_folder import export_folder
+
+    out = tmp_path / "run" / "export" / "adapter"
+    (tmp_path / "run" / "export").mkdir(parents=True)
+    (tmp_path / "run" / "config.yaml").write_text("{}")
+    monkeypatch.setattr(export_record.fcntl, "flock", _nfs_flock)
+    with caplog.at_level(logging.WARNING, logger="hpcpipe.checkpoint"):
+        for step in (1, 2):  # the second export finds the first's lock file: not a foreign file
+            with export_folder(out, {"format": "adapter", "step": step}, keep_out_of=()) as staging:
+                (staging / "adapter_model.safetensors").write_text(f"step {step}")
+        with reading(out):
+            assert finished_files(out) == ["adapter_model.safetensors"]
+    assert "no file locks" not in caplog.text and (out / LOCK).is_file()
+    assert json.loads((out / ".hpcpipe-export").read_text())["files"] == ["adapter_model.safetensors"]
+    (out / ".hpcpipe-export").unlink()  # an adapter written before records: its folder is the export
+    assert finished_files(out, before_records=True) == ["adapter_model.safetensors"]
+    (out / LOCK).unlink()
+    hashed = adapter_sha256(out)
+    (out / LOCK).touch()
+    assert adapter_sha256(out) == hashed
+
+
+def test_a_lock_file_this_user_may_not_write_or_create(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Another user's lock file (read-only to this one) is locked read-only, which NFS refuses
+    for an export: one line says why; a reader of a folder it may not write reads unlocked."""
+    import errno
+    import logging
+    import os
+
+    from hpcpipe.checkpoint import export_record
+    from hpcpipe.checkpoint.export_record import LOCK, reading
+    from hpcpipe.recipes.export_folder import export_folder
+
+    out = tmp_path / "out"
+    out.mkdir()
+    real_open = os.open
+
+    def denied(path: str | Path, flags: int, mode: int = 0o777) -> int:
+        if flags & os.O_ACCMODE == os.O_RDWR or not (out / LOCK).exists():
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real_open(path, flags, mode)
+
+    monkeypatch.setattr(export_record.fcntl, "flock", _nfs_flock)
+    monkeypatch.setattr(export_record.os, "open", denied)
+    with caplog.at_level(logging.WARNING, logger="hpcpipe.checkpoint"):
+        with reading(out):
+            assert not (out / LOCK).exists()
+        (out / LOCK).write_bytes(b"")  # another user's (not through os.open)
+        with export_folder(out, {"format": "safetensors"}, keep_out_of=()) as staging:
+            (staging / "model.safetensors").write_text("w")
+    assert f"{out}: cannot create {LOCK} (Permission denied); reading it unlocked" in caplog.text
+    assert f"{out}: {LOCK} is read-only to this user, and NFS locks only a writable file" in caplog.text
+    assert (out / "model.safetensors").read_text() == "w"

@@ -168,3 +168,14 @@ def test_under_torchrun_every_rank_trains_and_only_rank_0_goes_on_and_records(tm
     main = StepContext(job, job.run_dir, group_steps=("prepare", "train"), say=lambda _: None)
     run_pipeline(_steps(log, set()), main)
     assert log == ["prepare", "train"]  # the rest are unchanged: skipped
+
+
+def test_an_export_s_lock_file_is_not_part_of_its_outputs(tmp_path: Path) -> None:
+    """A register creates .hpcpipe-export.lock in an export written before locks were files: the
+    export step would have run again, its outputs changed."""
+    from hpcpipe.pipeline.engine import tree_sha256
+
+    (tmp_path / "model.safetensors").write_text("w")
+    before = tree_sha256(tmp_path)
+    (tmp_path / ".hpcpipe-export.lock").touch()
+    assert tree_sha256(tmp_path) == before

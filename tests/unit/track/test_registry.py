@@ -134,7 +134,7 @@ def test_an_unfinished_export_is_refused_naming_it(tmp_path: Path) -> None:
     (by_hand / "model.safetensors").write_bytes(b"by hand")
     with pytest.raises(UserError, match=rf"{by_hand}: not an hpcpipe export \(no \.hpcpipe-export\)"):
         register_run(client, run_dir, "m", [], by_hand)
-    fd = os.open(_export(run_dir, 40), os.O_RDONLY)  # an export writing there now
+    fd = os.open(_export(run_dir, 40) / ".hpcpipe-export.lock", os.O_RDWR | os.O_CREAT)  # an export writing
     fcntl.flock(fd, fcntl.LOCK_EX)
     try:
         with pytest.raises(UserError, match="an export is writing there now"):
