@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -47,16 +48,16 @@ log = logging.getLogger("hpcpipe.checkpoint")
 
 
 @contextlib.contextmanager
-def locked(folder: Path, exclusive: bool, busy: str) -> Iterator[None]:
+def locked(folder: Path, exclusive: bool, busy: str, wait_s: float = 0.0) -> Iterator[None]:
     """``flock`` on ``folder``'s lock file (exclusive for an export, shared for a reader) while
-    the block runs; CheckpointError ``busy`` when another holds it, unlocked where the file
-    system has none."""
+    the block runs; CheckpointError ``busy`` when another holds it (still, after ``wait_s``
+    seconds), unlocked where the file system has none."""
     fd = _open_lock(folder, exclusive)
     if fd is None:
         yield
         return
     try:
-        _lock(fd, folder, exclusive, busy)
+        _lock(fd, folder, exclusive, busy, wait_s)
         yield
     finally:
         os.close(fd)  # releases the lock
@@ -81,18 +82,30 @@ def _open_lock(folder: Path, exclusive: bool) -> int | None:
     return None
 
 
-def _lock(fd: int, folder: Path, exclusive: bool, busy: str) -> None:
-    try:
-        fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
-    except BlockingIOError:
-        raise CheckpointError(busy) from None
-    except OSError as exc:
-        if exc.errno not in _NO_LOCKS:
-            raise
-        why = f"no file locks here ({os.strerror(exc.errno)})"
-        if exclusive and exc.errno == errno.EBADF:
-            why = f"{LOCK} is read-only to this user, and NFS locks only a writable file"
-        log.warning("%s: %s; going on unlocked", folder, why)
+def _lock(fd: int, folder: Path, exclusive: bool, busy: str, wait_s: float) -> None:
+    """Takes the lock, trying again for ``wait_s`` seconds (saying once that it waits)."""
+    mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
+    deadline, said = time.monotonic() + wait_s, False
+    while True:
+        try:
+            fcntl.flock(fd, mode | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise CheckpointError(busy) from None
+            if not said:
+                log.warning("%s: in use by another export or a register; waiting up to %g s", folder, wait_s)
+                said = True
+            time.sleep(min(0.25, left))
+        except OSError as exc:
+            if exc.errno not in _NO_LOCKS:
+                raise
+            why = f"no file locks here ({os.strerror(exc.errno)})"
+            if exclusive and exc.errno == errno.EBADF:
+                why = f"{LOCK} is read-only to this user, and NFS locks only a writable file"
+            log.warning("%s: %s; going on unlocked", folder, why)
+            return
 
 
 def reading(folder: Path) -> contextlib.AbstractContextManager[None]:

@@ -27,24 +27,31 @@ from hpcpipe.layout import RunLayout
 
 
 @contextlib.contextmanager
-def export_folder(out: Path, record: dict[str, Any], keep_out_of: Sequence[Path]) -> Iterator[Path]:
+def export_folder(
+    out: Path,
+    record: dict[str, Any],
+    keep_out_of: Sequence[Path],
+    flag: str | None = "--out",
+    wait_s: float = 0.0,
+) -> Iterator[Path]:
     """A staging folder inside ``out`` to write the export to; on success its entries replace
     those of the earlier export in ``out``. ``keep_out_of``: folders (the checkpoint, its run)
-    that must not lie inside ``out``."""
+    that must not lie inside ``out``. ``flag``: the option that named ``out``, for messages (None:
+    no option did, the training's adapter). ``wait_s``: how long to wait for another export or a
+    register using ``out`` (0: refuse at once)."""
     out = out.resolve()
+    where = f"{flag} {out}" if flag else str(out)
     if out.exists() and not out.is_dir():  # the CLI's one line; a failed step to the pipeline
         raise NotADirectoryError(errno.ENOTDIR, "Not a directory", str(out))
     for kept in keep_out_of:
         if kept.resolve().is_relative_to(out):
-            raise CheckpointError(
-                f"--out {out}: holds {kept}, which an export must not touch; export elsewhere"
-            )
+            raise CheckpointError(f"{where}: holds {kept}, which an export must not touch; export elsewhere")
     out.mkdir(parents=True, exist_ok=True)
     if not (out / MARKER).exists() and not runs_own(out):
         # A folder of the user's: refused before the lock leaves its file there (again under it).
-        _earlier_export(out)
-    with _locked(out):
-        earlier = _earlier_export(out)
+        _earlier_export(out, where, flag is not None)
+    with _locked(out, where, wait_s):
+        earlier = _earlier_export(out, where, flag is not None)
         for stale in out.glob(f"{PARTIAL}*"):  # under the lock: left by a killed export
             shutil.rmtree(stale, ignore_errors=True)
         staging = out / f"{PARTIAL}{os.getpid()}"
@@ -56,18 +63,17 @@ def export_folder(out: Path, record: dict[str, Any], keep_out_of: Sequence[Path]
             shutil.rmtree(staging, ignore_errors=True)
 
 
-def _locked(out: Path) -> contextlib.AbstractContextManager[None]:
-    return locked(
-        out,
-        exclusive=True,
-        busy=f"--out {out}: another export is writing there now (or a register reading it)",
-    )
+def _locked(out: Path, where: str, wait_s: float) -> contextlib.AbstractContextManager[None]:
+    busy = f"{where}: another export is writing there now (or a register reading it)"
+    if wait_s:
+        busy = f"{where}: still in use by another export or a register after {wait_s:g} s; not written"
+    return locked(out, exclusive=True, busy=busy, wait_s=wait_s)
 
 
-def _earlier_export(out: Path) -> set[str]:
+def _earlier_export(out: Path, where: str, chosen: bool) -> set[str]:
     """The entries of ``out`` the earlier export wrote (it is empty, or holds only those). Beside
     the run's adapter, what other commands wrote for it stays (their files record the weights
-    they were set on)."""
+    they were set on). ``chosen``: the user chose ``out`` (and may choose another)."""
     held = {p.name for p in out.iterdir() if not p.name.startswith(PARTIAL) and p.name not in (MARKER, LOCK)}
     if out.name == RunLayout.ADAPTER and runs_own(out):
         held -= set(ADAPTER_COMPANIONS)
@@ -79,10 +85,8 @@ def _earlier_export(out: Path) -> set[str]:
     foreign = sorted(held - (listed or set()))
     if foreign:
         shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
-        raise CheckpointError(
-            f"--out {out}: holds what no hpcpipe export there wrote ({shown}); choose an empty or new "
-            "directory"
-        )
+        fix = "choose an empty or new directory" if chosen else "move them out of it"
+        raise CheckpointError(f"{where}: holds what no hpcpipe export there wrote ({shown}); {fix}")
     return held
 
 

@@ -16,8 +16,9 @@
   gradient checkpointing's recomputation is not credited (model FLOPs, as PaLM counts them).
   Attention score FLOPs are left out.
 - Checkpoints hold the adapters and their optimizer state only (the base is rebuilt from its
-  source); ``on_train_end`` exports the adapter (peft format, full tensors gathered on every rank);
-  ``on_run_end`` (the main rank alone) calibrates the call threshold and writes ``lora_summary.json``.
+  source); ``on_train_end`` gathers the adapter's full tensors on every rank; ``on_run_end`` (the
+  main rank alone, past the group's last barrier) exports it (peft format), calibrates the call
+  threshold and writes ``lora_summary.json``.
 """
 
 from __future__ import annotations
@@ -42,6 +43,9 @@ if TYPE_CHECKING:
     from hpcpipe.models.hf_lm import ModelSource, ParamCounts
 
 ADAPTER_DIR = f"{RunLayout.EXPORT}/{RunLayout.ADAPTER}"  # relative to the run directory
+# How long the end of training waits for a register uploading the earlier adapter (an upload of
+# a few hundred MB takes seconds to minutes); a reader still there after it fails the run.
+ADAPTER_WAIT_S = 300.0
 
 
 @dataclass
@@ -73,6 +77,7 @@ class LoraFCRecipe(Recipe):
     checkpoint_trainable_only: bool = True
     counts: ParamCounts | None = None
     _interval: dict[str, torch.Tensor] = field(default_factory=dict)
+    _gathered: tuple[nn.Module, dict[str, torch.Tensor]] | None = None  # the main rank's adapter, to write
 
     @classmethod
     def from_job(cls, job: JobConfig) -> LoraFCRecipe:
@@ -279,24 +284,23 @@ class LoraFCRecipe(Recipe):
         shutil.copyfile(self.data_dir / REPORT_FILE, RunLayout(run_dir).data_report)
 
     def on_train_end(self, model: nn.Module, is_main: bool, run_dir: Path) -> None:
-        """Adapter export (every rank gathers; the main rank writes), as ``hpcpipe ckpt export``
-        writes one: staged, moved in, and recorded with the step it was trained to, so a register
-        compares it with the checkpoints' exports and never takes one a kill cut short."""
-        from hpcpipe.models.lora_export import full_adapter_state, save_adapter
-        from hpcpipe.recipes.export_folder import export_folder
+        """The adapter's full tensors, gathered on every rank (a collective under FSDP2) for the
+        main rank to write in ``on_run_end``: writing it waits for a register reading the
+        adapter, which no other rank must wait for in the group's last barrier (nor be left in,
+        should it fail)."""
+        from hpcpipe.models.lora_export import full_adapter_state
 
-        state = full_adapter_state(model)  # collective under FSDP2
+        state = full_adapter_state(model)
         if is_main:
-            record = {"format": "adapter", "step": self.trained_step}
-            with export_folder(RunLayout(run_dir).adapter, record, keep_out_of=()) as staging:
-                save_adapter(model, state, staging, tokenizer=self.chat.tokenizer)
+            self._gathered = (model, state)
 
     def on_run_end(self, run_dir: Path) -> None:
-        """The call threshold (``lora.calibration_cases``: minutes of generation, which no other
-        rank waits for) and the run's summary file."""
+        """The adapter export, the call threshold (``lora.calibration_cases``: minutes of
+        generation, which no other rank waits for) and the run's summary file."""
         from hpcpipe.models.hf_lm import ParamCounts, resolve_base_dtype
 
         adapter = RunLayout(run_dir).adapter
+        self._export_adapter(adapter)
         calibration = self._calibrate(adapter, run_dir) if self.lora_cfg.calibration_cases else None
         counts = self.counts or ParamCounts(0, 0)
         summary = {
@@ -311,6 +315,21 @@ class LoraFCRecipe(Recipe):
             "call_threshold": calibration.threshold if calibration else None,
         }
         RunLayout(run_dir).lora_summary.write_text(json.dumps(summary, indent=2) + "\n")
+
+    def _export_adapter(self, adapter: Path) -> None:
+        """What ``on_train_end`` gathered, written as ``hpcpipe ckpt export`` writes an export:
+        staged, moved in, and recorded with the step it was trained to, so a register compares it
+        with the checkpoints' exports and never takes one a kill cut short. A register uploading
+        the earlier adapter holds it for a while: waited for (``ADAPTER_WAIT_S``), not refused."""
+        from hpcpipe.models.lora_export import save_adapter
+        from hpcpipe.recipes.export_folder import export_folder
+
+        if self._gathered is None:
+            return
+        (model, state), self._gathered = self._gathered, None
+        record = {"format": "adapter", "step": self.trained_step}
+        with export_folder(adapter, record, keep_out_of=(), flag=None, wait_s=ADAPTER_WAIT_S) as staging:
+            save_adapter(model, state, staging, tokenizer=self.chat.tokenizer)
 
     def _calibrate(self, adapter: Path, run_dir: Path) -> Any:  # evaluate.calibrate.Calibration
         """The call threshold, from the exported adapter loaded as evaluation loads it (fp32,

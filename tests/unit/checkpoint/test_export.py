@@ -306,6 +306,46 @@ def test_on_nfs_exports_and_readers_lock_a_lock_file_no_export_holds(
     assert adapter_sha256(out) == hashed
 
 
+def test_the_training_s_adapter_waits_for_a_register_reading_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A register uploading the adapter made the end of training fail at once, naming `--out`."""
+    import fcntl
+    import logging
+    import os
+    import threading
+
+    from hpcpipe.checkpoint.export_record import LOCK
+    from hpcpipe.recipes.export_folder import export_folder
+
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    reader = os.open(adapter / LOCK, os.O_RDONLY | os.O_CREAT)
+    fcntl.flock(reader, fcntl.LOCK_SH)  # a register hashing and uploading
+    with (
+        pytest.raises(CheckpointError) as refused,
+        export_folder(adapter, {"format": "adapter"}, keep_out_of=(), flag=None, wait_s=0.3),
+    ):
+        pass
+    busy = "still in use by another export or a register after 0.3 s; not written"
+    assert str(refused.value) == f"{adapter}: {busy}"  # no `--out`: no option named it
+    threading.Timer(0.3, os.close, [reader]).start()  # the upload ends
+    with (
+        caplog.at_level(logging.WARNING, logger="hpcpipe.checkpoint"),
+        export_folder(adapter, {"format": "adapter"}, keep_out_of=(), flag=None, wait_s=30) as staging,
+    ):
+        (staging / "adapter_model.safetensors").write_text("w")
+    assert caplog.text.count("in use by another export or a register; waiting up to 30 s") == 1
+    assert (adapter / "adapter_model.safetensors").read_text() == "w"
+    (adapter / "notes.txt").write_text("mine")
+    foreign = rf"^{adapter}: holds .* \(notes\.txt\); move them out of it$"
+    with (
+        pytest.raises(CheckpointError, match=foreign),
+        export_folder(adapter, {"format": "adapter"}, keep_out_of=(), flag=None),
+    ):
+        pass
+
+
 def test_a_lock_file_this_user_may_not_write_or_create(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -418,5 +418,42 @@ def test_the_lora_recipe_stages_its_adapter_and_records_the_step(
     recipe.__dict__["chat"] = SimpleNamespace(tokenizer=None)
     recipe.trained_step = 500
     recipe.on_train_end(None, True, tmp_path)  # type: ignore[arg-type]
+    recipe._export_adapter(adapter)  # on_run_end's first work
     record = json.loads((adapter / ".hpcpipe-export").read_text())
     assert record == {"format": "adapter", "step": 500, "files": ["adapter_model.safetensors"]}
+
+
+def test_the_lora_adapter_is_written_past_the_last_barrier_waiting_for_a_register(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The main rank wrote it in on_train_end, refusing at once when a register was uploading the
+    earlier adapter: the worker exited 2 and left the other ranks in the group's last barrier."""
+    import fcntl
+    import os
+    import threading
+    from types import SimpleNamespace
+
+    from hpcpipe.checkpoint.export_record import LOCK
+    from hpcpipe.models import lora_export
+    from hpcpipe.recipes import lora_fc
+
+    def save_adapter(model: object, state: object, out: Path, tokenizer: object = None) -> Path:
+        (out / "adapter_model.safetensors").write_text("lora")
+        return out
+
+    adapter = tmp_path / "export" / "adapter"
+    adapter.mkdir(parents=True)
+    monkeypatch.setattr(lora_export, "full_adapter_state", lambda model: {})
+    monkeypatch.setattr(lora_export, "save_adapter", save_adapter)
+    monkeypatch.setattr(lora_fc, "ADAPTER_WAIT_S", 30.0)
+    recipe = object.__new__(lora_fc.LoraFCRecipe)
+    recipe.__dict__["chat"] = SimpleNamespace(tokenizer=None)
+    recipe.trained_step = 7
+    reader = os.open(adapter / LOCK, os.O_RDONLY | os.O_CREAT)
+    fcntl.flock(reader, fcntl.LOCK_SH)  # a register uploading the earlier adapter
+    recipe.on_train_end(None, False, tmp_path)  # type: ignore[arg-type]
+    recipe.on_train_end(None, True, tmp_path)  # type: ignore[arg-type]
+    assert not (adapter / "adapter_model.safetensors").exists()  # the other ranks go on to the barrier
+    threading.Timer(0.3, os.close, [reader]).start()
+    recipe._export_adapter(adapter)  # past the barrier: waits for the upload to end
+    assert (adapter / "adapter_model.safetensors").read_text() == "lora"
