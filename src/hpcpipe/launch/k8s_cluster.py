@@ -230,8 +230,9 @@ def resolve(run_dir: Path) -> K8sJobRef:
         job = K8sJobRef(**json.loads(record.read_text()))
     except (OSError, ValueError, TypeError) as exc:
         raise UserError(f"{record}: unreadable ({exc})") from None
-    # Each field picks an API path (and, for kind, the pods' selector): checked before any request.
-    if job.kind not in _POD_SELECTOR:
+    # Each field picks an API path (and, for kind, the pods' selector): checked before any request,
+    # its type first (a list as kind was an unhashable-type TypeError in the lookup).
+    if not isinstance(job.kind, str) or job.kind not in _POD_SELECTOR:
         raise UserError(f"{record}: kind {job.kind!r} is not one of {', '.join(_POD_SELECTOR)}")
     if not all(isinstance(v, str) and v for v in (job.name, job.namespace, job.api_version)):
         raise UserError(f"{record}: name, namespace and api_version must be non-empty strings")

@@ -30,6 +30,10 @@ def test_a_recorded_job_reads_back(tmp_path: Path) -> None:
         ('{"kind": "TrainJob", "name": 3, "namespace": "d", "api_version": "a/b"}', "non-empty strings"),
         ('{"kind": "TrainJob", "name": "x", "namespace": "d", "api_version": "a/b", "uid": 4}', "uid 4"),
         ("[1]", "unreadable"),
+        # Not strings: a list as kind was an unhashable-type TypeError traceback.
+        ('{"kind": ["TrainJob"], "name": "x", "namespace": "d", "api_version": "a/b"}', r"kind \["),
+        ('{"kind": {"a": 1}, "name": "x", "namespace": "d", "api_version": "a/b"}', r"kind \{'a'"),
+        ('{"kind": "TrainJob", "name": ["x"], "namespace": "d", "api_version": "a/b"}', "non-empty strings"),
     ],
 )
 def test_a_record_hpcpipe_did_not_write_is_named(tmp_path: Path, record: str, message: str) -> None:
