@@ -384,11 +384,13 @@ def launch_slurm(
 
       hpcpipe hpo launch slurm my_job.yaml -w 16 -s hpo.storage=postgresql://hpo@db/hpo --dry-run
     """
+    from hpcpipe.config.launch import check_plain_env
     from hpcpipe.hpo.slurm import check_shared_storage, render_array, write_array
     from hpcpipe.launch.slurm import check_partition, submit
 
     plan = _checked_plan(config, sets, nproc, trials)  # a dry run refuses what a launch would
     check_shared_storage(plan)
+    check_plain_env(plan.base.launch, "slurm")  # before the study is created
     if dry_run:
         sys.stdout.write(render_array(plan, workers))
         return

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import itertools
 import re
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from hpcpipe.config.section import Section, one_line
+from hpcpipe.errors import ConfigError
 
 _SLURM_TIME = re.compile(r"\d+(:\d{1,2}){0,2}|\d+-\d{1,2}(:\d{1,2}){0,2}|(?i:unlimited|infinite)")
 _SHELL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -29,6 +30,10 @@ _QUALIFIED_NAME = re.compile(
 _ENV_NAME = re.compile(r"[-._a-zA-Z][-._a-zA-Z0-9]*")
 # Parts of an environment name that say its value is a secret (API_KEY as its two parts joined).
 _SECRET_PARTS = frozenset({"TOKEN", "PASSWORD", "PASSWD", "SECRET", "CREDENTIAL", "APIKEY"})
+# A last part that says the value is where a secret lies (HF_TOKEN_PATH, AWS_WEB_IDENTITY_TOKEN_FILE),
+# and a part that says it switches one off (HF_HUB_DISABLE_IMPLICIT_TOKEN): no secret either way.
+_PLACE_PARTS = frozenset({"FILE", "PATH", "DIR"})
+_SWITCH_PARTS = frozenset({"DISABLE"})
 TYPED_RESOURCES = ("cpu", "memory", "nvidia.com/gpu")  # set by cpu, memory and gpus_per_node
 # launch/kubernetes.py sets them: the first two select a job's pods, the third names its run.
 OWN_LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/instance", "hpcpipe.dev/run")
@@ -36,20 +41,32 @@ OWN_LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/instance", "hpcpipe.d
 
 def looks_secret(name: str) -> bool:
     """Whether an environment name says it holds a secret: one of ``_SECRET_PARTS`` as a part of it,
-    any case (HF_TOKEN, WANDB_API_KEY, db.password; not TOKENIZERS_PARALLELISM, nor
-    GOOGLE_APPLICATION_CREDENTIALS, a file's path)."""
+    any case (HF_TOKEN, WANDB_API_KEY, db.password; not TOKENIZERS_PARALLELISM, nor a path to one,
+    GOOGLE_APPLICATION_CREDENTIALS, HF_TOKEN_PATH, nor a switch, HF_HUB_DISABLE_IMPLICIT_TOKEN)."""
     parts = [part.upper() for part in re.split(r"[-_.]+", name) if part]
+    if not parts or parts[-1] in _PLACE_PARTS or not _SWITCH_PARTS.isdisjoint(parts):
+        return False
     pairs = {a + b for a, b in itertools.pairwise(parts)}
     return not _SECRET_PARTS.isdisjoint({*parts, *pairs})
 
 
-def _no_secrets(env: dict[str, str], where: str, instead: str) -> dict[str, str]:
+def check_plain_env(launch: LaunchConfig, scheduler: Literal["slurm", "k8s"]) -> None:
+    """ConfigError when ``launch.<scheduler>.env`` names a secret: its value is about to be written
+    in plain text into an sbatch script, a manifest or a pipeline. Checked where those are
+    rendered, not when a config loads: a run's stored config.yaml (a requeued job's, or one from
+    before this check) still loads for its workers, track, eval and report."""
+    if scheduler == "slurm":
+        env, where = launch.slurm.env, "the sbatch script and config.yaml"
+        instead = "export it in the shell you submit from instead (sbatch passes that environment on)"
+    else:
+        env, where = launch.k8s.env, "the manifest, its ConfigMap and config.yaml"
+        instead = "give it in launch.k8s.secret_env as NAME: 'secret-name/key' instead"
     for name in env:
         if looks_secret(name):
-            raise ValueError(
-                f"{name} looks like a secret, and a value here is plain text in {where}: {instead}"
+            raise ConfigError(
+                f"launch.{scheduler}.env: {name} looks like a secret, and a value here is plain text "
+                f"in {where}: {instead}"
             )
-    return env
 
 
 class SlurmConfig(Section):
@@ -85,8 +102,9 @@ class SlurmConfig(Section):
     env: dict[str, str] = Field(
         default_factory=dict,
         description="Exported in the script before the job starts: NCCL_*, GLOO_SOCKET_IFNAME, "
-        "NCCL_IB_HCA, ... (values only, no secrets: those come from the cluster's environment; a name "
-        "with TOKEN, PASSWORD, SECRET, API_KEY or CREDENTIAL in it is refused).",
+        "NCCL_IB_HCA, ... (values only, no secrets: those come from the cluster's environment; the "
+        "script is not rendered with a name with TOKEN, PASSWORD, SECRET, API_KEY or CREDENTIAL in it, "
+        "unless it ends in _FILE, _PATH or _DIR or has a DISABLE part).",
     )
     setup: list[str] = Field(
         default_factory=list,
@@ -147,15 +165,6 @@ class SlurmConfig(Section):
                     f"{key!r} is not a shell variable name (letters, digits, _; not a digit first)"
                 )
         return env
-
-    @field_validator("env")
-    @classmethod
-    def _no_secret_values(cls, env: dict[str, str]) -> dict[str, str]:
-        return _no_secrets(
-            env,
-            "the sbatch script and config.yaml",
-            "export it in the shell you submit from instead (sbatch passes that environment on)",
-        )
 
     @field_validator("signal")
     @classmethod
@@ -239,7 +248,8 @@ class K8sConfig(Section):
     env: dict[str, str] = Field(
         default_factory=dict,
         description="Plain environment: NCCL_*, NCCL_IB_HCA, NCCL_SOCKET_IFNAME, ... (never secrets: "
-        "a name with TOKEN, PASSWORD, SECRET, API_KEY or CREDENTIAL in it is refused; see secret_env).",
+        "the job is not rendered with a name with TOKEN, PASSWORD, SECRET, API_KEY or CREDENTIAL in it, "
+        "unless it ends in _FILE, _PATH or _DIR or has a DISABLE part; see secret_env).",
     )
     secret_env: dict[str, str] = Field(
         default_factory=dict,
@@ -325,15 +335,6 @@ class K8sConfig(Section):
         for key in value:
             _check_qualified_name(key)
         return value
-
-    @field_validator("env")
-    @classmethod
-    def _no_secret_values(cls, env: dict[str, str]) -> dict[str, str]:
-        return _no_secrets(
-            env,
-            "the manifest, its ConfigMap and config.yaml",
-            "give it in launch.k8s.secret_env as NAME: 'secret-name/key' instead",
-        )
 
     @field_validator("env", "secret_env")
     @classmethod

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from hpcpipe.config.launch import check_plain_env
 from hpcpipe.errors import UserError
 from hpcpipe.hpo.study import StudyPlan
 from hpcpipe.launch.slurm import hpcpipe_command, sbatch_templates
@@ -30,6 +31,7 @@ def render_array(plan: StudyPlan, workers: int) -> str:
     from hpcpipe import __version__
 
     slurm = plan.base.launch.slurm
+    check_plain_env(plan.base.launch, "slurm")
     nproc = slurm.gpus_per_node or plan.base.parallel.nproc
     env = dict(slurm.env)
     if slurm.cpus_per_task:

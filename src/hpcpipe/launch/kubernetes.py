@@ -26,6 +26,7 @@ from typing import Any, Literal
 import yaml
 
 from hpcpipe.config import JobConfig
+from hpcpipe.config.launch import check_plain_env
 from hpcpipe.errors import ConfigError
 from hpcpipe.launch.job import check_node_range
 from hpcpipe.launch.k8s_pod import (
@@ -63,6 +64,7 @@ def render_k8s(job: JobConfig, api: Api = "trainjob", with_runtime: bool = False
     """The ConfigMap and the job (and the hpcpipe runtime when asked), each validated."""
     if api not in APIS:
         raise ConfigError(f"--api {api}: use trainjob or pytorchjob")
+    check_plain_env(job.launch, "k8s")  # launch k8s, run --on k8s, helm-values, kfp, katib all render here
     name = job_name(job)
     runtime = HPCPIPE_RUNTIME if with_runtime else job.launch.k8s.runtime
     _check(job, api, runtime, with_runtime)

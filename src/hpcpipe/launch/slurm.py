@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hpcpipe.config import JobConfig
-from hpcpipe.config.launch import SlurmConfig
+from hpcpipe.config.launch import SlurmConfig, check_plain_env
 from hpcpipe.errors import UserError
 from hpcpipe.launch.job import check_node_range
 from hpcpipe.layout import RunLayout, SweepLayout
@@ -53,6 +53,8 @@ def render_sbatch(sub: SlurmSubmission) -> str:
     array = len(sub.jobs) if sub.sweep_dir is not None else 0
     # A single run writes into its run directory; an array into its sweep directory.
     output = sub.script_dir.absolute() / (SweepLayout.SLURM_OUTPUT if array else RunLayout.SLURM_OUTPUT)
+    for each in sub.jobs:  # each one's config.yaml, beside the script, holds its environment too
+        check_plain_env(each.launch, "slurm")
     env = dict(slurm.env)
     if slurm.cpus_per_task:  # every worker gets its share of the node's cores
         env.setdefault("OMP_NUM_THREADS", str(max(1, slurm.cpus_per_task // nproc)))

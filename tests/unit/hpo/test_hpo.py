@@ -377,6 +377,10 @@ def test_the_slurm_array_script_runs_workers_and_refuses_sqlite(tmp_path: Path) 
     # The study name and directory land in the script: a newline would add a command to it.
     with pytest.raises(ConfigError, match=r"hpo\.study: must not contain newlines"):
         _job(tmp_path, "hpo.study=x\necho pwned")
+    # A secret in launch.slurm.env is refused when the script is rendered (the config loads).
+    secret = plan_study(_job(tmp_path, "hpo.storage=journal:/s.log", "launch.slurm.env={HF_TOKEN: hf_1}"))
+    with pytest.raises(ConfigError, match=r"launch\.slurm\.env: HF_TOKEN looks like a secret"):
+        render_array(secret, workers=3)
 
 
 @pytest.mark.parametrize("sampler", ["tpe", "random", "cmaes", "gp", "grid"])

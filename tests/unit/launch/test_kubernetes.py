@@ -235,16 +235,34 @@ def test_a_secret_value_instead_of_a_reference_is_refused() -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["HF_TOKEN", "WANDB_API_KEY", "db.password", "AWS_SECRET_ACCESS_KEY", "Credential"]
+    "name", ["HF_TOKEN", "WANDB_API_KEY", "db.password", "AWS_SECRET_ACCESS_KEY", "Credential", "MAX_TOKEN"]
 )
-def test_a_secret_in_the_plain_environment_is_refused(name: str) -> None:
-    """launch.k8s.env values go in plain text into the pod spec, the ConfigMap and config.yaml."""
+def test_a_secret_in_the_plain_environment_is_refused_when_rendered(name: str) -> None:
+    """launch.k8s.env values go in plain text into the pod spec, the ConfigMap and config.yaml.
+    Refused when a manifest is rendered (launch k8s, run --on k8s, helm-values, kfp), not when a
+    config loads: a run's stored config.yaml with such a name must still load for eval and report."""
+    job = load_config("tiny", [f"launch.k8s.env={{{name}: hf_abc123}}"])
     with pytest.raises(
         ConfigError, match=f"launch.k8s.env: {name} looks like a secret.*launch.k8s.secret_env"
     ):
-        load_config("tiny", [f"launch.k8s.env={{{name}: hf_abc123}}"])
-    plain = "launch.k8s.env={TOKENIZERS_PARALLELISM: 'false', GOOGLE_APPLICATION_CREDENTIALS: /etc/gcp.json}"
-    assert load_config("tiny", [plain]).launch.k8s.env["TOKENIZERS_PARALLELISM"] == "false"
+        render_k8s(job)
+    assert validate_config(job.to_dict()).launch.k8s.env == {name: "hf_abc123"}
+
+
+def test_names_of_paths_to_secrets_and_switches_are_plain_environment() -> None:
+    """A path to a secret, or a switch, holds none: they were refused, with no way around."""
+    names = [
+        "TOKENIZERS_PARALLELISM",
+        "GOOGLE_APPLICATION_CREDENTIALS",
+        "HF_HUB_DISABLE_IMPLICIT_TOKEN",
+        "HF_TOKEN_PATH",
+        "AWS_WEB_IDENTITY_TOKEN_FILE",
+        "AZURE_FEDERATED_TOKEN_FILE",
+        "VAULT_SECRET_DIR",
+    ]
+    env = "{" + ", ".join(f"{name}: '1'" for name in names) + "}"
+    [_, train_job] = render_k8s(load_config("tiny", [f"launch.k8s.env={env}"]))
+    assert "HF_HUB_DISABLE_IMPLICIT_TOKEN" in str(train_job)
 
 
 def test_job_names_cut_or_rewritten_from_run_names_stay_apart() -> None:

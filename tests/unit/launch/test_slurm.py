@@ -200,13 +200,21 @@ def test_bad_input_is_one_line_exit_2_and_submits_nothing(
     assert not (tmp_path / "runs").exists()
 
 
-def test_a_secret_in_the_scripts_environment_is_refused() -> None:
-    """launch.slurm.env values are written in plain text into the sbatch script and config.yaml."""
+def test_a_secret_in_the_scripts_environment_is_refused_when_rendered(tmp_path: Path) -> None:
+    """launch.slurm.env values are written in plain text into the sbatch script and config.yaml.
+    Refused when the script is rendered, not when a config loads: a requeued job's workers load
+    the run's stored config.yaml (exit 2 when the load refused it), and so do track, eval, report."""
+    job = load_config("tiny", [f"run.out_dir={tmp_path}", "launch.slurm.env={WANDB_API_KEY: abc123}"])
     with pytest.raises(ConfigError, match=r"launch.slurm.env: WANDB_API_KEY looks like a secret.*export it"):
-        load_config("tiny", ["launch.slurm.env={WANDB_API_KEY: abc123}"])
-    assert load_config("tiny", ["launch.slurm.env={NCCL_DEBUG: WARN}"]).launch.slurm.env == {
-        "NCCL_DEBUG": "WARN"
-    }
+        render_sbatch(SlurmSubmission([job], script_dir=job.run_dir))
+    stored = tmp_path / "config.yaml"
+    stored.write_text(job.to_yaml())
+    assert load_config(str(stored)).launch.slurm.env == {"WANDB_API_KEY": "abc123"}
+    # Paths to a secret and switches are no secret (HF_HUB_DISABLE_IMPLICIT_TOKEN is a boolean).
+    plain = "{HF_HUB_DISABLE_IMPLICIT_TOKEN: '1', HF_TOKEN_PATH: /p, AWS_WEB_IDENTITY_TOKEN_FILE: /f}"
+    job = load_config("tiny", [f"run.out_dir={tmp_path}", f"launch.slurm.env={plain}"])
+    script = render_sbatch(SlurmSubmission([job], script_dir=job.run_dir))
+    assert "export HF_HUB_DISABLE_IMPLICIT_TOKEN=1" in script
 
 
 def test_no_sbatch_on_the_path_is_one_line_exit_2_and_writes_nothing(tmp_path: Path) -> None:
