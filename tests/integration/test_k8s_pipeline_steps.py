@@ -141,33 +141,47 @@ def test_a_failed_job_fails_the_train_step_and_a_retry_creates_it_again(tmp_path
         assert "/apis/kubeflow.org/v1/namespaces/default/pytorchjobs/tiny" in deletes
 
 
+def _connect_to(api: KubeApi, tmp_path: Path, monkeypatch: Any) -> None:
+    from hpcpipe.launch import k8s_cluster
+
+    # Not $KUBECONFIG: the client reads it once, when first imported (by an earlier test, too).
+    connect, kubeconfig = k8s_cluster.connect, api.write_kubeconfig(tmp_path / "kubeconfig", "t0ken")
+    monkeypatch.setattr(k8s_cluster, "connect", lambda: connect(kubeconfig))
+    monkeypatch.setenv("HPCPIPE_K8S_POLL_S", "0.05")
+
+
+def _shared_name_job(tmp_path: Path, name: str, *extra: str) -> Any:
+    from hpcpipe.config import load_config
+
+    return load_config(
+        "tiny", [f"run.out_dir={tmp_path}", f"run.name={name}", "launch.k8s.name=shared", *extra]
+    )
+
+
 def test_the_train_step_deletes_only_its_own_run_s_job(tmp_path: Path, monkeypatch: Any) -> None:
     """Two runs whose job names match (launch.k8s.name, or run.name cut and rewritten): the
     second's train step deleted the first's running job and ConfigMap. Now it refuses, and deletes
-    only a job of its own run (here one with another config, which it creates again)."""
-    from hpcpipe.config import load_config
+    only a job of its own run (here one with another config, which it creates again). The same
+    path on another team's claim is another run: the label was a hash of the path alone."""
     from hpcpipe.errors import UserError
     from hpcpipe.launch import k8s_cluster
     from hpcpipe.launch.k8s_train import train_on_k8s
     from hpcpipe.launch.kubernetes import render_k8s
 
-    def job(name: str, *extra: str) -> Any:
-        return load_config(
-            "tiny", [f"run.out_dir={tmp_path}", f"run.name={name}", "launch.k8s.name=shared", *extra]
-        )
+    def job(name: str, *extra: str, claim: str = "team-a-runs") -> Any:
+        on_claim = [f"launch.k8s.runs_pvc={claim}", f"launch.k8s.runs_mount={tmp_path}"]
+        return _shared_name_job(tmp_path, name, *on_claim, *extra)
 
     key = ("trainjobs", "default", "shared")
     with KubeApi() as api:
-        # Not $KUBECONFIG: the client reads it once, when first imported (by an earlier test, too).
-        connect, kubeconfig = k8s_cluster.connect, api.write_kubeconfig(tmp_path / "kubeconfig", "t0ken")
-        monkeypatch.setattr(k8s_cluster, "connect", lambda: connect(kubeconfig))
-        monkeypatch.setenv("HPCPIPE_K8S_POLL_S", "0.05")
+        _connect_to(api, tmp_path, monkeypatch)
         first = k8s_cluster.create(k8s_cluster.connect(), render_k8s(job("seed0")))
         watcher = _end_when_created(api, key, _condition("Complete"), recreated=True)  # ends a new one
-        with pytest.raises(
-            UserError, match=f"belongs to the run {tmp_path}/seed0, not this run: nothing deleted"
-        ):
-            train_on_k8s(job("seed1"), "trainjob", print)
+        for other in (job("seed1"), job("seed0", claim="team-b-runs")):
+            with pytest.raises(
+                UserError, match=f"belongs to the run {tmp_path}/seed0, not this run: nothing deleted"
+            ):
+                train_on_k8s(other, "trainjob", print)
         assert api.objects[key]["metadata"]["uid"] == first.uid
         first_job = api.objects.pop(key)  # deleted with kubectl, which leaves its ConfigMap
         with pytest.raises(UserError, match="belongs to the run"):
@@ -178,6 +192,37 @@ def test_the_train_step_deletes_only_its_own_run_s_job(tmp_path: Path, monkeypat
         train_on_k8s(job("seed0", "train.steps=3"), "trainjob", print)  # its own run, another config
         watcher.join()
         assert api.objects[key]["metadata"]["uid"] != first.uid
+
+
+def test_off_a_claim_only_the_record_makes_a_job_the_run_s(tmp_path: Path, monkeypatch: Any) -> None:
+    """Without a claim the run directory is on the submitting machine: two teams with the default
+    run.out_dir give one path and one label, and one's train step deleted the other's job. A job
+    labelled by the path alone (before the claim was in the label) is likewise no proof."""
+    from hpcpipe.errors import UserError
+    from hpcpipe.launch import k8s_cluster
+    from hpcpipe.launch.k8s_train import train_on_k8s
+    from hpcpipe.launch.kubernetes import RUN_LABEL, render_k8s
+
+    key = ("trainjobs", "default", "shared")
+    with KubeApi() as api:
+        _connect_to(api, tmp_path, monkeypatch)
+        theirs = k8s_cluster.create(k8s_cluster.connect(), render_k8s(_shared_name_job(tmp_path, "seed0")))
+        with pytest.raises(UserError, match=r"not this run \(run.out_dir is on no claim.*nothing deleted"):
+            train_on_k8s(_shared_name_job(tmp_path, "seed0", "train.steps=3"), "trainjob", print)
+        on_claim = ["launch.k8s.checkpoint_pvc=ckpt", f"launch.k8s.checkpoint_mount={tmp_path}"]
+        old_label = api.objects[key]
+        old_label["metadata"]["labels"][RUN_LABEL] = "34697fdce8d632ce"  # a hash of the path alone
+        with pytest.raises(UserError, match="nothing deleted"):
+            train_on_k8s(_shared_name_job(tmp_path, "seed0", *on_claim), "trainjob", print)
+        assert api.objects[key]["metadata"]["uid"] == theirs.uid
+        assert not [path for method, path in api.requests if method == "DELETE"]
+
+        # The run's own record (k8s_job.json, with the job's uid) proves it: deleted, made again.
+        k8s_cluster.record_submission(tmp_path / "seed0", theirs)
+        watcher = _end_when_created(api, key, _condition("Complete"), recreated=True)
+        train_on_k8s(_shared_name_job(tmp_path, "seed0", "train.steps=3"), "trainjob", print)
+        watcher.join()
+        assert api.objects[key]["metadata"]["uid"] != theirs.uid
 
 
 def test_the_katib_step_creates_the_experiment_and_writes_the_best_trial(tmp_path: Path) -> None:

@@ -405,7 +405,8 @@ def reuse_or_clear(
     uid = None if obj is None else obj.get("metadata", {}).get("uid")
     if obj is not None and not failed and same_config:
         return dataclasses.replace(ref, uid=uid), True
-    if not same_config:  # the same config names the same run directory: this run's
+    # The same config names the same run directory, and on a claim that is one place: this run's.
+    if not (same_config and _shared_place(config_map["data"].get(RunLayout.CONFIG)) is not None):
         _check_ours(ref, docs, obj, held, recorded)
     delete_and_wait(api, dataclasses.replace(ref, uid=uid), poll_s)  # that object, not a newer one
     return ref, False
@@ -418,31 +419,52 @@ def _check_ours(
     held: Any,
     recorded: K8sJobRef | None,
 ) -> None:
-    """UserError unless what holds ``ref``'s name is this run's: it carries this run's label (a
-    hash of its run directory), it is the job ``recorded`` in the run directory, or its ConfigMap
-    names this run directory (a job from before the label). Job names come from run.name, cut and
-    rewritten, or from launch.k8s.name: two runs can share one, and neither may delete the other's."""
+    """UserError unless what holds ``ref``'s name is this run's: it is the job ``recorded`` in the
+    run directory, or, where the run directory lies on a claim, it carries this run's label (a hash
+    of namespace, claim and path: ``place_label``) or, from before the label, its ConfigMap names
+    that place. Job names come from run.name, cut and rewritten, or from launch.k8s.name: two runs
+    can share one, and neither may delete the other's. A label of the path alone (hpcpipe before
+    the claim was in it) proves nothing: the same path on two claims is two runs."""
     from hpcpipe.launch.kubernetes import RUN_LABEL
 
-    [doc] = [d for d in docs if d["kind"] in _JOB_KINDS]
     [config_map] = [d for d in docs if d["kind"] == "ConfigMap"]
-    ours = doc["metadata"].get("labels", {}).get(RUN_LABEL)
+    ours = _shared_place(config_map["data"].get(RunLayout.CONFIG))
     meta = obj.get("metadata", {}) if obj is not None else {}
     labels = meta.get("labels") if obj is not None else getattr(held.metadata, "labels", None)
     theirs = (labels or {}).get(RUN_LABEL)
-    run_dir = _run_dir_in(config_map["data"].get(RunLayout.CONFIG))
-    their_dir = _run_dir_in((held.data or {}).get(RunLayout.CONFIG)) if held is not None else None
-    if (
-        (ours is not None and theirs == ours)
-        or (recorded is not None and recorded.uid is not None and recorded.uid == meta.get("uid"))
-        or (run_dir is not None and their_dir == run_dir)
-    ):
+    their_config = (held.data or {}).get(RunLayout.CONFIG) if held is not None else None
+    if recorded is not None and recorded.uid is not None and recorded.uid == meta.get("uid"):
         return
+    if ours is not None and (theirs == ours or (theirs is None and _shared_place(their_config) == ours)):
+        return
+    # Without a claim the run directory is on the submitting machine and the pods' own disks: the
+    # same path there (the default run.out_dir) is no one place, and only the record tells.
+    why = "" if ours is not None else " (run.out_dir is on no claim of launch.k8s: only k8s_job.json tells)"
+    their_dir = _run_dir_in(their_config)
     raise UserError(
         f"{ref.kind} {ref.namespace}/{ref.name} belongs to "
-        f"{f'the run {their_dir}' if their_dir else 'another run'}, not this run: nothing deleted; "
+        f"{f'the run {their_dir}' if their_dir else 'another run'}, not this run{why}: nothing deleted; "
         "set launch.k8s.name (or another run.name) to run this one beside it"
     )
+
+
+def _shared_place(config: str | None) -> str | None:
+    """``place_label`` of the run directory a job's config.yaml names, where it lies on a claim;
+    None where it lies on none, or the config names none."""
+    import yaml
+
+    from hpcpipe.launch.kubernetes import place_label, run_claim
+
+    try:
+        raw = yaml.safe_load(config or "")
+        run, k8s = raw["run"], (raw.get("launch") or {}).get("k8s") or {}
+        claim = run_claim(k8s.get("runs_pvc"), k8s.get("checkpoint_pvc"))
+        namespace = str(k8s.get("namespace", "default"))
+        return (
+            None if not claim else place_label(namespace, str(claim), str(run["out_dir"]), str(run["name"]))
+        )
+    except (KeyError, TypeError, AttributeError, yaml.YAMLError):
+        return None
 
 
 def _run_dir_in(config: str | None) -> str | None:

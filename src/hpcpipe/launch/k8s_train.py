@@ -5,8 +5,9 @@ A second attempt (KFP retries the step, or ``hpcpipe run`` again) waits for the 
 when that job is still the same one: same kind and name, the same config in its ConfigMap, not
 failed. Anything else under that name (a failed job, another config, a leftover ConfigMap, the
 other API's job recorded in the run directory) is deleted, waited for, and created again, so
-training resumes from its newest checkpoint; but only when it is this run's (the run's label, or
-the job its run directory recorded). Another run's job of the same name is refused, untouched.
+training resumes from its newest checkpoint; but only when it is this run's (the job its run
+directory recorded, or the run's label where the run directory lies on a claim: ``k8s_cluster``'s
+``_check_ours``). Another run's job of the same name is refused, untouched.
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ Every document is checked against the operators' published models (``k8s_validat
 from __future__ import annotations
 
 import hashlib
+import json
 import posixpath
 import re
 from pathlib import PurePosixPath
@@ -129,10 +130,26 @@ def dns_label(text: str) -> str:
 
 
 def run_label(job: JobConfig) -> str:
-    """The value of ``RUN_LABEL``: a hash of the run directory, the run that owns the job (a
-    Kubernetes label value holds no path)."""
-    run_dir = posixpath.normpath(str(job.run_dir))
-    return hashlib.sha256(run_dir.encode()).hexdigest()[:16]
+    """The value of ``RUN_LABEL``: ``place_label`` of the run directory, the run that owns the job
+    (a Kubernetes label value holds no path)."""
+    cfg = job.launch.k8s
+    return place_label(
+        cfg.namespace, run_claim(cfg.runs_pvc, cfg.checkpoint_pvc), job.run.out_dir, job.run.name
+    )
+
+
+def run_claim(runs_pvc: str | None, checkpoint_pvc: str | None) -> str | None:
+    """The claim the run directories lie on (``_check_claims``: run.out_dir is under its mount);
+    None where they lie on the pods' own disks."""
+    return runs_pvc or checkpoint_pvc
+
+
+def place_label(namespace: str, claim: str | None, out_dir: str, name: str) -> str:
+    """A hash of where a run directory lies: the namespace, the claim it is on, its path there. The
+    path alone named two runs as one: the same run.out_dir on two teams' claims."""
+    run_dir = posixpath.normpath(posixpath.join(out_dir, name))
+    place = json.dumps([namespace, claim or "", run_dir])
+    return hashlib.sha256(place.encode()).hexdigest()[:16]
 
 
 def _check(job: JobConfig, api: Api, runtime: str, with_runtime: bool) -> None:
