@@ -225,6 +225,35 @@ def test_off_a_claim_only_the_record_makes_a_job_the_run_s(tmp_path: Path, monke
         assert api.objects[key]["metadata"]["uid"] != theirs.uid
 
 
+def test_a_retry_follows_the_job_its_run_recorded_under_an_older_name(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """run.name tiny_gpt gave the job tiny-gpt before names rewritten from run.name ended in a
+    hash (tiny-gpt-db11a5 now): a retry after the upgrade deleted the running job it had recorded
+    and created another under the new name. It follows the recorded one now."""
+    from hpcpipe.config import load_config
+    from hpcpipe.launch import k8s_cluster
+    from hpcpipe.launch.k8s_train import train_on_k8s
+    from hpcpipe.launch.kubernetes import job_name, render_k8s, to_yaml
+
+    job = load_config("tiny", [f"run.out_dir={tmp_path}", "run.name=tiny_gpt"])
+    assert job_name(job) == "tiny-gpt-db11a5"
+    older = list(yaml.safe_load_all(to_yaml(render_k8s(job)).replace("tiny-gpt-db11a5", "tiny-gpt")))
+    with KubeApi() as api:
+        _connect_to(api, tmp_path, monkeypatch)
+        before = k8s_cluster.create(k8s_cluster.connect(), older)
+        k8s_cluster.record_submission(job.run_dir, before)
+        watcher = _end_when_created(api, ("trainjobs", "default", "tiny-gpt"), _condition("Complete"))
+        # Ends a job made under the new name too, so that the old behaviour fails here, not hangs.
+        _end_when_created(api, ("trainjobs", "default", "tiny-gpt-db11a5"), _condition("Complete"))
+        said: list[str] = []
+        train_on_k8s(job, "trainjob", said.append)
+        watcher.join()
+        assert said[0] == "     waiting for TrainJob default/tiny-gpt, created before", said
+        assert not [path for method, path in api.requests if method == "DELETE"]
+        assert not [key for key in api.objects if key[2].startswith("tiny-gpt-db11a5")]
+
+
 def test_the_katib_step_creates_the_experiment_and_writes_the_best_trial(tmp_path: Path) -> None:
     best = tmp_path / "best.json"
     space = "hpo.space={train.lr: {type: float, low: 1.0e-4, high: 1.0, log: true}}"  # Katib: no `when`

@@ -191,7 +191,7 @@ class K8sConfig(Section):
     name: str | None = Field(
         None,
         description="Job name (null: run.name as a DNS label, ended by a hash of run.name where it "
-        "had to be cut or rewritten).",
+        "had to be cut or rewritten; run --on k8s keeps the name the run directory recorded).",
     )
     image: str = Field(
         "ghcr.io/hpcpipe/hpcpipe:latest",

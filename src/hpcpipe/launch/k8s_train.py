@@ -34,10 +34,10 @@ def train_on_k8s(job: JobConfig, api: str, say: Callable[[str], None]) -> None:
     if api not in APIS:
         raise UserError(f"--api {api}: use trainjob or pytorchjob")
     k8s_cluster.require_client()
-    docs = render_k8s(job, api)  # type: ignore[arg-type]  # checked against APIS above
+    recorded = _recorded(job)
+    docs = render_k8s(job, api, name=_kept_name(job, recorded))  # type: ignore[arg-type]  # checked above
     connection = k8s_cluster.connect()
     poll = float(os.environ.get(POLL_VAR, "10"))
-    recorded = _recorded(job)
     _clear_other_api(recorded, docs, connection, poll)
     ref, running = k8s_cluster.reuse_or_clear(connection, docs, poll, recorded)
     if running:
@@ -61,6 +61,19 @@ def _recorded(job: JobConfig) -> K8sJobRef | None:
     if not RunLayout(job.run_dir).k8s_job.is_file():
         return None
     return k8s_cluster.resolve(job.run_dir)
+
+
+def _kept_name(job: JobConfig, recorded: K8sJobRef | None) -> str | None:
+    """The name of the job this run directory recorded, where launch.k8s.name is unset and that
+    name is not the one run.name gives now: hpcpipe before names ended in a hash gave ``tiny_gpt``
+    the job ``tiny-gpt``, now ``tiny-gpt-db11a5``, and a retry deleted its running job to create
+    one under the new name. None: ``job_name``."""
+    from hpcpipe.launch.kubernetes import is_job_name
+
+    cfg = job.launch.k8s
+    if recorded is None or cfg.name is not None or recorded.namespace != cfg.namespace:
+        return None
+    return recorded.name if is_job_name(recorded.name) else None
 
 
 def _clear_other_api(

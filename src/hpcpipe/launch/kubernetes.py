@@ -61,12 +61,15 @@ RUN_LABEL = "hpcpipe.dev/run"
 TRAINJOB_RDZV_PORT = 29500
 
 
-def render_k8s(job: JobConfig, api: Api = "trainjob", with_runtime: bool = False) -> list[dict[str, Any]]:
-    """The ConfigMap and the job (and the hpcpipe runtime when asked), each validated."""
+def render_k8s(
+    job: JobConfig, api: Api = "trainjob", with_runtime: bool = False, name: str | None = None
+) -> list[dict[str, Any]]:
+    """The ConfigMap and the job (and the hpcpipe runtime when asked), each validated; named
+    ``name`` (the job a run directory recorded: ``k8s_train``) or else ``job_name``."""
     if api not in APIS:
         raise ConfigError(f"--api {api}: use trainjob or pytorchjob")
     check_plain_env(job.launch, "k8s")  # launch k8s, run --on k8s, helm-values, kfp, katib all render here
-    name = job_name(job)
+    name = name or job_name(job)
     runtime = HPCPIPE_RUNTIME if with_runtime else job.launch.k8s.runtime
     _check(job, api, runtime, with_runtime)
     parts = pod_parts(job, name)
@@ -106,7 +109,7 @@ def job_name(job: JobConfig) -> str:
     """``launch.k8s.name`` as given (checked), else ``run.name`` made into a DNS label."""
     given = job.launch.k8s.name
     if given is not None:
-        if not (_DNS_LABEL.fullmatch(given) and len(given) <= _MAX_NAME):
+        if not is_job_name(given):
             raise ConfigError(
                 f"launch.k8s.name {given!r}: use lower-case letters, digits and '-', starting with a "
                 f"letter, at most {_MAX_NAME} characters"
@@ -115,12 +118,17 @@ def job_name(job: JobConfig) -> str:
     return dns_label(job.run.name)
 
 
+def is_job_name(text: str) -> bool:
+    """Whether ``text`` can name a job: a DNS label of at most 40 characters."""
+    return bool(_DNS_LABEL.fullmatch(text)) and len(text) <= _MAX_NAME
+
+
 def dns_label(text: str) -> str:
     """``text`` as a DNS label of at most 40 characters that starts with a letter: as it is when it
     is one, else rewritten and ended by a hash of ``text``, so that names that differ only where
     they were cut or rewritten (``...-seed0`` and ``...-seed1`` past 40 characters; ``exp_1``,
     ``exp.1`` and ``Exp-1``) stay two names, not one job's."""
-    if _DNS_LABEL.fullmatch(text) and len(text) <= _MAX_NAME:
+    if is_job_name(text):
         return text
     digest = hashlib.sha256(text.encode()).hexdigest()[:_NAME_HASH]
     name = re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")
