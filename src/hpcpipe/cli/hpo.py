@@ -22,6 +22,7 @@ from hpcpipe.cli.common import (
     console,
     err_console,
     load_job,
+    load_new_run,
     print_table,
     write_json,
     write_text,
@@ -75,7 +76,7 @@ def _checked_plan(config: str, sets: list[str] | None, nproc: int | None, trials
     from hpcpipe.hpo.space import check_space, grid_size
     from hpcpipe.hpo.study import plan_study
 
-    job = load_job(config, [*(sets or []), *([f"hpo.n_trials={trials}"] if trials else [])], nproc)
+    job = load_new_run(config, [*(sets or []), *([f"hpo.n_trials={trials}"] if trials else [])], nproc)
     check_space(job)
     check_stop_window(job)
     if job.hpo.sampler.name == "grid" and grid_size(job.hpo.space) < job.hpo.n_trials:
@@ -384,13 +385,11 @@ def launch_slurm(
 
       hpcpipe hpo launch slurm my_job.yaml -w 16 -s hpo.storage=postgresql://hpo@db/hpo --dry-run
     """
-    from hpcpipe.config.launch import check_plain_env
     from hpcpipe.hpo.slurm import check_shared_storage, render_array, write_array
     from hpcpipe.launch.slurm import check_partition, submit
 
     plan = _checked_plan(config, sets, nproc, trials)  # a dry run refuses what a launch would
     check_shared_storage(plan)
-    check_plain_env(plan.base.launch, "slurm")  # before the study is created
     if dry_run:
         sys.stdout.write(render_array(plan, workers))
         return

@@ -15,6 +15,7 @@ from hpcpipe.cli.common import (
     NprocOption,
     SetOption,
     console,
+    load_new_run,
     print_table,
     write_json,
 )
@@ -54,7 +55,6 @@ def sweep(
 
       hpcpipe sweep resnet18-cifar10 --file sweep.yaml --set train.epochs=1 --nproc 4
     """
-    from hpcpipe.config import load_config
     from hpcpipe.launch.job import WorkerFailure, prestart_fork_server, run_job
     from hpcpipe.sweep import (
         is_done,
@@ -75,7 +75,8 @@ def sweep(
     if not grid:
         raise UserError("sweep: give at least one --grid section.key=[values] or --file sweep.yaml")
     overrides = [*(sets or []), *([f"parallel.nproc={nproc}"] if nproc else [])]
-    out_dir = out or sweep_dir_of(load_config(config, overrides))
+    base = load_new_run(config, overrides)  # a secret in launch env: before any point runs
+    out_dir = out or sweep_dir_of(base)
     points = plan_points(config, overrides, grid, out_dir)
     pending = [point.job for point in points if not is_done(point)]
     if pending:  # before a one-rank point trains in this process: every point's workers fork from it

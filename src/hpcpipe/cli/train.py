@@ -18,7 +18,7 @@ from hpcpipe.cli.common import (
     SetOption,
     console,
     err_console,
-    load_job,
+    load_new_run,
 )
 from hpcpipe.config import JobConfig
 from hpcpipe.errors import UserError
@@ -52,7 +52,7 @@ def train(
     """
     from hpcpipe.launch.job import prestart_fork_server
 
-    job = load_job(config, sets, nproc)
+    job = load_new_run(config, sets, nproc)
     with _preempted_early(job):
         prestart_fork_server(job, max_restarts)  # before the data preparation computes anything
         run_dir, _ = _train(job, max_restarts)
@@ -153,7 +153,7 @@ def run(
         raise UserError(f"--api {api}: use trainjob or pytorchjob")
     if record is not None and only is None:
         raise UserError("--record: give --only STEP (one step's record)")
-    job = load_job(config, [*(sets or []), *(handoff.params_overrides(params) if params else [])], nproc)
+    job = load_new_run(config, [*(sets or []), *(handoff.params_overrides(params) if params else [])], nproc)
     if on == "k8s":  # a pipeline step's pod was compiled with the job's image, claims and env
         from hpcpipe.kfp.spec import check_compiled
 

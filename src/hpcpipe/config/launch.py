@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import re
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
@@ -34,6 +34,8 @@ _SECRET_PARTS = frozenset({"TOKEN", "PASSWORD", "PASSWD", "SECRET", "CREDENTIAL"
 # and a part that says it switches one off (HF_HUB_DISABLE_IMPLICIT_TOKEN): no secret either way.
 _PLACE_PARTS = frozenset({"FILE", "PATH", "DIR"})
 _SWITCH_PARTS = frozenset({"DISABLE"})
+_SLURM_INSTEAD = "export it in the shell you submit from instead (sbatch passes that environment on)"
+_K8S_INSTEAD = "give it in launch.k8s.secret_env as NAME: 'secret-name/key' instead"
 TYPED_RESOURCES = ("cpu", "memory", "nvidia.com/gpu")  # set by cpu, memory and gpus_per_node
 # launch/kubernetes.py sets them: the first two select a job's pods, the third names its run.
 OWN_LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/instance", "hpcpipe.dev/run")
@@ -50,23 +52,25 @@ def looks_secret(name: str) -> bool:
     return not _SECRET_PARTS.isdisjoint({*parts, *pairs})
 
 
-def check_plain_env(launch: LaunchConfig, scheduler: Literal["slurm", "k8s"]) -> None:
-    """ConfigError when ``launch.<scheduler>.env`` names a secret: its value is about to be written
-    in plain text into an sbatch script, a manifest or a pipeline. Checked where those are
-    rendered, not when a config loads: a run's stored config.yaml (a requeued job's, or one from
-    before this check) still loads for its workers, track, eval and report."""
-    if scheduler == "slurm":
-        env, where = launch.slurm.env, "the sbatch script and config.yaml"
-        instead = "export it in the shell you submit from instead (sbatch passes that environment on)"
-    else:
-        env, where = launch.k8s.env, "the manifest, its ConfigMap and config.yaml"
-        instead = "give it in launch.k8s.secret_env as NAME: 'secret-name/key' instead"
-    for name in env:
-        if looks_secret(name):
-            raise ConfigError(
-                f"launch.{scheduler}.env: {name} looks like a secret, and a value here is plain text "
-                f"in {where}: {instead}"
-            )
+def check_plain_env(launch: LaunchConfig, stored: LaunchConfig | None = None) -> None:
+    """ConfigError when ``launch.slurm.env`` or ``launch.k8s.env`` names a secret. Both, whichever
+    scheduler renders: config.yaml, the sbatch script's neighbour, a manifest's ConfigMap and a
+    pipeline's config parameter carry the whole config, and the tracked params flatten it.
+    Checked where a new run or a submission starts and where a job is rendered, not when a config
+    loads: a run's stored config.yaml (a requeued job's, or one from before this check) still
+    loads for its workers, track, eval and report. ``stored``: that run's launch section, when the
+    run is resumed from it; the names it already holds pass."""
+    sections = (
+        ("slurm", launch.slurm.env, stored.slurm.env if stored else {}, _SLURM_INSTEAD),
+        ("k8s", launch.k8s.env, stored.k8s.env if stored else {}, _K8S_INSTEAD),
+    )
+    for scheduler, env, known, instead in sections:
+        for name in env:
+            if looks_secret(name) and name not in known:
+                raise ConfigError(
+                    f"launch.{scheduler}.env: {name} looks like a secret, and a value here is plain "
+                    f"text in config.yaml, the sbatch script or manifest, and the tracked params: {instead}"
+                )
 
 
 class SlurmConfig(Section):
@@ -102,9 +106,10 @@ class SlurmConfig(Section):
     env: dict[str, str] = Field(
         default_factory=dict,
         description="Exported in the script before the job starts: NCCL_*, GLOO_SOCKET_IFNAME, "
-        "NCCL_IB_HCA, ... (values only, no secrets: those come from the cluster's environment; the "
-        "script is not rendered with a name with TOKEN, PASSWORD, SECRET, API_KEY or CREDENTIAL in it, "
-        "unless it ends in _FILE, _PATH or _DIR or has a DISABLE part).",
+        "NCCL_IB_HCA, ... (values only, no secrets: those come from the cluster's environment; a name "
+        "with TOKEN, PASSWORD, SECRET, API_KEY or CREDENTIAL in it is refused when a run or a "
+        "submission starts and when a script or manifest is rendered, unless it ends in _FILE, _PATH "
+        "or _DIR or has a DISABLE part).",
     )
     setup: list[str] = Field(
         default_factory=list,
@@ -248,8 +253,9 @@ class K8sConfig(Section):
     env: dict[str, str] = Field(
         default_factory=dict,
         description="Plain environment: NCCL_*, NCCL_IB_HCA, NCCL_SOCKET_IFNAME, ... (never secrets: "
-        "the job is not rendered with a name with TOKEN, PASSWORD, SECRET, API_KEY or CREDENTIAL in it, "
-        "unless it ends in _FILE, _PATH or _DIR or has a DISABLE part; see secret_env).",
+        "a name with TOKEN, PASSWORD, SECRET, API_KEY or CREDENTIAL in it is refused when a run or a "
+        "submission starts and when a script or manifest is rendered, unless it ends in _FILE, _PATH "
+        "or _DIR or has a DISABLE part; see secret_env).",
     )
     secret_env: dict[str, str] = Field(
         default_factory=dict,

@@ -31,7 +31,7 @@ def render_array(plan: StudyPlan, workers: int) -> str:
     from hpcpipe import __version__
 
     slurm = plan.base.launch.slurm
-    check_plain_env(plan.base.launch, "slurm")
+    check_plain_env(plan.base.launch)
     nproc = slurm.gpus_per_node or plan.base.parallel.nproc
     env = dict(slurm.env)
     if slurm.cpus_per_task:

@@ -68,7 +68,7 @@ def render_k8s(
     ``name`` (the job a run directory recorded: ``k8s_train``) or else ``job_name``."""
     if api not in APIS:
         raise ConfigError(f"--api {api}: use trainjob or pytorchjob")
-    check_plain_env(job.launch, "k8s")  # launch k8s, run --on k8s, helm-values, kfp, katib all render here
+    check_plain_env(job.launch)  # launch k8s, run --on k8s, helm-values, kfp, katib all render here
     name = name or job_name(job)
     runtime = HPCPIPE_RUNTIME if with_runtime else job.launch.k8s.runtime
     _check(job, api, runtime, with_runtime)

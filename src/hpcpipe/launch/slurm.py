@@ -54,7 +54,7 @@ def render_sbatch(sub: SlurmSubmission) -> str:
     # A single run writes into its run directory; an array into its sweep directory.
     output = sub.script_dir.absolute() / (SweepLayout.SLURM_OUTPUT if array else RunLayout.SLURM_OUTPUT)
     for each in sub.jobs:  # each one's config.yaml, beside the script, holds its environment too
-        check_plain_env(each.launch, "slurm")
+        check_plain_env(each.launch)
     env = dict(slurm.env)
     if slurm.cpus_per_task:  # every worker gets its share of the node's cores
         env.setdefault("OMP_NUM_THREADS", str(max(1, slurm.cpus_per_task // nproc)))

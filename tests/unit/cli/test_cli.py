@@ -107,6 +107,35 @@ def test_a_job_the_runs_checkpoints_refuse_changes_nothing_in_the_run(cli, tmp_p
         assert proc.stderr.count("does not load into this model") == 1, proc.stderr
 
 
+def test_a_new_run_with_a_secret_in_a_launch_env_is_refused(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A local train never renders a script or a manifest, yet its config.yaml and the tracked
+    params would hold the value: refused before anything is written, whichever scheduler's env."""
+    secret = "launch.slurm.env={HF_TOKEN: hf_SECRETVALUE}"
+    proc = cli("train", "tiny", "--set", f"run.out_dir={tmp_path}", "--set", secret, cwd=tmp_path)
+    assert "launch.slurm.env: HF_TOKEN looks like a secret" in _one_line_error(proc)
+    assert not (tmp_path / "tiny").exists()
+
+
+def test_a_runs_stored_config_keeps_its_old_secret_but_takes_no_new_one(tmp_path: Path) -> None:
+    """Resuming from the run's own config.yaml (written before the check) stays possible; a
+    --set adding another secret to it is a new one, and refused."""
+    from hpcpipe.cli.common import load_new_run
+    from hpcpipe.config import load_config
+    from hpcpipe.errors import ConfigError
+
+    job = load_config("tiny", [f"run.out_dir={tmp_path}", "launch.k8s.env={HF_TOKEN: hf_x}"])
+    job.run_dir.mkdir()
+    stored = job.run_dir / "config.yaml"
+    stored.write_text(job.to_yaml())
+    assert load_new_run(str(stored), None).launch.k8s.env == {"HF_TOKEN": "hf_x"}
+    with pytest.raises(ConfigError, match=r"launch\.slurm\.env: WANDB_API_KEY looks like a secret"):
+        load_new_run(str(stored), ["launch.slurm.env={WANDB_API_KEY: k}"])
+    copy = tmp_path / "copy.yaml"  # the same text elsewhere is a new run's job file
+    copy.write_text(job.to_yaml())
+    with pytest.raises(ConfigError, match=r"launch\.k8s\.env: HF_TOKEN looks like a secret"):
+        load_new_run(str(copy), None)
+
+
 def test_presets_list_and_show(cli) -> None:  # type: ignore[no-untyped-def]
     from hpcpipe.presets import preset_names
 

@@ -249,6 +249,14 @@ def test_a_secret_in_the_plain_environment_is_refused_when_rendered(name: str) -
     assert validate_config(job.to_dict()).launch.k8s.env == {name: "hf_abc123"}
 
 
+def test_a_secret_in_the_slurm_environment_is_refused_when_a_manifest_is_rendered() -> None:
+    """The ConfigMap (and a pipeline's config parameter) carry the whole config, the slurm
+    section too: a k8s render that checked only launch.k8s.env wrote HF_TOKEN's value into it."""
+    job = load_config("tiny", ["launch.slurm.env={HF_TOKEN: hf_SECRETVALUE}"])
+    with pytest.raises(ConfigError, match=r"launch\.slurm\.env: HF_TOKEN looks like a secret"):
+        render_k8s(job)
+
+
 def test_names_of_paths_to_secrets_and_switches_are_plain_environment() -> None:
     """A path to a secret, or a switch, holds none: they were refused, with no way around."""
     names = [
