@@ -177,11 +177,12 @@ def test_the_train_step_deletes_only_its_own_run_s_job(tmp_path: Path, monkeypat
         _connect_to(api, tmp_path, monkeypatch)
         first = k8s_cluster.create(k8s_cluster.connect(), render_k8s(job("seed0")))
         watcher = _end_when_created(api, key, _condition("Complete"), recreated=True)  # ends a new one
-        for other in (job("seed1"), job("seed0", claim="team-b-runs")):
-            with pytest.raises(
-                UserError, match=f"belongs to the run {tmp_path}/seed0, not this run: nothing deleted"
-            ):
-                train_on_k8s(other, "trainjob", print)
+        with pytest.raises(
+            UserError, match=f"belongs to the run {tmp_path}/seed0, not this run: nothing deleted"
+        ):
+            train_on_k8s(job("seed1"), "trainjob", print)
+        with pytest.raises(UserError, match=r"names this run directory .*, but it is not labelled as on"):
+            train_on_k8s(job("seed0", claim="team-b-runs"), "trainjob", print)
         assert api.objects[key]["metadata"]["uid"] == first.uid
         first_job = api.objects.pop(key)  # deleted with kubectl, which leaves its ConfigMap
         with pytest.raises(UserError, match="belongs to the run"):
@@ -207,8 +208,11 @@ def test_off_a_claim_only_the_record_makes_a_job_the_run_s(tmp_path: Path, monke
     with KubeApi() as api:
         _connect_to(api, tmp_path, monkeypatch)
         theirs = k8s_cluster.create(k8s_cluster.connect(), render_k8s(_shared_name_job(tmp_path, "seed0")))
-        with pytest.raises(UserError, match=r"not this run \(run.out_dir is on no claim.*nothing deleted"):
+        with pytest.raises(
+            UserError, match=r"names this run directory .*seed0, but run.out_dir is on no claim"
+        ) as got:
             train_on_k8s(_shared_name_job(tmp_path, "seed0", "train.steps=3"), "trainjob", print)
+        assert "belongs to" not in str(got.value) and "kubectl delete trainjob shared" in str(got.value)
         on_claim = ["launch.k8s.checkpoint_pvc=ckpt", f"launch.k8s.checkpoint_mount={tmp_path}"]
         old_label = api.objects[key]
         old_label["metadata"]["labels"][RUN_LABEL] = "34697fdce8d632ce"  # a hash of the path alone
@@ -223,6 +227,30 @@ def test_off_a_claim_only_the_record_makes_a_job_the_run_s(tmp_path: Path, monke
         train_on_k8s(_shared_name_job(tmp_path, "seed0", "train.steps=3"), "trainjob", print)
         watcher.join()
         assert api.objects[key]["metadata"]["uid"] != theirs.uid
+
+
+def test_off_a_claim_a_retry_clears_the_configmap_its_deleted_job_left(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """`kubectl delete trainjob` leaves the ConfigMap: the retry called it the job of "the run
+    <this run's own directory>" and refused. No job runs from a ConfigMap naming this run
+    directory: it is cleared, and the job created again."""
+    from hpcpipe.config import load_config
+    from hpcpipe.launch import k8s_cluster
+    from hpcpipe.launch.k8s_train import train_on_k8s
+    from hpcpipe.launch.kubernetes import render_k8s
+
+    job = load_config("tiny", [f"run.out_dir={tmp_path}", "run.name=mine"])
+    key = ("trainjobs", "default", "mine")
+    with KubeApi() as api:
+        _connect_to(api, tmp_path, monkeypatch)
+        first = k8s_cluster.create(k8s_cluster.connect(), render_k8s(job))
+        k8s_cluster.record_submission(job.run_dir, first)
+        api.objects.pop(key)  # kubectl delete trainjob mine
+        watcher = _end_when_created(api, key, _condition("Complete"))
+        train_on_k8s(job, "trainjob", print)
+        watcher.join()
+        assert api.objects[key]["metadata"]["uid"] != first.uid
 
 
 def test_a_retry_follows_the_job_its_run_recorded_under_an_older_name(

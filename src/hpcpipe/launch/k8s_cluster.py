@@ -422,7 +422,8 @@ def _check_ours(
     """UserError unless what holds ``ref``'s name is this run's: it is the job ``recorded`` in the
     run directory, or, where the run directory lies on a claim, it carries this run's label (a hash
     of namespace, claim and path: ``place_label``) or, from before the label, its ConfigMap names
-    that place. Job names come from run.name, cut and rewritten, or from launch.k8s.name: two runs
+    that place, or the job is gone and its ConfigMap, left behind (``kubectl delete``), names this
+    run directory. Job names come from run.name, cut and rewritten, or from launch.k8s.name: two runs
     can share one, and neither may delete the other's. A label of the path alone (hpcpipe before
     the claim was in it) proves nothing: the same path on two claims is two runs."""
     from hpcpipe.launch.kubernetes import RUN_LABEL
@@ -437,14 +438,34 @@ def _check_ours(
         return
     if ours is not None and (theirs == ours or (theirs is None and _shared_place(their_config) == ours)):
         return
+    their_dir = _run_dir_in(their_config)
+    same_dir = their_dir is not None and their_dir == _run_dir_in(config_map["data"].get(RunLayout.CONFIG))
+    if obj is None and same_dir:  # only a ConfigMap left (kubectl delete): no job runs from it
+        return
+    beside = "set launch.k8s.name (or another run.name) to run this one beside it"
+    if same_dir:  # this run's path, yet nothing proves it is this run's: say why, not "another run"
+        raise UserError(
+            f"{ref.kind} {ref.namespace}/{ref.name} names this run directory {their_dir}, but "
+            f"{_unproven(ours)}, and k8s_job.json records no such job: nothing deleted; if it is "
+            f"this run's, delete it (kubectl delete {ref.kind.lower()} {ref.name} -n {ref.namespace}) "
+            f"and run again, else {beside}"
+        )
     # Without a claim the run directory is on the submitting machine and the pods' own disks: the
     # same path there (the default run.out_dir) is no one place, and only the record tells.
     why = "" if ours is not None else " (run.out_dir is on no claim of launch.k8s: only k8s_job.json tells)"
-    their_dir = _run_dir_in(their_config)
     raise UserError(
         f"{ref.kind} {ref.namespace}/{ref.name} belongs to "
         f"{f'the run {their_dir}' if their_dir else 'another run'}, not this run{why}: nothing deleted; "
-        "set launch.k8s.name (or another run.name) to run this one beside it"
+        f"{beside}"
+    )
+
+
+def _unproven(ours: str | None) -> str:
+    """Why a job naming this run's path may still be another run's."""
+    if ours is None:  # the path is on the submitting machine and the pods' own disks
+        return "run.out_dir is on no claim of launch.k8s, so the same path may be another machine's run"
+    return (
+        "it is not labelled as on this run's claim (another claim or namespace, or an older hpcpipe's label)"
     )
 
 
