@@ -140,6 +140,25 @@ def test_a_configmap_left_by_a_deleted_job_is_named(tmp_path: Path) -> None:
         assert "jobs cancel" not in err and len(err.strip().splitlines()) == 1
 
 
+def test_a_submit_keeps_the_name_of_the_job_its_run_recorded(tmp_path: Path) -> None:
+    """A run whose job was created as tiny-gpt (an older hpcpipe, here launch.k8s.name) is
+    tiny-gpt-db11a5 by run.name now: `launch k8s --submit` created that second job beside the
+    running one, both writing the run directory, and overwrote k8s_job.json. It keeps the
+    recorded name: refused while that job runs, the record untouched."""
+    run_dir = tmp_path / "tiny_gpt"
+    sets = ["--set", f"run.out_dir={tmp_path}", "--set", "run.name=tiny_gpt"]
+    with KubeApi() as api:
+        kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig", TOKEN)
+        older = [*sets, "--set", "launch.k8s.name=tiny-gpt"]
+        code, _, err = _cli(kubeconfig, "launch", "k8s", "tiny", *older, "--submit", cwd=tmp_path)
+        assert code == 0, err
+        record = (run_dir / "k8s_job.json").read_text()
+        code, _, err = _cli(kubeconfig, "launch", "k8s", "tiny", *sets, "--submit", cwd=tmp_path)
+        assert code == 2 and "already exists" in err, err
+        assert [key[2] for key in api.objects if key[0] == "trainjobs"] == ["tiny-gpt"]
+        assert (run_dir / "k8s_job.json").read_text() == record
+
+
 def test_an_unreachable_api_server_is_one_line(tmp_path: Path) -> None:
     with KubeApi() as api:
         kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig", TOKEN)

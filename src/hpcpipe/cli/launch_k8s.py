@@ -80,7 +80,8 @@ def k8s(
     """
     from hpcpipe.config import load_config
     from hpcpipe.launch import k8s_cluster
-    from hpcpipe.launch.kubernetes import APIS, job_name, render_k8s, runtime_note, to_yaml
+    from hpcpipe.launch.k8s_train import kept_name, recorded_job
+    from hpcpipe.launch.kubernetes import APIS, render_k8s, runtime_note, to_yaml
 
     if api not in APIS:
         raise UserError(f"--api {api}: use trainjob or pytorchjob")
@@ -91,7 +92,9 @@ def k8s(
     )
     k8s_cluster.require_client()
     connection = k8s_cluster.connect(kubeconfig, context) if submit else None  # fail before writing
-    docs = render_k8s(job, api, runtime)  # type: ignore[arg-type]  # checked against APIS above
+    # The name this run's job was created under, not a second job beside it (k8s_train).
+    name = kept_name(job, recorded_job(job))
+    docs = render_k8s(job, api, runtime, name=name)  # type: ignore[arg-type]  # checked against APIS above
     note_image(job)
     if note := runtime_note(job, api, runtime):
         err_console.print(note, markup=False, highlight=False)
@@ -108,7 +111,7 @@ def k8s(
         return
     ref = k8s_cluster.create(connection, docs)
     k8s_cluster.record_submission(job.run_dir, ref)
-    console.print(f"created {ref.kind} [bold]{ref.namespace}/{job_name(job)}[/]")
+    console.print(f"created {ref.kind} [bold]{ref.namespace}/{ref.name}[/]")
     console.print(f"follow it: hpcpipe jobs status {job.run_dir}; hpcpipe jobs logs {job.run_dir}")
     if not (job.launch.k8s.checkpoint_pvc or job.launch.k8s.runs_pvc):
         err_console.print(

@@ -34,8 +34,8 @@ def train_on_k8s(job: JobConfig, api: str, say: Callable[[str], None]) -> None:
     if api not in APIS:
         raise UserError(f"--api {api}: use trainjob or pytorchjob")
     k8s_cluster.require_client()
-    recorded = _recorded(job)
-    docs = render_k8s(job, api, name=_kept_name(job, recorded))  # type: ignore[arg-type]  # checked above
+    recorded = recorded_job(job)
+    docs = render_k8s(job, api, name=kept_name(job, recorded))  # type: ignore[arg-type]  # checked above
     connection = k8s_cluster.connect()
     poll = float(os.environ.get(POLL_VAR, "10"))
     _clear_other_api(recorded, docs, connection, poll)
@@ -53,7 +53,7 @@ def train_on_k8s(job: JobConfig, api: str, say: Callable[[str], None]) -> None:
         raise WorkerFailure(1) from None
 
 
-def _recorded(job: JobConfig) -> K8sJobRef | None:
+def recorded_job(job: JobConfig) -> K8sJobRef | None:
     """The job this run directory recorded submitting, if any."""
     from hpcpipe.launch import k8s_cluster
     from hpcpipe.layout import RunLayout
@@ -63,11 +63,12 @@ def _recorded(job: JobConfig) -> K8sJobRef | None:
     return k8s_cluster.resolve(job.run_dir)
 
 
-def _kept_name(job: JobConfig, recorded: K8sJobRef | None) -> str | None:
+def kept_name(job: JobConfig, recorded: K8sJobRef | None) -> str | None:
     """The name of the job this run directory recorded, where launch.k8s.name is unset and that
     name is not the one run.name gives now: hpcpipe before names ended in a hash gave ``tiny_gpt``
     the job ``tiny-gpt``, now ``tiny-gpt-db11a5``, and a retry deleted its running job to create
-    one under the new name. None: ``job_name``."""
+    one under the new name (``launch k8s --submit`` created a second job beside it, into the same
+    run directory). None: ``job_name``. Every render that creates a run's job names it so."""
     from hpcpipe.launch.kubernetes import is_job_name
 
     cfg = job.launch.k8s
