@@ -21,7 +21,9 @@ from typing import Any
 
 from hpcpipe.checkpoint.export_record import (
     ADAPTER_COMPANIONS,
+    LOCK,
     MARKER,
+    PARTIAL,
     export_record,
     finished_files,
     reading,
@@ -53,10 +55,13 @@ def newest_export(run_dir: Path) -> Path:
     does not: re-exporting an old checkpoint touches it). A default folder written before records
     existed is left out: it was written in place, so a kill may have cut it short unseen (only
     ``--export`` takes it). An adapter written then is taken only when nothing else is there
-    (one line says so)."""
+    (one line says so). A folder with nothing but a staging folder (and the lock) is an export
+    being written, or one killed before it moved in: left out, and said so."""
     layout = RunLayout(run_dir)
     folders = [p for p in layout.export.glob("*") if p.is_dir()]
     found = [p for p in folders if (p / MARKER).is_file()]
+    staged = sorted(p for p in folders if p not in found and _only_staged(p))
+    folders = [p for p in folders if p not in staged]
     adapter = layout.adapter if layout.adapter in folders and layout.adapter not in found else None
     older = sorted(p for p in folders if p not in found and p != adapter and runs_own(p, run_dir))
     if found:
@@ -67,6 +72,8 @@ def newest_export(run_dir: Path) -> Path:
             )
         if older:
             log.warning("%s: left out, %s; %s", ", ".join(map(str, older)), _UNCHECKED, _ASK)
+        if staged:
+            log.warning("%s: left out, %s", ", ".join(map(str, staged)), _STAGED)
         return max(found, key=_newest_first)
     if adapter is not None:
         log.warning("%s: registering it, the only export (its step is unrecorded)", adapter)
@@ -75,6 +82,8 @@ def newest_export(run_dir: Path) -> Path:
         raise UserError(
             f"{', '.join(map(str, older))}: {_UNCHECKED}; {_ASK}, or export again with `hpcpipe ckpt export`"
         )
+    if staged:
+        raise UserError(f"{', '.join(map(str, staged))}: {_STAGED}; wait for it, or export again")
     raise UserError(
         f"{run_dir}: no export (export/<step>-<format>); make one with `hpcpipe ckpt export` or `hpcpipe run`"
     )
@@ -83,6 +92,12 @@ def newest_export(run_dir: Path) -> Path:
 # An export folder of the run's own without a record: older hpcpipe wrote it in place, unstaged.
 _UNCHECKED = "written before export records, so whether a kill cut it short cannot be checked"
 _ASK = "pass --export to register it"
+_STAGED = "an export still being written, or one killed before it finished (only its staging folder is there)"
+
+
+def _only_staged(folder: Path) -> bool:
+    """``folder`` holds nothing but staging folders (``.partial-*``) and the export lock."""
+    return all(p.name == LOCK or p.name.startswith(PARTIAL) for p in folder.iterdir())
 
 
 def _newest_first(export: Path) -> tuple[int, float]:

@@ -233,6 +233,27 @@ def test_an_export_written_before_records_is_registered_only_when_asked_for(
         register_run(client, run_dir, "m", [], old)
 
 
+def test_an_export_being_written_is_not_taken_for_one_from_before_records(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A folder holding only an export's staging folder and its lock (still being written, or
+    killed) was "written before export records", and the advice, --export, then failed."""
+    from hpcpipe.track.registry import newest_export
+
+    run_dir = _run(tmp_path)
+    staged = run_dir / "export" / "step-4-hf"
+    (staged / ".partial-99").mkdir(parents=True)
+    (staged / ".partial-99" / "model.safetensors").write_bytes(b"half")
+    (staged / ".hpcpipe-export.lock").touch()
+    with pytest.raises(UserError, match=rf"^{staged}: an export still being written, or one killed") as got:
+        newest_export(run_dir)
+    assert "--export" not in str(got.value) and "before export records" not in str(got.value)
+    done = _export(run_dir, 2)
+    with caplog.at_level(logging.WARNING, logger="hpcpipe.track"):
+        assert newest_export(run_dir) == done
+    assert f"{staged}: left out, an export still being written" in caplog.text
+
+
 def test_a_threshold_or_rule_set_on_earlier_weights_is_left_out(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
