@@ -161,14 +161,24 @@ def experiment_id(client: Any, name: str) -> str:
     return str(found.experiment_id) if found is not None else str(client.create_experiment(name))
 
 
+# Schemes whose netloc is a host's name (a database's with its driver: postgresql+psycopg2),
+# which DNS reads in any case. Another's is a name of its own: databricks://Prod and
+# databricks://prod are two profiles of the Databricks CLI, two servers perhaps.
+_HOSTNAME_SCHEMES = frozenset({"http", "https", "postgresql", "mysql", "mssql"})
+
+
 def server_key(uri: str) -> str:
     """How the run's record names a server: its URI without credentials (the file is uploaded),
-    a host's name in lower case and without a trailing slash (the same server however typed)."""
+    without a trailing slash, and a host's name in lower case (the same server however typed)."""
     text = scrub(redact(uri))
     parts = urlsplit(text)
     if not parts.netloc:  # a path (sqlite:////abs.db): unsplit, it would lose a slash
         return text
-    return urlunsplit(parts._replace(netloc=parts.netloc.lower(), path=parts.path.rstrip("/")))
+    netloc = parts.netloc
+    if parts.scheme.split("+", 1)[0] in _HOSTNAME_SCHEMES:
+        user, at, host = netloc.rpartition("@")
+        netloc = user + at + host.lower()
+    return urlunsplit(parts._replace(netloc=netloc, path=parts.path.rstrip("/")))
 
 
 def recorded_run(run_dir: Path, uri: str | None = None) -> dict[str, Any]:

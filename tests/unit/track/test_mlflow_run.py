@@ -326,6 +326,22 @@ def test_a_server_reached_by_another_uri_goes_on_in_its_run(tmp_path: Path) -> N
     ]
 
 
+def test_only_a_hosts_name_is_read_in_any_case(tmp_path: Path) -> None:
+    """Every URI's netloc was lower-cased: databricks://Prod and databricks://prod, two profiles
+    (perhaps two workspaces), were one server, and the second went on in the first's run."""
+    from hpcpipe.track.mlflow_client import open_run, server_key
+
+    prod, staging = _Server("a"), _Server("b")
+    assert open_run(prod, "databricks://Prod", tmp_path, "e", "n", {}) == "a0"
+    assert open_run(staging, "databricks://prod", tmp_path, "e", "n", {}) == "b0"
+    assert server_key("databricks://Prod/") == "databricks://Prod"
+    assert (
+        server_key("postgresql+psycopg2://DB.Example:5432/mlflow")
+        == "postgresql+psycopg2://db.example:5432/mlflow"
+    )
+    assert server_key("HTTPS://MLflow.svc/") == "https://mlflow.svc"
+
+
 def test_a_resumed_run_gets_the_lineage_tags_in_force_now(tmp_path: Path) -> None:
     """Tags went only to create_run: a run resumed on 4 ranks with another config kept
     hpcpipe.world_size 1 and the first config_hash in MLflow."""
