@@ -98,6 +98,26 @@ def _run_with_adapter(root: Path) -> RunLayout:
     return run
 
 
+def _refused_before_the_model_loads(
+    run: RunLayout, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> str:
+    """`hpcpipe eval function-calling RUN`'s stderr: one line, exit 2, no model loaded."""
+    import sys
+
+    import hpcpipe.cli.evaluate as evaluate_cli
+    from hpcpipe.cli.app import main
+
+    monkeypatch.setattr(evaluate_cli, "load_target", lambda *a: pytest.fail("the model loaded"))
+    monkeypatch.setattr(
+        sys, "argv", ["hpcpipe", "eval", "function-calling", str(run.root), "--categories", ""]
+    )
+    with pytest.raises(SystemExit) as exited:
+        main()
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and err.count("\n") == 1, err
+    return err
+
+
 @pytest.mark.parametrize(
     "text",
     [
@@ -116,24 +136,13 @@ def test_a_damaged_calibration_is_one_line_naming_it_before_the_model_loads(
     tmp_path: Path, text: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Calibration(**json.loads(...)) raised a traceback, after the model had loaded."""
-    import sys
-
-    import hpcpipe.cli.evaluate as evaluate_cli
-    from hpcpipe.cli.app import main
     from hpcpipe.errors import UserError
 
     run = _run_with_adapter(tmp_path / "run")
     run.call_threshold.write_text(text)
     with pytest.raises(UserError, match=f"{run.call_threshold}: cannot read it"):
         read_calibration(run.adapter)
-    monkeypatch.setattr(evaluate_cli, "load_target", lambda *a: pytest.fail("the model loaded"))
-    monkeypatch.setattr(
-        sys, "argv", ["hpcpipe", "eval", "function-calling", str(run.root), "--categories", ""]
-    )
-    with pytest.raises(SystemExit) as exited:
-        main()
-    err = capsys.readouterr().err
-    assert exited.value.code == 2 and err.count("\n") == 1, err
+    err = _refused_before_the_model_loads(run, monkeypatch, capsys)
     assert f"{run.call_threshold}: cannot read it" in err and "--call-threshold greedy" in err
 
 
@@ -142,10 +151,6 @@ def test_a_threshold_set_on_an_earlier_adapter_is_refused_before_the_model_loads
 ) -> None:
     """Training again re-exports the adapter beside the old call_threshold.json, and --call-threshold
     auto decided the new adapter's calls by the old adapter's threshold."""
-    import sys
-
-    import hpcpipe.cli.evaluate as evaluate_cli
-    from hpcpipe.cli.app import main
     from hpcpipe.evaluate.calibrate import adapter_sha256, set_on_this_adapter
 
     run = _run_with_adapter(tmp_path / "run")
@@ -157,14 +162,7 @@ def test_a_threshold_set_on_an_earlier_adapter_is_refused_before_the_model_loads
     weights.write_bytes(b"new weights")  # trained again
     assert adapter_sha256(run.adapter) != old
     assert not set_on_this_adapter(old, run.adapter)
-    monkeypatch.setattr(evaluate_cli, "load_target", lambda *a: pytest.fail("the model loaded"))
-    monkeypatch.setattr(
-        sys, "argv", ["hpcpipe", "eval", "function-calling", str(run.root), "--categories", ""]
-    )
-    with pytest.raises(SystemExit) as exited:
-        main()
-    err = capsys.readouterr().err
-    assert exited.value.code == 2 and err.count("\n") == 1, err
+    err = _refused_before_the_model_loads(run, monkeypatch, capsys)
     assert f"{run.call_threshold}: set on an earlier adapter" in err and "--call-threshold greedy" in err
 
 
@@ -191,21 +189,10 @@ def test_a_run_without_its_adapter_says_so_before_its_threshold_is_judged(
 ) -> None:
     """Retraining cut off before its export: the threshold was blamed (set on an earlier adapter,
     delete it or pass greedy), and doing so led to the missing adapter only then."""
-    import sys
-
-    import hpcpipe.cli.evaluate as evaluate_cli
-    from hpcpipe.cli.app import main
     from hpcpipe.evaluate.calibrate import adapter_sha256
 
     run = _run_with_adapter(tmp_path / "run")
     Calibration(0.5, 0.95, 10, 1, {}, adapter_sha256=adapter_sha256(run.adapter)).save(run.adapter)
     (run.adapter / missing).unlink()
-    monkeypatch.setattr(evaluate_cli, "load_target", lambda *a: pytest.fail("the model loaded"))
-    monkeypatch.setattr(
-        sys, "argv", ["hpcpipe", "eval", "function-calling", str(run.root), "--categories", ""]
-    )
-    with pytest.raises(SystemExit) as exited:
-        main()
-    err = capsys.readouterr().err
-    assert exited.value.code == 2 and err.count("\n") == 1, err
+    err = _refused_before_the_model_loads(run, monkeypatch, capsys)
     assert err.startswith(f"error: {run.adapter}: no adapter") and "train the run to the end" in err
