@@ -27,6 +27,7 @@ import yaml
 
 from hpcpipe.config import JobConfig, load_config
 from hpcpipe.config.checkpoint import own_checkpoint_dirs
+from hpcpipe.config.launch import check_plain_env
 from hpcpipe.errors import ConfigError, UserError
 from hpcpipe.layout import RunLayout, SweepLayout
 from hpcpipe.recipes.registry import RecipeImportError
@@ -92,6 +93,7 @@ def plan_points(source: str, sets: list[str], grid: dict[str, list[Any]], out_di
             scoped = own_checkpoint_dirs(job.checkpoint, name, out_dir)
             own = [f"{key}={value}" for key, value in scoped.items()]
             job = load_config(source, [*sets, *overrides, *extra, *own])
+            check_plain_env(job.launch)  # a grid value may add one: in folder names and sweep.csv too
         except ConfigError as exc:
             raise UserError(f"sweep point {', '.join(overrides)}: {exc}") from None
         if job.run_dir in points:  # 0.003 and 0.0030 are one value once parsed

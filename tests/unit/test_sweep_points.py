@@ -28,6 +28,15 @@ def test_a_checkpoint_dir_outside_the_runs_is_each_points_own(tmp_path: Path) ->
     assert {p.job.checkpoint.dir for p in elsewhere}.isdisjoint({p.job.checkpoint.dir for p in points})
 
 
+def test_a_grid_value_naming_a_secret_env_is_refused_before_any_point(tmp_path: Path) -> None:
+    """Only the base job was checked: the value went into the point's folder name, its
+    config.yaml and sweep.csv."""
+    grid = {"launch.k8s.env": [{"HF_TOKEN": "hf_abc123"}]}
+    with pytest.raises(UserError, match=r"^sweep point launch.k8s.env=.*HF_TOKEN looks like a secret"):
+        plan_points("tiny", [], grid, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_repeated_value_and_a_null_value(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="is one point twice"):
         plan_points("tiny", [], {"train.lr": [0.003, 0.0030]}, tmp_path)

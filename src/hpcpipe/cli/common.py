@@ -119,18 +119,21 @@ def load_job(config: str, sets: list[str] | None, nproc: int | None = None) -> J
     return load_config(config, overrides)
 
 
-def load_new_run(config: str, sets: list[str] | None, nproc: int | None = None) -> JobConfig:
+def load_new_run(
+    config: str, sets: list[str] | None, nproc: int | None = None, resumes: bool = True
+) -> JobConfig:
     """``load_job`` for a command that starts a run or a submission (train, run, sweep, hpo):
     a secret-looking launch env name is refused here, as config.yaml and the tracked params
-    would carry its value in plain text, unless CONFIG is the run's own stored config.yaml that
-    already held it (a resume of a run from before the check, a requeued trial)."""
+    would carry its value in plain text, unless ``resumes`` (train, run: the same run goes on)
+    and CONFIG is the run's own stored config.yaml that already held it (a resume of a run from
+    before the check, a requeued trial). A sweep or a study starts new runs from it: no names pass."""
     from hpcpipe.config.launch import check_plain_env
     from hpcpipe.layout import RunLayout
 
     job = load_job(config, sets, nproc)
     stored = RunLayout(job.run_dir).config
     given = Path(config)
-    own = given.is_file() and stored.is_file() and given.resolve() == stored.resolve()
+    own = resumes and given.is_file() and stored.is_file() and given.resolve() == stored.resolve()
     check_plain_env(job.launch, load_config(stored).launch if own else None)
     return job
 

@@ -76,7 +76,9 @@ def _checked_plan(config: str, sets: list[str] | None, nproc: int | None, trials
     from hpcpipe.hpo.space import check_space, grid_size
     from hpcpipe.hpo.study import plan_study
 
-    job = load_new_run(config, [*(sets or []), *([f"hpo.n_trials={trials}"] if trials else [])], nproc)
+    job = load_new_run(
+        config, [*(sets or []), *([f"hpo.n_trials={trials}"] if trials else [])], nproc, resumes=False
+    )
     check_space(job)
     check_stop_window(job)
     if job.hpo.sampler.name == "grid" and grid_size(job.hpo.space) < job.hpo.n_trials:

@@ -75,7 +75,7 @@ def sweep(
     if not grid:
         raise UserError("sweep: give at least one --grid section.key=[values] or --file sweep.yaml")
     overrides = [*(sets or []), *([f"parallel.nproc={nproc}"] if nproc else [])]
-    base = load_new_run(config, overrides)  # a secret in launch env: before any point runs
+    base = load_new_run(config, overrides, resumes=False)  # a secret in launch env: before any point runs
     out_dir = out or sweep_dir_of(base)
     points = plan_points(config, overrides, grid, out_dir)
     pending = [point.job for point in points if not is_done(point)]

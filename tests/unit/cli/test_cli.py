@@ -128,6 +128,9 @@ def test_a_runs_stored_config_keeps_its_old_secret_but_takes_no_new_one(tmp_path
     stored = job.run_dir / "config.yaml"
     stored.write_text(job.to_yaml())
     assert load_new_run(str(stored), None).launch.k8s.env == {"HF_TOKEN": "hf_x"}
+    # A sweep or a study starts new runs from it (its points and trials copy the value): refused.
+    with pytest.raises(ConfigError, match=r"launch\.k8s\.env: HF_TOKEN looks like a secret"):
+        load_new_run(str(stored), None, resumes=False)
     with pytest.raises(ConfigError, match=r"launch\.slurm\.env: WANDB_API_KEY looks like a secret"):
         load_new_run(str(stored), ["launch.slurm.env={WANDB_API_KEY: k}"])
     copy = tmp_path / "copy.yaml"  # the same text elsewhere is a new run's job file
