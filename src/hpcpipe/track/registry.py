@@ -58,7 +58,7 @@ def newest_export(run_dir: Path) -> Path:
     (one line says so). A folder with nothing but a staging folder (and the lock) is an export
     being written, or one killed before it moved in: left out, and said so."""
     layout = RunLayout(run_dir)
-    folders = [p for p in layout.export.glob("*") if p.is_dir()]
+    folders = [p for p in layout.export.glob("*") if p.is_dir() and any(p.iterdir())]  # empty: nothing
     found = [p for p in folders if (p / MARKER).is_file()]
     staged = sorted(p for p in folders if p not in found and _only_staged(p))
     folders = [p for p in folders if p not in staged]

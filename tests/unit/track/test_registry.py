@@ -254,6 +254,16 @@ def test_an_export_being_written_is_not_taken_for_one_from_before_records(
     assert f"{staged}: left out, an export still being written" in caplog.text
 
 
+def test_an_empty_export_folder_is_no_export(tmp_path: Path) -> None:
+    """It read as "only its staging folder is there" (all() of nothing is true)."""
+    from hpcpipe.track.registry import newest_export
+
+    run_dir = _run(tmp_path)
+    (run_dir / "export" / "step-2-hf").mkdir()
+    with pytest.raises(UserError, match=r": no export \(export/<step>-<format>\)"):
+        newest_export(run_dir)
+
+
 def test_a_threshold_or_rule_set_on_earlier_weights_is_left_out(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
