@@ -32,6 +32,15 @@ _PLURALS = {
     "Experiment": "experiments",
 }
 _JOB_KINDS = (*_POD_SELECTOR, "Experiment")  # what `create` submits with its ConfigMap
+# Each kind's group/version as the renderers write it (kubernetes.py, hpo/katib.py). All kinds name
+# their ConfigMap <name>-config, so a job of one kind and a job of another of that name share it.
+_API_VERSIONS = {
+    "TrainJob": "trainer.kubeflow.org/v1alpha1",
+    "PyTorchJob": "kubeflow.org/v1",
+    "Experiment": "kubeflow.org/v1beta1",
+}
+# A ConfigMap without its job younger than this may be another `create`'s, between the two.
+_LEFTOVER_AGE_S = 60.0
 # Condition types that end a job: Trainer v2 says Complete, Training Operator v1 and Katib Succeeded.
 DONE_CONDITIONS = ("Complete", "Succeeded")
 FAILED_CONDITIONS = ("Failed",)
@@ -395,6 +404,8 @@ def reuse_or_clear(
     obj, held = get_or_none(api, ref), _config_map(api, ref)
     if obj is None and held is None:
         return ref, False
+    if obj is None:
+        _refuse_busy_config_map(api, ref, held)
     same_config = held is not None and (held.data or {}).get(RunLayout.CONFIG) == config_map["data"].get(
         RunLayout.CONFIG
     )
@@ -410,6 +421,31 @@ def reuse_or_clear(
         _check_ours(ref, docs, obj, held, recorded)
     delete_and_wait(api, dataclasses.replace(ref, uid=uid), poll_s)  # that object, not a newer one
     return ref, False
+
+
+def _refuse_busy_config_map(api: Any, ref: K8sJobRef, held: Any) -> None:
+    """UserError unless the ConfigMap holding ``ref``'s name without its job is left over: a job of
+    another kind of that name runs from it, or it is too new to tell from one another ``create``
+    made and has not yet made its job beside."""
+    from datetime import UTC, datetime
+
+    cm = f"ConfigMap {ref.namespace}/{ref.name}-config"
+    for kind in _JOB_KINDS:
+        other = K8sJobRef(kind, ref.name, ref.namespace, _API_VERSIONS[kind])
+        if kind != ref.kind and get_or_none(api, other) is not None:
+            raise UserError(
+                f"{cm} is the {kind} {ref.name}'s, not a {ref.kind}'s: nothing deleted; set "
+                f"launch.k8s.name (or another run.name) to run this one beside it, or, if that job is "
+                f"this run's, delete it (kubectl delete {kind.lower()} {ref.name} -n {ref.namespace})"
+            )
+    made = getattr(held.metadata, "creation_timestamp", None)
+    # An API server always sets it; only a stand-in leaves it out, so none counts as old.
+    age = None if made is None else (datetime.now(UTC) - made).total_seconds()
+    if age is not None and age < _LEFTOVER_AGE_S:
+        raise UserError(
+            f"{cm} was made {max(age, 0):.0f} s ago and no {ref.kind} runs from it yet (another "
+            "submission may be about to create it): nothing deleted; run again in a minute"
+        )
 
 
 def _check_ours(

@@ -1,14 +1,19 @@
-"""``launch/k8s_cluster.py`` without a cluster: reading the job a run directory recorded. The client
-path against a stand-in API server is in tests/integration/test_k8s_submit.py."""
+"""``launch/k8s_cluster.py`` without a cluster: reading the job a run directory recorded, and what a
+retry (``reuse_or_clear``) refuses to delete, the API stood in for by its module's functions. The
+client path against a stand-in API server is in tests/integration/test_k8s_submit.py."""
 
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
 from hpcpipe.errors import UserError
+from hpcpipe.launch import k8s_cluster
 from hpcpipe.launch.k8s_cluster import K8sJobRef, record_submission, resolve
 
 
@@ -42,3 +47,45 @@ def test_a_record_hpcpipe_did_not_write_is_named(tmp_path: Path, record: str, me
     (tmp_path / "k8s_job.json").write_text(record)
     with pytest.raises(UserError, match=f"{re.escape(str(tmp_path / 'k8s_job.json'))}: .*{message}"):
         resolve(tmp_path)
+
+
+def _cluster(monkeypatch: pytest.MonkeyPatch, jobs: dict[str, dict[str, Any]], config_map: Any) -> list[Any]:
+    """The API as ``reuse_or_clear`` reads it: ``jobs`` by kind (all of one name), the ConfigMap
+    they share; what it would delete is returned, nothing deleted."""
+    deleted: list[Any] = []
+    monkeypatch.setattr(k8s_cluster, "get_or_none", lambda api, ref: jobs.get(ref.kind))
+    monkeypatch.setattr(k8s_cluster, "_config_map", lambda api, ref: config_map)
+    monkeypatch.setattr(k8s_cluster, "delete_and_wait", lambda api, ref, poll_s=2.0: deleted.append(ref))
+    return deleted
+
+
+def _held(doc: dict[str, Any], made: datetime | None = None) -> Any:
+    """``doc`` (a rendered ConfigMap) as the client reads it back."""
+    meta = SimpleNamespace(labels=doc["metadata"].get("labels"), creation_timestamp=made)
+    return SimpleNamespace(data=doc["data"], metadata=meta)
+
+
+def test_a_retry_leaves_the_configmap_of_a_running_job_of_the_other_kind(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A PyTorchJob `tiny` runs (default run.out_dir, no claim); a TrainJob `tiny` of the same
+    run directory found no TrainJob, called the shared ConfigMap tiny-config left over, and
+    deleted it (the running job's config) to create its own. A ConfigMap too new to tell from
+    another submission's, its job not made yet, is left too; an old one with no job is cleared."""
+    from hpcpipe.config import load_config
+    from hpcpipe.launch.kubernetes import render_k8s
+
+    theirs = render_k8s(load_config("tiny", ["launch.k8s.image=reg/img:1"]), "pytorchjob")
+    ours = render_k8s(load_config("tiny", ["launch.k8s.image=reg/img:1", "train.steps=7"]), "trainjob")
+    held = _held(theirs[0])
+    running = {"metadata": {"uid": "u"}, "status": {}}
+    deleted = _cluster(monkeypatch, {"PyTorchJob": running}, held)
+    with pytest.raises(UserError, match=r"tiny-config is the PyTorchJob tiny's, not a TrainJob's: nothing"):
+        k8s_cluster.reuse_or_clear(None, ours, 0.1)
+    now = datetime.now(UTC)
+    deleted = _cluster(monkeypatch, {}, _held(theirs[0], now - timedelta(seconds=5)))
+    with pytest.raises(UserError, match=r"made 5 s ago and no TrainJob runs from it yet .*run again"):
+        k8s_cluster.reuse_or_clear(None, ours, 0.1)
+    assert not deleted
+    deleted = _cluster(monkeypatch, {}, _held(theirs[0], now - timedelta(minutes=5)))
+    assert k8s_cluster.reuse_or_clear(None, ours, 0.1) == (deleted[0], False)
