@@ -159,6 +159,31 @@ def test_a_submit_keeps_the_name_of_the_job_its_run_recorded(tmp_path: Path) -> 
         assert (run_dir / "k8s_job.json").read_text() == record
 
 
+def test_a_submit_of_the_other_api_neither_takes_its_name_nor_says_delete_its_configmap(
+    tmp_path: Path,
+) -> None:
+    """A TrainJob recorded under an older name (tiny-gpt): `launch k8s --api pytorchjob --submit`
+    took that name too, and, refused for the ConfigMap they would share, said no PyTorchJob of
+    that name exists: delete the ConfigMap (the running TrainJob's). It takes run.name's name now;
+    a TrainJob holding that name too is named as a job, not its ConfigMap left over."""
+    sets = ["--set", f"run.out_dir={tmp_path}", "--set", "run.name=tiny_gpt"]
+    submit = ["launch", "k8s", "tiny", *sets, "--api", "pytorchjob", "--submit"]
+    with KubeApi() as api:
+        kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig", TOKEN)
+        older = [*sets, "--set", "launch.k8s.name=tiny-gpt"]
+        code, _, err = _cli(kubeconfig, "launch", "k8s", "tiny", *older, "--submit", cwd=tmp_path)
+        assert code == 0, err
+        code, _, err = _cli(kubeconfig, *submit, cwd=tmp_path)
+        assert code == 0, err
+        assert [key[2] for key in api.objects if key[0] == "pytorchjobs"] == ["tiny-gpt-db11a5"]
+        for plural in ("pytorchjobs", "configmaps"):  # kubectl delete: gone
+            api.objects.pop(next(key for key in api.objects if key[0] == plural and "db11a5" in key[2]))
+        code, _, err = _cli(kubeconfig, "launch", "k8s", "tiny", *sets, "--submit", cwd=tmp_path)
+        assert code == 0, err  # a TrainJob tiny-gpt-db11a5, its ConfigMap the one a PyTorchJob would use
+        code, _, err = _cli(kubeconfig, *submit, cwd=tmp_path)
+        assert code == 2 and "a job of that name exists" in err and "delete configmap" not in err, err
+
+
 def test_an_unreachable_api_server_is_one_line(tmp_path: Path) -> None:
     with KubeApi() as api:
         kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig", TOKEN)

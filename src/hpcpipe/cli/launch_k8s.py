@@ -92,8 +92,10 @@ def k8s(
     )
     k8s_cluster.require_client()
     connection = k8s_cluster.connect(kubeconfig, context) if submit else None  # fail before writing
-    # The name this run's job was created under, not a second job beside it (k8s_train).
-    name = kept_name(job, recorded_job(job))
+    # The name this run's job was created under, not a second job beside it (k8s_train); not the
+    # name of a recorded job of the other API, which this leaves running: its ConfigMap is that name's.
+    recorded = recorded_job(job)
+    name = kept_name(job, recorded if recorded is not None and recorded.kind.lower() == api else None)
     docs = render_k8s(job, api, runtime, name=name)  # type: ignore[arg-type]  # checked against APIS above
     note_image(job)
     if note := runtime_note(job, api, runtime):

@@ -172,14 +172,20 @@ def create(api: Any, docs: list[dict[str, Any]]) -> K8sJobRef:
 
 
 def _job_exists(objects: Any, job: K8sJobRef) -> bool:
-    """Whether the job holds the name (True when the API will not say: the safer hint)."""
+    """Whether a job of any kind holds the name, and so may use its ConfigMap (True when the API
+    will not say: the safer hint)."""
     from kubernetes import client
 
-    try:
-        objects.get_namespaced_custom_object(job.group, job.version, job.namespace, job.plural, job.name)
-    except client.ApiException as exc:
-        return exc.status != 404
-    return True
+    for kind in _JOB_KINDS:
+        group, version = _API_VERSIONS[kind].split("/")
+        try:
+            objects.get_namespaced_custom_object(group, version, job.namespace, _PLURALS[kind], job.name)
+        except client.ApiException as exc:
+            if exc.status != 404:
+                return True
+        else:
+            return True
+    return False
 
 
 def _hint(exc: Any) -> str:
