@@ -488,7 +488,7 @@ def _check_ours(
     if same_dir:  # this run's path, yet nothing proves it is this run's: say why, not "another run"
         raise UserError(
             f"{ref.kind} {ref.namespace}/{ref.name} names this run directory {their_dir}, but "
-            f"{_unproven(ours)}, and k8s_job.json records no such job: nothing deleted; if it is "
+            f"{_unproven(ours)}, and {_record_says(ref, recorded)}: nothing deleted; if it is "
             f"this run's, delete it (kubectl delete {ref.kind.lower()} {ref.name} -n {ref.namespace}) "
             f"and run again, else {beside}"
         )
@@ -500,6 +500,18 @@ def _check_ours(
         f"{f'the run {their_dir}' if their_dir else 'another run'}, not this run{why}: nothing deleted; "
         f"{beside}"
     )
+
+
+def _record_says(ref: K8sJobRef, recorded: K8sJobRef | None) -> str:
+    """What the run's k8s_job.json says of ``ref``, whose uid it does not hold."""
+    named = recorded is not None and (recorded.kind, recorded.name, recorded.namespace) == (
+        ref.kind,
+        ref.name,
+        ref.namespace,
+    )
+    if named and recorded is not None and recorded.uid is None:  # an older hpcpipe recorded no uid
+        return "k8s_job.json names it but holds no uid to prove it"
+    return "k8s_job.json records no such job"
 
 
 def _unproven(ours: str | None) -> str:

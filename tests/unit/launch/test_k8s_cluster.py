@@ -4,6 +4,7 @@ client path against a stand-in API server is in tests/integration/test_k8s_submi
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -89,3 +90,20 @@ def test_a_retry_leaves_the_configmap_of_a_running_job_of_the_other_kind(
     assert not deleted
     deleted = _cluster(monkeypatch, {}, _held(theirs[0], now - timedelta(minutes=5)))
     assert k8s_cluster.reuse_or_clear(None, ours, 0.1) == (deleted[0], False)
+
+
+def test_a_record_without_a_uid_is_not_called_no_record(monkeypatch: pytest.MonkeyPatch) -> None:
+    """k8s_job.json from an older hpcpipe names the job but holds no uid: the refusal said it
+    "records no such job"."""
+    from hpcpipe.config import load_config
+    from hpcpipe.launch.kubernetes import render_k8s
+
+    before = render_k8s(load_config("tiny", ["launch.k8s.image=reg/img:1"]))
+    now = render_k8s(load_config("tiny", ["launch.k8s.image=reg/img:1", "train.steps=7"]))
+    _cluster(monkeypatch, {"TrainJob": {"metadata": {"uid": "u"}, "status": {}}}, _held(before[0]))
+    job = before[1]
+    recorded = K8sJobRef("TrainJob", job["metadata"]["name"], job["metadata"]["namespace"], job["apiVersion"])
+    with pytest.raises(UserError, match=r"k8s_job\.json names it but holds no uid to prove it: nothing"):
+        k8s_cluster.reuse_or_clear(None, now, 0.1, recorded)
+    with pytest.raises(UserError, match=r"k8s_job\.json records no such job: nothing"):
+        k8s_cluster.reuse_or_clear(None, now, 0.1, dataclasses.replace(recorded, name="other"))
