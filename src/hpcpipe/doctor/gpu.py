@@ -33,9 +33,22 @@ def check_gpus(probe: Probe) -> list[Check]:
         count = nvml.nvmlDeviceGetCount()
         if count == 0:
             return [Check("gpus (nvml)", SKIPPED, f"driver {driver}, no GPUs")]
-        return [_gpu(nvml, i, driver) for i in range(count)]
+        return [_gpu_row(nvml, i, driver) for i in range(count)]
     finally:
         nvml.nvmlShutdown()
+
+
+def _gpu_row(nvml: Any, index: int, driver: str) -> Check:
+    """One GPU's row. A GPU that NVML cannot reach (fallen off the bus: GpuIsLost) fails on its
+    own row, so the other GPUs are still reported and doctor exits 1."""
+    try:
+        return _gpu(nvml, index, driver)
+    except nvml.NVMLError as exc:
+        return Check(f"gpu {index}", FAIL, f"NVML cannot query it: {_nvml_error(exc)}")
+
+
+def _nvml_error(exc: Exception) -> str:
+    return f"{exc} ({type(exc).__name__})" if str(exc) else type(exc).__name__
 
 
 def _gpu(nvml: Any, index: int, driver: str) -> Check:

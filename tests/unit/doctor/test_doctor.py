@@ -208,6 +208,28 @@ def test_gpus_through_nvml(node: Probe) -> None:
     assert "driver 550.54.15" in gpu1.summary and fake.shut
 
 
+class LostGPU(FakeNVML):
+    """GPU 1 has fallen off the bus: NVML cannot even give a handle for it."""
+
+    class NVMLError_GpuIsLost(FakeNVML.NVMLError):  # pynvml's name
+        pass
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
+        if i == 1:
+            raise self.NVMLError_GpuIsLost("GPU is lost")
+        return i
+
+
+def test_a_lost_gpu_fails_its_own_row_and_the_others_are_still_reported(node: Probe) -> None:
+    """One lost GPU failed the whole list: a single 'gpus WARN' row, GPU 0 unreported, exit 0."""
+    node.load_nvml = LostGPU  # type: ignore[assignment]
+    gpu0, gpu1 = run_checks(node, (check_gpus,))
+    assert gpu0.name == "gpu 0" and "NVIDIA H100" in gpu0.summary
+    assert (gpu1.name, gpu1.status) == ("gpu 1", FAIL)
+    assert gpu1.summary == "NVML cannot query it: GPU is lost (NVMLError_GpuIsLost)"
+    assert worst_status([gpu0, gpu1]) == FAIL
+
+
 def test_environment_variables_that_break_jobs(node: Probe) -> None:
     node.env = {
         **node.env,
