@@ -149,6 +149,9 @@ class FakeNVML(types.SimpleNamespace):
     class NVMLError(Exception):
         pass
 
+    class NVMLError_NotSupported(NVMLError):  # pynvml's name
+        pass
+
     NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
     NVML_VOLATILE_ECC = 0
     NVML_TEMPERATURE_GPU = 0
@@ -181,7 +184,7 @@ class FakeNVML(types.SimpleNamespace):
         return 3 if h == 1 else 0
 
     def nvmlDeviceGetRemappedRows(self, h: int) -> tuple[int, int, int, int]:
-        raise self.NVMLError("Not Supported")
+        raise self.NVMLError_NotSupported("Not Supported")
 
     def nvmlDeviceGetTemperature(self, h: int, sensor: int) -> int:
         return 41
@@ -194,7 +197,7 @@ class FakeNVML(types.SimpleNamespace):
 
     def nvmlDeviceGetNvLinkState(self, h: int, link: int) -> int:
         if link >= 18:
-            raise self.NVMLError("Not Supported")
+            raise self.NVMLError_NotSupported("Not Supported")
         return 0 if (h == 0 and link == 5) else 1
 
 
@@ -222,12 +225,44 @@ class LostGPU(FakeNVML):
 
 def test_a_lost_gpu_fails_its_own_row_and_the_others_are_still_reported(node: Probe) -> None:
     """One lost GPU failed the whole list: a single 'gpus WARN' row, GPU 0 unreported, exit 0."""
-    node.load_nvml = LostGPU  # type: ignore[assignment]
+    node.load_nvml = LostGPU
     gpu0, gpu1 = run_checks(node, (check_gpus,))
     assert gpu0.name == "gpu 0" and "NVIDIA H100" in gpu0.summary
     assert (gpu1.name, gpu1.status) == ("gpu 1", FAIL)
     assert gpu1.summary == "NVML cannot query it: GPU is lost (NVMLError_GpuIsLost)"
     assert worst_status([gpu0, gpu1]) == FAIL
+
+
+class GpuWithFailingQueries(LostGPU):
+    """GPU 1 gives a handle, name and memory, then every health query fails (not 'not supported')."""
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
+        return i
+
+    def __getattribute__(self, name: str) -> Any:
+        health = ("TotalEccErrors", "RemappedRows", "Temperature", "PowerUsage", "EnforcedPowerLimit")
+        if name.removeprefix("nvmlDeviceGet") in (*health, "NvLinkState"):
+            call = super().__getattribute__(name)
+
+            def failing(h: int, *args: Any) -> Any:
+                if h == 1:
+                    raise self.NVMLError_GpuIsLost("GPU is lost")
+                return call(h, *args)
+
+            return failing
+        return super().__getattribute__(name)
+
+
+def test_failing_health_queries_fail_the_row_and_unsupported_ones_read_na(node: Probe) -> None:
+    """Every NVML error read as 'not supported': a GPU whose queries all failed was OK ('ECC n/a')."""
+    node.load_nvml = GpuWithFailingQueries
+    gpu0, gpu1 = check_gpus(node)
+    assert gpu0.status == WARN and "failed" not in gpu0.summary  # RemappedRows is not supported: n/a
+    assert gpu1.status == FAIL and gpu1.summary.endswith(
+        "; TotalEccErrors, RemappedRows, Temperature, PowerUsage, EnforcedPowerLimit, NvLinkState"
+        " failed: GPU is lost (NVMLError_GpuIsLost)"
+    )
+    assert gpu1.details["failed_queries"]["Temperature"] == "GPU is lost (NVMLError_GpuIsLost)"
 
 
 def test_environment_variables_that_break_jobs(node: Probe) -> None:
