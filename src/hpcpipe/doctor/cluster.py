@@ -25,10 +25,13 @@ from hpcpipe.doctor.probe import (
 
 
 def check_slurm(probe: Probe) -> list[Check]:
+    # The job comes from the environment first: compute nodes often lack sinfo (login-node
+    # tools), and the allocation is still worth reporting there.
+    job = _allocation(probe)
     out, why = probe.run(["sinfo", "-h", "-o", "%P|%a|%D|%t"])
-    if out is None:
+    if out is None and not job:
         return [Check("slurm", SKIPPED, why)]
-    rows = [line.split("|") for line in out.splitlines() if line.count("|") == 3]
+    rows = [line.split("|") for line in (out or "").splitlines() if line.count("|") == 3]
     # sinfo's suffixes: * not responding (unavailable), ~ # powered off or powering up (power saving).
     bad = [
         f"{p}: {n} node(s) {s}"
@@ -37,16 +40,21 @@ def check_slurm(probe: Probe) -> list[Check]:
     ]
     version_out, _ = probe.run(["scontrol", "--version"])
     version = version_out.strip() if version_out else "scontrol unavailable"
-    job = _allocation(probe)
-    summary = f"{version}; {len({r[0] for r in rows})} partition(s)"
+    partitions = (
+        f"{len({r[0] for r in rows})} partition(s)" if out is not None else f"sinfo unavailable ({why})"
+    )
+    summary = f"{version}; {partitions}"
     if job:
         summary += (
             f"; inside job {job['id']} on {job['nodes']} ({job['num_nodes']} node(s), "
-            f"partition {job['partition']}, GPUs per node {job['gpus_per_node']}, gres {job['gres'] or '-'})"
+            f"partition {job['partition'] or '-'}, GPUs per node {job['gpus_per_node']}, "
+            f"gres {job['gres'] or '-'})"
         )
     details: dict[str, Any] = {
         "partitions": [dict(zip(("partition", "avail", "nodes", "state"), r, strict=True)) for r in rows]
     }
+    if out is None:
+        details["sinfo"] = why
     if job:
         details["job"] = job
     if bad:

@@ -135,6 +135,25 @@ def test_slurm_with_drained_nodes(node: Probe) -> None:
     assert check.status == WARN and check.summary.endswith("unavailable: gpu: 4 node(s) idle*")
 
 
+def test_an_allocation_is_reported_where_sinfo_is_missing(node: Probe) -> None:
+    """The job's details came only after sinfo succeeded: a compute node without sinfo got SKIPPED."""
+    node.env = {
+        **node.env,
+        "SLURM_JOB_ID": "4242",
+        "SLURM_JOB_NODELIST": "n[1-2]",
+        "SLURM_JOB_NUM_NODES": "2",
+        "SLURM_JOB_PARTITION": "gpu",
+        "SLURM_GPUS_ON_NODE": "4",
+    }
+    (check,) = check_slurm(node)
+    assert check.status == OK
+    assert check.summary == (
+        "scontrol unavailable; sinfo unavailable (sinfo not found on PATH); inside job 4242 on n[1-2] "
+        "(2 node(s), partition gpu, GPUs per node 4, gres -)"
+    )
+    assert check.details["job"]["id"] == "4242" and check.details["sinfo"] == "sinfo not found on PATH"
+
+
 def test_the_topology_matrix_header_is_no_gpu(node: Probe) -> None:
     """The header line, indented ("\tGPU0\tNIC0"), was counted: one GPU read as two on PCIe."""
     matrix = "\tGPU0\tNIC0\tCPU Affinity\nGPU0\t X \tPHB\t0-31\nNIC0\tPHB\t X \t\n"
