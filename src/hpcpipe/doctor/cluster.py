@@ -18,6 +18,8 @@ from hpcpipe.doctor.probe import (
     WARN,
     Check,
     Probe,
+    locate,
+    not_accessible,
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -82,8 +84,12 @@ def _allocation(probe: Probe) -> dict[str, Any] | None:
 
 
 def check_lustre(probe: Probe) -> list[Check]:
-    target = probe.run_dir.resolve()
-    existing = next((p for p in (target, *target.parents) if p.exists()), Path("/"))
+    if probe.which("lfs") is None:  # not a Lustre client: the run directory is not Lustre's business
+        return [Check("lustre", SKIPPED, "lfs not found on PATH")]
+    try:
+        _, existing = locate(probe.run_dir)
+    except OSError as exc:
+        return [Check("lustre", FAIL, not_accessible(probe.run_dir, exc))]
     out, why = probe.run(["lfs", "df", "-h", str(existing)])
     if out is None:
         return [Check("lustre", SKIPPED, why)]

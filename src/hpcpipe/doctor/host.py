@@ -19,6 +19,8 @@ from hpcpipe.doctor.probe import (
     WARN,
     Check,
     Probe,
+    locate,
+    not_accessible,
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -62,9 +64,11 @@ def check_memory(probe: Probe) -> list[Check]:
 
 
 def check_disk(probe: Probe) -> list[Check]:
-    target = probe.run_dir.resolve()
-    existing = next((p for p in (target, *target.parents) if p.exists()), Path("/"))
-    usage = shutil.disk_usage(existing)
+    try:
+        target, existing = locate(probe.run_dir)
+        usage = shutil.disk_usage(existing)
+    except OSError as exc:  # a folder on the way that cannot be read: runs cannot be saved there
+        return [Check("disk (run dir)", FAIL, not_accessible(probe.run_dir, exc))]
     fs = _filesystem_type(probe, existing)
     summary = f"{target}: {usage.free / GIB:.1f} GiB free of {usage.total / GIB:.1f} GiB ({fs})"
     details = {"path": str(target), "checked": str(existing), "free_bytes": usage.free, "filesystem": fs}

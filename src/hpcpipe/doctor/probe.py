@@ -33,6 +33,18 @@ class Check:
         return asdict(self)
 
 
+def locate(path: Path) -> tuple[Path, Path]:
+    """``path`` resolved, and it or the nearest folder above it that exists (where it would be
+    created). Raises OSError (PermissionError) where a folder on the way cannot be looked into:
+    resolving follows links through it, and ``exists`` stats in it."""
+    target = path.resolve()
+    return target, next((p for p in (target, *target.parents) if p.exists()), Path("/"))
+
+
+def not_accessible(path: Path, exc: OSError) -> str:
+    return f"{path.absolute()}: not accessible ({exc.strerror or exc})"
+
+
 def _load_nvml() -> ModuleType:
     import pynvml
 

@@ -342,3 +342,30 @@ def test_a_run_dir_that_is_a_file_or_under_one_fails_the_disk_check(node: Probe,
     node.run_dir.write_text("not a directory")
     [check] = check_disk(replace(node, run_dir=node.run_dir / under))
     assert check.status == FAIL and f"{node.run_dir} is a file, not a directory" in check.summary
+
+
+@pytest.mark.parametrize("raises", ["exists", "resolve"])
+def test_a_run_dir_under_an_unreadable_folder_fails_disk_and_lustre(
+    node: Probe, monkeypatch: pytest.MonkeyPatch, raises: str
+) -> None:
+    """PermissionError (Path.exists, or resolve through /proc/1/root) made 'disk WARN could not
+    run this check' and exit 0."""
+    from hpcpipe.doctor.cluster import check_lustre
+    from hpcpipe.doctor.host import check_disk
+
+    locked = node.run_dir.parent / "locked"
+    real = getattr(Path, raises)
+
+    def denied(path: Path, *args: Any) -> Any:  # as /proc/1/root is to an unprivileged container
+        if path.is_relative_to(locked):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real(path, *args)
+
+    monkeypatch.setattr(Path, raises, denied)
+    node.run_dir = locked / "runs"
+    tool(Path(node.env["PATH"]), "lfs", "print('every OST fine')")
+    rows = run_checks(node, (check_disk, check_lustre))
+    assert [(c.name, c.status, c.summary) for c in rows] == [
+        ("disk (run dir)", FAIL, f"{locked}/runs: not accessible (Permission denied)"),
+        ("lustre", FAIL, f"{locked}/runs: not accessible (Permission denied)"),
+    ]
