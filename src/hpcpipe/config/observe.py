@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Literal
 from urllib.parse import parse_qsl, urlsplit
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from hpcpipe.config.section import Section, one_line
 from hpcpipe.errors import hide_credentials
@@ -181,7 +181,10 @@ class ProfileConfig(Section):
     )
     start_step: int = Field(10, ge=1, description="First step of the window (its warm-up steps come first).")
     warmup: int = Field(
-        1, ge=0, description="Steps traced but discarded before the active ones (tool torch only)."
+        1,
+        ge=0,
+        description="Steps traced but discarded before the active ones, at most start_step "
+        "(tool torch only).",
     )
     active: int = Field(3, ge=1, description="Steps recorded.")
     ranks: list[int] | Literal["all"] = Field(
@@ -202,6 +205,17 @@ class ProfileConfig(Section):
 
     def records(self, rank: int) -> bool:
         return self.ranks == "all" or rank in self.ranks
+
+    @field_validator("warmup")
+    @classmethod
+    def _warmup_fits(cls, warmup: int, info: ValidationInfo) -> int:
+        # torch.profiler's warm-up steps run before start_step: more of them than steps before it
+        # would start the trace before step 0, which its schedule refuses mid-training. nsys and
+        # ncu capture no warm-up.
+        start = info.data.get("start_step")  # absent when start_step itself was refused
+        if info.data.get("tool") == "torch" and start is not None and warmup > start:
+            raise ValueError(f"more warm-up steps than start_step ({start}): at most {start}, or start later")
+        return warmup
 
     @model_validator(mode="after")
     def _torch_options(self) -> ProfileConfig:

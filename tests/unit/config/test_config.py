@@ -197,6 +197,19 @@ def test_recipe_variant_and_data_format_must_agree() -> None:
         load_config("tiny", ["data.format=idx"])
 
 
+def test_a_profile_warm_up_longer_than_its_start_step_is_refused_at_load() -> None:
+    """skip_first went negative: torch.profiler's AssertionError ended training after step 0."""
+    key = r"^tiny: observe\.profile\.warmup: "
+    with pytest.raises(ConfigError, match=key + r"more warm-up steps than start_step \(1\)"):
+        load_config("tiny", ["observe.profile.start_step=1", "observe.profile.warmup=3"])
+    as_many = load_config("tiny", ["observe.profile.start_step=3", "observe.profile.warmup=3"])
+    assert as_many.observe.profile.warmup == 3
+    nsys = load_config(
+        "tiny", ["observe.profile.tool=nsys", "observe.profile.start_step=1", "observe.profile.warmup=3"]
+    )
+    assert nsys.observe.profile.warmup == 3  # nsys and ncu capture no warm-up
+
+
 def test_loader_worker_options_need_workers() -> None:
     with pytest.raises(ConfigError, match=r"data.persistent_workers needs data.num_workers > 0"):
         load_config("resnet-tiny", ["data.persistent_workers=true"])
