@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
@@ -11,6 +11,9 @@ from rich.table import Table
 
 from hpcpipe.cli.common import JsonOption, console, print_whole, write_json
 from hpcpipe.errors import UserError
+
+if TYPE_CHECKING:
+    from hpcpipe.observe.verdict import Verdict
 
 _SHARE = dict(min=0.0, max=1.0, show_default=True)
 
@@ -64,6 +67,12 @@ def profile(
             raise UserError(f"{option} {share:g}: give a share above 0 (a share of step time, at most 1)")
     limits = Thresholds(input_share, comm_share, host_share, gpu_busy)
     verdict, trace = profile_run(run_dir, limits)
+    if json_out != "-":  # standard output holds the JSON alone, as doctor's does
+        _print_verdict(run_dir, verdict, trace)
+    write_json({**verdict.to_dict(), "trace": str(trace) if trace else None}, json_out)
+
+
+def _print_verdict(run_dir: Path, verdict: Verdict, trace: Path | None) -> None:
     ev = verdict.evidence
     console.print(f"{escape(str(run_dir))}: a step takes {ev.step_time_s * 1000:.1f} ms (rank 0)")
     table = Table()
@@ -90,4 +99,3 @@ def profile(
     console.print("try:")
     for knob in verdict.knobs:
         console.print(f"  - {escape(knob)}")
-    write_json(verdict.to_dict(), json_out)

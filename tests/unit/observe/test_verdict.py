@@ -160,6 +160,14 @@ def test_profile_cli_prints_the_verdict_and_writes_json(tmp_path: Path) -> None:
     assert "verdict: input-bound" in proc.stdout
     assert "data.num_workers" in proc.stdout
     assert json.loads((tmp_path / "v.json").read_text())["verdict"] == "input-bound"
+    assert json.loads((tmp_path / "v.json").read_text())["trace"] is None
+    # To standard output: the JSON alone (the table, evidence and knobs came first), naming its trace.
+    trace = run / "profile" / "rank0.steps2-3.trace.json"
+    trace.parent.mkdir()
+    trace.write_text(json.dumps([{"name": "ProfilerStep#2", "ph": "X", "ts": 0, "dur": 1000}]))
+    piped = run_cli("profile", str(run), "--json", "-", cwd=tmp_path)
+    assert piped.returncode == 0, piped.stderr
+    assert json.loads(piped.stdout)["trace"] == str(trace)
     bad = run_cli("profile", str(tmp_path / "nope"), cwd=tmp_path)
     assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "nope" in bad.stderr
     empty = tmp_path / "empty"
