@@ -38,7 +38,7 @@ def profile(
 
     Reads the phase timers every run logs (metrics.jsonl: data wait, forward, backward, optimizer,
     exposed communication, step time), MFU and NVML GPU utilisation where present, the
-    profiler trace when observe.profile recorded one (GPU kernel-busy fraction, top operators),
+    profiler trace when observe.profile recorded one (GPU kernel-busy fraction, top operators by self time),
     and the `nsys stats` CSV exports of an Nsight Systems run (profile/nsys/*_nvtx_sum.csv and
     *_cuda_gpu_kern_sum.csv: NVTX step and phase times, NCCL share of kernel time, top kernels).
     The limiter furthest over its threshold wins; none over: compute-bound. Only the run's last
@@ -90,7 +90,7 @@ def _print_verdict(run_dir: Path, verdict: Verdict, trace: Path | None) -> None:
     console.print("evidence: " + "; ".join(extra))
     if ev.top_ops:
         ops = ", ".join(f"{escape(name)} {seconds * 1000:.1f} ms" for name, seconds in ev.top_ops[:5])
-        console.print(f"top operators (traced steps): {ops}")
+        console.print(f"top operators (traced steps, self time): {ops}")
     for line in ev.nsys.describe() if ev.nsys is not None else []:
         console.print(escape(line), soft_wrap=True)
     if ev.straggler:

@@ -52,7 +52,8 @@ class Evidence:
     mfu: float | None = None
     gpu_busy: float | None = None
     gpu_busy_source: str | None = None  # "trace", "nvml" or "nsys"
-    top_ops: list[tuple[str, float]] = field(default_factory=list)  # (operator, seconds) from the trace
+    # (operator, self seconds: less its child operators) from the trace, the most first
+    top_ops: list[tuple[str, float]] = field(default_factory=list)
     straggler: str | None = None  # the last imbalance event, described
     nsys: NsysEvidence | None = None  # the lowest rank's Nsight Systems capture (nsys stats CSVs)
 
@@ -146,7 +147,8 @@ def evidence_from_rows(rows: list[dict[str, Any]]) -> Evidence:
 
 
 def read_trace(path: Path, top: int = 8) -> tuple[float | None, list[tuple[str, float]]]:
-    """(GPU kernel-busy fraction of the traced steps or None without GPU kernels, top CPU ops)."""
+    """(GPU kernel-busy fraction of the traced steps or None without GPU kernels, the top CPU
+    operators by self time)."""
     trace = json.loads(path.read_text())
     # Chrome's trace format: an object with traceEvents, or the bare array of events.
     events = trace.get("traceEvents", []) if isinstance(trace, dict) else trace
@@ -171,10 +173,32 @@ def read_trace(path: Path, top: int = 8) -> tuple[float | None, list[tuple[str, 
         skipped = sum(min(b, end) - max(a, start) for a, b in left_out if min(b, end) > max(a, start))
         busy = min(1.0, _union_us(kernels, start, end) / max(end - start - skipped, 1e-9))
     ops: dict[str, float] = defaultdict(float)
-    for e in events:
-        if e.get("cat") == "cpu_op" and "dur" in e and in_a_step(e):
-            ops[str(e["name"])] += float(e["dur"]) / 1e6
+    cpu_ops = [e for e in events if e.get("cat") == "cpu_op" and "dur" in e and in_a_step(e)]
+    for name, seconds in _self_times(cpu_ops):
+        ops[name] += seconds
     return busy, sorted(ops.items(), key=lambda kv: -kv[1])[:top]
+
+
+def _self_times(cpu_ops: list[dict[str, Any]]) -> list[tuple[str, float]]:
+    """(name, seconds) of each operator less its child operators on the same thread: inclusive
+    times counted a nested call once per level (aten::layer_norm, native_layer_norm, ... each
+    with the whole time)."""
+    self_us = [float(e["dur"]) for e in cpu_ops]
+    by_thread: dict[tuple[Any, Any], list[int]] = defaultdict(list)
+    for i, e in enumerate(cpu_ops):
+        by_thread[(e.get("pid"), e.get("tid"))].append(i)
+    for indices in by_thread.values():
+        # Parents before their children: by start, the longer first when two start together.
+        indices.sort(key=lambda i: (float(cpu_ops[i]["ts"]), -float(cpu_ops[i]["dur"])))
+        open_ops: list[tuple[float, int]] = []  # (end, index) of the operators enclosing this one
+        for i in indices:
+            start = float(cpu_ops[i]["ts"])
+            while open_ops and open_ops[-1][0] <= start:
+                open_ops.pop()
+            if open_ops:
+                self_us[open_ops[-1][1]] -= float(cpu_ops[i]["dur"])
+            open_ops.append((start + float(cpu_ops[i]["dur"]), i))
+    return [(str(e["name"]), max(0.0, us) / 1e6) for e, us in zip(cpu_ops, self_us, strict=True)]
 
 
 def _number(value: Any) -> bool:

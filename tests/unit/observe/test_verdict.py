@@ -148,6 +148,28 @@ def test_trace_gpu_busy_counts_overlapping_kernels_once(tmp_path: Path) -> None:
     assert ops[0] == ("aten::mm", pytest.approx(0.0007))
 
 
+def test_top_operators_are_ranked_by_self_time(tmp_path: Path) -> None:
+    """Inclusive times counted a nested call at every level: a layer norm's backward 168 ms three times."""
+
+    def op(name: str, ts: float, dur: float, tid: int = 1) -> dict[str, object]:
+        return {"name": name, "ph": "X", "cat": "cpu_op", "ts": ts, "dur": dur, "pid": 7, "tid": tid}
+
+    events = [
+        op("aten::layer_norm", 0, 1000),
+        op("aten::native_layer_norm", 0, 900),  # starts with its parent
+        op("aten::empty", 100, 50),
+        op("aten::mul", 300, 400),
+        op("aten::linear", 1000, 300),  # starts as layer_norm ends: its sibling
+        op("aten::mm", 10, 600, tid=2),  # another thread: nested in nothing
+    ]
+    (tmp_path / "t.json").write_text(json.dumps({"traceEvents": events}))
+    _, ops = read_trace(tmp_path / "t.json")
+    self_us = {"aten::mm": 600, "aten::native_layer_norm": 450, "aten::mul": 400, "aten::linear": 300,
+               "aten::layer_norm": 100, "aten::empty": 50}  # fmt: skip
+    assert dict(ops) == pytest.approx({name: us / 1e6 for name, us in self_us.items()})
+    assert ops[0][0] == "aten::mm"
+
+
 def test_profile_cli_prints_the_verdict_and_writes_json(tmp_path: Path) -> None:
     run = tmp_path / "run"
     run.mkdir()
