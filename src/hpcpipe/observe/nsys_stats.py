@@ -33,6 +33,12 @@ STATS_REPORTS = ("nvtx_sum", "cuda_gpu_kern_sum")
 STATS_ARGS = ("stats", "--report", ",".join(STATS_REPORTS), "--format", "csv", "--force-export=true")
 NVTX_CSV, KERNEL_CSV = (f"_{report}.csv" for report in STATS_REPORTS)
 PHASE_RANGES = ("data", "forward", "comm", "backward", "optimizer")
+# The phase timers split DDP's backward at the gradient hook's mark on the device timeline; the NVTX
+# ranges are pushed and popped by the training thread, which cannot see that mark (it comes from
+# the autograd thread, and the wait is the GPU's), so its `backward` range holds the gradient sync
+# and `comm` only the OOM guard's all-reduce: said beside the shares, which can disagree with the
+# verdict table's comm.
+HOST_SIDE = "(host-side NVTX ranges; backward includes exposed gradient sync)"
 _UNITS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
 
 
@@ -107,7 +113,8 @@ class NsysEvidence:
             shares = ", ".join(f"{p} {self.phase_s.get(p, 0.0) / step:.1%}" for p in PHASE_RANGES)
             lines.append(
                 f"nsys {self.report}: {self.steps} captured step(s) of {step * 1000:.1f} ms; "
-                f"NVTX phases {shares}; data wait {self.phase_s.get('data', 0.0) * 1000:.1f} ms per step"
+                f"NVTX phases {HOST_SIDE} {shares}; "
+                f"data wait {self.phase_s.get('data', 0.0) * 1000:.1f} ms per step"
             )
         elif self.steps:  # an export whose steps add up to no time: no shares to give
             lines.append(

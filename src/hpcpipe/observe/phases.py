@@ -21,6 +21,8 @@ synchronisation at the logged step, so marking adds no synchronisation.
 
 **Listeners** (NVTX ranges, OpenTelemetry spans) see every phase and step boundary as it happens,
 and the loop's other named regions (``region("checkpoint_save")``, a collective) nested inside.
+They see DDP's backward as one ``backward`` phase: ``compute_done()`` comes from the autograd
+thread and marks the device timeline, which a listener on the training thread cannot split at.
 With no listener attached a boundary costs one empty loop.
 """
 

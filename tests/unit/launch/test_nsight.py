@@ -301,6 +301,8 @@ def test_profile_adds_the_nsys_capture_to_its_verdict(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert "nsys gpt-h100.rank0: 3 captured step(s) of 412.6 ms" in out
+    # Host-side ranges: their backward holds DDP's exposed gradient sync, the phase table's does not.
+    assert "NVTX phases (host-side NVTX ranges; backward includes exposed gradient sync) data 1.0%" in out
     assert "data 1.0%, forward 23.3%, comm 0.1%, backward 67.6%, optimizer 7.0%" in out
     assert "data wait 4.1 ms per step" in out
     assert "GPU kernels 1132.1 ms over the capture: NCCL 18%, compute 82%" in out
