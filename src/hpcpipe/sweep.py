@@ -93,9 +93,13 @@ def plan_points(source: str, sets: list[str], grid: dict[str, list[Any]], out_di
             scoped = own_checkpoint_dirs(job.checkpoint, name, out_dir)
             own = [f"{key}={value}" for key, value in scoped.items()]
             job = load_config(source, [*sets, *overrides, *extra, *own])
-            check_plain_env(job.launch)  # a grid value may add one: in folder names and sweep.csv too
         except ConfigError as exc:
             raise UserError(f"sweep point {', '.join(overrides)}: {exc}") from None
+        try:  # a grid value may add one: in folder names and sweep.csv too
+            check_plain_env(job.launch)
+        except ConfigError as exc:  # the point's keys alone: its values hold the secret
+            keys = ", ".join(item.partition("=")[0] for item in overrides)
+            raise UserError(f"sweep point {keys}: {exc}") from None
         if job.run_dir in points:  # 0.003 and 0.0030 are one value once parsed
             raise UserError(f"sweep: {', '.join(overrides)} is one point twice (the grid repeats a value)")
         points[job.run_dir] = SweepPoint(overrides, job)

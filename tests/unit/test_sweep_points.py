@@ -32,8 +32,9 @@ def test_a_grid_value_naming_a_secret_env_is_refused_before_any_point(tmp_path: 
     """Only the base job was checked: the value went into the point's folder name, its
     config.yaml and sweep.csv."""
     grid = {"launch.k8s.env": [{"HF_TOKEN": "hf_abc123"}]}
-    with pytest.raises(UserError, match=r"^sweep point launch.k8s.env=.*HF_TOKEN looks like a secret"):
+    with pytest.raises(UserError, match=r"^sweep point launch.k8s.env: .*HF_TOKEN looks like a secret") as e:
         plan_points("tiny", [], grid, tmp_path / "out")
+    assert "hf_abc123" not in str(e.value)  # the message goes to logs: never the value
     assert not (tmp_path / "out").exists()
 
 
