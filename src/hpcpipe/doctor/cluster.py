@@ -61,6 +61,8 @@ def check_slurm(probe: Probe) -> list[Check]:
         details["job"] = job
     if bad:
         return [Check("slurm", WARN, f"{summary}; unavailable: {'; '.join(bad[:4])}", details)]
+    if out is None and probe.which("sinfo") is not None:  # there, but the controller did not answer
+        return [Check("slurm", WARN, summary, details)]  # (srun steps and requeues need it)
     return [Check("slurm", OK, summary, details)]
 
 

@@ -152,6 +152,14 @@ def test_an_allocation_is_reported_where_sinfo_is_missing(node: Probe) -> None:
         "(2 node(s), partition gpu, GPUs per node 4, gres -)"
     )
     assert check.details["job"]["id"] == "4242" and check.details["sinfo"] == "sinfo not found on PATH"
+    # sinfo there but failing: the controller does not answer (srun steps and requeues need it).
+    tool(
+        Path(node.env["PATH"]),
+        "sinfo",
+        "import sys; print('Unable to contact slurm controller', file=sys.stderr); sys.exit(1)",
+    )
+    (check,) = check_slurm(node)
+    assert check.status == WARN and "Unable to contact slurm controller" in check.summary
 
 
 def test_the_topology_matrix_header_is_no_gpu(node: Probe) -> None:
