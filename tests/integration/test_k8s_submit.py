@@ -165,7 +165,9 @@ def test_a_submit_of_the_other_api_neither_takes_its_name_nor_says_delete_its_co
     """A TrainJob recorded under an older name (tiny-gpt): `launch k8s --api pytorchjob --submit`
     took that name too, and, refused for the ConfigMap they would share, said no PyTorchJob of
     that name exists: delete the ConfigMap (the running TrainJob's). It takes run.name's name now;
-    a TrainJob holding that name too is named as a job, not its ConfigMap left over."""
+    a TrainJob holding that name too is named as a job, not its ConfigMap left over. While the
+    recorded job runs, a submit of the other API is refused: two jobs would train into one run
+    directory."""
     sets = ["--set", f"run.out_dir={tmp_path}", "--set", "run.name=tiny_gpt"]
     submit = ["launch", "k8s", "tiny", *sets, "--api", "pytorchjob", "--submit"]
     with KubeApi() as api:
@@ -173,6 +175,13 @@ def test_a_submit_of_the_other_api_neither_takes_its_name_nor_says_delete_its_co
         older = [*sets, "--set", "launch.k8s.name=tiny-gpt"]
         code, _, err = _cli(kubeconfig, "launch", "k8s", "tiny", *older, "--submit", cwd=tmp_path)
         assert code == 0, err
+        code, _, err = _cli(kubeconfig, *submit, cwd=tmp_path)  # the TrainJob still runs: refused
+        assert code == 2 and "this run's recorded job, is still there" in err, err
+        assert not [key for key in api.objects if key[0] == "pytorchjobs"]
+        for plural in ("trainjobs", "configmaps"):  # `hpcpipe jobs cancel`: gone
+            api.objects.pop(
+                next(key for key in api.objects if key[0] == plural and key[2].startswith("tiny-gpt"))
+            )
         code, _, err = _cli(kubeconfig, *submit, cwd=tmp_path)
         assert code == 0, err
         assert [key[2] for key in api.objects if key[0] == "pytorchjobs"] == ["tiny-gpt-db11a5"]
@@ -181,7 +190,7 @@ def test_a_submit_of_the_other_api_neither_takes_its_name_nor_says_delete_its_co
         code, _, err = _cli(kubeconfig, "launch", "k8s", "tiny", *sets, "--submit", cwd=tmp_path)
         assert code == 0, err  # a TrainJob tiny-gpt-db11a5, its ConfigMap the one a PyTorchJob would use
         code, _, err = _cli(kubeconfig, *submit, cwd=tmp_path)
-        assert code == 2 and "a job of that name exists" in err and "delete configmap" not in err, err
+        assert code == 2 and "is still there" in err and "delete configmap" not in err, err
 
 
 def test_an_unreachable_api_server_is_one_line(tmp_path: Path) -> None:

@@ -111,6 +111,14 @@ def k8s(
     if connection is None:
         console.print(f"submit it: kubectl apply -f {target}   (or rerun with --submit)")
         return
+    rendered = {(d["kind"], d["metadata"]["name"]) for d in docs}
+    other = None if recorded is None or (recorded.kind, recorded.name) in rendered else recorded
+    if other is not None and k8s_cluster.get_or_none(connection, other) is not None:  # two jobs, one dir
+        raise UserError(
+            f"{other.kind} {other.namespace}/{other.name}, this run's recorded job, is still "
+            f"there: `hpcpipe jobs cancel {job.run_dir}` first (a second job would train into its "
+            "run directory)"
+        )
     ref = k8s_cluster.create(connection, docs)
     k8s_cluster.record_submission(job.run_dir, ref)
     console.print(f"created {ref.kind} [bold]{ref.namespace}/{ref.name}[/]")
