@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
 from hpcpipe.errors import UserError
+from hpcpipe.launch.k8s_run_place import run_dir_in, shared_place, unproven
 from hpcpipe.layout import RunLayout
 
 P = ParamSpec("P")
@@ -173,7 +174,8 @@ def create(api: Any, docs: list[dict[str, Any]]) -> K8sJobRef:
 
 def _job_exists(objects: Any, job: K8sJobRef) -> bool:
     """Whether a job of any kind holds the name, and so may use its ConfigMap (True when the API
-    will not say: the safer hint)."""
+    will not say of the job's own kind: the safer hint; another kind it may not read, a 403 where
+    that API is not even installed, does not count)."""
     from kubernetes import client
 
     for kind in _JOB_KINDS:
@@ -181,7 +183,7 @@ def _job_exists(objects: Any, job: K8sJobRef) -> bool:
         try:
             objects.get_namespaced_custom_object(group, version, job.namespace, _PLURALS[kind], job.name)
         except client.ApiException as exc:
-            if exc.status != 404:
+            if exc.status != 404 and kind == job.kind:
                 return True
         else:
             return True
@@ -423,7 +425,7 @@ def reuse_or_clear(
     if obj is not None and not failed and same_config:
         return dataclasses.replace(ref, uid=uid), True
     # The same config names the same run directory, and on a claim that is one place: this run's.
-    if not (same_config and _shared_place(config_map["data"].get(RunLayout.CONFIG)) is not None):
+    if not (same_config and shared_place(config_map["data"].get(RunLayout.CONFIG)) is not None):
         _check_ours(ref, docs, obj, held, recorded)
     delete_and_wait(api, dataclasses.replace(ref, uid=uid), poll_s)  # that object, not a newer one
     return ref, False
@@ -438,7 +440,15 @@ def _refuse_busy_config_map(api: Any, ref: K8sJobRef, held: Any) -> None:
     cm = f"ConfigMap {ref.namespace}/{ref.name}-config"
     for kind in _JOB_KINDS:
         other = K8sJobRef(kind, ref.name, ref.namespace, _API_VERSIONS[kind])
-        if kind != ref.kind and get_or_none(api, other) is not None:
+        try:
+            found = None if kind == ref.kind else get_or_none(api, other)
+        except UserError as exc:  # no leave to read that kind (a 403, even where it is not installed)
+            raise UserError(
+                f"{cm} has no {ref.kind}, and whether a {kind} of that name runs from it cannot be told "
+                f"({exc}): nothing deleted; if it is left over, kubectl delete configmap {ref.name}-config "
+                f"-n {ref.namespace}"
+            ) from None
+        if found is not None:
             raise UserError(
                 f"{cm} is the {kind} {ref.name}'s, not a {ref.kind}'s: nothing deleted; set "
                 f"launch.k8s.name (or another run.name) to run this one beside it, or, if that job is "
@@ -471,24 +481,24 @@ def _check_ours(
     from hpcpipe.launch.kubernetes import RUN_LABEL
 
     [config_map] = [d for d in docs if d["kind"] == "ConfigMap"]
-    ours = _shared_place(config_map["data"].get(RunLayout.CONFIG))
+    ours = shared_place(config_map["data"].get(RunLayout.CONFIG))
     meta = obj.get("metadata", {}) if obj is not None else {}
     labels = meta.get("labels") if obj is not None else getattr(held.metadata, "labels", None)
     theirs = (labels or {}).get(RUN_LABEL)
     their_config = (held.data or {}).get(RunLayout.CONFIG) if held is not None else None
     if recorded is not None and recorded.uid is not None and recorded.uid == meta.get("uid"):
         return
-    if ours is not None and (theirs == ours or (theirs is None and _shared_place(their_config) == ours)):
+    if ours is not None and (theirs == ours or (theirs is None and shared_place(their_config) == ours)):
         return
-    their_dir = _run_dir_in(their_config)
-    same_dir = their_dir is not None and their_dir == _run_dir_in(config_map["data"].get(RunLayout.CONFIG))
+    their_dir = run_dir_in(their_config)
+    same_dir = their_dir is not None and their_dir == run_dir_in(config_map["data"].get(RunLayout.CONFIG))
     if obj is None and same_dir:  # only a ConfigMap left (kubectl delete): no job runs from it
         return
     beside = "set launch.k8s.name (or another run.name) to run this one beside it"
     if same_dir:  # this run's path, yet nothing proves it is this run's: say why, not "another run"
         raise UserError(
             f"{ref.kind} {ref.namespace}/{ref.name} names this run directory {their_dir}, but "
-            f"{_unproven(ours)}, and {_record_says(ref, recorded)}: nothing deleted; if it is "
+            f"{unproven(ours)}, and {_record_says(ref, recorded)}: nothing deleted; if it is "
             f"this run's, delete it (kubectl delete {ref.kind.lower()} {ref.name} -n {ref.namespace}) "
             f"and run again, else {beside}"
         )
@@ -512,47 +522,6 @@ def _record_says(ref: K8sJobRef, recorded: K8sJobRef | None) -> str:
     if named and recorded is not None and recorded.uid is None:  # an older hpcpipe recorded no uid
         return "k8s_job.json names it but holds no uid to prove it"
     return "k8s_job.json records no such job"
-
-
-def _unproven(ours: str | None) -> str:
-    """Why a job naming this run's path may still be another run's."""
-    if ours is None:  # the path is on the submitting machine and the pods' own disks
-        return "run.out_dir is on no claim of launch.k8s, so the same path may be another machine's run"
-    return (
-        "it is not labelled as on this run's claim (another claim or namespace, or an older hpcpipe's label)"
-    )
-
-
-def _shared_place(config: str | None) -> str | None:
-    """``place_label`` of the run directory a job's config.yaml names, where it lies on a claim;
-    None where it lies on none, or the config names none."""
-    import yaml
-
-    from hpcpipe.launch.kubernetes import place_label, run_claim
-
-    try:
-        raw = yaml.safe_load(config or "")
-        run, k8s = raw["run"], (raw.get("launch") or {}).get("k8s") or {}
-        claim = run_claim(k8s.get("runs_pvc"), k8s.get("checkpoint_pvc"))
-        namespace = str(k8s.get("namespace", "default"))
-        return (
-            None if not claim else place_label(namespace, str(claim), str(run["out_dir"]), str(run["name"]))
-        )
-    except (KeyError, TypeError, AttributeError, yaml.YAMLError):
-        return None
-
-
-def _run_dir_in(config: str | None) -> str | None:
-    """The run directory a job's config.yaml names (run.out_dir/run.name); None where it names none."""
-    import posixpath
-
-    import yaml
-
-    try:
-        run = yaml.safe_load(config or "")["run"]
-        return posixpath.normpath(posixpath.join(str(run["out_dir"]), str(run["name"])))
-    except (KeyError, TypeError, yaml.YAMLError):
-        return None
 
 
 @_one_line_errors

@@ -107,3 +107,36 @@ def test_a_record_without_a_uid_is_not_called_no_record(monkeypatch: pytest.Monk
         k8s_cluster.reuse_or_clear(None, now, 0.1, recorded)
     with pytest.raises(UserError, match=r"k8s_job\.json records no such job: nothing"):
         k8s_cluster.reuse_or_clear(None, now, 0.1, dataclasses.replace(recorded, name="other"))
+
+
+def test_a_kind_the_user_may_not_read_is_said_not_taken_for_a_job(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 403 on another job kind (even one not installed: RBAC answers first) read as that
+    kind's job holding the name: a retry's refusal said nothing of why, and create's 409 hint
+    said a job of that name exists."""
+    from kubernetes import client
+
+    from hpcpipe.config import load_config
+    from hpcpipe.launch.kubernetes import render_k8s
+
+    theirs = render_k8s(load_config("tiny", ["launch.k8s.image=reg/img:1"]))
+    ours = render_k8s(load_config("tiny", ["launch.k8s.image=reg/img:1", "train.steps=7"]))
+
+    def forbidden(api: Any, ref: K8sJobRef) -> None:
+        if ref.kind != "TrainJob":
+            raise UserError(f"{ref.kind} {ref.namespace}/{ref.name}: Forbidden")
+
+    _cluster(monkeypatch, {}, _held(theirs[0]))
+    monkeypatch.setattr(k8s_cluster, "get_or_none", forbidden)
+    with pytest.raises(UserError, match=r"whether a PyTorchJob of that name runs from it cannot be told .*"):
+        k8s_cluster.reuse_or_clear(None, ours, 0.1)
+
+    class Objects:
+        def get_namespaced_custom_object(
+            self, group: str, version: str, ns: str, plural: str, name: str
+        ) -> None:
+            raise client.ApiException(status=404 if plural == "trainjobs" else 403)
+
+    job = ours[1]
+    ref = K8sJobRef("TrainJob", job["metadata"]["name"], job["metadata"]["namespace"], job["apiVersion"])
+    assert not k8s_cluster._job_exists(Objects(), ref)
+    assert k8s_cluster._job_exists(Objects(), dataclasses.replace(ref, kind="PyTorchJob"))
