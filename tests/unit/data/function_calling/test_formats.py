@@ -1,5 +1,6 @@
-"""Function-calling rows -> Conversation (Glaive v2, OpenAI, Hermes), malformed counting, the
-held-out hash split, and the synthetic Glaive generator read back by the parser."""
+"""Function-calling rows -> Conversation (Glaive v2, OpenAI, Hermes), malformed rows, and the
+synthetic Glaive generator read back by the parser (row files and the held-out split:
+test_row_files.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.unit.data.function_calling.glaive_text import SONG_TOOL, glaive_row
 
 from hpcpipe.config.synthetic import SyntheticMix
 from hpcpipe.data.function_calling.conversation import Conversation, Message, ToolCall
@@ -26,34 +28,13 @@ from hpcpipe.data.function_calling.formats import (
 )
 from hpcpipe.data.function_calling.generator import LIBRARY, generate_conversations
 from hpcpipe.data.function_calling.glaive_rows import generate_glaive_rows, to_glaive, write_jsonl
-from hpcpipe.data.function_calling.row_files import held_out, read_conversations, write_malformed_report
-from hpcpipe.errors import DataError
+from hpcpipe.data.function_calling.row_files import read_conversations
 
-SONG_TOOL = {
-    "name": "play_song",
-    "description": "Play a song",
-    "parameters": {
-        "type": "object",
-        "properties": {"title": {"type": "string", "description": "The song title"}},
-        "required": ["title"],
-    },
-}
 NEWS_TOOL = {
     "name": "get_news",
     "description": "Get news",
     "parameters": {"type": "object", "properties": {}},
 }
-
-
-def _system(*tools: dict[str, Any]) -> str:
-    """A Glaive system text: prose, then pretty-printed functions separated by blank lines."""
-    if not tools:
-        return f"SYSTEM: {GLAIVE_NO_FUNCTIONS}\n\n"
-    return f"SYSTEM: {GLAIVE_WITH_FUNCTIONS}\n" + "\n\n".join(json.dumps(t, indent=4) for t in tools) + "\n\n"
-
-
-def _glaive(*turns: str, tools: tuple[dict[str, Any], ...] = (SONG_TOOL,)) -> dict[str, str]:
-    return {"system": _system(*tools), "chat": "".join(t + "\n\n\n" for t in turns)}
 
 
 def _reason(parse: Any, row: Any) -> str:
@@ -67,7 +48,7 @@ def _reason(parse: Any, row: Any) -> str:
 
 
 def test_glaive_apostrophes_inside_single_quoted_arguments_survive() -> None:
-    row = _glaive(
+    row = glaive_row(
         "USER: Play Don't Stop Me Now, please.",
         'ASSISTANT: <functioncall> {"name": "play_song", "arguments": \'{"title": "Don\'t Stop Me Now"}\'} '
         "<|endoftext|>",
@@ -87,7 +68,7 @@ def test_glaive_apostrophes_inside_single_quoted_arguments_survive() -> None:
 
 def test_glaive_arguments_as_object_as_json_string_and_python_escaped() -> None:
     def call(arguments: str) -> ToolCall:
-        row = _glaive(
+        row = glaive_row(
             "USER: play it",
             f'ASSISTANT: <functioncall> {{"name": "play_song", "arguments": {arguments}}} <|endoftext|>',
         )
@@ -103,7 +84,7 @@ def test_glaive_arguments_as_object_as_json_string_and_python_escaped() -> None:
 
 def test_glaive_text_before_the_call_is_content_and_markers_inside_arguments_do_not_split() -> None:
     args = '{"title": "<functioncall> is a tag, isn\'t it?"}'
-    row = _glaive(
+    row = glaive_row(
         "USER: play the odd one",
         f'ASSISTANT: Sure, one moment. <functioncall> {{"name": "play_song", "arguments": \'{args}\'}} '
         "<|endoftext|>",
@@ -116,7 +97,7 @@ def test_glaive_text_before_the_call_is_content_and_markers_inside_arguments_do_
 
 
 def test_glaive_parallel_calls_are_one_message_and_responses_are_tool_turns() -> None:
-    row = _glaive(
+    row = glaive_row(
         "USER: Play Despacito and get the news.",
         'ASSISTANT: <functioncall> {"name": "play_song", "arguments": \'{"title": "Despacito"}\'}\n'
         '<functioncall> {"name": "get_news", "arguments": {}} <|endoftext|>',
@@ -135,7 +116,7 @@ def test_glaive_parallel_calls_are_one_message_and_responses_are_tool_turns() ->
 
 
 def test_glaive_row_without_a_call_and_no_access_prompt_are_valid() -> None:
-    refusal = _glaive(
+    refusal = glaive_row(
         "USER: Can you book me a flight to São Paulo?",
         "ASSISTANT: I'm sorry, but I can't book flights. I can play songs, though. <|endoftext|>",
         tools=(SONG_TOOL, NEWS_TOOL),
@@ -143,7 +124,7 @@ def test_glaive_row_without_a_call_and_no_access_prompt_are_valid() -> None:
     conv = parse_glaive(refusal)
     assert len(conv.tools) == 2 and not any(m.tool_calls for m in conv.messages)
 
-    chat = _glaive("USER: What's 東京?", "ASSISTANT: The capital of Japan. <|endoftext|>", tools=())
+    chat = glaive_row("USER: What's 東京?", "ASSISTANT: The capital of Japan. <|endoftext|>", tools=())
     conv = parse_glaive(chat)
     assert conv.tools == ()
     assert conv.messages[0] == Message("system", GLAIVE_NO_FUNCTIONS)
@@ -191,7 +172,7 @@ def test_glaive_row_without_a_call_and_no_access_prompt_are_valid() -> None:
     ],
 )
 def test_glaive_malformed_rows_raise_with_a_reason(chat: tuple[str, ...], reason: str) -> None:
-    assert _reason(parse_glaive, _glaive(*chat)) == reason
+    assert _reason(parse_glaive, glaive_row(*chat)) == reason
 
 
 def test_glaive_malformed_row_fields() -> None:
@@ -336,92 +317,6 @@ def test_hermes_row_level_tools_and_several_objects_in_the_block() -> None:
 def test_hermes_malformed_rows(turn: dict[str, Any], reason: str) -> None:
     row = {"conversations": [{"from": "human", "value": "hi"}, turn, {"from": "gpt", "value": "ok"}]}
     assert _reason(parse_hermes, row) == reason
-
-
-# ------------------------------------------------------------------------------------ files, split, report
-
-
-def test_read_conversations_counts_malformed_lines_and_names_sources(tmp_path: Path) -> None:
-    good = _glaive("USER: play Despacito", "ASSISTANT: Playing. <|endoftext|>")
-    lines = [
-        json.dumps(good),
-        "{not json",
-        "",  # blank lines are not rows
-        json.dumps(_glaive("USER: hi", "ASSISTANT: cut off")),
-        json.dumps({"chat": 42}),
-        json.dumps([1, 2]),
-        json.dumps(good, ensure_ascii=False),
-    ]
-    path = tmp_path / "glaive.jsonl"
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    convs, bad = read_conversations([path], "glaive")
-    assert [c.source for c in convs] == ["glaive.jsonl:1", "glaive.jsonl:7"]
-    assert bad == Counter({"bad_json": 2, "truncated": 1, "no_chat": 1})
-
-
-def test_a_lone_surrogate_escape_is_one_counted_row(tmp_path: Path) -> None:
-    """A lone "\\ud800" is legal JSON but no text: the row is counted (bad_json), not a UnicodeEncodeError
-    ending the prepare at the held-out split; an escaped pair (an emoji) is text and kept."""
-    good = json.dumps(_glaive("USER: smile \U0001f600", "ASSISTANT: Done. <|endoftext|>"))
-    assert "\\ud83d\\ude00" in good
-    lone = good.replace("\\ud83d\\ude00", "\\ud800")
-    path = tmp_path / "glaive.jsonl"
-    path.write_text(f"{good}\n{lone}\n", encoding="utf-8")
-    convs, bad = read_conversations([path], "glaive")
-    assert [c.source for c in convs] == ["glaive.jsonl:1"] and bad == Counter({"bad_json": 1})
-
-
-def test_read_conversations_reads_a_json_array_file(tmp_path: Path) -> None:
-    rows = [
-        {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]},
-        {"x": 1},
-    ]
-    path = tmp_path / "rows.json"
-    path.write_text(json.dumps(rows, indent=2))
-    convs, bad = read_conversations([path], "openai")
-    assert [c.source for c in convs] == ["rows.json:1"]
-    assert bad == Counter({"no_chat": 1})
-
-
-def test_read_conversations_missing_file_is_a_one_line_data_error(tmp_path: Path) -> None:
-    missing = tmp_path / "nope.jsonl"
-    with pytest.raises(DataError, match=r"nope\.jsonl") as info:
-        read_conversations([missing], "hermes")
-    assert "\n" not in str(info.value)
-
-
-def test_write_malformed_report(tmp_path: Path) -> None:
-    path = tmp_path / "out" / "malformed.json"
-    write_malformed_report(Counter({"truncated": 3, "bad_json": 1}), total=10, path=path)
-    report = json.loads(path.read_text())
-    assert report == {
-        "total_rows": 10,
-        "valid_rows": 6,
-        "malformed_rows": 4,
-        "malformed": {"bad_json": 1, "truncated": 3},
-    }
-    assert list(report["malformed"]) == ["bad_json", "truncated"]
-
-
-def test_held_out_is_a_deterministic_content_hash_near_the_fraction() -> None:
-    convs = generate_conversations(1000, seed=3)
-    first = [held_out(c, 0.2, seed=7) for c in convs]
-    assert first == [held_out(c, 0.2, seed=7) for c in convs]
-    assert 140 <= sum(first) <= 260
-    renamed = Conversation(convs[0].messages, convs[0].tools, source="elsewhere.jsonl:99")
-    assert held_out(renamed, 0.2, seed=7) == first[0]  # the source is not content
-    assert first != [held_out(c, 0.2, seed=8) for c in convs]
-    assert not any(held_out(c, 0.0, seed=7) for c in convs[:50])
-    assert all(held_out(c, 1.0, seed=7) for c in convs[:50])
-
-
-def test_held_out_pinned_value() -> None:
-    """The split must not change between machines or versions: pin one answer of the hash."""
-    conv = Conversation((Message("user", "hi"), Message("assistant", "hello")))
-    assert [held_out(conv, 0.5, seed) for seed in range(8)] == _PINNED
-
-
-_PINNED = [True, False, True, False, True, False, True, True]
 
 
 # ---------------------------------------------------------------------------------------------- generator
